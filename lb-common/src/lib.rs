@@ -1,0 +1,447 @@
+//! Types shared by the BPF programs (`lb-ebpf`) and the agent (`lb-user`), and the tier choice they both run.
+//!
+//! Every map key and value is `#[repr(C)]`, `Copy`, has no `bool`/enum/`Option` field and explicit padding, and
+//! carries a compile-time size assertion, so the kernel and user space agree on the layout byte for byte.
+//! Addresses and ports are kept in network byte order, exactly as the kernel hands them to a
+//! `cgroup/sock_addr` program (`user_ip4`, `user_ip6`, and `user_port` whose low 16 bits hold the port).
+#![cfg_attr(target_arch = "bpf", no_std)]
+
+use core::mem::size_of;
+
+/// Address family tags stored in keys (not the `AF_*` values, so that a zeroed key never matches).
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// IP protocol numbers as found in `bpf_sock_addr.protocol`.
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// Tier indexes: the order in which the data path tries them.
+pub const TIER_NODE: usize = 0;
+pub const TIER_ZONE: usize = 1;
+pub const TIER_CLUSTER: usize = 2;
+pub const TIER_COUNT: usize = 3;
+
+/// Per-service counters, stored in a per-CPU array at `svc_id * COUNTERS_PER_SERVICE + kind`.
+pub const COUNTER_NODE: u32 = 0;
+pub const COUNTER_ZONE: u32 = 1;
+pub const COUNTER_CLUSTER: u32 = 2;
+/// Connect refused because the Service has no usable endpoint (kube-proxy would REJECT).
+pub const COUNTER_REJECTED: u32 = 3;
+/// Connect refused because a Local policy found no local endpoint (kube-proxy would DROP).
+pub const COUNTER_DROPPED: u32 = 4;
+/// An internal error (a slot the frontend points at is missing); the connect went through untranslated.
+pub const COUNTER_FAIL_OPEN: u32 = 5;
+pub const COUNTERS_PER_SERVICE: u32 = 8;
+// The data path counts a pick from tier `t` under counter kind `t`.
+const _: () = assert!(COUNTER_NODE == TIER_NODE as u32 && COUNTER_ZONE == TIER_ZONE as u32);
+const _: () = assert!(COUNTER_CLUSTER == TIER_CLUSTER as u32);
+/// `svc_id` 0 is never given to a Service: its counters are the program-wide ones.
+pub const GLOBAL_SVC_ID: u32 = 0;
+
+/// How many slots of each tier the slow path scans after a random pick hit a backend marked down (the
+/// verifier needs a bound). A longer tier still works: the random pick covers every slot; only the scan is
+/// limited to this many slots from a random offset. See `choose`.
+pub const TIER_SCAN: u32 = 16;
+
+/// Errno a connect()/sendmsg() gets when the Service has no usable endpoint (kube-proxy: REJECT).
+pub const ERRNO_NO_ENDPOINTS: i32 = 111; // ECONNREFUSED
+/// Errno when endpoints exist but a Local traffic policy finds none on this node (kube-proxy: DROP, so the
+/// client would hang until its own timeout; tierlb fails fast instead).
+pub const ERRNO_NO_LOCAL_ENDPOINT: i32 = 113; // EHOSTUNREACH
+
+/// Frontend flags.
+/// The Service's internal traffic policy is Local: only the node tier is filled (with the local set).
+pub const FLAG_POLICY_LOCAL: u32 = 1 << 0;
+/// When no tier has a live backend this is kube-proxy's DROP case (endpoints exist, none local).
+/// Without it, the REJECT case.
+pub const FLAG_EMPTY_IS_DROP: u32 = 1 << 1;
+
+/// Backend state flags (value of the backend-state map).
+pub const BACKEND_DOWN: u32 = 1 << 0;
+
+/// Map names, shared so user space never spells them differently from the BPF side.
+pub const MAP_FRONTENDS: &str = "FRONTENDS";
+pub const MAP_SLOTS: &str = "SLOTS";
+pub const MAP_BACKEND_STATE: &str = "BACKEND_STATE";
+pub const MAP_COUNTERS: &str = "COUNTERS";
+
+/// Default capacities (the agent can change them before load).
+pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
+pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
+pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
+
+/// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrontendKey {
+    /// Network byte order, as `user_ip4` / `user_ip6`.
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+const _: () = assert!(size_of::<FrontendKey>() == 20);
+
+/// A half-open range of slot indexes `[start, start + len)` of one tier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TierRange {
+    pub start: u16,
+    pub len: u16,
+}
+const _: () = assert!(size_of::<TierRange>() == 4);
+
+/// Where a frontend's backends are: slots `(svc_id, generation, index)` for index in each tier's range.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FrontendValue {
+    pub svc_id: u32,
+    pub generation: u32,
+    /// Indexed by `TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`. Ranges may overlap and repeat a backend.
+    pub tiers: [TierRange; TIER_COUNT],
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<FrontendValue>() == 24);
+
+/// Key of one backend slot.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotKey {
+    pub svc_id: u32,
+    pub generation: u32,
+    pub index: u32,
+}
+const _: () = assert!(size_of::<SlotKey>() == 12);
+
+/// A backend (endpoint) address; value of a slot and key of the backend-state map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Backend {
+    /// Network byte order. For IPv4 only `addr[0]` is used.
+    pub addr: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+const _: () = assert!(size_of::<Backend>() == 20);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all four are `#[repr(C)]`, `Copy`, made only of integers, with no implicit padding (the size
+    // assertions above pin the layout), so every bit pattern is valid.
+    unsafe impl aya::Pod for super::FrontendKey {}
+    unsafe impl aya::Pod for super::FrontendValue {}
+    unsafe impl aya::Pod for super::SlotKey {}
+    unsafe impl aya::Pod for super::Backend {}
+}
+
+/// Index of a counter in the per-CPU counter array.
+#[inline(always)]
+#[must_use]
+pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
+    svc_id.wrapping_mul(COUNTERS_PER_SERVICE).wrapping_add(kind)
+}
+
+/// What a slot lookup found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot<B> {
+    /// The slot exists and its backend is not marked down.
+    Live(B),
+    /// The slot exists but its backend is marked down.
+    Down(B),
+    /// The slot does not exist: the maps are inconsistent (internal error).
+    Missing,
+}
+
+/// Outcome of the tier choice for one connect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice<B> {
+    /// Rewrite to this backend, taken from this tier.
+    Backend { tier: usize, backend: B },
+    /// No tier holds a live backend: fail the connect (which errno depends on `FLAG_EMPTY_IS_DROP`).
+    Empty,
+    /// A slot was missing: fail open.
+    Error,
+}
+
+/// A number in `[0, n)` from a uniform 32-bit random value (Lemire's multiply-shift), for `n >= 1`.
+///
+/// Not `r % n`: a remainder needs a division-by-zero branch (a panic path the verifier rejects, or a branch on
+/// `n` that makes the verifier track `n` exactly and explode the number of states it explores).
+#[inline(always)]
+#[must_use]
+pub fn below(r: u32, n: u32) -> u32 {
+    ((u64::from(r) * u64::from(n)) >> 32) as u32
+}
+
+/// `scan_tier` found no live backend in its window.
+pub const SCAN_NONE: u32 = u32::MAX;
+/// `scan_tier` met a missing slot (inconsistent maps).
+pub const SCAN_ERROR: u32 = u32::MAX - 1;
+
+/// The tier choice the data path makes on every connect, written once for BPF and host tests.
+///
+/// Tiers are tried in order node, zone, cluster; the first whose range holds a live backend wins, and within
+/// it the backend is uniform among the live ones.
+///
+/// Fast path (nothing marked down, the common case): one random slot of the first non-empty tier; if it is
+/// live, that is the answer, at the cost of one slot lookup. Slow path (the pick was marked down): each tier in
+/// turn is scanned by `scan_tier`, the first with a live backend wins. Together that is exactly uniform: a
+/// live slot of the first tier is taken with probability `1/len` directly plus `(down/len) * (1/live)` from
+/// the scan, which sums to `1/live`.
+#[inline(always)]
+pub fn choose<B: Copy + Default>(
+    fe: &FrontendValue,
+    mut lookup: impl FnMut(u32) -> Slot<B>,
+    mut random: impl FnMut() -> u32,
+) -> Choice<B> {
+    let [node, zone, cluster] = fe.tiers;
+    let (first, first_tier) = if node.len != 0 {
+        (node, TIER_NODE)
+    } else if zone.len != 0 {
+        (zone, TIER_ZONE)
+    } else if cluster.len != 0 {
+        (cluster, TIER_CLUSTER)
+    } else {
+        return Choice::Empty;
+    };
+    match lookup(u32::from(first.start) + below(random(), u32::from(first.len))) {
+        Slot::Live(backend) => {
+            return Choice::Backend {
+                tier: first_tier,
+                backend,
+            };
+        }
+        Slot::Missing => return Choice::Error,
+        Slot::Down(_) => {}
+    }
+    let mut tier = 0;
+    while tier < TIER_COUNT {
+        let range = fe.tiers[tier];
+        if range.len != 0 {
+            let found = scan_tier(range, &mut lookup, &mut random);
+            if found == SCAN_ERROR {
+                return Choice::Error;
+            }
+            if found != SCAN_NONE {
+                // Look the winner up again (the scan returns only its index, see `scan_tier`). It may have been
+                // marked down in the meantime; it was live a moment ago, so take it anyway.
+                return match lookup(found) {
+                    Slot::Live(backend) | Slot::Down(backend) => Choice::Backend { tier, backend },
+                    Slot::Missing => Choice::Error,
+                };
+            }
+        }
+        tier += 1;
+    }
+    Choice::Empty
+}
+
+/// Reservoir-sample one live slot among up to `TIER_SCAN` slots of `range`, from a random offset; returns its
+/// index, `SCAN_NONE` or `SCAN_ERROR`.
+///
+/// Kept out of line and returning a plain index for the BPF verifier: it explores this function once per call
+/// and only the return value flows back, so what it learned about this tier's length inside the loop does not
+/// multiply the states it must explore for the next tier (inlined, three tiers of 16 slots exceed the
+/// verifier's one million instructions).
+///
+/// Bounded: in a tier longer than `TIER_SCAN`, if the scanned window holds only backends marked down the scan
+/// reports none although live ones may sit outside it. Marking down bridges the moments before the agent
+/// re-plans, so this is a documented approximation.
+#[inline(never)]
+pub fn scan_tier<B: Copy>(
+    range: TierRange,
+    lookup: &mut impl FnMut(u32) -> Slot<B>,
+    random: &mut impl FnMut() -> u32,
+) -> u32 {
+    let len = u32::from(range.len);
+    let start = u32::from(range.start);
+    let offset = below(random(), len);
+    let mut seen: u32 = 0;
+    let mut picked = SCAN_NONE;
+    let mut i: u32 = 0;
+    while i < TIER_SCAN && i < len {
+        let mut k = offset + i;
+        if k >= len {
+            k -= len;
+        }
+        match lookup(start + k) {
+            Slot::Live(_) => {
+                seen += 1;
+                if below(random(), seen) == 0 {
+                    picked = start + k;
+                }
+            }
+            Slot::Missing => return SCAN_ERROR,
+            Slot::Down(_) => {}
+        }
+        i += 1;
+    }
+    picked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fe(node: (u16, u16), zone: (u16, u16), cluster: (u16, u16)) -> FrontendValue {
+        let r = |(start, len)| TierRange { start, len };
+        FrontendValue {
+            svc_id: 1,
+            generation: 1,
+            tiers: [r(node), r(zone), r(cluster)],
+            flags: 0,
+        }
+    }
+
+    /// A tiny deterministic generator so tests are repeatable.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) as u32
+        }
+    }
+
+    /// slots: backend number per slot index; down: backend numbers marked down.
+    fn run(fe: &FrontendValue, slots: &[u32], down: &[u32], rng: &mut Lcg) -> Choice<u32> {
+        choose(
+            fe,
+            |i| match slots.get(i as usize) {
+                None => Slot::Missing,
+                Some(&b) if down.contains(&b) => Slot::Down(b),
+                Some(&b) => Slot::Live(b),
+            },
+            || rng.next(),
+        )
+    }
+
+    #[test]
+    fn tier_choice_table() {
+        // slots: 0 = node backend 10; 1..3 = zone backends 20, 21; 3..6 = cluster 10, 20, 30
+        let slots = [10, 20, 21, 10, 20, 30];
+        let f = fe((0, 1), (1, 2), (3, 3));
+        struct Case {
+            name: &'static str,
+            fe: FrontendValue,
+            down: &'static [u32],
+            want_tier: Option<usize>,
+        }
+        let cases = [
+            Case {
+                name: "node tier wins when its backend is live",
+                fe: f,
+                down: &[],
+                want_tier: Some(0),
+            },
+            Case {
+                name: "node backend down -> zone tier",
+                fe: f,
+                down: &[10],
+                want_tier: Some(1),
+            },
+            Case {
+                name: "node and zone down -> cluster",
+                fe: f,
+                down: &[10, 20, 21],
+                want_tier: Some(2),
+            },
+            Case {
+                name: "everything down -> empty",
+                fe: f,
+                down: &[10, 20, 21, 30],
+                want_tier: None,
+            },
+            Case {
+                name: "empty node tier is skipped",
+                fe: fe((0, 0), (1, 2), (3, 3)),
+                down: &[],
+                want_tier: Some(1),
+            },
+            Case {
+                name: "no tiers at all -> empty",
+                fe: fe((0, 0), (0, 0), (0, 0)),
+                down: &[],
+                want_tier: None,
+            },
+        ];
+        let mut rng = Lcg(7);
+        for c in cases {
+            for _ in 0..50 {
+                let got = run(&c.fe, &slots, c.down, &mut rng);
+                match (got, c.want_tier) {
+                    (Choice::Backend { tier, backend }, Some(want)) => {
+                        assert_eq!(tier, want, "{}", c.name);
+                        assert!(!c.down.contains(&backend), "{}: picked a down backend", c.name);
+                    }
+                    (Choice::Empty, None) => {}
+                    (other, want) => panic!("{}: got {other:?}, want tier {want:?}", c.name),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn missing_slot_is_an_internal_error_not_a_silent_skip() {
+        let mut rng = Lcg(1);
+        let got = run(&fe((0, 0), (0, 0), (0, 4)), &[1, 2], &[], &mut rng);
+        // Half the random picks land on a missing slot (2 or 3): every run either picks a live one or errors.
+        assert!(matches!(got, Choice::Backend { .. } | Choice::Error));
+        let always_missing = run(&fe((0, 0), (0, 0), (5, 1)), &[1, 2], &[], &mut rng);
+        assert_eq!(always_missing, Choice::Error);
+    }
+
+    #[test]
+    fn choice_is_uniform_among_live_backends_with_some_down() {
+        let slots: Vec<u32> = (0..8).collect();
+        let f = fe((0, 0), (0, 0), (0, 8));
+        let down = [1, 2, 5];
+        let mut rng = Lcg(42);
+        let mut hits = [0u32; 8];
+        let n = 60_000;
+        for _ in 0..n {
+            match run(&f, &slots, &down, &mut rng) {
+                Choice::Backend { backend, .. } => hits[backend as usize] += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let expect = n / 5;
+        for (b, &h) in hits.iter().enumerate() {
+            if down.contains(&(b as u32)) {
+                assert_eq!(h, 0, "down backend {b} was picked");
+            } else {
+                assert!(
+                    h.abs_diff(expect) < expect / 10,
+                    "backend {b}: {h} hits, expected ~{expect}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn long_tier_still_reaches_every_slot() {
+        let slots: Vec<u32> = (0..100).collect();
+        let f = fe((0, 0), (0, 0), (0, 100));
+        let mut rng = Lcg(3);
+        let mut seen = [false; 100];
+        for _ in 0..5_000 {
+            if let Choice::Backend { backend, .. } = run(&f, &slots, &[], &mut rng) {
+                seen[backend as usize] = true;
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn counter_index_layout() {
+        assert_eq!(counter_index(0, COUNTER_FAIL_OPEN), 5);
+        assert_eq!(counter_index(3, COUNTER_ZONE), 25);
+    }
+}

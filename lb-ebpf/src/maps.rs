@@ -1,0 +1,26 @@
+//! The maps, named by the constants in `lb_common` so user space opens them by the same names.
+//! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use lb_common::{
+    Backend, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_SLOTS,
+    FrontendKey, FrontendValue, SlotKey,
+};
+
+#[map(name = "FRONTENDS")]
+pub static FRONTENDS: HashMap<FrontendKey, FrontendValue> =
+    HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS, 0);
+
+#[map(name = "SLOTS")]
+pub static SLOTS: HashMap<SlotKey, Backend> = HashMap::with_max_entries(DEFAULT_MAX_SLOTS, 0);
+
+/// Backends marked down (value has `BACKEND_DOWN`); absent means up. One write moves new connects away.
+#[map(name = "BACKEND_STATE")]
+pub static BACKEND_STATE: HashMap<Backend, u32> = HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+
+/// Per-CPU counters at `counter_index(svc_id, kind)`.
+#[map(name = "COUNTERS")]
+pub static COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries((DEFAULT_MAX_FRONTENDS + 1) * COUNTERS_PER_SERVICE, 0);

@@ -1,0 +1,232 @@
+//! The node agent: source -> model -> plan -> diff -> maps, again on every change.
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+
+use crate::{
+    datapath::{self, MapWriter, Reconciler},
+    model::NodeInfo,
+    plan,
+    source::manifests::{Diagnostic, ManifestDir, Severity},
+};
+
+/// What one reload did, for logs and tests.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    pub node: Option<NodeInfo>,
+    pub frontends: usize,
+    pub added: usize,
+    pub updated: usize,
+    pub removed: usize,
+    pub errors: Vec<String>,
+    pub diagnostics: Vec<Diagnostic>,
+    pub stale_files: Vec<PathBuf>,
+    pub duration: Duration,
+}
+
+/// The agent's logic without the kernel or the async runtime: reload the source and apply the plan.
+pub struct AgentCore<W: MapWriter> {
+    node_name: String,
+    zone_flag: Option<String>,
+    manifests: ManifestDir,
+    reconciler: Reconciler<W>,
+}
+
+impl<W: MapWriter> AgentCore<W> {
+    pub fn new(
+        node_name: impl Into<String>,
+        zone_flag: Option<String>,
+        dir: impl Into<PathBuf>,
+        writer: W,
+    ) -> Self {
+        Self {
+            node_name: node_name.into(),
+            zone_flag,
+            manifests: ManifestDir::new(dir),
+            reconciler: Reconciler::new(writer),
+        }
+    }
+
+    pub fn reconciler(&self) -> &Reconciler<W> {
+        &self.reconciler
+    }
+
+    pub fn reconciler_mut(&mut self) -> &mut Reconciler<W> {
+        &mut self.reconciler
+    }
+
+    /// Read the source again and apply the plan. The maps keep their last good state for whatever fails.
+    pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
+        let started = Instant::now();
+        let loaded = self.manifests.load()?;
+        let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), &loaded.model);
+        let plan = plan::plan(&loaded.model, &node);
+        let desired = datapath::desired(&plan);
+        let applied = self.reconciler.apply(&desired, now);
+        Ok(SyncReport {
+            node: Some(node),
+            frontends: desired.len(),
+            added: applied.added,
+            updated: applied.updated,
+            removed: applied.removed,
+            errors: applied.errors.iter().map(ToString::to_string).collect(),
+            diagnostics: loaded.diagnostics,
+            stale_files: loaded.stale_files,
+            duration: started.elapsed(),
+        })
+    }
+
+    pub fn collect_garbage(&mut self, now: Instant) {
+        self.reconciler.collect_garbage(now);
+    }
+}
+
+fn log_report(r: &SyncReport) {
+    for d in &r.diagnostics {
+        match d.severity {
+            Severity::Error => tracing::error!(file = %d.file.display(), "{d}"),
+            Severity::Warning => tracing::warn!(file = %d.file.display(), "{d}"),
+        }
+    }
+    for f in &r.stale_files {
+        tracing::warn!(file = %f.display(), "file has errors: keeping the objects of its last good version");
+    }
+    for e in &r.errors {
+        tracing::error!("{e}");
+    }
+    let zone = r
+        .node
+        .as_ref()
+        .and_then(|n| n.zone.clone())
+        .unwrap_or_else(|| "-".into());
+    tracing::info!(
+        frontends = r.frontends,
+        added = r.added,
+        updated = r.updated,
+        removed = r.removed,
+        errors = r.errors.len(),
+        zone = %zone,
+        took_us = r.duration.as_micros() as u64,
+        "synced"
+    );
+}
+
+/// `tierlb agent` options.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub node: String,
+    pub zone: Option<String>,
+    pub manifests: PathBuf,
+    pub cgroup: Option<PathBuf>,
+    pub allow_root_cgroup: bool,
+    pub bpffs: Option<PathBuf>,
+    pub capacities: datapath::ebpf::Capacities,
+}
+
+/// `BPF_FS_MAGIC` from linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+fn check_bpffs(dir: &Path) -> anyhow::Result<()> {
+    let fs = nix::sys::statfs::statfs(dir).with_context(|| {
+        format!(
+            "--bpffs {}: cannot read it; create it and mount bpffs there (`mount -t bpf bpf DIR`)",
+            dir.display()
+        )
+    })?;
+    #[expect(
+        clippy::useless_conversion,
+        reason = "the magic's integer type differs between libc targets"
+    )]
+    let magic = i64::from(fs.filesystem_type().0);
+    anyhow::ensure!(
+        magic == BPF_FS_MAGIC,
+        "--bpffs {}: not a bpf filesystem; mount one there (`mount -t bpf bpf {}`) or use a directory under /sys/fs/bpf",
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Removes the pinned maps when the agent exits (issue: restart adoption keeps them instead).
+struct PinGuard(Option<PathBuf>);
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            for name in [
+                lb_common::MAP_FRONTENDS,
+                lb_common::MAP_SLOTS,
+                lb_common::MAP_BACKEND_STATE,
+                lb_common::MAP_COUNTERS,
+            ] {
+                let _ = std::fs::remove_file(dir.join(name));
+            }
+        }
+    }
+}
+
+/// Run the agent until SIGINT or SIGTERM; detaches on the way out.
+pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
+    // Listen before doing anything slow: a signal that arrives while no listener exists would be lost.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let cgroup = match &opts.cgroup {
+        Some(p) => p.clone(),
+        None => crate::cgroup::default_root()?,
+    };
+    let cgroup = crate::cgroup::check(&cgroup, opts.allow_root_cgroup)?;
+    anyhow::ensure!(
+        opts.manifests.is_dir(),
+        "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
+        opts.manifests.display()
+    );
+    if let Some(dir) = &opts.bpffs {
+        check_bpffs(dir)?;
+    }
+    let pins = PinGuard(opts.bpffs.clone());
+    let datapath::ebpf::Loaded { mut programs, maps } =
+        datapath::ebpf::Loaded::load(opts.capacities, opts.bpffs.as_deref())?;
+    // Maps are filled before the programs are attached, so the first connect already sees the full plan.
+    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), &opts.manifests, maps);
+    let report = core.sync(Instant::now()).context("reading --manifests")?;
+    log_report(&report);
+    programs.attach(&cgroup)?;
+    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?datapath::ebpf::PROGRAMS, "tierlb agent ready");
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok_and(|ev| !ev.kind.is_access()) {
+            let _ = tx.send(());
+        }
+    })
+    .context("starting the file watcher (inotify)")?;
+    notify::Watcher::watch(&mut watcher, &opts.manifests, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching {}", opts.manifests.display()))?;
+
+    let mut tick = tokio::time::interval(Duration::from_millis(25));
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => { tracing::info!("SIGINT: detaching and exiting"); break; }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching and exiting"); break; }
+            Some(()) = rx.recv() => {
+                // Debounce: an editor's save is several events; take them all, then reload once.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                while rx.try_recv().is_ok() {}
+                match core.sync(Instant::now()) {
+                    Ok(r) => log_report(&r),
+                    Err(e) => tracing::error!(dir = %opts.manifests.display(), error = %e, "cannot read --manifests; keeping the current maps"),
+                }
+            }
+            _ = tick.tick() => core.collect_garbage(Instant::now()),
+        }
+    }
+    drop(watcher);
+    drop(programs);
+    drop(pins);
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! Command line: `tierlb agent | plan | backend`.
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::{
+    datapath::MapWriter as _,
+    model::{NodeInfo, Protocol},
+    plan::{self, Plan},
+    source::manifests::{ManifestDir, Severity},
+};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tierlb",
+    version,
+    about = "Topology-aware eBPF socket load balancer for Kubernetes Services"
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the node agent: load the BPF programs, attach them to a cgroup and keep the maps in sync.
+    Agent(AgentArgs),
+    /// Print which endpoints every Service port uses on a node, tier by tier (no BPF, no root).
+    Plan(PlanArgs),
+    /// Mark a backend down (new connects skip it at once and fall back to the next tier) or up again.
+    Backend(BackendArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// This node's name (matches EndpointSlice `nodeName` and `hints.forNodes`).
+    #[arg(long)]
+    pub node: String,
+    /// This node's zone; default: the Node object's topology.kubernetes.io/zone label.
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// Directory of Service, EndpointSlice and Node YAML; reloaded on change.
+    #[arg(long)]
+    pub manifests: PathBuf,
+    /// cgroup2 directory whose processes get the translation; default: the cgroup2 root (needs
+    /// --allow-root-cgroup).
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
+    /// Allow attaching to a cgroup2 root (what a real node wants: every pod is below it).
+    #[arg(long)]
+    pub allow_root_cgroup: bool,
+    /// A bpffs directory to pin the maps in (so `tierlb backend` and `tierlb status` can reach them).
+    #[arg(long)]
+    pub bpffs: Option<PathBuf>,
+    /// Capacity: frontends (VIP, port, protocol).
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_FRONTENDS)]
+    pub max_services: u32,
+    /// Capacity: backend slots over all frontends and generations.
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_SLOTS)]
+    pub max_slots: u32,
+    /// Capacity: backends that can be marked down.
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_BACKENDS)]
+    pub max_backends: u32,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    #[arg(long)]
+    pub node: String,
+    #[arg(long)]
+    pub zone: Option<String>,
+    #[arg(long)]
+    pub manifests: PathBuf,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BackendArgs {
+    #[arg(value_enum)]
+    pub state: BackendState,
+    /// The backend, IP:PORT (IPv6 as [ADDR]:PORT).
+    pub backend: SocketAddr,
+    #[arg(long, default_value = "TCP", value_parser = parse_protocol)]
+    pub protocol: Protocol,
+    /// The agent's --bpffs directory.
+    #[arg(long)]
+    pub bpffs: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum BackendState {
+    Down,
+    Up,
+}
+
+fn parse_protocol(s: &str) -> Result<Protocol, String> {
+    Protocol::parse(&s.to_ascii_uppercase())
+        .ok_or_else(|| format!("unknown protocol {s:?} (TCP, UDP or SCTP)"))
+}
+
+/// Load a manifests directory for a one-shot command, printing its problems to stderr.
+pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model> {
+    let mut md = ManifestDir::new(dir);
+    let loaded = md
+        .load()
+        .with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
+    for d in &loaded.diagnostics {
+        let level = if d.severity == Severity::Error {
+            "error"
+        } else {
+            "warning"
+        };
+        eprintln!("{level}: {d}");
+    }
+    Ok(loaded.model)
+}
+
+pub fn run_plan(args: &PlanArgs) -> anyhow::Result<String> {
+    let model = load_for_cli(&args.manifests)?;
+    let node = NodeInfo::resolve(&args.node, args.zone.as_deref(), &model);
+    let p = plan::plan(&model, &node);
+    Ok(match args.output {
+        Output::Json => serde_json::to_string_pretty(&p)? + "\n",
+        Output::Table => plan_table(&p),
+    })
+}
+
+fn join(v: &[SocketAddr]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// A fixed-width table, one row per Service port and family.
+pub fn plan_table(p: &Plan) -> String {
+    let mut rows = vec![[
+        "SERVICE".to_owned(),
+        "PORT".into(),
+        "VIPS".into(),
+        "POLICY".into(),
+        "TIER".into(),
+        "ENDPOINTS".into(),
+        "FALLBACK (zone | cluster)".into(),
+        "WHEN EMPTY".into(),
+    ]];
+    for s in &p.services {
+        let t = &s.internal;
+        let name = if s.port_name.is_empty() {
+            s.service.clone()
+        } else {
+            format!("{}:{}", s.service, s.port_name)
+        };
+        rows.push([
+            name,
+            format!("{}/{}", s.port, s.protocol.as_str()),
+            s.cluster_ips
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            t.policy.as_str().to_owned(),
+            serde_json::to_value(t.selected_tier)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            join(&t.endpoints),
+            format!("{} | {}", join(&t.tiers.zone), join(&t.tiers.cluster)),
+            t.when_empty
+                .map_or("-".to_owned(), |w| format!("{w:?}").to_lowercase()),
+        ]);
+    }
+    let mut widths = [0usize; 8];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = format!("node {} zone {}\n", p.node, p.zone.as_deref().unwrap_or("<none>"));
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
+    let mut maps = crate::datapath::ebpf::KernelMaps::open_pinned(&args.bpffs)?;
+    let b = crate::datapath::addr::backend(args.backend, args.protocol.number());
+    let down = args.state == BackendState::Down;
+    maps.set_backend_down(b, down)?;
+    Ok(format!(
+        "backend {} {} marked {}\n",
+        args.backend,
+        args.protocol.as_str(),
+        if down { "down" } else { "up" }
+    ))
+}

@@ -1,0 +1,406 @@
+//! The kernel side: load the embedded object, attach its programs to a cgroup, and read/write its maps.
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues},
+    programs::{CgroupSockAddr, links::CgroupAttachMode},
+};
+use lb_common::{
+    BACKEND_DOWN, Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_COUNTERS,
+    MAP_FRONTENDS, MAP_SLOTS, SlotKey,
+};
+
+use super::{MapError, MapWriter};
+
+/// The programs in the object, by function name; all are attached to the agent's cgroup.
+pub const PROGRAMS: &[&str] = &["connect4"];
+
+/// Oldest kernel tierlb supports: `bpf_set_retval` from cgroup sock_addr programs needs 5.18; 6.1 is the
+/// oldest LTS with everything the data path uses and is what is tested.
+pub const MIN_KERNEL: (u32, u32) = (6, 1);
+
+#[derive(Clone, Copy, Debug)]
+pub struct Capacities {
+    /// Frontends (VIP, port, protocol) and service ids.
+    pub services: u32,
+    pub slots: u32,
+    pub backends: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            services: lb_common::DEFAULT_MAX_FRONTENDS,
+            slots: lb_common::DEFAULT_MAX_SLOTS,
+            backends: lb_common::DEFAULT_MAX_BACKENDS,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatapathError {
+    #[error(
+        "this tierlb binary carries no BPF object (it was built with AYA_BUILD_SKIP=1); rebuild it with \
+         `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("kernel {found} is too old: tierlb needs Linux >= {}.{} with BTF and cgroup2", MIN_KERNEL.0, MIN_KERNEL.1)]
+    KernelTooOld { found: String },
+    #[error(
+        "permission denied while {what}: run the agent as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN"
+    )]
+    Permission {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{what}")]
+    Bpf {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("map {name} is missing from the BPF object")]
+    MissingMap { name: &'static str },
+    #[error("cannot open pinned map {path}: {source} (is an agent running with this --bpffs?)")]
+    Pinned {
+        path: PathBuf,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            // EACCES from BPF_PROG_LOAD is the verifier rejecting the program, not a permission problem.
+            if io.raw_os_error() == Some(libc::EPERM) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn bpf_err<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>, e: E) -> DatapathError {
+    let what = what.into();
+    if is_eperm(&e) {
+        DatapathError::Permission {
+            what,
+            source: Box::new(e),
+        }
+    } else {
+        DatapathError::Bpf {
+            what,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// `uname -r` parsed as (major, minor).
+pub fn kernel_version() -> Option<(u32, u32, String)> {
+    let release = nix::sys::utsname::uname()
+        .ok()?
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor, release))
+}
+
+pub fn check_kernel() -> Result<(), DatapathError> {
+    match kernel_version() {
+        Some((major, minor, release)) if (major, minor) < MIN_KERNEL => {
+            Err(DatapathError::KernelTooOld { found: release })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The embedded BPF object, if this binary was built with it.
+pub fn embedded_object() -> Option<&'static [u8]> {
+    #[cfg(embedded_ebpf)]
+    {
+        Some(aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf")))
+    }
+    #[cfg(not(embedded_ebpf))]
+    {
+        None
+    }
+}
+
+/// The loaded programs and their maps.
+pub struct Loaded {
+    pub programs: Programs,
+    pub maps: KernelMaps,
+}
+
+/// The loaded programs. Dropping it detaches every program it attached.
+pub struct Programs {
+    ebpf: Ebpf,
+}
+
+impl Loaded {
+    /// Load the embedded object with the given capacities and load (verify) every program.
+    /// With `pin_dir`, the maps are also pinned there as `DIR/<MAP NAME>` (so `tierlb backend` and other
+    /// processes can open them).
+    pub fn load(caps: Capacities, pin_dir: Option<&Path>) -> Result<Self, DatapathError> {
+        check_kernel()?;
+        let object = embedded_object().ok_or(DatapathError::NoObject)?;
+        let counters = caps
+            .services
+            .saturating_add(1)
+            .saturating_mul(COUNTERS_PER_SERVICE);
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(MAP_FRONTENDS, caps.services)
+            .map_max_entries(MAP_SLOTS, caps.slots)
+            .map_max_entries(MAP_BACKEND_STATE, caps.backends)
+            .map_max_entries(MAP_COUNTERS, counters)
+            .load(object)
+            .map_err(|e| bpf_err("loading the BPF object", e))?;
+        for name in PROGRAMS {
+            let prog: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or_else(|| DatapathError::Bpf {
+                    what: format!("program {name} missing"),
+                    source: "absent".into(),
+                })?
+                .try_into()
+                .map_err(|e| bpf_err(format!("program {name} has the wrong type"), e))?;
+            prog.load()
+                .map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
+        }
+        let maps = KernelMaps::from_ebpf(&mut ebpf, caps, pin_dir)?;
+        Ok(Self {
+            programs: Programs { ebpf },
+            maps,
+        })
+    }
+}
+
+impl Programs {
+    /// Attach every program to the cgroup (already checked with `cgroup::check`).
+    pub fn attach(&mut self, cgroup: &Path) -> Result<(), DatapathError> {
+        let file =
+            File::open(cgroup).map_err(|e| bpf_err(format!("opening cgroup {}", cgroup.display()), e))?;
+        for name in PROGRAMS {
+            let prog: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .and_then(|p| p.try_into().ok())
+                .ok_or_else(|| DatapathError::Bpf {
+                    what: format!("program {name} missing"),
+                    source: "absent".into(),
+                })?;
+            prog.attach(&file, CgroupAttachMode::Single)
+                .map_err(|e| bpf_err(format!("attaching {name} to {}", cgroup.display()), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The four maps, from a fresh load or from pins.
+pub struct KernelMaps {
+    frontends: HashMap<MapData, FrontendKey, FrontendValue>,
+    slots: HashMap<MapData, SlotKey, Backend>,
+    state: HashMap<MapData, Backend, u32>,
+    counters: PerCpuArray<MapData, u64>,
+    max_services: u32,
+    caps: Capacities,
+    nr_cpus: usize,
+}
+
+impl KernelMaps {
+    fn from_ebpf(ebpf: &mut Ebpf, caps: Capacities, pin_dir: Option<&Path>) -> Result<Self, DatapathError> {
+        let mut take = |name: &'static str| {
+            let map = ebpf.take_map(name).ok_or(DatapathError::MissingMap { name })?;
+            if let Some(dir) = pin_dir {
+                let path = dir.join(name);
+                let _ = std::fs::remove_file(&path);
+                map.pin(&path)
+                    .map_err(|e| bpf_err(format!("pinning map {name} at {}", path.display()), e))?;
+            }
+            Ok::<_, DatapathError>(map)
+        };
+        let (f, s, b, c) = (
+            take(MAP_FRONTENDS)?,
+            take(MAP_SLOTS)?,
+            take(MAP_BACKEND_STATE)?,
+            take(MAP_COUNTERS)?,
+        );
+        Self::from_maps(f, s, b, c, Some(caps))
+    }
+
+    fn from_maps(f: Map, s: Map, b: Map, c: Map, caps: Option<Capacities>) -> Result<Self, DatapathError> {
+        fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
+            move |e| bpf_err(format!("map {name}"), e)
+        }
+        let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
+            HashMap::try_from(f).map_err(conv(MAP_FRONTENDS))?;
+        let slots = HashMap::try_from(s).map_err(conv(MAP_SLOTS))?;
+        let state = HashMap::try_from(b).map_err(conv(MAP_BACKEND_STATE))?;
+        let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(c).map_err(conv(MAP_COUNTERS))?;
+        let caps = caps.unwrap_or(Capacities {
+            services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
+            slots: u32::MAX,
+            backends: u32::MAX,
+        });
+        let nr_cpus = aya::util::nr_cpus().map_err(|(what, e)| bpf_err(what, e))?;
+        Ok(Self {
+            frontends,
+            slots,
+            state,
+            counters,
+            max_services: caps.services,
+            caps,
+            nr_cpus,
+        })
+    }
+
+    /// Open maps pinned by an agent under `dir`.
+    pub fn open_pinned(dir: &Path) -> Result<Self, DatapathError> {
+        let open = |name: &str| {
+            let path = dir.join(name);
+            MapData::from_pin(&path)
+                .map(Map::from_map_data)
+                .map_err(|e| DatapathError::Pinned {
+                    path: path.clone(),
+                    source: Box::new(e),
+                })?
+                .map_err(|e| DatapathError::Pinned {
+                    path,
+                    source: Box::new(e),
+                })
+        };
+        Self::from_maps(
+            open(MAP_FRONTENDS)?,
+            open(MAP_SLOTS)?,
+            open(MAP_BACKEND_STATE)?,
+            open(MAP_COUNTERS)?,
+            None,
+        )
+    }
+
+    pub fn capacities(&self) -> Capacities {
+        self.caps
+    }
+}
+
+fn sys(map: &'static str, flag: &'static str, capacity: u32) -> impl Fn(aya::maps::MapError) -> MapError {
+    move |e| match e {
+        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
+            if io_error.raw_os_error() == Some(libc::E2BIG) =>
+        {
+            MapError::Full { map, capacity, flag }
+        }
+        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) => MapError::Sys {
+            map,
+            source: io_error,
+        },
+        other => MapError::Sys {
+            map,
+            source: std::io::Error::other(other),
+        },
+    }
+}
+
+fn absent_ok<T>(r: Result<T, aya::maps::MapError>) -> Result<Option<T>, aya::maps::MapError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(aya::maps::MapError::KeyNotFound | aya::maps::MapError::ElementNotFound) => Ok(None),
+        Err(aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }))
+            if io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl MapWriter for KernelMaps {
+    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
+        self.slots
+            .insert(key, backend, 0)
+            .map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    }
+    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
+        absent_ok(self.slots.remove(&key))
+            .map(|_| ())
+            .map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    }
+    fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
+        self.frontends
+            .insert(key, value, 0)
+            .map_err(sys(MAP_FRONTENDS, "services", self.caps.services))
+    }
+    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
+        absent_ok(self.frontends.remove(&key)).map(|_| ()).map_err(sys(
+            MAP_FRONTENDS,
+            "services",
+            self.caps.services,
+        ))
+    }
+    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
+        self.frontends.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
+            MAP_FRONTENDS,
+            "services",
+            self.caps.services,
+        ))
+    }
+    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
+        absent_ok(self.slots.get(&key, 0)).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    }
+    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
+        let err = sys(MAP_BACKEND_STATE, "backends", self.caps.backends);
+        if down {
+            self.state.insert(backend, BACKEND_DOWN, 0).map_err(err)
+        } else {
+            absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
+        }
+    }
+    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
+        let all = self.state.iter().collect::<Result<Vec<_>, _>>();
+        let all = all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))?;
+        Ok(all
+            .into_iter()
+            .filter(|(_, v)| v & BACKEND_DOWN != 0)
+            .map(|(k, _)| k)
+            .collect())
+    }
+    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
+        let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
+        for (kind, slot) in out.iter_mut().enumerate() {
+            let idx = lb_common::counter_index(svc_id, kind as u32);
+            let values =
+                self.counters
+                    .get(&idx, 0)
+                    .map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
+            *slot = values.iter().sum();
+        }
+        Ok(out)
+    }
+    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
+        for kind in 0..COUNTERS_PER_SERVICE {
+            let zeros = PerCpuValues::try_from(vec![0u64; self.nr_cpus]).map_err(|e| MapError::Sys {
+                map: MAP_COUNTERS,
+                source: e,
+            })?;
+            let idx = lb_common::counter_index(svc_id, kind);
+            self.counters
+                .set(idx, zeros, 0)
+                .map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
+        }
+        Ok(())
+    }
+    fn max_services(&self) -> u32 {
+        self.max_services
+    }
+}

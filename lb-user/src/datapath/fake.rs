@@ -1,0 +1,98 @@
+//! In-memory maps with the kernel's capacity behaviour, for reconciler and agent tests.
+use std::collections::{BTreeMap, BTreeSet};
+
+use lb_common::{Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, SlotKey};
+
+use super::{MapError, MapWriter};
+
+#[derive(Debug, Default)]
+pub struct FakeMaps {
+    frontends: BTreeMap<FrontendKey, FrontendValue>,
+    slots: BTreeMap<SlotKey, Backend>,
+    down: BTreeSet<Backend>,
+    counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
+    max_services: u32,
+    max_slots: u32,
+    writes: usize,
+}
+
+impl FakeMaps {
+    pub fn new(max_services: u32, max_slots: u32) -> Self {
+        Self {
+            max_services,
+            max_slots,
+            ..Self::default()
+        }
+    }
+    pub fn frontend(&self, key: FrontendKey) -> Option<FrontendValue> {
+        self.frontends.get(&key).copied()
+    }
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+    /// Map updates and deletes so far.
+    pub fn writes(&self) -> usize {
+        self.writes
+    }
+    pub fn bump_counter(&mut self, svc_id: u32, kind: u32) {
+        self.counters.entry(svc_id).or_default()[kind as usize] += 1;
+    }
+}
+
+impl MapWriter for FakeMaps {
+    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
+        if !self.slots.contains_key(&key) && self.slots.len() >= self.max_slots as usize {
+            return Err(MapError::Full {
+                map: lb_common::MAP_SLOTS,
+                capacity: self.max_slots,
+                flag: "slots",
+            });
+        }
+        self.writes += 1;
+        self.slots.insert(key, backend);
+        Ok(())
+    }
+    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
+        self.writes += 1;
+        self.slots.remove(&key);
+        Ok(())
+    }
+    fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
+        self.writes += 1;
+        self.frontends.insert(key, value);
+        Ok(())
+    }
+    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
+        self.writes += 1;
+        self.frontends.remove(&key);
+        Ok(())
+    }
+    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
+        Ok(self.frontends.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
+        Ok(self.slots.get(&key).copied())
+    }
+    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
+        self.writes += 1;
+        if down {
+            self.down.insert(backend);
+        } else {
+            self.down.remove(&backend);
+        }
+        Ok(())
+    }
+    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
+        Ok(self.down.iter().copied().collect())
+    }
+    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
+        Ok(self.counters.get(&svc_id).copied().unwrap_or_default())
+    }
+    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
+        self.counters.remove(&svc_id);
+        Ok(())
+    }
+    fn max_services(&self) -> u32 {
+        self.max_services
+    }
+}

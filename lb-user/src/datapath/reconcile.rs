@@ -1,0 +1,423 @@
+//! Diff the desired frontends against what was applied and write only the difference, one Service at a time,
+//! never leaving a frontend pointing at a half-written slot set.
+//!
+//! The swap for a changed frontend: (1) write its new slots under generation g+1, (2) replace the frontend
+//! value in one map update, (3) delete generation g's slots after a grace period. A connect that read the old
+//! frontend value just before (2) still looks its slots up during its run; deleting them at once would make
+//! that lookup miss (the program would fail open and send the connect to the raw VIP). BPF programs run under
+//! RCU and finish in microseconds, so a grace period of milliseconds is ample.
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+use lb_common::{Backend, FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, TierRange};
+
+use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
+
+/// How long old slots outlive the frontend update that stopped pointing at them.
+pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
+
+#[derive(Clone, Debug)]
+struct Applied {
+    value: FrontendValue,
+    desired: DesiredFrontend,
+}
+
+/// Slots waiting for their grace period to end; `free_id` returns the service id as well.
+#[derive(Clone, Copy, Debug)]
+struct Buried {
+    since: Instant,
+    svc_id: u32,
+    generation: u32,
+    count: u32,
+    free_id: bool,
+}
+
+/// A frontend that could not be applied; its previous state (if any) is untouched.
+#[derive(Debug)]
+pub struct ApplyError {
+    pub service: String,
+    pub frontend: FrontendKey,
+    pub error: MapError,
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Service {} frontend {}: {}",
+            self.service,
+            addr::frontend_addr(&self.frontend),
+            self.error
+        )
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub added: usize,
+    pub updated: usize,
+    pub removed: usize,
+    pub unchanged: usize,
+    pub errors: Vec<ApplyError>,
+}
+
+impl ApplyReport {
+    pub fn changed(&self) -> usize {
+        self.added + self.updated + self.removed
+    }
+}
+
+pub struct Reconciler<W: MapWriter> {
+    writer: W,
+    applied: BTreeMap<FrontendKey, Applied>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    graveyard: VecDeque<Buried>,
+    grace: Duration,
+}
+
+impl<W: MapWriter> Reconciler<W> {
+    pub fn new(writer: W) -> Self {
+        Self {
+            writer,
+            applied: BTreeMap::new(),
+            free_ids: Vec::new(),
+            next_id: GLOBAL_SVC_ID + 1,
+            graveyard: VecDeque::new(),
+            grace: DEFAULT_GRACE,
+        }
+    }
+
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    pub fn writer(&self) -> &W {
+        &self.writer
+    }
+
+    pub fn writer_mut(&mut self) -> &mut W {
+        &mut self.writer
+    }
+
+    /// Frontends as applied, with their map value.
+    pub fn applied(&self) -> impl Iterator<Item = (&FrontendKey, &FrontendValue, &DesiredFrontend)> {
+        self.applied.iter().map(|(k, a)| (k, &a.value, &a.desired))
+    }
+
+    fn alloc_id(&mut self) -> Result<u32, MapError> {
+        if let Some(id) = self.free_ids.pop() {
+            return Ok(id);
+        }
+        let capacity = self.writer.max_services();
+        if self.next_id > capacity {
+            return Err(MapError::NoServiceId { capacity });
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        Ok(id)
+    }
+
+    /// Bring the maps to `desired`. Frontends that fail keep their previous state and are reported.
+    pub fn apply(&mut self, desired: &Desired, now: Instant) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        self.collect_garbage(now);
+        let gone: Vec<FrontendKey> = self
+            .applied
+            .keys()
+            .filter(|k| !desired.contains_key(k))
+            .copied()
+            .collect();
+        for key in gone {
+            let applied = &self.applied[&key];
+            match self.writer.delete_frontend(key) {
+                Ok(()) => {
+                    let value = applied.value;
+                    self.bury(value, now, true);
+                    self.applied.remove(&key);
+                    report.removed += 1;
+                }
+                Err(error) => {
+                    report.errors.push(ApplyError {
+                        service: applied.desired.service.clone(),
+                        frontend: key,
+                        error,
+                    });
+                }
+            }
+        }
+        for (key, want) in desired {
+            match self.applied.get(key) {
+                Some(a) if &a.desired == want => report.unchanged += 1,
+                previous => {
+                    let previous = previous.map(|a| a.value);
+                    match self.write_frontend(*key, want, previous) {
+                        Ok(value) => {
+                            if let Some(old) = previous {
+                                self.bury(old, now, false);
+                                report.updated += 1;
+                            } else {
+                                report.added += 1;
+                            }
+                            self.applied.insert(
+                                *key,
+                                Applied {
+                                    value,
+                                    desired: want.clone(),
+                                },
+                            );
+                        }
+                        Err(error) => {
+                            report.errors.push(ApplyError {
+                                service: want.service.clone(),
+                                frontend: *key,
+                                error,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        self.collect_garbage(now);
+        report
+    }
+
+    /// Steps (1) and (2) of the swap. On failure, the new slots are removed again and nothing else changed.
+    fn write_frontend(
+        &mut self,
+        key: FrontendKey,
+        want: &DesiredFrontend,
+        previous: Option<FrontendValue>,
+    ) -> Result<FrontendValue, MapError> {
+        let (svc_id, generation, fresh_id) = match previous {
+            Some(v) => (v.svc_id, v.generation.wrapping_add(1), false),
+            None => (self.alloc_id()?, 1, true),
+        };
+        if fresh_id {
+            // A reused id must not inherit another Service's counts.
+            if let Err(e) = self.writer.reset_counters(svc_id) {
+                self.free_ids.push(svc_id);
+                return Err(e);
+            }
+        }
+        let mut tiers = [TierRange::default(); TIER_COUNT];
+        let mut index: u32 = 0;
+        let mut written: u32 = 0;
+        let result = (|| {
+            for (t, backends) in want.tiers.iter().enumerate() {
+                let len = u16::try_from(backends.len())
+                    .map_err(|_| MapError::TierTooLong { len: backends.len() })?;
+                let start =
+                    u16::try_from(index).map_err(|_| MapError::TierTooLong { len: index as usize })?;
+                tiers[t] = TierRange { start, len };
+                for b in backends {
+                    self.writer.put_slot(
+                        SlotKey {
+                            svc_id,
+                            generation,
+                            index,
+                        },
+                        *b,
+                    )?;
+                    index += 1;
+                    written = index;
+                }
+            }
+            let value = FrontendValue {
+                svc_id,
+                generation,
+                tiers,
+                flags: want.flags,
+            };
+            self.writer.put_frontend(key, value)?;
+            Ok(value)
+        })();
+        if result.is_err() {
+            for i in 0..written {
+                // Best effort: these slots were never visible to the data path.
+                let _ = self.writer.delete_slot(SlotKey {
+                    svc_id,
+                    generation,
+                    index: i,
+                });
+            }
+            if fresh_id {
+                self.free_ids.push(svc_id);
+            }
+        }
+        result
+    }
+
+    fn bury(&mut self, value: FrontendValue, now: Instant, free_id: bool) {
+        let count = value
+            .tiers
+            .iter()
+            .map(|r| u32::from(r.start) + u32::from(r.len))
+            .max()
+            .unwrap_or(0);
+        self.graveyard.push_back(Buried {
+            since: now,
+            svc_id: value.svc_id,
+            generation: value.generation,
+            count,
+            free_id,
+        });
+    }
+
+    /// Step (3): delete slots whose grace period is over. Call it periodically.
+    pub fn collect_garbage(&mut self, now: Instant) {
+        while let Some(b) = self.graveyard.front().copied() {
+            if now.duration_since(b.since) < self.grace {
+                break;
+            }
+            self.graveyard.pop_front();
+            for index in 0..b.count {
+                if let Err(e) = self.writer.delete_slot(SlotKey {
+                    svc_id: b.svc_id,
+                    generation: b.generation,
+                    index,
+                }) {
+                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old slot failed");
+                }
+            }
+            if b.free_id {
+                self.free_ids.push(b.svc_id);
+            }
+        }
+    }
+
+    /// True while old slots wait for their grace period.
+    pub fn has_garbage(&self) -> bool {
+        !self.graveyard.is_empty()
+    }
+
+    /// Mark a backend down or up (instant, no reconcile).
+    pub fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
+        self.writer.set_backend_down(backend, down)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::datapath::fake::FakeMaps;
+
+    fn be(s: &str) -> Backend {
+        addr::backend(s.parse::<SocketAddr>().unwrap(), 6)
+    }
+
+    fn fe(vip: &str) -> FrontendKey {
+        let a: SocketAddr = vip.parse().unwrap();
+        addr::frontend_key(a.ip(), a.port(), 6)
+    }
+
+    fn want(node: &[&str], cluster: &[&str]) -> DesiredFrontend {
+        DesiredFrontend {
+            service: "default/web".into(),
+            port_name: "http".into(),
+            tiers: [
+                node.iter().map(|s| be(s)).collect(),
+                Vec::new(),
+                cluster.iter().map(|s| be(s)).collect(),
+            ],
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn add_update_remove_with_generation_swap() {
+        let mut r = Reconciler::new(FakeMaps::new(16, 64));
+        let t0 = Instant::now();
+        let k = fe("10.96.0.1:80");
+        let mut d = Desired::new();
+        d.insert(k, want(&["10.0.0.1:8080"], &["10.0.0.1:8080", "10.0.0.2:8080"]));
+        let rep = r.apply(&d, t0);
+        assert_eq!((rep.added, rep.errors.len()), (1, 0));
+        let v1 = r.writer().frontend(k).unwrap();
+        assert_eq!(v1.generation, 1);
+        assert_eq!(r.writer().slot_count(), 3);
+
+        // Same desired state: nothing written.
+        let writes = r.writer().writes();
+        assert_eq!(r.apply(&d, t0).unchanged, 1);
+        assert_eq!(r.writer().writes(), writes);
+
+        // Change: new generation written, old slots still there within the grace period.
+        d.insert(k, want(&[], &["10.0.0.2:8080"]));
+        let rep = r.apply(&d, t0);
+        assert_eq!(rep.updated, 1);
+        let v2 = r.writer().frontend(k).unwrap();
+        assert_eq!((v2.svc_id, v2.generation), (v1.svc_id, 2));
+        assert_eq!(r.writer().slot_count(), 4, "old generation kept during grace");
+        r.collect_garbage(t0 + DEFAULT_GRACE);
+        assert_eq!(r.writer().slot_count(), 1);
+
+        // Removal frees the id after the grace period.
+        let rep = r.apply(&Desired::new(), t0 + DEFAULT_GRACE);
+        assert_eq!(rep.removed, 1);
+        assert!(r.writer().frontend(k).is_none());
+        r.collect_garbage(t0 + DEFAULT_GRACE * 3);
+        assert_eq!(r.writer().slot_count(), 0);
+    }
+
+    #[test]
+    fn a_full_slot_map_never_leaves_a_half_applied_service() {
+        // Room for 3 slots: the first Service (2 slots) fits, the second (2 more) does not.
+        let mut r = Reconciler::new(FakeMaps::new(16, 3));
+        let t0 = Instant::now();
+        let mut d = Desired::new();
+        d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80", "10.0.0.2:80"]));
+        d.insert(fe("10.96.0.2:80"), want(&[], &["10.0.0.3:80", "10.0.0.4:80"]));
+        let rep = r.apply(&d, t0);
+        assert_eq!(rep.added, 1);
+        assert_eq!(rep.errors.len(), 1);
+        let msg = rep.errors[0].to_string();
+        assert!(
+            msg.contains("default/web") && msg.contains("10.96.0.2:80") && msg.contains("full"),
+            "{msg}"
+        );
+        assert!(r.writer().frontend(fe("10.96.0.2:80")).is_none());
+        assert_eq!(
+            r.writer().slot_count(),
+            2,
+            "partially written slots are removed again"
+        );
+
+        // An update that does not fit keeps the previous generation in place.
+        let before = r.writer().frontend(fe("10.96.0.1:80")).unwrap();
+        d.remove(&fe("10.96.0.2:80"));
+        d.insert(
+            fe("10.96.0.1:80"),
+            want(&[], &["10.0.0.1:80", "10.0.0.2:80", "10.0.0.5:80"]),
+        );
+        let rep = r.apply(&d, t0);
+        assert_eq!(rep.errors.len(), 1);
+        assert_eq!(r.writer().frontend(fe("10.96.0.1:80")).unwrap(), before);
+    }
+
+    #[test]
+    fn service_ids_are_reused_with_fresh_counters() {
+        let mut r = Reconciler::new(FakeMaps::new(1, 64));
+        let t0 = Instant::now();
+        let mut d = Desired::new();
+        d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80"]));
+        r.apply(&d, t0);
+        let id = r.writer().frontend(fe("10.96.0.1:80")).unwrap().svc_id;
+        r.writer_mut().bump_counter(id, 2);
+        let mut d2 = Desired::new();
+        d2.insert(fe("10.96.0.9:80"), want(&[], &["10.0.0.1:80"]));
+        // Only one id exists: the new frontend must wait until the old one's grace period is over.
+        let rep = r.apply(&d2, t0);
+        assert_eq!(rep.errors.len(), 1);
+        let rep = r.apply(&d2, t0 + DEFAULT_GRACE * 2);
+        assert_eq!(rep.errors.len(), 0, "{:?}", rep.errors);
+        let v = r.writer().frontend(fe("10.96.0.9:80")).unwrap();
+        assert_eq!(v.svc_id, id);
+        assert_eq!(r.writer().counters(id).unwrap()[2], 0);
+    }
+}

@@ -1,0 +1,12 @@
+//! tierlb: a per-node agent that turns Services and EndpointSlices (with their topology hints) into eBPF
+//! maps, and cgroup sock_addr programs that rewrite Service VIPs to node-local, same-zone or cluster-wide
+//! endpoints at connect() time, choosing the tier in the kernel.
+pub mod agent;
+pub mod cgroup;
+pub mod cli;
+pub mod datapath;
+pub mod lint;
+pub mod model;
+pub mod plan;
+pub mod sandbox;
+pub mod source;

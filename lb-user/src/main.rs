@@ -1,0 +1,59 @@
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use tierlb::cli::{Cli, Command, LogFormat};
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let result: anyhow::Result<Option<String>> = match &cli.command {
+        Command::Agent(a) => {
+            let opts = tierlb::agent::AgentOptions {
+                node: a.node.clone(),
+                zone: a.zone.clone(),
+                manifests: a.manifests.clone(),
+                cgroup: a.cgroup.clone(),
+                allow_root_cgroup: a.allow_root_cgroup,
+                bpffs: a.bpffs.clone(),
+                capacities: tierlb::datapath::ebpf::Capacities {
+                    services: a.max_services,
+                    slots: a.max_slots,
+                    backends: a.max_backends,
+                },
+            };
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(tierlb::agent::run(opts)))
+                .map(|()| None)
+        }
+        Command::Plan(p) => tierlb::cli::run_plan(p).map(Some),
+        Command::Backend(b) => tierlb::cli::run_backend(b).map(Some),
+    };
+    match result {
+        Ok(out) => {
+            if let Some(out) = out {
+                print!("{out}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tierlb: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! tierlb's own view of the cluster: the parts of Services, EndpointSlices and Nodes the semantics read.
+//! Independent of k8s-openapi so the plan is pure and easy to build in tests.
+use std::{collections::BTreeMap, fmt, net::IpAddr};
+
+use serde::Serialize;
+
+/// `namespace/name` of a namespaced object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct ObjKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl std::str::FromStr for ObjKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self::new(ns, name))
+            }
+            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl Protocol {
+    /// The Kubernetes spelling; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "TCP" => Some(Self::Tcp),
+            "UDP" => Some(Self::Udp),
+            "SCTP" => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Tcp => lb_common::PROTO_TCP,
+            Self::Udp => lb_common::PROTO_UDP,
+            Self::Sctp => lb_common::PROTO_SCTP,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Family {
+    #[serde(rename = "IPv4")]
+    V4,
+    #[serde(rename = "IPv6")]
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Self {
+        if ip.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Policy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cluster => "Cluster",
+            Self::Local => "Local",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServicePort {
+    /// May be empty for a single-port Service.
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub node_port: Option<u16>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Service {
+    pub key: ObjKey,
+    pub type_: ServiceType,
+    /// Empty for a headless Service (`clusterIP: None`).
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub internal_policy: Policy,
+    pub external_policy: Policy,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
+    pub health_check_node_port: Option<u16>,
+    /// `spec.trafficDistribution` as written (unknown values are kept so they can be linted).
+    pub traffic_distribution: Option<String>,
+    /// `service.kubernetes.io/topology-mode`.
+    pub topology_mode_annotation: Option<String>,
+    /// The deprecated `service.kubernetes.io/topology-aware-hints`, which wins over `topology-mode`.
+    pub topology_aware_hints_annotation: Option<String>,
+}
+
+impl Default for ObjKey {
+    fn default() -> Self {
+        Self::new("default", "")
+    }
+}
+
+impl Service {
+    /// kube-proxy's `ExternallyAccessible` for a port: reachable through a node port, load-balancer
+    /// ingress IPs or external IPs.
+    pub fn externally_reachable(&self, port: &ServicePort) -> bool {
+        port.node_port.is_some() || !self.load_balancer_ips.is_empty() || !self.external_ips.is_empty()
+    }
+}
+
+/// Endpoint conditions as written; `None` gets Kubernetes' default (ready/serving: true, terminating: false).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Conditions {
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    /// `addresses[0]`; kube-proxy ignores the rest.
+    pub address: Option<IpAddr>,
+    pub conditions: Conditions,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// `hints.forNodes[].name`; `None` when the hint list is absent.
+    pub for_nodes: Option<Vec<String>>,
+    /// `hints.forZones[].name`.
+    pub for_zones: Option<Vec<String>>,
+}
+
+impl Endpoint {
+    pub fn is_ready(&self) -> bool {
+        self.conditions.ready.unwrap_or(true)
+    }
+    pub fn is_serving(&self) -> bool {
+        self.conditions.serving.unwrap_or(true)
+    }
+    pub fn is_terminating(&self) -> bool {
+        self.conditions.terminating.unwrap_or(false)
+    }
+    pub fn node_hints(&self) -> &[String] {
+        self.for_nodes.as_deref().unwrap_or_default()
+    }
+    pub fn zone_hints(&self) -> &[String] {
+        self.for_zones.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum AddressType {
+    IPv4,
+    IPv6,
+    #[serde(rename = "FQDN")]
+    Fqdn,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EndpointSlice {
+    pub key: ObjKey,
+    /// Label `kubernetes.io/service-name`.
+    pub service_name: Option<String>,
+    pub address_type: AddressType,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Node {
+    pub name: String,
+    /// Label `topology.kubernetes.io/zone`.
+    pub zone: Option<String>,
+    /// Allocatable CPU in millicores (used by the `topology-mode: Auto` hint emulation).
+    pub allocatable_cpu_millis: Option<u64>,
+}
+
+/// Everything the sources know, keyed for deterministic iteration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Model {
+    pub services: BTreeMap<ObjKey, Service>,
+    pub slices: BTreeMap<ObjKey, EndpointSlice>,
+    pub nodes: BTreeMap<String, Node>,
+}
+
+impl Model {
+    /// The EndpointSlices that belong to a Service (same namespace, `kubernetes.io/service-name` label).
+    pub fn slices_of<'a>(&'a self, svc: &'a ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.slices
+            .values()
+            .filter(move |s| s.key.namespace == svc.namespace && s.service_name.as_deref() == Some(&svc.name))
+    }
+}
+
+/// The node the plan is computed for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub zone: Option<String>,
+}
+
+impl NodeInfo {
+    /// `--zone` wins; else the Node object's zone label; else none.
+    pub fn resolve(name: &str, zone_flag: Option<&str>, model: &Model) -> Self {
+        let zone = zone_flag
+            .map(str::to_owned)
+            .or_else(|| model.nodes.get(name).and_then(|n| n.zone.clone()))
+            .filter(|z| !z.is_empty());
+        Self {
+            name: name.to_owned(),
+            zone,
+        }
+    }
+}

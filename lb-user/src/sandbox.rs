@@ -1,0 +1,332 @@
+//! Private network namespaces, child cgroups and bpffs mounts for in-kernel tests, the demo and benchmarks.
+//!
+//! Safety on shared machines: every guard removes what it made when dropped (also on panic); nothing is ever
+//! attached to a root cgroup; traffic to VIPs and pod IPs only happens inside a namespace made here, which has
+//! nothing but `lo`, so a failed rewrite cannot send a packet off the machine.
+use std::{
+    fs::File,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener},
+    os::fd::{AsFd as _, AsRawFd as _},
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn unique(tag: &str) -> String {
+    format!(
+        "tierlb-{tag}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+/// A named network namespace with `lo` up, deleted on drop.
+pub struct NetNs {
+    name: String,
+    file: File,
+}
+
+impl NetNs {
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let name = unique(tag);
+        run(Command::new("ip").args(["netns", "add", &name]))?;
+        let guard_name = name.clone();
+        let file = match File::open(format!("/run/netns/{name}")) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = Command::new("ip").args(["netns", "del", &guard_name]).output();
+                return Err(e).context("opening the new netns");
+            }
+        };
+        let ns = Self { name, file };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n NS ARGS...`
+    pub fn ip(&self, args: &[&str]) -> anyhow::Result<()> {
+        run(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// Add an address (a pod IP or VIP stand-in) to `lo` inside the namespace.
+    pub fn add_address(&self, ip: std::net::IpAddr) -> anyhow::Result<()> {
+        let cidr = if ip.is_ipv4() {
+            format!("{ip}/32")
+        } else {
+            format!("{ip}/128")
+        };
+        let mut args = vec!["addr", "add", cidr.as_str(), "dev", "lo"];
+        if ip.is_ipv6() {
+            args.push("nodad");
+        }
+        self.ip(&args)
+    }
+
+    /// Move the calling thread into the namespace (threads keep their own netns in Linux).
+    pub fn enter_current_thread(&self) -> anyhow::Result<()> {
+        nix::sched::setns(self.file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).context("setns")
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// A child cgroup under the cgroup2 mount, removed on drop (after its processes are gone).
+pub struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let root = crate::cgroup::default_root()?;
+        let path = root.join(unique(tag));
+        std::fs::create_dir(&path).with_context(|| format!("creating cgroup {}", path.display()))?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn procs(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.path.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The processes we put here are our children; they are ended by their own guards. Wait for them.
+        for _ in 0..200 {
+            if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!(
+            "warning: cgroup {} still has processes {:?}",
+            self.path.display(),
+            self.procs()
+        );
+    }
+}
+
+/// A private bpffs mount in a temporary directory, unmounted and removed on drop.
+pub struct BpfFs {
+    path: PathBuf,
+}
+
+impl BpfFs {
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let path = std::env::temp_dir().join(unique(tag));
+        std::fs::create_dir(&path)?;
+        if let Err(e) = nix::mount::mount(
+            Some("bpf"),
+            &path,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        ) {
+            let _ = std::fs::remove_dir(&path);
+            return Err(e).context("mounting bpffs");
+        }
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+/// Make `cmd` start inside `cgroup` (joined first) and then `netns` (joining a netns by `ip netns exec`
+/// would remount /sys, so setns is done directly). Only the child moves; the caller stays where it is.
+pub fn confine(cmd: &mut Command, cgroup: Option<&Cgroup>, netns: Option<&NetNs>) -> anyhow::Result<()> {
+    let procs = match cgroup {
+        Some(cg) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(cg.path().join("cgroup.procs"))
+                .context("opening cgroup.procs")?,
+        ),
+        None => None,
+    };
+    let ns = match netns {
+        Some(ns) => Some(ns.file.try_clone()?),
+        None => None,
+    };
+    // SAFETY: between fork and exec this only calls write(2) and setns(2) on descriptors opened above
+    // (async-signal-safe, no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(p) = &procs {
+                // "0" moves the writing process (the child) into the cgroup.
+                if libc::write(p.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(ns) = &ns {
+                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// A child process ended (SIGTERM, then SIGKILL) and reaped on drop. Only ends the pid it started.
+pub struct Child {
+    child: Option<std::process::Child>,
+}
+
+impl Child {
+    pub fn spawn(cmd: &mut Command) -> anyhow::Result<Self> {
+        let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+        Ok(Self { child: Some(child) })
+    }
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+    pub fn inner(&mut self) -> &mut std::process::Child {
+        self.child.as_mut().expect("child present until drop")
+    }
+    /// Send a signal (e.g. SIGKILL in restart tests).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+        }
+    }
+    /// Stop gracefully (SIGTERM) and wait up to `timeout`, then SIGKILL.
+    pub fn stop(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = c.kill();
+                return c.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(3));
+    }
+}
+
+/// A TCP server on an address inside a netns that writes its name and closes each connection: enough to see
+/// which backend a client reached. Stops on drop.
+pub struct NamedServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    fd: i32,
+}
+
+impl NamedServer {
+    pub fn start(netns: &NetNs, addr: SocketAddr, name: &str) -> anyhow::Result<Self> {
+        let ns = netns.file.try_clone()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let reply = format!("{name}\n").into_bytes();
+        let thread = std::thread::spawn(move || {
+            let setup = || -> anyhow::Result<TcpListener> {
+                nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
+                Ok(TcpListener::bind(addr)?)
+            };
+            let listener = match setup() {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.send(Ok(listener.as_raw_fd()));
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(mut s) = conn {
+                    let _ = s.write_all(&reply);
+                }
+            }
+        });
+        let fd = rx.recv().context("server thread died")??;
+        Ok(Self {
+            addr,
+            stop,
+            thread: Some(thread),
+            fd,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for NamedServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // shutdown(2) on a listening socket wakes the blocked accept() with an error.
+        // SAFETY: the fd belongs to the listener, which the thread still owns until it returns.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Read the name a `NamedServer` sends on one connection.
+pub fn read_name(stream: &mut std::net::TcpStream) -> std::io::Result<String> {
+    let mut buf = String::new();
+    stream.read_to_string(&mut buf)?;
+    Ok(buf.trim().to_owned())
+}

@@ -1,0 +1,281 @@
+//! k8s-openapi objects -> model, validating what the semantics rely on. Shared by the manifests and kube
+//! sources. Every error names the field (as a path inside the object) so a user can find it.
+use std::net::IpAddr;
+
+use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
+
+use crate::model::{
+    AddressType, Conditions, Endpoint, EndpointSlice, Node, ObjKey, Policy, Protocol, Service, ServicePort,
+    ServiceType, SlicePort,
+};
+
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+
+/// A field that does not hold what tierlb needs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field {field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Result<ObjKey, FieldError> {
+    let name = meta
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| err("metadata.name", "missing"))?;
+    let namespace = meta
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_owned());
+    Ok(ObjKey { namespace, name })
+}
+
+fn port(field: &str, value: i32) -> Result<u16, FieldError> {
+    u16::try_from(value)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| err(field, format!("port {value} is out of range (1-65535)")))
+}
+
+fn protocol(field: &str, value: Option<&str>) -> Result<Protocol, FieldError> {
+    let value = value.unwrap_or("TCP");
+    Protocol::parse(value).ok_or_else(|| err(field, format!("unknown protocol {value:?} (TCP, UDP or SCTP)")))
+}
+
+fn ip(field: &str, value: &str) -> Result<IpAddr, FieldError> {
+    value
+        .parse()
+        .map_err(|_| err(field, format!("{value:?} is not an IP address")))
+}
+
+fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
+    match value {
+        None | Some("Cluster") => Ok(Policy::Cluster),
+        Some("Local") => Ok(Policy::Local),
+        Some(other) => Err(err(
+            field,
+            format!("unknown traffic policy {other:?} (Cluster or Local)"),
+        )),
+    }
+}
+
+pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
+    let key = key_of(&svc.metadata)?;
+    let spec = svc.spec.clone().unwrap_or_default();
+    let type_ = match spec.type_.as_deref() {
+        None | Some("ClusterIP") => ServiceType::ClusterIP,
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        Some("ExternalName") => ServiceType::ExternalName,
+        Some(other) => return Err(err("spec.type", format!("unknown Service type {other:?}"))),
+    };
+    // spec.clusterIPs supersedes spec.clusterIP (the API server keeps clusterIP == clusterIPs[0]).
+    let raw_ips: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.clone(),
+        (_, Some(one)) => vec![one.clone()],
+        _ => Vec::new(),
+    };
+    let mut cluster_ips = Vec::new();
+    for (i, raw) in raw_ips.iter().enumerate() {
+        if raw == "None" || raw.is_empty() {
+            continue; // headless
+        }
+        cluster_ips.push(ip(&format!("spec.clusterIPs[{i}]"), raw)?);
+    }
+    let mut ports = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) => Some(port(&format!("spec.ports[{i}].nodePort"), n)?),
+        };
+        ports.push(ServicePort {
+            name: p.name.clone().unwrap_or_default(),
+            port: port(&format!("spec.ports[{i}].port"), p.port)?,
+            protocol: protocol(&format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
+            node_port,
+        });
+    }
+    let mut external_ips = Vec::new();
+    for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
+        external_ips.push(ip(&format!("spec.externalIPs[{i}]"), raw)?);
+    }
+    let mut load_balancer_ips = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        if let Some(raw) = &ing.ip {
+            load_balancer_ips.push(ip(&format!("status.loadBalancer.ingress[{i}].ip"), raw)?);
+        }
+    }
+    let health_check_node_port = match spec.health_check_node_port {
+        None | Some(0) => None,
+        Some(n) => Some(port("spec.healthCheckNodePort", n)?),
+    };
+    let annotations = svc.metadata.annotations.clone().unwrap_or_default();
+    Ok(Service {
+        key,
+        type_,
+        cluster_ips,
+        ports,
+        internal_policy: policy(
+            "spec.internalTrafficPolicy",
+            spec.internal_traffic_policy.as_deref(),
+        )?,
+        external_policy: policy(
+            "spec.externalTrafficPolicy",
+            spec.external_traffic_policy.as_deref(),
+        )?,
+        external_ips,
+        load_balancer_ips,
+        health_check_node_port,
+        traffic_distribution: spec.traffic_distribution.clone(),
+        topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
+        topology_aware_hints_annotation: annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS).cloned(),
+    })
+}
+
+pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, FieldError> {
+    let key = key_of(&slice.metadata)?;
+    let address_type = match slice.address_type.as_str() {
+        "IPv4" => AddressType::IPv4,
+        "IPv6" => AddressType::IPv6,
+        "FQDN" => AddressType::Fqdn,
+        other => {
+            return Err(err(
+                "addressType",
+                format!("unknown address type {other:?} (IPv4, IPv6 or FQDN)"),
+            ));
+        }
+    };
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        // A port without a number means "all ports"; kube-proxy skips it (no ClusterIP can use it).
+        let Some(number) = p.port else { continue };
+        ports.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            port: port(&format!("ports[{i}].port"), number)?,
+            protocol: protocol(&format!("ports[{i}].protocol"), p.protocol.as_deref())?,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let address = match (address_type, ep.addresses.first()) {
+            (AddressType::Fqdn, _) | (_, None) => None,
+            (_, Some(raw)) => {
+                let a = ip(&format!("endpoints[{i}].addresses[0]"), raw)?;
+                let family_ok = matches!((address_type, a), (AddressType::IPv4, IpAddr::V4(_)))
+                    || matches!((address_type, a), (AddressType::IPv6, IpAddr::V6(_)));
+                if !family_ok {
+                    return Err(err(
+                        format!("endpoints[{i}].addresses[0]"),
+                        format!("{raw} does not match addressType {}", slice.address_type),
+                    ));
+                }
+                Some(a)
+            }
+        };
+        let c = ep.conditions.clone().unwrap_or_default();
+        let hints = ep.hints.as_ref();
+        endpoints.push(Endpoint {
+            address,
+            conditions: Conditions {
+                ready: c.ready,
+                serving: c.serving,
+                terminating: c.terminating,
+            },
+            node_name: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+            for_nodes: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|v| v.iter().map(|n| n.name.clone()).collect()),
+            for_zones: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|v| v.iter().map(|z| z.name.clone()).collect()),
+        });
+    }
+    let service_name = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .cloned();
+    Ok(EndpointSlice {
+        key,
+        service_name,
+        address_type,
+        ports,
+        endpoints,
+    })
+}
+
+pub fn node(node: &core::Node) -> Result<Node, FieldError> {
+    let name = node
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| err("metadata.name", "missing"))?;
+    let zone = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_ZONE))
+        .cloned();
+    let cpu = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("cpu"));
+    let allocatable_cpu_millis = match cpu {
+        None => None,
+        Some(q) => Some(cpu_millis(&q.0).ok_or_else(|| {
+            err(
+                "status.allocatable.cpu",
+                format!("{:?} is not a CPU quantity", q.0),
+            )
+        })?),
+    };
+    Ok(Node {
+        name,
+        zone,
+        allocatable_cpu_millis,
+    })
+}
+
+/// CPU quantities as nodes report them: whole cores ("4"), decimals ("1.5") or millicores ("3500m").
+pub fn cpu_millis(q: &str) -> Option<u64> {
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    let v: f64 = q.parse().ok()?;
+    (v.is_finite() && v >= 0.0).then(|| (v * 1000.0).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_quantities() {
+        assert_eq!(cpu_millis("4"), Some(4000));
+        assert_eq!(cpu_millis("1.5"), Some(1500));
+        assert_eq!(cpu_millis("3500m"), Some(3500));
+        assert_eq!(cpu_millis("lots"), None);
+    }
+}

@@ -1,0 +1,354 @@
+//! A directory of Kubernetes YAML (Service, EndpointSlice, Node, List) as a source.
+//!
+//! Bad input never takes the rest down: a document that does not parse or convert is reported with its file,
+//! document index and field, and skipped; a file with any problem keeps the objects it had at the last load
+//! that was clean ("last good state"), so a half-saved edit cannot drop a Service's endpoints.
+use std::{
+    collections::{BTreeMap, btree_map::Entry},
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
+use serde::Deserialize as _;
+
+use super::convert;
+use crate::model::{EndpointSlice, Model, Node, ObjKey, Service};
+
+/// One object read from a manifest.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Service(Service),
+    EndpointSlice(EndpointSlice),
+    Node(Node),
+}
+
+impl Object {
+    fn describe(&self) -> String {
+        match self {
+            Self::Service(s) => format!("Service {}", s.key),
+            Self::EndpointSlice(s) => format!("EndpointSlice {}", s.key),
+            Self::Node(n) => format!("Node {}", n.name),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+/// A problem with the input, located precisely enough to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    pub file: PathBuf,
+    /// 0-based index of the YAML document in the file (`---` separated); `None` for whole-file problems.
+    pub document: Option<usize>,
+    /// What the document is, as far as it could be read ("Service default/web").
+    pub object: Option<String>,
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(d) = self.document {
+            write!(f, " document {d}")?;
+        }
+        if let Some(o) = &self.object {
+            write!(f, " ({o})")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, " field {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// The objects of one file and what went wrong reading it.
+#[derive(Clone, Debug, Default)]
+pub struct FileContents {
+    pub objects: Vec<Object>,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl FileContents {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+    }
+}
+
+/// Parse one file's text. Never fails: problems become diagnostics.
+pub fn parse_file(path: &Path, text: &str) -> FileContents {
+    let mut out = FileContents::default();
+    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = match serde_yaml::Value::deserialize(doc) {
+            Ok(v) => v,
+            Err(e) => {
+                out.diagnostics.push(Diagnostic {
+                    severity: Severity::Error,
+                    file: path.to_owned(),
+                    document: Some(index),
+                    object: None,
+                    field: None,
+                    message: format!("malformed YAML: {e}"),
+                });
+                // The YAML stream cannot be resumed after a syntax error.
+                break;
+            }
+        };
+        parse_value(path, index, value, &mut out);
+    }
+    out
+}
+
+fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut FileContents) {
+    if value.is_null() {
+        return; // empty document, e.g. a trailing `---`
+    }
+    let diag = |severity, object: Option<String>, field: Option<String>, message: String| Diagnostic {
+        severity,
+        file: path.to_owned(),
+        document: Some(index),
+        object,
+        field,
+        message,
+    };
+    let kind = value.get("kind").and_then(|k| k.as_str()).map(str::to_owned);
+    let api_version = value
+        .get("apiVersion")
+        .and_then(|k| k.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let name = value
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(|n| n.as_str())
+        .map(str::to_owned);
+    let label = kind
+        .as_ref()
+        .map(|k| format!("{k} {}", name.as_deref().unwrap_or("<no name>")));
+    let Some(kind) = kind else {
+        out.diagnostics.push(diag(
+            Severity::Error,
+            None,
+            Some("kind".into()),
+            "missing; not a Kubernetes object".into(),
+        ));
+        return;
+    };
+    match (kind.as_str(), api_version.as_str()) {
+        ("List", _) | ("ServiceList" | "EndpointSliceList" | "NodeList", _) => {
+            let Some(items) = value.get("items").and_then(|i| i.as_sequence()) else {
+                out.diagnostics.push(diag(
+                    Severity::Error,
+                    label,
+                    Some("items".into()),
+                    "missing".into(),
+                ));
+                return;
+            };
+            for item in items.clone() {
+                parse_value(path, index, item, out);
+            }
+        }
+        ("Service", "v1") => push(
+            typed::<core::Service>(value).and_then(|s| ok(convert::service(&s))),
+            Object::Service,
+            label,
+            &diag,
+            out,
+        ),
+        ("EndpointSlice", "discovery.k8s.io/v1") => push(
+            typed::<discovery::EndpointSlice>(value).and_then(|s| ok(convert::endpoint_slice(&s))),
+            Object::EndpointSlice,
+            label,
+            &diag,
+            out,
+        ),
+        ("Node", "v1") => push(
+            typed::<core::Node>(value).and_then(|n| ok(convert::node(&n))),
+            Object::Node,
+            label,
+            &diag,
+            out,
+        ),
+        ("Service" | "EndpointSlice" | "Node", v) => out.diagnostics.push(diag(
+            Severity::Error,
+            label,
+            Some("apiVersion".into()),
+            format!(
+                "unsupported apiVersion {v:?} (Service and Node: v1; EndpointSlice: discovery.k8s.io/v1)"
+            ),
+        )),
+        (other, _) => out.diagnostics.push(diag(
+            Severity::Warning,
+            label,
+            Some("kind".into()),
+            format!("kind {other} is not read by tierlb (only Service, EndpointSlice, Node); ignored"),
+        )),
+    }
+}
+
+type Located<T> = Result<T, (Option<String>, String)>;
+
+fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Located<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        (Some(path).filter(|p| p != "."), e.into_inner().to_string())
+    })
+}
+
+fn ok<T>(r: Result<T, convert::FieldError>) -> Located<T> {
+    r.map_err(|e| (Some(e.field), e.message))
+}
+
+fn push<T>(
+    r: Located<T>,
+    wrap: fn(T) -> Object,
+    label: Option<String>,
+    diag: &dyn Fn(Severity, Option<String>, Option<String>, String) -> Diagnostic,
+    out: &mut FileContents,
+) {
+    match r {
+        Ok(obj) => out.objects.push(wrap(obj)),
+        Err((field, message)) => out.diagnostics.push(diag(Severity::Error, label, field, message)),
+    }
+}
+
+/// A manifests directory with per-file memory of the last clean load.
+#[derive(Debug, Default)]
+pub struct ManifestDir {
+    dir: PathBuf,
+    /// The objects each file contributed at its last load without errors.
+    last_good: BTreeMap<PathBuf, Vec<Object>>,
+}
+
+/// Result of (re)loading a directory.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub model: Model,
+    pub diagnostics: Vec<Diagnostic>,
+    /// Files whose objects come from an earlier load because the current content has errors.
+    pub stale_files: Vec<PathBuf>,
+}
+
+impl ManifestDir {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            last_good: BTreeMap::new(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The YAML files of the directory, sorted (so duplicates resolve the same way every time).
+    pub fn files(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let is_yaml = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml" | "json")
+            );
+            let hidden = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'));
+            if is_yaml && !hidden && path.is_file() {
+                files.push(path);
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
+    /// Read every file again. Fails only when the directory itself cannot be read.
+    pub fn load(&mut self) -> std::io::Result<Loaded> {
+        let mut loaded = Loaded::default();
+        let mut objects: Vec<(PathBuf, Object)> = Vec::new();
+        let files = self.files()?;
+        self.last_good.retain(|p, _| files.contains(p));
+        for path in files {
+            let contents = match std::fs::read_to_string(&path) {
+                Ok(text) => parse_file(&path, &text),
+                Err(e) => FileContents {
+                    objects: Vec::new(),
+                    diagnostics: vec![Diagnostic {
+                        severity: Severity::Error,
+                        file: path.clone(),
+                        document: None,
+                        object: None,
+                        field: None,
+                        message: format!("cannot read: {e}"),
+                    }],
+                },
+            };
+            let use_objects = if contents.has_errors() {
+                match self.last_good.get(&path) {
+                    Some(previous) => {
+                        loaded.stale_files.push(path.clone());
+                        previous.clone()
+                    }
+                    None => contents.objects.clone(),
+                }
+            } else {
+                self.last_good.insert(path.clone(), contents.objects.clone());
+                contents.objects.clone()
+            };
+            loaded.diagnostics.extend(contents.diagnostics);
+            objects.extend(use_objects.into_iter().map(|o| (path.clone(), o)));
+        }
+        loaded.model = assemble(objects, &mut loaded.diagnostics);
+        Ok(loaded)
+    }
+}
+
+/// Build a model, reporting duplicates (the first one, in file order, is kept).
+pub fn assemble(objects: Vec<(PathBuf, Object)>, diagnostics: &mut Vec<Diagnostic>) -> Model {
+    let mut model = Model::default();
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for (path, obj) in objects {
+        let what = obj.describe();
+        match seen.entry(what.clone()) {
+            Entry::Occupied(first) => {
+                diagnostics.push(Diagnostic {
+                    severity: Severity::Error,
+                    file: path,
+                    document: None,
+                    object: Some(what),
+                    field: Some("metadata.name".into()),
+                    message: format!("duplicate object; the one in {} is used", first.get().display()),
+                });
+                continue;
+            }
+            Entry::Vacant(v) => {
+                v.insert(path);
+            }
+        }
+        match obj {
+            Object::Service(s) => {
+                model.services.insert(s.key.clone(), s);
+            }
+            Object::EndpointSlice(s) => {
+                model.slices.insert(s.key.clone(), s);
+            }
+            Object::Node(n) => {
+                model.nodes.insert(n.name.clone(), n);
+            }
+        }
+    }
+    model
+}
+
+/// Key for looking a Service up in a loaded model (used by `explain`).
+pub fn find_service<'a>(model: &'a Model, key: &ObjKey) -> Option<&'a Service> {
+    model.services.get(key)
+}
