@@ -168,7 +168,8 @@ pub enum Choice<B> {
     Error,
 }
 
-/// A number in `[0, n)` from a uniform 32-bit random value (Lemire's multiply-shift), for `n >= 1`.
+/// A number in `[0, n)` from a uniform 32-bit random value (Lemire's multiply-shift), for `n >= 1`. `r`
+/// must use all 32 bits (as `bpf_get_prandom_u32` does); a 31-bit source would only ever give `[0, n/2)`.
 ///
 /// Not `r % n`: a remainder needs a division-by-zero branch (a panic path the verifier rejects, or a branch on
 /// `n` that makes the verifier track `n` exactly and explode the number of states it explores).
@@ -306,7 +307,7 @@ mod tests {
                 .0
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
-            (self.0 >> 33) as u32
+            (self.0 >> 32) as u32
         }
     }
 

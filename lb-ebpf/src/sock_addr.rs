@@ -41,7 +41,7 @@ fn translate4(ctx: &SockAddrContext) -> i32 {
         family: FAMILY_V4,
     };
     // SAFETY: hash map values stay valid for the program's run (RCU); we only copy out of it.
-    let Some(fe) = (unsafe { FRONTENDS.get(&key) }) else {
+    let Some(fe) = (unsafe { FRONTENDS.get(key) }) else {
         return ALLOW; // not a Service VIP: leave it alone
     };
     let fe = *fe;
@@ -54,12 +54,12 @@ fn translate4(ctx: &SockAddrContext) -> i32 {
                 index,
             };
             // SAFETY: as above.
-            match unsafe { SLOTS.get(&slot) } {
+            match unsafe { SLOTS.get(slot) } {
                 None => Slot::Missing,
                 Some(backend) => {
                     let backend: Backend = *backend;
                     // SAFETY: as above.
-                    match unsafe { BACKEND_STATE.get(&backend) } {
+                    match unsafe { BACKEND_STATE.get(backend) } {
                         Some(state) if *state & BACKEND_DOWN != 0 => Slot::Down(backend),
                         _ => Slot::Live(backend),
                     }

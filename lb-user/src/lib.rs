@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cgroup;
 pub mod cli;
 pub mod datapath;
+pub mod lab;
 pub mod lint;
 pub mod model;
 pub mod plan;

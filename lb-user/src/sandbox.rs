@@ -200,10 +200,10 @@ pub fn confine(cmd: &mut Command, cgroup: Option<&Cgroup>, netns: Option<&NetNs>
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if let Some(ns) = &ns {
-                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+            if let Some(ns) = &ns
+                && libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });

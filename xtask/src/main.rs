@@ -1,1 +1,36 @@
-fn main() {}
+//! Repository tooling: `cargo xtask setup | build | test | demo`.
+mod build;
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "tierlb repository tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what the build needs (idempotent): Debian packages, rust-src, bpf-linker, cargo-nextest.
+    Setup(setup::Options),
+    /// Build the tierlb binaries (release) with the embedded BPF object.
+    Build(build::Options),
+    /// Setup, format and lint checks, unit tests and in-kernel tests.
+    Test(test::Options),
+    /// Setup, build, and run the three-node demo in a private network namespace.
+    Demo(demo::Options),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup(o) => setup::run(&o),
+        Command::Build(o) => build::run(&o).map(|_| ()),
+        Command::Test(o) => test::run(&o),
+        Command::Demo(o) => demo::run(&o),
+    }
+}

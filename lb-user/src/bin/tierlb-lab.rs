@@ -1,0 +1,65 @@
+//! `tierlb-lab`: the lab tools behind `cargo xtask demo` and the in-kernel tests. `probe` connects to an
+//! address repeatedly and prints, as JSON, which backend answered each connect; `demo` runs the demo.
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "tierlb-lab", about = "tierlb lab tools: probe client and demo")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Connect repeatedly and report which backend answered (JSON on stdout).
+    Probe {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        #[arg(long, default_value_t = 0.0)]
+        interval_ms: f64,
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
+    /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
+    Demo {
+        /// The tierlb binary (default: next to this one).
+        #[arg(long)]
+        tierlb: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Cmd::Probe {
+            target,
+            count,
+            interval_ms,
+            timeout_ms,
+        } => {
+            let r = tierlb::lab::probe::run(
+                target,
+                count,
+                Duration::from_secs_f64(interval_ms / 1e3),
+                Duration::from_millis(timeout_ms),
+            );
+            println!("{}", serde_json::to_string(&r).expect("report serialises"));
+            ExitCode::SUCCESS
+        }
+        Cmd::Demo { tierlb } => {
+            let me = std::env::current_exe().expect("own path");
+            let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
+            match tierlb::lab::demo::run(&tierlb, &me) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("tierlb-lab demo: error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

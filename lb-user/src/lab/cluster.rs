@@ -1,0 +1,229 @@
+//! A simulated cluster on one kernel: one private netns holding every pod IP, and per node a child cgroup
+//! with its own `tierlb agent` process. Clients run as child processes confined to a node's cgroup and the
+//! netns. Everything is removed on drop, agents first (which detaches their programs).
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use super::probe::Report;
+use crate::sandbox::{Cgroup, Child, NamedServer, NetNs, confine};
+
+/// A temporary directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let p = std::env::temp_dir().join(format!("tierlb-{tag}-{}-{}", std::process::id(), rand_suffix()));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
+    h.finish() % 1_000_000
+}
+
+pub struct SimNode {
+    pub name: String,
+    // Field order is drop order: the agent (which detaches) goes before its cgroup.
+    agent: Option<Child>,
+    pub cgroup: Cgroup,
+    pub log: PathBuf,
+}
+
+pub struct SimCluster {
+    pub nodes: Vec<SimNode>,
+    pods: Vec<NamedServer>,
+    pub netns: NetNs,
+    pub manifests: TempDir,
+    pub tierlb: PathBuf,
+    pub lab: PathBuf,
+}
+
+impl SimCluster {
+    /// `tierlb` and `tierlb-lab` are the binaries to run for agents and clients.
+    pub fn new(tag: &str, tierlb: &Path, lab: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            nodes: Vec::new(),
+            pods: Vec::new(),
+            netns: NetNs::new(tag)?,
+            manifests: TempDir::new(tag)?,
+            tierlb: tierlb.to_owned(),
+            lab: lab.to_owned(),
+        })
+    }
+
+    /// Start a pod: its IP on `lo` in the netns and a server that answers with `name`.
+    pub fn add_pod(&mut self, addr: SocketAddr, name: &str) -> anyhow::Result<()> {
+        if !self.pods.iter().any(|p| p.addr().ip() == addr.ip()) {
+            self.netns.add_address(addr.ip())?;
+        }
+        self.pods.push(NamedServer::start(&self.netns, addr, name)?);
+        Ok(())
+    }
+
+    /// Stop a pod's server (the pod process exits); its IP stays, so connects to it are refused.
+    pub fn stop_pod(&mut self, addr: SocketAddr) {
+        self.pods.retain(|p| p.addr() != addr);
+    }
+
+    /// Add a node with its own cgroup and agent; returns once the agent reports ready.
+    pub fn add_node(&mut self, name: &str, extra_args: &[&str]) -> anyhow::Result<()> {
+        let cgroup = Cgroup::new(name)?;
+        let log = self.manifests.path().join(format!(".agent-{name}.log"));
+        let logfile = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(&self.tierlb);
+        cmd.args(["agent", "--node", name, "--manifests"])
+            .arg(self.manifests.path())
+            .arg("--cgroup")
+            .arg(cgroup.path())
+            .args(extra_args)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(logfile);
+        let agent = Child::spawn(&mut cmd)?;
+        let mut node = SimNode {
+            name: name.to_owned(),
+            agent: Some(agent),
+            cgroup,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
+            if text.contains("tierlb agent ready") {
+                break;
+            }
+            if let Some(Ok(Some(status))) = node.agent.as_mut().map(|a| a.inner().try_wait()) {
+                bail!("agent for {name} exited ({status}):\n{text}");
+            }
+            if Instant::now() > deadline {
+                bail!("agent for {name} not ready after 30 s:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    pub fn node(&self, name: &str) -> &SimNode {
+        self.nodes.iter().find(|n| n.name == name).expect("node exists")
+    }
+
+    /// How many syncs the node's agent has logged.
+    pub fn syncs(&self, node: &str) -> usize {
+        std::fs::read_to_string(&self.node(node).log)
+            .unwrap_or_default()
+            .matches(" synced")
+            .count()
+    }
+
+    /// Wait until every agent logged more syncs than `before` (from `syncs_all`).
+    pub fn wait_synced(&self, before: &[usize]) -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        while Instant::now() - start < Duration::from_secs(10) {
+            if self
+                .nodes
+                .iter()
+                .zip(before)
+                .all(|(n, b)| self.syncs(&n.name) > *b)
+            {
+                return Ok(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        bail!("agents did not sync within 10 s")
+    }
+
+    pub fn syncs_all(&self) -> Vec<usize> {
+        self.nodes.iter().map(|n| self.syncs(&n.name)).collect()
+    }
+
+    /// A command confined to a node's cgroup and the cluster netns.
+    pub fn client_command(&self, node: &str, program: &Path) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(program);
+        confine(&mut cmd, Some(&self.node(node).cgroup), Some(&self.netns))?;
+        Ok(cmd)
+    }
+
+    /// Start a probe client on a node; collect it with `ProbeRun::wait`.
+    pub fn start_probe(
+        &self,
+        node: &str,
+        target: SocketAddr,
+        count: usize,
+        interval: Duration,
+    ) -> anyhow::Result<ProbeRun> {
+        let mut cmd = self.client_command(node, &self.lab)?;
+        cmd.args([
+            "probe",
+            "--target",
+            &target.to_string(),
+            "--count",
+            &count.to_string(),
+        ])
+        .args(["--interval-ms", &format!("{}", interval.as_secs_f64() * 1e3)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        Ok(ProbeRun {
+            child: Child::spawn(&mut cmd)?,
+        })
+    }
+
+    pub fn probe(
+        &self,
+        node: &str,
+        target: SocketAddr,
+        count: usize,
+        interval: Duration,
+    ) -> anyhow::Result<Report> {
+        self.start_probe(node, target, count, interval)?.wait()
+    }
+
+    /// Stop a node's agent (SIGTERM; detaches).
+    pub fn stop_agent(&mut self, node: &str) {
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.name == node) {
+            n.agent = None;
+        }
+    }
+
+    pub fn pod_ips(&self) -> Vec<IpAddr> {
+        self.pods.iter().map(|p| p.addr().ip()).collect()
+    }
+}
+
+pub struct ProbeRun {
+    child: Child,
+}
+
+impl ProbeRun {
+    pub fn wait(mut self) -> anyhow::Result<Report> {
+        let mut out = String::new();
+        std::io::Read::read_to_string(
+            self.child.inner().stdout.as_mut().context("probe stdout")?,
+            &mut out,
+        )?;
+        let status = self.child.inner().wait()?;
+        if !status.success() {
+            bail!("probe failed ({status})");
+        }
+        serde_json::from_str(&out).with_context(|| format!("probe output: {out}"))
+    }
+}

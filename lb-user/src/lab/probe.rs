@@ -1,0 +1,116 @@
+//! A client that connects to an address again and again and records, for each connect, which backend
+//! answered (a `NamedServer` writes its name) or which errno the connect failed with, and how long it took.
+use std::{
+    io::Read as _,
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Start of the attempt, milliseconds since the probe started.
+    pub t_ms: f64,
+    /// How long the attempt took (connect and reading the name).
+    pub ms: f64,
+    pub backend: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub target: String,
+    pub attempts: Vec<Attempt>,
+}
+
+impl Report {
+    pub fn failures(&self) -> usize {
+        self.attempts.iter().filter(|a| a.error.is_some()).count()
+    }
+    pub fn count(&self, backend: &str) -> usize {
+        self.attempts
+            .iter()
+            .filter(|a| a.backend.as_deref() == Some(backend))
+            .count()
+    }
+    /// Backends and how often each answered, sorted by name.
+    pub fn by_backend(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for a in &self.attempts {
+            if let Some(b) = &a.backend {
+                *m.entry(b.clone()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+    pub fn errors(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for a in &self.attempts {
+            if let Some(e) = &a.error {
+                *m.entry(e.clone()).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+}
+
+/// The symbolic name of an I/O error's errno (what the README documents), else its text.
+pub fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "ECONNREFUSED".into(),
+        Some(libc::EHOSTUNREACH) => "EHOSTUNREACH".into(),
+        Some(libc::ENETUNREACH) => "ENETUNREACH".into(),
+        Some(libc::ETIMEDOUT) => "ETIMEDOUT".into(),
+        Some(libc::EPERM) => "EPERM".into(),
+        Some(libc::ECONNRESET) => "ECONNRESET".into(),
+        Some(libc::ECONNABORTED) => "ECONNABORTED".into(),
+        Some(libc::EAGAIN) => "EAGAIN (timed out)".into(),
+        _ if e.kind() == std::io::ErrorKind::TimedOut => "ETIMEDOUT".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// One connect: the backend's name, or the errno name.
+pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(&target, timeout).map_err(|e| errno_name(&e))?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| errno_name(&e))?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).map_err(|e| errno_name(&e))?;
+    let name = buf.trim().to_owned();
+    if name.is_empty() {
+        Err("empty reply".into())
+    } else {
+        Ok(name)
+    }
+}
+
+/// `count` attempts, `interval` apart (measured from start to start).
+pub fn run(target: SocketAddr, count: usize, interval: Duration, timeout: Duration) -> Report {
+    let start = Instant::now();
+    let mut attempts = Vec::with_capacity(count);
+    for i in 0..count {
+        let due = start + interval * u32::try_from(i).unwrap_or(u32::MAX);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let t0 = Instant::now();
+        let r = attempt(target, timeout);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let t_ms = t0.duration_since(start).as_secs_f64() * 1e3;
+        let (backend, error) = match r {
+            Ok(b) => (Some(b), None),
+            Err(e) => (None, Some(e)),
+        };
+        attempts.push(Attempt {
+            t_ms,
+            ms,
+            backend,
+            error,
+        });
+    }
+    Report {
+        target: target.to_string(),
+        attempts,
+    }
+}

@@ -1,0 +1,320 @@
+//! In-kernel tests: real BPF programs, real sockets, inside a private network namespace and child cgroups
+//! made by each test and removed by RAII guards (also on panic). Needs root.
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use tierlb::{
+    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
+    lab::{
+        cluster::SimCluster,
+        manifests::{Ep, Svc, write_service},
+        probe::Report,
+    },
+    sandbox::{BpfFs, Cgroup, Child, NamedServer, NetNs, confine},
+};
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+const LAB: &str = env!("CARGO_BIN_EXE_tierlb-lab");
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "in-kernel tests need root (BPF, netns, cgroups)"
+    );
+}
+
+fn ip(a: u8, b: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(10, 244, a, b))
+}
+
+fn vip() -> SocketAddr {
+    "10.96.0.10:80".parse().unwrap()
+}
+
+fn cluster(tag: &str) -> SimCluster {
+    require_root();
+    SimCluster::new(tag, Path::new(TIERLB), Path::new(LAB)).expect("sandbox")
+}
+
+/// Pods named after their node, one per (node, zone) given; returns their endpoints with PreferSameNode hints.
+fn pods(c: &mut SimCluster, nodes: &[(&str, &str)]) -> Vec<Ep> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (node, zone))| {
+            let a = ip(i as u8 + 1, 10);
+            c.add_pod(SocketAddr::new(a, 8080), &format!("pod-{node}"))
+                .unwrap();
+            Ep::ready(a, node).zone(zone).prefer_same_node()
+        })
+        .collect()
+}
+
+fn names(r: &Report) -> BTreeSet<String> {
+    r.by_backend().into_keys().collect()
+}
+
+/// (a), (b), (c): the tier the client's node uses, from real connects through the agent binary.
+#[test]
+fn vip_reaches_the_first_tier_with_a_backend_node_then_zone_then_cluster() {
+    struct Case {
+        name: &'static str,
+        /// The client node and its zone (via --zone).
+        client: (&'static str, &'static str),
+        /// Pods: (node, zone).
+        pods: &'static [(&'static str, &'static str)],
+        want: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "node-local backend exists: node tier",
+            client: ("node-1", "a"),
+            pods: &[("node-1", "a"), ("node-2", "a"), ("node-3", "b")],
+            want: &["pod-node-1"],
+        },
+        Case {
+            name: "no local backend: same-zone tier",
+            client: ("node-1", "a"),
+            pods: &[("node-2", "a"), ("node-3", "b")],
+            want: &["pod-node-2"],
+        },
+        Case {
+            name: "no local and no same-zone backend: cluster tier",
+            client: ("node-1", "c"),
+            pods: &[("node-2", "a"), ("node-3", "b")],
+            want: &["pod-node-2", "pod-node-3"],
+        },
+    ];
+    for case in cases {
+        let mut c = cluster("tiers");
+        let eps = pods(&mut c, case.pods);
+        let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+        svc.traffic_distribution = Some("PreferSameNode".into());
+        write_service(c.manifests.path(), &svc, &eps).unwrap();
+        c.add_node(case.client.0, &["--zone", case.client.1]).unwrap();
+        let r = c.probe(case.client.0, vip(), 200, Duration::ZERO).unwrap();
+        assert_eq!(r.failures(), 0, "{}: {:?}", case.name, r.errors());
+        let want: BTreeSet<String> = case.want.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(names(&r), want, "{}", case.name);
+    }
+}
+
+#[test]
+fn random_choice_spreads_over_the_tier() {
+    let mut c = cluster("spread");
+    let eps = pods(&mut c, &[("node-2", "a"), ("node-3", "a"), ("node-4", "a")]);
+    write_service(c.manifests.path(), &Svc::new("web", vip().ip(), 80, 8080), &eps).unwrap();
+    c.add_node("node-1", &[]).unwrap();
+    let r = c.probe("node-1", vip(), 1000, Duration::ZERO).unwrap();
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    let counts = r.by_backend();
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    for (b, n) in &counts {
+        // Expected 333 each; 250..420 is more than 5 standard deviations (sd ~ 15) either way.
+        assert!((250..=420).contains(n), "{b} got {n} of 1000: {counts:?}");
+    }
+}
+
+/// (d): one write to the backend-state map moves new connects to the next tier at once, none fails.
+#[test]
+fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a_failed_connect() {
+    let mut c = cluster("down");
+    let bpffs = BpfFs::new("down").unwrap();
+    let eps = pods(&mut c, &[("node-1", "a"), ("node-2", "a"), ("node-3", "b")]);
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
+
+    let run = c
+        .start_probe("node-1", vip(), 300, Duration::from_millis(2))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let backend = |state: &str, b: &str| {
+        let out = std::process::Command::new(TIERLB)
+            .args(["backend", state, b, "--bpffs", &pin])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    backend("down", "10.244.1.10:8080");
+    std::thread::sleep(Duration::from_millis(200));
+    backend("down", "10.244.2.10:8080");
+    let r = run.wait().unwrap();
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    // The order of answers: node tier, then zone tier (node-2), then cluster (node-3 only live one).
+    let seq: Vec<&str> = r.attempts.iter().filter_map(|a| a.backend.as_deref()).collect();
+    let first_zone = seq
+        .iter()
+        .position(|b| *b != "pod-node-1")
+        .expect("moved off node-1");
+    assert!(seq[..first_zone].iter().all(|b| *b == "pod-node-1"));
+    let first_cluster = seq
+        .iter()
+        .position(|b| *b == "pod-node-3")
+        .expect("moved to the cluster tier");
+    assert!(
+        seq[first_zone..first_cluster].iter().all(|b| *b == "pod-node-2"),
+        "zone tier first: {seq:?}"
+    );
+    assert!(
+        seq[first_cluster..].iter().all(|b| *b == "pod-node-3"),
+        "then only the live one: {seq:?}"
+    );
+    // And back up: the node tier is used again.
+    backend("up", "10.244.1.10:8080");
+    let r = c.probe("node-1", vip(), 50, Duration::ZERO).unwrap();
+    assert_eq!(names(&r), BTreeSet::from(["pod-node-1".to_owned()]));
+}
+
+/// (e): connect fails at once with the documented errno, never a timeout.
+#[test]
+fn no_usable_endpoint_fails_the_connect_at_once_with_the_documented_errno() {
+    struct Case {
+        name: &'static str,
+        itp: Option<&'static str>,
+        /// Pods exist on these nodes (none on node-1, the client).
+        pods: &'static [(&'static str, &'static str)],
+        errno: &'static str,
+    }
+    let cases = [
+        Case {
+            name: "no endpoints at all (kube-proxy REJECT)",
+            itp: None,
+            pods: &[],
+            errno: "ECONNREFUSED",
+        },
+        Case {
+            name: "Local policy, endpoints only elsewhere (kube-proxy DROP: would hang)",
+            itp: Some("Local"),
+            pods: &[("node-2", "a")],
+            errno: "EHOSTUNREACH",
+        },
+    ];
+    for case in cases {
+        let mut c = cluster("empty");
+        let eps = pods(&mut c, case.pods);
+        let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+        svc.internal_traffic_policy = case.itp;
+        write_service(c.manifests.path(), &svc, &eps).unwrap();
+        c.add_node("node-1", &[]).unwrap();
+        let r = c.probe("node-1", vip(), 20, Duration::ZERO).unwrap();
+        assert_eq!(
+            r.errors().get(case.errno),
+            Some(&20),
+            "{}: {:?}",
+            case.name,
+            r.errors()
+        );
+        let slowest = r.attempts.iter().map(|a| a.ms).fold(0.0, f64::max);
+        assert!(
+            slowest < 100.0,
+            "{}: slowest failed connect took {slowest:.1} ms",
+            case.name
+        );
+    }
+}
+
+/// (f): only processes in the agent's cgroup are translated.
+#[test]
+fn a_process_outside_the_cgroup_is_not_rewritten() {
+    let mut c = cluster("outside");
+    let eps = pods(&mut c, &[("node-1", "a")]);
+    write_service(c.manifests.path(), &Svc::new("web", vip().ip(), 80, 8080), &eps).unwrap();
+    c.add_node("node-1", &[]).unwrap();
+    let inside = c.probe("node-1", vip(), 5, Duration::ZERO).unwrap();
+    assert_eq!(inside.count("pod-node-1"), 5);
+    // Same netns, no cgroup: the VIP is not rewritten, and the netns has no route to it.
+    let mut cmd = std::process::Command::new(LAB);
+    confine(&mut cmd, None, Some(&c.netns)).unwrap();
+    let out = cmd
+        .args(["probe", "--target", &vip().to_string(), "--count", "5"])
+        .output()
+        .unwrap();
+    let r: Report = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r.errors().get("ENETUNREACH"), Some(&5), "{:?}", r.errors());
+}
+
+/// (g): while the reconciler swaps a Service between two backend sets as fast as it can, concurrent clients
+/// never see a half-written set: every connect succeeds and reaches a backend of one of the two sets.
+#[test]
+fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
+    require_root();
+    let ns = NetNs::new("swap").unwrap();
+    let cg = Cgroup::new("swap").unwrap();
+    let set_a: Vec<SocketAddr> = (1..=3).map(|i| SocketAddr::new(ip(1, i), 8080)).collect();
+    let set_b: Vec<SocketAddr> = (1..=5).map(|i| SocketAddr::new(ip(2, i), 8080)).collect();
+    let mut servers = Vec::new();
+    for a in set_a.iter().chain(&set_b) {
+        ns.add_address(a.ip()).unwrap();
+        servers.push(NamedServer::start(&ns, *a, &a.to_string()).unwrap());
+    }
+    let Loaded { mut programs, maps } = Loaded::load(Default::default(), None).unwrap();
+    let mut rec = Reconciler::new(maps);
+    let key = addr::frontend_key(vip().ip(), 80, 6);
+    let desired = |set: &[SocketAddr], node: usize| {
+        let b: Vec<_> = set.iter().map(|a| addr::backend(*a, 6)).collect();
+        let mut d = Desired::new();
+        d.insert(
+            key,
+            DesiredFrontend {
+                service: "default/web".into(),
+                port_name: String::new(),
+                tiers: [b[..node].to_vec(), Vec::new(), b.clone()],
+                flags: 0,
+            },
+        );
+        d
+    };
+    rec.apply(&desired(&set_a, 1), Instant::now());
+    programs.attach(cg.path()).unwrap();
+
+    // Each client's report is read on its own thread: a report is larger than a pipe buffer.
+    let clients: Vec<std::thread::JoinHandle<Report>> = (0..4)
+        .map(|_| {
+            let mut cmd = std::process::Command::new(LAB);
+            confine(&mut cmd, Some(&cg), Some(&ns)).unwrap();
+            cmd.args(["probe", "--target", &vip().to_string(), "--count", "1500"])
+                .stdout(std::process::Stdio::piped());
+            let mut child = Child::spawn(&mut cmd).unwrap();
+            std::thread::spawn(move || {
+                let mut out = String::new();
+                std::io::Read::read_to_string(child.inner().stdout.as_mut().unwrap(), &mut out).unwrap();
+                serde_json::from_str(&out).unwrap()
+            })
+        })
+        .collect();
+    let mut swaps = 0u32;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) && clients.iter().any(|c| !c.is_finished()) {
+        let (set, node) = if swaps.is_multiple_of(2) {
+            (&set_b, 2)
+        } else {
+            (&set_a, 1)
+        };
+        let rep = rec.apply(&desired(set, node), Instant::now());
+        assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+        swaps += 1;
+    }
+    let allowed: BTreeSet<String> = set_a.iter().chain(&set_b).map(ToString::to_string).collect();
+    let mut seen = BTreeSet::new();
+    let mut total = 0;
+    for c in clients {
+        let r = c.join().unwrap();
+        assert_eq!(r.failures(), 0, "{:?}", r.errors());
+        total += r.attempts.len();
+        seen.extend(r.by_backend().into_keys());
+    }
+    assert!(seen.is_subset(&allowed), "{seen:?}");
+    assert!(
+        seen.iter().any(|s| s.starts_with("10.244.1.")) && seen.iter().any(|s| s.starts_with("10.244.2."))
+    );
+    assert!(swaps > 100, "only {swaps} swaps happened");
+    eprintln!("{total} connects during {swaps} swaps, no failure");
+    drop(programs);
+}

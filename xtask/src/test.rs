@@ -1,0 +1,44 @@
+//! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target),
+//! then every test (unit, semantics, in-kernel) under nextest, whose summary line ends the output.
+use crate::{setup, util};
+
+#[derive(clap::Args, Default)]
+pub struct Options {
+    /// Skip fmt and clippy (tests only).
+    #[arg(long)]
+    pub no_lint: bool,
+    /// Extra arguments for `cargo nextest run` (e.g. a test name filter).
+    #[arg(last = true)]
+    pub nextest_args: Vec<String>,
+}
+
+pub fn run(o: &Options) -> anyhow::Result<()> {
+    setup::run(&setup::Options::default())?;
+    if !util::is_root() {
+        anyhow::bail!(
+            "the in-kernel tests load BPF programs and create network namespaces and cgroups: run as root"
+        );
+    }
+    if !o.no_lint {
+        util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
+        util::run(util::cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+        util::run(util::cargo().args([
+            "clippy",
+            "-p",
+            "lb-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+    }
+    util::run(
+        util::cargo()
+            .args(["nextest", "run", "--no-fail-fast"])
+            .args(&o.nextest_args),
+    )
+}
