@@ -25,6 +25,8 @@ pub struct SyncReport {
     pub errors: Vec<String>,
     pub diagnostics: Vec<Diagnostic>,
     pub stale_files: Vec<PathBuf>,
+    /// Services whose slices carried no hints and got the controller's.
+    pub hints_filled: Vec<String>,
     pub duration: Duration,
 }
 
@@ -62,9 +64,11 @@ impl<W: MapWriter> AgentCore<W> {
     /// Read the source again and apply the plan. The maps keep their last good state for whatever fails.
     pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
         let started = Instant::now();
-        let loaded = self.manifests.load()?;
+        let mut loaded = self.manifests.load()?;
+        // The controller writes hints into EndpointSlices; hand-written manifests usually have none.
+        let hints_filled = crate::hints::fill_missing(&mut loaded.model);
         let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), &loaded.model);
-        let plan = plan::plan(&loaded.model, &node);
+        let plan = plan::plan_for_datapath(&loaded.model, &node);
         let desired = datapath::desired(&plan);
         let applied = self.reconciler.apply(&desired, now);
         Ok(SyncReport {
@@ -76,6 +80,7 @@ impl<W: MapWriter> AgentCore<W> {
             errors: applied.errors.iter().map(ToString::to_string).collect(),
             diagnostics: loaded.diagnostics,
             stale_files: loaded.stale_files,
+            hints_filled,
             duration: started.elapsed(),
         })
     }
@@ -98,6 +103,9 @@ fn log_report(r: &SyncReport) {
     for e in &r.errors {
         tracing::error!("{e}");
     }
+    for s in &r.hints_filled {
+        tracing::debug!(service = %s, "EndpointSlices carry no hints: using the hints the EndpointSlice controller would write");
+    }
     let zone = r
         .node
         .as_ref()
@@ -105,6 +113,7 @@ fn log_report(r: &SyncReport) {
         .unwrap_or_else(|| "-".into());
     tracing::info!(
         frontends = r.frontends,
+        hints_filled = r.hints_filled.len(),
         added = r.added,
         updated = r.updated,
         removed = r.removed,

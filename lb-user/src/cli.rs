@@ -43,18 +43,27 @@ pub enum Command {
     Agent(AgentArgs),
     /// Print which endpoints every Service port uses on a node, tier by tier (no BPF, no root).
     Plan(PlanArgs),
+    /// Explain, in plain words, which tier a Service uses on a node and why, with lints.
+    Explain(ExplainArgs),
     /// Mark a backend down (new connects skip it at once and fall back to the next tier) or up again.
     Backend(BackendArgs),
 }
 
-#[derive(clap::Args, Debug)]
-pub struct AgentArgs {
-    /// This node's name (matches EndpointSlice `nodeName` and `hints.forNodes`).
+/// The node a command plans for.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// The node's name (matches EndpointSlice `nodeName` and `hints.forNodes`).
     #[arg(long)]
     pub node: String,
-    /// This node's zone; default: the Node object's topology.kubernetes.io/zone label.
+    /// The node's zone; default: the Node object's topology.kubernetes.io/zone label in the source.
     #[arg(long)]
     pub zone: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Directory of Service, EndpointSlice and Node YAML; reloaded on change.
     #[arg(long)]
     pub manifests: PathBuf,
@@ -81,14 +90,24 @@ pub struct AgentArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    #[arg(long)]
-    pub node: String,
-    #[arg(long)]
-    pub zone: Option<String>,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Directory of Service, EndpointSlice and Node YAML.
     #[arg(long)]
     pub manifests: PathBuf,
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// The Service, NAMESPACE/NAME.
+    pub service: crate::model::ObjKey,
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// Directory of Service, EndpointSlice and Node YAML.
+    #[arg(long)]
+    pub manifests: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -115,10 +134,12 @@ fn parse_protocol(s: &str) -> Result<Protocol, String> {
         .ok_or_else(|| format!("unknown protocol {s:?} (TCP, UDP or SCTP)"))
 }
 
-/// Load a manifests directory for a one-shot command, printing its problems to stderr.
+/// Load a manifests directory for a one-shot command, printing its problems to stderr. Slices without hints
+/// get the hints the EndpointSlice controller would write (as the agent does), so `plan` shows what the agent
+/// programs.
 pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model> {
     let mut md = ManifestDir::new(dir);
-    let loaded = md
+    let mut loaded = md
         .load()
         .with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
     for d in &loaded.diagnostics {
@@ -129,12 +150,30 @@ pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model
         };
         eprintln!("{level}: {d}");
     }
+    for svc in crate::hints::fill_missing(&mut loaded.model) {
+        eprintln!(
+            "note: EndpointSlices of Service {svc} carry no hints: using the hints the EndpointSlice controller \
+             would write"
+        );
+    }
     Ok(loaded.model)
+}
+
+pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
+    let model = load_for_cli(&args.manifests)?;
+    let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
+    crate::explain::explain(&model, &node, &args.service).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
+            args.service,
+            args.manifests.display()
+        )
+    })
 }
 
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<String> {
     let model = load_for_cli(&args.manifests)?;
-    let node = NodeInfo::resolve(&args.node, args.zone.as_deref(), &model);
+    let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
     let p = plan::plan(&model, &node);
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&p)? + "\n",

@@ -5,6 +5,8 @@ pub mod agent;
 pub mod cgroup;
 pub mod cli;
 pub mod datapath;
+pub mod explain;
+pub mod hints;
 pub mod lab;
 pub mod lint;
 pub mod model;

@@ -1,20 +1,152 @@
 //! Warnings about Service configurations that do not do what they seem to.
+use std::{collections::BTreeMap, net::SocketAddr};
+
 use crate::{
-    model::{NodeInfo, Policy, Service},
-    plan::PortEndpoint,
+    hints::{self, HintMode},
+    model::{Family, Model, NodeInfo, Policy, Service, ServicePort},
+    plan::{self, PortEndpoint},
 };
 
-/// Warnings for one Service port on one node.
-pub fn port_warnings(svc: &Service, _endpoints: &[PortEndpoint], _node: &NodeInfo) -> Vec<String> {
+/// Warnings for one Service port on one node (node-independent ones included, so each plan entry is
+/// self-contained).
+pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo) -> Vec<String> {
     let mut w = Vec::new();
+    let mode = hints::mode(svc);
     if svc.internal_policy == Policy::Local
         && let Some(td) = &svc.traffic_distribution
     {
         w.push(format!(
-                "internalTrafficPolicy: Local overrides trafficDistribution: {td} (dead line): traffic stays on \
-                 this node and is dropped when it has no ready endpoint; remove internalTrafficPolicy to get the \
-                 {td} fallback"
-            ));
+            "internalTrafficPolicy: Local overrides trafficDistribution: {td} (dead line): traffic stays on \
+             this node and is dropped when it has no ready endpoint; remove internalTrafficPolicy to get the \
+             {td} fallback"
+        ));
+    }
+    if mode == HintMode::AutoAnnotation
+        && let Some(td) = &svc.traffic_distribution
+    {
+        let which = if svc.topology_aware_hints_annotation.is_some() {
+            "service.kubernetes.io/topology-aware-hints"
+        } else {
+            "service.kubernetes.io/topology-mode"
+        };
+        w.push(format!(
+            "annotation {which}: Auto overrides trafficDistribution: {td}: the controller writes zone hints by \
+             CPU share (never node hints); remove the annotation to get {td}"
+        ));
+    }
+    match &mode {
+        HintMode::None { unknown_value: Some(v) } => w.push(format!(
+            "unknown trafficDistribution value {v:?}: the controller ignores it and removes all hints (known: \
+             PreferSameZone, PreferSameNode, and the deprecated PreferClose)"
+        )),
+        HintMode::PreferSameZone { deprecated_alias: true } => w.push(
+            "trafficDistribution: PreferClose is the deprecated alias of PreferSameZone; write PreferSameZone"
+                .to_owned(),
+        ),
+        _ => {}
+    }
+    let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.endpoint.is_ready()).collect();
+    let hinted = |e: &PortEndpoint| e.endpoint.for_nodes.is_some() || e.endpoint.for_zones.is_some();
+    let with_hints = ready.iter().filter(|e| hinted(e)).count();
+    let expects_hints = matches!(mode, HintMode::PreferSameZone { .. } | HintMode::PreferSameNode);
+    if !ready.is_empty() && with_hints == 0 && expects_hints && svc.internal_policy == Policy::Cluster {
+        w.push(format!(
+            "trafficDistribution: {} is set but no endpoint carries hints: the EndpointSlice controller is too old \
+             or its feature gate is off, so every node uses all endpoints",
+            svc.traffic_distribution.as_deref().unwrap_or_default()
+        ));
+    }
+    if with_hints > 0 && with_hints < ready.len() {
+        let missing: Vec<String> = ready
+            .iter()
+            .filter(|e| !hinted(e))
+            .map(|e| e.addr.ip().to_string())
+            .collect();
+        w.push(format!(
+            "{} of {} ready endpoints carry no hints ({}): topology filtering is off for the whole Service",
+            missing.len(),
+            ready.len(),
+            missing.join(", ")
+        ));
     }
     w
+}
+
+/// Each endpoint's share of the port's traffic when every node in `weights` sends that share of the clients,
+/// and each node spreads its clients evenly over the endpoints its plan selects. Nodes whose plan selects
+/// nothing contribute to `failed`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shares {
+    pub by_endpoint: BTreeMap<SocketAddr, f64>,
+    pub failed: f64,
+}
+
+pub fn shares(
+    model: &Model,
+    svc: &Service,
+    port: &ServicePort,
+    family: Family,
+    weights: &[(NodeInfo, f64)],
+) -> Shares {
+    let total: f64 = weights.iter().map(|(_, w)| *w).sum();
+    let mut out = Shares::default();
+    if total <= 0.0 {
+        return out;
+    }
+    for (node, weight) in weights {
+        let p = plan::plan_port(model, svc, port, family, node);
+        let eps = &p.internal.endpoints;
+        if eps.is_empty() {
+            out.failed += weight / total;
+            continue;
+        }
+        for e in eps {
+            *out.by_endpoint.entry(*e).or_default() += weight / total / eps.len() as f64;
+        }
+    }
+    out
+}
+
+/// PreferSameNode with fewer ready endpoints than nodes: nodes without one share the rest, which skews load.
+/// Needs the Node objects (equal clients per node is assumed).
+pub fn skew_warning(model: &Model, svc: &Service, port: &ServicePort, family: Family) -> Option<String> {
+    if hints::mode(svc) != HintMode::PreferSameNode
+        || svc.internal_policy == Policy::Local
+        || model.nodes.len() < 2
+    {
+        return None;
+    }
+    let probe = NodeInfo {
+        name: String::new(),
+        zone: None,
+    };
+    let eps = plan::port_endpoints(model, svc, port, family, &probe.name);
+    let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
+    if ready == 0 || ready >= model.nodes.len() {
+        return None;
+    }
+    let weights: Vec<(NodeInfo, f64)> = model
+        .nodes
+        .values()
+        .map(|n| (NodeInfo::resolve(&n.name, None, model), 1.0))
+        .collect();
+    let s = shares(model, svc, port, family, &weights);
+    let parts: Vec<String> = s
+        .by_endpoint
+        .iter()
+        .map(|(e, v)| format!("{} {:.0}%", e.ip(), v * 100.0))
+        .collect();
+    Some(format!(
+        "PreferSameNode with {ready} ready endpoints on {} nodes skews load: each endpoint takes every client on \
+         its own node, and the clients of the {} without one spread over the others; with equal clients \
+         per node the endpoints take {}, and any imbalance in clients per node becomes endpoint imbalance \
+         (clients 50/30/20 with endpoints on the 50% and 20% nodes give 65/35)",
+        model.nodes.len(),
+        if model.nodes.len() - ready == 1 {
+            "node".to_owned()
+        } else {
+            format!("{} nodes", model.nodes.len() - ready)
+        },
+        parts.join(", ")
+    ))
 }

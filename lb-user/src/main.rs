@@ -21,8 +21,8 @@ fn main() -> ExitCode {
     let result: anyhow::Result<Option<String>> = match &cli.command {
         Command::Agent(a) => {
             let opts = tierlb::agent::AgentOptions {
-                node: a.node.clone(),
-                zone: a.zone.clone(),
+                node: a.node.node.clone(),
+                zone: a.node.zone.clone(),
                 manifests: a.manifests.clone(),
                 cgroup: a.cgroup.clone(),
                 allow_root_cgroup: a.allow_root_cgroup,
@@ -42,6 +42,7 @@ fn main() -> ExitCode {
                 .map(|()| None)
         }
         Command::Plan(p) => tierlb::cli::run_plan(p).map(Some),
+        Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),
         Command::Backend(b) => tierlb::cli::run_backend(b).map(Some),
     };
     match result {

@@ -86,6 +86,12 @@ impl Family {
     pub fn of(ip: &IpAddr) -> Self {
         if ip.is_ipv4() { Self::V4 } else { Self::V6 }
     }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

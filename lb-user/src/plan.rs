@@ -293,7 +293,7 @@ fn families(svc: &Service) -> Vec<Family> {
     fams
 }
 
-/// Plan one Service port in one family.
+/// Plan one Service port in one family (without warnings; see `plan`).
 pub fn plan_port(
     model: &Model,
     svc: &Service,
@@ -324,17 +324,33 @@ pub fn plan_port(
         topology_mode: topology_mode(&endpoints, node),
         internal,
         external,
-        warnings: crate::lint::port_warnings(svc, &endpoints, node),
+        warnings: Vec::new(),
     }
 }
 
-/// The plan for one node: every Service port with a VIP, in every family it has.
+/// The plan for one node: every Service port with a VIP, in every family it has, with lint warnings.
 pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
+    plan_inner(model, node, true)
+}
+
+/// The plan without warnings: what the agent needs on every sync (the load-skew lint plans every node).
+pub fn plan_for_datapath(model: &Model, node: &NodeInfo) -> Plan {
+    plan_inner(model, node, false)
+}
+
+fn plan_inner(model: &Model, node: &NodeInfo, warnings: bool) -> Plan {
     let mut services = Vec::new();
     for svc in model.services.values() {
         for family in families(svc) {
             for port in &svc.ports {
-                services.push(plan_port(model, svc, port, family, node));
+                let mut p = plan_port(model, svc, port, family, node);
+                if warnings {
+                    let eps = port_endpoints(model, svc, port, family, &node.name);
+                    p.warnings = crate::lint::port_warnings(svc, &eps, node);
+                    p.warnings
+                        .extend(crate::lint::skew_warning(model, svc, port, family));
+                }
+                services.push(p);
             }
         }
     }

@@ -318,3 +318,97 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
     eprintln!("{total} connects during {swaps} swaps, no failure");
     drop(programs);
 }
+
+/// The maps hold exactly what `tierlb plan -o json` prints: for every VIP the three tiers, and the first
+/// non-empty one is the plan's `endpoints`.
+#[test]
+fn the_agent_programs_exactly_the_plans_endpoints() {
+    let mut c = cluster("exact");
+    let bpffs = BpfFs::new("exact").unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/story");
+    for f in std::fs::read_dir(&examples).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, c.manifests.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    for node in ["node-1", "node-2"] {
+        c.stop_agent("node-1");
+        c.add_node(node, &["--bpffs", &pin]).unwrap();
+        let out = std::process::Command::new(TIERLB)
+            .args(["plan", "--node", node, "--manifests"])
+            .arg(c.manifests.path())
+            .args(["-o", "json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(bpffs.path()).unwrap();
+        let got = tierlb::datapath::read_back(&maps).unwrap();
+        let mut want_frontends = 0;
+        for s in plan["services"].as_array().unwrap() {
+            let strs = |v: &serde_json::Value| -> Vec<String> {
+                let mut v: Vec<String> = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_str().unwrap().to_owned())
+                    .collect();
+                v.sort();
+                v
+            };
+            let proto = match s["protocol"].as_str().unwrap() {
+                "TCP" => 6,
+                "UDP" => 17,
+                _ => 132,
+            };
+            for ip in s["cluster_ips"].as_array().unwrap() {
+                want_frontends += 1;
+                let ip: IpAddr = ip.as_str().unwrap().parse().unwrap();
+                let key = addr::frontend_key(ip, s["port"].as_u64().unwrap() as u16, proto);
+                let rb = got
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{node}: no frontend for {ip}"));
+                let tiers: Vec<Vec<String>> = rb
+                    .tiers
+                    .iter()
+                    .map(|t| {
+                        let mut v: Vec<String> =
+                            t.iter().map(|b| addr::backend_addr(b).to_string()).collect();
+                        v.sort();
+                        v
+                    })
+                    .collect();
+                let internal = &s["internal"];
+                assert_eq!(
+                    tiers[0],
+                    strs(&internal["tiers"]["node"]),
+                    "{node} {ip}: node tier"
+                );
+                assert_eq!(
+                    tiers[1],
+                    strs(&internal["tiers"]["zone"]),
+                    "{node} {ip}: zone tier"
+                );
+                assert_eq!(
+                    tiers[2],
+                    strs(&internal["tiers"]["cluster"]),
+                    "{node} {ip}: cluster tier"
+                );
+                let first = tiers.iter().find(|t| !t.is_empty()).cloned().unwrap_or_default();
+                assert_eq!(
+                    first,
+                    strs(&internal["endpoints"]),
+                    "{node} {ip}: the data path's choice"
+                );
+                let local = internal["policy"] == "Local";
+                assert_eq!(
+                    rb.value.flags & lb_common::FLAG_POLICY_LOCAL != 0,
+                    local,
+                    "{node} {ip}"
+                );
+            }
+        }
+        assert_eq!(got.len(), want_frontends, "{node}: no extra frontends");
+        assert!(want_frontends >= 4, "the example has several Services");
+    }
+}

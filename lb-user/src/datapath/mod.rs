@@ -104,3 +104,32 @@ pub trait MapWriter {
     /// How many service ids the counter map has room for.
     fn max_services(&self) -> u32;
 }
+
+/// A frontend as read back from the maps: its value and the backends of each tier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadBack {
+    pub value: FrontendValue,
+    pub tiers: [Vec<Backend>; 3],
+}
+
+/// Read every frontend and its tiers from the maps (what the data path sees now).
+pub fn read_back(w: &impl MapWriter) -> Result<BTreeMap<FrontendKey, ReadBack>, MapError> {
+    let mut out = BTreeMap::new();
+    for (key, value) in w.frontends()? {
+        let mut tiers: [Vec<Backend>; 3] = Default::default();
+        for (t, range) in value.tiers.iter().enumerate() {
+            for i in 0..u32::from(range.len) {
+                let slot = SlotKey {
+                    svc_id: value.svc_id,
+                    generation: value.generation,
+                    index: u32::from(range.start) + i,
+                };
+                if let Some(b) = w.slot(slot)? {
+                    tiers[t].push(b);
+                }
+            }
+        }
+        out.insert(key, ReadBack { value, tiers });
+    }
+    Ok(out)
+}

@@ -352,3 +352,175 @@ pub fn assemble(objects: Vec<(PathBuf, Object)>, diagnostics: &mut Vec<Diagnosti
 pub fn find_service<'a>(model: &'a Model, key: &ObjKey) -> Option<&'a Service> {
     model.services.get(key)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80}]\n";
+
+    fn one(text: &str) -> FileContents {
+        parse_file(Path::new("dir/x.yaml"), text)
+    }
+
+    #[test]
+    fn bad_documents_are_reported_with_file_document_and_field() {
+        struct Case {
+            name: &'static str,
+            text: String,
+            object: Option<&'static str>,
+            field: Option<&'static str>,
+            message: &'static str,
+        }
+        let cases = [
+            Case { name: "malformed YAML", text: "kind: Service\n  bad: [".into(), object: None, field: None, message: "malformed YAML" },
+            Case {
+                name: "missing kind",
+                text: "apiVersion: v1\nmetadata: {name: x}\n".into(),
+                object: None,
+                field: Some("kind"),
+                message: "missing",
+            },
+            Case {
+                name: "missing name",
+                text: "apiVersion: v1\nkind: Service\nspec: {clusterIP: 10.96.0.1}\n".into(),
+                object: Some("Service <no name>"),
+                field: Some("metadata.name"),
+                message: "missing",
+            },
+            Case {
+                name: "invalid IP",
+                text: GOOD.replace("10.96.0.10", "10.96.0.999"),
+                object: Some("Service web"),
+                field: Some("spec.clusterIPs[0]"),
+                message: "not an IP address",
+            },
+            Case {
+                name: "port out of range",
+                text: GOOD.replace("port: 80", "port: 70000"),
+                object: Some("Service web"),
+                field: Some("spec.ports[0].port"),
+                message: "out of range",
+            },
+            Case {
+                name: "wrong type for a field",
+                text: GOOD.replace("port: 80", "port: eighty"),
+                object: Some("Service web"),
+                field: Some("spec.ports[0].port"),
+                message: "invalid",
+            },
+            Case {
+                name: "unknown traffic policy",
+                text: GOOD.replace("spec:\n", "spec:\n  internalTrafficPolicy: Nearby\n"),
+                object: Some("Service web"),
+                field: Some("spec.internalTrafficPolicy"),
+                message: "unknown traffic policy \"Nearby\"",
+            },
+            Case {
+                name: "unsupported apiVersion",
+                text: GOOD.replace("apiVersion: v1", "apiVersion: v2"),
+                object: Some("Service web"),
+                field: Some("apiVersion"),
+                message: "unsupported apiVersion",
+            },
+            Case {
+                name: "address of the wrong family",
+                text: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s}\naddressType: IPv4\nendpoints: [{addresses: ['fd00::1']}]\n".into(),
+                object: Some("EndpointSlice s"),
+                field: Some("endpoints[0].addresses[0]"),
+                message: "does not match addressType IPv4",
+            },
+        ];
+        for c in cases {
+            let text = format!("{GOOD}---\n{}", c.text);
+            let got = one(&text);
+            assert_eq!(got.diagnostics.len(), 1, "{}: {:?}", c.name, got.diagnostics);
+            let d = &got.diagnostics[0];
+            assert_eq!(d.document, Some(1), "{}", c.name);
+            assert_eq!(d.object.as_deref(), c.object, "{}", c.name);
+            assert_eq!(d.field.as_deref(), c.field, "{}: {d}", c.name);
+            assert!(d.message.contains(c.message), "{}: {d}", c.name);
+            assert!(d.to_string().starts_with("dir/x.yaml document 1"), "{d}");
+            // The good document before it is still read.
+            assert!(
+                matches!(got.objects.first(), Some(Object::Service(_))),
+                "{}",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_kinds_are_a_warning_and_ignored() {
+        let got = one("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n");
+        assert!(got.objects.is_empty());
+        assert_eq!(got.diagnostics[0].severity, Severity::Warning);
+        assert!(got.diagnostics[0].message.contains("kind Deployment is not read"));
+    }
+
+    #[test]
+    fn lists_are_read() {
+        let got = one(
+            "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Node, metadata: {name: n1}}\n- {apiVersion: v1, kind: Node, metadata: {name: n2}}\n",
+        );
+        assert_eq!(got.objects.len(), 2);
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tierlb-manifests-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn duplicates_are_reported_and_the_first_file_wins() {
+        let d = tempdir("dup");
+        std::fs::write(d.join("a.yaml"), GOOD).unwrap();
+        std::fs::write(d.join("b.yaml"), GOOD.replace("10.96.0.10", "10.96.0.11")).unwrap();
+        let loaded = ManifestDir::new(&d).load().unwrap();
+        let web = &loaded.model.services[&ObjKey::new("default", "web")];
+        assert_eq!(web.cluster_ips[0].to_string(), "10.96.0.10");
+        assert!(
+            loaded
+                .diagnostics
+                .iter()
+                .any(|x| x.message.contains("duplicate") && x.file.ends_with("b.yaml"))
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_last_good_objects_and_other_files_still_load() {
+        let d = tempdir("lastgood");
+        std::fs::write(d.join("a.yaml"), GOOD).unwrap();
+        std::fs::write(
+            d.join("other.yaml"),
+            GOOD.replace("name: web", "name: api")
+                .replace("10.96.0.10", "10.96.0.12"),
+        )
+        .unwrap();
+        let mut md = ManifestDir::new(&d);
+        assert_eq!(md.load().unwrap().model.services.len(), 2);
+        std::fs::write(d.join("a.yaml"), "kind: Service\n  broken: [").unwrap();
+        let loaded = md.load().unwrap();
+        assert_eq!(
+            loaded.model.services.len(),
+            2,
+            "web is kept from the last good version"
+        );
+        assert_eq!(loaded.stale_files, vec![d.join("a.yaml")]);
+        assert!(loaded.diagnostics.iter().any(|x| x.severity == Severity::Error));
+        // Fixing the file takes the new content.
+        std::fs::write(d.join("a.yaml"), GOOD.replace("10.96.0.10", "10.96.0.20")).unwrap();
+        let loaded = md.load().unwrap();
+        assert_eq!(
+            loaded.model.services[&ObjKey::new("default", "web")].cluster_ips[0].to_string(),
+            "10.96.0.20"
+        );
+        // Deleting the file deletes its objects.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        assert_eq!(md.load().unwrap().model.services.len(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
