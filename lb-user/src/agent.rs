@@ -27,6 +27,8 @@ pub struct SyncReport {
     pub stale_files: Vec<PathBuf>,
     /// Services whose slices carried no hints and got the controller's.
     pub hints_filled: Vec<String>,
+    /// Those of them not reported by an earlier sync.
+    pub hints_newly_filled: Vec<String>,
     pub duration: Duration,
 }
 
@@ -36,6 +38,7 @@ pub struct AgentCore<W: MapWriter> {
     zone_flag: Option<String>,
     manifests: ManifestDir,
     reconciler: Reconciler<W>,
+    hints_reported: std::collections::BTreeSet<String>,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -50,6 +53,7 @@ impl<W: MapWriter> AgentCore<W> {
             zone_flag,
             manifests: ManifestDir::new(dir),
             reconciler: Reconciler::new(writer),
+            hints_reported: std::collections::BTreeSet::new(),
         }
     }
 
@@ -71,6 +75,12 @@ impl<W: MapWriter> AgentCore<W> {
         let plan = plan::plan_for_datapath(&loaded.model, &node);
         let desired = datapath::desired(&plan);
         let applied = self.reconciler.apply(&desired, now);
+        let hints_newly_filled = hints_filled
+            .iter()
+            .filter(|s| !self.hints_reported.contains(*s))
+            .cloned()
+            .collect();
+        self.hints_reported = hints_filled.iter().cloned().collect();
         Ok(SyncReport {
             node: Some(node),
             frontends: desired.len(),
@@ -81,6 +91,7 @@ impl<W: MapWriter> AgentCore<W> {
             diagnostics: loaded.diagnostics,
             stale_files: loaded.stale_files,
             hints_filled,
+            hints_newly_filled,
             duration: started.elapsed(),
         })
     }
@@ -103,8 +114,8 @@ fn log_report(r: &SyncReport) {
     for e in &r.errors {
         tracing::error!("{e}");
     }
-    for s in &r.hints_filled {
-        tracing::debug!(service = %s, "EndpointSlices carry no hints: using the hints the EndpointSlice controller would write");
+    for s in &r.hints_newly_filled {
+        tracing::info!(service = %s, "EndpointSlices carry no hints: using the hints the EndpointSlice controller would write");
     }
     let zone = r
         .node
