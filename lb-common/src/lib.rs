@@ -66,6 +66,11 @@ pub const MAP_FRONTENDS: &str = "FRONTENDS";
 pub const MAP_SLOTS: &str = "SLOTS";
 pub const MAP_BACKEND_STATE: &str = "BACKEND_STATE";
 pub const MAP_COUNTERS: &str = "COUNTERS";
+/// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
+/// programs never touch it.
+pub const MAP_NAMES: &str = "SVC_NAMES";
+/// Every map, in the order the agent pins them.
+pub const MAPS: [&str; 5] = [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES];
 
 /// Default capacities (the agent can change them before load).
 pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
@@ -129,8 +134,35 @@ pub struct Backend {
 }
 const _: () = assert!(size_of::<Backend>() == 20);
 
+/// `namespace/name:port` of a frontend's Service, NUL-padded UTF-8 (longer names are cut).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceName {
+    pub bytes: [u8; 128],
+}
+const _: () = assert!(size_of::<ServiceName>() == 128);
+
+impl ServiceName {
+    /// Cuts at a character boundary if longer than 128 bytes.
+    pub fn new(s: &str) -> Self {
+        let mut bytes = [0u8; 128];
+        let mut end = s.len().min(128);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        bytes[..end].copy_from_slice(&s.as_bytes()[..end]);
+        Self { bytes }
+    }
+    pub fn as_str(&self) -> &str {
+        let end = self.bytes.iter().position(|b| *b == 0).unwrap_or(self.bytes.len());
+        core::str::from_utf8(&self.bytes[..end]).unwrap_or("")
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
+    // SAFETY: as below, a byte array.
+    unsafe impl aya::Pod for super::ServiceName {}
     // SAFETY: all four are `#[repr(C)]`, `Copy`, made only of integers, with no implicit padding (the size
     // assertions above pin the layout), so every bit pattern is valid.
     unsafe impl aya::Pod for super::FrontendKey {}
@@ -212,10 +244,7 @@ pub fn choose<B: Copy + Default>(
     };
     match lookup(u32::from(first.start) + below(random(), u32::from(first.len))) {
         Slot::Live(backend) => {
-            return Choice::Backend {
-                tier: first_tier,
-                backend,
-            };
+            return Choice::Backend { tier: first_tier, backend };
         }
         Slot::Missing => return Choice::Error,
         Slot::Down(_) => {}
@@ -291,22 +320,14 @@ mod tests {
 
     fn fe(node: (u16, u16), zone: (u16, u16), cluster: (u16, u16)) -> FrontendValue {
         let r = |(start, len)| TierRange { start, len };
-        FrontendValue {
-            svc_id: 1,
-            generation: 1,
-            tiers: [r(node), r(zone), r(cluster)],
-            flags: 0,
-        }
+        FrontendValue { svc_id: 1, generation: 1, tiers: [r(node), r(zone), r(cluster)], flags: 0 }
     }
 
     /// A tiny deterministic generator so tests are repeatable.
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> u32 {
-            self.0 = self
-                .0
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
+            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             (self.0 >> 32) as u32
         }
     }
@@ -336,30 +357,10 @@ mod tests {
             want_tier: Option<usize>,
         }
         let cases = [
-            Case {
-                name: "node tier wins when its backend is live",
-                fe: f,
-                down: &[],
-                want_tier: Some(0),
-            },
-            Case {
-                name: "node backend down -> zone tier",
-                fe: f,
-                down: &[10],
-                want_tier: Some(1),
-            },
-            Case {
-                name: "node and zone down -> cluster",
-                fe: f,
-                down: &[10, 20, 21],
-                want_tier: Some(2),
-            },
-            Case {
-                name: "everything down -> empty",
-                fe: f,
-                down: &[10, 20, 21, 30],
-                want_tier: None,
-            },
+            Case { name: "node tier wins when its backend is live", fe: f, down: &[], want_tier: Some(0) },
+            Case { name: "node backend down -> zone tier", fe: f, down: &[10], want_tier: Some(1) },
+            Case { name: "node and zone down -> cluster", fe: f, down: &[10, 20, 21], want_tier: Some(2) },
+            Case { name: "everything down -> empty", fe: f, down: &[10, 20, 21, 30], want_tier: None },
             Case {
                 name: "empty node tier is skipped",
                 fe: fe((0, 0), (1, 2), (3, 3)),
@@ -418,10 +419,7 @@ mod tests {
             if down.contains(&(b as u32)) {
                 assert_eq!(h, 0, "down backend {b} was picked");
             } else {
-                assert!(
-                    h.abs_diff(expect) < expect / 10,
-                    "backend {b}: {h} hits, expected ~{expect}"
-                );
+                assert!(h.abs_diff(expect) < expect / 10, "backend {b}: {h} hits, expected ~{expect}");
             }
         }
     }

@@ -6,7 +6,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     Backend, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_SLOTS,
-    FrontendKey, FrontendValue, SlotKey,
+    FrontendKey, FrontendValue, ServiceName, SlotKey,
 };
 
 #[map(name = "FRONTENDS")]
@@ -24,3 +24,7 @@ pub static BACKEND_STATE: HashMap<Backend, u32> = HashMap::with_max_entries(DEFA
 #[map(name = "COUNTERS")]
 pub static COUNTERS: PerCpuArray<u64> =
     PerCpuArray::with_max_entries((DEFAULT_MAX_FRONTENDS + 1) * COUNTERS_PER_SERVICE, 0);
+
+/// Service names by svc_id, for user space only (status, adoption after a restart).
+#[map(name = "SVC_NAMES")]
+pub static SVC_NAMES: HashMap<u32, ServiceName> = HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, 0);

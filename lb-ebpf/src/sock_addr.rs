@@ -48,11 +48,7 @@ fn translate4(ctx: &SockAddrContext) -> i32 {
     let choice = choose(
         &fe,
         |index| {
-            let slot = SlotKey {
-                svc_id: fe.svc_id,
-                generation: fe.generation,
-                index,
-            };
+            let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
             // SAFETY: as above.
             match unsafe { SLOTS.get(slot) } {
                 None => Slot::Missing,

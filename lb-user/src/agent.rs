@@ -75,11 +75,8 @@ impl<W: MapWriter> AgentCore<W> {
         let plan = plan::plan_for_datapath(&loaded.model, &node);
         let desired = datapath::desired(&plan);
         let applied = self.reconciler.apply(&desired, now);
-        let hints_newly_filled = hints_filled
-            .iter()
-            .filter(|s| !self.hints_reported.contains(*s))
-            .cloned()
-            .collect();
+        let hints_newly_filled =
+            hints_filled.iter().filter(|s| !self.hints_reported.contains(*s)).cloned().collect();
         self.hints_reported = hints_filled.iter().cloned().collect();
         Ok(SyncReport {
             node: Some(node),
@@ -117,11 +114,7 @@ fn log_report(r: &SyncReport) {
     for s in &r.hints_newly_filled {
         tracing::info!(service = %s, "EndpointSlices carry no hints: using the hints the EndpointSlice controller would write");
     }
-    let zone = r
-        .node
-        .as_ref()
-        .and_then(|n| n.zone.clone())
-        .unwrap_or_else(|| "-".into());
+    let zone = r.node.as_ref().and_then(|n| n.zone.clone()).unwrap_or_else(|| "-".into());
     tracing::info!(
         frontends = r.frontends,
         hints_filled = r.hints_filled.len(),
@@ -144,6 +137,8 @@ pub struct AgentOptions {
     pub cgroup: Option<PathBuf>,
     pub allow_root_cgroup: bool,
     pub bpffs: Option<PathBuf>,
+    /// Name of the pin directory under `bpffs`; default: the node name.
+    pub instance: Option<String>,
     pub capacities: datapath::ebpf::Capacities,
 }
 
@@ -157,10 +152,7 @@ fn check_bpffs(dir: &Path) -> anyhow::Result<()> {
             dir.display()
         )
     })?;
-    #[expect(
-        clippy::useless_conversion,
-        reason = "the magic's integer type differs between libc targets"
-    )]
+    #[expect(clippy::useless_conversion, reason = "the magic's integer type differs between libc targets")]
     let magic = i64::from(fs.filesystem_type().0);
     anyhow::ensure!(
         magic == BPF_FS_MAGIC,
@@ -171,22 +163,21 @@ fn check_bpffs(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removes the pinned maps when the agent exits (issue: restart adoption keeps them instead).
-struct PinGuard(Option<PathBuf>);
+/// The directory an agent instance pins its maps and links in: `BPFFS/<instance>`.
+pub fn instance_dir(bpffs: &Path, instance: &str) -> PathBuf {
+    bpffs.join(instance)
+}
 
-impl Drop for PinGuard {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            for name in [
-                lb_common::MAP_FRONTENDS,
-                lb_common::MAP_SLOTS,
-                lb_common::MAP_BACKEND_STATE,
-                lb_common::MAP_COUNTERS,
-            ] {
-                let _ = std::fs::remove_file(dir.join(name));
-            }
-        }
-    }
+/// `tierlb agent --cleanup`: detach the instance's programs and remove its maps.
+pub fn cleanup(bpffs: &Path, instance: &str) -> anyhow::Result<String> {
+    check_bpffs(bpffs)?;
+    let dir = instance_dir(bpffs, instance);
+    let removed = datapath::ebpf::cleanup(&dir).with_context(|| format!("cleaning up {}", dir.display()))?;
+    Ok(if removed.is_empty() {
+        format!("nothing pinned in {}\n", dir.display())
+    } else {
+        format!("removed {} pins in {} (programs detached, maps freed)\n", removed.len(), dir.display())
+    })
 }
 
 /// Run the agent until SIGINT or SIGTERM; detaches on the way out.
@@ -205,17 +196,33 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
         opts.manifests.display()
     );
-    if let Some(dir) = &opts.bpffs {
-        check_bpffs(dir)?;
-    }
-    let pins = PinGuard(opts.bpffs.clone());
+    let pin_dir = match &opts.bpffs {
+        Some(base) => {
+            check_bpffs(base)?;
+            let dir = instance_dir(base, opts.instance.as_deref().unwrap_or(&opts.node));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            Some(dir)
+        }
+        None => None,
+    };
     let datapath::ebpf::Loaded { mut programs, maps } =
-        datapath::ebpf::Loaded::load(opts.capacities, opts.bpffs.as_deref())?;
-    // Maps are filled before the programs are attached, so the first connect already sees the full plan.
+        datapath::ebpf::Loaded::load(opts.capacities, pin_dir.as_deref())?;
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), &opts.manifests, maps);
+    if pin_dir.is_some() {
+        // A previous agent's maps (if any) keep serving connects while we start; take over what they hold.
+        let adopted = core.reconciler_mut().adopt().context("adopting the pinned maps")?;
+        if adopted.frontends > 0 {
+            tracing::info!(
+                frontends = adopted.frontends,
+                orphan_slots_removed = adopted.orphan_slots_removed,
+                "adopted the maps of a previous agent"
+            );
+        }
+    }
+    // Maps are filled before the programs are attached, so the first connect already sees the full plan.
     let report = core.sync(Instant::now()).context("reading --manifests")?;
     log_report(&report);
-    programs.attach(&cgroup)?;
+    programs.attach(&cgroup, pin_dir.as_deref())?;
     tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?datapath::ebpf::PROGRAMS, "tierlb agent ready");
 
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
@@ -246,7 +253,13 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         }
     }
     drop(watcher);
+    if let Some(dir) = &pin_dir {
+        tracing::info!(
+            dir = %dir.display(),
+            "leaving the programs attached and the maps pinned for the next agent (`tierlb agent --cleanup` removes them)"
+        );
+    }
+    // Without pins this detaches the programs; pinned links stay.
     drop(programs);
-    drop(pins);
     Ok(())
 }

@@ -51,22 +51,12 @@ pub fn default_root() -> Result<PathBuf, CgroupError> {
 /// Resolve and check the cgroup the agent will attach to.
 pub fn check(path: &Path, allow_root: bool) -> Result<PathBuf, CgroupError> {
     let canon = std::fs::canonicalize(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => CgroupError::NotFound {
-            path: path.to_owned(),
-        },
-        _ => CgroupError::Io {
-            path: path.to_owned(),
-            source: e,
-        },
+        std::io::ErrorKind::NotFound => CgroupError::NotFound { path: path.to_owned() },
+        _ => CgroupError::Io { path: path.to_owned(), source: e },
     })?;
-    let fs = nix::sys::statfs::statfs(&canon).map_err(|e| CgroupError::Io {
-        path: canon.clone(),
-        source: std::io::Error::from(e),
-    })?;
-    #[expect(
-        clippy::useless_conversion,
-        reason = "the magic's integer type differs between libc targets"
-    )]
+    let fs = nix::sys::statfs::statfs(&canon)
+        .map_err(|e| CgroupError::Io { path: canon.clone(), source: std::io::Error::from(e) })?;
+    #[expect(clippy::useless_conversion, reason = "the magic's integer type differs between libc targets")]
     let magic = i64::from(fs.filesystem_type().0);
     if magic != CGROUP2_SUPER_MAGIC {
         return Err(CgroupError::NotCgroup2 { path: canon });

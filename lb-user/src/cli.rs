@@ -45,6 +45,8 @@ pub enum Command {
     Plan(PlanArgs),
     /// Explain, in plain words, which tier a Service uses on a node and why, with lints.
     Explain(ExplainArgs),
+    /// What is in the maps of running agents now: Services, tiers, live backends and counters.
+    Status(StatusArgs),
     /// Mark a backend down (new connects skip it at once and fall back to the next tier) or up again.
     Backend(BackendArgs),
 }
@@ -65,8 +67,8 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub node: NodeArgs,
     /// Directory of Service, EndpointSlice and Node YAML; reloaded on change.
-    #[arg(long)]
-    pub manifests: PathBuf,
+    #[arg(long, required_unless_present = "cleanup")]
+    pub manifests: Option<PathBuf>,
     /// cgroup2 directory whose processes get the translation; default: the cgroup2 root (needs
     /// --allow-root-cgroup).
     #[arg(long)]
@@ -74,9 +76,16 @@ pub struct AgentArgs {
     /// Allow attaching to a cgroup2 root (what a real node wants: every pod is below it).
     #[arg(long)]
     pub allow_root_cgroup: bool,
-    /// A bpffs directory to pin the maps in (so `tierlb backend` and `tierlb status` can reach them).
+    /// A bpffs directory: maps and program links are pinned in DIR/<instance>, survive a restart of the agent
+    /// (the next agent adopts them) and are reachable by `tierlb status` and `tierlb backend`.
     #[arg(long)]
     pub bpffs: Option<PathBuf>,
+    /// Pin directory name under --bpffs; default: the node name.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Detach this instance's programs and remove its pinned maps, then exit (needs --bpffs).
+    #[arg(long, requires = "bpffs")]
+    pub cleanup: bool,
     /// Capacity: frontends (VIP, port, protocol).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_FRONTENDS)]
     pub max_services: u32,
@@ -118,9 +127,26 @@ pub struct BackendArgs {
     pub backend: SocketAddr,
     #[arg(long, default_value = "TCP", value_parser = parse_protocol)]
     pub protocol: Protocol,
-    /// The agent's --bpffs directory.
-    #[arg(long)]
+    /// The agents' --bpffs directory.
+    #[arg(long, default_value = DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
+    /// Only this agent instance (default: every instance under --bpffs).
+    #[arg(long)]
+    pub instance: Option<String>,
+}
+
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The agents' --bpffs directory.
+    #[arg(long, default_value = DEFAULT_BPFFS)]
+    pub bpffs: PathBuf,
+    /// Only this agent instance (default: every instance under --bpffs).
+    #[arg(long)]
+    pub instance: Option<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -139,15 +165,10 @@ fn parse_protocol(s: &str) -> Result<Protocol, String> {
 /// programs.
 pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model> {
     let mut md = ManifestDir::new(dir);
-    let mut loaded = md
-        .load()
-        .with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
+    let mut loaded =
+        md.load().with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
     for d in &loaded.diagnostics {
-        let level = if d.severity == Severity::Error {
-            "error"
-        } else {
-            "warning"
-        };
+        let level = if d.severity == Severity::Error { "error" } else { "warning" };
         eprintln!("{level}: {d}");
     }
     for svc in crate::hints::fill_missing(&mut loaded.model) {
@@ -182,11 +203,7 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<String> {
 }
 
 fn join(v: &[SocketAddr]) -> String {
-    if v.is_empty() {
-        "-".into()
-    } else {
-        v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
-    }
+    if v.is_empty() { "-".into() } else { v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",") }
 }
 
 /// A fixed-width table, one row per Service port and family.
@@ -203,19 +220,12 @@ pub fn plan_table(p: &Plan) -> String {
     ]];
     for s in &p.services {
         let t = &s.internal;
-        let name = if s.port_name.is_empty() {
-            s.service.clone()
-        } else {
-            format!("{}:{}", s.service, s.port_name)
-        };
+        let name =
+            if s.port_name.is_empty() { s.service.clone() } else { format!("{}:{}", s.service, s.port_name) };
         rows.push([
             name,
             format!("{}/{}", s.port, s.protocol.as_str()),
-            s.cluster_ips
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
+            s.cluster_ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
             t.policy.as_str().to_owned(),
             serde_json::to_value(t.selected_tier)
                 .ok()
@@ -223,8 +233,7 @@ pub fn plan_table(p: &Plan) -> String {
                 .unwrap_or_default(),
             join(&t.endpoints),
             format!("{} | {}", join(&t.tiers.zone), join(&t.tiers.cluster)),
-            t.when_empty
-                .map_or("-".to_owned(), |w| format!("{w:?}").to_lowercase()),
+            t.when_empty.map_or("-".to_owned(), |w| format!("{w:?}").to_lowercase()),
         ]);
     }
     let mut widths = [0usize; 8];
@@ -242,15 +251,56 @@ pub fn plan_table(p: &Plan) -> String {
     out
 }
 
+/// Agent instances pinned under `base`: (instance name, its directory).
+pub fn instances(base: &std::path::Path, only: Option<&str>) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(base).with_context(|| {
+        format!("--bpffs {}: cannot read it (is an agent running with this --bpffs?)", base.display())
+    })?;
+    for e in entries {
+        let path = e?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        if path.join(lb_common::MAP_FRONTENDS).exists() && only.is_none_or(|o| o == name) {
+            out.push((name, path));
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        anyhow::bail!(
+            "no agent instance{} pinned under {} (start `tierlb agent --bpffs {}`)",
+            only.map(|o| format!(" {o}")).unwrap_or_default(),
+            base.display(),
+            base.display()
+        );
+    }
+    Ok(out)
+}
+
 pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
-    let mut maps = crate::datapath::ebpf::KernelMaps::open_pinned(&args.bpffs)?;
     let b = crate::datapath::addr::backend(args.backend, args.protocol.number());
     let down = args.state == BackendState::Down;
-    maps.set_backend_down(b, down)?;
-    Ok(format!(
-        "backend {} {} marked {}\n",
-        args.backend,
-        args.protocol.as_str(),
-        if down { "down" } else { "up" }
-    ))
+    let mut out = String::new();
+    for (name, dir) in instances(&args.bpffs, args.instance.as_deref())? {
+        let mut maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
+        maps.set_backend_down(b, down)?;
+        out.push_str(&format!(
+            "{name}: backend {} {} marked {}\n",
+            args.backend,
+            args.protocol.as_str(),
+            if down { "down" } else { "up" }
+        ));
+    }
+    Ok(out)
+}
+
+pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
+    let mut all = Vec::new();
+    for (name, dir) in instances(&args.bpffs, args.instance.as_deref())? {
+        let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
+        all.push(crate::status::Instance::read(&name, &maps)?);
+    }
+    Ok(match args.output {
+        Output::Json => serde_json::to_string_pretty(&all)? + "\n",
+        Output::Table => all.iter().map(crate::status::Instance::table).collect::<Vec<_>>().join("\n"),
+    })
 }

@@ -16,11 +16,7 @@ fn list(v: &[SocketAddr]) -> String {
 }
 
 fn plural(n: usize, word: &str) -> String {
-    if n == 1 {
-        format!("1 {word}")
-    } else {
-        format!("{n} {word}s")
-    }
+    if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") }
 }
 
 /// Why node hints are or are not used (kube-proxy's `topologyModeFromHints`, node part).
@@ -30,10 +26,7 @@ pub fn node_reason(eps: &[PortEndpoint], node: &NodeInfo) -> (bool, String) {
         return (false, "node hints not used: no endpoint is ready".into());
     }
     if ready.iter().all(|e| e.endpoint.node_hints().is_empty()) {
-        return (
-            false,
-            "node hints not used: no ready endpoint carries a forNodes hint".into(),
-        );
+        return (false, "node hints not used: no ready endpoint carries a forNodes hint".into());
     }
     if let Some(bare) = ready.iter().find(|e| e.endpoint.node_hints().is_empty()) {
         return (
@@ -44,10 +37,7 @@ pub fn node_reason(eps: &[PortEndpoint], node: &NodeInfo) -> (bool, String) {
             ),
         );
     }
-    match ready
-        .iter()
-        .find(|e| e.endpoint.node_hints().contains(&node.name))
-    {
+    match ready.iter().find(|e| e.endpoint.node_hints().contains(&node.name)) {
         Some(e) => (
             true,
             format!(
@@ -75,10 +65,7 @@ pub fn zone_reason(eps: &[PortEndpoint], node: &NodeInfo) -> (bool, String) {
         return (false, "zone hints not used: no endpoint is ready".into());
     }
     if ready.iter().all(|e| e.endpoint.zone_hints().is_empty()) {
-        return (
-            false,
-            "zone tier not used: no ready endpoint carries a forZones hint".into(),
-        );
+        return (false, "zone tier not used: no ready endpoint carries a forZones hint".into());
     }
     if let Some(bare) = ready.iter().find(|e| e.endpoint.zone_hints().is_empty()) {
         return (
@@ -98,10 +85,7 @@ pub fn zone_reason(eps: &[PortEndpoint], node: &NodeInfo) -> (bool, String) {
             ),
         );
     };
-    match ready
-        .iter()
-        .find(|e| e.endpoint.zone_hints().iter().any(|z| z == zone))
-    {
+    match ready.iter().find(|e| e.endpoint.zone_hints().iter().any(|z| z == zone)) {
         Some(e) => (
             true,
             format!(
@@ -143,10 +127,7 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, eps: &[PortEndpoint], node: &
             let _ = writeln!(out, "    {zr}");
             let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
             if t.selected_tier == SelectedTier::Cluster && ready == 0 {
-                let _ = writeln!(
-                    out,
-                    "    no endpoint is ready: serving and terminating endpoints are used"
-                );
+                let _ = writeln!(out, "    no endpoint is ready: serving and terminating endpoints are used");
             }
             Ok(())
         }
@@ -178,11 +159,7 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, eps: &[PortEndpoint], node: &
             let _ = writeln!(out, "    no endpoint to use: {}", when_empty_text(w));
         }
         None => {
-            let w = if t.policy == Policy::Local {
-                WhenEmpty::Drop
-            } else {
-                WhenEmpty::Reject
-            };
+            let w = if t.policy == Policy::Local { WhenEmpty::Drop } else { WhenEmpty::Reject };
             let _ = writeln!(out, "    if every one is marked down: {}", when_empty_text(w));
         }
     }
@@ -209,50 +186,33 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
     };
     let _ = writeln!(out, "  the EndpointSlice controller writes: {hint_mode}");
     if svc.cluster_ips.is_empty() {
-        let _ = writeln!(
-            out,
-            "  headless or ExternalName Service: no VIP, nothing to translate"
-        );
+        let _ = writeln!(out, "  headless or ExternalName Service: no VIP, nothing to translate");
     }
     let p = plan::plan(model, node);
     for pp in p.services.iter().filter(|s| &s.key == key) {
-        let port = svc
-            .ports
-            .iter()
-            .find(|sp| sp.name == pp.port_name && sp.port == pp.port)
-            .expect("planned port");
+        let port =
+            svc.ports.iter().find(|sp| sp.name == pp.port_name && sp.port == pp.port).expect("planned port");
         let eps = plan::port_endpoints(model, svc, port, pp.family, &node.name);
         let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
         let st = eps
             .iter()
             .filter(|e| !e.endpoint.is_ready() && e.endpoint.is_serving() && e.endpoint.is_terminating())
             .count();
-        let name = if pp.port_name.is_empty() {
-            String::new()
-        } else {
-            format!(" {}", pp.port_name)
-        };
+        let name = if pp.port_name.is_empty() { String::new() } else { format!(" {}", pp.port_name) };
         let _ = writeln!(
             out,
             "\n  port{name} {}/{} ({}), VIP {}: {} ({ready} ready, {st} serving+terminating, {} local)",
             pp.port,
             pp.protocol.as_str(),
             pp.family.as_str(),
-            pp.cluster_ips
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
+            pp.cluster_ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
             plural(eps.len(), "endpoint"),
             eps.iter().filter(|e| e.local).count(),
         );
         let _ = writeln!(out, "  internal traffic (ClusterIP):");
         traffic_text(&mut out, &pp.internal, &eps, node);
         if let Some(ext) = &pp.external {
-            let _ = writeln!(
-                out,
-                "  external traffic (node port, load-balancer or external IPs):"
-            );
+            let _ = writeln!(out, "  external traffic (node port, load-balancer or external IPs):");
             traffic_text(&mut out, ext, &eps, node);
         }
         for w in &pp.warnings {

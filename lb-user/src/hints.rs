@@ -34,10 +34,7 @@ pub enum HintMode {
 
 /// `hintsEnabled` in the controller: the deprecated annotation wins when present, whatever its value.
 pub fn annotation_enables_hints(svc: &Service) -> bool {
-    let value = svc
-        .topology_aware_hints_annotation
-        .as_deref()
-        .or(svc.topology_mode_annotation.as_deref());
+    let value = svc.topology_aware_hints_annotation.as_deref().or(svc.topology_mode_annotation.as_deref());
     matches!(value, Some("Auto" | "auto"))
 }
 
@@ -46,17 +43,11 @@ pub fn mode(svc: &Service) -> HintMode {
         return HintMode::AutoAnnotation;
     }
     match svc.traffic_distribution.as_deref() {
-        Some(PREFER_CLOSE) => HintMode::PreferSameZone {
-            deprecated_alias: true,
-        },
-        Some(PREFER_SAME_ZONE) => HintMode::PreferSameZone {
-            deprecated_alias: false,
-        },
+        Some(PREFER_CLOSE) => HintMode::PreferSameZone { deprecated_alias: true },
+        Some(PREFER_SAME_ZONE) => HintMode::PreferSameZone { deprecated_alias: false },
         Some(PREFER_SAME_NODE) => HintMode::PreferSameNode,
         None => HintMode::None { unknown_value: None },
-        Some(other) => HintMode::None {
-            unknown_value: Some(other.to_owned()),
-        },
+        Some(other) => HintMode::None { unknown_value: Some(other.to_owned()) },
     }
 }
 
@@ -102,10 +93,9 @@ fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Alloc
     let mut cpu_by_zone: BTreeMap<String, u64> = BTreeMap::new();
     let mut total = 0u64;
     for node in model.nodes.values() {
-        let (Some(zone), Some(cpu)) = (
-            node.zone.as_deref().filter(|z| !z.is_empty()),
-            node.allocatable_cpu_millis,
-        ) else {
+        let (Some(zone), Some(cpu)) =
+            (node.zone.as_deref().filter(|z| !z.is_empty()), node.allocatable_cpu_millis)
+        else {
             return Err(AutoDisabled::InsufficientNodeInfo);
         };
         *cpu_by_zone.entry(zone.to_owned()).or_default() += cpu;
@@ -189,11 +179,7 @@ fn remove(slices: &mut [EndpointSlice]) {
 /// The controller's `AddHints`: own zone first, then move hints from zones over their maximum to zones
 /// under their minimum. Go iterates maps in random order; here zones are taken sorted, so results are stable.
 fn auto_hints(model: &Model, slices: &mut [EndpointSlice]) -> Result<(), AutoDisabled> {
-    let ready = slices
-        .iter()
-        .flat_map(|s| &s.endpoints)
-        .filter(|e| e.is_ready())
-        .count();
+    let ready = slices.iter().flat_map(|s| &s.endpoints).filter(|e| e.is_ready()).count();
     let alloc = allocations(model, ready)?;
     let mut allocated: BTreeMap<String, usize> = BTreeMap::new();
     for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
@@ -253,10 +239,7 @@ fn decrement(m: &mut BTreeMap<String, usize>, k: &str) {
 
 /// True when no endpoint of these slices carries any hint.
 pub fn carries_no_hints(slices: &[&EndpointSlice]) -> bool {
-    slices
-        .iter()
-        .flat_map(|s| &s.endpoints)
-        .all(|e| e.for_nodes.is_none() && e.for_zones.is_none())
+    slices.iter().flat_map(|s| &s.endpoints).all(|e| e.for_nodes.is_none() && e.for_zones.is_none())
 }
 
 /// For `--manifests` mode: fill in hints for every Service whose slices carry none, as the controller would.

@@ -13,3 +13,4 @@ pub mod model;
 pub mod plan;
 pub mod sandbox;
 pub mod source;
+pub mod status;

@@ -57,11 +57,8 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo
         ));
     }
     if with_hints > 0 && with_hints < ready.len() {
-        let missing: Vec<String> = ready
-            .iter()
-            .filter(|e| !hinted(e))
-            .map(|e| e.addr.ip().to_string())
-            .collect();
+        let missing: Vec<String> =
+            ready.iter().filter(|e| !hinted(e)).map(|e| e.addr.ip().to_string()).collect();
         w.push(format!(
             "{} of {} ready endpoints carry no hints ({}): topology filtering is off for the whole Service",
             missing.len(),
@@ -116,26 +113,17 @@ pub fn skew_warning(model: &Model, svc: &Service, port: &ServicePort, family: Fa
     {
         return None;
     }
-    let probe = NodeInfo {
-        name: String::new(),
-        zone: None,
-    };
+    let probe = NodeInfo { name: String::new(), zone: None };
     let eps = plan::port_endpoints(model, svc, port, family, &probe.name);
     let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
     if ready == 0 || ready >= model.nodes.len() {
         return None;
     }
-    let weights: Vec<(NodeInfo, f64)> = model
-        .nodes
-        .values()
-        .map(|n| (NodeInfo::resolve(&n.name, None, model), 1.0))
-        .collect();
+    let weights: Vec<(NodeInfo, f64)> =
+        model.nodes.values().map(|n| (NodeInfo::resolve(&n.name, None, model), 1.0)).collect();
     let s = shares(model, svc, port, family, &weights);
-    let parts: Vec<String> = s
-        .by_endpoint
-        .iter()
-        .map(|(e, v)| format!("{} {:.0}%", e.ip(), v * 100.0))
-        .collect();
+    let parts: Vec<String> =
+        s.by_endpoint.iter().map(|(e, v)| format!("{} {:.0}%", e.ip(), v * 100.0)).collect();
     Some(format!(
         "PreferSameNode with {ready} ready endpoints on {} nodes skews load: each endpoint takes every client on \
          its own node, and the clients of the {} without one spread over the others; with equal clients \

@@ -6,9 +6,7 @@ use tierlb::cli::{Cli, Command, LogFormat};
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -19,14 +17,19 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result: anyhow::Result<Option<String>> = match &cli.command {
+        Command::Agent(a) if a.cleanup => {
+            let bpffs = a.bpffs.as_deref().expect("clap: --cleanup requires --bpffs");
+            tierlb::agent::cleanup(bpffs, a.instance.as_deref().unwrap_or(&a.node.node)).map(Some)
+        }
         Command::Agent(a) => {
             let opts = tierlb::agent::AgentOptions {
                 node: a.node.node.clone(),
                 zone: a.node.zone.clone(),
-                manifests: a.manifests.clone(),
+                manifests: a.manifests.clone().expect("clap: --manifests required"),
                 cgroup: a.cgroup.clone(),
                 allow_root_cgroup: a.allow_root_cgroup,
                 bpffs: a.bpffs.clone(),
+                instance: a.instance.clone(),
                 capacities: tierlb::datapath::ebpf::Capacities {
                     services: a.max_services,
                     slots: a.max_slots,
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
                 .map(|()| None)
         }
         Command::Plan(p) => tierlb::cli::run_plan(p).map(Some),
+        Command::Status(s) => tierlb::cli::run_status(s).map(Some),
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),
         Command::Backend(b) => tierlb::cli::run_backend(b).map(Some),
     };

@@ -13,10 +13,7 @@ pub struct ObjKey {
 
 impl ObjKey {
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
+        Self { namespace: namespace.into(), name: name.into() }
     }
 }
 
@@ -266,9 +263,6 @@ impl NodeInfo {
             .map(str::to_owned)
             .or_else(|| model.nodes.get(name).and_then(|n| n.zone.clone()))
             .filter(|z| !z.is_empty());
-        Self {
-            name: name.to_owned(),
-            zone,
-        }
+        Self { name: name.to_owned(), zone }
     }
 }

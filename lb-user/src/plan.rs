@@ -122,22 +122,14 @@ pub fn port_endpoints(
         if slice_family != family {
             continue;
         }
-        let Some(sp) = slice
-            .ports
-            .iter()
-            .find(|p| p.name == port.name && p.protocol == port.protocol)
-        else {
+        let Some(sp) = slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol) else {
             continue;
         };
         for ep in &slice.endpoints {
             let Some(ip) = ep.address else { continue };
             let addr = SocketAddr::new(ip, sp.port);
             let local = ep.node_name.as_deref() == Some(node);
-            let candidate = PortEndpoint {
-                addr,
-                endpoint: ep.clone(),
-                local,
-            };
+            let candidate = PortEndpoint { addr, endpoint: ep.clone(), local };
             match merged.get(&addr) {
                 Some(existing) if existing.local || !local => {}
                 _ => {
@@ -151,11 +143,8 @@ pub fn port_endpoints(
 
 /// kube-proxy's `topologyModeFromHints`, judged on ready endpoints only.
 pub fn topology_mode(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyMode {
-    let ready: Vec<&Endpoint> = endpoints
-        .iter()
-        .filter(|e| e.endpoint.is_ready())
-        .map(|e| &e.endpoint)
-        .collect();
+    let ready: Vec<&Endpoint> =
+        endpoints.iter().filter(|e| e.endpoint.is_ready()).map(|e| &e.endpoint).collect();
     let all_node_hints = ready.iter().all(|e| !e.node_hints().is_empty());
     let for_node = ready.iter().any(|e| e.node_hints().contains(&node.name));
     if all_node_hints && for_node {
@@ -201,17 +190,9 @@ pub fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo) -> Tiers {
     let mut cluster = addrs(ready());
     if cluster.is_empty() {
         // No ready endpoint anywhere: serving and terminating ones, topology ignored.
-        cluster = addrs(
-            endpoints
-                .iter()
-                .filter(|e| e.endpoint.is_serving() && e.endpoint.is_terminating()),
-        );
+        cluster = addrs(endpoints.iter().filter(|e| e.endpoint.is_serving() && e.endpoint.is_terminating()));
     }
-    Tiers {
-        node: node_tier,
-        zone: zone_tier,
-        cluster,
-    }
+    Tiers { node: node_tier, zone: zone_tier, cluster }
 }
 
 /// kube-proxy's local set: local ready endpoints, else local serving+terminating ones. No topology.
@@ -220,11 +201,7 @@ pub fn local_set(endpoints: &[PortEndpoint]) -> Vec<SocketAddr> {
     if !ready.is_empty() {
         return ready;
     }
-    addrs(
-        endpoints
-            .iter()
-            .filter(|e| e.local && e.endpoint.is_serving() && e.endpoint.is_terminating()),
-    )
+    addrs(endpoints.iter().filter(|e| e.local && e.endpoint.is_serving() && e.endpoint.is_terminating()))
 }
 
 /// Any endpoint kube-proxy could use at all (`hasAnyEndpoints`).
@@ -238,22 +215,12 @@ fn traffic(policy: Policy, endpoints: &[PortEndpoint], node: &NodeInfo, has_any:
     match policy {
         Policy::Local => {
             let local = local_set(endpoints);
-            let when_empty = local.is_empty().then_some(if has_any {
-                WhenEmpty::Drop
-            } else {
-                WhenEmpty::Reject
-            });
+            let when_empty =
+                local.is_empty().then_some(if has_any { WhenEmpty::Drop } else { WhenEmpty::Reject });
             TrafficPlan {
                 policy,
-                selected_tier: if local.is_empty() {
-                    SelectedTier::None
-                } else {
-                    SelectedTier::Local
-                },
-                tiers: Tiers {
-                    node: local.clone(),
-                    ..Tiers::default()
-                },
+                selected_tier: if local.is_empty() { SelectedTier::None } else { SelectedTier::Local },
+                tiers: Tiers { node: local.clone(), ..Tiers::default() },
                 endpoints: local,
                 when_empty,
             }
@@ -270,13 +237,7 @@ fn traffic(policy: Policy, endpoints: &[PortEndpoint], node: &NodeInfo, has_any:
                 (SelectedTier::None, Vec::new())
             };
             let when_empty = endpoints.is_empty().then_some(WhenEmpty::Reject);
-            TrafficPlan {
-                policy,
-                tiers,
-                selected_tier,
-                endpoints,
-                when_empty,
-            }
+            TrafficPlan { policy, tiers, selected_tier, endpoints, when_empty }
         }
     }
 }
@@ -304,9 +265,8 @@ pub fn plan_port(
     let endpoints = port_endpoints(model, svc, port, family, &node.name);
     let has_any = has_any_endpoints(&endpoints);
     let internal = traffic(svc.internal_policy, &endpoints, node, has_any);
-    let external = svc
-        .externally_reachable(port)
-        .then(|| traffic(svc.external_policy, &endpoints, node, has_any));
+    let external =
+        svc.externally_reachable(port).then(|| traffic(svc.external_policy, &endpoints, node, has_any));
     PortPlan {
         service: svc.key.to_string(),
         key: svc.key.clone(),
@@ -314,12 +274,7 @@ pub fn plan_port(
         port: port.port,
         protocol: port.protocol,
         family,
-        cluster_ips: svc
-            .cluster_ips
-            .iter()
-            .copied()
-            .filter(|ip| Family::of(ip) == family)
-            .collect(),
+        cluster_ips: svc.cluster_ips.iter().copied().filter(|ip| Family::of(ip) == family).collect(),
         has_any_endpoints: has_any,
         topology_mode: topology_mode(&endpoints, node),
         internal,
@@ -347,16 +302,11 @@ fn plan_inner(model: &Model, node: &NodeInfo, warnings: bool) -> Plan {
                 if warnings {
                     let eps = port_endpoints(model, svc, port, family, &node.name);
                     p.warnings = crate::lint::port_warnings(svc, &eps, node);
-                    p.warnings
-                        .extend(crate::lint::skew_warning(model, svc, port, family));
+                    p.warnings.extend(crate::lint::skew_warning(model, svc, port, family));
                 }
                 services.push(p);
             }
         }
     }
-    Plan {
-        node: node.name.clone(),
-        zone: node.zone.clone(),
-        services,
-    }
+    Plan { node: node.name.clone(), zone: node.zone.clone(), services }
 }

@@ -24,11 +24,7 @@ use anyhow::{Context as _, bail};
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 fn unique(tag: &str) -> String {
-    format!(
-        "tierlb-{tag}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("tierlb-{tag}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
@@ -73,11 +69,7 @@ impl NetNs {
 
     /// Add an address (a pod IP or VIP stand-in) to `lo` inside the namespace.
     pub fn add_address(&self, ip: std::net::IpAddr) -> anyhow::Result<()> {
-        let cidr = if ip.is_ipv4() {
-            format!("{ip}/32")
-        } else {
-            format!("{ip}/128")
-        };
+        let cidr = if ip.is_ipv4() { format!("{ip}/32") } else { format!("{ip}/128") };
         let mut args = vec!["addr", "add", cidr.as_str(), "dev", "lo"];
         if ip.is_ipv6() {
             args.push("nodad");
@@ -132,11 +124,7 @@ impl Drop for Cgroup {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        eprintln!(
-            "warning: cgroup {} still has processes {:?}",
-            self.path.display(),
-            self.procs()
-        );
+        eprintln!("warning: cgroup {} still has processes {:?}", self.path.display(), self.procs());
     }
 }
 
@@ -149,13 +137,9 @@ impl BpfFs {
     pub fn new(tag: &str) -> anyhow::Result<Self> {
         let path = std::env::temp_dir().join(unique(tag));
         std::fs::create_dir(&path)?;
-        if let Err(e) = nix::mount::mount(
-            Some("bpf"),
-            &path,
-            Some("bpf"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        ) {
+        if let Err(e) =
+            nix::mount::mount(Some("bpf"), &path, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+        {
             let _ = std::fs::remove_dir(&path);
             return Err(e).context("mounting bpffs");
         }
@@ -299,12 +283,7 @@ impl NamedServer {
             }
         });
         let fd = rx.recv().context("server thread died")??;
-        Ok(Self {
-            addr,
-            stop,
-            thread: Some(thread),
-            fd,
-        })
+        Ok(Self { addr, stop, thread: Some(thread), fd })
     }
 
     pub fn addr(&self) -> SocketAddr {

@@ -21,10 +21,7 @@ const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
 const LAB: &str = env!("CARGO_BIN_EXE_tierlb-lab");
 
 fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "in-kernel tests need root (BPF, netns, cgroups)"
-    );
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
 }
 
 fn ip(a: u8, b: u8) -> IpAddr {
@@ -47,8 +44,7 @@ fn pods(c: &mut SimCluster, nodes: &[(&str, &str)]) -> Vec<Ep> {
         .enumerate()
         .map(|(i, (node, zone))| {
             let a = ip(i as u8 + 1, 10);
-            c.add_pod(SocketAddr::new(a, 8080), &format!("pod-{node}"))
-                .unwrap();
+            c.add_pod(SocketAddr::new(a, 8080), &format!("pod-{node}")).unwrap();
             Ep::ready(a, node).zone(zone).prefer_same_node()
         })
         .collect()
@@ -131,15 +127,11 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     let pin = bpffs.path().to_str().unwrap().to_owned();
     c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
 
-    let run = c
-        .start_probe("node-1", vip(), 300, Duration::from_millis(2))
-        .unwrap();
+    let run = c.start_probe("node-1", vip(), 300, Duration::from_millis(2)).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let backend = |state: &str, b: &str| {
-        let out = std::process::Command::new(TIERLB)
-            .args(["backend", state, b, "--bpffs", &pin])
-            .output()
-            .unwrap();
+        let out =
+            std::process::Command::new(TIERLB).args(["backend", state, b, "--bpffs", &pin]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
     backend("down", "10.244.1.10:8080");
@@ -149,23 +141,11 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     assert_eq!(r.failures(), 0, "{:?}", r.errors());
     // The order of answers: node tier, then zone tier (node-2), then cluster (node-3 only live one).
     let seq: Vec<&str> = r.attempts.iter().filter_map(|a| a.backend.as_deref()).collect();
-    let first_zone = seq
-        .iter()
-        .position(|b| *b != "pod-node-1")
-        .expect("moved off node-1");
+    let first_zone = seq.iter().position(|b| *b != "pod-node-1").expect("moved off node-1");
     assert!(seq[..first_zone].iter().all(|b| *b == "pod-node-1"));
-    let first_cluster = seq
-        .iter()
-        .position(|b| *b == "pod-node-3")
-        .expect("moved to the cluster tier");
-    assert!(
-        seq[first_zone..first_cluster].iter().all(|b| *b == "pod-node-2"),
-        "zone tier first: {seq:?}"
-    );
-    assert!(
-        seq[first_cluster..].iter().all(|b| *b == "pod-node-3"),
-        "then only the live one: {seq:?}"
-    );
+    let first_cluster = seq.iter().position(|b| *b == "pod-node-3").expect("moved to the cluster tier");
+    assert!(seq[first_zone..first_cluster].iter().all(|b| *b == "pod-node-2"), "zone tier first: {seq:?}");
+    assert!(seq[first_cluster..].iter().all(|b| *b == "pod-node-3"), "then only the live one: {seq:?}");
     // And back up: the node tier is used again.
     backend("up", "10.244.1.10:8080");
     let r = c.probe("node-1", vip(), 50, Duration::ZERO).unwrap();
@@ -183,12 +163,7 @@ fn no_usable_endpoint_fails_the_connect_at_once_with_the_documented_errno() {
         errno: &'static str,
     }
     let cases = [
-        Case {
-            name: "no endpoints at all (kube-proxy REJECT)",
-            itp: None,
-            pods: &[],
-            errno: "ECONNREFUSED",
-        },
+        Case { name: "no endpoints at all (kube-proxy REJECT)", itp: None, pods: &[], errno: "ECONNREFUSED" },
         Case {
             name: "Local policy, endpoints only elsewhere (kube-proxy DROP: would hang)",
             itp: Some("Local"),
@@ -204,19 +179,9 @@ fn no_usable_endpoint_fails_the_connect_at_once_with_the_documented_errno() {
         write_service(c.manifests.path(), &svc, &eps).unwrap();
         c.add_node("node-1", &[]).unwrap();
         let r = c.probe("node-1", vip(), 20, Duration::ZERO).unwrap();
-        assert_eq!(
-            r.errors().get(case.errno),
-            Some(&20),
-            "{}: {:?}",
-            case.name,
-            r.errors()
-        );
+        assert_eq!(r.errors().get(case.errno), Some(&20), "{}: {:?}", case.name, r.errors());
         let slowest = r.attempts.iter().map(|a| a.ms).fold(0.0, f64::max);
-        assert!(
-            slowest < 100.0,
-            "{}: slowest failed connect took {slowest:.1} ms",
-            case.name
-        );
+        assert!(slowest < 100.0, "{}: slowest failed connect took {slowest:.1} ms", case.name);
     }
 }
 
@@ -232,10 +197,7 @@ fn a_process_outside_the_cgroup_is_not_rewritten() {
     // Same netns, no cgroup: the VIP is not rewritten, and the netns has no route to it.
     let mut cmd = std::process::Command::new(LAB);
     confine(&mut cmd, None, Some(&c.netns)).unwrap();
-    let out = cmd
-        .args(["probe", "--target", &vip().to_string(), "--count", "5"])
-        .output()
-        .unwrap();
+    let out = cmd.args(["probe", "--target", &vip().to_string(), "--count", "5"]).output().unwrap();
     let r: Report = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r.errors().get("ENETUNREACH"), Some(&5), "{:?}", r.errors());
 }
@@ -272,7 +234,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         d
     };
     rec.apply(&desired(&set_a, 1), Instant::now());
-    programs.attach(cg.path()).unwrap();
+    programs.attach(cg.path(), None).unwrap();
 
     // Each client's report is read on its own thread: a report is larger than a pipe buffer.
     let clients: Vec<std::thread::JoinHandle<Report>> = (0..4)
@@ -292,11 +254,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
     let mut swaps = 0u32;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(60) && clients.iter().any(|c| !c.is_finished()) {
-        let (set, node) = if swaps.is_multiple_of(2) {
-            (&set_b, 2)
-        } else {
-            (&set_a, 1)
-        };
+        let (set, node) = if swaps.is_multiple_of(2) { (&set_b, 2) } else { (&set_a, 1) };
         let rep = rec.apply(&desired(set, node), Instant::now());
         assert!(rep.errors.is_empty(), "{:?}", rep.errors);
         swaps += 1;
@@ -342,17 +300,13 @@ fn the_agent_programs_exactly_the_plans_endpoints() {
             .unwrap();
         assert!(out.status.success());
         let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(bpffs.path()).unwrap();
+        let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(&bpffs.path().join(node)).unwrap();
         let got = tierlb::datapath::read_back(&maps).unwrap();
         let mut want_frontends = 0;
         for s in plan["services"].as_array().unwrap() {
             let strs = |v: &serde_json::Value| -> Vec<String> {
-                let mut v: Vec<String> = v
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_str().unwrap().to_owned())
-                    .collect();
+                let mut v: Vec<String> =
+                    v.as_array().unwrap().iter().map(|x| x.as_str().unwrap().to_owned()).collect();
                 v.sort();
                 v
             };
@@ -365,9 +319,7 @@ fn the_agent_programs_exactly_the_plans_endpoints() {
                 want_frontends += 1;
                 let ip: IpAddr = ip.as_str().unwrap().parse().unwrap();
                 let key = addr::frontend_key(ip, s["port"].as_u64().unwrap() as u16, proto);
-                let rb = got
-                    .get(&key)
-                    .unwrap_or_else(|| panic!("{node}: no frontend for {ip}"));
+                let rb = got.get(&key).unwrap_or_else(|| panic!("{node}: no frontend for {ip}"));
                 let tiers: Vec<Vec<String>> = rb
                     .tiers
                     .iter()
@@ -379,36 +331,69 @@ fn the_agent_programs_exactly_the_plans_endpoints() {
                     })
                     .collect();
                 let internal = &s["internal"];
-                assert_eq!(
-                    tiers[0],
-                    strs(&internal["tiers"]["node"]),
-                    "{node} {ip}: node tier"
-                );
-                assert_eq!(
-                    tiers[1],
-                    strs(&internal["tiers"]["zone"]),
-                    "{node} {ip}: zone tier"
-                );
-                assert_eq!(
-                    tiers[2],
-                    strs(&internal["tiers"]["cluster"]),
-                    "{node} {ip}: cluster tier"
-                );
+                assert_eq!(tiers[0], strs(&internal["tiers"]["node"]), "{node} {ip}: node tier");
+                assert_eq!(tiers[1], strs(&internal["tiers"]["zone"]), "{node} {ip}: zone tier");
+                assert_eq!(tiers[2], strs(&internal["tiers"]["cluster"]), "{node} {ip}: cluster tier");
                 let first = tiers.iter().find(|t| !t.is_empty()).cloned().unwrap_or_default();
-                assert_eq!(
-                    first,
-                    strs(&internal["endpoints"]),
-                    "{node} {ip}: the data path's choice"
-                );
+                assert_eq!(first, strs(&internal["endpoints"]), "{node} {ip}: the data path's choice");
                 let local = internal["policy"] == "Local";
-                assert_eq!(
-                    rb.value.flags & lb_common::FLAG_POLICY_LOCAL != 0,
-                    local,
-                    "{node} {ip}"
-                );
+                assert_eq!(rb.value.flags & lb_common::FLAG_POLICY_LOCAL != 0, local, "{node} {ip}");
             }
         }
         assert_eq!(got.len(), want_frontends, "{node}: no extra frontends");
         assert!(want_frontends >= 4, "the example has several Services");
     }
+}
+
+/// An agent killed with SIGKILL leaves its programs attached and maps pinned; clients keep connecting with no
+/// loss while it is gone; the restarted agent adopts the maps (rewriting nothing), then follows new changes;
+/// `tierlb agent --cleanup` detaches everything.
+#[test]
+fn an_agent_killed_and_restarted_loses_no_connection_and_cleanup_detaches_it() {
+    let mut c = cluster("restart");
+    let bpffs = BpfFs::new("restart").unwrap();
+    let mut eps = pods(&mut c, &[("node-1", "a"), ("node-2", "a")]);
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
+
+    let run = c.start_probe("node-1", vip(), 800, Duration::from_millis(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill_agent("node-1");
+    std::thread::sleep(Duration::from_millis(500));
+    let restart = c.restart_agent("node-1").unwrap();
+    let log = std::fs::read_to_string(&c.node("node-1").log).unwrap();
+    let last_sync = log.lines().rfind(|l| l.contains(" synced")).unwrap().to_owned();
+    assert!(log.contains("adopted the maps of a previous agent"), "{log}");
+    assert!(
+        last_sync.contains("added=0") && last_sync.contains("updated=0"),
+        "nothing rewritten: {last_sync}"
+    );
+    // The new agent follows changes: node-1's pod terminates, traffic moves to node-2.
+    std::thread::sleep(Duration::from_millis(300));
+    eps[0] = eps[0].clone().terminating();
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    let r = run.wait().unwrap();
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    assert!(r.count("pod-node-1") > 100 && r.count("pod-node-2") > 50, "{:?}", r.by_backend());
+    eprintln!("restart took {restart:?}; {} connects, 0 failed", r.attempts.len());
+
+    let cg = c.node("node-1").cgroup.path().to_owned();
+    c.kill_agent("node-1");
+    let attached = |cg: &Path| {
+        let out = std::process::Command::new("bpftool").args(["cgroup", "show"]).arg(cg).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("connect4")).count()
+    };
+    assert_eq!(attached(&cg), 1, "still attached after SIGKILL, exactly once");
+    let out = std::process::Command::new(TIERLB)
+        .args(["agent", "--cleanup", "--node", "node-1", "--bpffs", &pin])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(attached(&cg), 0, "detached by --cleanup");
+    assert!(!bpffs.path().join("node-1").exists());
+    let r = c.probe("node-1", vip(), 3, Duration::ZERO).unwrap();
+    assert_eq!(r.errors().get("ENETUNREACH"), Some(&3), "no longer translated: {:?}", r.errors());
 }

@@ -56,14 +56,9 @@ impl E {
     fn psn(self) -> Self {
         let node: &'static str = self.node;
         let n: &'static [&'static str] = Box::leak(Box::new([node]));
-        let z: Option<&'static [&'static str]> = self
-            .zone
-            .map(|z| -> &'static [&'static str] { Box::leak(Box::new([z])) });
-        Self {
-            for_nodes: Some(n),
-            for_zones: z,
-            ..self
-        }
+        let z: Option<&'static [&'static str]> =
+            self.zone.map(|z| -> &'static [&'static str] { Box::leak(Box::new([z])) });
+        Self { for_nodes: Some(n), for_zones: z, ..self }
     }
     fn terminating(mut self) -> Self {
         self.ready = Some(false);
@@ -104,12 +99,7 @@ fn svc() -> Service {
         key: ObjKey::new("default", "web"),
         type_: ServiceType::ClusterIP,
         cluster_ips: vec!["10.96.0.10".parse().unwrap()],
-        ports: vec![ServicePort {
-            name: "http".into(),
-            port: 80,
-            protocol: Protocol::Tcp,
-            node_port: None,
-        }],
+        ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None }],
         ..Service::default()
     }
 }
@@ -119,11 +109,7 @@ fn slice(name: &str, family: AddressType, port: u16, eps: &[E]) -> EndpointSlice
         key: ObjKey::new("default", name),
         service_name: Some("web".into()),
         address_type: family,
-        ports: vec![SlicePort {
-            name: "http".into(),
-            port,
-            protocol: Protocol::Tcp,
-        }],
+        ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
         endpoints: eps.iter().map(E::build).collect(),
     }
 }
@@ -137,10 +123,7 @@ fn model(svc: Service, eps: &[E]) -> Model {
 }
 
 fn node(name: &str, zone: Option<&str>) -> NodeInfo {
-    NodeInfo {
-        name: name.into(),
-        zone: zone.map(str::to_owned),
-    }
+    NodeInfo { name: name.into(), zone: zone.map(str::to_owned) }
 }
 
 fn ips(v: &[SocketAddr]) -> Vec<String> {
@@ -172,10 +155,7 @@ fn check(cases: Vec<Case>) {
 }
 
 fn psn() -> Service {
-    Service {
-        traffic_distribution: Some("PreferSameNode".into()),
-        ..svc()
-    }
+    Service { traffic_distribution: Some("PreferSameNode".into()), ..svc() }
 }
 
 // ---------- rules ----------
@@ -230,10 +210,7 @@ fn node_hints_apply_only_when_every_ready_endpoint_has_them_and_one_names_this_n
         Case {
             name: "an endpoint may name several nodes",
             svc: psn(),
-            eps: vec![
-                e("10.0.0.1", "n1").nodes(&["n1", "n3"]),
-                e("10.0.0.2", "n2").nodes(&["n2"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").nodes(&["n1", "n3"]), e("10.0.0.2", "n2").nodes(&["n2"])],
             node: node("n3", None),
             tier: SelectedTier::Node,
             want: &["10.0.0.1"],
@@ -255,10 +232,7 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
         Case {
             name: "all ready have forZones, one names zone a",
             svc: svc(),
-            eps: vec![
-                e("10.0.0.1", "n1").zones(&["a"]),
-                e("10.0.0.2", "n2").zones(&["b"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").zones(&["a"]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", Some("a")),
             tier: SelectedTier::Zone,
             want: &["10.0.0.1"],
@@ -274,10 +248,7 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
         Case {
             name: "node without zone label",
             svc: svc(),
-            eps: vec![
-                e("10.0.0.1", "n1").zones(&["a"]),
-                e("10.0.0.2", "n2").zones(&["b"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").zones(&["a"]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", None),
             tier: SelectedTier::Cluster,
             want: &["10.0.0.1", "10.0.0.2"],
@@ -285,10 +256,7 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
         Case {
             name: "node with an empty zone label",
             svc: svc(),
-            eps: vec![
-                e("10.0.0.1", "n1").zones(&[""]),
-                e("10.0.0.2", "n2").zones(&["b"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").zones(&[""]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", Some("")),
             tier: SelectedTier::Cluster,
             want: &["10.0.0.1", "10.0.0.2"],
@@ -296,10 +264,7 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
         Case {
             name: "several zone hints per endpoint (Auto mode lends endpoints to other zones)",
             svc: svc(),
-            eps: vec![
-                e("10.0.0.1", "n1").zones(&["a", "c"]),
-                e("10.0.0.2", "n2").zones(&["b"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").zones(&["a", "c"]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", Some("c")),
             tier: SelectedTier::Zone,
             want: &["10.0.0.1"],
@@ -307,10 +272,7 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
         Case {
             name: "no endpoint names this zone",
             svc: svc(),
-            eps: vec![
-                e("10.0.0.1", "n1").zones(&["a"]),
-                e("10.0.0.2", "n2").zones(&["b"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").zones(&["a"]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", Some("z")),
             tier: SelectedTier::Cluster,
             want: &["10.0.0.1", "10.0.0.2"],
@@ -318,10 +280,7 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
         Case {
             name: "node hints but not for this node: zone hints are used",
             svc: psn(),
-            eps: vec![
-                e("10.0.0.1", "n1").zone("a").psn(),
-                e("10.0.0.2", "n2").zone("b").psn(),
-            ],
+            eps: vec![e("10.0.0.1", "n1").zone("a").psn(), e("10.0.0.2", "n2").zone("b").psn()],
             node: node("n3", Some("b")),
             tier: SelectedTier::Zone,
             want: &["10.0.0.2"],
@@ -343,10 +302,7 @@ fn the_cluster_set_falls_back_to_serving_terminating_endpoints_when_none_is_read
         Case {
             name: "nothing ready: serving+terminating, topology ignored",
             svc: psn(),
-            eps: vec![
-                e("10.0.0.1", "n1").psn().terminating(),
-                e("10.0.0.2", "n2").psn().terminating(),
-            ],
+            eps: vec![e("10.0.0.1", "n1").psn().terminating(), e("10.0.0.2", "n2").psn().terminating()],
             node: node("n1", None),
             tier: SelectedTier::Cluster,
             want: &["10.0.0.1", "10.0.0.2"],
@@ -364,19 +320,12 @@ fn the_cluster_set_falls_back_to_serving_terminating_endpoints_when_none_is_read
 
 #[test]
 fn the_local_set_is_local_ready_then_local_serving_terminating_and_ignores_hints() {
-    let local = || Service {
-        internal_policy: Policy::Local,
-        ..svc()
-    };
+    let local = || Service { internal_policy: Policy::Local, ..svc() };
     check(vec![
         Case {
             name: "local ready endpoints",
             svc: local(),
-            eps: vec![
-                e("10.0.0.1", "n1"),
-                e("10.0.0.2", "n1").terminating(),
-                e("10.0.0.3", "n2"),
-            ],
+            eps: vec![e("10.0.0.1", "n1"), e("10.0.0.2", "n1").terminating(), e("10.0.0.3", "n2")],
             node: node("n1", None),
             tier: SelectedTier::Local,
             want: &["10.0.0.1"],
@@ -392,10 +341,7 @@ fn the_local_set_is_local_ready_then_local_serving_terminating_and_ignores_hints
         Case {
             name: "hints naming another node do not matter",
             svc: local(),
-            eps: vec![
-                e("10.0.0.1", "n1").nodes(&["n2"]),
-                e("10.0.0.3", "n2").nodes(&["n2"]),
-            ],
+            eps: vec![e("10.0.0.1", "n1").nodes(&["n2"]), e("10.0.0.3", "n2").nodes(&["n2"])],
             node: node("n1", None),
             tier: SelectedTier::Local,
             want: &["10.0.0.1"],
@@ -415,11 +361,7 @@ fn a_local_internal_policy_always_wins_over_traffic_distribution() {
     let t = &p.services[0].internal;
     assert_eq!(t.selected_tier, SelectedTier::None);
     assert_eq!(t.when_empty, Some(WhenEmpty::Drop), "no fallback to n2: DROP");
-    assert!(
-        p.services[0].warnings.iter().any(|w| w.contains("dead line")),
-        "{:?}",
-        p.services[0].warnings
-    );
+    assert!(p.services[0].warnings.iter().any(|w| w.contains("dead line")), "{:?}", p.services[0].warnings);
 }
 
 #[test]
@@ -431,10 +373,7 @@ fn external_policy_local_applies_only_to_externally_reachable_ports() {
     }
     let eps = [e("10.0.0.1", "n1"), e("10.0.0.2", "n2")];
     let etp = |f: fn(&mut Service)| {
-        let mut s = Service {
-            external_policy: Policy::Local,
-            ..svc()
-        };
+        let mut s = Service { external_policy: Policy::Local, ..svc() };
         f(&mut s);
         s
     };
@@ -467,12 +406,7 @@ fn external_policy_local_applies_only_to_externally_reachable_ports() {
         let m = model(c.svc, &eps);
         let p = plan::plan(&m, &node("n2", None));
         let s = &p.services[0];
-        assert_eq!(
-            s.external.as_ref().map(|t| t.selected_tier),
-            c.external,
-            "{}",
-            c.name
-        );
+        assert_eq!(s.external.as_ref().map(|t| t.selected_tier), c.external, "{}", c.name);
         // Internal traffic keeps its own (Cluster) policy whatever ETP says.
         assert_eq!(s.internal.selected_tier, SelectedTier::Cluster, "{}", c.name);
         if let Some(x) = &s.external {
@@ -535,13 +469,7 @@ fn reject_when_there_is_no_usable_endpoint_drop_when_a_local_policy_finds_only_r
         },
     ];
     for c in cases {
-        let m = model(
-            Service {
-                internal_policy: c.policy,
-                ..svc()
-            },
-            &c.eps,
-        );
+        let m = model(Service { internal_policy: c.policy, ..svc() }, &c.eps);
         let p = plan::plan(&m, &node("n1", None));
         assert_eq!(p.services[0].has_any_endpoints, c.has_any, "{}", c.name);
         assert_eq!(p.services[0].internal.when_empty, c.when_empty, "{}", c.name);
@@ -563,10 +491,7 @@ fn duplicate_ip_port_across_slices_is_merged_keeping_the_local_copy() {
     assert_eq!(eps.len(), 1);
     assert!(eps[0].local);
     let t = internal(&m, &node("n1", None));
-    assert_eq!(
-        (t.selected_tier, ips(&t.endpoints)),
-        (SelectedTier::Node, vec!["10.0.0.1".to_owned()])
-    );
+    assert_eq!((t.selected_tier, ips(&t.endpoints)), (SelectedTier::Node, vec!["10.0.0.1".to_owned()]));
 }
 
 #[test]
@@ -579,11 +504,7 @@ fn endpoints_of_the_other_ip_family_are_ignored() {
     let p = plan::plan(&m, &node("n1", None));
     assert_eq!(p.services.len(), 2, "one entry per family");
     for s in &p.services {
-        let want: &[&str] = if s.family == Family::V4 {
-            &["10.0.0.1"]
-        } else {
-            &["fd00::1"]
-        };
+        let want: &[&str] = if s.family == Family::V4 { &["10.0.0.1"] } else { &["fd00::1"] };
         assert_eq!(ips(&s.internal.endpoints), want);
         assert!(s.cluster_ips.iter().all(|ip| Family::of(ip) == s.family));
     }
@@ -643,10 +564,7 @@ fn kep3015_prefer_same_node_scenarios() {
         Case {
             name: "local endpoint gone: same zone",
             svc: psn(),
-            eps: vec![
-                e("10.0.0.2", "n2").zone("a").psn(),
-                e("10.0.0.3", "n3").zone("b").psn(),
-            ],
+            eps: vec![e("10.0.0.2", "n2").zone("a").psn(), e("10.0.0.3", "n3").zone("b").psn()],
             node: node("n1", Some("a")),
             tier: SelectedTier::Zone,
             want: &["10.0.0.2"],
@@ -696,24 +614,14 @@ fn the_data_path_tiers_behind_kube_proxys_choice_are_zone_then_cluster() {
     assert_eq!(ips(&t.tiers.node), ["10.0.0.1"]);
     assert_eq!(ips(&t.tiers.zone), ["10.0.0.1", "10.0.0.2"]);
     assert_eq!(ips(&t.tiers.cluster), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
-    assert_eq!(
-        plan::plan(&m, &node("n1", Some("a"))).services[0].topology_mode,
-        TopologyMode::Node
-    );
+    assert_eq!(plan::plan(&m, &node("n1", Some("a"))).services[0].topology_mode, TopologyMode::Node);
 }
 
 fn story_model() -> Model {
     // The PDF-resume service: two replicas (n1, n3) on three nodes, one zone, no zone label.
     let mut m = model(psn(), &[e("10.0.0.1", "n1").psn(), e("10.0.0.3", "n3").psn()]);
     for n in ["n1", "n2", "n3"] {
-        m.nodes.insert(
-            n.into(),
-            Node {
-                name: n.into(),
-                zone: None,
-                allocatable_cpu_millis: Some(4000),
-            },
-        );
+        m.nodes.insert(n.into(), Node { name: n.into(), zone: None, allocatable_cpu_millis: Some(4000) });
     }
     m
 }
@@ -722,11 +630,7 @@ fn story_model() -> Model {
 fn two_replicas_on_three_nodes_under_prefer_same_node_skew_load_65_35() {
     let m = story_model();
     let s = &m.services[&ObjKey::new("default", "web")];
-    let weights = vec![
-        (node("n1", None), 0.5),
-        (node("n2", None), 0.3),
-        (node("n3", None), 0.2),
-    ];
+    let weights = vec![(node("n1", None), 0.5), (node("n2", None), 0.3), (node("n3", None), 0.2)];
     let shares = lint::shares(&m, s, &s.ports[0], Family::V4, &weights);
     let a: SocketAddr = "10.0.0.1:8080".parse().unwrap();
     let b: SocketAddr = "10.0.0.3:8080".parse().unwrap();
@@ -740,10 +644,7 @@ fn two_replicas_on_three_nodes_under_prefer_same_node_skew_load_65_35() {
 // ---------- controller hint emulation ----------
 
 fn hinted(td: Option<&str>, eps: &[E]) -> (Vec<Endpoint>, hints::HintOutcome) {
-    let s = Service {
-        traffic_distribution: td.map(str::to_owned),
-        ..svc()
-    };
+    let s = Service { traffic_distribution: td.map(str::to_owned), ..svc() };
     let m = model(s.clone(), eps);
     let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
     let out = hints::apply(&m, &s, &mut slices);
@@ -763,42 +664,19 @@ fn controller_hints_per_traffic_distribution_value() {
         zones: Option<Vec<&'static str>>,
     }
     let cases = [
-        X {
-            name: "PreferSameZone",
-            td: Some("PreferSameZone"),
-            nodes: None,
-            zones: Some(vec!["a"]),
-        },
-        X {
-            name: "PreferClose (alias)",
-            td: Some("PreferClose"),
-            nodes: None,
-            zones: Some(vec!["a"]),
-        },
+        X { name: "PreferSameZone", td: Some("PreferSameZone"), nodes: None, zones: Some(vec!["a"]) },
+        X { name: "PreferClose (alias)", td: Some("PreferClose"), nodes: None, zones: Some(vec!["a"]) },
         X {
             name: "PreferSameNode",
             td: Some("PreferSameNode"),
             nodes: Some(vec!["n1"]),
             zones: Some(vec!["a"]),
         },
-        X {
-            name: "unset removes hints",
-            td: None,
-            nodes: None,
-            zones: None,
-        },
-        X {
-            name: "unknown value removes hints",
-            td: Some("PreferFarAway"),
-            nodes: None,
-            zones: None,
-        },
+        X { name: "unset removes hints", td: None, nodes: None, zones: None },
+        X { name: "unknown value removes hints", td: Some("PreferFarAway"), nodes: None, zones: None },
     ];
     for c in cases {
-        let (eps, _) = hinted(
-            c.td,
-            &[e("10.0.0.1", "n1").zone("a").nodes(&["old"]).zones(&["old"])],
-        );
+        let (eps, _) = hinted(c.td, &[e("10.0.0.1", "n1").zone("a").nodes(&["old"]).zones(&["old"])]);
         assert_eq!(strs(&eps[0].for_nodes), c.nodes, "{}", c.name);
         assert_eq!(strs(&eps[0].for_zones), c.zones, "{}", c.name);
     }
@@ -808,26 +686,16 @@ fn controller_hints_per_traffic_distribution_value() {
 fn controller_skips_not_ready_endpoints_and_writes_no_zone_hint_without_a_zone() {
     let (eps, _) = hinted(
         Some("PreferSameNode"),
-        &[
-            e("10.0.0.1", "n1").terminating().nodes(&["old"]),
-            e("10.0.0.2", "n2"),
-        ],
+        &[e("10.0.0.1", "n1").terminating().nodes(&["old"]), e("10.0.0.2", "n2")],
     );
-    assert_eq!(
-        strs(&eps[0].for_nodes),
-        Some(vec!["old"]),
-        "not-ready endpoints keep their old hints"
-    );
+    assert_eq!(strs(&eps[0].for_nodes), Some(vec!["old"]), "not-ready endpoints keep their old hints");
     assert_eq!(strs(&eps[1].for_nodes), Some(vec!["n2"]));
     assert_eq!(eps[1].for_zones, None, "no zone, no zone hint");
 }
 
 #[test]
 fn topology_annotation_takes_precedence_over_the_field_and_the_deprecated_one_wins() {
-    let base = Service {
-        traffic_distribution: Some("PreferSameNode".into()),
-        ..svc()
-    };
+    let base = Service { traffic_distribution: Some("PreferSameNode".into()), ..svc() };
     let cases = [
         (Some("Auto"), None, HintMode::AutoAnnotation),
         (Some("auto"), None, HintMode::AutoAnnotation),
@@ -842,28 +710,17 @@ fn topology_annotation_takes_precedence_over_the_field_and_the_deprecated_one_wi
             topology_aware_hints_annotation: deprecated.map(str::to_owned),
             ..base.clone()
         };
-        assert_eq!(
-            hints::mode(&s),
-            want,
-            "topology-mode {mode_ann:?}, topology-aware-hints {deprecated:?}"
-        );
+        assert_eq!(hints::mode(&s), want, "topology-mode {mode_ann:?}, topology-aware-hints {deprecated:?}");
     }
 }
 
 fn auto_model(nodes: &[(&str, Option<&str>, Option<u64>)], eps: &[E]) -> (Model, Service) {
-    let s = Service {
-        topology_mode_annotation: Some("Auto".into()),
-        ..svc()
-    };
+    let s = Service { topology_mode_annotation: Some("Auto".into()), ..svc() };
     let mut m = model(s.clone(), eps);
     for (n, z, cpu) in nodes {
         m.nodes.insert(
             (*n).into(),
-            Node {
-                name: (*n).into(),
-                zone: z.map(str::to_owned),
-                allocatable_cpu_millis: *cpu,
-            },
+            Node { name: (*n).into(), zone: z.map(str::to_owned), allocatable_cpu_millis: *cpu },
         );
     }
     (m, s)
@@ -878,12 +735,7 @@ fn auto_mode_safeguards_disable_hints() {
     let two_zones = [("n1", Some("a"), Some(4000)), ("n2", Some("b"), Some(4000))];
     let eps2 = [e("10.0.0.1", "n1").zone("a"), e("10.0.0.2", "n2").zone("b")];
     let cases: Vec<AutoCase> = vec![
-        (
-            "two balanced zones: hints",
-            two_zones.to_vec(),
-            eps2.to_vec(),
-            None,
-        ),
+        ("two balanced zones: hints", two_zones.to_vec(), eps2.to_vec(), None),
         (
             "one zone only",
             vec![("n1", Some("a"), Some(4000)), ("n2", Some("a"), Some(4000))],
@@ -906,10 +758,7 @@ fn auto_mode_safeguards_disable_hints() {
             "fewer endpoints than zones",
             two_zones.to_vec(),
             vec![e("10.0.0.1", "n1").zone("a")],
-            Some(AutoDisabled::InsufficientNumberOfEndpoints {
-                endpoints: 1,
-                zones: 2,
-            }),
+            Some(AutoDisabled::InsufficientNumberOfEndpoints { endpoints: 1, zones: 2 }),
         ),
         (
             "overload threshold: 3 endpoints over zones of 1:1:1 CPU with one tiny extra zone",
@@ -926,10 +775,7 @@ fn auto_mode_safeguards_disable_hints() {
                 e("10.0.0.4", "n3").zone("c"),
                 e("10.0.0.5", "n3").zone("c"),
             ],
-            Some(AutoDisabled::MinAllocationExceedsOverloadThreshold {
-                endpoints: 5,
-                zones: 4,
-            }),
+            Some(AutoDisabled::MinAllocationExceedsOverloadThreshold { endpoints: 5, zones: 4 }),
         ),
         (
             "an endpoint without zone",
@@ -943,10 +789,7 @@ fn auto_mode_safeguards_disable_hints() {
         let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
         let out = hints::apply(&m, &s, &mut slices);
         assert_eq!(out.auto_disabled, want, "{name}");
-        let any_hint = slices
-            .iter()
-            .flat_map(|s| &s.endpoints)
-            .any(|e| e.for_zones.is_some());
+        let any_hint = slices.iter().flat_map(|s| &s.endpoints).any(|e| e.for_zones.is_some());
         assert_eq!(any_hint, want.is_none(), "{name}");
     }
 }
@@ -965,11 +808,8 @@ fn auto_mode_moves_hints_from_overloaded_zones_by_cpu_share() {
     );
     let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
     hints::apply(&m, &s, &mut slices);
-    let zones: Vec<String> = slices[0]
-        .endpoints
-        .iter()
-        .map(|e| e.for_zones.clone().unwrap().join(","))
-        .collect();
+    let zones: Vec<String> =
+        slices[0].endpoints.iter().map(|e| e.for_zones.clone().unwrap().join(",")).collect();
     assert_eq!(zones.iter().filter(|z| *z == "b").count(), 2, "{zones:?}");
     assert_eq!(zones.iter().filter(|z| *z == "a").count(), 2, "{zones:?}");
 }
@@ -980,18 +820,9 @@ fn manifests_without_hints_get_the_controllers_hints() {
     let filled = hints::fill_missing(&mut m);
     assert_eq!(filled, ["default/web"]);
     let t = internal(&m, &node("n1", None));
-    assert_eq!(
-        (t.selected_tier, ips(&t.endpoints)),
-        (SelectedTier::Node, vec!["10.0.0.1".to_owned()])
-    );
+    assert_eq!((t.selected_tier, ips(&t.endpoints)), (SelectedTier::Node, vec!["10.0.0.1".to_owned()]));
     // Slices that already carry hints are left as they are.
-    let mut m = model(
-        psn(),
-        &[
-            e("10.0.0.1", "n1").nodes(&["n2"]),
-            e("10.0.0.2", "n2").nodes(&["n2"]),
-        ],
-    );
+    let mut m = model(psn(), &[e("10.0.0.1", "n1").nodes(&["n2"]), e("10.0.0.2", "n2").nodes(&["n2"])]);
     assert!(hints::fill_missing(&mut m).is_empty());
 }
 
@@ -999,27 +830,18 @@ fn manifests_without_hints_get_the_controllers_hints() {
 
 #[test]
 fn lints_name_the_problem() {
-    let warn = |s: Service, eps: &[E]| {
-        plan::plan(&model(s, eps), &node("n1", None)).services[0]
-            .warnings
-            .join("\n")
-    };
+    let warn =
+        |s: Service, eps: &[E]| plan::plan(&model(s, eps), &node("n1", None)).services[0].warnings.join("\n");
     let cases: Vec<(&str, Service, Vec<E>, &str)> = vec![
         (
             "dead line",
-            Service {
-                internal_policy: Policy::Local,
-                ..psn()
-            },
+            Service { internal_policy: Policy::Local, ..psn() },
             vec![e("10.0.0.1", "n1").psn()],
             "dead line",
         ),
         (
             "annotation overrides",
-            Service {
-                topology_mode_annotation: Some("Auto".into()),
-                ..psn()
-            },
+            Service { topology_mode_annotation: Some("Auto".into()), ..psn() },
             vec![e("10.0.0.1", "n1")],
             "overrides trafficDistribution",
         ),
@@ -1037,19 +859,13 @@ fn lints_name_the_problem() {
         ),
         (
             "unknown value",
-            Service {
-                traffic_distribution: Some("PreferNearby".into()),
-                ..svc()
-            },
+            Service { traffic_distribution: Some("PreferNearby".into()), ..svc() },
             vec![e("10.0.0.1", "n1")],
             "unknown trafficDistribution value \"PreferNearby\"",
         ),
         (
             "PreferClose alias",
-            Service {
-                traffic_distribution: Some("PreferClose".into()),
-                ..svc()
-            },
+            Service { traffic_distribution: Some("PreferClose".into()), ..svc() },
             vec![e("10.0.0.1", "n1").zones(&["a"])],
             "deprecated alias",
         ),
@@ -1058,11 +874,7 @@ fn lints_name_the_problem() {
         let w = warn(s, &eps);
         assert!(w.contains(want), "{name}: {w}");
     }
-    assert_eq!(
-        warn(psn(), &[e("10.0.0.1", "n1").psn()]),
-        "",
-        "a clean Service has no warning"
-    );
+    assert_eq!(warn(psn(), &[e("10.0.0.1", "n1").psn()]), "", "a clean Service has no warning");
 }
 
 // ---------- properties ----------
@@ -1090,9 +902,7 @@ mod props {
             0..zone_sets.len(),
         )
             .prop_map(move |(ip, n, z, r, s, t, h, zs)| E {
-                ip: [
-                    "10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6",
-                ][ip as usize],
+                ip: ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"][ip as usize],
                 node: nodes[n],
                 zone: zones[z],
                 ready: r,

@@ -18,7 +18,5 @@ pub fn run(o: &Options) -> anyhow::Result<PathBuf> {
         cmd.arg("--release");
     }
     util::run(&mut cmd)?;
-    Ok(util::root()
-        .join("target")
-        .join(if o.debug { "debug" } else { "release" }))
+    Ok(util::root().join("target").join(if o.debug { "debug" } else { "release" }))
 }

@@ -105,24 +105,13 @@ fn rust_src() -> anyhow::Result<()> {
     }
     let mut download = Command::new("apt-get");
     apt_opts(&mut download);
-    util::run(
-        download
-            .current_dir(&debs)
-            .args(["download", &format!("rust-src={deb_version}")]),
-    )?;
-    let deb = std::fs::read_dir(&debs)?
-        .next()
-        .context("apt-get download left no .deb")??
-        .path();
+    util::run(download.current_dir(&debs).args(["download", &format!("rust-src={deb_version}")]))?;
+    let deb = std::fs::read_dir(&debs)?.next().context("apt-get download left no .deb")??.path();
     let extract = work.join("x");
     let _ = std::fs::remove_dir_all(&extract);
     util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extract))?;
     let library = extract.join(format!("usr/src/rustc-{version}/library"));
-    anyhow::ensure!(
-        library.join("core/src/lib.rs").exists(),
-        "unexpected layout in {}",
-        deb.display()
-    );
+    anyhow::ensure!(library.join("core/src/lib.rs").exists(), "unexpected layout in {}", deb.display());
     std::fs::create_dir_all(&dest)?;
     let _ = std::fs::remove_dir_all(dest.join("library"));
     util::run(Command::new("cp").arg("-a").arg(&library).arg(&dest))?;
@@ -141,13 +130,7 @@ fn bpf_linker() -> anyhow::Result<()> {
     let path = format!("{LLVM_PREFIX}/bin:{}", std::env::var("PATH").unwrap_or_default());
     util::run(
         Command::new("cargo")
-            .args([
-                "install",
-                "bpf-linker",
-                "--version",
-                BPF_LINKER_VERSION,
-                "--locked",
-            ])
+            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--locked"])
             .args(["--no-default-features", "--features", "llvm-22"])
             .env("LLVM_PREFIX", LLVM_PREFIX)
             .env("LLVM_SYS_221_PREFIX", LLVM_PREFIX)

@@ -36,9 +36,5 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             "warnings",
         ]))?;
     }
-    util::run(
-        util::cargo()
-            .args(["nextest", "run", "--no-fail-fast"])
-            .args(&o.nextest_args),
-    )
+    util::run(util::cargo().args(["nextest", "run", "--no-fail-fast"]).args(&o.nextest_args))
 }

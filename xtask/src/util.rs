@@ -8,10 +8,7 @@ use anyhow::{Context as _, bail};
 
 /// The workspace root (xtask lives one level below it).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is inside the workspace")
-        .to_owned()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace").to_owned()
 }
 
 /// A cargo command at the workspace root with what the BPF build needs: `RUSTC_BOOTSTRAP=1` lets the stable
@@ -35,9 +32,7 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 /// Run quietly and return stdout (trimmed); `None` if it fails to start or exits non-zero.
 pub fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 pub fn show(cmd: &Command) -> String {

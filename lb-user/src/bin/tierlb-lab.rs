@@ -34,12 +34,7 @@ enum Cmd {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Cmd::Probe {
-            target,
-            count,
-            interval_ms,
-            timeout_ms,
-        } => {
+        Cmd::Probe { target, count, interval_ms, timeout_ms } => {
             let r = tierlb::lab::probe::run(
                 target,
                 count,

@@ -32,21 +32,11 @@ fn family(ip: IpAddr) -> u8 {
 }
 
 pub fn frontend_key(ip: IpAddr, port: u16, proto: u8) -> FrontendKey {
-    FrontendKey {
-        addr: words(ip),
-        port: port.to_be(),
-        proto,
-        family: family(ip),
-    }
+    FrontendKey { addr: words(ip), port: port.to_be(), proto, family: family(ip) }
 }
 
 pub fn backend(addr: SocketAddr, proto: u8) -> Backend {
-    Backend {
-        addr: words(addr.ip()),
-        port: addr.port().to_be(),
-        proto,
-        family: family(addr.ip()),
-    }
+    Backend { addr: words(addr.ip()), port: addr.port().to_be(), proto, family: family(addr.ip()) }
 }
 
 pub fn frontend_addr(key: &FrontendKey) -> SocketAddr {

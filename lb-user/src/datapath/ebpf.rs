@@ -7,11 +7,14 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues},
-    programs::{CgroupSockAddr, links::CgroupAttachMode},
+    programs::{
+        CgroupSockAddr,
+        links::{CgroupAttachMode, FdLink},
+    },
 };
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_SLOTS, SlotKey,
+    MAP_FRONTENDS, MAP_NAMES, MAP_SLOTS, MAPS, ServiceName, SlotKey,
 };
 
 use super::{MapError, MapWriter};
@@ -66,6 +69,11 @@ pub enum DatapathError {
     },
     #[error("map {name} is missing from the BPF object")]
     MissingMap { name: &'static str },
+    #[error(
+        "pinned map {path} has another layout (left by another tierlb version): remove the old state with \
+         `tierlb agent --cleanup --bpffs DIR --node NAME`, then start the agent again"
+    )]
+    Incompatible { path: PathBuf },
     #[error("cannot open pinned map {path}: {source} (is an agent running with this --bpffs?)")]
     Pinned {
         path: PathBuf,
@@ -91,25 +99,15 @@ fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
 fn bpf_err<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>, e: E) -> DatapathError {
     let what = what.into();
     if is_eperm(&e) {
-        DatapathError::Permission {
-            what,
-            source: Box::new(e),
-        }
+        DatapathError::Permission { what, source: Box::new(e) }
     } else {
-        DatapathError::Bpf {
-            what,
-            source: Box::new(e),
-        }
+        DatapathError::Bpf { what, source: Box::new(e) }
     }
 }
 
 /// `uname -r` parsed as (major, minor).
 pub fn kernel_version() -> Option<(u32, u32, String)> {
-    let release = nix::sys::utsname::uname()
-        .ok()?
-        .release()
-        .to_string_lossy()
-        .into_owned();
+    let release = nix::sys::utsname::uname().ok()?.release().to_string_lossy().into_owned();
     let mut parts = release.split(|c: char| !c.is_ascii_digit());
     let major = parts.next()?.parse().ok()?;
     let minor = parts.next()?.parse().ok()?;
@@ -143,29 +141,42 @@ pub struct Loaded {
     pub maps: KernelMaps,
 }
 
-/// The loaded programs. Dropping it detaches every program it attached.
+/// The loaded programs. Dropping it detaches every program attached without pinning its link.
 pub struct Programs {
     ebpf: Ebpf,
 }
 
+/// File name of a pinned link in an instance directory.
+fn link_pin(dir: &Path, prog: &str) -> PathBuf {
+    dir.join(format!("link_{prog}"))
+}
+
 impl Loaded {
     /// Load the embedded object with the given capacities and load (verify) every program.
-    /// With `pin_dir`, the maps are also pinned there as `DIR/<MAP NAME>` (so `tierlb backend` and other
-    /// processes can open them).
+    ///
+    /// With `pin_dir`, every map is pinned there as `DIR/<MAP NAME>`, and maps already pinned there (by an
+    /// earlier agent) are reused with their contents: that is how a restarted agent keeps traffic flowing.
+    /// Reused maps must have this version's layout.
     pub fn load(caps: Capacities, pin_dir: Option<&Path>) -> Result<Self, DatapathError> {
         check_kernel()?;
         let object = embedded_object().ok_or(DatapathError::NoObject)?;
-        let counters = caps
-            .services
-            .saturating_add(1)
-            .saturating_mul(COUNTERS_PER_SERVICE);
-        let mut ebpf = EbpfLoader::new()
+        let counters = caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE);
+        let mut loader = EbpfLoader::new();
+        loader
             .map_max_entries(MAP_FRONTENDS, caps.services)
             .map_max_entries(MAP_SLOTS, caps.slots)
             .map_max_entries(MAP_BACKEND_STATE, caps.backends)
             .map_max_entries(MAP_COUNTERS, counters)
-            .load(object)
-            .map_err(|e| bpf_err("loading the BPF object", e))?;
+            .map_max_entries(MAP_NAMES, caps.services.saturating_add(1));
+        let paths: Vec<(&str, PathBuf)> =
+            pin_dir.map(|d| MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
+        if pin_dir.is_some() {
+            check_pinned_layout(&paths)?;
+        }
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(object).map_err(|e| bpf_err("loading the BPF object", e))?;
         for name in PROGRAMS {
             let prog: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
@@ -175,36 +186,105 @@ impl Loaded {
                 })?
                 .try_into()
                 .map_err(|e| bpf_err(format!("program {name} has the wrong type"), e))?;
-            prog.load()
-                .map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
+            prog.load().map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
         }
-        let maps = KernelMaps::from_ebpf(&mut ebpf, caps, pin_dir)?;
-        Ok(Self {
-            programs: Programs { ebpf },
-            maps,
-        })
+        let maps = KernelMaps::from_ebpf(&mut ebpf, caps)?;
+        Ok(Self { programs: Programs { ebpf }, maps })
     }
+}
+
+/// Pinned maps from another tierlb version may have another key or value size; reusing them would make
+/// every lookup wrong, so refuse and say how to start clean.
+fn check_pinned_layout(paths: &[(&str, PathBuf)]) -> Result<(), DatapathError> {
+    let expect = |name: &str| -> (u32, u32) {
+        match name {
+            MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
+            MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
+            MAP_BACKEND_STATE => (size_of::<Backend>() as u32, 4),
+            MAP_COUNTERS => (4, 8),
+            _ => (4, size_of::<ServiceName>() as u32),
+        }
+    };
+    for (name, path) in paths {
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(path)
+            .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
+        let info =
+            data.info().map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
+        let (k, v) = expect(name);
+        if (info.key_size(), info.value_size()) != (k, v) {
+            return Err(DatapathError::Incompatible { path: path.clone() });
+        }
+    }
+    Ok(())
 }
 
 impl Programs {
     /// Attach every program to the cgroup (already checked with `cgroup::check`).
-    pub fn attach(&mut self, cgroup: &Path) -> Result<(), DatapathError> {
+    ///
+    /// With `pin_dir`, each link is pinned there, so the programs stay attached after the agent exits; links
+    /// an earlier agent pinned there are replaced without a gap: the new program is attached next to the old
+    /// one first (cgroup links are always multi-attach; the second to run sees an address the first already rewrote, which is no
+    /// VIP, and leaves it alone), then the old pin is removed, which detaches the old program.
+    pub fn attach(&mut self, cgroup: &Path, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
         let file =
             File::open(cgroup).map_err(|e| bpf_err(format!("opening cgroup {}", cgroup.display()), e))?;
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .and_then(|p| p.try_into().ok())
-                .ok_or_else(|| DatapathError::Bpf {
-                    what: format!("program {name} missing"),
-                    source: "absent".into(),
+            let prog: &mut CgroupSockAddr =
+                self.ebpf.program_mut(name).and_then(|p| p.try_into().ok()).ok_or_else(|| {
+                    DatapathError::Bpf { what: format!("program {name} missing"), source: "absent".into() }
                 })?;
-            prog.attach(&file, CgroupAttachMode::Single)
+            // With a BPF link (kernel >= 5.7, what aya uses) the kernel always attaches in multi mode and
+            // rejects BPF_F_ALLOW_MULTI in the link flags, so `Single` (flags 0) is the mode that works and
+            // already lets the new program sit next to an old one.
+            let id = prog
+                .attach(&file, CgroupAttachMode::Single)
                 .map_err(|e| bpf_err(format!("attaching {name} to {}", cgroup.display()), e))?;
+            let Some(dir) = pin_dir else { continue };
+            let link = prog.take_link(id).map_err(|e| bpf_err(format!("taking the link of {name}"), e))?;
+            let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("link of {name}"), e))?;
+            let path = link_pin(dir, name);
+            // bpffs refuses names with a dot, so no ".new" suffix.
+            let fresh = dir.join(format!("link_{name}_new"));
+            let _ = std::fs::remove_file(&fresh);
+            link.pin(&fresh).map_err(|e| bpf_err(format!("pinning the link of {name}"), e))?;
+            // rename(2) over the old pin drops the old link's last reference: the old program detaches only
+            // now, after the new one is attached.
+            std::fs::rename(&fresh, &path)
+                .map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
         }
         Ok(())
     }
+}
+
+/// Remove an instance's pinned links (detaching its programs) and maps. `tierlb agent --cleanup`.
+pub fn cleanup(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut removed = Vec::new();
+    for name in PROGRAMS {
+        let p = link_pin(dir, name);
+        if p.exists() {
+            std::fs::remove_file(&p)?;
+            removed.push(p);
+        }
+    }
+    for name in MAPS {
+        let p = dir.join(name);
+        if p.exists() {
+            std::fs::remove_file(&p)?;
+            removed.push(p);
+        }
+    }
+    if dir.exists() && std::fs::read_dir(dir)?.next().is_none() {
+        std::fs::remove_dir(dir)?;
+    }
+    Ok(removed)
+}
+
+/// Programs still attached through pins in `dir`.
+pub fn pinned_links(dir: &Path) -> Vec<PathBuf> {
+    PROGRAMS.iter().map(|p| link_pin(dir, p)).filter(|p| p.exists()).collect()
 }
 
 /// The four maps, from a fresh load or from pins.
@@ -213,33 +293,26 @@ pub struct KernelMaps {
     slots: HashMap<MapData, SlotKey, Backend>,
     state: HashMap<MapData, Backend, u32>,
     counters: PerCpuArray<MapData, u64>,
+    names: HashMap<MapData, u32, ServiceName>,
     max_services: u32,
     caps: Capacities,
     nr_cpus: usize,
 }
 
 impl KernelMaps {
-    fn from_ebpf(ebpf: &mut Ebpf, caps: Capacities, pin_dir: Option<&Path>) -> Result<Self, DatapathError> {
-        let mut take = |name: &'static str| {
-            let map = ebpf.take_map(name).ok_or(DatapathError::MissingMap { name })?;
-            if let Some(dir) = pin_dir {
-                let path = dir.join(name);
-                let _ = std::fs::remove_file(&path);
-                map.pin(&path)
-                    .map_err(|e| bpf_err(format!("pinning map {name} at {}", path.display()), e))?;
-            }
-            Ok::<_, DatapathError>(map)
-        };
-        let (f, s, b, c) = (
+    fn from_ebpf(ebpf: &mut Ebpf, caps: Capacities) -> Result<Self, DatapathError> {
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap { name });
+        let (f, s, b, c, n) = (
             take(MAP_FRONTENDS)?,
             take(MAP_SLOTS)?,
             take(MAP_BACKEND_STATE)?,
             take(MAP_COUNTERS)?,
+            take(MAP_NAMES)?,
         );
-        Self::from_maps(f, s, b, c, Some(caps))
+        Self::from_maps([f, s, b, c, n], Some(caps))
     }
 
-    fn from_maps(f: Map, s: Map, b: Map, c: Map, caps: Option<Capacities>) -> Result<Self, DatapathError> {
+    fn from_maps([f, s, b, c, n]: [Map; 5], caps: Option<Capacities>) -> Result<Self, DatapathError> {
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
@@ -248,21 +321,14 @@ impl KernelMaps {
         let slots = HashMap::try_from(s).map_err(conv(MAP_SLOTS))?;
         let state = HashMap::try_from(b).map_err(conv(MAP_BACKEND_STATE))?;
         let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(c).map_err(conv(MAP_COUNTERS))?;
+        let names = HashMap::try_from(n).map_err(conv(MAP_NAMES))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
             backends: u32::MAX,
         });
         let nr_cpus = aya::util::nr_cpus().map_err(|(what, e)| bpf_err(what, e))?;
-        Ok(Self {
-            frontends,
-            slots,
-            state,
-            counters,
-            max_services: caps.services,
-            caps,
-            nr_cpus,
-        })
+        Ok(Self { frontends, slots, state, counters, names, max_services: caps.services, caps, nr_cpus })
     }
 
     /// Open maps pinned by an agent under `dir`.
@@ -271,20 +337,17 @@ impl KernelMaps {
             let path = dir.join(name);
             MapData::from_pin(&path)
                 .map(Map::from_map_data)
-                .map_err(|e| DatapathError::Pinned {
-                    path: path.clone(),
-                    source: Box::new(e),
-                })?
-                .map_err(|e| DatapathError::Pinned {
-                    path,
-                    source: Box::new(e),
-                })
+                .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
+                .map_err(|e| DatapathError::Pinned { path, source: Box::new(e) })
         };
         Self::from_maps(
-            open(MAP_FRONTENDS)?,
-            open(MAP_SLOTS)?,
-            open(MAP_BACKEND_STATE)?,
-            open(MAP_COUNTERS)?,
+            [
+                open(MAP_FRONTENDS)?,
+                open(MAP_SLOTS)?,
+                open(MAP_BACKEND_STATE)?,
+                open(MAP_COUNTERS)?,
+                open(MAP_NAMES)?,
+            ],
             None,
         )
     }
@@ -301,14 +364,10 @@ fn sys(map: &'static str, flag: &'static str, capacity: u32) -> impl Fn(aya::map
         {
             MapError::Full { map, capacity, flag }
         }
-        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) => MapError::Sys {
-            map,
-            source: io_error,
-        },
-        other => MapError::Sys {
-            map,
-            source: std::io::Error::other(other),
-        },
+        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) => {
+            MapError::Sys { map, source: io_error }
+        }
+        other => MapError::Sys { map, source: std::io::Error::other(other) },
     }
 }
 
@@ -327,19 +386,13 @@ fn absent_ok<T>(r: Result<T, aya::maps::MapError>) -> Result<Option<T>, aya::map
 
 impl MapWriter for KernelMaps {
     fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
-        self.slots
-            .insert(key, backend, 0)
-            .map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+        self.slots.insert(key, backend, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
     fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
-        absent_ok(self.slots.remove(&key))
-            .map(|_| ())
-            .map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+        absent_ok(self.slots.remove(&key)).map(|_| ()).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
-        self.frontends
-            .insert(key, value, 0)
-            .map_err(sys(MAP_FRONTENDS, "services", self.caps.services))
+        self.frontends.insert(key, value, 0).map_err(sys(MAP_FRONTENDS, "services", self.caps.services))
     }
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
         absent_ok(self.frontends.remove(&key)).map(|_| ()).map_err(sys(
@@ -369,38 +422,50 @@ impl MapWriter for KernelMaps {
     fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
         let all = self.state.iter().collect::<Result<Vec<_>, _>>();
         let all = all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))?;
-        Ok(all
-            .into_iter()
-            .filter(|(_, v)| v & BACKEND_DOWN != 0)
-            .map(|(k, _)| k)
-            .collect())
+        Ok(all.into_iter().filter(|(_, v)| v & BACKEND_DOWN != 0).map(|(k, _)| k).collect())
     }
     fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
         let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
         for (kind, slot) in out.iter_mut().enumerate() {
             let idx = lb_common::counter_index(svc_id, kind as u32);
             let values =
-                self.counters
-                    .get(&idx, 0)
-                    .map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
+                self.counters.get(&idx, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
             *slot = values.iter().sum();
         }
         Ok(out)
     }
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
         for kind in 0..COUNTERS_PER_SERVICE {
-            let zeros = PerCpuValues::try_from(vec![0u64; self.nr_cpus]).map_err(|e| MapError::Sys {
-                map: MAP_COUNTERS,
-                source: e,
-            })?;
+            let zeros = PerCpuValues::try_from(vec![0u64; self.nr_cpus])
+                .map_err(|e| MapError::Sys { map: MAP_COUNTERS, source: e })?;
             let idx = lb_common::counter_index(svc_id, kind);
-            self.counters
-                .set(idx, zeros, 0)
-                .map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
+            self.counters.set(idx, zeros, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
         }
         Ok(())
     }
     fn max_services(&self) -> u32 {
         self.max_services
+    }
+    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
+        self.slots.keys().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    }
+    fn put_name(&mut self, svc_id: u32, name: &str) -> Result<(), MapError> {
+        self.names.insert(svc_id, ServiceName::new(name), 0).map_err(sys(
+            MAP_NAMES,
+            "services",
+            self.max_services,
+        ))
+    }
+    fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError> {
+        absent_ok(self.names.remove(&svc_id)).map(|_| ()).map_err(sys(
+            MAP_NAMES,
+            "services",
+            self.max_services,
+        ))
+    }
+    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
+        let n =
+            absent_ok(self.names.get(&svc_id, 0)).map_err(sys(MAP_NAMES, "services", self.max_services))?;
+        Ok(n.map(|n| n.as_str().to_owned()))
     }
 }

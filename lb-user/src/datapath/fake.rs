@@ -11,6 +11,7 @@ pub struct FakeMaps {
     slots: BTreeMap<SlotKey, Backend>,
     down: BTreeSet<Backend>,
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
+    names: BTreeMap<u32, String>,
     max_services: u32,
     max_slots: u32,
     writes: usize,
@@ -18,11 +19,7 @@ pub struct FakeMaps {
 
 impl FakeMaps {
     pub fn new(max_services: u32, max_slots: u32) -> Self {
-        Self {
-            max_services,
-            max_slots,
-            ..Self::default()
-        }
+        Self { max_services, max_slots, ..Self::default() }
     }
     pub fn frontend(&self, key: FrontendKey) -> Option<FrontendValue> {
         self.frontends.get(&key).copied()
@@ -94,5 +91,19 @@ impl MapWriter for FakeMaps {
     }
     fn max_services(&self) -> u32 {
         self.max_services
+    }
+    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
+        Ok(self.slots.keys().copied().collect())
+    }
+    fn put_name(&mut self, svc_id: u32, name: &str) -> Result<(), MapError> {
+        self.names.insert(svc_id, name.to_owned());
+        Ok(())
+    }
+    fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError> {
+        self.names.remove(&svc_id);
+        Ok(())
+    }
+    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
+        Ok(self.names.get(&svc_id).cloned())
     }
 }

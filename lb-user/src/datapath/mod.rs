@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use lb_common::{
     Backend, COUNTERS_PER_SERVICE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FrontendKey, FrontendValue, SlotKey,
 };
-pub use reconcile::{ApplyError, ApplyReport, Reconciler};
+pub use reconcile::{AdoptReport, ApplyError, ApplyReport, Reconciler};
 
 use crate::{model::Policy, plan::Plan};
 
@@ -36,11 +36,7 @@ pub fn desired(plan: &Plan) -> Desired {
         let t = &p.internal;
         let convert =
             |v: &[std::net::SocketAddr]| v.iter().map(|a| addr::backend(*a, proto)).collect::<Vec<_>>();
-        let tiers = [
-            convert(&t.tiers.node),
-            convert(&t.tiers.zone),
-            convert(&t.tiers.cluster),
-        ];
+        let tiers = [convert(&t.tiers.node), convert(&t.tiers.zone), convert(&t.tiers.cluster)];
         let mut flags = 0;
         if t.policy == Policy::Local {
             flags |= FLAG_POLICY_LOCAL;
@@ -69,11 +65,7 @@ pub fn desired(plan: &Plan) -> Desired {
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     #[error("map {map} is full ({capacity} entries); raise its capacity with --max-{flag}")]
-    Full {
-        map: &'static str,
-        capacity: u32,
-        flag: &'static str,
-    },
+    Full { map: &'static str, capacity: u32, flag: &'static str },
     #[error("a tier of {len} backends does not fit a slot range (at most 65535)")]
     TierTooLong { len: usize },
     #[error("no free service id (all {capacity} in use); raise --max-services")]
@@ -103,6 +95,25 @@ pub trait MapWriter {
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError>;
     /// How many service ids the counter map has room for.
     fn max_services(&self) -> u32;
+    /// Every slot key present (adoption removes slots no frontend points at).
+    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError>;
+    /// The `namespace/name:port` label of a service id (for status and adoption).
+    fn put_name(&mut self, svc_id: u32, name: &str) -> Result<(), MapError>;
+    fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
+    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError>;
+}
+
+/// The label stored for a frontend: `namespace/name:port` (`namespace/name` for an unnamed port).
+pub fn label(service: &str, port_name: &str) -> String {
+    if port_name.is_empty() { service.to_owned() } else { format!("{service}:{port_name}") }
+}
+
+/// Split a label back into Service and port name.
+pub fn split_label(label: &str) -> (String, String) {
+    match label.rsplit_once(':') {
+        Some((s, p)) if s.contains('/') => (s.to_owned(), p.to_owned()),
+        _ => (label.to_owned(), String::new()),
+    }
 }
 
 /// A frontend as read back from the maps: its value and the backends of each tier.

@@ -44,14 +44,14 @@ pub struct ApplyError {
 
 impl std::fmt::Display for ApplyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Service {} frontend {}: {}",
-            self.service,
-            addr::frontend_addr(&self.frontend),
-            self.error
-        )
+        write!(f, "Service {} frontend {}: {}", self.service, addr::frontend_addr(&self.frontend), self.error)
     }
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AdoptReport {
+    pub frontends: usize,
+    pub orphan_slots_removed: usize,
 }
 
 #[derive(Debug, Default)]
@@ -125,12 +125,8 @@ impl<W: MapWriter> Reconciler<W> {
     pub fn apply(&mut self, desired: &Desired, now: Instant) -> ApplyReport {
         let mut report = ApplyReport::default();
         self.collect_garbage(now);
-        let gone: Vec<FrontendKey> = self
-            .applied
-            .keys()
-            .filter(|k| !desired.contains_key(k))
-            .copied()
-            .collect();
+        let gone: Vec<FrontendKey> =
+            self.applied.keys().filter(|k| !desired.contains_key(k)).copied().collect();
         for key in gone {
             let applied = &self.applied[&key];
             match self.writer.delete_frontend(key) {
@@ -162,13 +158,7 @@ impl<W: MapWriter> Reconciler<W> {
                             } else {
                                 report.added += 1;
                             }
-                            self.applied.insert(
-                                *key,
-                                Applied {
-                                    value,
-                                    desired: want.clone(),
-                                },
-                            );
+                            self.applied.insert(*key, Applied { value, desired: want.clone() });
                         }
                         Err(error) => {
                             report.errors.push(ApplyError {
@@ -198,7 +188,11 @@ impl<W: MapWriter> Reconciler<W> {
         };
         if fresh_id {
             // A reused id must not inherit another Service's counts.
-            if let Err(e) = self.writer.reset_counters(svc_id) {
+            let named = self
+                .writer
+                .reset_counters(svc_id)
+                .and_then(|()| self.writer.put_name(svc_id, &super::label(&want.service, &want.port_name)));
+            if let Err(e) = named {
                 self.free_ids.push(svc_id);
                 return Err(e);
             }
@@ -214,35 +208,19 @@ impl<W: MapWriter> Reconciler<W> {
                     u16::try_from(index).map_err(|_| MapError::TierTooLong { len: index as usize })?;
                 tiers[t] = TierRange { start, len };
                 for b in backends {
-                    self.writer.put_slot(
-                        SlotKey {
-                            svc_id,
-                            generation,
-                            index,
-                        },
-                        *b,
-                    )?;
+                    self.writer.put_slot(SlotKey { svc_id, generation, index }, *b)?;
                     index += 1;
                     written = index;
                 }
             }
-            let value = FrontendValue {
-                svc_id,
-                generation,
-                tiers,
-                flags: want.flags,
-            };
+            let value = FrontendValue { svc_id, generation, tiers, flags: want.flags };
             self.writer.put_frontend(key, value)?;
             Ok(value)
         })();
         if result.is_err() {
             for i in 0..written {
                 // Best effort: these slots were never visible to the data path.
-                let _ = self.writer.delete_slot(SlotKey {
-                    svc_id,
-                    generation,
-                    index: i,
-                });
+                let _ = self.writer.delete_slot(SlotKey { svc_id, generation, index: i });
             }
             if fresh_id {
                 self.free_ids.push(svc_id);
@@ -252,12 +230,7 @@ impl<W: MapWriter> Reconciler<W> {
     }
 
     fn bury(&mut self, value: FrontendValue, now: Instant, free_id: bool) {
-        let count = value
-            .tiers
-            .iter()
-            .map(|r| u32::from(r.start) + u32::from(r.len))
-            .max()
-            .unwrap_or(0);
+        let count = value.tiers.iter().map(|r| u32::from(r.start) + u32::from(r.len)).max().unwrap_or(0);
         self.graveyard.push_back(Buried {
             since: now,
             svc_id: value.svc_id,
@@ -275,18 +248,49 @@ impl<W: MapWriter> Reconciler<W> {
             }
             self.graveyard.pop_front();
             for index in 0..b.count {
-                if let Err(e) = self.writer.delete_slot(SlotKey {
-                    svc_id: b.svc_id,
-                    generation: b.generation,
-                    index,
-                }) {
+                if let Err(e) =
+                    self.writer.delete_slot(SlotKey { svc_id: b.svc_id, generation: b.generation, index })
+                {
                     tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old slot failed");
                 }
             }
             if b.free_id {
+                if let Err(e) = self.writer.delete_name(b.svc_id) {
+                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting a service name failed");
+                }
                 self.free_ids.push(b.svc_id);
             }
         }
+    }
+
+    /// Take over maps written by an earlier agent (pinned, surviving its restart): what they hold becomes the
+    /// applied state, so the next `apply` rewrites only what changed. Slots no frontend points at (left by
+    /// an agent killed in the middle of a swap) are deleted.
+    pub fn adopt(&mut self) -> Result<AdoptReport, MapError> {
+        let current = super::read_back(&self.writer)?;
+        let mut report = AdoptReport::default();
+        let mut used = std::collections::BTreeSet::new();
+        for (key, rb) in &current {
+            let label = self.writer.name(rb.value.svc_id)?.unwrap_or_default();
+            let (service, port_name) = super::split_label(&label);
+            let desired =
+                DesiredFrontend { service, port_name, tiers: rb.tiers.clone(), flags: rb.value.flags };
+            self.applied.insert(*key, Applied { value: rb.value, desired });
+            used.insert(rb.value.svc_id);
+            report.frontends += 1;
+        }
+        let live: std::collections::BTreeSet<(u32, u32)> =
+            current.values().map(|rb| (rb.value.svc_id, rb.value.generation)).collect();
+        for key in self.writer.slot_keys()? {
+            if !live.contains(&(key.svc_id, key.generation)) {
+                self.writer.delete_slot(key)?;
+                report.orphan_slots_removed += 1;
+            }
+        }
+        let max = used.iter().copied().max().unwrap_or(GLOBAL_SVC_ID);
+        self.next_id = max + 1;
+        self.free_ids = (GLOBAL_SVC_ID + 1..max).filter(|id| !used.contains(id)).rev().collect();
+        Ok(report)
     }
 
     /// True while old slots wait for their grace period.
@@ -377,27 +381,57 @@ mod tests {
         assert_eq!(rep.added, 1);
         assert_eq!(rep.errors.len(), 1);
         let msg = rep.errors[0].to_string();
-        assert!(
-            msg.contains("default/web") && msg.contains("10.96.0.2:80") && msg.contains("full"),
-            "{msg}"
-        );
+        assert!(msg.contains("default/web") && msg.contains("10.96.0.2:80") && msg.contains("full"), "{msg}");
         assert!(r.writer().frontend(fe("10.96.0.2:80")).is_none());
-        assert_eq!(
-            r.writer().slot_count(),
-            2,
-            "partially written slots are removed again"
-        );
+        assert_eq!(r.writer().slot_count(), 2, "partially written slots are removed again");
 
         // An update that does not fit keeps the previous generation in place.
         let before = r.writer().frontend(fe("10.96.0.1:80")).unwrap();
         d.remove(&fe("10.96.0.2:80"));
-        d.insert(
-            fe("10.96.0.1:80"),
-            want(&[], &["10.0.0.1:80", "10.0.0.2:80", "10.0.0.5:80"]),
-        );
+        d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80", "10.0.0.2:80", "10.0.0.5:80"]));
         let rep = r.apply(&d, t0);
         assert_eq!(rep.errors.len(), 1);
         assert_eq!(r.writer().frontend(fe("10.96.0.1:80")).unwrap(), before);
+    }
+
+    #[test]
+    fn a_restarted_agent_adopts_the_maps_and_rewrites_only_what_changed() {
+        let t0 = Instant::now();
+        let mut first = Reconciler::new(FakeMaps::new(16, 64));
+        let mut d = Desired::new();
+        d.insert(fe("10.96.0.1:80"), want(&["10.0.0.1:80"], &["10.0.0.1:80", "10.0.0.2:80"]));
+        d.insert(fe("10.96.0.2:80"), want(&[], &["10.0.0.3:80"]));
+        first.apply(&d, t0);
+        // Killed in the middle of a swap: new slots written, frontend not yet switched.
+        let v = first.writer().frontend(fe("10.96.0.2:80")).unwrap();
+        let mut maps = first.writer;
+        maps.put_slot(
+            SlotKey { svc_id: v.svc_id, generation: v.generation + 1, index: 0 },
+            be("10.0.0.9:80"),
+        )
+        .unwrap();
+
+        let mut second = Reconciler::new(maps);
+        let rep = second.adopt().unwrap();
+        assert_eq!(rep, super::AdoptReport { frontends: 2, orphan_slots_removed: 1 });
+        let writes = second.writer().writes();
+        let rep = second.apply(&d, t0);
+        assert_eq!((rep.unchanged, rep.changed()), (2, 0), "nothing rewritten after adoption");
+        assert_eq!(second.writer().writes(), writes);
+        // A new frontend gets a fresh id, not one in use.
+        d.insert(fe("10.96.0.3:80"), want(&[], &["10.0.0.4:80"]));
+        second.apply(&d, t0);
+        let ids: std::collections::BTreeSet<u32> =
+            second.writer().frontends().unwrap().iter().map(|(_, v)| v.svc_id).collect();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(
+            second
+                .writer()
+                .name(second.writer().frontend(fe("10.96.0.3:80")).unwrap().svc_id)
+                .unwrap()
+                .as_deref(),
+            Some("default/web:http")
+        );
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub struct SimNode {
     agent: Option<Child>,
     pub cgroup: Cgroup,
     pub log: PathBuf,
+    args: Vec<String>,
 }
 
 pub struct SimCluster {
@@ -88,39 +89,69 @@ impl SimCluster {
     pub fn add_node(&mut self, name: &str, extra_args: &[&str]) -> anyhow::Result<()> {
         let cgroup = Cgroup::new(name)?;
         let log = self.manifests.path().join(format!(".agent-{name}.log"));
-        let logfile = std::fs::File::create(&log)?;
+        let mut node = SimNode {
+            name: name.to_owned(),
+            agent: None,
+            cgroup,
+            log,
+            args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        self.spawn_agent(&mut node)?;
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    fn spawn_agent(&self, node: &mut SimNode) -> anyhow::Result<()> {
+        let logfile = std::fs::OpenOptions::new().create(true).append(true).open(&node.log)?;
+        let start_len = logfile.metadata()?.len() as usize;
         let mut cmd = Command::new(&self.tierlb);
-        cmd.args(["agent", "--node", name, "--manifests"])
+        cmd.args(["agent", "--node", &node.name, "--manifests"])
             .arg(self.manifests.path())
             .arg("--cgroup")
-            .arg(cgroup.path())
-            .args(extra_args)
+            .arg(node.cgroup.path())
+            .args(&node.args)
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(logfile);
-        let agent = Child::spawn(&mut cmd)?;
-        let mut node = SimNode {
-            name: name.to_owned(),
-            agent: Some(agent),
-            cgroup,
-            log,
-        };
+        node.agent = Some(Child::spawn(&mut cmd)?);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let text = std::fs::read_to_string(&node.log).unwrap_or_default();
-            if text.contains("tierlb agent ready") {
-                break;
+            if text.get(start_len..).is_some_and(|t| t.contains("tierlb agent ready")) {
+                return Ok(());
             }
             if let Some(Ok(Some(status))) = node.agent.as_mut().map(|a| a.inner().try_wait()) {
-                bail!("agent for {name} exited ({status}):\n{text}");
+                bail!("agent for {} exited ({status}):\n{text}", node.name);
             }
             if Instant::now() > deadline {
-                bail!("agent for {name} not ready after 30 s:\n{text}");
+                bail!("agent for {} not ready after 30 s:\n{text}", node.name);
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
         }
-        self.nodes.push(node);
-        Ok(())
+    }
+
+    /// Kill a node's agent with SIGKILL (no chance to clean up) and reap it.
+    pub fn kill_agent(&mut self, node: &str) {
+        if let Some(n) = self.nodes.iter_mut().find(|n| n.name == node)
+            && let Some(mut a) = n.agent.take()
+        {
+            a.signal(nix::sys::signal::Signal::SIGKILL);
+            let _ = a.inner().wait();
+        }
+    }
+
+    /// Start a node's agent again (same cgroup, same arguments); returns once it is ready.
+    pub fn restart_agent(&mut self, node: &str) -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        let mut n = self
+            .nodes
+            .iter()
+            .position(|n| n.name == node)
+            .map(|i| self.nodes.remove(i))
+            .context("no such node")?;
+        let r = self.spawn_agent(&mut n);
+        self.nodes.push(n);
+        r.map(|()| start.elapsed())
     }
 
     pub fn node(&self, name: &str) -> &SimNode {
@@ -129,22 +160,14 @@ impl SimCluster {
 
     /// How many syncs the node's agent has logged.
     pub fn syncs(&self, node: &str) -> usize {
-        std::fs::read_to_string(&self.node(node).log)
-            .unwrap_or_default()
-            .matches(" synced")
-            .count()
+        std::fs::read_to_string(&self.node(node).log).unwrap_or_default().matches(" synced").count()
     }
 
     /// Wait until every agent logged more syncs than `before` (from `syncs_all`).
     pub fn wait_synced(&self, before: &[usize]) -> anyhow::Result<Duration> {
         let start = Instant::now();
         while Instant::now() - start < Duration::from_secs(10) {
-            if self
-                .nodes
-                .iter()
-                .zip(before)
-                .all(|(n, b)| self.syncs(&n.name) > *b)
-            {
+            if self.nodes.iter().zip(before).all(|(n, b)| self.syncs(&n.name) > *b) {
                 return Ok(start.elapsed());
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -172,19 +195,11 @@ impl SimCluster {
         interval: Duration,
     ) -> anyhow::Result<ProbeRun> {
         let mut cmd = self.client_command(node, &self.lab)?;
-        cmd.args([
-            "probe",
-            "--target",
-            &target.to_string(),
-            "--count",
-            &count.to_string(),
-        ])
-        .args(["--interval-ms", &format!("{}", interval.as_secs_f64() * 1e3)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        Ok(ProbeRun {
-            child: Child::spawn(&mut cmd)?,
-        })
+        cmd.args(["probe", "--target", &target.to_string(), "--count", &count.to_string()])
+            .args(["--interval-ms", &format!("{}", interval.as_secs_f64() * 1e3)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        Ok(ProbeRun { child: Child::spawn(&mut cmd)? })
     }
 
     pub fn probe(
@@ -216,10 +231,7 @@ pub struct ProbeRun {
 impl ProbeRun {
     pub fn wait(mut self) -> anyhow::Result<Report> {
         let mut out = String::new();
-        std::io::Read::read_to_string(
-            self.child.inner().stdout.as_mut().context("probe stdout")?,
-            &mut out,
-        )?;
+        std::io::Read::read_to_string(self.child.inner().stdout.as_mut().context("probe stdout")?, &mut out)?;
         let status = self.child.inner().wait()?;
         if !status.success() {
             bail!("probe failed ({status})");

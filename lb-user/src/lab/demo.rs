@@ -27,11 +27,7 @@ fn row(node: &str, r: &Report) -> String {
         "  {node:<7} {:>5} connects  reached: {:<44} failed: {}",
         r.attempts.len(),
         reached.join(" "),
-        if errors.is_empty() {
-            "0".to_owned()
-        } else {
-            errors.join(" ")
-        }
+        if errors.is_empty() { "0".to_owned() } else { errors.join(" ") }
     )
 }
 
@@ -42,11 +38,8 @@ pub fn run(tierlb: &Path, lab: &Path) -> anyhow::Result<bool> {
     let vip = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 20)), 80);
     let mut svc = Svc::new("cache", vip.ip(), 80, 8080);
     svc.traffic_distribution = Some("PreferSameNode".into());
-    let mut eps: Vec<Ep> = NODES
-        .iter()
-        .enumerate()
-        .map(|(i, n)| Ep::ready(pod_ip(i), n).prefer_same_node())
-        .collect();
+    let mut eps: Vec<Ep> =
+        NODES.iter().enumerate().map(|(i, n)| Ep::ready(pod_ip(i), n).prefer_same_node()).collect();
     for (i, n) in NODES.iter().enumerate() {
         c.add_pod(SocketAddr::new(pod_ip(i), 8080), &format!("pod-on-{n}"))?;
     }
@@ -57,10 +50,7 @@ pub fn run(tierlb: &Path, lab: &Path) -> anyhow::Result<bool> {
     println!(
         "   Service default/cache {vip}, trafficDistribution: PreferSameNode; pods 10.244.{{1,2,3}}.10:8080"
     );
-    println!(
-        "   ({:.1} s to start three agents)\n",
-        started.elapsed().as_secs_f64()
-    );
+    println!("   ({:.1} s to start three agents)\n", started.elapsed().as_secs_f64());
 
     println!("-- 1. steady state: every node's clients reach their own node's pod");
     let mut ok = true;
@@ -90,25 +80,17 @@ pub fn run(tierlb: &Path, lab: &Path) -> anyhow::Result<bool> {
     std::thread::sleep(Duration::from_millis(200).saturating_sub(t_update.elapsed()));
     c.stop_pod(SocketAddr::new(pod_ip(1), 8080));
     println!("   t=0.6 s  node-2's pod process exits");
-    let reports: Vec<Report> = runs
-        .into_iter()
-        .map(super::cluster::ProbeRun::wait)
-        .collect::<Result<_, _>>()?;
+    let reports: Vec<Report> =
+        runs.into_iter().map(super::cluster::ProbeRun::wait).collect::<Result<_, _>>()?;
     for (n, r) in NODES.iter().zip(&reports) {
         println!("{}", row(n, r));
         ok &= r.failures() == 0;
     }
     let node2 = &reports[1];
-    let switched = node2
-        .attempts
-        .iter()
-        .position(|a| a.backend.as_deref() != Some("pod-on-node-2"));
+    let switched = node2.attempts.iter().position(|a| a.backend.as_deref() != Some("pod-on-node-2"));
     if let Some(i) = switched {
         let t = node2.attempts[i].t_ms;
-        let after: Vec<&str> = node2.attempts[i..]
-            .iter()
-            .filter_map(|a| a.backend.as_deref())
-            .collect();
+        let after: Vec<&str> = node2.attempts[i..].iter().filter_map(|a| a.backend.as_deref()).collect();
         let own = after.iter().filter(|b| **b == "pod-on-node-2").count();
         println!(
             "   node-2: until t={:.0} ms its own pod; from then on {} connects went to node-1/node-3 ({} node-1, {} node-3), {own} to its own pod",

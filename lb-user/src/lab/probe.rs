@@ -29,10 +29,7 @@ impl Report {
         self.attempts.iter().filter(|a| a.error.is_some()).count()
     }
     pub fn count(&self, backend: &str) -> usize {
-        self.attempts
-            .iter()
-            .filter(|a| a.backend.as_deref() == Some(backend))
-            .count()
+        self.attempts.iter().filter(|a| a.backend.as_deref() == Some(backend)).count()
     }
     /// Backends and how often each answered, sorted by name.
     pub fn by_backend(&self) -> std::collections::BTreeMap<String, usize> {
@@ -78,11 +75,7 @@ pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<String, String> 
     let mut buf = String::new();
     s.read_to_string(&mut buf).map_err(|e| errno_name(&e))?;
     let name = buf.trim().to_owned();
-    if name.is_empty() {
-        Err("empty reply".into())
-    } else {
-        Ok(name)
-    }
+    if name.is_empty() { Err("empty reply".into()) } else { Ok(name) }
 }
 
 /// `count` attempts, `interval` apart (measured from start to start).
@@ -102,15 +95,7 @@ pub fn run(target: SocketAddr, count: usize, interval: Duration, timeout: Durati
             Ok(b) => (Some(b), None),
             Err(e) => (None, Some(e)),
         };
-        attempts.push(Attempt {
-            t_ms,
-            ms,
-            backend,
-            error,
-        });
+        attempts.push(Attempt { t_ms, ms, backend, error });
     }
-    Report {
-        target: target.to_string(),
-        attempts,
-    }
+    Report { target: target.to_string(), attempts }
 }

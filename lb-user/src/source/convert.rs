@@ -23,23 +23,12 @@ pub struct FieldError {
 }
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
-    FieldError {
-        field: field.into(),
-        message: message.into(),
-    }
+    FieldError { field: field.into(), message: message.into() }
 }
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Result<ObjKey, FieldError> {
-    let name = meta
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| err("metadata.name", "missing"))?;
-    let namespace = meta
-        .namespace
-        .clone()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "default".to_owned());
+    let name = meta.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| err("metadata.name", "missing"))?;
+    let namespace = meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".to_owned());
     Ok(ObjKey { namespace, name })
 }
 
@@ -56,19 +45,14 @@ fn protocol(field: &str, value: Option<&str>) -> Result<Protocol, FieldError> {
 }
 
 fn ip(field: &str, value: &str) -> Result<IpAddr, FieldError> {
-    value
-        .parse()
-        .map_err(|_| err(field, format!("{value:?} is not an IP address")))
+    value.parse().map_err(|_| err(field, format!("{value:?} is not an IP address")))
 }
 
 fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
     match value {
         None | Some("Cluster") => Ok(Policy::Cluster),
         Some("Local") => Ok(Policy::Local),
-        Some(other) => Err(err(
-            field,
-            format!("unknown traffic policy {other:?} (Cluster or Local)"),
-        )),
+        Some(other) => Err(err(field, format!("unknown traffic policy {other:?} (Cluster or Local)"))),
     }
 }
 
@@ -113,11 +97,7 @@ pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
         external_ips.push(ip(&format!("spec.externalIPs[{i}]"), raw)?);
     }
     let mut load_balancer_ips = Vec::new();
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|l| l.ingress.as_ref());
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
         if let Some(raw) = &ing.ip {
             load_balancer_ips.push(ip(&format!("status.loadBalancer.ingress[{i}].ip"), raw)?);
@@ -133,14 +113,8 @@ pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
         type_,
         cluster_ips,
         ports,
-        internal_policy: policy(
-            "spec.internalTrafficPolicy",
-            spec.internal_traffic_policy.as_deref(),
-        )?,
-        external_policy: policy(
-            "spec.externalTrafficPolicy",
-            spec.external_traffic_policy.as_deref(),
-        )?,
+        internal_policy: policy("spec.internalTrafficPolicy", spec.internal_traffic_policy.as_deref())?,
+        external_policy: policy("spec.externalTrafficPolicy", spec.external_traffic_policy.as_deref())?,
         external_ips,
         load_balancer_ips,
         health_check_node_port,
@@ -157,10 +131,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         "IPv6" => AddressType::IPv6,
         "FQDN" => AddressType::Fqdn,
         other => {
-            return Err(err(
-                "addressType",
-                format!("unknown address type {other:?} (IPv4, IPv6 or FQDN)"),
-            ));
+            return Err(err("addressType", format!("unknown address type {other:?} (IPv4, IPv6 or FQDN)")));
         }
     };
     let mut ports = Vec::new();
@@ -194,11 +165,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         let hints = ep.hints.as_ref();
         endpoints.push(Endpoint {
             address,
-            conditions: Conditions {
-                ready: c.ready,
-                serving: c.serving,
-                terminating: c.terminating,
-            },
+            conditions: Conditions { ready: c.ready, serving: c.serving, terminating: c.terminating },
             node_name: ep.node_name.clone(),
             zone: ep.zone.clone(),
             for_nodes: hints
@@ -209,19 +176,8 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
                 .map(|v| v.iter().map(|z| z.name.clone()).collect()),
         });
     }
-    let service_name = slice
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_SERVICE_NAME))
-        .cloned();
-    Ok(EndpointSlice {
-        key,
-        service_name,
-        address_type,
-        ports,
-        endpoints,
-    })
+    let service_name = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
+    Ok(EndpointSlice { key, service_name, address_type, ports, endpoints })
 }
 
 pub fn node(node: &core::Node) -> Result<Node, FieldError> {
@@ -231,31 +187,16 @@ pub fn node(node: &core::Node) -> Result<Node, FieldError> {
         .clone()
         .filter(|n| !n.is_empty())
         .ok_or_else(|| err("metadata.name", "missing"))?;
-    let zone = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_ZONE))
-        .cloned();
-    let cpu = node
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get("cpu"));
+    let zone = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_ZONE)).cloned();
+    let cpu = node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("cpu"));
     let allocatable_cpu_millis = match cpu {
         None => None,
-        Some(q) => Some(cpu_millis(&q.0).ok_or_else(|| {
-            err(
-                "status.allocatable.cpu",
-                format!("{:?} is not a CPU quantity", q.0),
-            )
-        })?),
+        Some(q) => Some(
+            cpu_millis(&q.0)
+                .ok_or_else(|| err("status.allocatable.cpu", format!("{:?} is not a CPU quantity", q.0)))?,
+        ),
     };
-    Ok(Node {
-        name,
-        zone,
-        allocatable_cpu_millis,
-    })
+    Ok(Node { name, zone, allocatable_cpu_millis })
 }
 
 /// CPU quantities as nodes report them: whole cores ("4"), decimals ("1.5") or millicores ("3500m").

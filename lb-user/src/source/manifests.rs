@@ -119,19 +119,9 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
         message,
     };
     let kind = value.get("kind").and_then(|k| k.as_str()).map(str::to_owned);
-    let api_version = value
-        .get("apiVersion")
-        .and_then(|k| k.as_str())
-        .unwrap_or_default()
-        .to_owned();
-    let name = value
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(|n| n.as_str())
-        .map(str::to_owned);
-    let label = kind
-        .as_ref()
-        .map(|k| format!("{k} {}", name.as_deref().unwrap_or("<no name>")));
+    let api_version = value.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+    let name = value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).map(str::to_owned);
+    let label = kind.as_ref().map(|k| format!("{k} {}", name.as_deref().unwrap_or("<no name>")));
     let Some(kind) = kind else {
         out.diagnostics.push(diag(
             Severity::Error,
@@ -144,12 +134,7 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
     match (kind.as_str(), api_version.as_str()) {
         ("List", _) | ("ServiceList" | "EndpointSliceList" | "NodeList", _) => {
             let Some(items) = value.get("items").and_then(|i| i.as_sequence()) else {
-                out.diagnostics.push(diag(
-                    Severity::Error,
-                    label,
-                    Some("items".into()),
-                    "missing".into(),
-                ));
+                out.diagnostics.push(diag(Severity::Error, label, Some("items".into()), "missing".into()));
                 return;
             };
             for item in items.clone() {
@@ -239,10 +224,7 @@ pub struct Loaded {
 
 impl ManifestDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            dir: dir.into(),
-            last_good: BTreeMap::new(),
-        }
+        Self { dir: dir.into(), last_good: BTreeMap::new() }
     }
 
     pub fn dir(&self) -> &Path {
@@ -254,14 +236,8 @@ impl ManifestDir {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
-            let is_yaml = matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml" | "json")
-            );
-            let hidden = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('.'));
+            let is_yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
+            let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
             if is_yaml && !hidden && path.is_file() {
                 files.push(path);
             }
@@ -442,11 +418,7 @@ mod tests {
             assert!(d.message.contains(c.message), "{}: {d}", c.name);
             assert!(d.to_string().starts_with("dir/x.yaml document 1"), "{d}");
             // The good document before it is still read.
-            assert!(
-                matches!(got.objects.first(), Some(Object::Service(_))),
-                "{}",
-                c.name
-            );
+            assert!(matches!(got.objects.first(), Some(Object::Service(_))), "{}", c.name);
         }
     }
 
@@ -482,10 +454,7 @@ mod tests {
         let web = &loaded.model.services[&ObjKey::new("default", "web")];
         assert_eq!(web.cluster_ips[0].to_string(), "10.96.0.10");
         assert!(
-            loaded
-                .diagnostics
-                .iter()
-                .any(|x| x.message.contains("duplicate") && x.file.ends_with("b.yaml"))
+            loaded.diagnostics.iter().any(|x| x.message.contains("duplicate") && x.file.ends_with("b.yaml"))
         );
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -496,19 +465,14 @@ mod tests {
         std::fs::write(d.join("a.yaml"), GOOD).unwrap();
         std::fs::write(
             d.join("other.yaml"),
-            GOOD.replace("name: web", "name: api")
-                .replace("10.96.0.10", "10.96.0.12"),
+            GOOD.replace("name: web", "name: api").replace("10.96.0.10", "10.96.0.12"),
         )
         .unwrap();
         let mut md = ManifestDir::new(&d);
         assert_eq!(md.load().unwrap().model.services.len(), 2);
         std::fs::write(d.join("a.yaml"), "kind: Service\n  broken: [").unwrap();
         let loaded = md.load().unwrap();
-        assert_eq!(
-            loaded.model.services.len(),
-            2,
-            "web is kept from the last good version"
-        );
+        assert_eq!(loaded.model.services.len(), 2, "web is kept from the last good version");
         assert_eq!(loaded.stale_files, vec![d.join("a.yaml")]);
         assert!(loaded.diagnostics.iter().any(|x| x.severity == Severity::Error));
         // Fixing the file takes the new content.

@@ -1,0 +1,167 @@
+//! `tierlb status`: what the data path holds right now, read from an agent's pinned maps.
+use std::fmt::Write as _;
+
+use lb_common::{
+    COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE,
+    FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, GLOBAL_SVC_ID,
+};
+use serde::Serialize;
+
+use crate::datapath::{MapError, MapWriter, addr, read_back, split_label};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendStatus {
+    pub addr: String,
+    pub down: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counters {
+    pub node: u64,
+    pub zone: u64,
+    pub cluster: u64,
+    pub rejected: u64,
+    pub dropped: u64,
+    pub fail_open: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FrontendStatus {
+    pub service: String,
+    pub port_name: String,
+    pub frontend: String,
+    pub protocol: &'static str,
+    pub policy: &'static str,
+    pub tiers: [Vec<BackendStatus>; 3],
+    /// The tier new connects use now: the first with a backend that is not marked down.
+    pub active_tier: &'static str,
+    pub when_empty: &'static str,
+    pub connections: Counters,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Instance {
+    pub instance: String,
+    pub frontends: Vec<FrontendStatus>,
+    /// Connects that went through untranslated because of an internal error, over all Services.
+    pub fail_open_total: u64,
+    pub backends_marked_down: Vec<String>,
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        lb_common::PROTO_TCP => "TCP",
+        lb_common::PROTO_UDP => "UDP",
+        _ => "SCTP",
+    }
+}
+
+impl Instance {
+    pub fn read(name: &str, maps: &impl MapWriter) -> Result<Self, MapError> {
+        let down = maps.backends_down()?;
+        let mut frontends = Vec::new();
+        for (key, rb) in read_back(maps)? {
+            let (service, port_name) = split_label(&maps.name(rb.value.svc_id)?.unwrap_or_default());
+            let tiers = rb.tiers.map(|t| {
+                t.iter()
+                    .map(|b| BackendStatus {
+                        addr: addr::backend_addr(b).to_string(),
+                        down: down.contains(b),
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let active = tiers.iter().position(|t| t.iter().any(|b| !b.down));
+            let local = rb.value.flags & FLAG_POLICY_LOCAL != 0;
+            let c = maps.counters(rb.value.svc_id)?;
+            let at = |k: u32| c[k as usize];
+            frontends.push(FrontendStatus {
+                service,
+                port_name,
+                frontend: addr::frontend_addr(&key).to_string(),
+                protocol: proto_name(key.proto),
+                policy: if local { "Local" } else { "Cluster" },
+                active_tier: match active {
+                    Some(0) if local => "local",
+                    Some(0) => "node",
+                    Some(1) => "zone",
+                    Some(_) => "cluster",
+                    None => "none",
+                },
+                when_empty: if rb.value.flags & FLAG_EMPTY_IS_DROP != 0 {
+                    "EHOSTUNREACH"
+                } else {
+                    "ECONNREFUSED"
+                },
+                tiers,
+                connections: Counters {
+                    node: at(COUNTER_NODE),
+                    zone: at(COUNTER_ZONE),
+                    cluster: at(COUNTER_CLUSTER),
+                    rejected: at(COUNTER_REJECTED),
+                    dropped: at(COUNTER_DROPPED),
+                    fail_open: at(COUNTER_FAIL_OPEN),
+                },
+            });
+        }
+        frontends.sort_by(|a, b| {
+            (&a.service, &a.port_name, &a.frontend).cmp(&(&b.service, &b.port_name, &b.frontend))
+        });
+        let fail_open_total = maps.counters(GLOBAL_SVC_ID)?[COUNTER_FAIL_OPEN as usize];
+        let mut backends_marked_down: Vec<String> =
+            down.iter().map(|b| addr::backend_addr(b).to_string()).collect();
+        backends_marked_down.sort();
+        Ok(Self { instance: name.to_owned(), frontends, fail_open_total, backends_marked_down })
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = format!("instance {}: {} frontends", self.instance, self.frontends.len());
+        if !self.backends_marked_down.is_empty() {
+            let _ = write!(out, ", marked down: {}", self.backends_marked_down.join(" "));
+        }
+        if self.fail_open_total > 0 {
+            let _ = write!(out, ", FAIL-OPEN connects: {}", self.fail_open_total);
+        }
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "{:<34} {:<24} {:<8} {:<8} {:>8} {:>8} {:>8} {:>8}  TIERS (node | zone | cluster; * = down)",
+            "SERVICE", "FRONTEND", "POLICY", "ACTIVE", "NODE", "ZONE", "CLUSTER", "REFUSED"
+        );
+        for f in &self.frontends {
+            let name = if f.port_name.is_empty() {
+                f.service.clone()
+            } else {
+                format!("{}:{}", f.service, f.port_name)
+            };
+            let tiers: Vec<String> = f
+                .tiers
+                .iter()
+                .map(|t| {
+                    if t.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        t.iter()
+                            .map(|b| format!("{}{}", b.addr, if b.down { "*" } else { "" }))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    }
+                })
+                .collect();
+            let c = &f.connections;
+            let _ = writeln!(
+                out,
+                "{:<34} {:<24} {:<8} {:<8} {:>8} {:>8} {:>8} {:>8}  {}",
+                name,
+                format!("{}/{}", f.frontend, f.protocol),
+                f.policy,
+                f.active_tier,
+                c.node,
+                c.zone,
+                c.cluster,
+                c.rejected + c.dropped,
+                tiers.join(" | ")
+            );
+        }
+        out
+    }
+}
