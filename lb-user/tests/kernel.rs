@@ -150,6 +150,25 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     backend("up", "10.244.1.10:8080");
     let r = c.probe("node-1", vip(), 50, Duration::ZERO).unwrap();
     assert_eq!(names(&r), BTreeSet::from(["pod-node-1".to_owned()]));
+    // `tierlb status` shows it: marked-down backends, the active tier, per-tier counters.
+    let out =
+        std::process::Command::new(TIERLB).args(["status", "-o", "json", "--bpffs", &pin]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let inst = &st[0];
+    assert_eq!(inst["instance"], "node-1");
+    assert_eq!(inst["backends_marked_down"], serde_json::json!(["10.244.2.10:8080"]));
+    let f = &inst["frontends"][0];
+    assert_eq!(
+        (f["service"].as_str(), f["port_name"].as_str(), f["active_tier"].as_str()),
+        (Some("default/web"), Some("main"), Some("node"))
+    );
+    let n = |k: &str| f["connections"][k].as_u64().unwrap();
+    assert_eq!(n("node") + n("zone") + n("cluster"), 350, "every connect counted once: {f}");
+    assert!(n("node") >= 150 && n("zone") > 0 && n("cluster") > 0, "{f}");
+    let table = std::process::Command::new(TIERLB).args(["status", "--bpffs", &pin]).output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("default/web:main") && table.contains("10.244.2.10:8080*"), "{table}");
 }
 
 /// (e): connect fails at once with the documented errno, never a timeout.
@@ -396,4 +415,43 @@ fn an_agent_killed_and_restarted_loses_no_connection_and_cleanup_detaches_it() {
     assert!(!bpffs.path().join("node-1").exists());
     let r = c.probe("node-1", vip(), 3, Duration::ZERO).unwrap();
     assert_eq!(r.errors().get("ENETUNREACH"), Some(&3), "no longer translated: {:?}", r.errors());
+}
+
+/// An edit that removes the local endpoint reaches the maps within 100 ms of the file write (inotify,
+/// debounce, parse, plan, map writes). Measured over repeated edits; the bound asserted is generous.
+#[test]
+fn a_manifest_edit_reaches_the_maps_within_100ms() {
+    let mut c = cluster("reload");
+    let bpffs = BpfFs::new("reload").unwrap();
+    let eps = pods(&mut c, &[("node-1", "a"), ("node-2", "a")]);
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
+    let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(&bpffs.path().join("node-1")).unwrap();
+    let key = addr::frontend_key(vip().ip(), 80, 6);
+    let node_tier_len = || tierlb::datapath::read_back(&maps).unwrap()[&key].tiers[0].len();
+    let mut times = Vec::new();
+    for round in 0..20 {
+        let local_gone = round % 2 == 0;
+        let mut now = eps.clone();
+        if local_gone {
+            now[0] = now[0].clone().terminating();
+        }
+        let t0 = Instant::now();
+        write_service(c.manifests.path(), &svc, &now).unwrap();
+        let want = if local_gone { 0 } else { 1 };
+        while node_tier_len() != want {
+            assert!(t0.elapsed() < Duration::from_secs(2), "round {round}: maps not updated after 2 s");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        times.push(t0.elapsed());
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    times.sort();
+    let (median, max) = (times[times.len() / 2], times[times.len() - 1]);
+    eprintln!("file write -> maps: median {median:?}, max {max:?} over {} edits", times.len());
+    assert!(median < Duration::from_millis(100), "median {median:?}");
+    assert!(max < Duration::from_millis(500), "max {max:?}");
 }
