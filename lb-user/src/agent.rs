@@ -29,6 +29,8 @@ pub struct SyncReport {
     pub hints_filled: Vec<String>,
     /// Those of them not reported by an earlier sync.
     pub hints_newly_filled: Vec<String>,
+    /// `healthCheckNodePort` -> the Service's local endpoints (Services with externalTrafficPolicy Local).
+    pub health_ports: std::collections::BTreeMap<u16, crate::server::ServiceHealth>,
     pub duration: Duration,
 }
 
@@ -74,6 +76,7 @@ impl<W: MapWriter> AgentCore<W> {
         let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), &loaded.model);
         let plan = plan::plan_for_datapath(&loaded.model, &node);
         let desired = datapath::desired(&plan);
+        let health_ports = health_ports(&loaded.model, &plan);
         let applied = self.reconciler.apply(&desired, now);
         let hints_newly_filled =
             hints_filled.iter().filter(|s| !self.hints_reported.contains(*s)).cloned().collect();
@@ -89,6 +92,7 @@ impl<W: MapWriter> AgentCore<W> {
             stale_files: loaded.stale_files,
             hints_filled,
             hints_newly_filled,
+            health_ports,
             duration: started.elapsed(),
         })
     }
@@ -96,6 +100,29 @@ impl<W: MapWriter> AgentCore<W> {
     pub fn collect_garbage(&mut self, now: Instant) {
         self.reconciler.collect_garbage(now);
     }
+}
+
+/// kube-proxy's service health server data: for every Service with externalTrafficPolicy Local and a
+/// `healthCheckNodePort`, how many local endpoints its external traffic has on this node.
+fn health_ports(
+    model: &crate::model::Model,
+    plan: &plan::Plan,
+) -> std::collections::BTreeMap<u16, crate::server::ServiceHealth> {
+    let mut out = std::collections::BTreeMap::new();
+    for p in &plan.services {
+        let Some(svc) = model.services.get(&p.key) else { continue };
+        let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { continue };
+        if ext.policy != crate::model::Policy::Local {
+            continue;
+        }
+        let entry = out.entry(port).or_insert_with(|| crate::server::ServiceHealth {
+            namespace: svc.key.namespace.clone(),
+            name: svc.key.name.clone(),
+            local_endpoints: 0,
+        });
+        entry.local_endpoints = entry.local_endpoints.max(ext.endpoints.len());
+    }
+    out
 }
 
 fn log_report(r: &SyncReport) {
@@ -140,6 +167,12 @@ pub struct AgentOptions {
     /// Name of the pin directory under `bpffs`; default: the node name.
     pub instance: Option<String>,
     pub capacities: datapath::ebpf::Capacities,
+    /// `/healthz` and `/livez`; `None`: off.
+    pub healthz_addr: Option<std::net::SocketAddr>,
+    /// `/metrics`; `None`: off.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Address the `healthCheckNodePort` listeners bind; `None`: off.
+    pub service_health_bind: Option<std::net::IpAddr>,
 }
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
@@ -178,6 +211,24 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> anyhow::Result<String> {
     } else {
         format!("removed {} pins in {} (programs detached, maps freed)\n", removed.len(), dir.display())
     })
+}
+
+async fn bind(addr: std::net::SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("{flag} {addr}: cannot listen (port in use? pass another address or `off`)"))
+}
+
+/// After a sync: health is fresh again, statistics counted.
+fn record(health: &crate::server::SharedHealth, stats: &mut crate::metrics::AgentStats, r: &SyncReport) {
+    let mut h = health.lock().expect("health lock");
+    h.last_updated = Some(std::time::SystemTime::now());
+    h.pending_since = None;
+    stats.syncs.inc();
+    stats.sync_duration.observe(r.duration.as_secs_f64());
+    stats.apply_errors.inc_by(r.errors.len() as u64);
+    let errors = r.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    stats.reload_errors.inc_by(errors as u64);
 }
 
 /// Run the agent until SIGINT or SIGTERM; detaches on the way out.
@@ -225,6 +276,26 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     programs.attach(&cgroup, pin_dir.as_deref())?;
     tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?datapath::ebpf::PROGRAMS, "tierlb agent ready");
 
+    let health = crate::server::SharedHealth::default();
+    let mut stats = crate::metrics::AgentStats::default();
+    record(&health, &mut stats, &report);
+    let _healthz = match opts.healthz_addr {
+        Some(a) => Some(crate::server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
+        None => None,
+    };
+    let (metrics_tx, mut metrics_rx) = mpsc::channel::<crate::server::MetricsRequest>(4);
+    let _metrics = match opts.metrics_addr {
+        Some(a) => Some(crate::server::start_metrics(bind(a, "--metrics-addr").await?, metrics_tx)),
+        None => None,
+    };
+    let mut service_health = opts.service_health_bind.map(crate::server::ServiceHealthServers::new);
+    if let Some(sh) = service_health.as_mut() {
+        for (port, e) in sh.sync(&report.health_ports).await {
+            stats.health_port_errors.inc();
+            tracing::error!(port, error = %e, "cannot listen on healthCheckNodePort");
+        }
+    }
+
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         if res.is_ok_and(|ev| !ev.kind.is_access()) {
@@ -244,10 +315,23 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 // Debounce: an editor's save is several events; take them all, then reload once.
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 while rx.try_recv().is_ok() {}
+                health.lock().expect("health lock").pending_since.get_or_insert_with(std::time::Instant::now);
                 match core.sync(Instant::now()) {
-                    Ok(r) => log_report(&r),
+                    Ok(r) => {
+                        log_report(&r);
+                        record(&health, &mut stats, &r);
+                        if let Some(sh) = service_health.as_mut() {
+                            for (port, e) in sh.sync(&r.health_ports).await {
+                                stats.health_port_errors.inc();
+                                tracing::error!(port, error = %e, "cannot listen on healthCheckNodePort");
+                            }
+                        }
+                    }
                     Err(e) => tracing::error!(dir = %opts.manifests.display(), error = %e, "cannot read --manifests; keeping the current maps"),
                 }
+            }
+            Some(reply) = metrics_rx.recv() => {
+                let _ = reply.send(crate::metrics::encode_text(core.reconciler(), &stats, opts.capacities.slots));
             }
             _ = tick.tick() => core.collect_garbage(Instant::now()),
         }

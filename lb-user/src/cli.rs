@@ -83,6 +83,16 @@ pub struct AgentArgs {
     /// Pin directory name under --bpffs; default: the node name.
     #[arg(long)]
     pub instance: Option<String>,
+    /// kube-proxy-compatible /healthz and /livez: IP:PORT or `off`.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_addr: crate::server::Listen,
+    /// Prometheus /metrics: IP:PORT or `off`.
+    #[arg(long, default_value = "0.0.0.0:10249")]
+    pub metrics_addr: crate::server::Listen,
+    /// Address for the healthCheckNodePort listeners (one per Service with externalTrafficPolicy Local), or
+    /// `off`.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub service_health_bind: crate::server::BindIp,
     /// Detach this instance's programs and remove its pinned maps, then exit (needs --bpffs).
     #[arg(long, requires = "bpffs")]
     pub cleanup: bool,

@@ -30,6 +30,9 @@ fn main() -> ExitCode {
                 allow_root_cgroup: a.allow_root_cgroup,
                 bpffs: a.bpffs.clone(),
                 instance: a.instance.clone(),
+                healthz_addr: a.healthz_addr.0,
+                metrics_addr: a.metrics_addr.0,
+                service_health_bind: a.service_health_bind.0,
                 capacities: tierlb::datapath::ebpf::Capacities {
                     services: a.max_services,
                     slots: a.max_slots,

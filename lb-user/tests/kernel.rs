@@ -455,3 +455,75 @@ fn a_manifest_edit_reaches_the_maps_within_100ms() {
     assert!(median < Duration::from_millis(100), "median {median:?}");
     assert!(max < Duration::from_millis(500), "max {max:?}");
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET over loopback (host namespace): status and body.
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out)
+}
+
+/// /healthz and /livez answer like kube-proxy's, /metrics counts the connects per Service and tier from the
+/// data path's counters, and a healthCheckNodePort listener reports the local endpoints (200, then 503).
+#[test]
+fn health_metrics_and_health_check_node_port_servers() {
+    let mut c = cluster("servers");
+    let mut eps = pods(&mut c, &[("node-1", "a"), ("node-2", "a")]);
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    let hc = free_port();
+    svc.health_check_node_port = Some(hc);
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    let (hz, mp) = (free_port(), free_port());
+    let (hz_s, mp_s) = (format!("127.0.0.1:{hz}"), format!("127.0.0.1:{mp}"));
+    c.add_node(
+        "node-1",
+        &["--healthz-addr", &hz_s, "--metrics-addr", &mp_s, "--service-health-bind", "127.0.0.1"],
+    )
+    .unwrap();
+    for path in ["/healthz", "/livez"] {
+        let (st, body) = http_get(hz, path);
+        assert_eq!(st, 200, "{body}");
+        assert!(body.contains("\"lastUpdated\":\"20") && body.contains("\"nodeEligible\":true"), "{body}");
+    }
+    assert_eq!(http_get(hz, "/nope").0, 404);
+    let r = c.probe("node-1", vip(), 40, Duration::ZERO).unwrap();
+    assert_eq!(r.failures(), 0);
+    let (st, m) = http_get(mp, "/metrics");
+    assert_eq!(st, 200);
+    let line = m
+        .lines()
+        .filter(|l| l.starts_with("tierlb_connections_total{") && l.contains("service=\"default/web\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum::<u64>();
+    assert_eq!(line, 40, "{m}");
+    for name in [
+        "tierlb_sync_duration_seconds_count",
+        "tierlb_map_entries{",
+        "tierlb_fail_open_total 0",
+        "tierlb_syncs_total",
+    ] {
+        assert!(m.contains(name), "{name} missing:\n{m}");
+    }
+    let (st, body) = http_get(hc, "/");
+    assert_eq!(st, 200, "{body}");
+    assert!(
+        body.contains("X-Load-Balancing-Endpoint-Weight: 1") && body.contains("\"localEndpoints\":1"),
+        "{body}"
+    );
+    // The local endpoint goes away: the load balancer's health check sees 503.
+    let before = c.syncs_all();
+    eps[0] = eps[0].clone().terminating().not_ready();
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    c.wait_synced(&before).unwrap();
+    let (st, body) = http_get(hc, "/");
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("\"localEndpoints\":0"), "{body}");
+}

@@ -111,8 +111,14 @@ impl SimCluster {
             .arg(node.cgroup.path())
             .args(&node.args)
             .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(logfile);
+            .stdout(Stdio::null());
+        // Simulated nodes share the host's network namespace: listeners are off unless a test asks.
+        for flag in ["--healthz-addr", "--metrics-addr", "--service-health-bind"] {
+            if !node.args.iter().any(|a| a == flag) {
+                cmd.args([flag, "off"]);
+            }
+        }
+        cmd.stderr(logfile);
         node.agent = Some(Child::spawn(&mut cmd)?);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

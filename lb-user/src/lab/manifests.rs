@@ -74,6 +74,8 @@ pub struct Svc {
     pub protocol: &'static str,
     pub internal_traffic_policy: Option<&'static str>,
     pub traffic_distribution: Option<String>,
+    /// Makes it a LoadBalancer Service with externalTrafficPolicy Local and this healthCheckNodePort.
+    pub health_check_node_port: Option<u16>,
 }
 
 impl Svc {
@@ -87,6 +89,7 @@ impl Svc {
             protocol: "TCP",
             internal_traffic_policy: None,
             traffic_distribution: None,
+            health_check_node_port: None,
         }
     }
 
@@ -101,6 +104,12 @@ impl Svc {
         }
         if let Some(td) = &self.traffic_distribution {
             spec["trafficDistribution"] = json!(td);
+        }
+        if let Some(hc) = self.health_check_node_port {
+            spec["type"] = json!("LoadBalancer");
+            spec["externalTrafficPolicy"] = json!("Local");
+            spec["healthCheckNodePort"] = json!(hc);
+            spec["ports"][0]["nodePort"] = json!(30000 + (hc % 2000));
         }
         json!({"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec})
