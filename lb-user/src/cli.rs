@@ -25,6 +25,13 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parse an argv (for tests of the deploy manifests).
+    pub fn try_parse_from_args(argv: &[String]) -> Result<Self, clap::Error> {
+        <Self as Parser>::try_parse_from(argv)
+    }
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
     Text,
