@@ -11,7 +11,10 @@ use crate::{
     datapath::{self, MapWriter, Reconciler},
     model::NodeInfo,
     plan,
-    source::manifests::{Diagnostic, ManifestDir, Severity},
+    source::{
+        ModelSource,
+        manifests::{Diagnostic, ManifestDir, Severity},
+    },
 };
 
 /// What one reload did, for logs and tests.
@@ -38,7 +41,7 @@ pub struct SyncReport {
 pub struct AgentCore<W: MapWriter> {
     node_name: String,
     zone_flag: Option<String>,
-    manifests: ManifestDir,
+    source: Box<dyn ModelSource>,
     reconciler: Reconciler<W>,
     hints_reported: std::collections::BTreeSet<String>,
 }
@@ -47,13 +50,13 @@ impl<W: MapWriter> AgentCore<W> {
     pub fn new(
         node_name: impl Into<String>,
         zone_flag: Option<String>,
-        dir: impl Into<PathBuf>,
+        source: Box<dyn ModelSource>,
         writer: W,
     ) -> Self {
         Self {
             node_name: node_name.into(),
             zone_flag,
-            manifests: ManifestDir::new(dir),
+            source,
             reconciler: Reconciler::new(writer),
             hints_reported: std::collections::BTreeSet::new(),
         }
@@ -70,7 +73,7 @@ impl<W: MapWriter> AgentCore<W> {
     /// Read the source again and apply the plan. The maps keep their last good state for whatever fails.
     pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
         let started = Instant::now();
-        let mut loaded = self.manifests.load()?;
+        let mut loaded = self.source.load()?;
         // The controller writes hints into EndpointSlices; hand-written manifests usually have none.
         let hints_filled = crate::hints::fill_missing(&mut loaded.model);
         let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), &loaded.model);
@@ -155,12 +158,20 @@ fn log_report(r: &SyncReport) {
     );
 }
 
+/// Where the agent reads Services, EndpointSlices and Nodes.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Manifests(PathBuf),
+    /// In-cluster configuration or KUBECONFIG.
+    Kube,
+}
+
 /// `tierlb agent` options.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
     pub node: String,
     pub zone: Option<String>,
-    pub manifests: PathBuf,
+    pub source: Source,
     pub cgroup: Option<PathBuf>,
     pub allow_root_cgroup: bool,
     pub bpffs: Option<PathBuf>,
@@ -242,11 +253,43 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         None => crate::cgroup::default_root()?,
     };
     let cgroup = crate::cgroup::check(&cgroup, opts.allow_root_cgroup)?;
-    anyhow::ensure!(
-        opts.manifests.is_dir(),
-        "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
-        opts.manifests.display()
-    );
+    // Every change the source sees wakes the loop below.
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let mut file_watcher = None;
+    let source: Box<dyn ModelSource> = match &opts.source {
+        Source::Manifests(dir) => {
+            anyhow::ensure!(
+                dir.is_dir(),
+                "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
+                dir.display()
+            );
+            let tx = tx.clone();
+            let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if res.is_ok_and(|ev| !ev.kind.is_access()) {
+                    let _ = tx.send(());
+                }
+            })
+            .context("starting the file watcher (inotify)")?;
+            notify::Watcher::watch(&mut w, dir, notify::RecursiveMode::NonRecursive)
+                .with_context(|| format!("watching {}", dir.display()))?;
+            file_watcher = Some(w);
+            Box::new(ManifestDir::new(dir))
+        }
+        Source::Kube => {
+            let client = kube::Client::try_default()
+                .await
+                .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
+            let ks = crate::source::kube::KubeSource::start_with_timeout(
+                client,
+                &opts.node,
+                tx.clone(),
+                Duration::from_secs(60),
+            )
+            .await?;
+            Box::new(ks)
+        }
+    };
+    let source_name = source.describe();
     let pin_dir = match &opts.bpffs {
         Some(base) => {
             check_bpffs(base)?;
@@ -258,7 +301,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     };
     let datapath::ebpf::Loaded { mut programs, maps } =
         datapath::ebpf::Loaded::load(opts.capacities, pin_dir.as_deref())?;
-    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), &opts.manifests, maps);
+    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps);
     if pin_dir.is_some() {
         // A previous agent's maps (if any) keep serving connects while we start; take over what they hold.
         let adopted = core.reconciler_mut().adopt().context("adopting the pinned maps")?;
@@ -271,7 +314,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         }
     }
     // Maps are filled before the programs are attached, so the first connect already sees the full plan.
-    let report = core.sync(Instant::now()).context("reading --manifests")?;
+    let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_report(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
     tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?datapath::ebpf::PROGRAMS, "tierlb agent ready");
@@ -296,16 +339,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         }
     }
 
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok_and(|ev| !ev.kind.is_access()) {
-            let _ = tx.send(());
-        }
-    })
-    .context("starting the file watcher (inotify)")?;
-    notify::Watcher::watch(&mut watcher, &opts.manifests, notify::RecursiveMode::NonRecursive)
-        .with_context(|| format!("watching {}", opts.manifests.display()))?;
-
+    drop(tx);
     let mut tick = tokio::time::interval(Duration::from_millis(25));
     loop {
         tokio::select! {
@@ -327,7 +361,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                             }
                         }
                     }
-                    Err(e) => tracing::error!(dir = %opts.manifests.display(), error = %e, "cannot read --manifests; keeping the current maps"),
+                    Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),
                 }
             }
             Some(reply) = metrics_rx.recv() => {
@@ -336,7 +370,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             _ = tick.tick() => core.collect_garbage(Instant::now()),
         }
     }
-    drop(watcher);
+    drop(file_watcher);
     if let Some(dir) = &pin_dir {
         tracing::info!(
             dir = %dir.display(),

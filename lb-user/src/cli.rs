@@ -74,8 +74,12 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub node: NodeArgs,
     /// Directory of Service, EndpointSlice and Node YAML; reloaded on change.
-    #[arg(long, required_unless_present = "cleanup")]
+    #[arg(long, required_unless_present_any = ["cleanup", "kube"], conflicts_with = "kube")]
     pub manifests: Option<PathBuf>,
+    /// Watch the API server (in-cluster service account, or KUBECONFIG) for Services, EndpointSlices and this
+    /// node's Node.
+    #[arg(long)]
+    pub kube: bool,
     /// cgroup2 directory whose processes get the translation; default: the cgroup2 root (needs
     /// --allow-root-cgroup).
     #[arg(long)]

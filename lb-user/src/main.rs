@@ -25,7 +25,10 @@ fn main() -> ExitCode {
             let opts = tierlb::agent::AgentOptions {
                 node: a.node.node.clone(),
                 zone: a.node.zone.clone(),
-                manifests: a.manifests.clone().expect("clap: --manifests required"),
+                source: match &a.manifests {
+                    Some(dir) => tierlb::agent::Source::Manifests(dir.clone()),
+                    None => tierlb::agent::Source::Kube,
+                },
                 cgroup: a.cgroup.clone(),
                 allow_root_cgroup: a.allow_root_cgroup,
                 bpffs: a.bpffs.clone(),

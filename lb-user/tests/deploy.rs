@@ -62,15 +62,17 @@ fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
         assert!(known.iter().any(|k| k == flag), "DaemonSet passes {flag}, which tierlb agent does not have");
     }
     // And they parse together.
-    let argv: Vec<String> =
-        std::iter::once("tierlb".to_owned()).chain(args.iter().map(|a| a.replace("$(NODE_NAME)", "node-1"))).collect();
+    let argv: Vec<String> = std::iter::once("tierlb".to_owned())
+        .chain(args.iter().map(|a| a.replace("$(NODE_NAME)", "node-1")))
+        .collect();
     tierlb::cli::Cli::try_parse_from_args(&argv).unwrap();
     let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap().add.clone().unwrap();
     for cap in ["BPF", "NET_ADMIN", "SYS_ADMIN"] {
         assert!(caps.iter().any(|c| c == cap), "missing capability {cap}");
     }
     let probes = [c.liveness_probe.as_ref().unwrap(), c.readiness_probe.as_ref().unwrap()];
-    let paths: Vec<String> = probes.iter().map(|p| p.http_get.as_ref().unwrap().path.clone().unwrap()).collect();
+    let paths: Vec<String> =
+        probes.iter().map(|p| p.http_get.as_ref().unwrap().path.clone().unwrap()).collect();
     assert_eq!(paths, ["/livez", "/healthz"]);
     let mounts: Vec<&str> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
     assert!(mounts.contains(&"/sys/fs/bpf") && mounts.iter().any(|m| m.contains("cgroup")), "{mounts:?}");

@@ -1,0 +1,241 @@
+//! The `--kube` source against a scripted API server (kube-rs style `tower_test::mock`): access review, the
+//! initial lists, watch events, a watch that drops and is resumed from its resourceVersion, and a missing
+//! RBAC rule reported by name.
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use http::{Request, Response};
+use kube::{Client, client::Body};
+use serde_json::{Value, json};
+use tierlb::{
+    model::ObjKey,
+    source::{ModelSource as _, kube::KubeSource},
+};
+use tokio::sync::mpsc;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn service() -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "10"},
+           "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}],
+                    "trafficDistribution": "PreferSameNode"}})
+}
+
+fn slice(rv: &str, endpoints: &[(&str, &str)]) -> Value {
+    let eps: Vec<Value> = endpoints
+        .iter()
+        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "hints": {"forNodes": [{"name": node}]}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": "web-1", "namespace": "shop", "resourceVersion": rv,
+                        "labels": {"kubernetes.io/service-name": "web"}},
+           "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": eps})
+}
+
+fn node() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": "node-1", "resourceVersion": "5", "labels": {"topology.kubernetes.io/zone": "a"}}})
+}
+
+/// What the fake API server answers, and what it saw.
+#[derive(Default)]
+struct Script {
+    /// Resources (plural) whose access review says no, as (resource, verb).
+    denied: Vec<(String, String)>,
+    lists: BTreeMap<&'static str, (Value, &'static str)>,
+    /// Per resource, the bodies of successive watch responses (NDJSON events); a response ends, which drops
+    /// the watch. With none left, the watch hangs open.
+    watches: BTreeMap<&'static str, VecDeque<Vec<Value>>>,
+    /// resourceVersion query parameter of each watch request, per resource.
+    watch_rvs: BTreeMap<&'static str, Vec<String>>,
+    /// Watches left open, waiting for `release`.
+    hanging: BTreeMap<&'static str, Vec<tower_test::mock::SendResponse<Response<Body>>>>,
+}
+
+fn ndjson(events: Vec<Value>) -> Body {
+    let mut body = Vec::new();
+    for e in events {
+        body.extend(serde_json::to_vec(&e).unwrap());
+        body.push(b'\n');
+    }
+    Body::from(body)
+}
+
+/// Answer a watch that is hanging open with these events (then it ends, as a dropped watch does).
+fn release(script: &Mutex<Script>, resource: &'static str, events: Vec<Value>) -> bool {
+    let mut s = script.lock().unwrap();
+    match s.hanging.get_mut(resource).and_then(Vec::pop) {
+        Some(send) => {
+            send.send_response(Response::new(ndjson(events)));
+            true
+        }
+        None => false,
+    }
+}
+
+fn resource_of(path: &str) -> &'static str {
+    if path.contains("endpointslices") {
+        "endpointslices"
+    } else if path.contains("services") {
+        "services"
+    } else {
+        "nodes"
+    }
+}
+
+fn query(uri: &http::Uri, key: &str) -> Option<String> {
+    uri.query()?.split('&').find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_owned))
+}
+
+async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
+    while let Some((req, send)) = handle.next_request().await {
+        let uri = req.uri().clone();
+        let path = uri.path().to_owned();
+        if path.ends_with("selfsubjectaccessreviews") {
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let review: Value = serde_json::from_slice(&body).unwrap();
+            let attrs = &review["spec"]["resourceAttributes"];
+            let (res, verb) =
+                (attrs["resource"].as_str().unwrap().to_owned(), attrs["verb"].as_str().unwrap().to_owned());
+            let allowed = !script.lock().unwrap().denied.contains(&(res, verb));
+            let mut answer = review.clone();
+            answer["status"] = json!({"allowed": allowed});
+            send.send_response(Response::new(Body::from(serde_json::to_vec(&answer).unwrap())));
+            continue;
+        }
+        let resource = resource_of(&path);
+        if query(&uri, "watch").as_deref() == Some("true") {
+            let mut s = script.lock().unwrap();
+            s.watch_rvs.entry(resource).or_default().push(query(&uri, "resourceVersion").unwrap_or_default());
+            match s.watches.get_mut(resource).and_then(VecDeque::pop_front) {
+                Some(events) => send.send_response(Response::new(ndjson(events))),
+                None => s.hanging.entry(resource).or_default().push(send),
+            }
+            continue;
+        }
+        let (list, rv) = script.lock().unwrap().lists[resource].clone();
+        let list =
+            json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": list});
+        send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
+    }
+}
+
+fn script() -> Script {
+    let mut s = Script::default();
+    s.lists.insert("services", (json!([service()]), "10"));
+    s.lists.insert("endpointslices", (json!([slice("20", &[("10.244.1.5", "node-1")])]), "20"));
+    s.lists.insert("nodes", (json!([node()]), "5"));
+    s
+}
+
+async fn wait_for(f: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not reached in 5 s");
+}
+
+#[tokio::test]
+async fn kube_source_lists_watches_and_resumes_a_dropped_watch() {
+    let mut s = script();
+    // First watch of the slices: one change, then the connection drops. The second (resumed) watch: another.
+    s.watches.insert(
+        "endpointslices",
+        VecDeque::from([
+            vec![json!({"type": "MODIFIED", "object": slice("21", &[("10.244.1.5", "node-1"), ("10.244.2.5", "node-2")])})],
+            vec![json!({"type": "MODIFIED", "object": slice("22", &[("10.244.2.5", "node-2")])})],
+        ]),
+    );
+    let script = Arc::new(Mutex::new(s));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script.clone()));
+    let client = Client::new(svc, "default");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut source =
+        KubeSource::start_with_timeout(client, "node-1", tx, Duration::from_secs(10)).await.unwrap();
+
+    let loaded = source.load().unwrap();
+    assert!(loaded.diagnostics.is_empty(), "{:?}", loaded.diagnostics);
+    let m = &loaded.model;
+    assert!(m.services.contains_key(&ObjKey::new("shop", "web")));
+    assert_eq!(m.nodes["node-1"].zone.as_deref(), Some("a"));
+
+    // Events arrive (the change channel fires) and the resumed watch delivers the last state.
+    let key = ObjKey::new("shop", "web-1");
+    let ips = |src: &mut KubeSource| -> Vec<String> {
+        src.load().unwrap().model.slices[&key]
+            .endpoints
+            .iter()
+            .map(|e| e.address.unwrap().to_string())
+            .collect()
+    };
+    let shared = Arc::new(Mutex::new(source));
+    let s2 = shared.clone();
+    wait_for(move || ips(&mut s2.lock().unwrap()) == ["10.244.2.5"]).await;
+    assert!(rx.try_recv().is_ok(), "changes were signalled");
+    let rvs = script.lock().unwrap().watch_rvs["endpointslices"].clone();
+    assert!(rvs.len() >= 3, "watch, resumed watch, and the one left open: {rvs:?}");
+    assert_eq!(rvs[0], "20", "the first watch starts at the list's resourceVersion");
+    assert_eq!(rvs[1], "21", "the dropped watch resumes from the last event, without a relist");
+    drop(shared);
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_missing_rbac_rule_is_named() {
+    let mut s = script();
+    s.denied.push(("endpointslices".into(), "watch".into()));
+    let script = Arc::new(Mutex::new(s));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let err =
+        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
+            .await
+            .err()
+            .expect("refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("may not watch endpointslices.discovery.k8s.io")
+            && msg.contains("apiGroups [\"discovery.k8s.io\"]"),
+        "{msg}"
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn an_object_that_stops_converting_keeps_its_last_good_state() {
+    let script = Arc::new(Mutex::new(script()));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script.clone()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut source =
+        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
+            .await
+            .unwrap();
+    assert!(source.load().unwrap().diagnostics.is_empty());
+    while rx.try_recv().is_ok() {}
+    // Now the slice changes into something that does not convert.
+    let mut bad = slice("21", &[("10.244.9.9", "node-9")]);
+    bad["endpoints"][0]["addresses"][0] = json!("not-an-ip");
+    let sc = script.clone();
+    wait_for(move || {
+        release(&sc, "endpointslices", vec![json!({"type": "MODIFIED", "object": bad.clone()})])
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let loaded = source.load().unwrap();
+    let d = &loaded.diagnostics[0];
+    assert_eq!(d.object.as_deref(), Some("EndpointSlice shop/web-1"));
+    assert_eq!(d.field.as_deref(), Some("endpoints[0].addresses[0]"));
+    let ep = &loaded.model.slices[&ObjKey::new("shop", "web-1")].endpoints[0];
+    assert_eq!(ep.address.unwrap().to_string(), "10.244.1.5", "last good version kept");
+    server.abort();
+}
