@@ -527,3 +527,28 @@ fn health_metrics_and_health_check_node_port_servers() {
     assert_eq!(st, 503, "{body}");
     assert!(body.contains("\"localEndpoints\":0"), "{body}");
 }
+
+/// Map capacities are flags; a Service that does not fit is reported by name and left out whole, the
+/// others work.
+#[test]
+fn a_full_map_is_an_error_naming_the_service_and_the_others_keep_working() {
+    let mut c = cluster("full");
+    let eps = pods(&mut c, &[("node-2", "a"), ("node-3", "a")]);
+    // Two endpoints = two cluster-tier slots per Service; room for 3 slots.
+    write_service(c.manifests.path(), &Svc::new("alpha", "10.96.0.11".parse().unwrap(), 80, 8080), &eps)
+        .unwrap();
+    write_service(c.manifests.path(), &Svc::new("beta", "10.96.0.12".parse().unwrap(), 80, 8080), &eps)
+        .unwrap();
+    c.add_node("node-1", &["--max-slots", "3"]).unwrap();
+    let log = std::fs::read_to_string(&c.node("node-1").log).unwrap();
+    assert!(
+        log.contains("Service default/beta frontend 10.96.0.12:80: map SLOTS is full (3 entries)"),
+        "{log}"
+    );
+    assert!(log.contains("--max-slots"), "the fix is named: {log}");
+    let ok = c.probe("node-1", "10.96.0.11:80".parse().unwrap(), 10, Duration::ZERO).unwrap();
+    assert_eq!(ok.failures(), 0, "{:?}", ok.errors());
+    // The Service that did not fit is not half-programmed: its VIP is not translated at all.
+    let left_out = c.probe("node-1", "10.96.0.12:80".parse().unwrap(), 3, Duration::ZERO).unwrap();
+    assert_eq!(left_out.errors().get("ENETUNREACH"), Some(&3), "{:?}", left_out.errors());
+}
