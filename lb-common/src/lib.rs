@@ -69,8 +69,12 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
 /// programs never touch it.
 pub const MAP_NAMES: &str = "SVC_NAMES";
+/// Reverse translation: (socket cookie, backend) -> VIP, for recvmsg and getpeername.
+pub const MAP_REVERSE: &str = "REVERSE";
 /// Every map, in the order the agent pins them.
-pub const MAPS: [&str; 5] = [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES];
+pub const MAPS: [&str; 6] =
+    [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES, MAP_REVERSE];
+pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 
 /// Default capacities (the agent can change them before load).
 pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
@@ -134,6 +138,31 @@ pub struct Backend {
 }
 const _: () = assert!(size_of::<Backend>() == 20);
 
+/// Key of a reverse entry: which socket talked to which backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReverseKey {
+    pub cookie: u64,
+    pub backend: Backend,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<ReverseKey>() == 32);
+
+/// What the socket asked for (the VIP and port), and the network namespace it lives in (for the agent's
+/// socket destruction, which must run inside that namespace).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReverseValue {
+    pub vip: [u32; 4],
+    /// Network byte order.
+    pub port: u16,
+    pub family: u8,
+    pub _pad: u8,
+    pub _pad2: u32,
+    pub netns_cookie: u64,
+}
+const _: () = assert!(size_of::<ReverseValue>() == 32);
+
 /// `namespace/name:port` of a frontend's Service, NUL-padded UTF-8 (longer names are cut).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,6 +192,9 @@ impl ServiceName {
 mod pod {
     // SAFETY: as below, a byte array.
     unsafe impl aya::Pod for super::ServiceName {}
+    // SAFETY: as below: integers only, explicit padding, sizes asserted.
+    unsafe impl aya::Pod for super::ReverseKey {}
+    unsafe impl aya::Pod for super::ReverseValue {}
     // SAFETY: all four are `#[repr(C)]`, `Copy`, made only of integers, with no implicit padding (the size
     // assertions above pin the layout), so every bit pattern is valid.
     unsafe impl aya::Pod for super::FrontendKey {}

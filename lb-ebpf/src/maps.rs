@@ -2,11 +2,11 @@
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    Backend, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_SLOTS,
-    FrontendKey, FrontendValue, ServiceName, SlotKey,
+    Backend, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE,
+    DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, ReverseKey, ReverseValue, ServiceName, SlotKey,
 };
 
 #[map(name = "FRONTENDS")]
@@ -28,3 +28,12 @@ pub static COUNTERS: PerCpuArray<u64> =
 /// Service names by svc_id, for user space only (status, adoption after a restart).
 #[map(name = "SVC_NAMES")]
 pub static SVC_NAMES: HashMap<u32, ServiceName> = HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, 0);
+
+/// Reverse translation for recvmsg (the reply's source) and getpeername: (socket cookie, backend) -> VIP.
+///
+/// An LRU hash rather than socket-local storage: socket storage holds one value per socket, but one
+/// unconnected UDP socket may talk to many Services (a resolver to several DNS VIPs); LRU bounds the memory
+/// of entries whose socket closed without telling us, and the oldest go first.
+#[map(name = "REVERSE")]
+pub static REVERSE: LruHashMap<ReverseKey, ReverseValue> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_REVERSE, 0);

@@ -1,16 +1,18 @@
-//! cgroup sock_addr hooks: translate a Service VIP to a backend at connect()/sendmsg() time.
+//! cgroup sock_addr hooks: translate a Service VIP to a backend at connect()/sendmsg() time, and back to the
+//! VIP for recvmsg() (a UDP reply's source) and getpeername().
 use aya_ebpf::{
-    helpers::{bpf_get_prandom_u32, bpf_set_retval},
+    bindings::bpf_sock_addr,
+    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
-    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FLAG_EMPTY_IS_DROP, FrontendKey, GLOBAL_SVC_ID,
-    Slot, SlotKey, choose, counter_index,
+    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
+    GLOBAL_SVC_ID, ReverseKey, ReverseValue, Slot, SlotKey, choose, counter_index,
 };
 
-use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, SLOTS};
+use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, REVERSE, SLOTS};
 
 /// Let the call proceed (possibly rewritten).
 const ALLOW: i32 = 1;
@@ -19,7 +21,47 @@ const DENY: i32 = 0;
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    translate4(&ctx)
+    translate(&ctx, false)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn connect6(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, true)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, false)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
+    translate(&ctx, true)
+}
+
+// recvmsg and getpeername programs may rewrite the address but must return 1 (they cannot deny).
+#[cgroup_sock_addr(recvmsg4)]
+pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, false);
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, true);
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, false);
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    restore(&ctx, true);
+    ALLOW
 }
 
 #[inline(always)]
@@ -30,16 +72,58 @@ fn count(svc_id: u32, kind: u32) {
     }
 }
 
+/// `::ffff:0:0/96` as the kernel stores the first three words of a v4-mapped IPv6 address.
+const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// The destination (or peer) address of the call: family, words in network order, and whether it came as a
+/// v4-mapped IPv6 address (a dual-stack socket talking to an IPv4 Service).
+#[derive(Clone, Copy)]
+struct Addr {
+    words: [u32; 4],
+    family: u8,
+    mapped: bool,
+}
+
 #[inline(always)]
-fn translate4(ctx: &SockAddrContext) -> i32 {
+fn read_addr(sa: &bpf_sock_addr, v6: bool) -> Addr {
+    if !v6 {
+        return Addr { words: [sa.user_ip4, 0, 0, 0], family: FAMILY_V4, mapped: false };
+    }
+    // user_ip6 must be read with 4-byte loads (the verifier refuses other widths).
+    let w = [sa.user_ip6[0], sa.user_ip6[1], sa.user_ip6[2], sa.user_ip6[3]];
+    if w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_WORD2 {
+        Addr { words: [w[3], 0, 0, 0], family: FAMILY_V4, mapped: true }
+    } else {
+        Addr { words: w, family: FAMILY_V6, mapped: false }
+    }
+}
+
+#[inline(always)]
+fn write_addr(sa: &mut bpf_sock_addr, v6: bool, mapped: bool, words: [u32; 4], port: u16) {
+    if !v6 {
+        sa.user_ip4 = words[0];
+    } else if mapped {
+        sa.user_ip6[0] = 0;
+        sa.user_ip6[1] = 0;
+        sa.user_ip6[2] = V4_MAPPED_WORD2;
+        sa.user_ip6[3] = words[0];
+    } else {
+        sa.user_ip6[0] = words[0];
+        sa.user_ip6[1] = words[1];
+        sa.user_ip6[2] = words[2];
+        sa.user_ip6[3] = words[3];
+    }
+    sa.user_port = u32::from(port);
+}
+
+/// connect() and sendmsg(): VIP -> backend, by tier.
+#[inline(always)]
+fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
     // SAFETY: the kernel passes a valid bpf_sock_addr for the program's whole run.
     let sa = unsafe { &mut *ctx.sock_addr };
-    let key = FrontendKey {
-        addr: [sa.user_ip4, 0, 0, 0],
-        port: sa.user_port as u16,
-        proto: sa.protocol as u8,
-        family: FAMILY_V4,
-    };
+    let dst = read_addr(sa, v6);
+    let proto = sa.protocol as u8;
+    let key = FrontendKey { addr: dst.words, port: sa.user_port as u16, proto, family: dst.family };
     // SAFETY: hash map values stay valid for the program's run (RCU); we only copy out of it.
     let Some(fe) = (unsafe { FRONTENDS.get(key) }) else {
         return ALLOW; // not a Service VIP: leave it alone
@@ -67,10 +151,10 @@ fn translate4(ctx: &SockAddrContext) -> i32 {
     );
     match choice {
         lb_common::Choice::Backend { tier, backend } => {
-            sa.user_ip4 = backend.addr[0];
-            sa.user_port = u32::from(backend.port);
+            write_addr(sa, v6, dst.mapped, backend.addr, backend.port);
             // COUNTER_NODE, COUNTER_ZONE, COUNTER_CLUSTER are 0, 1, 2: the tier index is the counter kind.
             count(fe.svc_id, COUNTER_NODE + tier as u32);
+            remember(ctx, backend, key);
             ALLOW
         }
         lb_common::Choice::Empty => {
@@ -90,4 +174,45 @@ fn translate4(ctx: &SockAddrContext) -> i32 {
             ALLOW
         }
     }
+}
+
+/// Record which VIP this socket asked for, so a reply from the backend (recvmsg) and getpeername() show it.
+#[inline(always)]
+fn remember(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
+    // SAFETY: both helpers take the program's context, which is what they are given here.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    // SAFETY: as above.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+    let key = ReverseKey { cookie, backend, _pad: 0 };
+    let value =
+        ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, _pad2: 0, netns_cookie };
+    // An LRU map never fails for lack of room; if the update fails anyway, only the reverse view is lost.
+    let _ = REVERSE.insert(key, value, 0);
+}
+
+/// recvmsg() and getpeername(): backend -> the VIP this socket asked for.
+#[inline(always)]
+fn restore(ctx: &SockAddrContext, v6: bool) {
+    // SAFETY: as in `translate`.
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let peer = read_addr(sa, v6);
+    // SAFETY: as in `remember`.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    let backend = Backend {
+        addr: peer.words,
+        port: sa.user_port as u16,
+        proto: sa.protocol as u8,
+        family: peer.family,
+    };
+    let key = ReverseKey { cookie, backend, _pad: 0 };
+    // SAFETY: as in `translate`.
+    let Some(rev) = (unsafe { REVERSE.get(key) }) else { return };
+    let rev = *rev;
+    // A stale entry (the Service is gone) is not applied: the VIP no longer means anything.
+    let fe = FrontendKey { addr: rev.vip, port: rev.port, proto: backend.proto, family: rev.family };
+    // SAFETY: as in `translate`.
+    if unsafe { FRONTENDS.get(fe) }.is_none() {
+        return;
+    }
+    write_addr(sa, v6, peer.mapped, rev.vip, rev.port);
 }

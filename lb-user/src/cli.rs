@@ -116,6 +116,9 @@ pub struct AgentArgs {
     /// Capacity: backends that can be marked down.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_BACKENDS)]
     pub max_backends: u32,
+    /// Capacity: reverse entries (socket, backend) -> VIP for recvmsg/getpeername (LRU: oldest go first).
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_REVERSE)]
+    pub max_reverse: u32,
 }
 
 #[derive(clap::Args, Debug)]

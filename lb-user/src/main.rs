@@ -40,6 +40,7 @@ fn main() -> ExitCode {
                     services: a.max_services,
                     slots: a.max_slots,
                     backends: a.max_backends,
+                    reverse: a.max_reverse,
                 },
             };
             tokio::runtime::Builder::new_multi_thread()

@@ -14,13 +14,14 @@ use aya::{
 };
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_NAMES, MAP_SLOTS, MAPS, ServiceName, SlotKey,
+    MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, ReverseKey, ReverseValue, ServiceName, SlotKey,
 };
 
 use super::{MapError, MapWriter};
 
 /// The programs in the object, by function name; all are attached to the agent's cgroup.
-pub const PROGRAMS: &[&str] = &["connect4"];
+pub const PROGRAMS: &[&str] =
+    &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
 
 /// Oldest kernel tierlb supports: `bpf_set_retval` from cgroup sock_addr programs needs 5.18; 6.1 is the
 /// oldest LTS with everything the data path uses and is what is tested.
@@ -32,6 +33,8 @@ pub struct Capacities {
     pub services: u32,
     pub slots: u32,
     pub backends: u32,
+    /// Reverse entries (socket, backend) -> VIP.
+    pub reverse: u32,
 }
 
 impl Default for Capacities {
@@ -40,6 +43,7 @@ impl Default for Capacities {
             services: lb_common::DEFAULT_MAX_FRONTENDS,
             slots: lb_common::DEFAULT_MAX_SLOTS,
             backends: lb_common::DEFAULT_MAX_BACKENDS,
+            reverse: lb_common::DEFAULT_MAX_REVERSE,
         }
     }
 }
@@ -167,7 +171,8 @@ impl Loaded {
             .map_max_entries(MAP_SLOTS, caps.slots)
             .map_max_entries(MAP_BACKEND_STATE, caps.backends)
             .map_max_entries(MAP_COUNTERS, counters)
-            .map_max_entries(MAP_NAMES, caps.services.saturating_add(1));
+            .map_max_entries(MAP_NAMES, caps.services.saturating_add(1))
+            .map_max_entries(MAP_REVERSE, caps.reverse);
         let paths: Vec<(&str, PathBuf)> =
             pin_dir.map(|d| MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
         if pin_dir.is_some() {
@@ -202,6 +207,7 @@ fn check_pinned_layout(paths: &[(&str, PathBuf)]) -> Result<(), DatapathError> {
             MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
             MAP_BACKEND_STATE => (size_of::<Backend>() as u32, 4),
             MAP_COUNTERS => (4, 8),
+            MAP_REVERSE => (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };
@@ -294,6 +300,7 @@ pub struct KernelMaps {
     state: HashMap<MapData, Backend, u32>,
     counters: PerCpuArray<MapData, u64>,
     names: HashMap<MapData, u32, ServiceName>,
+    reverse: HashMap<MapData, ReverseKey, ReverseValue>,
     max_services: u32,
     caps: Capacities,
     nr_cpus: usize,
@@ -301,18 +308,17 @@ pub struct KernelMaps {
 
 impl KernelMaps {
     fn from_ebpf(ebpf: &mut Ebpf, caps: Capacities) -> Result<Self, DatapathError> {
-        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap { name });
-        let (f, s, b, c, n) = (
-            take(MAP_FRONTENDS)?,
-            take(MAP_SLOTS)?,
-            take(MAP_BACKEND_STATE)?,
-            take(MAP_COUNTERS)?,
-            take(MAP_NAMES)?,
-        );
-        Self::from_maps([f, s, b, c, n], Some(caps))
+        let mut maps = Vec::with_capacity(MAPS.len());
+        for name in MAPS {
+            maps.push(ebpf.take_map(name).ok_or(DatapathError::MissingMap { name })?);
+        }
+        Self::from_maps(maps, Some(caps))
     }
 
-    fn from_maps([f, s, b, c, n]: [Map; 5], caps: Option<Capacities>) -> Result<Self, DatapathError> {
+    /// `maps` in the order of `MAPS`.
+    fn from_maps(maps: Vec<Map>, caps: Option<Capacities>) -> Result<Self, DatapathError> {
+        let [f, s, b, c, n, r]: [Map; MAPS.len()] =
+            maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
@@ -322,13 +328,25 @@ impl KernelMaps {
         let state = HashMap::try_from(b).map_err(conv(MAP_BACKEND_STATE))?;
         let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(c).map_err(conv(MAP_COUNTERS))?;
         let names = HashMap::try_from(n).map_err(conv(MAP_NAMES))?;
+        let reverse = HashMap::try_from(r).map_err(conv(MAP_REVERSE))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
             backends: u32::MAX,
+            reverse: u32::MAX,
         });
         let nr_cpus = aya::util::nr_cpus().map_err(|(what, e)| bpf_err(what, e))?;
-        Ok(Self { frontends, slots, state, counters, names, max_services: caps.services, caps, nr_cpus })
+        Ok(Self {
+            frontends,
+            slots,
+            state,
+            counters,
+            names,
+            reverse,
+            max_services: caps.services,
+            caps,
+            nr_cpus,
+        })
     }
 
     /// Open maps pinned by an agent under `dir`.
@@ -340,20 +358,32 @@ impl KernelMaps {
                 .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
                 .map_err(|e| DatapathError::Pinned { path, source: Box::new(e) })
         };
-        Self::from_maps(
-            [
-                open(MAP_FRONTENDS)?,
-                open(MAP_SLOTS)?,
-                open(MAP_BACKEND_STATE)?,
-                open(MAP_COUNTERS)?,
-                open(MAP_NAMES)?,
-            ],
-            None,
-        )
+        let mut maps = Vec::with_capacity(MAPS.len());
+        for name in MAPS {
+            maps.push(open(name)?);
+        }
+        Self::from_maps(maps, None)
     }
 
     pub fn capacities(&self) -> Capacities {
         self.caps
+    }
+
+    /// Every reverse entry: which socket (cookie, network namespace) talks to which backend for which VIP.
+    pub fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
+        self.reverse.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
+            MAP_REVERSE,
+            "reverse",
+            self.caps.reverse,
+        ))
+    }
+
+    pub fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError> {
+        absent_ok(self.reverse.remove(key)).map(|_| ()).map_err(sys(
+            MAP_REVERSE,
+            "reverse",
+            self.caps.reverse,
+        ))
     }
 }
 
