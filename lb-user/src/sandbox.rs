@@ -62,6 +62,11 @@ impl NetNs {
         &self.name
     }
 
+    /// The namespace file (for setns).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
     /// `ip -n NS ARGS...`
     pub fn ip(&self, args: &[&str]) -> anyhow::Result<()> {
         run(Command::new("ip").arg("-n").arg(&self.name).args(args))

@@ -24,6 +24,20 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
+    /// Resolve a name through a DNS server address (JSON on stdout): answer, reply source, getpeername.
+    Dns {
+        #[arg(long)]
+        server: SocketAddr,
+        #[arg(long, default_value = "cache.booking.svc.cluster.local")]
+        name: String,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        /// connect() the socket (else sendto/recvfrom on an unconnected socket).
+        #[arg(long)]
+        connected: bool,
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
     Demo {
         /// The tierlb binary (default: next to this one).
@@ -42,6 +56,12 @@ fn main() -> ExitCode {
                 Duration::from_millis(timeout_ms),
             );
             println!("{}", serde_json::to_string(&r).expect("report serialises"));
+            ExitCode::SUCCESS
+        }
+        Cmd::Dns { server, name, count, connected, timeout_ms } => {
+            let r =
+                tierlb::lab::dns::resolve(server, &name, count, connected, Duration::from_millis(timeout_ms));
+            println!("{}", serde_json::to_string(&r).expect("lookups serialise"));
             ExitCode::SUCCESS
         }
         Cmd::Demo { tierlb } => {

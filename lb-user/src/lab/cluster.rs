@@ -52,6 +52,7 @@ pub struct SimNode {
 pub struct SimCluster {
     pub nodes: Vec<SimNode>,
     pods: Vec<NamedServer>,
+    dns_pods: Vec<super::dns::DnsServer>,
     pub netns: NetNs,
     pub manifests: TempDir,
     pub tierlb: PathBuf,
@@ -64,6 +65,7 @@ impl SimCluster {
         Ok(Self {
             nodes: Vec::new(),
             pods: Vec::new(),
+            dns_pods: Vec::new(),
             netns: NetNs::new(tag)?,
             manifests: TempDir::new(tag)?,
             tierlb: tierlb.to_owned(),
@@ -216,6 +218,31 @@ impl SimCluster {
         interval: Duration,
     ) -> anyhow::Result<Report> {
         self.start_probe(node, target, count, interval)?.wait()
+    }
+
+    /// Resolve through a DNS server address from a node (a `tierlb-lab dns` client in its cgroup).
+    pub fn dns(
+        &self,
+        node: &str,
+        server: SocketAddr,
+        count: usize,
+        connected: bool,
+    ) -> anyhow::Result<Vec<super::dns::Lookup>> {
+        let mut cmd = self.client_command(node, &self.lab)?;
+        cmd.args(["dns", "--server", &server.to_string(), "--count", &count.to_string()]);
+        if connected {
+            cmd.arg("--connected");
+        }
+        let out = cmd.stderr(Stdio::inherit()).output()?;
+        anyhow::ensure!(out.status.success(), "dns client failed");
+        serde_json::from_slice(&out.stdout).context("dns client output")
+    }
+
+    /// Start a DNS server at `addr` (its IP added to the netns) answering with `answer`.
+    pub fn add_dns_pod(&mut self, addr: SocketAddr, answer: IpAddr) -> anyhow::Result<()> {
+        self.netns.add_address(addr.ip())?;
+        self.dns_pods.push(super::dns::DnsServer::start(&self.netns, addr, answer)?);
+        Ok(())
     }
 
     /// Stop a node's agent (SIGTERM; detaches).

@@ -2,5 +2,6 @@
 //! control plane would, a probe client that reports which backend answered, and the demo scenario.
 pub mod cluster;
 pub mod demo;
+pub mod dns;
 pub mod manifests;
 pub mod probe;

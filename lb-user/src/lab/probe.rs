@@ -16,6 +16,9 @@ pub struct Attempt {
     pub ms: f64,
     pub backend: Option<String>,
     pub error: Option<String>,
+    /// getpeername() of the connected socket.
+    #[serde(default)]
+    pub peer: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -68,14 +71,15 @@ pub fn errno_name(e: &std::io::Error) -> String {
     }
 }
 
-/// One connect: the backend's name, or the errno name.
-pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<String, String> {
+/// One connect: the backend's name and the peer address, or the errno name.
+pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<(String, Option<String>), String> {
     let mut s = TcpStream::connect_timeout(&target, timeout).map_err(|e| errno_name(&e))?;
+    let peer = s.peer_addr().ok().map(|a| a.to_string());
     s.set_read_timeout(Some(timeout)).map_err(|e| errno_name(&e))?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).map_err(|e| errno_name(&e))?;
     let name = buf.trim().to_owned();
-    if name.is_empty() { Err("empty reply".into()) } else { Ok(name) }
+    if name.is_empty() { Err("empty reply".into()) } else { Ok((name, peer)) }
 }
 
 /// `count` attempts, `interval` apart (measured from start to start).
@@ -91,11 +95,11 @@ pub fn run(target: SocketAddr, count: usize, interval: Duration, timeout: Durati
         let r = attempt(target, timeout);
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let t_ms = t0.duration_since(start).as_secs_f64() * 1e3;
-        let (backend, error) = match r {
-            Ok(b) => (Some(b), None),
-            Err(e) => (None, Some(e)),
+        let (backend, error, peer) = match r {
+            Ok((b, p)) => (Some(b), None, p),
+            Err(e) => (None, Some(e), None),
         };
-        attempts.push(Attempt { t_ms, ms, backend, error });
+        attempts.push(Attempt { t_ms, ms, backend, error, peer });
     }
     Report { target: target.to_string(), attempts }
 }

@@ -1,0 +1,106 @@
+//! UDP (DNS) and IPv6 through Service VIPs, in the kernel: sendmsg/recvmsg translation with the VIP as the
+//! reply's source, connected UDP and TCP getpeername, IPv6 with ULA addresses, fast failure with no backend.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use tierlb::lab::{
+    cluster::SimCluster,
+    manifests::{Ep, Svc, write_service},
+};
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+const LAB: &str = env!("CARGO_BIN_EXE_tierlb-lab");
+
+fn cluster(tag: &str) -> SimCluster {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+    SimCluster::new(tag, Path::new(TIERLB), Path::new(LAB)).expect("sandbox")
+}
+
+/// A DNS Service with one resolver pod on node-1 and one on node-2, PreferSameNode, in one family.
+fn dns_cluster(tag: &str, vip: &str, pods: [&str; 2], answers: [&str; 2]) -> (SimCluster, SocketAddr) {
+    let mut c = cluster(tag);
+    let vip: SocketAddr = SocketAddr::new(vip.parse().unwrap(), 53);
+    let mut eps = Vec::new();
+    for (i, node) in ["node-1", "node-2"].iter().enumerate() {
+        let ip: IpAddr = pods[i].parse().unwrap();
+        c.add_dns_pod(SocketAddr::new(ip, 53), answers[i].parse().unwrap()).unwrap();
+        eps.push(Ep::ready(ip, node).prefer_same_node());
+    }
+    let mut svc = Svc::new("kube-dns", vip.ip(), 53, 53);
+    svc.protocol = "UDP";
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    c.add_node("node-1", &[]).unwrap();
+    (c, vip)
+}
+
+#[test]
+fn dns_through_a_vip_answers_from_the_local_resolver_with_the_vip_as_source() {
+    for (family, vip, pods, answers) in [
+        ("IPv4", "10.96.0.53", ["10.244.1.53", "10.244.2.53"], ["10.0.1.1", "10.0.2.2"]),
+        ("IPv6", "fd00:96::53", ["fd00:244:1::53", "fd00:244:2::53"], ["fd00:1::1", "fd00:2::2"]),
+    ] {
+        let (c, vip) = dns_cluster("dns", vip, pods, answers);
+        for connected in [false, true] {
+            let lookups = c.dns("node-1", vip, 20, connected).unwrap();
+            for l in &lookups {
+                assert_eq!(l.error, None, "{family} connected={connected}: {l:?}");
+                assert_eq!(
+                    l.answer.as_deref(),
+                    Some(answers[0]),
+                    "{family}: the node-local resolver answers"
+                );
+                assert_eq!(
+                    l.reply_from,
+                    Some(vip.to_string()),
+                    "{family} connected={connected}: reply source"
+                );
+                if connected {
+                    assert_eq!(l.peer, Some(vip.to_string()), "{family}: getpeername shows the VIP");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tcp_getpeername_returns_the_vip() {
+    let mut c = cluster("peer");
+    for (vip, pod) in [("10.96.0.10", "10.244.1.10"), ("fd00:96::10", "fd00:244:1::10")] {
+        let pod = SocketAddr::new(pod.parse().unwrap(), 8080);
+        c.add_pod(pod, "pod-node-1").unwrap();
+        let name = if pod.is_ipv4() { "web4" } else { "web6" };
+        write_service(
+            c.manifests.path(),
+            &Svc::new(name, vip.parse().unwrap(), 80, 8080),
+            &[Ep::ready(pod.ip(), "node-1")],
+        )
+        .unwrap();
+    }
+    c.add_node("node-1", &[]).unwrap();
+    for vip in ["10.96.0.10:80", "[fd00:96::10]:80"] {
+        let vip: SocketAddr = vip.parse().unwrap();
+        let r = c.probe("node-1", vip, 10, Duration::ZERO).unwrap();
+        assert_eq!(r.failures(), 0, "{vip}: {:?}", r.errors());
+        assert!(r.attempts.iter().all(|a| a.peer == Some(vip.to_string())), "{vip}: {:?}", r.attempts[0]);
+    }
+}
+
+#[test]
+fn sendmsg_and_connect_with_no_backend_fail_fast_with_econnrefused() {
+    let mut c = cluster("udpempty");
+    let mut svc = Svc::new("kube-dns", "10.96.0.53".parse().unwrap(), 53, 53);
+    svc.protocol = "UDP";
+    write_service(c.manifests.path(), &svc, &[]).unwrap();
+    c.add_node("node-1", &[]).unwrap();
+    for connected in [false, true] {
+        let lookups = c.dns("node-1", "10.96.0.53:53".parse().unwrap(), 5, connected).unwrap();
+        for l in &lookups {
+            assert_eq!(l.error.as_deref(), Some("ECONNREFUSED"), "connected={connected}: {l:?}");
+            assert!(l.ms < 100.0, "took {} ms", l.ms);
+        }
+    }
+}
