@@ -166,6 +166,39 @@ pub enum Source {
     Kube,
 }
 
+impl AgentCore<datapath::ebpf::KernelMaps> {
+    /// Destroy connected UDP sockets whose backend is no longer in any tier of their Service (or is marked
+    /// down), using the data path's reverse entries.
+    pub fn destroy_stale_udp(
+        &mut self,
+        finder: &mut datapath::destroy::NetnsFinder,
+    ) -> datapath::destroy::DestroyReport {
+        use std::collections::{BTreeMap, BTreeSet};
+        let current: BTreeMap<lb_common::FrontendKey, BTreeSet<lb_common::Backend>> = self
+            .reconciler
+            .applied()
+            .map(|(k, _, d)| (*k, d.tiers.iter().flatten().copied().collect()))
+            .collect();
+        let down: BTreeSet<lb_common::Backend> =
+            self.reconciler.writer().backends_down().unwrap_or_default().into_iter().collect();
+        datapath::destroy::destroy_udp_sockets(self.reconciler.writer_mut(), finder, |fe, b| {
+            down.contains(b) || !current.get(fe).is_some_and(|set| set.contains(b))
+        })
+    }
+}
+
+fn log_destroyed(r: &datapath::destroy::DestroyReport) {
+    if r.destroyed > 0 {
+        tracing::info!(
+            sockets = r.destroyed,
+            "destroyed connected UDP sockets whose backend left their Service"
+        );
+    }
+    for e in &r.errors {
+        tracing::warn!("{e}");
+    }
+}
+
 /// `tierlb agent` options.
 #[derive(Debug, Clone)]
 pub struct AgentOptions {
@@ -340,6 +373,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
 
     drop(tx);
+    let mut finder = datapath::destroy::NetnsFinder::default();
     let mut tick = tokio::time::interval(Duration::from_millis(25));
     loop {
         tokio::select! {
@@ -354,6 +388,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                     Ok(r) => {
                         log_report(&r);
                         record(&health, &mut stats, &r);
+                        if r.updated + r.removed > 0 {
+                            log_destroyed(&core.destroy_stale_udp(&mut finder));
+                        }
                         if let Some(sh) = service_health.as_mut() {
                             for (port, e) in sh.sync(&r.health_ports).await {
                                 stats.health_port_errors.inc();

@@ -313,6 +313,17 @@ pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
             args.protocol.as_str(),
             if down { "down" } else { "up" }
         ));
+        if down {
+            // Connected UDP sockets to it would keep sending there: end them, they reconnect through the VIP.
+            let mut finder = crate::datapath::destroy::NetnsFinder::default();
+            let r = crate::datapath::destroy::destroy_udp_sockets(&mut maps, &mut finder, |_, x| *x == b);
+            if r.destroyed > 0 {
+                out.push_str(&format!("{name}: destroyed {} connected UDP sockets to it\n", r.destroyed));
+            }
+            for e in r.errors {
+                eprintln!("warning: {e}");
+            }
+        }
     }
     Ok(out)
 }

@@ -19,6 +19,59 @@ fn cluster(tag: &str) -> SimCluster {
     SimCluster::new(tag, Path::new(TIERLB), Path::new(LAB)).expect("sandbox")
 }
 
+fn epoch_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1e3
+}
+
+/// A connected UDP socket whose backend leaves the Service is destroyed by the agent (the application sees
+/// ECONNABORTED or EDESTADDRREQ) within 100 ms of the change, and a new socket reaches the remaining resolver; no query waits
+/// for a timeout.
+#[test]
+fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_one_reaches_a_live_backend() {
+    let (c, vip) =
+        dns_cluster("destroy", "10.96.0.53", ["10.244.1.53", "10.244.2.53"], ["10.0.1.1", "10.0.2.2"]);
+    let mut cmd = c.client_command("node-1", Path::new(LAB)).unwrap();
+    cmd.args(["dns-stream", "--server", &vip.to_string(), "--duration-ms", "1500", "--interval-ms", "5"])
+        .stdout(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    // node-1's resolver is being deleted: the EndpointSlice marks it terminating; its process exits shortly.
+    let mut svc = Svc::new("kube-dns", vip.ip(), 53, 53);
+    svc.protocol = "UDP";
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    let eps = vec![
+        Ep::ready("10.244.1.53".parse().unwrap(), "node-1").prefer_same_node().terminating(),
+        Ep::ready("10.244.2.53".parse().unwrap(), "node-2").prefer_same_node(),
+    ];
+    let before = c.syncs_all();
+    let t_edit = epoch_ms();
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    c.wait_synced(&before).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let steps: Vec<tierlb::lab::dns::StreamStep> = serde_json::from_slice(&out.stdout).unwrap();
+    let first_err = steps.iter().position(|s| s.error.is_some()).expect("the socket was ended");
+    let err = &steps[first_err];
+    // A socket blocked in recv() gets ECONNABORTED; one between calls is left disconnected, so its next send()
+    // gets EDESTADDRREQ. Either way the application learns at once.
+    assert!(matches!(err.error.as_deref(), Some("ECONNABORTED" | "EDESTADDRREQ")), "{err:?}");
+    let after_edit = err.at_ms - t_edit;
+    eprintln!("socket ended {after_edit:.1} ms after the EndpointSlice edit");
+    assert!(after_edit < 100.0, "ended {after_edit:.1} ms after the edit");
+    assert!(
+        steps[..first_err].iter().all(|s| s.answer.as_deref() == Some("10.0.1.1")),
+        "local resolver before"
+    );
+    let rest = &steps[first_err + 1..];
+    assert!(rest.len() > 20, "kept querying");
+    assert!(rest[0].new_socket);
+    assert!(
+        rest.iter().all(|s| s.answer.as_deref() == Some("10.0.2.2")),
+        "then the remaining one: {:?}",
+        &rest[..3]
+    );
+    assert_eq!(steps.iter().filter(|s| s.error.is_some()).count(), 1, "one error, no timeouts");
+}
+
 /// A DNS Service with one resolver pod on node-1 and one on node-2, PreferSameNode, in one family.
 fn dns_cluster(tag: &str, vip: &str, pods: [&str; 2], answers: [&str; 2]) -> (SimCluster, SocketAddr) {
     let mut c = cluster(tag);

@@ -38,6 +38,17 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
+    /// One long-lived connected UDP socket querying a DNS server address (JSON steps on stdout).
+    DnsStream {
+        #[arg(long)]
+        server: SocketAddr,
+        #[arg(long, default_value_t = 1000)]
+        duration_ms: u64,
+        #[arg(long, default_value_t = 10)]
+        interval_ms: u64,
+        #[arg(long, default_value_t = 500)]
+        timeout_ms: u64,
+    },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
     Demo {
         /// The tierlb binary (default: next to this one).
@@ -62,6 +73,16 @@ fn main() -> ExitCode {
             let r =
                 tierlb::lab::dns::resolve(server, &name, count, connected, Duration::from_millis(timeout_ms));
             println!("{}", serde_json::to_string(&r).expect("lookups serialise"));
+            ExitCode::SUCCESS
+        }
+        Cmd::DnsStream { server, duration_ms, interval_ms, timeout_ms } => {
+            let r = tierlb::lab::dns::stream(
+                server,
+                Duration::from_millis(duration_ms),
+                Duration::from_millis(interval_ms),
+                Duration::from_millis(timeout_ms),
+            );
+            println!("{}", serde_json::to_string(&r).expect("steps serialise"));
             ExitCode::SUCCESS
         }
         Cmd::Demo { tierlb } => {

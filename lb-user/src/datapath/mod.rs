@@ -1,6 +1,8 @@
 //! From a plan to map contents, and the reconciler that writes only what changed.
 pub mod addr;
 #[cfg(target_os = "linux")]
+pub mod destroy;
+#[cfg(target_os = "linux")]
 pub mod ebpf;
 pub mod fake;
 mod reconcile;

@@ -103,6 +103,44 @@ pub fn run(tierlb: &Path, lab: &Path) -> anyhow::Result<bool> {
     } else {
         ok = false;
     }
+    println!(
+        "\n-- 3. DNS through a Service VIP (UDP): kube-dns with resolvers on node-1 and node-3, PreferSameNode"
+    );
+    let dns_vip = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 10)), 53);
+    let mut dns = Svc::new("kube-dns", dns_vip.ip(), 53, 53);
+    dns.protocol = "UDP";
+    dns.traffic_distribution = Some("PreferSameNode".into());
+    let mut dns_eps = Vec::new();
+    for (i, node) in [(0usize, "node-1"), (2, "node-3")] {
+        let ip = IpAddr::V4(Ipv4Addr::new(10, 244, i as u8 + 1, 53));
+        c.add_dns_pod(SocketAddr::new(ip, 53), IpAddr::V4(Ipv4Addr::new(10, 0, i as u8 + 1, 1)))?;
+        dns_eps.push(Ep::ready(ip, node).prefer_same_node());
+    }
+    let before = c.syncs_all();
+    write_service(c.manifests.path(), &dns, &dns_eps)?;
+    c.wait_synced(&before)?;
+    for n in NODES {
+        let lookups = c.dns(n, dns_vip, 10, false)?;
+        let answers: std::collections::BTreeSet<String> =
+            lookups.iter().filter_map(|l| l.answer.clone()).collect();
+        let sources: std::collections::BTreeSet<String> =
+            lookups.iter().filter_map(|l| l.reply_from.clone()).collect();
+        let failed = lookups.iter().filter(|l| l.error.is_some()).count();
+        // Each resolver answers with 10.0.<its node number>.1, so the answer says which one replied.
+        let by: Vec<String> = answers
+            .iter()
+            .map(|a| format!("node-{}", a.split('.').nth(2).unwrap_or("?")))
+            .map(|r| if r == n { format!("{r} (local)") } else { r })
+            .collect();
+        println!(
+            "  {n:<7} cache.booking.svc.cluster.local -> {} from the resolver on {}; reply source {}; failed {failed}",
+            answers.iter().cloned().collect::<Vec<_>>().join(","),
+            by.join(" and "),
+            sources.iter().cloned().collect::<Vec<_>>().join(",")
+        );
+        ok &= failed == 0 && sources.len() == 1 && sources.contains(&dns_vip.to_string());
+    }
+
     let total_failed: usize = reports.iter().map(Report::failures).sum();
     println!(
         "\n{} {} failed connects of {} during the roll; demo took {:.1} s",

@@ -201,3 +201,63 @@ mod tests {
         assert_eq!(answer(&[1, 2, 3], "10.0.0.1".parse().unwrap()), None);
     }
 }
+
+/// One step of `stream`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StreamStep {
+    /// Milliseconds since the Unix epoch (comparable across processes).
+    pub at_ms: f64,
+    pub answer: Option<String>,
+    pub error: Option<String>,
+    /// A new socket was opened before this step (after an error).
+    pub new_socket: bool,
+}
+
+fn epoch_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .unwrap_or(0.0)
+}
+
+/// A long-lived connected UDP socket querying `server` every `interval` for `duration`, as a resolver with a
+/// cached connected socket does; after an error it opens a new socket (through the VIP again).
+pub fn stream(
+    server: SocketAddr,
+    duration: Duration,
+    interval: Duration,
+    timeout: Duration,
+) -> Vec<StreamStep> {
+    let start = Instant::now();
+    let mut steps = Vec::new();
+    let mut sock: Option<UdpSocket> = None;
+    let mut id: u16 = 1;
+    while start.elapsed() < duration {
+        let new_socket = sock.is_none();
+        let step = (|| -> Result<Option<String>, String> {
+            if sock.is_none() {
+                let bind: SocketAddr = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
+                let s = UdpSocket::bind(bind).map_err(|e| errno(&e))?;
+                s.set_read_timeout(Some(timeout)).map_err(|e| errno(&e))?;
+                s.connect(server).map_err(|e| errno(&e))?;
+                sock = Some(s);
+            }
+            let s = sock.as_ref().expect("just set");
+            id = id.wrapping_add(1);
+            s.send(&query(id, "cache.booking.svc.cluster.local", server.is_ipv6())).map_err(|e| errno(&e))?;
+            let mut buf = [0u8; 512];
+            let n = s.recv(&mut buf).map_err(|e| errno(&e))?;
+            Ok(parse_answer(&buf[..n], id).map(|a| a.to_string()))
+        })();
+        let (answer, error) = match step {
+            Ok(a) => (a, None),
+            Err(e) => {
+                sock = None;
+                (None, Some(e))
+            }
+        };
+        steps.push(StreamStep { at_ms: epoch_ms(), answer, error, new_socket });
+        std::thread::sleep(interval);
+    }
+    steps
+}

@@ -65,6 +65,7 @@ pub fn errno_name(e: &std::io::Error) -> String {
         Some(libc::EPERM) => "EPERM".into(),
         Some(libc::ECONNRESET) => "ECONNRESET".into(),
         Some(libc::ECONNABORTED) => "ECONNABORTED".into(),
+        Some(libc::EDESTADDRREQ) => "EDESTADDRREQ".into(),
         Some(libc::EAGAIN) => "EAGAIN (timed out)".into(),
         _ if e.kind() == std::io::ErrorKind::TimedOut => "ETIMEDOUT".into(),
         _ => e.to_string(),

@@ -1,0 +1,312 @@
+//! Destroy connected UDP sockets still pointing at a backend that left their Service, so the application gets
+//! an error (ECONNABORTED) and reconnects through the VIP instead of sending into the void (the stuck-socket
+//! problem of cilium#27300 and calico#4509).
+//!
+//! The sockets come from the data path's own reverse entries (socket cookie, backend, network-namespace
+//! cookie), not from a scan of the node. aya 0.14 cannot call the `bpf_sock_destroy()` kfunc, so the agent
+//! uses netlink `SOCK_DESTROY` (inet_diag), which must run inside the socket's network namespace: it finds
+//! the namespace by its cookie, asks sock_diag there for the socket with that cookie (for its exact
+//! 4-tuple) and destroys it.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs::File,
+    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::PathBuf,
+};
+
+use lb_common::{Backend, FAMILY_V6, FrontendKey, PROTO_UDP, ReverseKey};
+
+use super::ebpf::KernelMaps;
+
+const NETLINK_SOCK_DIAG: i32 = 4;
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const SOCK_DESTROY: u16 = 21;
+const SO_NETNS_COOKIE: i32 = 71;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct NlMsgHdr {
+    len: u32,
+    ty: u16,
+    flags: u16,
+    seq: u32,
+    pid: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct SockId {
+    sport: u16,
+    dport: u16,
+    src: [u32; 4],
+    dst: [u32; 4],
+    ifindex: u32,
+    cookie: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct DiagReq {
+    family: u8,
+    protocol: u8,
+    ext: u8,
+    pad: u8,
+    states: u32,
+    id: SockId,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DiagMsg {
+    family: u8,
+    state: u8,
+    timer: u8,
+    retrans: u8,
+    id: SockId,
+    expires: u32,
+    rqueue: u32,
+    wqueue: u32,
+    uid: u32,
+    inode: u32,
+}
+
+const _: () = assert!(size_of::<SockId>() == 48 && size_of::<DiagReq>() == 56 && size_of::<DiagMsg>() == 72);
+
+fn as_bytes<T>(v: &T) -> &[u8] {
+    // SAFETY: T is a #[repr(C)] plain-integer struct without padding (sizes asserted above).
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), size_of::<T>()) }
+}
+
+fn netlink() -> std::io::Result<OwnedFd> {
+    // SAFETY: plain socket(2) call; the fd is owned below.
+    let fd =
+        unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn send(fd: &OwnedFd, ty: u16, flags: u16, req: &DiagReq) -> std::io::Result<()> {
+    let hdr =
+        NlMsgHdr { len: (size_of::<NlMsgHdr>() + size_of::<DiagReq>()) as u32, ty, flags, seq: 1, pid: 0 };
+    let mut buf = Vec::with_capacity(hdr.len as usize);
+    buf.extend_from_slice(as_bytes(&hdr));
+    buf.extend_from_slice(as_bytes(req));
+    // SAFETY: buf is valid for its length; the kernel address is the zeroed default sockaddr_nl.
+    let n = unsafe { libc::send(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), 0) };
+    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+}
+
+fn recv(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: buf is valid for writes of its length.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// The sock_diag ids of this namespace's UDP sockets with one of `cookies`.
+fn find(family: u8, cookies: &BTreeSet<u64>) -> std::io::Result<Vec<SockId>> {
+    let fd = netlink()?;
+    let req = DiagReq { family, protocol: PROTO_UDP, states: u32::MAX, ..DiagReq::default() };
+    send(&fd, SOCK_DIAG_BY_FAMILY, (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16, &req)?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = recv(&fd, &mut buf)?;
+        let mut off = 0;
+        while off + size_of::<NlMsgHdr>() <= n {
+            // SAFETY: bounds checked; read_unaligned copes with any alignment.
+            let hdr: NlMsgHdr = unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
+            if hdr.len < size_of::<NlMsgHdr>() as u32 {
+                return Ok(out);
+            }
+            match i32::from(hdr.ty) {
+                libc::NLMSG_DONE => return Ok(out),
+                libc::NLMSG_ERROR => return Err(std::io::Error::other("sock_diag dump failed")),
+                _ => {
+                    let body = off + size_of::<NlMsgHdr>();
+                    if body + size_of::<DiagMsg>() <= n {
+                        // SAFETY: as above.
+                        let m: DiagMsg = unsafe { std::ptr::read_unaligned(buf[body..].as_ptr().cast()) };
+                        let cookie = u64::from(m.id.cookie[0]) | (u64::from(m.id.cookie[1]) << 32);
+                        if cookies.contains(&cookie) {
+                            out.push(m.id);
+                        }
+                    }
+                }
+            }
+            off += (hdr.len as usize + 3) & !3;
+        }
+    }
+}
+
+fn destroy(family: u8, id: SockId) -> std::io::Result<()> {
+    let fd = netlink()?;
+    let req = DiagReq { family, protocol: PROTO_UDP, states: u32::MAX, id, ..DiagReq::default() };
+    send(&fd, SOCK_DESTROY, (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16, &req)?;
+    let mut buf = [0u8; 256];
+    let n = recv(&fd, &mut buf)?;
+    if n >= size_of::<NlMsgHdr>() + 4 {
+        let err = i32::from_ne_bytes(buf[16..20].try_into().expect("4 bytes"));
+        if err != 0 {
+            return Err(std::io::Error::from_raw_os_error(-err));
+        }
+    }
+    Ok(())
+}
+
+fn netns_cookie_here() -> std::io::Result<u64> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: cookie/len are valid for the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            std::ptr::from_mut(&mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(cookie) }
+}
+
+/// Run `f` in a thread that has joined the network namespace `ns` (the caller's thread stays where it is).
+fn in_netns<T: Send + 'static>(ns: &File, f: impl FnOnce() -> T + Send + 'static) -> std::io::Result<T> {
+    let ns = ns.try_clone()?;
+    std::thread::spawn(move || -> std::io::Result<T> {
+        nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+        Ok(f())
+    })
+    .join()
+    .map_err(|_| std::io::Error::other("netns worker panicked"))?
+}
+
+/// Network namespaces by cookie, found through /proc/*/ns/net (each namespace checked once, cached).
+#[derive(Default)]
+pub struct NetnsFinder {
+    by_inode: BTreeMap<u64, (u64, PathBuf)>,
+}
+
+impl NetnsFinder {
+    pub fn find(&mut self, cookie: u64) -> Option<File> {
+        if let Some((_, path)) = self.by_inode.values().find(|(c, _)| *c == cookie)
+            && let Ok(f) = File::open(path)
+        {
+            return Some(f);
+        }
+        let entries = std::fs::read_dir("/proc").ok()?;
+        for e in entries.flatten() {
+            let path = e.path().join("ns/net");
+            let Ok(meta) = std::fs::metadata(&path) else { continue };
+            let ino = std::os::unix::fs::MetadataExt::ino(&meta);
+            if self.by_inode.contains_key(&ino) {
+                continue;
+            }
+            let Ok(f) = File::open(&path) else { continue };
+            let Ok(Ok(c)) = in_netns(&f, netns_cookie_here) else { continue };
+            self.by_inode.insert(ino, (c, path));
+            if c == cookie {
+                return Some(f);
+            }
+        }
+        None
+    }
+}
+
+/// What one destruction pass did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DestroyReport {
+    pub destroyed: usize,
+    /// Reverse entries dropped because their socket is gone (or was never connected to the backend).
+    pub stale: usize,
+    pub errors: Vec<String>,
+}
+
+/// Destroy the connected UDP sockets whose reverse entry points at a backend for which `gone(frontend,
+/// backend)` is true, and drop those reverse entries.
+pub fn destroy_udp_sockets(
+    maps: &mut KernelMaps,
+    finder: &mut NetnsFinder,
+    gone: impl Fn(&FrontendKey, &Backend) -> bool,
+) -> DestroyReport {
+    let mut report = DestroyReport::default();
+    let entries = match maps.reverse_entries() {
+        Ok(e) => e,
+        Err(e) => {
+            report.errors.push(e.to_string());
+            return report;
+        }
+    };
+    // netns cookie -> (family, backend) -> reverse keys
+    let mut work: BTreeMap<u64, Vec<ReverseKey>> = BTreeMap::new();
+    for (k, v) in entries {
+        if k.backend.proto != PROTO_UDP {
+            continue;
+        }
+        let fe = FrontendKey { addr: v.vip, port: v.port, proto: PROTO_UDP, family: v.family };
+        if gone(&fe, &k.backend) {
+            work.entry(v.netns_cookie).or_default().push(k);
+        }
+    }
+    for (netns, keys) in work {
+        let Some(ns) = finder.find(netns) else {
+            report.stale += keys.len();
+            for k in &keys {
+                let _ = maps.delete_reverse(k);
+            }
+            continue;
+        };
+        let cookies: BTreeSet<u64> = keys.iter().map(|k| k.cookie).collect();
+        let targets: Vec<(u64, Backend)> = keys.iter().map(|k| (k.cookie, k.backend)).collect();
+        let result = in_netns(&ns, move || -> std::io::Result<(usize, Vec<String>)> {
+            let mut destroyed = 0;
+            let mut errors = Vec::new();
+            for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+                for id in find(family, &cookies)? {
+                    let cookie = u64::from(id.cookie[0]) | (u64::from(id.cookie[1]) << 32);
+                    // Only a socket connected to that backend: an unconnected one picks a backend per sendmsg.
+                    let connected_to = targets.iter().any(|(c, b)| {
+                        *c == cookie && id.dport == b.port && {
+                            if b.family == FAMILY_V6 || family == libc::AF_INET6 as u8 {
+                                id.dst == b.addr
+                                    || (id.dst[..3] == [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])]
+                                        && id.dst[3] == b.addr[0])
+                            } else {
+                                id.dst[0] == b.addr[0]
+                            }
+                        }
+                    });
+                    if !connected_to {
+                        continue;
+                    }
+                    match destroy(family, id) {
+                        Ok(()) => destroyed += 1,
+                        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => errors.push(
+                            "SOCK_DESTROY is not supported by this kernel (CONFIG_INET_DIAG_DESTROY): connected UDP \
+                             sockets to removed backends are left alone"
+                                .to_owned(),
+                        ),
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                        Err(e) => errors.push(format!("SOCK_DESTROY: {e}")),
+                    }
+                }
+            }
+            Ok((destroyed, errors))
+        });
+        match result {
+            Ok(Ok((d, errs))) => {
+                report.destroyed += d;
+                report.errors.extend(errs);
+            }
+            Ok(Err(e)) | Err(e) => report.errors.push(format!("sock_diag in netns {netns}: {e}")),
+        }
+        for k in &keys {
+            let _ = maps.delete_reverse(k);
+        }
+    }
+    report.errors.dedup();
+    report
+}
