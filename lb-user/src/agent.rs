@@ -374,6 +374,13 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 
     drop(tx);
     let mut finder = datapath::destroy::NetnsFinder::default();
+    match datapath::destroy::probe() {
+        Ok(()) => tracing::debug!("socket destruction available"),
+        Err(why) => tracing::warn!(
+            "{why}: connected UDP sockets to backends that leave a Service will not be ended (they reconnect only \
+             when the application notices)"
+        ),
+    }
     let mut tick = tokio::time::interval(Duration::from_millis(25));
     loop {
         tokio::select! {

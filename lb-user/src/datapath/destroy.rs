@@ -184,6 +184,36 @@ fn in_netns<T: Send + 'static>(ns: &File, f: impl FnOnce() -> T + Send + 'static
     .map_err(|_| std::io::Error::other("netns worker panicked"))?
 }
 
+/// Can this kernel destroy sockets? Tried for real on a connected UDP socket of our own, on loopback.
+pub fn probe() -> Result<(), String> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| format!("probe socket: {e}"))?;
+    sock.connect("127.0.0.1:9").map_err(|e| format!("probe socket: {e}"))?;
+    netns_cookie_here().map_err(|e| format!("SO_NETNS_COOKIE (Linux >= 5.14) unavailable: {e}"))?;
+    let mut cookie: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: cookie/len are valid for the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            std::ptr::from_mut(&mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(format!("SO_COOKIE: {}", std::io::Error::last_os_error()));
+    }
+    let ids = find(libc::AF_INET as u8, &BTreeSet::from([cookie])).map_err(|e| format!("sock_diag: {e}"))?;
+    let id = ids.first().ok_or("sock_diag did not list the probe socket")?;
+    destroy(libc::AF_INET as u8, *id).map_err(|e| match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) => {
+            "SOCK_DESTROY not supported (kernel built without CONFIG_INET_DIAG_DESTROY)".to_owned()
+        }
+        _ => format!("SOCK_DESTROY: {e}"),
+    })
+}
+
 /// Network namespaces by cookie, found through /proc/*/ns/net (each namespace checked once, cached).
 #[derive(Default)]
 pub struct NetnsFinder {
@@ -309,4 +339,16 @@ pub fn destroy_udp_sockets(
     }
     report.errors.dedup();
     report
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_kernel_can_destroy_our_own_udp_socket() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: SOCK_DESTROY needs CAP_NET_ADMIN");
+            return;
+        }
+        super::probe().unwrap();
+    }
 }
