@@ -350,7 +350,6 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_report(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
-    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?datapath::ebpf::PROGRAMS, "tierlb agent ready");
 
     let health = crate::server::SharedHealth::default();
     let mut stats = crate::metrics::AgentStats::default();
@@ -373,6 +372,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
 
     drop(tx);
+    // Last: everything (programs, servers, listeners) is up when this line appears.
+    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?datapath::ebpf::PROGRAMS, "tierlb agent ready");
     let mut finder = datapath::destroy::NetnsFinder::default();
     match datapath::destroy::probe() {
         Ok(()) => tracing::debug!("socket destruction available"),
@@ -393,17 +394,18 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 health.lock().expect("health lock").pending_since.get_or_insert_with(std::time::Instant::now);
                 match core.sync(Instant::now()) {
                     Ok(r) => {
-                        log_report(&r);
-                        record(&health, &mut stats, &r);
-                        if r.updated + r.removed > 0 {
-                            log_destroyed(&core.destroy_stale_udp(&mut finder));
-                        }
+                        // Everything a sync changes happens before its "synced" line (tests wait for it).
                         if let Some(sh) = service_health.as_mut() {
                             for (port, e) in sh.sync(&r.health_ports).await {
                                 stats.health_port_errors.inc();
                                 tracing::error!(port, error = %e, "cannot listen on healthCheckNodePort");
                             }
                         }
+                        if r.updated + r.removed > 0 {
+                            log_destroyed(&core.destroy_stale_udp(&mut finder));
+                        }
+                        record(&health, &mut stats, &r);
+                        log_report(&r);
                     }
                     Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),
                 }

@@ -52,6 +52,8 @@ pub enum Command {
     Plan(PlanArgs),
     /// Explain, in plain words, which tier a Service uses on a node and why, with lints.
     Explain(ExplainArgs),
+    /// Compare how kube-proxy, tierlb and other proxy models route a scenario's cluster.
+    Study(StudyArgs),
     /// What is in the maps of running agents now: Services, tiers, live backends and counters.
     Status(StatusArgs),
     /// Mark a backend down (new connects skip it at once and fall back to the next tier) or up again.
@@ -141,6 +143,17 @@ pub struct ExplainArgs {
     /// Directory of Service, EndpointSlice and Node YAML.
     #[arg(long)]
     pub manifests: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StudyArgs {
+    /// A scenario file (YAML); see examples/study/.
+    pub scenario: PathBuf,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+    /// Also write a bar chart of each endpoint's share per model and phase.
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -337,5 +350,18 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&all)? + "\n",
         Output::Table => all.iter().map(crate::status::Instance::table).collect::<Vec<_>>().join("\n"),
+    })
+}
+
+pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
+    let sc = crate::study::load(&args.scenario)?;
+    let r = crate::study::run(&sc);
+    if let Some(path) = &args.chart {
+        std::fs::write(path, crate::svg::study_chart(&r))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(match args.output {
+        Output::Json => serde_json::to_string_pretty(&r)? + "\n",
+        Output::Table => crate::study::table(&r),
     })
 }

@@ -16,3 +16,5 @@ pub mod sandbox;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod study;
+pub mod svg;

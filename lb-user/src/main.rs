@@ -52,6 +52,7 @@ fn main() -> ExitCode {
                 .map(|()| None)
         }
         Command::Plan(p) => tierlb::cli::run_plan(p).map(Some),
+        Command::Study(s) => tierlb::cli::run_study(s).map(Some),
         Command::Status(s) => tierlb::cli::run_status(s).map(Some),
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),
         Command::Backend(b) => tierlb::cli::run_backend(b).map(Some),

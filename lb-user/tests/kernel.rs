@@ -523,7 +523,15 @@ fn health_metrics_and_health_check_node_port_servers() {
     eps[0] = eps[0].clone().terminating().not_ready();
     write_service(c.manifests.path(), &svc, &eps).unwrap();
     c.wait_synced(&before).unwrap();
-    let (st, body) = http_get(hc, "/");
+    let mut answer = http_get(hc, "/");
+    for _ in 0..100 {
+        if answer.0 == 503 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        answer = http_get(hc, "/");
+    }
+    let (st, body) = answer;
     assert_eq!(st, 503, "{body}");
     assert!(body.contains("\"localEndpoints\":0"), "{body}");
 }

@@ -1,0 +1,433 @@
+//! `tierlb study`: how different service proxies route the same cluster. A scenario describes nodes (zone,
+//! share of clients), one Service and its endpoints (readiness, hints, or "what the controller writes"), and
+//! optional phases (a rollout step, a crashed pod the control plane has not noticed yet). For each proxy
+//! model the simulator computes each endpoint's share of requests, cross-node and cross-zone fractions, and
+//! the requests that fail fast or hang.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    hints,
+    model::{
+        AddressType, Conditions, Endpoint, EndpointSlice, Family, Model, Node, NodeInfo, ObjKey, Policy,
+        Protocol, Service, ServicePort, SlicePort,
+    },
+    plan,
+};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub nodes: Vec<ScNode>,
+    pub service: ScService,
+    pub endpoints: Vec<ScEndpoint>,
+    /// Variations applied one after the other (each replaces the endpoints' listed fields); each is studied
+    /// on its own. Without phases, the scenario is one phase.
+    #[serde(default)]
+    pub phases: Vec<ScPhase>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScNode {
+    pub name: String,
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Share of the clients on this node (any unit; normalised).
+    pub clients: f64,
+    #[serde(default = "default_cpu")]
+    pub cpu: u64,
+}
+
+fn default_cpu() -> u64 {
+    4000
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScService {
+    #[serde(default)]
+    pub traffic_distribution: Option<String>,
+    #[serde(default)]
+    pub internal_traffic_policy: Option<String>,
+    #[serde(default)]
+    pub topology_mode: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScEndpoint {
+    pub ip: IpAddr,
+    pub node: String,
+    #[serde(default = "yes")]
+    pub ready: bool,
+    #[serde(default)]
+    pub terminating: bool,
+    /// The pod is gone but the EndpointSlice does not say so yet (a crash): a proxy that sends to it fails;
+    /// tierlb's data path has it marked down and falls back at once.
+    #[serde(default)]
+    pub down: bool,
+    /// Hints as written; absent: what the EndpointSlice controller writes for the Service.
+    #[serde(default)]
+    pub for_nodes: Option<Vec<String>>,
+    #[serde(default)]
+    pub for_zones: Option<Vec<String>>,
+    /// `true`: no hints at all (an old controller, or the gate off).
+    #[serde(default)]
+    pub no_hints: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScPhase {
+    pub name: String,
+    /// Endpoint changes by IP.
+    #[serde(default)]
+    pub set: Vec<ScChange>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScChange {
+    pub ip: IpAddr,
+    #[serde(default)]
+    pub ready: Option<bool>,
+    #[serde(default)]
+    pub terminating: Option<bool>,
+    #[serde(default)]
+    pub down: Option<bool>,
+    #[serde(default)]
+    pub for_nodes: Option<Vec<String>>,
+    #[serde(default)]
+    pub for_zones: Option<Vec<String>>,
+}
+
+/// The proxies compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProxyModel {
+    /// kube-proxy 1.35 (the plan module): hints with the all-endpoints rule; no knowledge of crashed pods.
+    KubeProxy,
+    /// The same rules, plus the data path's instant fallback past backends marked down.
+    Tierlb,
+    /// Reads only forZones (Cilium before 1.20, other kube-proxy replacements).
+    ZoneOnly,
+    /// Prefers endpoints whose nodeName is the client's node under PreferSameNode, no hints needed (Cilium
+    /// 1.20 style); otherwise zone hints.
+    NodeName,
+    /// Uses node and zone hints without the all-endpoints rule (Calico's trafficDistribution path).
+    NoSafeguard,
+}
+
+pub const MODELS: [ProxyModel; 5] = [
+    ProxyModel::KubeProxy,
+    ProxyModel::Tierlb,
+    ProxyModel::ZoneOnly,
+    ProxyModel::NodeName,
+    ProxyModel::NoSafeguard,
+];
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelResult {
+    pub model: ProxyModel,
+    /// Share of all requests per endpoint IP.
+    pub shares: BTreeMap<String, f64>,
+    pub cross_node: f64,
+    pub cross_zone: f64,
+    /// Requests that fail at once (refused).
+    pub failed: f64,
+    /// Requests that hang until the client's timeout (dropped, or sent to a dead pod).
+    pub hang: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseResult {
+    pub phase: String,
+    pub models: Vec<ModelResult>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StudyResult {
+    pub scenario: String,
+    pub description: String,
+    pub phases: Vec<PhaseResult>,
+}
+
+const VIP: &str = "10.96.0.99";
+
+/// The scenario's cluster as a model (hints filled in as the controller would, where asked).
+pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
+    let mut m = Model::default();
+    for n in &sc.nodes {
+        m.nodes.insert(
+            n.name.clone(),
+            Node { name: n.name.clone(), zone: n.zone.clone(), allocatable_cpu_millis: Some(n.cpu) },
+        );
+    }
+    let key = ObjKey::new("study", "svc");
+    let svc = Service {
+        key: key.clone(),
+        cluster_ips: vec![VIP.parse().expect("valid")],
+        ports: vec![ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp, node_port: None }],
+        internal_policy: if sc.service.internal_traffic_policy.as_deref() == Some("Local") {
+            Policy::Local
+        } else {
+            Policy::Cluster
+        },
+        traffic_distribution: sc.service.traffic_distribution.clone(),
+        topology_mode_annotation: sc.service.topology_mode.clone(),
+        ..Service::default()
+    };
+    let zone_of = |node: &str| sc.nodes.iter().find(|n| n.name == node).and_then(|n| n.zone.clone());
+    let endpoint = |e: &ScEndpoint| Endpoint {
+        address: Some(e.ip),
+        conditions: Conditions {
+            ready: Some(e.ready),
+            serving: Some(e.ready || e.terminating),
+            terminating: Some(e.terminating),
+        },
+        node_name: Some(e.node.clone()),
+        zone: zone_of(&e.node),
+        for_nodes: e.for_nodes.clone(),
+        for_zones: e.for_zones.clone(),
+    };
+    let mut slice = EndpointSlice {
+        key: ObjKey::new("study", "svc-1"),
+        service_name: Some("svc".into()),
+        address_type: AddressType::IPv4,
+        ports: vec![SlicePort { name: String::new(), port: 8080, protocol: Protocol::Tcp }],
+        endpoints: eps.iter().map(endpoint).collect(),
+    };
+    // Endpoints without explicit hints get the controller's (then the explicit ones are put back).
+    let mut controller = vec![slice.clone()];
+    hints::apply(&m, &svc, &mut controller);
+    for (i, e) in eps.iter().enumerate() {
+        if e.no_hints {
+            slice.endpoints[i].for_nodes = None;
+            slice.endpoints[i].for_zones = None;
+        } else if e.for_nodes.is_none() && e.for_zones.is_none() {
+            slice.endpoints[i].for_nodes = controller[0].endpoints[i].for_nodes.clone();
+            slice.endpoints[i].for_zones = controller[0].endpoints[i].for_zones.clone();
+        }
+    }
+    m.slices.insert(slice.key.clone(), slice);
+    m.services.insert(key, svc);
+    m
+}
+
+/// Which endpoints a proxy model sends a client on `node` to (empty: none; `hang` says whether the
+/// request then hangs rather than failing fast).
+fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Vec<IpAddr>, bool) {
+    let svc = m.services.values().next().expect("one Service");
+    let port = &svc.ports[0];
+    let p = plan::plan_port(m, svc, port, Family::V4, node);
+    let eps = plan::port_endpoints(m, svc, port, Family::V4, &node.name);
+    let ready: Vec<&plan::PortEndpoint> = eps.iter().filter(|e| e.endpoint.is_ready()).collect();
+    let ips = |v: Vec<&plan::PortEndpoint>| v.iter().map(|e| e.addr.ip()).collect::<Vec<_>>();
+    let zone = node.zone.as_deref();
+    let in_zone =
+        |e: &&plan::PortEndpoint| zone.is_some_and(|z| e.endpoint.zone_hints().iter().any(|h| h == z));
+    let zone_only = || {
+        let all = !ready.is_empty() && ready.iter().all(|e| !e.endpoint.zone_hints().is_empty());
+        let mine: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(in_zone).collect();
+        if all && !mine.is_empty() { ips(mine) } else { ips(ready.clone()) }
+    };
+    let hang_if_dropped = p.internal.when_empty == Some(plan::WhenEmpty::Drop);
+    // Under a Local policy every proxy modelled here uses kube-proxy's local set (ready, else serving and
+    // terminating local endpoints) and drops when it is empty; only tierlb fails fast instead.
+    if svc.internal_policy == Policy::Local && model != ProxyModel::Tierlb {
+        return (p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped);
+    }
+    match model {
+        ProxyModel::KubeProxy => {
+            (p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped)
+        }
+        ProxyModel::Tierlb => {
+            let t = &p.internal.tiers;
+            let first_live = [&t.node, &t.zone, &t.cluster]
+                .into_iter()
+                .map(|tier| {
+                    tier.iter()
+                        .map(std::net::SocketAddr::ip)
+                        .filter(|ip| !down.contains(ip))
+                        .collect::<Vec<_>>()
+                })
+                .find(|v| !v.is_empty())
+                .unwrap_or_default();
+            (first_live, false)
+        }
+        ProxyModel::ZoneOnly => (
+            if svc.internal_policy == Policy::Local {
+                ips(eps.iter().filter(|e| e.local && e.endpoint.is_ready()).collect())
+            } else {
+                zone_only()
+            },
+            hang_if_dropped,
+        ),
+        ProxyModel::NodeName => {
+            let local: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(|e| e.local).collect();
+            let prefer_node = svc.traffic_distribution.as_deref() == Some(hints::PREFER_SAME_NODE);
+            if prefer_node && !local.is_empty() { (ips(local), false) } else { (zone_only(), false) }
+        }
+        ProxyModel::NoSafeguard => {
+            if svc.internal_policy == Policy::Local {
+                return (
+                    ips(eps.iter().filter(|e| e.local && e.endpoint.is_ready()).collect()),
+                    hang_if_dropped,
+                );
+            }
+            let for_node: Vec<&plan::PortEndpoint> =
+                ready.iter().copied().filter(|e| e.endpoint.node_hints().contains(&node.name)).collect();
+            let for_zone: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(in_zone).collect();
+            let set = if !for_node.is_empty() {
+                for_node
+            } else if !for_zone.is_empty() {
+                for_zone
+            } else {
+                ready.clone()
+            };
+            (ips(set), false)
+        }
+    }
+}
+
+fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
+    for c in &phase.set {
+        if let Some(e) = eps.iter_mut().find(|e| e.ip == c.ip) {
+            if let Some(v) = c.ready {
+                e.ready = v;
+            }
+            if let Some(v) = c.terminating {
+                e.terminating = v;
+            }
+            if let Some(v) = c.down {
+                e.down = v;
+            }
+            if c.for_nodes.is_some() {
+                e.for_nodes = c.for_nodes.clone();
+            }
+            if c.for_zones.is_some() {
+                e.for_zones = c.for_zones.clone();
+            }
+        }
+    }
+}
+
+/// Study one set of endpoints under every model.
+pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint]) -> Vec<ModelResult> {
+    let m = model_of(sc, eps);
+    let total: f64 = sc.nodes.iter().map(|n| n.clients).sum();
+    let down: Vec<IpAddr> = eps.iter().filter(|e| e.down).map(|e| e.ip).collect();
+    let node_of = |ip: &IpAddr| eps.iter().find(|e| e.ip == *ip).map(|e| e.node.clone()).unwrap_or_default();
+    let zone_of = |node: &str| sc.nodes.iter().find(|n| n.name == node).and_then(|n| n.zone.clone());
+    MODELS
+        .iter()
+        .map(|&model| {
+            let mut r = ModelResult {
+                model,
+                shares: BTreeMap::new(),
+                cross_node: 0.0,
+                cross_zone: 0.0,
+                failed: 0.0,
+                hang: 0.0,
+            };
+            for e in eps {
+                r.shares.insert(e.ip.to_string(), 0.0);
+            }
+            for n in &sc.nodes {
+                let w = if total > 0.0 { n.clients / total } else { 0.0 };
+                let info = NodeInfo { name: n.name.clone(), zone: n.zone.clone() };
+                let (set, hangs) = choose(model, &m, &info, &down);
+                if set.is_empty() {
+                    if hangs {
+                        r.hang += w;
+                    } else {
+                        r.failed += w;
+                    }
+                    continue;
+                }
+                let each = w / set.len() as f64;
+                for ip in &set {
+                    if down.contains(ip) {
+                        // A crashed pod: the connect is refused by the node, or hangs if the node is gone;
+                        // counted as failed.
+                        r.failed += each;
+                        continue;
+                    }
+                    *r.shares.entry(ip.to_string()).or_default() += each;
+                    let en = node_of(ip);
+                    if en != n.name {
+                        r.cross_node += each;
+                    }
+                    if let (Some(a), Some(b)) = (zone_of(&en), n.zone.as_ref())
+                        && &a != b
+                    {
+                        r.cross_zone += each;
+                    }
+                }
+            }
+            r
+        })
+        .collect()
+}
+
+pub fn run(sc: &Scenario) -> StudyResult {
+    let mut phases = Vec::new();
+    let mut eps = sc.endpoints.clone();
+    phases.push(PhaseResult { phase: "initial".into(), models: study_phase(sc, &eps) });
+    for p in &sc.phases {
+        apply_phase(&mut eps, p);
+        phases.push(PhaseResult { phase: p.name.clone(), models: study_phase(sc, &eps) });
+    }
+    StudyResult { scenario: sc.name.clone(), description: sc.description.clone(), phases }
+}
+
+pub fn load(path: &std::path::Path) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let de = serde_yaml::Deserializer::from_str(&text);
+    serde_path_to_error::deserialize(de)
+        .map_err(|e| anyhow::anyhow!("{}: field {}: {}", path.display(), e.path(), e.inner()))
+}
+
+fn pct(v: f64) -> String {
+    format!("{:.0}%", v * 100.0)
+}
+
+pub fn table(r: &StudyResult) -> String {
+    let mut out = format!("scenario {}: {}\n", r.scenario, r.description);
+    for p in &r.phases {
+        out.push_str(&format!("\n  phase {}\n", p.phase));
+        let ips: Vec<&String> = p.models[0].shares.keys().collect();
+        out.push_str(&format!("  {:<13}", "MODEL"));
+        for ip in &ips {
+            out.push_str(&format!(" {ip:>12}"));
+        }
+        out.push_str(&format!(" {:>10} {:>10} {:>7} {:>6}\n", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG"));
+        for m in &p.models {
+            let name = serde_json::to_value(m.model)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            out.push_str(&format!("  {name:<13}"));
+            for ip in &ips {
+                out.push_str(&format!(" {:>12}", pct(m.shares[*ip])));
+            }
+            out.push_str(&format!(
+                " {:>10} {:>10} {:>7} {:>6}\n",
+                pct(m.cross_node),
+                pct(m.cross_zone),
+                pct(m.failed),
+                pct(m.hang)
+            ));
+        }
+    }
+    out
+}
