@@ -27,7 +27,7 @@ fn run(name: &str) -> StudyResult {
     study::run(&study::load(&path).unwrap())
 }
 
-fn get<'a>(r: &'a StudyResult, phase: usize, m: ProxyModel) -> &'a study::ModelResult {
+fn get(r: &StudyResult, phase: usize, m: ProxyModel) -> &study::ModelResult {
     r.phases[phase].models.iter().find(|x| x.model == m).unwrap()
 }
 
