@@ -249,8 +249,8 @@ impl Drop for Child {
     }
 }
 
-/// A TCP server on an address inside a netns that writes its name and closes each connection: enough to see
-/// which backend a client reached. Stops on drop.
+/// A minimal HTTP server on an address inside a netns that answers every request with its name and closes
+/// the connection: enough to see which backend a client reached. Stops on drop.
 pub struct NamedServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -264,7 +264,12 @@ impl NamedServer {
         let (tx, rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
-        let reply = format!("{name}\n").into_bytes();
+        let body = format!("{name}\n");
+        let reply = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes();
         let thread = std::thread::spawn(move || {
             let setup = || -> anyhow::Result<TcpListener> {
                 nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
@@ -283,6 +288,16 @@ impl NamedServer {
                     break;
                 }
                 if let Ok(mut s) = conn {
+                    // Minimal HTTP: read the request head, answer 200 with the server's name as the body.
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 512];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
                     let _ = s.write_all(&reply);
                 }
             }
@@ -306,11 +321,4 @@ impl Drop for NamedServer {
             let _ = t.join();
         }
     }
-}
-
-/// Read the name a `NamedServer` sends on one connection.
-pub fn read_name(stream: &mut std::net::TcpStream) -> std::io::Result<String> {
-    let mut buf = String::new();
-    stream.read_to_string(&mut buf)?;
-    Ok(buf.trim().to_owned())
 }

@@ -108,3 +108,61 @@ pub fn bar_chart(title: &str, groups: &[(String, Vec<(String, f64)>)], y_label: 
     s.push_str("</svg>\n");
     s
 }
+
+/// Lines over time; y in 0..=1.
+pub fn line_chart(title: &str, series: &[(String, Vec<(f64, f64)>)], x_label: &str, y_label: &str) -> String {
+    let (left, top, w, h) = (60.0, 40.0, 760.0, 300.0);
+    let x_max = series.iter().flat_map(|s| s.1.iter().map(|p| p.0)).fold(1.0, f64::max);
+    let width = left + w + 260.0;
+    let height = top + h + 60.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<text x="{left}" y="20" font-size="14">{}</text>"#, esc(title));
+    for i in 0..=4 {
+        let y = top + h - h * f64::from(i) / 4.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{left}" x2="{:.0}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.0}" y="{:.1}" text-anchor="end">{:.2}</text>"##,
+            left + w,
+            left - 4.0,
+            y + 4.0,
+            f64::from(i) / 4.0
+        );
+    }
+    let _ =
+        writeln!(s, r#"<text x="{:.0}" y="{:.0}">{}</text>"#, left + w / 2.0, top + h + 35.0, esc(x_label));
+    let _ = writeln!(
+        s,
+        r#"<text x="14" y="{:.0}" transform="rotate(-90 14 {:.0})">{}</text>"#,
+        top + h / 2.0,
+        top + h / 2.0,
+        esc(y_label)
+    );
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let dash = if name.contains("off-node") { r#" stroke-dasharray="4 3""# } else { "" };
+        let path: Vec<String> = pts
+            .iter()
+            .map(|(x, y)| format!("{:.1},{:.1}", left + w * x / x_max, top + h - h * y.clamp(0.0, 1.0)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.5"{dash} points="{}"/>"#,
+            path.join(" ")
+        );
+        let ly = top + 14.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.0}" y="{ly:.0}" width="10" height="10" fill="{color}"/><text x="{:.0}" y="{:.0}">{}</text>"#,
+            left + w + 15.0,
+            left + w + 30.0,
+            ly + 9.0,
+            esc(name)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}

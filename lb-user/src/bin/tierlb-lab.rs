@@ -54,6 +54,9 @@ enum Cmd {
         /// The tierlb binary (default: next to this one).
         #[arg(long)]
         tierlb: Option<PathBuf>,
+        /// Where to write the chart.
+        #[arg(long, default_value = ".")]
+        out_dir: PathBuf,
     },
 }
 
@@ -85,10 +88,10 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("steps serialise"));
             ExitCode::SUCCESS
         }
-        Cmd::Demo { tierlb } => {
+        Cmd::Demo { tierlb, out_dir } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match tierlb::lab::demo::run(&tierlb, &me) {
+            match tierlb::lab::demo::run(&tierlb, &me, &out_dir) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {

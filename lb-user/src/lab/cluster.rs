@@ -53,6 +53,7 @@ pub struct SimCluster {
     pub nodes: Vec<SimNode>,
     pods: Vec<NamedServer>,
     dns_pods: Vec<super::dns::DnsServer>,
+    addresses: std::collections::BTreeSet<IpAddr>,
     pub netns: NetNs,
     pub manifests: TempDir,
     pub tierlb: PathBuf,
@@ -66,6 +67,7 @@ impl SimCluster {
             nodes: Vec::new(),
             pods: Vec::new(),
             dns_pods: Vec::new(),
+            addresses: std::collections::BTreeSet::new(),
             netns: NetNs::new(tag)?,
             manifests: TempDir::new(tag)?,
             tierlb: tierlb.to_owned(),
@@ -75,10 +77,15 @@ impl SimCluster {
 
     /// Start a pod: its IP on `lo` in the netns and a server that answers with `name`.
     pub fn add_pod(&mut self, addr: SocketAddr, name: &str) -> anyhow::Result<()> {
-        if !self.pods.iter().any(|p| p.addr().ip() == addr.ip()) {
-            self.netns.add_address(addr.ip())?;
-        }
+        self.ensure_address(addr.ip())?;
         self.pods.push(NamedServer::start(&self.netns, addr, name)?);
+        Ok(())
+    }
+
+    fn ensure_address(&mut self, ip: IpAddr) -> anyhow::Result<()> {
+        if self.addresses.insert(ip) {
+            self.netns.add_address(ip)?;
+        }
         Ok(())
     }
 
@@ -202,9 +209,22 @@ impl SimCluster {
         count: usize,
         interval: Duration,
     ) -> anyhow::Result<ProbeRun> {
+        self.start_probe_with_timeout(node, target, count, interval, Duration::from_secs(2))
+    }
+
+    /// The same with the client's per-request timeout.
+    pub fn start_probe_with_timeout(
+        &self,
+        node: &str,
+        target: SocketAddr,
+        count: usize,
+        interval: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<ProbeRun> {
         let mut cmd = self.client_command(node, &self.lab)?;
         cmd.args(["probe", "--target", &target.to_string(), "--count", &count.to_string()])
             .args(["--interval-ms", &format!("{}", interval.as_secs_f64() * 1e3)])
+            .args(["--timeout-ms", &timeout.as_millis().to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         Ok(ProbeRun { child: Child::spawn(&mut cmd)? })
@@ -240,7 +260,7 @@ impl SimCluster {
 
     /// Start a DNS server at `addr` (its IP added to the netns) answering with `answer`.
     pub fn add_dns_pod(&mut self, addr: SocketAddr, answer: IpAddr) -> anyhow::Result<()> {
-        self.netns.add_address(addr.ip())?;
+        self.ensure_address(addr.ip())?;
         self.dns_pods.push(super::dns::DnsServer::start(&self.netns, addr, answer)?);
         Ok(())
     }

@@ -1,5 +1,5 @@
-//! A client that connects to an address again and again and records, for each connect, which backend
-//! answered (a `NamedServer` writes its name) or which errno the connect failed with, and how long it took.
+//! A client that sends an HTTP request to an address again and again and records, for each one, which
+//! backend answered (a `NamedServer` answers with its name) or which errno the connect failed with, and how long it took.
 use std::{
     io::Read as _,
     net::{SocketAddr, TcpStream},
@@ -77,9 +77,12 @@ pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<(String, Option<
     let mut s = TcpStream::connect_timeout(&target, timeout).map_err(|e| errno_name(&e))?;
     let peer = s.peer_addr().ok().map(|a| a.to_string());
     s.set_read_timeout(Some(timeout)).map_err(|e| errno_name(&e))?;
+    std::io::Write::write_all(&mut s, b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n")
+        .map_err(|e| errno_name(&e))?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).map_err(|e| errno_name(&e))?;
-    let name = buf.trim().to_owned();
+    let body = buf.split_once("\r\n\r\n").map_or(buf.as_str(), |(_, b)| b);
+    let name = body.trim().to_owned();
     if name.is_empty() { Err("empty reply".into()) } else { Ok((name, peer)) }
 }
 
