@@ -10,7 +10,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fs::File,
-    os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd, FromRawFd as _, OwnedFd},
     path::PathBuf,
 };
 
@@ -156,21 +156,20 @@ fn destroy(family: u8, id: SockId) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A u64 socket option (SO_COOKIE, SO_NETNS_COOKIE).
+fn sockopt_u64(fd: &impl AsRawFd, opt: i32) -> std::io::Result<u64> {
+    let mut v: u64 = 0;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: v/len are valid for the sizes given.
+    let r = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, std::ptr::from_mut(&mut v).cast(), &mut len)
+    };
+    if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(v) }
+}
+
 fn netns_cookie_here() -> std::io::Result<u64> {
     let s = std::net::UdpSocket::bind("127.0.0.1:0").or_else(|_| std::net::UdpSocket::bind("[::1]:0"))?;
-    let mut cookie: u64 = 0;
-    let mut len = size_of::<u64>() as libc::socklen_t;
-    // SAFETY: cookie/len are valid for the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            std::ptr::from_mut(&mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(cookie) }
+    sockopt_u64(&s, SO_NETNS_COOKIE)
 }
 
 /// Run `f` in a thread that has joined the network namespace `ns` (the caller's thread stays where it is).
@@ -189,21 +188,7 @@ pub fn probe() -> Result<(), String> {
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| format!("probe socket: {e}"))?;
     sock.connect("127.0.0.1:9").map_err(|e| format!("probe socket: {e}"))?;
     netns_cookie_here().map_err(|e| format!("SO_NETNS_COOKIE (Linux >= 5.14) unavailable: {e}"))?;
-    let mut cookie: u64 = 0;
-    let mut len = size_of::<u64>() as libc::socklen_t;
-    // SAFETY: cookie/len are valid for the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            std::ptr::from_mut(&mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(format!("SO_COOKIE: {}", std::io::Error::last_os_error()));
-    }
+    let cookie = sockopt_u64(&sock, libc::SO_COOKIE).map_err(|e| format!("SO_COOKIE: {e}"))?;
     let ids = find(libc::AF_INET as u8, &BTreeSet::from([cookie])).map_err(|e| format!("sock_diag: {e}"))?;
     let id = ids.first().ok_or("sock_diag did not list the probe socket")?;
     destroy(libc::AF_INET as u8, *id).map_err(|e| match e.raw_os_error() {
