@@ -1,4 +1,5 @@
 //! Repository tooling: `cargo xtask setup | build | test | demo`.
+mod bench;
 mod build;
 mod demo;
 mod setup;
@@ -24,6 +25,8 @@ enum Command {
     Test(test::Options),
     /// Setup, build, and run the three-node demo in a private network namespace.
     Demo(demo::Options),
+    /// Setup, build, and benchmark connect() through tierlb, iptables and nftables (see BENCHMARKS.md).
+    Bench(bench::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,5 +35,6 @@ fn main() -> anyhow::Result<()> {
         Command::Build(o) => build::run(&o).map(|_| ()),
         Command::Test(o) => test::run(&o),
         Command::Demo(o) => demo::run(&o),
+        Command::Bench(o) => bench::run(&o),
     }
 }

@@ -11,7 +11,8 @@ pub struct Options {}
 
 /// Debian packages: LLVM 22 for bpf-linker (same major as rustc's LLVM), bpftool and iproute2 for the
 /// in-kernel tests, the demo and debugging.
-const PACKAGES: &[&str] = &["llvm-22-dev", "bpftool", "iproute2"];
+/// iptables and nftables are what the benchmark compares against.
+const PACKAGES: &[&str] = &["llvm-22-dev", "bpftool", "iproute2", "iptables", "nftables"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

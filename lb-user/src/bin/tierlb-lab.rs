@@ -49,6 +49,24 @@ enum Cmd {
         #[arg(long, default_value_t = 500)]
         timeout_ms: u64,
     },
+    /// connect()+close() load on N threads (JSON result on stdout).
+    Load {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+    },
+    /// The benchmark (see BENCHMARKS.md); with --report DIR writes DIR/BENCHMARKS.md and DIR/bench/latency.svg.
+    Bench {
+        #[arg(long)]
+        quick: bool,
+        #[arg(long)]
+        report: Option<PathBuf>,
+        #[arg(long)]
+        tierlb: Option<PathBuf>,
+    },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
     Demo {
         /// The tierlb binary (default: next to this one).
@@ -87,6 +105,36 @@ fn main() -> ExitCode {
             );
             println!("{}", serde_json::to_string(&r).expect("steps serialise"));
             ExitCode::SUCCESS
+        }
+        Cmd::Load { target, threads, seconds } => {
+            let r = tierlb::lab::bench::load(target, threads, Duration::from_secs_f64(seconds));
+            println!("{}", serde_json::to_string(&r).expect("result serialises"));
+            ExitCode::SUCCESS
+        }
+        Cmd::Bench { quick, report, tierlb } => {
+            let me = std::env::current_exe().expect("own path");
+            let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
+            match tierlb::lab::bench::run(&me, &tierlb, quick) {
+                Ok(r) => {
+                    let chart = tierlb::lab::bench::chart(&r);
+                    let md = tierlb::lab::bench::markdown(&r, &chart);
+                    print!("{md}");
+                    if let Some(dir) = report {
+                        let ok = std::fs::create_dir_all(dir.join("bench"))
+                            .and_then(|()| std::fs::write(dir.join("bench/latency.svg"), &chart))
+                            .and_then(|()| std::fs::write(dir.join("BENCHMARKS.md"), &md));
+                        if let Err(e) = ok {
+                            eprintln!("tierlb-lab bench: writing the report: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("tierlb-lab bench: error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Cmd::Demo { tierlb, out_dir } => {
             let me = std::env::current_exe().expect("own path");

@@ -1,0 +1,31 @@
+//! `cargo xtask bench [--quick] [--report]`: setup, release build, then the lab's benchmark.
+use std::process::Command;
+
+use crate::{build, setup, util};
+
+#[derive(clap::Args, Default)]
+pub struct Options {
+    /// Two Service counts and short runs (under two minutes).
+    #[arg(long)]
+    pub quick: bool,
+    /// Regenerate BENCHMARKS.md and bench/latency.svg at the repository root.
+    #[arg(long)]
+    pub report: bool,
+}
+
+pub fn run(o: &Options) -> anyhow::Result<()> {
+    setup::run(&setup::Options::default())?;
+    if !util::is_root() {
+        anyhow::bail!("the benchmark loads BPF programs and creates a network namespace: run as root");
+    }
+    let bin = build::run(&build::Options::default())?;
+    let mut cmd = Command::new(bin.join("tierlb-lab"));
+    cmd.arg("bench").arg("--tierlb").arg(bin.join("tierlb"));
+    if o.quick {
+        cmd.arg("--quick");
+    }
+    if o.report {
+        cmd.arg("--report").arg(util::root());
+    }
+    util::run(&mut cmd)
+}
