@@ -21,6 +21,8 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             .arg("demo")
             .arg("--tierlb")
             .arg(bin.join("tierlb"))
+            .arg("--out-dir")
+            .arg(util::root().join("target/demo"))
             .args(&o.args),
     )
 }
