@@ -4,7 +4,7 @@
 //! (`hintsEnabled` annotations first, else `trafficdist.ReconcileHints`), `trafficdist` writes the
 //! PreferSameZone / PreferSameNode hints, and `topologycache` allocates zone hints by CPU share for
 //! `topology-mode: Auto`.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -267,9 +267,4 @@ pub fn fill_missing(model: &mut Model) -> Vec<String> {
         filled.push(svc.key.to_string());
     }
     filled
-}
-
-/// The zones of a set of endpoints (for lints and `study`).
-pub fn zones<'a>(eps: impl Iterator<Item = &'a Endpoint>) -> BTreeSet<String> {
-    eps.filter_map(|e| zone_of(e).map(str::to_owned)).collect()
 }

@@ -365,10 +365,6 @@ impl KernelMaps {
         Self::from_maps(maps, None)
     }
 
-    pub fn capacities(&self) -> Capacities {
-        self.caps
-    }
-
     /// Every reverse entry: which socket (cookie, network namespace) talks to which backend for which VIP.
     pub fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
         self.reverse.iter().collect::<Result<Vec<_>, _>>().map_err(sys(

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_common::{Backend, FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, TierRange};
+use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, TierRange};
 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
 
@@ -88,11 +88,6 @@ impl<W: MapWriter> Reconciler<W> {
             graveyard: VecDeque::new(),
             grace: DEFAULT_GRACE,
         }
-    }
-
-    pub fn with_grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
-        self
     }
 
     pub fn writer(&self) -> &W {
@@ -292,21 +287,13 @@ impl<W: MapWriter> Reconciler<W> {
         self.free_ids = (GLOBAL_SVC_ID + 1..max).filter(|id| !used.contains(id)).rev().collect();
         Ok(report)
     }
-
-    /// True while old slots wait for their grace period.
-    pub fn has_garbage(&self) -> bool {
-        !self.graveyard.is_empty()
-    }
-
-    /// Mark a backend down or up (instant, no reconcile).
-    pub fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
-        self.writer.set_backend_down(backend, down)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
+
+    use lb_common::Backend;
 
     use super::*;
     use crate::datapath::fake::FakeMaps;

@@ -271,10 +271,6 @@ impl SimCluster {
             n.agent = None;
         }
     }
-
-    pub fn pod_ips(&self) -> Vec<IpAddr> {
-        self.pods.iter().map(|p| p.addr().ip()).collect()
-    }
 }
 
 pub struct ProbeRun {

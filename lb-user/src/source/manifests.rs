@@ -13,7 +13,7 @@ use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use serde::Deserialize as _;
 
 use super::convert;
-use crate::model::{EndpointSlice, Model, Node, ObjKey, Service};
+use crate::model::{EndpointSlice, Model, Node, Service};
 
 /// One object read from a manifest.
 #[derive(Clone, Debug, PartialEq)]
@@ -324,14 +324,10 @@ pub fn assemble(objects: Vec<(PathBuf, Object)>, diagnostics: &mut Vec<Diagnosti
     model
 }
 
-/// Key for looking a Service up in a loaded model (used by `explain`).
-pub fn find_service<'a>(model: &'a Model, key: &ObjKey) -> Option<&'a Service> {
-    model.services.get(key)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ObjKey;
 
     const GOOD: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80}]\n";
 
