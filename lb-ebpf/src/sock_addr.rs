@@ -9,7 +9,7 @@ use aya_ebpf::{
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
     ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    GLOBAL_SVC_ID, ReverseKey, ReverseValue, Slot, SlotKey, choose, counter_index,
+    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, choose, counter_index,
 };
 
 use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, REVERSE, SLOTS};
@@ -181,8 +181,13 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
 fn remember(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     // SAFETY: both helpers take the program's context, which is what they are given here.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-    // SAFETY: as above.
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+    // Only the agent's destruction of connected UDP sockets reads the namespace; TCP connects skip the call.
+    let netns_cookie = if backend.proto == PROTO_UDP {
+        // SAFETY: as above.
+        unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) }
+    } else {
+        0
+    };
     let key = ReverseKey { cookie, backend, _pad: 0 };
     let value =
         ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, _pad2: 0, netns_cookie };
