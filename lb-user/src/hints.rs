@@ -246,25 +246,31 @@ pub fn carries_no_hints(slices: &[&EndpointSlice]) -> bool {
 /// Returns the Services it wrote hints for.
 pub fn fill_missing(model: &mut Model) -> Vec<String> {
     let mut filled = Vec::new();
-    let services: Vec<Service> = model.services.values().cloned().collect();
-    for svc in services {
-        let keys: Vec<_> = model.slices_of(&svc.key).map(|s| s.key.clone()).collect();
-        let slices: Vec<&EndpointSlice> = keys.iter().filter_map(|k| model.slices.get(k)).collect();
-        if keys.is_empty() || !carries_no_hints(&slices) {
-            continue;
-        }
-        let mut owned: Vec<EndpointSlice> = slices.into_iter().cloned().collect();
-        let outcome = apply(model, &svc, &mut owned);
-        if matches!(outcome.mode, HintMode::None { .. }) || outcome.auto_disabled.is_some() {
-            continue;
-        }
-        if carries_no_hints(&owned.iter().collect::<Vec<_>>()) {
-            continue;
-        }
+    let keys: Vec<_> = model.services.keys().cloned().collect();
+    for key in keys {
+        let Some(owned) = fill_for(model, &model.services[&key]) else { continue };
         for s in owned {
             model.slices.insert(s.key.clone(), s);
         }
-        filled.push(svc.key.to_string());
+        filled.push(key.to_string());
     }
     filled
+}
+
+/// One Service's slices with the hints the controller would write, when its slices carry none and the
+/// controller would write some; `None` leaves the slices as they are.
+pub fn fill_for(model: &Model, svc: &Service) -> Option<Vec<EndpointSlice>> {
+    let slices: Vec<&EndpointSlice> = model.slices_of(&svc.key).collect();
+    if slices.is_empty() || !carries_no_hints(&slices) {
+        return None;
+    }
+    let mut owned: Vec<EndpointSlice> = slices.into_iter().cloned().collect();
+    let outcome = apply(model, svc, &mut owned);
+    if matches!(outcome.mode, HintMode::None { .. }) || outcome.auto_disabled.is_some() {
+        return None;
+    }
+    if carries_no_hints(&owned.iter().collect::<Vec<_>>()) {
+        return None;
+    }
+    Some(owned)
 }

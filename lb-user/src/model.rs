@@ -1,6 +1,10 @@
 //! tierlb's own view of the cluster: the parts of Services, EndpointSlices and Nodes the semantics read.
 //! Independent of k8s-openapi so the plan is pure and easy to build in tests.
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
 
 use serde::Serialize;
 
@@ -223,6 +227,13 @@ pub struct EndpointSlice {
     pub endpoints: Vec<Endpoint>,
 }
 
+impl EndpointSlice {
+    /// The Service it belongs to: same namespace, named by the `kubernetes.io/service-name` label.
+    pub fn owner(&self) -> Option<ObjKey> {
+        self.service_name.as_ref().map(|name| ObjKey::new(self.key.namespace.clone(), name.clone()))
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Node {
     pub name: String,
@@ -236,16 +247,94 @@ pub struct Node {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
     pub services: BTreeMap<ObjKey, Service>,
-    pub slices: BTreeMap<ObjKey, EndpointSlice>,
+    pub slices: Slices,
     pub nodes: BTreeMap<String, Node>,
 }
 
 impl Model {
-    /// The EndpointSlices that belong to a Service (same namespace, `kubernetes.io/service-name` label).
+    /// The EndpointSlices that belong to a Service (same namespace, `kubernetes.io/service-name` label), in
+    /// key order.
     pub fn slices_of<'a>(&'a self, svc: &'a ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.slices
-            .values()
-            .filter(move |s| s.key.namespace == svc.namespace && s.service_name.as_deref() == Some(&svc.name))
+        self.slices.of(svc)
+    }
+}
+
+/// EndpointSlices by key, indexed by the Service they belong to: finding a Service's slices is a lookup, not a
+/// walk over every slice (which made planning 10,000 Services quadratic).
+#[derive(Clone, Debug, Default)]
+pub struct Slices {
+    by_key: BTreeMap<ObjKey, EndpointSlice>,
+    /// Service key (namespace, `kubernetes.io/service-name`) -> its slices' keys.
+    by_service: BTreeMap<ObjKey, BTreeSet<ObjKey>>,
+}
+
+impl PartialEq for Slices {
+    fn eq(&self, other: &Self) -> bool {
+        self.by_key == other.by_key
+    }
+}
+
+impl Eq for Slices {}
+
+impl std::ops::Index<&ObjKey> for Slices {
+    type Output = EndpointSlice;
+    fn index(&self, key: &ObjKey) -> &EndpointSlice {
+        &self.by_key[key]
+    }
+}
+
+impl Slices {
+    pub fn insert(&mut self, key: ObjKey, slice: EndpointSlice) -> Option<EndpointSlice> {
+        if let Some(owner) = slice.owner() {
+            self.by_service.entry(owner).or_default().insert(key.clone());
+        }
+        let previous = self.by_key.insert(key.clone(), slice);
+        if let Some(old) = &previous {
+            self.unindex(&key, old);
+        }
+        previous
+    }
+
+    pub fn remove(&mut self, key: &ObjKey) -> Option<EndpointSlice> {
+        let old = self.by_key.remove(key)?;
+        self.unindex(key, &old);
+        Some(old)
+    }
+
+    /// Drop `key` from the index entry of `old`'s Service unless the slice now stored under `key` still
+    /// belongs to it.
+    fn unindex(&mut self, key: &ObjKey, old: &EndpointSlice) {
+        let Some(owner) = old.owner() else { return };
+        if self.by_key.get(key).and_then(EndpointSlice::owner).as_ref() == Some(&owner) {
+            return;
+        }
+        if let Some(set) = self.by_service.get_mut(&owner) {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_service.remove(&owner);
+            }
+        }
+    }
+
+    pub fn get(&self, key: &ObjKey) -> Option<&EndpointSlice> {
+        self.by_key.get(key)
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
+        self.by_key.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// The slices of one Service, in key order.
+    pub fn of<'a>(&'a self, svc: &ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.by_service.get(svc).into_iter().flatten().filter_map(|k| self.by_key.get(k))
     }
 }
 
@@ -264,5 +353,45 @@ impl NodeInfo {
             .or_else(|| model.nodes.get(name).and_then(|n| n.zone.clone()))
             .filter(|z| !z.is_empty());
         Self { name: name.to_owned(), zone }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, service: Option<&str>) -> EndpointSlice {
+        EndpointSlice {
+            key: ObjKey::new("ns", name),
+            service_name: service.map(str::to_owned),
+            address_type: AddressType::IPv4,
+            ports: Vec::new(),
+            endpoints: Vec::new(),
+        }
+    }
+
+    fn names<'a>(s: &'a Slices, svc: &str) -> Vec<&'a str> {
+        s.of(&ObjKey::new("ns", svc)).map(|x| x.key.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_slice_index_follows_inserts_replacements_and_removals() {
+        let mut s = Slices::default();
+        s.insert(ObjKey::new("ns", "b"), slice("b", Some("web")));
+        s.insert(ObjKey::new("ns", "a"), slice("a", Some("web")));
+        s.insert(ObjKey::new("ns", "c"), slice("c", None));
+        assert_eq!(names(&s, "web"), ["a", "b"], "key order");
+        // A slice relabelled to another Service moves with it.
+        s.insert(ObjKey::new("ns", "b"), slice("b", Some("db")));
+        assert_eq!((names(&s, "web"), names(&s, "db")), (vec!["a"], vec!["b"]));
+        // Replacing a slice with one for the same Service keeps it indexed.
+        s.insert(ObjKey::new("ns", "a"), slice("a", Some("web")));
+        assert_eq!(names(&s, "web"), ["a"]);
+        s.remove(&ObjKey::new("ns", "a"));
+        assert!(names(&s, "web").is_empty());
+        assert!(s.by_service.get(&ObjKey::new("ns", "web")).is_none(), "empty entries are dropped");
+        assert_eq!(s.len(), 2);
+        // Another namespace's Service of the same name is a different Service.
+        assert_eq!(s.of(&ObjKey::new("other", "db")).count(), 0);
     }
 }

@@ -12,7 +12,7 @@ use std::{
 use serde::Serialize;
 
 use crate::model::{
-    AddressType, Endpoint, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service, ServicePort,
+    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service, ServicePort,
 };
 
 /// Which topology filter kube-proxy applies to a Service port on this node.
@@ -112,8 +112,18 @@ pub fn port_endpoints(
     family: Family,
     node: &str,
 ) -> Vec<PortEndpoint> {
+    port_endpoints_in(model.slices_of(&svc.key), port, family, node)
+}
+
+/// `port_endpoints` over given slices (the Service's, possibly with the controller's hints filled in).
+pub fn port_endpoints_in<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    port: &ServicePort,
+    family: Family,
+    node: &str,
+) -> Vec<PortEndpoint> {
     let mut merged: BTreeMap<SocketAddr, PortEndpoint> = BTreeMap::new();
-    for slice in model.slices_of(&svc.key) {
+    for slice in slices {
         let slice_family = match slice.address_type {
             AddressType::IPv4 => Family::V4,
             AddressType::IPv6 => Family::V6,
@@ -262,7 +272,29 @@ pub fn plan_port(
     family: Family,
     node: &NodeInfo,
 ) -> PortPlan {
-    let endpoints = port_endpoints(model, svc, port, family, &node.name);
+    plan_port_in(model.slices_of(&svc.key), svc, port, family, node)
+}
+
+/// The data-path plan of every port and family of one Service, from its slices (what the agent replans when
+/// only this Service or its slices changed).
+pub fn plan_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeInfo) -> Vec<PortPlan> {
+    let mut out = Vec::new();
+    for family in families(svc) {
+        for port in &svc.ports {
+            out.push(plan_port_in(slices.iter().copied(), svc, port, family, node));
+        }
+    }
+    out
+}
+
+fn plan_port_in<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    svc: &Service,
+    port: &ServicePort,
+    family: Family,
+    node: &NodeInfo,
+) -> PortPlan {
+    let endpoints = port_endpoints_in(slices, port, family, &node.name);
     let has_any = has_any_endpoints(&endpoints);
     let internal = traffic(svc.internal_policy, &endpoints, node, has_any);
     let external =

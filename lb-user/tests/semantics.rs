@@ -532,7 +532,9 @@ fn named_target_ports_resolve_per_slice() {
 fn only_the_first_address_of_an_endpoint_counts_and_headless_services_get_no_plan() {
     let mut m = model(svc(), &[e("10.0.0.1", "n1")]);
     let k = ObjKey::new("default", "web-abc");
-    m.slices.get_mut(&k).unwrap().endpoints[0].address = Some("10.0.0.1".parse().unwrap());
+    let mut changed = m.slices.remove(&k).unwrap();
+    changed.endpoints[0].address = Some("10.0.0.1".parse().unwrap());
+    m.slices.insert(k.clone(), changed);
     let t = internal(&m, &node("n1", None));
     assert_eq!(ips(&t.endpoints), ["10.0.0.1"]);
     let mut headless = svc();
