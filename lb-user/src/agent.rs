@@ -1,5 +1,6 @@
 //! The node agent: source -> model -> plan -> diff -> maps, again on every change.
 use std::{
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -8,12 +9,12 @@ use anyhow::Context as _;
 use tokio::sync::mpsc;
 
 use crate::{
-    datapath::{self, MapWriter, Reconciler},
-    model::NodeInfo,
+    datapath::{self, Desired, MapWriter, Reconciler},
+    model::{EndpointSlice, Model, NodeInfo, ObjKey, Service},
     plan,
     source::{
-        ModelSource,
-        manifests::{Diagnostic, ManifestDir, Severity},
+        Changes, ModelSource,
+        manifests::{Diagnostic, ManifestDir, Object, Severity},
     },
 };
 
@@ -25,6 +26,8 @@ pub struct SyncReport {
     pub added: usize,
     pub updated: usize,
     pub removed: usize,
+    /// Services planned in this sync: those a change touched, or all of them.
+    pub replanned: usize,
     pub errors: Vec<String>,
     pub diagnostics: Vec<Diagnostic>,
     pub stale_files: Vec<PathBuf>,
@@ -37,13 +40,29 @@ pub struct SyncReport {
     pub duration: Duration,
 }
 
-/// The agent's logic without the kernel or the async runtime: reload the source and apply the plan.
+/// The agent's logic without the kernel or the async runtime: refresh the source and apply the plan of what
+/// changed.
 pub struct AgentCore<W: MapWriter> {
     node_name: String,
     zone_flag: Option<String>,
     source: Box<dyn ModelSource>,
     reconciler: Reconciler<W>,
+    /// The model as the source delivered it (without filled-in hints).
+    model: Model,
+    /// The node as of the last sync; a different one (zone label changed) replans every Service.
+    node: Option<NodeInfo>,
+    /// What the last plan of each Service gave.
+    planned: BTreeMap<ObjKey, Planned>,
     hints_reported: std::collections::BTreeSet<String>,
+}
+
+/// One Service's share of the agent's state.
+#[derive(Debug, Default)]
+struct Planned {
+    frontends: usize,
+    hints_filled: bool,
+    /// `healthCheckNodePort` and its local endpoints (externalTrafficPolicy Local only).
+    health: Option<(u16, crate::server::ServiceHealth)>,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -58,6 +77,9 @@ impl<W: MapWriter> AgentCore<W> {
             zone_flag,
             source,
             reconciler: Reconciler::new(writer),
+            model: Model::default(),
+            node: None,
+            planned: BTreeMap::new(),
             hints_reported: std::collections::BTreeSet::new(),
         }
     }
@@ -70,29 +92,66 @@ impl<W: MapWriter> AgentCore<W> {
         &mut self.reconciler
     }
 
-    /// Read the source again and apply the plan. The maps keep their last good state for whatever fails.
+    /// Refresh the source and apply the plan. Only the Services an object change touches are planned and
+    /// written again; a new model from the source, a Node change or a new zone replans every Service. The
+    /// maps keep their last good state for whatever fails.
     pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
         let started = Instant::now();
-        let mut loaded = self.source.load()?;
-        // The controller writes hints into EndpointSlices; hand-written manifests usually have none.
-        let hints_filled = crate::hints::fill_missing(&mut loaded.model);
-        let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), &loaded.model);
-        let plan = plan::plan_for_datapath(&loaded.model, &node);
-        let desired = datapath::desired(&plan);
-        let health_ports = health_ports(&loaded.model, &plan);
-        let applied = self.reconciler.apply(&desired, now);
+        let refresh = self.source.refresh()?;
+        let mut touched = BTreeSet::new();
+        let mut everything = false;
+        match refresh.changes {
+            Changes::All(model) => {
+                self.model = model;
+                everything = true;
+            }
+            Changes::Objects { removed, upserted } => {
+                for o in removed {
+                    everything |= self.remove_object(&o, &mut touched);
+                }
+                for o in upserted {
+                    everything |= self.upsert_object(o, &mut touched);
+                }
+            }
+        }
+        let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), &self.model);
+        everything |= self.node.as_ref() != Some(&node);
+        let replanned;
+        let applied = if everything {
+            self.planned.clear();
+            let keys: Vec<ObjKey> = self.model.services.keys().cloned().collect();
+            replanned = keys.len();
+            let desired = self.plan_services(&keys, &node);
+            self.reconciler.apply(&desired, now)
+        } else {
+            let keys: Vec<ObjKey> = touched.into_iter().collect();
+            replanned = keys.len();
+            let desired = self.plan_services(&keys, &node);
+            let labels: Vec<String> = keys.iter().map(ToString::to_string).collect();
+            self.reconciler.apply_services(labels.iter().map(String::as_str), &desired, now)
+        };
+        self.node = Some(node.clone());
+        let hints_filled: Vec<String> =
+            self.planned.iter().filter(|(_, p)| p.hints_filled).map(|(k, _)| k.to_string()).collect();
         let hints_newly_filled =
             hints_filled.iter().filter(|s| !self.hints_reported.contains(*s)).cloned().collect();
         self.hints_reported = hints_filled.iter().cloned().collect();
+        let mut health_ports = BTreeMap::new();
+        for (port, h) in self.planned.values().filter_map(|p| p.health.as_ref()) {
+            let entry: &mut crate::server::ServiceHealth =
+                health_ports.entry(*port).or_insert_with(|| h.clone());
+            entry.local_endpoints = entry.local_endpoints.max(h.local_endpoints);
+        }
         Ok(SyncReport {
             node: Some(node),
-            frontends: desired.len(),
+            frontends: self.planned.values().map(|p| p.frontends).sum(),
             added: applied.added,
             updated: applied.updated,
             removed: applied.removed,
+            replanned,
             errors: applied.errors.iter().map(ToString::to_string).collect(),
-            diagnostics: loaded.diagnostics,
-            stale_files: loaded.stale_files,
+            diagnostics: refresh.diagnostics,
+            stale_files: refresh.stale_files,
             hints_filled,
             hints_newly_filled,
             health_ports,
@@ -100,32 +159,99 @@ impl<W: MapWriter> AgentCore<W> {
         })
     }
 
+    /// Take a removed object out of the model; true when every Service must be replanned.
+    fn remove_object(&mut self, o: &Object, touched: &mut BTreeSet<ObjKey>) -> bool {
+        match o {
+            Object::Service(s) => {
+                self.model.services.remove(&s.key);
+                touched.insert(s.key.clone());
+            }
+            Object::EndpointSlice(s) => {
+                if let Some(old) = self.model.slices.remove(&s.key) {
+                    touched.extend(old.owner());
+                }
+                touched.extend(s.owner());
+            }
+            Object::Node(n) => {
+                self.model.nodes.remove(&n.name);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Put a new or changed object into the model; true when every Service must be replanned.
+    fn upsert_object(&mut self, o: Object, touched: &mut BTreeSet<ObjKey>) -> bool {
+        match o {
+            Object::Service(s) => {
+                touched.insert(s.key.clone());
+                self.model.services.insert(s.key.clone(), s);
+            }
+            Object::EndpointSlice(s) => {
+                touched.extend(s.owner());
+                if let Some(old) = self.model.slices.insert(s.key.clone(), s) {
+                    touched.extend(old.owner());
+                }
+            }
+            Object::Node(n) => {
+                self.model.nodes.insert(n.name.clone(), n);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Plan these Services (with the controller's hints where their slices carry none) and return the
+    /// frontends they want; a Service no longer in the model wants none.
+    fn plan_services(&mut self, keys: &[ObjKey], node: &NodeInfo) -> Desired {
+        let mut desired = Desired::new();
+        for key in keys {
+            let Some(svc) = self.model.services.get(key) else {
+                self.planned.remove(key);
+                continue;
+            };
+            let filled = crate::hints::fill_for(&self.model, svc);
+            let slices: Vec<&EndpointSlice> = match &filled {
+                Some(owned) => owned.iter().collect(),
+                None => self.model.slices_of(key).collect(),
+            };
+            let plans = plan::plan_service(svc, &slices, node);
+            let mut planned = Planned { hints_filled: filled.is_some(), ..Planned::default() };
+            for (port, h) in plans.iter().filter_map(|p| health_port(svc, p)) {
+                match &mut planned.health {
+                    Some((_, seen)) => seen.local_endpoints = seen.local_endpoints.max(h.local_endpoints),
+                    None => planned.health = Some((port, h)),
+                }
+            }
+            let mine = datapath::desired_of(&plans);
+            planned.frontends = mine.len();
+            desired.extend(mine);
+            self.planned.insert(key.clone(), planned);
+        }
+        desired
+    }
+
     pub fn collect_garbage(&mut self, now: Instant) {
         self.reconciler.collect_garbage(now);
     }
 }
 
-/// kube-proxy's service health server data: for every Service with externalTrafficPolicy Local and a
-/// `healthCheckNodePort`, how many local endpoints its external traffic has on this node.
-fn health_ports(
-    model: &crate::model::Model,
-    plan: &plan::Plan,
-) -> std::collections::BTreeMap<u16, crate::server::ServiceHealth> {
-    let mut out = std::collections::BTreeMap::new();
-    for p in &plan.services {
-        let Some(svc) = model.services.get(&p.key) else { continue };
-        let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { continue };
-        if ext.policy != crate::model::Policy::Local {
-            continue;
-        }
-        let entry = out.entry(port).or_insert_with(|| crate::server::ServiceHealth {
+/// kube-proxy's service health server data: for a Service with externalTrafficPolicy Local and a
+/// `healthCheckNodePort`, how many local endpoints its external traffic has on this node (the most over its
+/// ports).
+fn health_port(svc: &Service, p: &plan::PortPlan) -> Option<(u16, crate::server::ServiceHealth)> {
+    let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { return None };
+    if ext.policy != crate::model::Policy::Local {
+        return None;
+    }
+    Some((
+        port,
+        crate::server::ServiceHealth {
             namespace: svc.key.namespace.clone(),
             name: svc.key.name.clone(),
-            local_endpoints: 0,
-        });
-        entry.local_endpoints = entry.local_endpoints.max(ext.endpoints.len());
-    }
-    out
+            local_endpoints: ext.endpoints.len(),
+        },
+    ))
 }
 
 fn log_report(r: &SyncReport) {
@@ -151,6 +277,7 @@ fn log_report(r: &SyncReport) {
         added = r.added,
         updated = r.updated,
         removed = r.removed,
+        replanned = r.replanned,
         errors = r.errors.len(),
         zone = %zone,
         took_us = r.duration.as_micros() as u64,
@@ -426,4 +553,197 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // Without pins this detaches the programs; pinned links stay.
     drop(programs);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::{
+        datapath::fake::FakeMaps,
+        lab::{
+            cluster::TempDir,
+            manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service},
+        },
+    };
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn core(dir: &Path) -> AgentCore<FakeMaps> {
+        AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 1024))
+    }
+
+    /// What the data path sees, without service ids and generations: frontend -> (label, tiers, flags).
+    fn maps(
+        c: &AgentCore<FakeMaps>,
+    ) -> BTreeMap<lb_common::FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
+        let w = c.reconciler().writer();
+        datapath::read_back(w)
+            .unwrap()
+            .into_iter()
+            .map(|(k, rb)| {
+                (k, (w.name(rb.value.svc_id).unwrap().unwrap_or_default(), rb.tiers, rb.value.flags))
+            })
+            .collect()
+    }
+
+    type Edit = Box<dyn Fn(&Path)>;
+
+    fn web() -> Svc {
+        let mut s = Svc::new("web", ip("10.96.0.10"), 80, 8080);
+        s.traffic_distribution = Some("PreferSameNode".into());
+        s
+    }
+
+    fn ep(addr: &str, node: &str, zone: &str) -> Ep {
+        Ep::ready(ip(addr), node).zone(zone)
+    }
+
+    fn nodes(zone_of_node_1: &str) -> String {
+        to_yaml(&[node("node-1", Some(zone_of_node_1)), node("node-2", Some("b"))])
+    }
+
+    #[test]
+    fn incremental_syncs_program_exactly_what_a_full_sync_would() {
+        let tmp = TempDir::new("agent-incremental").unwrap();
+        let dir = tmp.path();
+        write_service(dir, &web(), &[ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")]).unwrap();
+        let mut db = Svc::new("db", ip("10.96.0.11"), 5432, 5432);
+        db.internal_traffic_policy = Some("Local");
+        write_service(dir, &db, &[ep("10.0.1.1", "node-1", "a")]).unwrap();
+        let mut lb = Svc::new("lb", ip("10.96.0.12"), 443, 8443);
+        lb.health_check_node_port = Some(32000);
+        write_service(dir, &lb, &[ep("10.0.2.1", "node-1", "a"), ep("10.0.2.2", "node-2", "b")]).unwrap();
+        write_atomic(dir, "nodes.yaml", &nodes("a")).unwrap();
+        let slice_of = |svc: &Svc, name: &str, eps: &[Ep]| {
+            let mut v = svc.slices(eps).remove(0);
+            v["metadata"]["name"] = name.into();
+            to_yaml(&[v])
+        };
+
+        let mut agent = core(dir);
+        let first = agent.sync(Instant::now()).unwrap();
+        assert_eq!((first.replanned, first.added, first.frontends), (3, 3, 3));
+
+        // (what, the edit, Services it replans); after each, the maps equal a fresh agent's on the same files
+        // (but while a file is broken, when they stay as they were: a fresh agent has no last good version).
+        let steps: Vec<(&str, Edit, usize)> = vec![
+            (
+                "one EndpointSlice edited",
+                Box::new(|d| {
+                    write_service(d, &web(), &[ep("10.0.0.2", "node-2", "b")]).unwrap();
+                }),
+                1,
+            ),
+            (
+                "a slice of its own file added to a Service",
+                Box::new(move |d| {
+                    write_atomic(
+                        d,
+                        "extra.yaml",
+                        &slice_of(&web(), "web-extra", &[ep("10.0.0.3", "node-1", "a")]),
+                    )
+                    .unwrap();
+                }),
+                1,
+            ),
+            (
+                "the slice relabelled to another Service (both replanned)",
+                Box::new(move |d| {
+                    let mut db = Svc::new("db", ip("10.96.0.11"), 5432, 5432);
+                    db.target_port = 8080;
+                    write_atomic(
+                        d,
+                        "extra.yaml",
+                        &slice_of(&db, "web-extra", &[ep("10.0.0.3", "node-1", "a")]),
+                    )
+                    .unwrap();
+                }),
+                2,
+            ),
+            ("a Service deleted", Box::new(|d| std::fs::remove_file(d.join("db.yaml")).unwrap()), 1),
+            (
+                "a Service added",
+                Box::new(|d| {
+                    write_service(
+                        d,
+                        &Svc::new("cache", ip("10.96.0.13"), 6379, 6379),
+                        &[ep("10.0.3.1", "node-2", "b")],
+                    )
+                    .unwrap();
+                }),
+                1,
+            ),
+            (
+                "a broken file keeps its last good objects",
+                Box::new(|d| {
+                    write_atomic(d, "web.yaml", "kind: Service\nmetadata: [").unwrap();
+                }),
+                0,
+            ),
+            (
+                "the broken file mended",
+                Box::new(|d| {
+                    write_service(d, &web(), &[ep("10.0.0.4", "node-1", "a")]).unwrap();
+                }),
+                1,
+            ),
+            (
+                "a slice moved to another file unchanged",
+                Box::new(|d| {
+                    let text = std::fs::read_to_string(d.join("lb.yaml")).unwrap();
+                    let (svc, slice) = text.split_once("---\n").unwrap();
+                    write_atomic(d, "z-lb-slice.yaml", slice).unwrap();
+                    write_atomic(d, "lb.yaml", svc).unwrap();
+                }),
+                1,
+            ),
+            (
+                "a duplicate in an earlier file wins: everything is replanned",
+                Box::new(|d| {
+                    let mut docs = vec![web().service()];
+                    docs.extend(web().slices(&[ep("10.0.0.9", "node-2", "b")]));
+                    write_atomic(d, "a-web.yaml", &to_yaml(&docs)).unwrap();
+                }),
+                3,
+            ),
+            ("the duplicate removed", Box::new(|d| std::fs::remove_file(d.join("a-web.yaml")).unwrap()), 3),
+            (
+                "this node's zone label changes: everything is replanned",
+                Box::new(|d| {
+                    write_atomic(d, "nodes.yaml", &nodes("b")).unwrap();
+                }),
+                3,
+            ),
+        ];
+        for (what, edit, replanned) in steps {
+            let before = maps(&agent);
+            edit(dir);
+            let r = agent.sync(Instant::now()).unwrap();
+            if !r.stale_files.is_empty() {
+                assert_eq!((r.replanned, maps(&agent)), (replanned, before), "{what}");
+                continue;
+            }
+            let mut fresh = core(dir);
+            let full = fresh.sync(Instant::now()).unwrap();
+            assert_eq!(r.replanned, replanned, "{what}: Services planned");
+            assert_eq!(maps(&agent), maps(&fresh), "{what}: maps");
+            assert_eq!(
+                (r.frontends, &r.hints_filled, &r.health_ports, r.stale_files.len(), r.diagnostics.len()),
+                (
+                    full.frontends,
+                    &full.hints_filled,
+                    &full.health_ports,
+                    full.stale_files.len(),
+                    full.diagnostics.len()
+                ),
+                "{what}: report"
+            );
+        }
+        let again = agent.sync(Instant::now()).unwrap();
+        assert_eq!((again.replanned, again.added + again.updated + again.removed), (0, 0), "nothing changed");
+    }
 }

@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(names(&s, "web"), ["a"]);
         s.remove(&ObjKey::new("ns", "a"));
         assert!(names(&s, "web").is_empty());
-        assert!(s.by_service.get(&ObjKey::new("ns", "web")).is_none(), "empty entries are dropped");
+        assert!(!s.by_service.contains_key(&ObjKey::new("ns", "web")), "empty entries are dropped");
         assert_eq!(s.len(), 2);
         // Another namespace's Service of the same name is a different Service.
         assert_eq!(s.of(&ObjKey::new("other", "db")).count(), 0);

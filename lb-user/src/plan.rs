@@ -12,7 +12,8 @@ use std::{
 use serde::Serialize;
 
 use crate::model::{
-    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service, ServicePort,
+    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
+    ServicePort,
 };
 
 /// Which topology filter kube-proxy applies to a Service port on this node.

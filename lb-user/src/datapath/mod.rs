@@ -14,7 +14,10 @@ use lb_common::{
 };
 pub use reconcile::{AdoptReport, ApplyError, ApplyReport, Reconciler};
 
-use crate::{model::Policy, plan::Plan};
+use crate::{
+    model::Policy,
+    plan::{Plan, PortPlan},
+};
 
 /// What one frontend (VIP, port, protocol) should hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,8 +35,13 @@ pub type Desired = BTreeMap<FrontendKey, DesiredFrontend>;
 /// The map contents a plan asks for: one frontend per cluster IP of every planned port, with the tiers of its
 /// internal (ClusterIP) traffic.
 pub fn desired(plan: &Plan) -> Desired {
+    desired_of(&plan.services)
+}
+
+/// The frontends of some planned Service ports (later ports win a shared VIP:port, as in `desired`).
+pub fn desired_of(ports: &[PortPlan]) -> Desired {
     let mut out = Desired::new();
-    for p in &plan.services {
+    for p in ports {
         let proto = p.protocol.number();
         let t = &p.internal;
         let convert =

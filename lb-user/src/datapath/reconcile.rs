@@ -7,7 +7,7 @@
 //! that lookup miss (the program would fail open and send the connect to the raw VIP). BPF programs run under
 //! RCU and finish in microseconds, so a grace period of milliseconds is ample.
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -72,6 +72,8 @@ impl ApplyReport {
 pub struct Reconciler<W: MapWriter> {
     writer: W,
     applied: BTreeMap<FrontendKey, Applied>,
+    /// `namespace/name` -> the applied frontends of that Service (for `apply_services`).
+    by_service: BTreeMap<String, BTreeSet<FrontendKey>>,
     free_ids: Vec<u32>,
     next_id: u32,
     graveyard: VecDeque<Buried>,
@@ -83,6 +85,7 @@ impl<W: MapWriter> Reconciler<W> {
         Self {
             writer,
             applied: BTreeMap::new(),
+            by_service: BTreeMap::new(),
             free_ids: Vec::new(),
             next_id: GLOBAL_SVC_ID + 1,
             graveyard: VecDeque::new(),
@@ -123,51 +126,110 @@ impl<W: MapWriter> Reconciler<W> {
         let gone: Vec<FrontendKey> =
             self.applied.keys().filter(|k| !desired.contains_key(k)).copied().collect();
         for key in gone {
-            let applied = &self.applied[&key];
-            match self.writer.delete_frontend(key) {
-                Ok(()) => {
-                    let value = applied.value;
-                    self.bury(value, now, true);
-                    self.applied.remove(&key);
-                    report.removed += 1;
-                }
-                Err(error) => {
-                    report.errors.push(ApplyError {
-                        service: applied.desired.service.clone(),
-                        frontend: key,
-                        error,
-                    });
-                }
-            }
+            self.remove_frontend(key, now, &mut report);
         }
         for (key, want) in desired {
-            match self.applied.get(key) {
-                Some(a) if &a.desired == want => report.unchanged += 1,
-                previous => {
-                    let previous = previous.map(|a| a.value);
-                    match self.write_frontend(*key, want, previous) {
-                        Ok(value) => {
-                            if let Some(old) = previous {
-                                self.bury(old, now, false);
-                                report.updated += 1;
-                            } else {
-                                report.added += 1;
-                            }
-                            self.applied.insert(*key, Applied { value, desired: want.clone() });
-                        }
-                        Err(error) => {
-                            report.errors.push(ApplyError {
-                                service: want.service.clone(),
-                                frontend: *key,
-                                error,
-                            });
-                        }
-                    }
-                }
-            }
+            self.upsert_frontend(*key, want, now, &mut report);
         }
         self.collect_garbage(now);
         report
+    }
+
+    /// Bring only the frontends of `services` (`namespace/name`) to `desired`, which holds every frontend
+    /// those Services should have and no other: the cost is that of the change, not of all Services. The
+    /// rest stays as applied. (A VIP that moves to one of `services` from a Service not in the list is taken
+    /// over; the API server never gives one VIP to two Services at once.)
+    pub fn apply_services<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a str>,
+        desired: &Desired,
+        now: Instant,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        self.collect_garbage(now);
+        let mut gone = Vec::new();
+        for service in services {
+            if let Some(keys) = self.by_service.get(service) {
+                gone.extend(keys.iter().filter(|k| !desired.contains_key(k)).copied());
+            }
+        }
+        for key in gone {
+            self.remove_frontend(key, now, &mut report);
+        }
+        for (key, want) in desired {
+            self.upsert_frontend(*key, want, now, &mut report);
+        }
+        self.collect_garbage(now);
+        report
+    }
+
+    fn remove_frontend(&mut self, key: FrontendKey, now: Instant, report: &mut ApplyReport) {
+        let Some(applied) = self.applied.get(&key) else { return };
+        match self.writer.delete_frontend(key) {
+            Ok(()) => {
+                let value = applied.value;
+                self.bury(value, now, true);
+                if let Some(applied) = self.applied.remove(&key) {
+                    self.unindex(&applied.desired.service, key);
+                }
+                report.removed += 1;
+            }
+            Err(error) => {
+                report.errors.push(ApplyError {
+                    service: applied.desired.service.clone(),
+                    frontend: key,
+                    error,
+                });
+            }
+        }
+    }
+
+    fn upsert_frontend(
+        &mut self,
+        key: FrontendKey,
+        want: &DesiredFrontend,
+        now: Instant,
+        report: &mut ApplyReport,
+    ) {
+        let previous = match self.applied.get(&key) {
+            Some(a) if &a.desired == want => {
+                report.unchanged += 1;
+                return;
+            }
+            previous => previous.map(|a| a.value),
+        };
+        match self.write_frontend(key, want, previous) {
+            Ok(value) => {
+                if let Some(old) = previous {
+                    self.bury(old, now, false);
+                    report.updated += 1;
+                } else {
+                    report.added += 1;
+                }
+                self.index(key, Applied { value, desired: want.clone() });
+            }
+            Err(error) => {
+                report.errors.push(ApplyError { service: want.service.clone(), frontend: key, error });
+            }
+        }
+    }
+
+    fn index(&mut self, key: FrontendKey, applied: Applied) {
+        self.by_service.entry(applied.desired.service.clone()).or_default().insert(key);
+        if let Some(old) = self.applied.insert(key, applied)
+            && old.desired.service != self.applied[&key].desired.service
+        {
+            self.unindex(&old.desired.service, key);
+        }
+    }
+
+    fn unindex(&mut self, service: &str, key: FrontendKey) {
+        if let Some(keys) = self.by_service.get_mut(service) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.by_service.remove(service);
+            }
+        }
     }
 
     /// Steps (1) and (2) of the swap. On failure, the new slots are removed again and nothing else changed.
@@ -270,7 +332,7 @@ impl<W: MapWriter> Reconciler<W> {
             let (service, port_name) = super::split_label(&label);
             let desired =
                 DesiredFrontend { service, port_name, tiers: rb.tiers.clone(), flags: rb.value.flags };
-            self.applied.insert(*key, Applied { value: rb.value, desired });
+            self.index(*key, Applied { value: rb.value, desired });
             used.insert(rb.value.svc_id);
             report.frontends += 1;
         }

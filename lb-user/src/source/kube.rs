@@ -1,6 +1,7 @@
 //! The API server as a source: kube-rs watchers and reflector stores for Services and EndpointSlices (all
 //! namespaces) and this node's Node object, with backoff; any event wakes the agent, which re-plans from
-//! the stores.
+//! the stores: objects whose resourceVersion changed are converted again, and only the Services they touch
+//! are replanned.
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use futures::StreamExt as _;
@@ -87,9 +88,11 @@ pub struct KubeSource {
     services: Store<core::Service>,
     slices: Store<discovery::EndpointSlice>,
     nodes: Store<core::Node>,
-    /// Converted objects by `kind/namespace/name`, kept so an object that stops converting keeps its last
-    /// good state.
-    last_good: BTreeMap<String, Object>,
+    /// Converted objects by `kind/namespace/name`: an unchanged resourceVersion is not converted again, and
+    /// an object that stops converting keeps its last good state.
+    converted: BTreeMap<String, Converted>,
+    /// The first refresh hands over the whole model; later ones only what changed.
+    delivered: bool,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -158,7 +161,14 @@ impl KubeSource {
         );
         let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let (nodes, t3) = spawn_watch(Api::<core::Node>::all(client), node_cfg, changed);
-        let source = Self { services, slices, nodes, last_good: BTreeMap::new(), tasks: vec![t1, t2, t3] };
+        let source = Self {
+            services,
+            slices,
+            nodes,
+            converted: BTreeMap::new(),
+            delivered: false,
+            tasks: vec![t1, t2, t3],
+        };
         for (what, ready) in [
             ("Service", source.services.wait_until_ready().await.is_ok()),
             ("EndpointSlice", source.slices.wait_until_ready().await.is_ok()),
@@ -186,30 +196,24 @@ impl KubeSource {
 
     /// The model as the stores hold it now.
     pub fn snapshot(&mut self) -> Loaded {
-        let mut loaded = Loaded::default();
-        let mut objects = Vec::new();
-        let source = PathBuf::from("<api-server>");
-        let mut take =
-            |key: String, label: String, r: Result<Object, convert::FieldError>, loaded: &mut Loaded| match r
-            {
-                Ok(o) => {
-                    self.last_good.insert(key, o.clone());
-                    objects.push((source.clone(), o));
-                }
-                Err(e) => {
-                    loaded.diagnostics.push(Diagnostic {
-                        severity: Severity::Error,
-                        file: source.clone(),
-                        document: None,
-                        object: Some(label),
-                        field: Some(e.field),
-                        message: e.message,
-                    });
-                    if let Some(o) = self.last_good.get(&key) {
-                        objects.push((source.clone(), o.clone()));
-                    }
-                }
-            };
+        let diagnostics = self.refresh_objects().2;
+        let objects = self.used_objects();
+        let mut loaded = Loaded { diagnostics, ..Loaded::default() };
+        loaded.model = assemble(objects, &mut loaded.diagnostics);
+        loaded
+    }
+
+    fn used_objects(&self) -> Vec<(PathBuf, Object)> {
+        self.converted
+            .values()
+            .filter_map(|c| c.used.clone())
+            .map(|o| (PathBuf::from(API_SERVER), o))
+            .collect()
+    }
+
+    /// Convert what changed in the stores: (removed, upserted, every current problem).
+    fn refresh_objects(&mut self) -> (Vec<Object>, Vec<Object>, Vec<Diagnostic>) {
+        let mut step = Step::default();
         let name = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
             format!(
                 "{}/{}",
@@ -219,32 +223,107 @@ impl KubeSource {
         };
         for s in self.services.state() {
             let n = name(&s.metadata);
-            take(
-                format!("Service/{n}"),
-                format!("Service {n}"),
-                convert::service(&s).map(Object::Service),
-                &mut loaded,
-            );
+            step.consider(&mut self.converted, format!("Service {n}"), &s.metadata.resource_version, || {
+                convert::service(&s).map(Object::Service)
+            });
         }
         for s in self.slices.state() {
             let n = name(&s.metadata);
-            take(
-                format!("EndpointSlice/{n}"),
+            step.consider(
+                &mut self.converted,
                 format!("EndpointSlice {n}"),
-                convert::endpoint_slice(&s).map(Object::EndpointSlice),
-                &mut loaded,
+                &s.metadata.resource_version,
+                || convert::endpoint_slice(&s).map(Object::EndpointSlice),
             );
         }
         for s in self.nodes.state() {
             let n = s.metadata.name.clone().unwrap_or_default();
-            take(format!("Node/{n}"), format!("Node {n}"), convert::node(&s).map(Object::Node), &mut loaded);
+            step.consider(&mut self.converted, format!("Node {n}"), &s.metadata.resource_version, || {
+                convert::node(&s).map(Object::Node)
+            });
         }
-        loaded.model = assemble(objects, &mut loaded.diagnostics);
-        loaded
+        let mut removed = Vec::new();
+        self.converted.retain(|key, c| {
+            let keep = step.seen.contains(key);
+            if !keep {
+                removed.extend(c.used.take());
+            }
+            keep
+        });
+        (removed, step.upserted, step.diagnostics)
+    }
+}
+
+const API_SERVER: &str = "<api-server>";
+
+/// One object's conversion, by `Kind namespace/name`.
+#[derive(Debug, Default)]
+struct Converted {
+    version: Option<String>,
+    /// The converted object the model uses (the last good one while the current version does not convert).
+    used: Option<Object>,
+    /// Why the current version does not convert.
+    error: Option<Diagnostic>,
+}
+
+#[derive(Default)]
+struct Step {
+    seen: std::collections::HashSet<String>,
+    upserted: Vec<Object>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl Step {
+    fn consider(
+        &mut self,
+        cache: &mut BTreeMap<String, Converted>,
+        label: String,
+        version: &Option<String>,
+        convert: impl FnOnce() -> Result<Object, convert::FieldError>,
+    ) {
+        let entry = cache.entry(label.clone()).or_default();
+        self.seen.insert(label.clone());
+        if version.is_some() && &entry.version == version {
+            self.diagnostics.extend(entry.error.clone());
+            return;
+        }
+        entry.version.clone_from(version);
+        match convert() {
+            Ok(o) => {
+                entry.error = None;
+                if entry.used.as_ref() != Some(&o) {
+                    self.upserted.push(o.clone());
+                    entry.used = Some(o);
+                }
+            }
+            Err(e) => {
+                let d = Diagnostic {
+                    severity: Severity::Error,
+                    file: PathBuf::from(API_SERVER),
+                    document: None,
+                    object: Some(label),
+                    field: Some(e.field),
+                    message: e.message,
+                };
+                self.diagnostics.push(d.clone());
+                entry.error = Some(d);
+            }
+        }
     }
 }
 
 impl super::ModelSource for KubeSource {
+    fn refresh(&mut self) -> std::io::Result<super::Refresh> {
+        let (removed, upserted, diagnostics) = self.refresh_objects();
+        let changes = if self.delivered {
+            super::Changes::Objects { removed, upserted }
+        } else {
+            self.delivered = true;
+            let mut duplicates = Vec::new();
+            super::Changes::All(assemble(self.used_objects(), &mut duplicates))
+        };
+        Ok(super::Refresh { changes, diagnostics, stale_files: Vec::new() })
+    }
     fn load(&mut self) -> std::io::Result<Loaded> {
         Ok(self.snapshot())
     }

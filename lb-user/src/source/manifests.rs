@@ -4,7 +4,7 @@
 //! document index and field, and skipped; a file with any problem keeps the objects it had at the last load
 //! that was clean ("last good state"), so a half-saved edit cannot drop a Service's endpoints.
 use std::{
-    collections::{BTreeMap, btree_map::Entry},
+    collections::{BTreeMap, HashMap, btree_map::Entry},
     fmt,
     path::{Path, PathBuf},
 };
@@ -24,7 +24,7 @@ pub enum Object {
 }
 
 impl Object {
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             Self::Service(s) => format!("Service {}", s.key),
             Self::EndpointSlice(s) => format!("EndpointSlice {}", s.key),
@@ -205,12 +205,53 @@ fn push<T>(
     }
 }
 
-/// A manifests directory with per-file memory of the last clean load.
+/// A manifests directory with per-file memory: what each file contributed (its last clean version while the
+/// current one has errors), and the file's stamp, so an unchanged file is neither read nor parsed again.
 #[derive(Debug, Default)]
 pub struct ManifestDir {
     dir: PathBuf,
-    /// The objects each file contributed at its last load without errors.
-    last_good: BTreeMap<PathBuf, Vec<Object>>,
+    files: BTreeMap<PathBuf, FileState>,
+    /// How many files (or documents) define each object, by `Object::describe`.
+    defined: HashMap<String, usize>,
+    /// Duplicate-object errors from the last full assembly.
+    duplicates: Vec<Diagnostic>,
+    assembled: bool,
+}
+
+#[derive(Debug)]
+struct FileState {
+    /// `None` when the file could not be read: it is read again on the next refresh.
+    stamp: Option<Stamp>,
+    /// The objects the model takes from this file.
+    used: Vec<Object>,
+    diagnostics: Vec<Diagnostic>,
+    /// `used` is the last clean version; the current content has errors.
+    stale: bool,
+    /// `used` came from a clean version (so it is the one to keep while the file has errors).
+    good: bool,
+}
+
+/// What tells that a file changed without reading it: a save rewrites it (new size or mtime/ctime) or
+/// replaces it (new inode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        dev: m.dev(),
+        ino: m.ino(),
+        len: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+    })
 }
 
 /// Result of (re)loading a directory.
@@ -224,7 +265,7 @@ pub struct Loaded {
 
 impl ManifestDir {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into(), last_good: BTreeMap::new() }
+        Self { dir: dir.into(), ..Self::default() }
     }
 
     pub fn dir(&self) -> &Path {
@@ -246,44 +287,119 @@ impl ManifestDir {
         Ok(files)
     }
 
-    /// Read every file again. Fails only when the directory itself cannot be read.
+    /// The whole model as of now (reads whatever changed first).
     pub fn load(&mut self) -> std::io::Result<Loaded> {
-        let mut loaded = Loaded::default();
-        let mut objects: Vec<(PathBuf, Object)> = Vec::new();
+        let r = self.refresh()?;
+        let model = match r.changes {
+            super::Changes::All(model) => model,
+            super::Changes::Objects { .. } => assemble(self.objects(), &mut Vec::new()),
+        };
+        Ok(Loaded { model, diagnostics: r.diagnostics, stale_files: r.stale_files })
+    }
+
+    fn objects(&self) -> Vec<(PathBuf, Object)> {
+        self.files.iter().flat_map(|(p, f)| f.used.iter().map(move |o| (p.clone(), o.clone()))).collect()
+    }
+
+    /// Read the files that changed since the last refresh. Fails only when the directory itself cannot be
+    /// read.
+    pub fn refresh(&mut self) -> std::io::Result<super::Refresh> {
         let files = self.files()?;
-        self.last_good.retain(|p, _| files.contains(p));
-        for path in files {
-            let contents = match std::fs::read_to_string(&path) {
-                Ok(text) => parse_file(&path, &text),
-                Err(e) => FileContents {
-                    objects: Vec::new(),
-                    diagnostics: vec![Diagnostic {
-                        severity: Severity::Error,
-                        file: path.clone(),
-                        document: None,
-                        object: None,
-                        field: None,
-                        message: format!("cannot read: {e}"),
-                    }],
+        // (objects the file gave before, objects it gives now) for every file that changed.
+        let mut changed: Vec<(Vec<Object>, Vec<Object>)> = Vec::new();
+        let gone: Vec<PathBuf> =
+            self.files.keys().filter(|p| files.binary_search(p).is_err()).cloned().collect();
+        for path in gone {
+            if let Some(state) = self.files.remove(&path) {
+                changed.push((state.used, Vec::new()));
+            }
+        }
+        for path in &files {
+            let now = stamp(path);
+            if now.is_some() && self.files.get(path).is_some_and(|f| f.stamp == now) {
+                continue;
+            }
+            let (contents, now) = match std::fs::read_to_string(path) {
+                Ok(text) => (parse_file(path, &text), now),
+                Err(e) => (
+                    FileContents {
+                        objects: Vec::new(),
+                        diagnostics: vec![Diagnostic {
+                            severity: Severity::Error,
+                            file: path.clone(),
+                            document: None,
+                            object: None,
+                            field: None,
+                            message: format!("cannot read: {e}"),
+                        }],
+                    },
+                    None,
+                ),
+            };
+            let previous = self.files.remove(path);
+            let before = previous.as_ref().map(|f| f.used.clone()).unwrap_or_default();
+            let state = match previous.filter(|f| f.good) {
+                Some(last_good) if contents.has_errors() => FileState {
+                    stamp: now,
+                    used: last_good.used,
+                    diagnostics: contents.diagnostics,
+                    stale: true,
+                    good: true,
+                },
+                _ => FileState {
+                    stamp: now,
+                    good: !contents.has_errors(),
+                    used: contents.objects,
+                    diagnostics: contents.diagnostics,
+                    stale: false,
                 },
             };
-            let use_objects = if contents.has_errors() {
-                match self.last_good.get(&path) {
-                    Some(previous) => {
-                        loaded.stale_files.push(path.clone());
-                        previous.clone()
-                    }
-                    None => contents.objects.clone(),
-                }
-            } else {
-                self.last_good.insert(path.clone(), contents.objects.clone());
-                contents.objects.clone()
-            };
-            loaded.diagnostics.extend(contents.diagnostics);
-            objects.extend(use_objects.into_iter().map(|o| (path.clone(), o)));
+            if before != state.used {
+                changed.push((before, state.used.clone()));
+            }
+            self.files.insert(path.clone(), state);
         }
-        loaded.model = assemble(objects, &mut loaded.diagnostics);
-        Ok(loaded)
+
+        // A change that touches an object defined more than once (before or after) may change which copy
+        // wins: assemble everything again. Otherwise the difference is exact.
+        let mut duplicate_involved = false;
+        for (before, after) in &changed {
+            for o in before {
+                let n = self.defined.entry(o.describe()).or_default();
+                duplicate_involved |= *n > 1;
+                *n = n.saturating_sub(1);
+            }
+            for o in after {
+                let n = self.defined.entry(o.describe()).or_default();
+                *n += 1;
+                duplicate_involved |= *n > 1;
+            }
+        }
+        self.defined.retain(|_, n| *n > 0);
+        let changes = if !self.assembled || duplicate_involved {
+            self.assembled = true;
+            self.duplicates.clear();
+            super::Changes::All(assemble(self.objects(), &mut self.duplicates))
+        } else {
+            let mut removed = Vec::new();
+            let mut upserted = Vec::new();
+            for (before, after) in changed {
+                let mut before: HashMap<String, Object> =
+                    before.into_iter().map(|o| (o.describe(), o)).collect();
+                for o in after {
+                    if before.remove(&o.describe()).as_ref() != Some(&o) {
+                        upserted.push(o);
+                    }
+                }
+                removed.extend(before.into_values());
+            }
+            super::Changes::Objects { removed, upserted }
+        };
+        let mut diagnostics: Vec<Diagnostic> =
+            self.files.values().flat_map(|f| f.diagnostics.iter().cloned()).collect();
+        diagnostics.extend(self.duplicates.iter().cloned());
+        let stale_files = self.files.iter().filter(|(_, f)| f.stale).map(|(p, _)| p.clone()).collect();
+        Ok(super::Refresh { changes, diagnostics, stale_files })
     }
 }
 
