@@ -4,6 +4,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::IpAddr,
+    sync::Arc,
 };
 
 use serde::Serialize;
@@ -263,7 +264,8 @@ impl Model {
 /// walk over every slice (which made planning 10,000 Services quadratic).
 #[derive(Clone, Debug, Default)]
 pub struct Slices {
-    by_key: BTreeMap<ObjKey, EndpointSlice>,
+    /// Shared with the source that delivered them (one copy of every endpoint in memory, not two).
+    by_key: BTreeMap<ObjKey, Arc<EndpointSlice>>,
     /// Service key (namespace, `kubernetes.io/service-name`) -> its slices' keys.
     by_service: BTreeMap<ObjKey, BTreeSet<ObjKey>>,
 }
@@ -284,7 +286,11 @@ impl std::ops::Index<&ObjKey> for Slices {
 }
 
 impl Slices {
-    pub fn insert(&mut self, key: ObjKey, slice: EndpointSlice) -> Option<EndpointSlice> {
+    pub fn insert(&mut self, key: ObjKey, slice: EndpointSlice) -> Option<Arc<EndpointSlice>> {
+        self.insert_shared(key, Arc::new(slice))
+    }
+
+    pub fn insert_shared(&mut self, key: ObjKey, slice: Arc<EndpointSlice>) -> Option<Arc<EndpointSlice>> {
         if let Some(owner) = slice.owner() {
             self.by_service.entry(owner).or_default().insert(key.clone());
         }
@@ -295,7 +301,7 @@ impl Slices {
         previous
     }
 
-    pub fn remove(&mut self, key: &ObjKey) -> Option<EndpointSlice> {
+    pub fn remove(&mut self, key: &ObjKey) -> Option<Arc<EndpointSlice>> {
         let old = self.by_key.remove(key)?;
         self.unindex(key, &old);
         Some(old)
@@ -305,7 +311,7 @@ impl Slices {
     /// belongs to it.
     fn unindex(&mut self, key: &ObjKey, old: &EndpointSlice) {
         let Some(owner) = old.owner() else { return };
-        if self.by_key.get(key).and_then(EndpointSlice::owner).as_ref() == Some(&owner) {
+        if self.by_key.get(key).and_then(|s| s.owner()).as_ref() == Some(&owner) {
             return;
         }
         if let Some(set) = self.by_service.get_mut(&owner) {
@@ -317,11 +323,11 @@ impl Slices {
     }
 
     pub fn get(&self, key: &ObjKey) -> Option<&EndpointSlice> {
-        self.by_key.get(key)
+        self.by_key.get(key).map(|s| &**s)
     }
 
     pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
-        self.by_key.values()
+        self.by_key.values().map(|s| &**s)
     }
 
     pub fn len(&self) -> usize {
@@ -334,7 +340,7 @@ impl Slices {
 
     /// The slices of one Service, in key order.
     pub fn of<'a>(&'a self, svc: &ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.by_service.get(svc).into_iter().flatten().filter_map(|k| self.by_key.get(k))
+        self.by_service.get(svc).into_iter().flatten().filter_map(|k| self.by_key.get(k).map(|s| &**s))
     }
 }
 

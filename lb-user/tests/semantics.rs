@@ -532,7 +532,7 @@ fn named_target_ports_resolve_per_slice() {
 fn only_the_first_address_of_an_endpoint_counts_and_headless_services_get_no_plan() {
     let mut m = model(svc(), &[e("10.0.0.1", "n1")]);
     let k = ObjKey::new("default", "web-abc");
-    let mut changed = m.slices.remove(&k).unwrap();
+    let mut changed = std::sync::Arc::unwrap_or_clone(m.slices.remove(&k).unwrap());
     changed.endpoints[0].address = Some("10.0.0.1".parse().unwrap());
     m.slices.insert(k.clone(), changed);
     let t = internal(&m, &node("n1", None));

@@ -233,7 +233,7 @@ impl KubeSource {
                 &mut self.converted,
                 format!("EndpointSlice {n}"),
                 &s.metadata.resource_version,
-                || convert::endpoint_slice(&s).map(Object::EndpointSlice),
+                || convert::endpoint_slice(&s).map(|s| Object::EndpointSlice(s.into())),
             );
         }
         for s in self.nodes.state() {

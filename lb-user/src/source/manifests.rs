@@ -19,7 +19,8 @@ use crate::model::{EndpointSlice, Model, Node, Service};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     Service(Service),
-    EndpointSlice(EndpointSlice),
+    /// Shared with the model (slices hold most of the memory).
+    EndpointSlice(std::sync::Arc<EndpointSlice>),
     Node(Node),
 }
 
@@ -150,7 +151,7 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
         ),
         ("EndpointSlice", "discovery.k8s.io/v1") => push(
             typed::<discovery::EndpointSlice>(value).and_then(|s| ok(convert::endpoint_slice(&s))),
-            Object::EndpointSlice,
+            |s| Object::EndpointSlice(s.into()),
             label,
             &diag,
             out,
@@ -365,9 +366,14 @@ impl ManifestDir {
         let mut duplicate_involved = false;
         for (before, after) in &changed {
             for o in before {
-                let n = self.defined.entry(o.describe()).or_default();
-                duplicate_involved |= *n > 1;
-                *n = n.saturating_sub(1);
+                let id = o.describe();
+                let n = self.defined.get(&id).copied().unwrap_or(0);
+                duplicate_involved |= n > 1;
+                if n > 1 {
+                    self.defined.insert(id, n - 1);
+                } else {
+                    self.defined.remove(&id);
+                }
             }
             for o in after {
                 let n = self.defined.entry(o.describe()).or_default();
@@ -375,7 +381,6 @@ impl ManifestDir {
                 duplicate_involved |= *n > 1;
             }
         }
-        self.defined.retain(|_, n| *n > 0);
         let changes = if !self.assembled || duplicate_involved {
             self.assembled = true;
             self.duplicates.clear();
@@ -430,7 +435,7 @@ pub fn assemble(objects: Vec<(PathBuf, Object)>, diagnostics: &mut Vec<Diagnosti
                 model.services.insert(s.key.clone(), s);
             }
             Object::EndpointSlice(s) => {
-                model.slices.insert(s.key.clone(), s);
+                model.slices.insert_shared(s.key.clone(), s);
             }
             Object::Node(n) => {
                 model.nodes.insert(n.name.clone(), n);
