@@ -8,7 +8,7 @@ pub struct Options {
     /// Two Service counts and short runs (under two minutes).
     #[arg(long)]
     pub quick: bool,
-    /// Regenerate BENCHMARKS.md and bench/latency.svg at the repository root.
+    /// Regenerate BENCHMARKS.md and the charts in bench/ at the repository root.
     #[arg(long)]
     pub report: bool,
 }

@@ -49,10 +49,12 @@ enum Cmd {
         #[arg(long, default_value_t = 500)]
         timeout_ms: u64,
     },
-    /// connect()+close() load on N threads (JSON result on stdout).
+    /// connect()+close() (or short request/response) load on N threads (JSON result on stdout).
     Load {
         #[arg(long)]
         target: SocketAddr,
+        #[arg(long, value_enum, default_value = "connect")]
+        mode: tierlb::lab::bench::LoadMode,
         #[arg(long, default_value_t = 2)]
         threads: usize,
         #[arg(long, default_value_t = 2.0)]
@@ -106,8 +108,8 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("steps serialise"));
             ExitCode::SUCCESS
         }
-        Cmd::Load { target, threads, seconds } => {
-            let r = tierlb::lab::bench::load(target, threads, Duration::from_secs_f64(seconds));
+        Cmd::Load { target, mode, threads, seconds } => {
+            let r = tierlb::lab::bench::load(target, threads, Duration::from_secs_f64(seconds), mode);
             println!("{}", serde_json::to_string(&r).expect("result serialises"));
             ExitCode::SUCCESS
         }
@@ -116,15 +118,19 @@ fn main() -> ExitCode {
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
             match tierlb::lab::bench::run(&me, &tierlb, quick) {
                 Ok(r) => {
-                    let chart = tierlb::lab::bench::chart(&r);
-                    let md = tierlb::lab::bench::markdown(&r, &chart);
+                    let md = tierlb::lab::bench::markdown(&r);
                     print!("{md}");
                     if let Some(dir) = report {
-                        let ok = std::fs::create_dir_all(dir.join("bench"))
-                            .and_then(|()| std::fs::write(dir.join("bench/latency.svg"), &chart))
-                            .and_then(|()| std::fs::write(dir.join("BENCHMARKS.md"), &md));
+                        let ok = tierlb::lab::bench::charts(&r).and_then(|charts| {
+                            std::fs::create_dir_all(dir.join("bench"))?;
+                            for (name, svg) in charts {
+                                std::fs::write(dir.join("bench").join(name), svg)?;
+                            }
+                            std::fs::write(dir.join("BENCHMARKS.md"), &md)?;
+                            Ok(())
+                        });
                         if let Err(e) = ok {
-                            eprintln!("tierlb-lab bench: writing the report: {e}");
+                            eprintln!("tierlb-lab bench: writing the report: {e:#}");
                             return ExitCode::FAILURE;
                         }
                     }
