@@ -239,3 +239,54 @@ async fn an_object_that_stops_converting_keeps_its_last_good_state() {
     assert_eq!(ep.address.unwrap().to_string(), "10.244.1.5", "last good version kept");
     server.abort();
 }
+
+#[tokio::test]
+async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
+    use tierlb::source::{Changes, manifests::Object};
+    let script = Arc::new(Mutex::new(script()));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script.clone()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut source =
+        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
+            .await
+            .unwrap();
+    let first = source.refresh().unwrap();
+    assert!(matches!(&first.changes, Changes::All(m) if m.services.len() == 1 && m.slices.len() == 1));
+    // Nothing changed: nothing handed over (and nothing converted again).
+    assert!(source.refresh().unwrap().changes.is_empty());
+    while rx.try_recv().is_ok() {}
+
+    let changed = slice("31", &[("10.244.3.3", "node-1")]);
+    let sc = script.clone();
+    wait_for(move || {
+        release(&sc, "endpointslices", vec![json!({"type": "MODIFIED", "object": changed.clone()})])
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let r = source.refresh().unwrap();
+    let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
+    assert!(removed.is_empty());
+    match upserted.as_slice() {
+        [Object::EndpointSlice(s)] => {
+            assert_eq!(s.key, ObjKey::new("shop", "web-1"));
+            assert_eq!(s.endpoints[0].address.unwrap().to_string(), "10.244.3.3");
+        }
+        other => panic!("expected the one slice, got {other:?}"),
+    }
+
+    let gone = slice("32", &[("10.244.3.3", "node-1")]);
+    let sc = script.clone();
+    wait_for(move || {
+        release(&sc, "endpointslices", vec![json!({"type": "DELETED", "object": gone.clone()})])
+    })
+    .await;
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let r = source.refresh().unwrap();
+    let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
+    assert!(upserted.is_empty());
+    assert!(
+        matches!(removed.as_slice(), [Object::EndpointSlice(s)] if s.key == ObjKey::new("shop", "web-1"))
+    );
+    server.abort();
+}
