@@ -981,6 +981,29 @@ mod tests {
         }
     }
 
+    /// The load tool and the backend speak both modes: every operation completes, none fails. (Runs as
+    /// root, in a private netns with only `lo`.)
+    #[test]
+    fn the_load_tool_completes_both_modes_against_the_backend() {
+        let ns = NetNs::new("bench-test").unwrap();
+        let backend: SocketAddr = BACKEND.parse().unwrap();
+        ns.add_address(backend.ip()).unwrap();
+        let _sink = Sink::start(&ns, backend).unwrap();
+        for mode in MODES {
+            let file = ns.file().try_clone().unwrap();
+            // Threads inherit the network namespace of the thread that creates them.
+            let r = std::thread::spawn(move || {
+                nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap();
+                load(backend, 2, Duration::from_millis(300), mode)
+            })
+            .join()
+            .unwrap();
+            assert!(r.ops > 50 && r.errors == 0, "{mode:?}: {r:?}");
+            assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us, "{mode:?}: {r:?}");
+        }
+    }
+
     #[test]
     fn the_report_judges_the_targets_from_the_rows_and_charts_every_path() {
         let r = report();
