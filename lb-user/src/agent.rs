@@ -57,6 +57,8 @@ pub struct AgentCore<W: MapWriter> {
     frontends: usize,
     hints_filled: BTreeSet<ObjKey>,
     health: BTreeMap<ObjKey, (u16, crate::server::ServiceHealth)>,
+    /// Services whose frontends failed to apply: tried again on the next sync, as a full diff would.
+    failed: BTreeSet<ObjKey>,
     hints_reported: std::collections::BTreeSet<String>,
 }
 
@@ -87,6 +89,7 @@ impl<W: MapWriter> AgentCore<W> {
             frontends: 0,
             hints_filled: BTreeSet::new(),
             health: BTreeMap::new(),
+            failed: BTreeSet::new(),
             hints_reported: std::collections::BTreeSet::new(),
         }
     }
@@ -105,7 +108,7 @@ impl<W: MapWriter> AgentCore<W> {
     pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
         let started = Instant::now();
         let refresh = self.source.refresh()?;
-        let mut touched = BTreeSet::new();
+        let mut touched = std::mem::take(&mut self.failed);
         let mut everything = false;
         match refresh.changes {
             Changes::All(model) => {
@@ -140,6 +143,7 @@ impl<W: MapWriter> AgentCore<W> {
             self.reconciler.apply_services(labels.iter().map(String::as_str), &desired, now)
         };
         self.node = Some(node.clone());
+        self.failed = applied.errors.iter().filter_map(|e| e.service.parse().ok()).collect();
         let hints_filled: Vec<String> = self.hints_filled.iter().map(ToString::to_string).collect();
         let hints_newly_filled =
             hints_filled.iter().filter(|s| !self.hints_reported.contains(*s)).cloned().collect();
@@ -633,6 +637,32 @@ mod tests {
 
     fn nodes(zone_of_node_1: &str) -> String {
         to_yaml(&[node("node-1", Some(zone_of_node_1)), node("node-2", Some("b"))])
+    }
+
+    #[test]
+    fn a_service_that_did_not_fit_is_tried_again_on_the_next_sync() {
+        let tmp = TempDir::new("agent-retry").unwrap();
+        let dir = tmp.path();
+        let two = [ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")];
+        write_service(dir, &Svc::new("alpha", ip("10.96.0.11"), 80, 8080), &two).unwrap();
+        write_service(dir, &Svc::new("beta", ip("10.96.0.12"), 80, 8080), &two).unwrap();
+        // Room for three slots: alpha fits, beta does not.
+        let mut agent = AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 3));
+        let r = agent.sync(Instant::now()).unwrap();
+        assert_eq!((r.added, r.errors.len()), (1, 1), "{:?}", r.errors);
+        // alpha goes away (after its grace period its slots are free); beta's file is untouched.
+        std::fs::remove_file(dir.join("alpha.yaml")).unwrap();
+        let later = Instant::now() + datapath::DEFAULT_GRACE * 2;
+        agent.collect_garbage(later);
+        let r = agent.sync(later).unwrap();
+        assert_eq!(r.removed, 1);
+        agent.collect_garbage(later + datapath::DEFAULT_GRACE * 2);
+        let r = agent.sync(later + datapath::DEFAULT_GRACE * 2).unwrap();
+        assert_eq!((r.added, r.errors.len()), (1, 0), "beta tried again: {:?}", r.errors);
+        assert_eq!(
+            maps(&agent).values().map(|(label, ..)| label.as_str()).collect::<Vec<_>>(),
+            ["default/beta:main"]
+        );
     }
 
     #[test]

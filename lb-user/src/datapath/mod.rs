@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use lb_common::{
     Backend, COUNTERS_PER_SERVICE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FrontendKey, FrontendValue, SlotKey,
 };
-pub use reconcile::{AdoptReport, ApplyError, ApplyReport, Reconciler};
+pub use reconcile::{AdoptReport, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
 use crate::{
     model::Policy,
