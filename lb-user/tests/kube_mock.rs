@@ -142,6 +142,29 @@ async fn wait_for(f: impl Fn() -> bool) {
     panic!("condition not reached in 5 s");
 }
 
+/// A source started against the mock API server playing `script`: the source, its change signal, and the
+/// server task.
+async fn started(
+    script: &Arc<Mutex<Script>>,
+) -> (KubeSource, mpsc::UnboundedReceiver<()>, tokio::task::JoinHandle<()>) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script.clone()));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let source =
+        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
+            .await
+            .unwrap();
+    (source, rx, server)
+}
+
+/// Send one EndpointSlice watch event and wait until the source has signalled it.
+async fn deliver(script: &Arc<Mutex<Script>>, rx: &mut mpsc::UnboundedReceiver<()>, event: Value) {
+    while rx.try_recv().is_ok() {}
+    let sc = script.clone();
+    wait_for(move || release(&sc, "endpointslices", vec![event.clone()])).await;
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+}
+
 #[tokio::test]
 async fn kube_source_lists_watches_and_resumes_a_dropped_watch() {
     let mut s = script();
@@ -213,24 +236,12 @@ async fn a_missing_rbac_rule_is_named() {
 #[tokio::test]
 async fn an_object_that_stops_converting_keeps_its_last_good_state() {
     let script = Arc::new(Mutex::new(script()));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script.clone()));
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut source =
-        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
-            .await
-            .unwrap();
+    let (mut source, mut rx, server) = started(&script).await;
     assert!(source.load().unwrap().diagnostics.is_empty());
-    while rx.try_recv().is_ok() {}
     // Now the slice changes into something that does not convert.
     let mut bad = slice("21", &[("10.244.9.9", "node-9")]);
     bad["endpoints"][0]["addresses"][0] = json!("not-an-ip");
-    let sc = script.clone();
-    wait_for(move || {
-        release(&sc, "endpointslices", vec![json!({"type": "MODIFIED", "object": bad.clone()})])
-    })
-    .await;
-    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": bad})).await;
     let loaded = source.load().unwrap();
     let d = &loaded.diagnostics[0];
     assert_eq!(d.object.as_deref(), Some("EndpointSlice shop/web-1"));
@@ -244,26 +255,14 @@ async fn an_object_that_stops_converting_keeps_its_last_good_state() {
 async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
     use tierlb::source::{Changes, manifests::Object};
     let script = Arc::new(Mutex::new(script()));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script.clone()));
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut source =
-        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
-            .await
-            .unwrap();
+    let (mut source, mut rx, server) = started(&script).await;
     let first = source.refresh().unwrap();
     assert!(matches!(&first.changes, Changes::All(m) if m.services.len() == 1 && m.slices.len() == 1));
     // Nothing changed: nothing handed over (and nothing converted again).
     assert!(source.refresh().unwrap().changes.is_empty());
-    while rx.try_recv().is_ok() {}
 
     let changed = slice("31", &[("10.244.3.3", "node-1")]);
-    let sc = script.clone();
-    wait_for(move || {
-        release(&sc, "endpointslices", vec![json!({"type": "MODIFIED", "object": changed.clone()})])
-    })
-    .await;
-    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": changed})).await;
     let r = source.refresh().unwrap();
     let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
     assert!(removed.is_empty());
@@ -276,12 +275,7 @@ async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
     }
 
     let gone = slice("32", &[("10.244.3.3", "node-1")]);
-    let sc = script.clone();
-    wait_for(move || {
-        release(&sc, "endpointslices", vec![json!({"type": "DELETED", "object": gone.clone()})])
-    })
-    .await;
-    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    deliver(&script, &mut rx, json!({"type": "DELETED", "object": gone})).await;
     let r = source.refresh().unwrap();
     let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
     assert!(upserted.is_empty());
