@@ -51,24 +51,17 @@ pub struct AgentCore<W: MapWriter> {
     model: Model,
     /// The node as of the last sync; a different one (zone label changed) replans every Service.
     node: Option<NodeInfo>,
-    /// What the last plan of each Service gave.
-    planned: BTreeMap<ObjKey, Planned>,
-    /// Sums over `planned`, kept up to date so a sync that replans one Service does not walk them all.
+    /// How many frontends the last plan of each Service wants, and their sum (kept up to date, so a sync
+    /// that replans one Service does not walk them all).
+    planned: BTreeMap<ObjKey, usize>,
     frontends: usize,
+    /// Services planned with the controller's hints filled in.
     hints_filled: BTreeSet<ObjKey>,
+    /// `healthCheckNodePort` and local endpoints of the Services with externalTrafficPolicy Local.
     health: BTreeMap<ObjKey, (u16, crate::server::ServiceHealth)>,
     /// Services whose frontends failed to apply: tried again on the next sync, as a full diff would.
     failed: BTreeSet<ObjKey>,
     hints_reported: std::collections::BTreeSet<String>,
-}
-
-/// One Service's share of the agent's state.
-#[derive(Debug, Default)]
-struct Planned {
-    frontends: usize,
-    hints_filled: bool,
-    /// `healthCheckNodePort` and its local endpoints (externalTrafficPolicy Local only).
-    health: Option<(u16, crate::server::ServiceHealth)>,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -128,9 +121,10 @@ impl<W: MapWriter> AgentCore<W> {
         everything |= self.node.as_ref() != Some(&node);
         let replanned;
         let applied = if everything {
-            for key in self.planned.keys().cloned().collect::<Vec<_>>() {
-                self.set_planned(&key, None);
-            }
+            self.planned.clear();
+            self.frontends = 0;
+            self.hints_filled.clear();
+            self.health.clear();
             let keys: Vec<ObjKey> = self.model.services.keys().cloned().collect();
             replanned = keys.len();
             let desired = self.plan_services(&keys, &node);
@@ -218,47 +212,34 @@ impl<W: MapWriter> AgentCore<W> {
     fn plan_services(&mut self, keys: &[ObjKey], node: &NodeInfo) -> Desired {
         let mut desired = Desired::new();
         for key in keys {
-            let Some(svc) = self.model.services.get(key) else {
-                self.set_planned(key, None);
-                continue;
-            };
+            self.forget(key);
+            let Some(svc) = self.model.services.get(key) else { continue };
             let filled = crate::hints::fill_for(&self.model, svc);
             let slices: Vec<&EndpointSlice> = match &filled {
                 Some(owned) => owned.iter().collect(),
                 None => self.model.slices_of(key).collect(),
             };
             let plans = plan::plan_service(svc, &slices, node);
-            let mut planned = Planned { hints_filled: filled.is_some(), ..Planned::default() };
+            if filled.is_some() {
+                self.hints_filled.insert(key.clone());
+            }
             for (port, h) in plans.iter().filter_map(|p| health_port(svc, p)) {
-                match &mut planned.health {
-                    Some((_, seen)) => seen.local_endpoints = seen.local_endpoints.max(h.local_endpoints),
-                    None => planned.health = Some((port, h)),
-                }
+                let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
+                seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
             }
             let mine = datapath::desired_of(&plans);
-            planned.frontends = mine.len();
+            self.frontends += mine.len();
+            self.planned.insert(key.clone(), mine.len());
             desired.extend(mine);
-            self.set_planned(key, Some(planned));
         }
         desired
     }
 
-    fn set_planned(&mut self, key: &ObjKey, planned: Option<Planned>) {
-        if let Some(old) = self.planned.remove(key) {
-            self.frontends -= old.frontends;
-        }
+    /// Drop what the last plan of this Service contributed.
+    fn forget(&mut self, key: &ObjKey) {
+        self.frontends -= self.planned.remove(key).unwrap_or(0);
         self.hints_filled.remove(key);
         self.health.remove(key);
-        if let Some(p) = planned {
-            self.frontends += p.frontends;
-            if p.hints_filled {
-                self.hints_filled.insert(key.clone());
-            }
-            if let Some(h) = &p.health {
-                self.health.insert(key.clone(), h.clone());
-            }
-            self.planned.insert(key.clone(), p);
-        }
     }
 
     pub fn collect_garbage(&mut self, now: Instant) {
