@@ -121,18 +121,8 @@ impl<W: MapWriter> Reconciler<W> {
 
     /// Bring the maps to `desired`. Frontends that fail keep their previous state and are reported.
     pub fn apply(&mut self, desired: &Desired, now: Instant) -> ApplyReport {
-        let mut report = ApplyReport::default();
-        self.collect_garbage(now);
-        let gone: Vec<FrontendKey> =
-            self.applied.keys().filter(|k| !desired.contains_key(k)).copied().collect();
-        for key in gone {
-            self.remove_frontend(key, now, &mut report);
-        }
-        for (key, want) in desired {
-            self.upsert_frontend(*key, want, now, &mut report);
-        }
-        self.collect_garbage(now);
-        report
+        let gone = self.applied.keys().filter(|k| !desired.contains_key(k)).copied().collect();
+        self.apply_diff(gone, desired, now)
     }
 
     /// Bring only the frontends of `services` (`namespace/name`) to `desired`, which holds every frontend
@@ -145,14 +135,20 @@ impl<W: MapWriter> Reconciler<W> {
         desired: &Desired,
         now: Instant,
     ) -> ApplyReport {
+        let gone = services
+            .into_iter()
+            .filter_map(|service| self.by_service.get(service))
+            .flatten()
+            .filter(|k| !desired.contains_key(k))
+            .copied()
+            .collect();
+        self.apply_diff(gone, desired, now)
+    }
+
+    /// Remove `gone`, then add or update every frontend of `desired` that differs from what is applied.
+    fn apply_diff(&mut self, gone: Vec<FrontendKey>, desired: &Desired, now: Instant) -> ApplyReport {
         let mut report = ApplyReport::default();
         self.collect_garbage(now);
-        let mut gone = Vec::new();
-        for service in services {
-            if let Some(keys) = self.by_service.get(service) {
-                gone.extend(keys.iter().filter(|k| !desired.contains_key(k)).copied());
-            }
-        }
         for key in gone {
             self.remove_frontend(key, now, &mut report);
         }
