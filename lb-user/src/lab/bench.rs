@@ -21,6 +21,7 @@ use crate::{
     datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
     sandbox::{Cgroup, Child, NetNs, confine},
 };
+use lb_common::{Backend, FrontendKey, FrontendValue, SlotKey};
 
 /// Close with RST (SO_LINGER 0) when the socket is dropped: no TIME_WAIT on either side, so neither the
 /// client's ephemeral ports nor the server's 4-tuples pile up (a server-side TIME_WAIT hit by a reused
@@ -228,14 +229,12 @@ fn endpoints(i: usize, per: usize, n: usize) -> Vec<SocketAddr> {
     if i == target(n) {
         return vec![BACKEND.parse().expect("valid")];
     }
-    (0..per)
-        .map(|e| {
-            SocketAddr::new(
-                Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + (i * per + e) as u32).into(),
-                8080,
-            )
-        })
-        .collect()
+    (0..per).map(|e| SocketAddr::new(endpoint_ip(i, per, e).into(), 8080)).collect()
+}
+
+/// The address of endpoint `e` of Service `i` with `per` endpoints each (10.200.0.0 and up).
+fn endpoint_ip(i: usize, per: usize, e: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + (i * per + e) as u32)
 }
 
 fn desired(services: usize, per: usize) -> Desired {
@@ -505,7 +504,10 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         }
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
         let slots: usize = rec.applied().map(|(_, _, d)| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
-        let map_bytes = slots * (12 + 20 + 16) + rec.applied().count() * (20 + 24 + 16);
+        // A hash map entry is its key and value plus about 16 bytes of the kernel's element header.
+        const HASH_OVERHEAD: usize = 16;
+        let map_bytes = slots * (size_of::<SlotKey>() + size_of::<Backend>() + HASH_OVERHEAD)
+            + rec.applied().count() * (size_of::<FrontendKey>() + size_of::<FrontendValue>() + HASH_OVERHEAD);
         control.push((
             format!(
                 "map memory for {} Services x 10 endpoints (keys + values + hash overhead, estimate)",
@@ -575,8 +577,8 @@ fn one_change_in_the_maps(
     rec: &mut Reconciler<crate::datapath::ebpf::KernelMaps>,
     d: &Desired,
 ) -> anyhow::Result<(String, String)> {
-    let k = addr::frontend_key(IpAddr::V4(vip(1234)), 80, 6);
-    let mut want = d.get(&k).context("Service 1234 is programmed")?.clone();
+    let k = addr::frontend_key(IpAddr::V4(vip(EDITED)), 80, 6);
+    let mut want = d.get(&k).context("the edited Service is programmed")?.clone();
     want.tiers[2].pop();
     let service = want.service.clone();
     let one: Desired = [(k, want)].into_iter().collect();
@@ -591,7 +593,8 @@ fn one_change_in_the_maps(
     ))
 }
 
-/// The Service the agent figures edit: kept in a file of its own, as a changed EndpointSlice is one object.
+/// The Service whose EndpointSlice the one-change figures edit (in the agent's manifests, in a file of its
+/// own: a changed EndpointSlice is one object).
 const EDITED: usize = 1234;
 
 fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, String)>> {
@@ -600,8 +603,10 @@ fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, Strin
         let svc = super::manifests::Svc::new(&format!("svc-{i}"), IpAddr::V4(vip(i)), 80, 8080);
         let eps: Vec<_> = (0..endpoints)
             .map(|e| {
-                let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + (i * per + e) as u32);
-                super::manifests::Ep::ready(IpAddr::V4(ip), if e % 3 == 0 { "node-1" } else { "node-2" })
+                super::manifests::Ep::ready(
+                    IpAddr::V4(endpoint_ip(i, per, e)),
+                    if e % 3 == 0 { "node-1" } else { "node-2" },
+                )
             })
             .collect();
         let mut docs = vec![svc.service()];
