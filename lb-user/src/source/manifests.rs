@@ -243,16 +243,17 @@ struct Stamp {
     ctime: (i64, i64),
 }
 
-fn stamp(path: &Path) -> Option<Stamp> {
-    use std::os::unix::fs::MetadataExt as _;
-    let m = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        dev: m.dev(),
-        ino: m.ino(),
-        len: m.len(),
-        mtime: (m.mtime(), m.mtime_nsec()),
-        ctime: (m.ctime(), m.ctime_nsec()),
-    })
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
 }
 
 /// Result of (re)loading a directory.
@@ -273,18 +274,25 @@ impl ManifestDir {
         &self.dir
     }
 
-    /// The YAML files of the directory, sorted (so duplicates resolve the same way every time).
-    pub fn files(&self) -> std::io::Result<Vec<PathBuf>> {
+    /// The YAML files of the directory with their stamps (one stat each), sorted by path (so duplicates
+    /// resolve the same way every time).
+    fn files(&self) -> std::io::Result<Vec<(PathBuf, Stamp)>> {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
             let is_yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
             let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
-            if is_yaml && !hidden && path.is_file() {
-                files.push(path);
+            if !is_yaml || hidden {
+                continue;
+            }
+            // Follows a symlink, as reading the file does.
+            if let Ok(m) = std::fs::metadata(&path)
+                && m.is_file()
+            {
+                files.push((path, Stamp::of(&m)));
             }
         }
-        files.sort();
+        files.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(files)
     }
 
@@ -308,16 +316,20 @@ impl ManifestDir {
         let files = self.files()?;
         // (objects the file gave before, objects it gives now) for every file that changed.
         let mut changed: Vec<(Vec<Object>, Vec<Object>)> = Vec::new();
-        let gone: Vec<PathBuf> =
-            self.files.keys().filter(|p| files.binary_search(p).is_err()).cloned().collect();
+        let gone: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| files.binary_search_by(|(f, _)| f.cmp(p)).is_err())
+            .cloned()
+            .collect();
         for path in gone {
             if let Some(state) = self.files.remove(&path) {
                 changed.push((state.used, Vec::new()));
             }
         }
-        for path in &files {
-            let now = stamp(path);
-            if now.is_some() && self.files.get(path).is_some_and(|f| f.stamp == now) {
+        for (path, stamp) in &files {
+            let now = Some(*stamp);
+            if self.files.get(path).is_some_and(|f| f.stamp == now) {
                 continue;
             }
             let (contents, now) = match std::fs::read_to_string(path) {
