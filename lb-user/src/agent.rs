@@ -574,12 +574,10 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::{
-        datapath::fake::FakeMaps,
-        lab::{
-            cluster::TempDir,
-            manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service},
-        },
+    use crate::datapath::fake::FakeMaps;
+    use lb_testkit::{
+        manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service},
+        sandbox::TempDir,
     };
 
     fn ip(s: &str) -> IpAddr {

@@ -7,18 +7,20 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tierlb::{
-    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
-    lab::{
-        cluster::SimCluster,
-        manifests::{Ep, Svc, write_service},
-        probe::Report,
-    },
+use lb_testkit::{
+    cluster::SimCluster,
+    manifests::{Ep, Svc, write_service},
+    probe::Report,
     sandbox::{BpfFs, Cgroup, Child, NamedServer, NetNs, confine},
 };
+use tierlb::datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded};
 
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
-const LAB: &str = env!("CARGO_BIN_EXE_tierlb-lab");
+
+/// The lab's client binary (probe, DNS), built by lb-lab.
+fn lab() -> std::path::PathBuf {
+    lb_testkit::workspace_bin("tierlb-lab", "lb-lab")
+}
 
 fn require_root() {
     assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
@@ -34,7 +36,7 @@ fn vip() -> SocketAddr {
 
 fn cluster(tag: &str) -> SimCluster {
     require_root();
-    SimCluster::new(tag, Path::new(TIERLB), Path::new(LAB)).expect("sandbox")
+    SimCluster::new(tag, Path::new(TIERLB), &lab()).expect("sandbox")
 }
 
 /// Pods named after their node, one per (node, zone) given; returns their endpoints with PreferSameNode hints.
@@ -214,7 +216,7 @@ fn a_process_outside_the_cgroup_is_not_rewritten() {
     let inside = c.probe("node-1", vip(), 5, Duration::ZERO).unwrap();
     assert_eq!(inside.count("pod-node-1"), 5);
     // Same netns, no cgroup: the VIP is not rewritten, and the netns has no route to it.
-    let mut cmd = std::process::Command::new(LAB);
+    let mut cmd = std::process::Command::new(lab());
     confine(&mut cmd, None, Some(&c.netns)).unwrap();
     let out = cmd.args(["probe", "--target", &vip().to_string(), "--count", "5"]).output().unwrap();
     let r: Report = serde_json::from_slice(&out.stdout).unwrap();
@@ -258,7 +260,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
     // Each client's report is read on its own thread: a report is larger than a pipe buffer.
     let clients: Vec<std::thread::JoinHandle<Report>> = (0..4)
         .map(|_| {
-            let mut cmd = std::process::Command::new(LAB);
+            let mut cmd = std::process::Command::new(lab());
             confine(&mut cmd, Some(&cg), Some(&ns)).unwrap();
             cmd.args(["probe", "--target", &vip().to_string(), "--count", "1500"])
                 .stdout(std::process::Stdio::piped());

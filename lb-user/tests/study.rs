@@ -7,13 +7,11 @@ use std::{
     time::Duration,
 };
 
-use tierlb::{
-    lab::{
-        cluster::SimCluster,
-        manifests::{Ep, Svc, write_service},
-    },
-    study::{self, ProxyModel, StudyResult},
+use lb_testkit::{
+    cluster::SimCluster,
+    manifests::{Ep, Svc, write_service},
 };
+use tierlb::study::{self, ProxyModel, StudyResult};
 
 fn scenarios() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/study");
@@ -94,7 +92,7 @@ fn measure(name: &str, connects: usize) -> (BTreeMap<String, f64>, BTreeMap<Stri
     let mut c = SimCluster::new(
         "study",
         Path::new(env!("CARGO_BIN_EXE_tierlb")),
-        Path::new(env!("CARGO_BIN_EXE_tierlb-lab")),
+        &lb_testkit::workspace_bin("tierlb-lab", "lb-lab"),
     )
     .unwrap();
     let slice = model.slices.values().next().unwrap();

@@ -6,17 +6,17 @@ use std::{
     time::Duration,
 };
 
-use tierlb::lab::{
+use lb_testkit::{
     cluster::SimCluster,
     manifests::{Ep, Svc, write_service},
 };
 
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
-const LAB: &str = env!("CARGO_BIN_EXE_tierlb-lab");
 
 fn cluster(tag: &str) -> SimCluster {
     assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
-    SimCluster::new(tag, Path::new(TIERLB), Path::new(LAB)).expect("sandbox")
+    SimCluster::new(tag, Path::new(TIERLB), &lb_testkit::workspace_bin("tierlb-lab", "lb-lab"))
+        .expect("sandbox")
 }
 
 fn epoch_ms() -> f64 {
@@ -30,7 +30,7 @@ fn epoch_ms() -> f64 {
 fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_one_reaches_a_live_backend() {
     let (c, vip) =
         dns_cluster("destroy", "10.96.0.53", ["10.244.1.53", "10.244.2.53"], ["10.0.1.1", "10.0.2.2"]);
-    let mut cmd = c.client_command("node-1", Path::new(LAB)).unwrap();
+    let mut cmd = c.client_command("node-1", &lb_testkit::workspace_bin("tierlb-lab", "lb-lab")).unwrap();
     cmd.args(["dns-stream", "--server", &vip.to_string(), "--duration-ms", "1500", "--interval-ms", "5"])
         .stdout(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
@@ -48,7 +48,7 @@ fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_one_reache
     write_service(c.manifests.path(), &svc, &eps).unwrap();
     c.wait_synced(&before).unwrap();
     let out = child.wait_with_output().unwrap();
-    let steps: Vec<tierlb::lab::dns::StreamStep> = serde_json::from_slice(&out.stdout).unwrap();
+    let steps: Vec<lb_testkit::dns::StreamStep> = serde_json::from_slice(&out.stdout).unwrap();
     let first_err = steps.iter().position(|s| s.error.is_some()).expect("the socket was ended");
     let err = &steps[first_err];
     // A socket blocked in recv() gets ECONNABORTED; one between calls is left disconnected, so its next send()

@@ -13,7 +13,7 @@ pub struct Options {
 /// Builds and returns the directory holding `tierlb` and `tierlb-lab`.
 pub fn run(o: &Options) -> anyhow::Result<PathBuf> {
     let mut cmd = util::cargo();
-    cmd.args(["build", "-p", "lb-user", "--bins"]);
+    cmd.args(["build", "-p", "lb-user", "-p", "lb-lab", "--bins"]);
     if !o.debug {
         cmd.arg("--release");
     }

@@ -145,7 +145,7 @@ pub struct Lookup {
 }
 
 fn errno(e: &std::io::Error) -> String {
-    super::probe::errno_name(e)
+    crate::probe::errno_name(e)
 }
 
 /// Resolve `name` through `server`, `count` times, each on a new socket (connected or not).

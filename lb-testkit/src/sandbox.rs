@@ -35,6 +35,39 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A temporary directory removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let p = std::env::temp_dir().join(unique(tag));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The cgroup2 mount (the unified hierarchy), from /proc/self/mountinfo: where test cgroups are made (as
+/// children, never the root itself).
+fn cgroup2_root() -> anyhow::Result<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    info.lines()
+        .find_map(|line| {
+            let (fields, fs) = line.split_once(" - ")?;
+            let mount_point = fields.split(' ').nth(4)?;
+            fs.starts_with("cgroup2 ").then(|| PathBuf::from(mount_point.replace("\\040", " ")))
+        })
+        .context("no cgroup2 filesystem is mounted")
+}
+
 /// A named network namespace with `lo` up, deleted on drop.
 pub struct NetNs {
     name: String,
@@ -101,7 +134,7 @@ pub struct Cgroup {
 
 impl Cgroup {
     pub fn new(tag: &str) -> anyhow::Result<Self> {
-        let root = crate::cgroup::default_root()?;
+        let root = cgroup2_root()?;
         let path = root.join(unique(tag));
         std::fs::create_dir(&path).with_context(|| format!("creating cgroup {}", path.display()))?;
         Ok(Self { path })

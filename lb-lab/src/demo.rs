@@ -17,12 +17,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
+use lb_testkit::{
     cluster::SimCluster,
     manifests::{Ep, Svc, write_service},
     probe::Report,
 };
-use crate::{model::NodeInfo, plan, source::manifests::ManifestDir};
+use tierlb::{model::NodeInfo, plan, source::manifests::ManifestDir};
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
 const TIMEOUT_S: f64 = 5.0;
@@ -88,7 +88,7 @@ fn roll_phase(c: &mut SimCluster, svc: &Svc, clock: &Elapsed) -> anyhow::Result<
         windows.push((i, start, clock.0.elapsed().as_secs_f64() - t0));
         std::thread::sleep(STEP);
     }
-    let reports = runs.into_iter().map(super::cluster::ProbeRun::wait).collect::<Result<Vec<_>, _>>()?;
+    let reports = runs.into_iter().map(lb_testkit::cluster::ProbeRun::wait).collect::<Result<Vec<_>, _>>()?;
     Ok((reports, windows))
 }
 
@@ -251,21 +251,21 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         pdf_eps.push(Ep::ready(ip, NODES[i]).prefer_same_node());
     }
     let mut pdf_svc = Svc::new("pdf-resume", pdf.ip(), 80, 9000);
-    let predicted = crate::study::run(&crate::study::Scenario {
+    let predicted = tierlb::study::run(&tierlb::study::Scenario {
         name: "story".into(),
         description: String::new(),
         nodes: NODES
             .iter()
             .zip([50.0, 30.0, 20.0])
-            .map(|(n, w)| crate::study::ScNode { name: (*n).into(), zone: None, clients: w, cpu: 4000 })
+            .map(|(n, w)| tierlb::study::ScNode { name: (*n).into(), zone: None, clients: w, cpu: 4000 })
             .collect(),
-        service: crate::study::ScService {
+        service: tierlb::study::ScService {
             traffic_distribution: Some("PreferSameNode".into()),
             ..Default::default()
         },
         endpoints: pdf_eps
             .iter()
-            .map(|e| crate::study::ScEndpoint {
+            .map(|e| tierlb::study::ScEndpoint {
                 ip: e.ip,
                 node: e.node.clone(),
                 ready: true,
@@ -356,7 +356,7 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     let svg = out_dir.join("demo-timeline.svg");
     std::fs::write(
         &svg,
-        crate::svg::line_chart(
+        tierlb::svg::line_chart(
             "per-node success and off-node share over time (250 ms bins)",
             &chart,
             "seconds",

@@ -17,11 +17,12 @@ use std::{
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
-    sandbox::{Cgroup, Child, NetNs, confine},
-};
 use lb_common::{Backend, FrontendKey, FrontendValue, SlotKey};
+use lb_testkit::{
+    manifests,
+    sandbox::{Cgroup, Child, NetNs, TempDir, confine},
+};
+use tierlb::datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded};
 
 /// Close with RST (SO_LINGER 0) when the socket is dropped: no TIME_WAIT on either side, so neither the
 /// client's ephemeral ports nor the server's 4-tuples pile up (a server-side TIME_WAIT hit by a reused
@@ -477,7 +478,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
     {
         let cg = Cgroup::new("bench")?;
         let caps =
-            crate::datapath::ebpf::Capacities { services: 60_000, slots: 1_200_000, ..Default::default() };
+            tierlb::datapath::ebpf::Capacities { services: 60_000, slots: 1_200_000, ..Default::default() };
         let Loaded { mut programs, maps } = Loaded::load(caps, None)?;
         let mut rec = Reconciler::new(maps);
         programs.attach(cg.path(), None)?;
@@ -560,7 +561,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
             flush();
         }
     }
-    let kernel = crate::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
+    let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
     Ok(Report {
         kernel,
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
@@ -574,7 +575,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
 /// One EndpointSlice change at the map level: the changed Service's frontends only (what the agent hands
 /// the reconciler after an edit), then back to `d`.
 fn one_change_in_the_maps(
-    rec: &mut Reconciler<crate::datapath::ebpf::KernelMaps>,
+    rec: &mut Reconciler<tierlb::datapath::ebpf::KernelMaps>,
     d: &Desired,
 ) -> anyhow::Result<(String, String)> {
     let k = addr::frontend_key(IpAddr::V4(vip(EDITED)), 80, 6);
@@ -598,12 +599,12 @@ fn one_change_in_the_maps(
 const EDITED: usize = 1234;
 
 fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, String)>> {
-    let dir = super::cluster::TempDir::new("bench-agent")?;
+    let dir = TempDir::new("bench-agent")?;
     let service = |i: usize, endpoints: usize| {
-        let svc = super::manifests::Svc::new(&format!("svc-{i}"), IpAddr::V4(vip(i)), 80, 8080);
+        let svc = manifests::Svc::new(&format!("svc-{i}"), IpAddr::V4(vip(i)), 80, 8080);
         let eps: Vec<_> = (0..endpoints)
             .map(|e| {
-                super::manifests::Ep::ready(
+                manifests::Ep::ready(
                     IpAddr::V4(endpoint_ip(i, per, e)),
                     if e % 3 == 0 { "node-1" } else { "node-2" },
                 )
@@ -611,7 +612,7 @@ fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, Strin
             .collect();
         let mut docs = vec![svc.service()];
         docs.extend(svc.slices(&eps));
-        super::manifests::to_yaml(&docs)
+        manifests::to_yaml(&docs)
     };
     // 100 files of 100 Services, and the edited one alone.
     for f in 0..100 {
@@ -620,7 +621,7 @@ fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, Strin
         std::fs::write(dir.path().join(format!("services-{f:03}.yaml")), text.join("---\n"))?;
     }
     let edited = "edited.yaml";
-    super::manifests::write_atomic(dir.path(), edited, &service(EDITED, per))?;
+    manifests::write_atomic(dir.path(), edited, &service(EDITED, per))?;
     let cg = Cgroup::new("bench-agent")?;
     let log = dir.path().join(".agent.log");
     let t0 = Instant::now();
@@ -656,7 +657,7 @@ fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, Strin
     for k in 0..20 {
         let before = synced().len();
         let t = Instant::now();
-        super::manifests::write_atomic(
+        manifests::write_atomic(
             dir.path(),
             edited,
             &service(EDITED, if k % 2 == 0 { per - 1 } else { per }),

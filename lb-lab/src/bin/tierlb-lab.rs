@@ -54,7 +54,7 @@ enum Cmd {
         #[arg(long)]
         target: SocketAddr,
         #[arg(long, value_enum, default_value = "connect")]
-        mode: tierlb::lab::bench::LoadMode,
+        mode: lb_lab::bench::LoadMode,
         #[arg(long, default_value_t = 2)]
         threads: usize,
         #[arg(long, default_value_t = 2.0)]
@@ -83,7 +83,7 @@ enum Cmd {
 fn main() -> ExitCode {
     match Cli::parse().command {
         Cmd::Probe { target, count, interval_ms, timeout_ms } => {
-            let r = tierlb::lab::probe::run(
+            let r = lb_testkit::probe::run(
                 target,
                 count,
                 Duration::from_secs_f64(interval_ms / 1e3),
@@ -94,12 +94,12 @@ fn main() -> ExitCode {
         }
         Cmd::Dns { server, name, count, connected, timeout_ms } => {
             let r =
-                tierlb::lab::dns::resolve(server, &name, count, connected, Duration::from_millis(timeout_ms));
+                lb_testkit::dns::resolve(server, &name, count, connected, Duration::from_millis(timeout_ms));
             println!("{}", serde_json::to_string(&r).expect("lookups serialise"));
             ExitCode::SUCCESS
         }
         Cmd::DnsStream { server, duration_ms, interval_ms, timeout_ms } => {
-            let r = tierlb::lab::dns::stream(
+            let r = lb_testkit::dns::stream(
                 server,
                 Duration::from_millis(duration_ms),
                 Duration::from_millis(interval_ms),
@@ -109,19 +109,19 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Load { target, mode, threads, seconds } => {
-            let r = tierlb::lab::bench::load(target, threads, Duration::from_secs_f64(seconds), mode);
+            let r = lb_lab::bench::load(target, threads, Duration::from_secs_f64(seconds), mode);
             println!("{}", serde_json::to_string(&r).expect("result serialises"));
             ExitCode::SUCCESS
         }
         Cmd::Bench { quick, report, tierlb } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match tierlb::lab::bench::run(&me, &tierlb, quick) {
+            match lb_lab::bench::run(&me, &tierlb, quick) {
                 Ok(r) => {
-                    let md = tierlb::lab::bench::markdown(&r);
+                    let md = lb_lab::bench::markdown(&r);
                     print!("{md}");
                     if let Some(dir) = report {
-                        let ok = tierlb::lab::bench::charts(&r).and_then(|charts| {
+                        let ok = lb_lab::bench::charts(&r).and_then(|charts| {
                             std::fs::create_dir_all(dir.join("bench"))?;
                             for (name, svg) in charts {
                                 std::fs::write(dir.join("bench").join(name), svg)?;
@@ -145,7 +145,7 @@ fn main() -> ExitCode {
         Cmd::Demo { tierlb, out_dir } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match tierlb::lab::demo::run(&tierlb, &me, &out_dir) {
+            match lb_lab::demo::run(&tierlb, &me, &out_dir) {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {

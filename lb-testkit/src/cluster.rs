@@ -10,35 +10,8 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use super::probe::Report;
-use crate::sandbox::{Cgroup, Child, NamedServer, NetNs, confine};
-
-/// A temporary directory removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> anyhow::Result<Self> {
-        let p = std::env::temp_dir().join(format!("tierlb-{tag}-{}-{}", std::process::id(), rand_suffix()));
-        std::fs::create_dir_all(&p)?;
-        Ok(Self(p))
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    h.finish() % 1_000_000
-}
+use crate::probe::Report;
+use crate::sandbox::{Cgroup, Child, NamedServer, NetNs, TempDir, confine};
 
 pub struct SimNode {
     pub name: String,
@@ -52,7 +25,7 @@ pub struct SimNode {
 pub struct SimCluster {
     pub nodes: Vec<SimNode>,
     pods: Vec<NamedServer>,
-    dns_pods: Vec<super::dns::DnsServer>,
+    dns_pods: Vec<crate::dns::DnsServer>,
     addresses: std::collections::BTreeSet<IpAddr>,
     pub netns: NetNs,
     pub manifests: TempDir,
@@ -247,7 +220,7 @@ impl SimCluster {
         server: SocketAddr,
         count: usize,
         connected: bool,
-    ) -> anyhow::Result<Vec<super::dns::Lookup>> {
+    ) -> anyhow::Result<Vec<crate::dns::Lookup>> {
         let mut cmd = self.client_command(node, &self.lab)?;
         cmd.args(["dns", "--server", &server.to_string(), "--count", &count.to_string()]);
         if connected {
@@ -261,7 +234,7 @@ impl SimCluster {
     /// Start a DNS server at `addr` (its IP added to the netns) answering with `answer`.
     pub fn add_dns_pod(&mut self, addr: SocketAddr, answer: IpAddr) -> anyhow::Result<()> {
         self.ensure_address(addr.ip())?;
-        self.dns_pods.push(super::dns::DnsServer::start(&self.netns, addr, answer)?);
+        self.dns_pods.push(crate::dns::DnsServer::start(&self.netns, addr, answer)?);
         Ok(())
     }
 

@@ -1,0 +1,5 @@
+//! tierlb's lab, apart from the product: the incident demo (`cargo xtask demo`) and the benchmark (`cargo
+//! xtask bench`), both driven by the `tierlb-lab` binary, which is also the client the in-kernel tests run
+//! inside a simulated node.
+pub mod bench;
+pub mod demo;

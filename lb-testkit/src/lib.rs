@@ -1,0 +1,33 @@
+//! What tierlb's in-kernel tests, the demo and the benchmark share, kept out of the product (as aya keeps its
+//! `test/integration-*` crates apart): RAII guards for network namespaces, child cgroups, bpffs mounts,
+//! temporary directories and child processes; the simulated cluster (one agent per node on one kernel);
+//! the probe and DNS clients the lab binary runs inside a node; manifest builders.
+//!
+//! It does not depend on the product crate: what it knows of tierlb is the command line it starts.
+pub mod cluster;
+pub mod dns;
+pub mod manifests;
+pub mod probe;
+pub mod sandbox;
+
+use std::path::PathBuf;
+
+/// A binary of this workspace built next to the running test (`target/<profile>/NAME`). Cargo gives a test
+/// only its own package's binaries (`CARGO_BIN_EXE_*`); `cargo xtask test` runs nextest over the whole
+/// workspace, which builds every binary first.
+///
+/// # Panics
+/// When the binary is not there, naming the package that builds it.
+#[must_use]
+pub fn workspace_bin(name: &str, package: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's own path");
+    // target/<profile>/deps/<test>-<hash>
+    let dir = exe.parent().and_then(std::path::Path::parent).expect("target/<profile>");
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is not built: run `cargo build -p {package}` (or the whole suite with `cargo xtask test`)",
+        bin.display()
+    );
+    bin
+}
