@@ -22,7 +22,11 @@ use lb_testkit::{
     manifests::{Ep, Svc, write_service},
     probe::Report,
 };
-use tierlb::{model::NodeInfo, plan, source::manifests::ManifestDir};
+use tierlb::{
+    model::{NodeInfo, ObjKey},
+    plan,
+    source::manifests::ManifestDir,
+};
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
 const TIMEOUT_S: f64 = 5.0;
@@ -95,8 +99,9 @@ fn roll_phase(c: &mut SimCluster, svc: &Svc, clock: &Elapsed) -> anyhow::Result<
 /// What kube-proxy does on that node now, from the plan's `when_empty`.
 fn kube_proxy_verdict(dir: &Path, node: &str) -> String {
     let Ok(loaded) = ManifestDir::new(dir).load() else { return String::new() };
-    let p = plan::plan_for_datapath(&loaded.model, &NodeInfo::resolve(node, None, &loaded.model));
-    match p.services.iter().find(|s| s.service == "default/nginx-cache").and_then(|s| s.internal.when_empty) {
+    let p = plan::plan(&loaded.model, &NodeInfo::resolve(node, None, &loaded.model));
+    let cache = ObjKey::new("default", "nginx-cache");
+    match p.services.iter().find(|s| s.name.service == cache).and_then(|s| s.internal.when_empty) {
         Some(plan::WhenEmpty::Drop) => "kube-proxy: DROP (its clients hang until their timeout)".into(),
         Some(plan::WhenEmpty::Reject) => "kube-proxy: REJECT".into(),
         None => "kube-proxy: still has an endpoint for it".into(),

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
-    datapath::MapWriter as _,
+    datapath::{MapWriter as _, pins},
     model::{NodeInfo, Protocol},
     plan::{self, Plan},
     source::manifests::{ManifestDir, Severity},
@@ -257,10 +257,8 @@ pub fn plan_table(p: &Plan) -> String {
     ]];
     for s in &p.services {
         let t = &s.internal;
-        let name =
-            if s.port_name.is_empty() { s.service.clone() } else { format!("{}:{}", s.service, s.port_name) };
         rows.push([
-            name,
+            s.name.to_string(),
             format!("{}/{}", s.port, s.protocol.as_str()),
             s.cluster_ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
             t.policy.as_str().to_owned(),
@@ -288,36 +286,22 @@ pub fn plan_table(p: &Plan) -> String {
     out
 }
 
-/// Agent instances pinned under `base`: (instance name, its directory).
-pub fn instances(base: &std::path::Path, only: Option<&str>) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    let mut out = Vec::new();
-    let entries = std::fs::read_dir(base).with_context(|| {
-        format!("--bpffs {}: cannot read it (is an agent running with this --bpffs?)", base.display())
-    })?;
-    for e in entries {
-        let path = e?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-        if path.join(lb_common::MAP_FRONTENDS).exists() && only.is_none_or(|o| o == name) {
-            out.push((name, path));
-        }
-    }
-    out.sort();
-    if out.is_empty() {
-        anyhow::bail!(
-            "no agent instance{} pinned under {} (start `tierlb agent --bpffs {}`)",
-            only.map(|o| format!(" {o}")).unwrap_or_default(),
-            base.display(),
-            base.display()
-        );
-    }
-    Ok(out)
+/// `tierlb agent --cleanup`: detach the instance's programs and remove its maps.
+pub fn run_cleanup(bpffs: &std::path::Path, instance: &str) -> anyhow::Result<String> {
+    let dir = pins::instance_dir(bpffs, instance);
+    let removed = pins::cleanup(bpffs, instance)?;
+    Ok(if removed.is_empty() {
+        format!("nothing pinned in {}\n", dir.display())
+    } else {
+        format!("removed {} pins in {} (programs detached, maps freed)\n", removed.len(), dir.display())
+    })
 }
 
 pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
     let b = crate::datapath::addr::backend(args.backend, args.protocol.number());
     let down = args.state == BackendState::Down;
     let mut out = String::new();
-    for (name, dir) in instances(&args.bpffs, args.instance.as_deref())? {
+    for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
         let mut maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
         maps.set_backend_down(b, down)?;
         out.push_str(&format!(
@@ -343,7 +327,7 @@ pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
 
 pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut all = Vec::new();
-    for (name, dir) in instances(&args.bpffs, args.instance.as_deref())? {
+    for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
         let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
         all.push(crate::status::Instance::read(&name, &maps)?);
     }

@@ -1,10 +1,11 @@
-//! `tierlb explain`: for each port of one Service, in plain words, which tier this node uses and why.
+//! `tierlb explain`: for each port of one Service, in plain words, which tier this node uses and why. It
+//! renders the plan's own decision (`plan::TopologyDecision` and the traffic plans); it decides nothing.
 use std::{fmt::Write as _, net::SocketAddr};
 
 use crate::{
     hints::{self, HintMode},
     model::{Model, NodeInfo, ObjKey, Policy},
-    plan::{self, PortEndpoint, SelectedTier, TrafficPlan, WhenEmpty},
+    plan::{self, HintReason, PortPlan, SelectedTier, TrafficPlan, WhenEmpty},
 };
 
 fn list(v: &[SocketAddr]) -> String {
@@ -19,87 +20,56 @@ fn plural(n: usize, word: &str) -> String {
     if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") }
 }
 
-/// Why node hints are or are not used (kube-proxy's `topologyModeFromHints`, node part).
-pub fn node_reason(eps: &[PortEndpoint], node: &NodeInfo) -> (bool, String) {
-    let ready: Vec<&PortEndpoint> = eps.iter().filter(|e| e.endpoint.is_ready()).collect();
-    if ready.is_empty() {
-        return (false, "node hints not used: no endpoint is ready".into());
-    }
-    if ready.iter().all(|e| e.endpoint.node_hints().is_empty()) {
-        return (false, "node hints not used: no ready endpoint carries a forNodes hint".into());
-    }
-    if let Some(bare) = ready.iter().find(|e| e.endpoint.node_hints().is_empty()) {
-        return (
-            false,
-            format!(
-                "node hints not used: endpoint {} has no forNodes hint, so node filtering is off for the whole Service",
-                bare.addr.ip()
-            ),
-        );
-    }
-    match ready.iter().find(|e| e.endpoint.node_hints().contains(&node.name)) {
-        Some(e) => (
-            true,
-            format!(
-                "node tier: all {} carry forNodes and {} names {}",
-                plural(ready.len(), "ready endpoint"),
-                e.addr.ip(),
-                node.name
-            ),
+/// The node-hint line of the topology decision.
+fn node_text(r: &HintReason, node: &NodeInfo) -> String {
+    match r {
+        HintReason::NoReadyEndpoint => "node hints not used: no endpoint is ready".into(),
+        HintReason::NoEndpointHinted => {
+            "node hints not used: no ready endpoint carries a forNodes hint".into()
+        }
+        HintReason::EndpointWithoutHint { endpoint } => format!(
+            "node hints not used: endpoint {endpoint} has no forNodes hint, so node filtering is off for the whole \
+             Service"
         ),
-        None => (
-            false,
-            format!(
-                "node hints not used: all {} carry forNodes but none names {}",
-                plural(ready.len(), "ready endpoint"),
-                node.name
-            ),
+        HintReason::Named { ready, endpoint } => format!(
+            "node tier: all {} carry forNodes and {endpoint} names {}",
+            plural(*ready, "ready endpoint"),
+            node.name
         ),
+        HintReason::NoneNamesThis { ready } => format!(
+            "node hints not used: all {} carry forNodes but none names {}",
+            plural(*ready, "ready endpoint"),
+            node.name
+        ),
+        HintReason::NodeHasNoZone => "node hints not used".into(),
     }
 }
 
-/// Why zone hints are or are not used (the zone part).
-pub fn zone_reason(eps: &[PortEndpoint], node: &NodeInfo) -> (bool, String) {
-    let ready: Vec<&PortEndpoint> = eps.iter().filter(|e| e.endpoint.is_ready()).collect();
-    if ready.is_empty() {
-        return (false, "zone hints not used: no endpoint is ready".into());
-    }
-    if ready.iter().all(|e| e.endpoint.zone_hints().is_empty()) {
-        return (false, "zone tier not used: no ready endpoint carries a forZones hint".into());
-    }
-    if let Some(bare) = ready.iter().find(|e| e.endpoint.zone_hints().is_empty()) {
-        return (
-            false,
-            format!(
-                "zone tier not used: endpoint {} has no forZones hint, so zone filtering is off for the whole Service",
-                bare.addr.ip()
-            ),
-        );
-    }
-    let Some(zone) = node.zone.as_deref().filter(|z| !z.is_empty()) else {
-        return (
-            false,
-            format!(
-                "zone tier not used: node {} has no zone (no --zone and no topology.kubernetes.io/zone label)",
-                node.name
-            ),
-        );
-    };
-    match ready.iter().find(|e| e.endpoint.zone_hints().iter().any(|z| z == zone)) {
-        Some(e) => (
-            true,
-            format!(
-                "zone tier: all {} carry forZones and {} names {zone}",
-                plural(ready.len(), "ready endpoint"),
-                e.addr.ip()
-            ),
+/// The zone-hint line of the topology decision.
+fn zone_text(r: &HintReason, node: &NodeInfo) -> String {
+    let zone = node.zone.as_deref().unwrap_or_default();
+    match r {
+        HintReason::NoReadyEndpoint => "zone hints not used: no endpoint is ready".into(),
+        HintReason::NoEndpointHinted => {
+            "zone tier not used: no ready endpoint carries a forZones hint".into()
+        }
+        HintReason::EndpointWithoutHint { endpoint } => format!(
+            "zone tier not used: endpoint {endpoint} has no forZones hint, so zone filtering is off for the whole \
+             Service"
         ),
-        None => (
-            false,
+        HintReason::NodeHasNoZone => format!(
+            "zone tier not used: node {} has no zone (no --zone and no topology.kubernetes.io/zone label)",
+            node.name
+        ),
+        HintReason::Named { ready, endpoint } => {
             format!(
-                "zone tier not used: all {} carry forZones but none names {zone}",
-                plural(ready.len(), "ready endpoint")
-            ),
+                "zone tier: all {} carry forZones and {endpoint} names {zone}",
+                plural(*ready, "ready endpoint")
+            )
+        }
+        HintReason::NoneNamesThis { ready } => format!(
+            "zone tier not used: all {} carry forZones but none names {zone}",
+            plural(*ready, "ready endpoint")
         ),
     }
 }
@@ -113,7 +83,7 @@ fn when_empty_text(w: WhenEmpty) -> &'static str {
     }
 }
 
-fn traffic_text(out: &mut String, t: &TrafficPlan, eps: &[PortEndpoint], node: &NodeInfo) {
+fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInfo) {
     let _ = match t.policy {
         Policy::Local => writeln!(
             out,
@@ -121,12 +91,9 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, eps: &[PortEndpoint], node: &
             list(&t.endpoints)
         ),
         Policy::Cluster => {
-            let (_, nr) = node_reason(eps, node);
-            let (_, zr) = zone_reason(eps, node);
-            let _ = writeln!(out, "    {nr}");
-            let _ = writeln!(out, "    {zr}");
-            let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
-            if t.selected_tier == SelectedTier::Cluster && ready == 0 {
+            let _ = writeln!(out, "    {}", node_text(&pp.topology.node, node));
+            let _ = writeln!(out, "    {}", zone_text(&pp.topology.zone, node));
+            if t.selected_tier == SelectedTier::Cluster && pp.counts.ready == 0 {
                 let _ = writeln!(out, "    no endpoint is ready: serving and terminating endpoints are used");
             }
             Ok(())
@@ -159,8 +126,7 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, eps: &[PortEndpoint], node: &
             let _ = writeln!(out, "    no endpoint to use: {}", when_empty_text(w));
         }
         None => {
-            let w = if t.policy == Policy::Local { WhenEmpty::Drop } else { WhenEmpty::Reject };
-            let _ = writeln!(out, "    if every one is marked down: {}", when_empty_text(w));
+            let _ = writeln!(out, "    if every one is marked down: {}", when_empty_text(t.when_all_down));
         }
     }
 }
@@ -189,31 +155,26 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
         let _ = writeln!(out, "  headless or ExternalName Service: no VIP, nothing to translate");
     }
     let p = plan::plan(model, node);
-    for pp in p.services.iter().filter(|s| &s.key == key) {
-        let port =
-            svc.ports.iter().find(|sp| sp.name == pp.port_name && sp.port == pp.port).expect("planned port");
-        let eps = plan::port_endpoints(model, svc, port, pp.family, &node.name);
-        let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
-        let st = eps
-            .iter()
-            .filter(|e| !e.endpoint.is_ready() && e.endpoint.is_serving() && e.endpoint.is_terminating())
-            .count();
-        let name = if pp.port_name.is_empty() { String::new() } else { format!(" {}", pp.port_name) };
+    for pp in p.services.iter().filter(|s| &s.name.service == key) {
+        let name = if pp.name.port.is_empty() { String::new() } else { format!(" {}", pp.name.port) };
+        let c = &pp.counts;
         let _ = writeln!(
             out,
-            "\n  port{name} {}/{} ({}), VIP {}: {} ({ready} ready, {st} serving+terminating, {} local)",
+            "\n  port{name} {}/{} ({}), VIP {}: {} ({} ready, {} serving+terminating, {} local)",
             pp.port,
             pp.protocol.as_str(),
             pp.family.as_str(),
             pp.cluster_ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
-            plural(eps.len(), "endpoint"),
-            eps.iter().filter(|e| e.local).count(),
+            plural(c.total, "endpoint"),
+            c.ready,
+            c.serving_terminating,
+            c.local,
         );
         let _ = writeln!(out, "  internal traffic (ClusterIP):");
-        traffic_text(&mut out, &pp.internal, &eps, node);
+        traffic_text(&mut out, &pp.internal, pp, node);
         if let Some(ext) = &pp.external {
             let _ = writeln!(out, "  external traffic (node port, load-balancer or external IPs):");
-            traffic_text(&mut out, ext, &eps, node);
+            traffic_text(&mut out, ext, pp, node);
         }
         for w in &pp.warnings {
             let _ = writeln!(out, "  warning: {w}");

@@ -91,8 +91,7 @@ pub fn shares(
         return out;
     }
     for (node, weight) in weights {
-        let p = plan::plan_port(model, svc, port, family, node);
-        let eps = &p.internal.endpoints;
+        let eps = &plan::port_plan(model, svc, port, family, node).internal.endpoints;
         if eps.is_empty() {
             out.failed += weight / total;
             continue;
@@ -114,7 +113,7 @@ pub fn skew_warning(model: &Model, svc: &Service, port: &ServicePort, family: Fa
         return None;
     }
     let probe = NodeInfo { name: String::new(), zone: None };
-    let eps = plan::port_endpoints(model, svc, port, family, &probe.name);
+    let eps = plan::port_endpoints(model.slices_of(&svc.key), port, family, &probe.name);
     let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
     if ready == 0 || ready >= model.nodes.len() {
         return None;

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     let result: anyhow::Result<Option<String>> = match &cli.command {
         Command::Agent(a) if a.cleanup => {
             let bpffs = a.bpffs.as_deref().expect("clap: --cleanup requires --bpffs");
-            tierlb::agent::cleanup(bpffs, a.instance.as_deref().unwrap_or(&a.node.node)).map(Some)
+            tierlb::cli::run_cleanup(bpffs, a.instance.as_deref().unwrap_or(&a.node.node)).map(Some)
         }
         Command::Agent(a) => {
             let opts = tierlb::agent::AgentOptions {

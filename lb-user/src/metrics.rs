@@ -63,8 +63,8 @@ pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_c
         slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>() as i64;
         let Ok(c) = w.counters(value.svc_id) else { continue };
         let base: Labels = vec![
-            ("service".into(), desired.service.clone()),
-            ("port".into(), desired.port_name.clone()),
+            ("service".into(), desired.name.service.to_string()),
+            ("port".into(), desired.name.port.clone()),
             ("frontend".into(), addr::frontend_addr(key).to_string()),
         ];
         for (tier, kind) in [("node", COUNTER_NODE), ("zone", COUNTER_ZONE), ("cluster", COUNTER_CLUSTER)] {

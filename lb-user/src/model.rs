@@ -42,7 +42,7 @@ impl std::str::FromStr for ObjKey {
 
 /// One port of a Service: kube-proxy's `ServicePortName`. The unit the data path programs, counts and names:
 /// `namespace/name:port`, or `namespace/name` for an unnamed port (a single-port Service).
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServicePortName {
     /// The Service.
     pub service: ObjKey,
@@ -64,6 +64,18 @@ impl fmt::Display for ServicePortName {
         } else {
             write!(f, "{}:{}", self.service, self.port)
         }
+    }
+}
+
+/// Serialised as `{"service": "namespace/name", "port_name": "port"}` (flattened into the JSON of `plan` and
+/// `status`).
+impl Serialize for ServicePortName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut st = s.serialize_struct("ServicePortName", 2)?;
+        st.serialize_field("service", &self.service.to_string())?;
+        st.serialize_field("port_name", &self.port)?;
+        st.end()
     }
 }
 

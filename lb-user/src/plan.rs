@@ -12,28 +12,85 @@ use std::{
 use serde::Serialize;
 
 use crate::model::{
-    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
-    ServicePort,
+    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, Policy, Protocol, Service, ServicePort,
+    ServicePortName,
 };
 
 /// Which topology filter kube-proxy applies to a Service port on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TopologyMode {
+    /// Only the ready endpoints whose `forNodes` names this node.
     Node,
+    /// Only the ready endpoints whose `forZones` names this node's zone.
     Zone,
+    /// Every ready endpoint.
     None,
+}
+
+/// Why one kind of hint (node or zone) is or is not used: kube-proxy's all-or-nothing rule, judged on ready
+/// endpoints only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "reason")]
+pub enum HintReason {
+    /// Not used: no endpoint is ready.
+    NoReadyEndpoint,
+    /// Not used: no ready endpoint carries this kind of hint.
+    NoEndpointHinted,
+    /// Not used: this ready endpoint carries none, which turns the filter off for the whole Service.
+    EndpointWithoutHint {
+        /// The endpoint without the hint.
+        endpoint: IpAddr,
+    },
+    /// Zone hints not used: this node has no zone (no `--zone`, no `topology.kubernetes.io/zone` label).
+    NodeHasNoZone,
+    /// Not used: every ready endpoint carries the hint, but none names this node (or its zone).
+    NoneNamesThis {
+        /// Ready endpoints.
+        ready: usize,
+    },
+    /// Used: every ready endpoint carries the hint and `endpoint` names this node (or its zone).
+    Named {
+        /// Ready endpoints.
+        ready: usize,
+        /// The first ready endpoint whose hint names this node (or zone).
+        endpoint: IpAddr,
+    },
+}
+
+impl HintReason {
+    /// Whether the filter applies.
+    pub fn used(&self) -> bool {
+        matches!(self, Self::Named { .. })
+    }
+}
+
+/// kube-proxy's topology decision for one Service port on one node, with the reason for each kind of hint:
+/// computed once (`decide_topology`) and used by the tiers, `explain` and the plan's JSON alike.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopologyDecision {
+    /// The filter kube-proxy applies (`topologyModeFromHints`).
+    pub mode: TopologyMode,
+    /// Node hints: used when every ready endpoint has `forNodes` and one names this node.
+    pub node: HintReason,
+    /// Zone hints: used when every ready endpoint has `forZones` and one names this node's zone. tierlb's
+    /// zone tier exists exactly when they are (also behind a node tier, as its first fallback).
+    pub zone: HintReason,
 }
 
 /// The tier the data path uses while every backend is up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SelectedTier {
+    /// Endpoints whose node hint names this node.
     Node,
+    /// Endpoints whose zone hint names this node's zone.
     Zone,
+    /// Every ready endpoint (or, with none ready, the serving and terminating ones).
     Cluster,
     /// A Local traffic policy's local set.
     Local,
+    /// Nothing: connects fail (see `WhenEmpty`).
     None,
 }
 
@@ -47,77 +104,111 @@ pub enum WhenEmpty {
     Drop,
 }
 
+/// The backends of each tier, in the order the data path tries them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Tiers {
+    /// Ready endpoints whose node hint names this node (node mode only); under a Local policy, the local
+    /// set.
     pub node: Vec<SocketAddr>,
+    /// Ready endpoints whose zone hint names this node's zone (when zone hints are usable).
     pub zone: Vec<SocketAddr>,
+    /// Every ready endpoint (or, with none ready, the serving and terminating ones).
     pub cluster: Vec<SocketAddr>,
 }
 
 impl Tiers {
+    /// The tiers as an array indexed like `lb_common::TIER_*`.
     pub fn as_array(&self) -> [&[SocketAddr]; 3] {
         [&self.node, &self.zone, &self.cluster]
     }
 }
 
+/// How one kind of traffic (internal or external) to a Service port is routed on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TrafficPlan {
+    /// The traffic policy that applies.
     pub policy: Policy,
+    /// What the data path holds, tier by tier.
     pub tiers: Tiers,
+    /// The tier used while every backend is up.
     pub selected_tier: SelectedTier,
     /// What the data path uses now (kube-proxy's cluster set, or its local set under a Local policy).
     pub endpoints: Vec<SocketAddr>,
+    /// What kube-proxy does now because there is no endpoint to use (`None`: there is one).
     pub when_empty: Option<WhenEmpty>,
+    /// What happens once every backend in the tiers is marked down: kube-proxy's DROP for a Local policy
+    /// whose Service has endpoints elsewhere, else REJECT.
+    pub when_all_down: WhenEmpty,
+}
+
+/// How many endpoints a Service port has on this node's view, by state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EndpointCounts {
+    /// All endpoints (merged across slices).
+    pub total: usize,
+    /// Ready ones.
+    pub ready: usize,
+    /// Not ready but serving and terminating.
+    pub serving_terminating: usize,
+    /// On this node.
+    pub local: usize,
 }
 
 /// One Service port in one IP family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PortPlan {
-    pub service: String,
-    #[serde(skip)]
-    pub key: ObjKey,
-    pub port_name: String,
+    /// The Service port (JSON: `service` and `port_name`).
+    #[serde(flatten)]
+    pub name: ServicePortName,
+    /// The port number clients connect to.
     pub port: u16,
+    /// Its protocol.
     pub protocol: Protocol,
+    /// The IP family of this plan.
     pub family: Family,
+    /// The Service's cluster IPs in this family.
     pub cluster_ips: Vec<IpAddr>,
+    /// kube-proxy's `hasAnyEndpoints`: a ready, or serving and terminating, endpoint exists anywhere.
     pub has_any_endpoints: bool,
-    pub topology_mode: TopologyMode,
+    /// Endpoint counts by state.
+    pub counts: EndpointCounts,
+    /// Which hints apply, and why.
+    pub topology: TopologyDecision,
+    /// ClusterIP traffic.
     pub internal: TrafficPlan,
+    /// Node port, load-balancer and external IP traffic (when the port is externally reachable).
     pub external: Option<TrafficPlan>,
+    /// Lint warnings (only from `plan`, not `plan_service`).
     pub warnings: Vec<String>,
 }
 
+/// Every Service port's plan for one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Plan {
+    /// The node's name.
     pub node: String,
+    /// The node's zone, if any.
     pub zone: Option<String>,
+    /// One entry per Service port and family.
     pub services: Vec<PortPlan>,
 }
 
 /// One endpoint of a Service port after merging slices: its address and what kube-proxy knows of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortEndpoint {
+    /// `addresses[0]` and the slice port's number.
     pub addr: SocketAddr,
+    /// The endpoint as written.
     pub endpoint: Endpoint,
+    /// Its `nodeName` is this node.
     pub local: bool,
 }
 
-/// The endpoints of one Service port in one family, merged across slices the way kube-proxy's
-/// EndpointSliceCache does: the slice port is found by name and protocol (so named target ports resolve per
-/// slice), only `addresses[0]` counts, and a duplicate `ip:port` keeps its local copy.
-pub fn port_endpoints(
-    model: &Model,
-    svc: &Service,
-    port: &ServicePort,
-    family: Family,
-    node: &str,
-) -> Vec<PortEndpoint> {
-    port_endpoints_in(model.slices_of(&svc.key), port, family, node)
-}
-
-/// `port_endpoints` over given slices (the Service's, possibly with the controller's hints filled in).
-pub fn port_endpoints_in<'a>(
+/// The endpoints of one Service port in one family, merged across `slices` (the Service's, possibly with the
+/// controller's hints filled in) the way kube-proxy's EndpointSliceCache does: the slice port is found by
+/// name and protocol (so named target ports resolve per slice), only `addresses[0]` counts, and a duplicate
+/// `ip:port` keeps its local copy.
+pub fn port_endpoints<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     port: &ServicePort,
     family: Family,
@@ -152,22 +243,52 @@ pub fn port_endpoints_in<'a>(
     merged.into_values().collect()
 }
 
-/// kube-proxy's `topologyModeFromHints`, judged on ready endpoints only.
-pub fn topology_mode(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyMode {
-    let ready: Vec<&Endpoint> =
-        endpoints.iter().filter(|e| e.endpoint.is_ready()).map(|e| &e.endpoint).collect();
-    let all_node_hints = ready.iter().all(|e| !e.node_hints().is_empty());
-    let for_node = ready.iter().any(|e| e.node_hints().contains(&node.name));
-    if all_node_hints && for_node {
-        return TopologyMode::Node;
-    }
+/// kube-proxy's `topologyModeFromHints` with its reasons, judged on ready endpoints only: node hints if
+/// every ready endpoint has `forNodes` and one names this node, else zone hints under the same all-or-nothing
+/// rule, else none. The one place this rule is written.
+pub fn decide_topology(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyDecision {
+    let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.endpoint.is_ready()).collect();
     let zone = node.zone.as_deref().filter(|z| !z.is_empty());
-    let all_zone_hints = ready.iter().all(|e| !e.zone_hints().is_empty());
-    let for_zone = zone.is_some_and(|z| ready.iter().any(|e| e.zone_hints().iter().any(|h| h == z)));
-    if all_zone_hints && for_zone {
-        return TopologyMode::Zone;
+    let node_reason = hint_reason(&ready, |e| e.node_hints(), Some(node.name.as_str()));
+    let zone_reason = match zone {
+        // The missing zone is only the reason once the endpoints themselves would allow zone hints.
+        None => match hint_reason(&ready, |e| e.zone_hints(), None) {
+            HintReason::NoneNamesThis { .. } => HintReason::NodeHasNoZone,
+            other => other,
+        },
+        Some(z) => hint_reason(&ready, |e| e.zone_hints(), Some(z)),
+    };
+    let mode = if node_reason.used() {
+        TopologyMode::Node
+    } else if zone_reason.used() {
+        TopologyMode::Zone
+    } else {
+        TopologyMode::None
+    };
+    TopologyDecision { mode, node: node_reason, zone: zone_reason }
+}
+
+/// The all-or-nothing rule for one kind of hint: `wanted` is the node name or zone to look for (`None`: no
+/// value can match).
+fn hint_reason(
+    ready: &[&PortEndpoint],
+    hints: impl Fn(&Endpoint) -> &[String],
+    wanted: Option<&str>,
+) -> HintReason {
+    if ready.is_empty() {
+        return HintReason::NoReadyEndpoint;
     }
-    TopologyMode::None
+    if ready.iter().all(|e| hints(&e.endpoint).is_empty()) {
+        return HintReason::NoEndpointHinted;
+    }
+    if let Some(bare) = ready.iter().find(|e| hints(&e.endpoint).is_empty()) {
+        return HintReason::EndpointWithoutHint { endpoint: bare.addr.ip() };
+    }
+    let named = wanted.and_then(|w| ready.iter().find(|e| hints(&e.endpoint).iter().any(|h| h == w)));
+    match named {
+        Some(e) => HintReason::Named { ready: ready.len(), endpoint: e.addr.ip() },
+        None => HintReason::NoneNamesThis { ready: ready.len() },
+    }
 }
 
 fn addrs<'a>(eps: impl Iterator<Item = &'a PortEndpoint>) -> Vec<SocketAddr> {
@@ -177,23 +298,17 @@ fn addrs<'a>(eps: impl Iterator<Item = &'a PortEndpoint>) -> Vec<SocketAddr> {
 }
 
 /// Tiers for a Cluster traffic policy. The first non-empty tier is kube-proxy's cluster set.
-pub fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo) -> Tiers {
-    let zone = node.zone.as_deref().filter(|z| !z.is_empty());
+fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo, topology: &TopologyDecision) -> Tiers {
     let ready = || endpoints.iter().filter(|e| e.endpoint.is_ready());
-    let node_tier = if topology_mode(endpoints, node) == TopologyMode::Node {
+    let node_tier = if topology.node.used() {
         addrs(ready().filter(|e| e.endpoint.node_hints().contains(&node.name)))
     } else {
         Vec::new()
     };
     // The zone tier exists whenever zone filtering would be allowed on this node, also when node filtering is
     // what kube-proxy uses: it is the data path's first fallback.
-    let zone_mode_allowed = {
-        let all = ready().all(|e| !e.endpoint.zone_hints().is_empty());
-        let any = zone.is_some_and(|z| ready().any(|e| e.endpoint.zone_hints().iter().any(|h| h == z)));
-        all && any
-    };
-    let zone_tier = match zone {
-        Some(z) if zone_mode_allowed => {
+    let zone_tier = match node.zone.as_deref() {
+        Some(z) if topology.zone.used() => {
             addrs(ready().filter(|e| e.endpoint.zone_hints().iter().any(|h| h == z)))
         }
         _ => Vec::new(),
@@ -207,7 +322,7 @@ pub fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo) -> Tiers {
 }
 
 /// kube-proxy's local set: local ready endpoints, else local serving+terminating ones. No topology.
-pub fn local_set(endpoints: &[PortEndpoint]) -> Vec<SocketAddr> {
+fn local_set(endpoints: &[PortEndpoint]) -> Vec<SocketAddr> {
     let ready = addrs(endpoints.iter().filter(|e| e.local && e.endpoint.is_ready()));
     if !ready.is_empty() {
         return ready;
@@ -216,13 +331,19 @@ pub fn local_set(endpoints: &[PortEndpoint]) -> Vec<SocketAddr> {
 }
 
 /// Any endpoint kube-proxy could use at all (`hasAnyEndpoints`).
-pub fn has_any_endpoints(endpoints: &[PortEndpoint]) -> bool {
+fn has_any_endpoints(endpoints: &[PortEndpoint]) -> bool {
     endpoints
         .iter()
         .any(|e| e.endpoint.is_ready() || (e.endpoint.is_serving() && e.endpoint.is_terminating()))
 }
 
-fn traffic(policy: Policy, endpoints: &[PortEndpoint], node: &NodeInfo, has_any: bool) -> TrafficPlan {
+fn traffic(
+    policy: Policy,
+    endpoints: &[PortEndpoint],
+    node: &NodeInfo,
+    topology: &TopologyDecision,
+    has_any: bool,
+) -> TrafficPlan {
     match policy {
         Policy::Local => {
             let local = local_set(endpoints);
@@ -234,10 +355,11 @@ fn traffic(policy: Policy, endpoints: &[PortEndpoint], node: &NodeInfo, has_any:
                 tiers: Tiers { node: local.clone(), ..Tiers::default() },
                 endpoints: local,
                 when_empty,
+                when_all_down: if has_any { WhenEmpty::Drop } else { WhenEmpty::Reject },
             }
         }
         Policy::Cluster => {
-            let tiers = cluster_tiers(endpoints, node);
+            let tiers = cluster_tiers(endpoints, node, topology);
             let (selected_tier, endpoints) = if !tiers.node.is_empty() {
                 (SelectedTier::Node, tiers.node.clone())
             } else if !tiers.zone.is_empty() {
@@ -248,7 +370,14 @@ fn traffic(policy: Policy, endpoints: &[PortEndpoint], node: &NodeInfo, has_any:
                 (SelectedTier::None, Vec::new())
             };
             let when_empty = endpoints.is_empty().then_some(WhenEmpty::Reject);
-            TrafficPlan { policy, tiers, selected_tier, endpoints, when_empty }
+            TrafficPlan {
+                policy,
+                tiers,
+                selected_tier,
+                endpoints,
+                when_empty,
+                when_all_down: WhenEmpty::Reject,
+            }
         }
     }
 }
@@ -265,78 +394,80 @@ fn families(svc: &Service) -> Vec<Family> {
     fams
 }
 
-/// Plan one Service port in one family (without warnings; see `plan`).
-pub fn plan_port(
+/// The data-path plan of every port and family of one Service, from its slices (what the agent replans when
+/// only this Service or its slices changed). No lint warnings (see `plan`).
+pub fn plan_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeInfo) -> Vec<PortPlan> {
+    let mut out = Vec::new();
+    for family in families(svc) {
+        for port in &svc.ports {
+            out.push(plan_port(slices.iter().copied(), svc, port, family, node).0);
+        }
+    }
+    out
+}
+
+/// The plan of one port of a Service in one family on one node (no lint warnings): `plan_service` narrowed to
+/// one entry, for the study and the lints that compare nodes.
+pub fn port_plan(
     model: &Model,
     svc: &Service,
     port: &ServicePort,
     family: Family,
     node: &NodeInfo,
 ) -> PortPlan {
-    plan_port_in(model.slices_of(&svc.key), svc, port, family, node)
+    plan_port(model.slices_of(&svc.key), svc, port, family, node).0
 }
 
-/// The data-path plan of every port and family of one Service, from its slices (what the agent replans when
-/// only this Service or its slices changed).
-pub fn plan_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeInfo) -> Vec<PortPlan> {
-    let mut out = Vec::new();
-    for family in families(svc) {
-        for port in &svc.ports {
-            out.push(plan_port_in(slices.iter().copied(), svc, port, family, node));
-        }
-    }
-    out
-}
-
-fn plan_port_in<'a>(
+/// One port in one family, and the merged endpoints it was planned from.
+fn plan_port<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     svc: &Service,
     port: &ServicePort,
     family: Family,
     node: &NodeInfo,
-) -> PortPlan {
-    let endpoints = port_endpoints_in(slices, port, family, &node.name);
+) -> (PortPlan, Vec<PortEndpoint>) {
+    let endpoints = port_endpoints(slices, port, family, &node.name);
     let has_any = has_any_endpoints(&endpoints);
-    let internal = traffic(svc.internal_policy, &endpoints, node, has_any);
-    let external =
-        svc.externally_reachable(port).then(|| traffic(svc.external_policy, &endpoints, node, has_any));
-    PortPlan {
-        service: svc.key.to_string(),
-        key: svc.key.clone(),
-        port_name: port.name.clone(),
+    let topology = decide_topology(&endpoints, node);
+    let internal = traffic(svc.internal_policy, &endpoints, node, &topology, has_any);
+    let external = svc
+        .externally_reachable(port)
+        .then(|| traffic(svc.external_policy, &endpoints, node, &topology, has_any));
+    let ready = endpoints.iter().filter(|e| e.endpoint.is_ready()).count();
+    let counts = EndpointCounts {
+        total: endpoints.len(),
+        ready,
+        serving_terminating: endpoints
+            .iter()
+            .filter(|e| !e.endpoint.is_ready() && e.endpoint.is_serving() && e.endpoint.is_terminating())
+            .count(),
+        local: endpoints.iter().filter(|e| e.local).count(),
+    };
+    let plan = PortPlan {
+        name: ServicePortName::new(svc.key.clone(), port.name.clone()),
         port: port.port,
         protocol: port.protocol,
         family,
         cluster_ips: svc.cluster_ips.iter().copied().filter(|ip| Family::of(ip) == family).collect(),
         has_any_endpoints: has_any,
-        topology_mode: topology_mode(&endpoints, node),
+        counts,
+        topology,
         internal,
         external,
         warnings: Vec::new(),
-    }
+    };
+    (plan, endpoints)
 }
 
 /// The plan for one node: every Service port with a VIP, in every family it has, with lint warnings.
 pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
-    plan_inner(model, node, true)
-}
-
-/// The plan without warnings: what the agent needs on every sync (the load-skew lint plans every node).
-pub fn plan_for_datapath(model: &Model, node: &NodeInfo) -> Plan {
-    plan_inner(model, node, false)
-}
-
-fn plan_inner(model: &Model, node: &NodeInfo, warnings: bool) -> Plan {
     let mut services = Vec::new();
     for svc in model.services.values() {
         for family in families(svc) {
             for port in &svc.ports {
-                let mut p = plan_port(model, svc, port, family, node);
-                if warnings {
-                    let eps = port_endpoints(model, svc, port, family, &node.name);
-                    p.warnings = crate::lint::port_warnings(svc, &eps, node);
-                    p.warnings.extend(crate::lint::skew_warning(model, svc, port, family));
-                }
+                let (mut p, eps) = plan_port(model.slices_of(&svc.key), svc, port, family, node);
+                p.warnings = crate::lint::port_warnings(svc, &eps, node);
+                p.warnings.extend(crate::lint::skew_warning(model, svc, port, family));
                 services.push(p);
             }
         }

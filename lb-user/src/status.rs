@@ -7,7 +7,10 @@ use lb_common::{
 };
 use serde::Serialize;
 
-use crate::datapath::{MapError, MapWriter, addr, read_back, split_label};
+use crate::{
+    datapath::{MapError, MapReader, addr, read_back},
+    model::ServicePortName,
+};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BackendStatus {
@@ -27,8 +30,9 @@ pub struct Counters {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontendStatus {
-    pub service: String,
-    pub port_name: String,
+    /// The Service port (JSON: `service` and `port_name`); empty if the stored name does not read back.
+    #[serde(flatten)]
+    pub name: ServicePortName,
     pub frontend: String,
     pub protocol: &'static str,
     pub policy: &'static str,
@@ -57,11 +61,12 @@ fn proto_name(p: u8) -> &'static str {
 }
 
 impl Instance {
-    pub fn read(name: &str, maps: &impl MapWriter) -> Result<Self, MapError> {
+    pub fn read(name: &str, maps: &impl MapReader) -> Result<Self, MapError> {
         let down = maps.backends_down()?;
         let mut frontends = Vec::new();
         for (key, rb) in read_back(maps)? {
-            let (service, port_name) = split_label(&maps.name(rb.value.svc_id)?.unwrap_or_default());
+            let label = maps.name(rb.value.svc_id)?.unwrap_or_default();
+            let name = label.parse::<ServicePortName>().unwrap_or_default();
             let tiers = rb.tiers.map(|t| {
                 t.iter()
                     .map(|b| BackendStatus {
@@ -75,8 +80,7 @@ impl Instance {
             let c = maps.counters(rb.value.svc_id)?;
             let at = |k: u32| c[k as usize];
             frontends.push(FrontendStatus {
-                service,
-                port_name,
+                name,
                 frontend: addr::frontend_addr(&key).to_string(),
                 protocol: proto_name(key.proto),
                 policy: if local { "Local" } else { "Cluster" },
@@ -103,9 +107,7 @@ impl Instance {
                 },
             });
         }
-        frontends.sort_by(|a, b| {
-            (&a.service, &a.port_name, &a.frontend).cmp(&(&b.service, &b.port_name, &b.frontend))
-        });
+        frontends.sort_by(|a, b| (&a.name, &a.frontend).cmp(&(&b.name, &b.frontend)));
         let fail_open_total = maps.counters(GLOBAL_SVC_ID)?[COUNTER_FAIL_OPEN as usize];
         let mut backends_marked_down: Vec<String> =
             down.iter().map(|b| addr::backend_addr(b).to_string()).collect();
@@ -128,11 +130,7 @@ impl Instance {
             "SERVICE", "FRONTEND", "POLICY", "ACTIVE", "NODE", "ZONE", "CLUSTER", "REFUSED"
         );
         for f in &self.frontends {
-            let name = if f.port_name.is_empty() {
-                f.service.clone()
-            } else {
-                format!("{}:{}", f.service, f.port_name)
-            };
+            let name = f.name.to_string();
             let tiers: Vec<String> = f
                 .tiers
                 .iter()

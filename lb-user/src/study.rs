@@ -228,8 +228,8 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
 fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Vec<IpAddr>, bool) {
     let svc = m.services.values().next().expect("one Service");
     let port = &svc.ports[0];
-    let p = plan::plan_port(m, svc, port, Family::V4, node);
-    let eps = plan::port_endpoints(m, svc, port, Family::V4, &node.name);
+    let p = plan::port_plan(m, svc, port, Family::V4, node);
+    let eps = plan::port_endpoints(m.slices_of(&svc.key), port, Family::V4, &node.name);
     let ready: Vec<&plan::PortEndpoint> = eps.iter().filter(|e| e.endpoint.is_ready()).collect();
     let ips = |v: Vec<&plan::PortEndpoint>| v.iter().map(|e| e.addr.ip()).collect::<Vec<_>>();
     let zone = node.zone.as_deref();

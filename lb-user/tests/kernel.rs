@@ -13,7 +13,10 @@ use lb_testkit::{
     probe::Report,
     sandbox::{BpfFs, Cgroup, Child, NamedServer, NetNs, confine},
 };
-use tierlb::datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded};
+use tierlb::{
+    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
+    model::{ObjKey, ServicePortName},
+};
 
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
 
@@ -246,8 +249,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         d.insert(
             key,
             DesiredFrontend {
-                service: "default/web".into(),
-                port_name: String::new(),
+                name: ServicePortName::new(ObjKey::new("default", "web"), ""),
                 tiers: [b[..node].to_vec(), Vec::new(), b.clone()],
                 flags: 0,
             },

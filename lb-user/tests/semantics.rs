@@ -481,13 +481,8 @@ fn duplicate_ip_port_across_slices_is_merged_keeping_the_local_copy() {
     let mut m = model(psn(), &[e("10.0.0.1", "n2").psn()]);
     let dup = slice("web-dup", AddressType::IPv4, 8080, &[e("10.0.0.1", "n1").psn()]);
     m.slices.insert(dup.key.clone(), dup);
-    let eps = plan::port_endpoints(
-        &m,
-        &m.services[&ObjKey::new("default", "web")],
-        &psn().ports[0],
-        Family::V4,
-        "n1",
-    );
+    let eps =
+        plan::port_endpoints(m.slices_of(&ObjKey::new("default", "web")), &psn().ports[0], Family::V4, "n1");
     assert_eq!(eps.len(), 1);
     assert!(eps[0].local);
     let t = internal(&m, &node("n1", None));
@@ -616,7 +611,7 @@ fn the_data_path_tiers_behind_kube_proxys_choice_are_zone_then_cluster() {
     assert_eq!(ips(&t.tiers.node), ["10.0.0.1"]);
     assert_eq!(ips(&t.tiers.zone), ["10.0.0.1", "10.0.0.2"]);
     assert_eq!(ips(&t.tiers.cluster), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
-    assert_eq!(plan::plan(&m, &node("n1", Some("a"))).services[0].topology_mode, TopologyMode::Node);
+    assert_eq!(plan::plan(&m, &node("n1", Some("a"))).services[0].topology.mode, TopologyMode::Node);
 }
 
 fn story_model() -> Model {

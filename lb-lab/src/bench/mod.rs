@@ -22,7 +22,10 @@ use lb_testkit::{
     manifests,
     sandbox::{Cgroup, Child, NetNs, TempDir, confine},
 };
-use tierlb::datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded};
+use tierlb::{
+    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
+    model::{ObjKey, ServicePortName},
+};
 
 /// Close with RST (SO_LINGER 0) when the socket is dropped: no TIME_WAIT on either side, so neither the
 /// client's ephemeral ports nor the server's 4-tuples pile up (a server-side TIME_WAIT hit by a reused
@@ -245,8 +248,7 @@ fn desired(services: usize, per: usize) -> Desired {
             (
                 addr::frontend_key(IpAddr::V4(vip(i)), 80, 6),
                 DesiredFrontend {
-                    service: format!("bench/svc-{i}"),
-                    port_name: String::new(),
+                    name: ServicePortName::new(ObjKey::new("bench", format!("svc-{i}")), ""),
                     tiers: [Vec::new(), Vec::new(), b],
                     flags: 0,
                 },
@@ -581,10 +583,10 @@ fn one_change_in_the_maps(
     let k = addr::frontend_key(IpAddr::V4(vip(EDITED)), 80, 6);
     let mut want = d.get(&k).context("the edited Service is programmed")?.clone();
     want.tiers[2].pop();
-    let service = want.service.clone();
+    let service = want.name.service.clone();
     let one: Desired = [(k, want)].into_iter().collect();
     let t1 = Instant::now();
-    let rep = rec.apply_services([service.as_str()], &one, Instant::now());
+    let rep = rec.apply_services([&service], &one, Instant::now());
     let took = t1.elapsed();
     anyhow::ensure!(rep.updated == 1 && rep.errors.is_empty(), "one change: {rep:?}");
     rec.apply(d, Instant::now());

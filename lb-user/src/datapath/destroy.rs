@@ -16,7 +16,7 @@ use std::{
 
 use lb_common::{Backend, FAMILY_V6, FrontendKey, PROTO_UDP, ReverseKey};
 
-use super::ebpf::KernelMaps;
+use super::{MapWriter, Reconciler};
 
 const NETLINK_SOCK_DIAG: i32 = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -206,6 +206,7 @@ pub struct NetnsFinder {
 }
 
 impl NetnsFinder {
+    /// An open handle on the network namespace with this cookie, if a process in it is visible in /proc.
     pub fn find(&mut self, cookie: u64) -> Option<File> {
         if let Some((_, path)) = self.by_inode.values().find(|(c, _)| *c == cookie)
             && let Ok(f) = File::open(path)
@@ -234,16 +235,34 @@ impl NetnsFinder {
 /// What one destruction pass did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DestroyReport {
+    /// Sockets destroyed.
     pub destroyed: usize,
     /// Reverse entries dropped because their socket is gone (or was never connected to the backend).
     pub stale: usize,
+    /// What went wrong (deduplicated), for the log.
     pub errors: Vec<String>,
+}
+
+/// Destroy connected UDP sockets whose backend is no longer in any tier of their frontend (or is marked
+/// down): after a sync that updated or removed frontends, and after `tierlb backend down`.
+pub fn destroy_departed<W: MapWriter>(rec: &mut Reconciler<W>, finder: &mut NetnsFinder) -> DestroyReport {
+    // Only UDP frontends have sockets to end (and building sets for every TCP one cost milliseconds per change
+    // at 10,000 Services).
+    let current: BTreeMap<FrontendKey, BTreeSet<Backend>> = rec
+        .applied()
+        .filter(|(k, _, _)| k.proto == PROTO_UDP)
+        .map(|(k, _, d)| (*k, d.tiers.iter().flatten().copied().collect()))
+        .collect();
+    let down: BTreeSet<Backend> = rec.writer().backends_down().unwrap_or_default().into_iter().collect();
+    destroy_udp_sockets(rec.writer_mut(), finder, |fe, b| {
+        down.contains(b) || !current.get(fe).is_some_and(|set| set.contains(b))
+    })
 }
 
 /// Destroy the connected UDP sockets whose reverse entry points at a backend for which `gone(frontend,
 /// backend)` is true, and drop those reverse entries.
 pub fn destroy_udp_sockets(
-    maps: &mut KernelMaps,
+    maps: &mut impl MapWriter,
     finder: &mut NetnsFinder,
     gone: impl Fn(&FrontendKey, &Backend) -> bool,
 ) -> DestroyReport {

@@ -17,7 +17,8 @@ use lb_common::{
     MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, ReverseKey, ReverseValue, ServiceName, SlotKey,
 };
 
-use super::{MapError, MapWriter};
+use super::{MapError, MapReader, MapWriter};
+use crate::model::ServicePortName;
 
 /// The programs in the object, by function name; all are attached to the agent's cgroup.
 pub const PROGRAMS: &[&str] =
@@ -150,11 +151,6 @@ pub struct Programs {
     ebpf: Ebpf,
 }
 
-/// File name of a pinned link in an instance directory.
-fn link_pin(dir: &Path, prog: &str) -> PathBuf {
-    dir.join(format!("link_{prog}"))
-}
-
 impl Loaded {
     /// Load the embedded object with the given capacities and load (verify) every program.
     ///
@@ -251,7 +247,7 @@ impl Programs {
             let Some(dir) = pin_dir else { continue };
             let link = prog.take_link(id).map_err(|e| bpf_err(format!("taking the link of {name}"), e))?;
             let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("link of {name}"), e))?;
-            let path = link_pin(dir, name);
+            let path = super::pins::link_pin(dir, name);
             // bpffs refuses names with a dot, so no ".new" suffix.
             let fresh = dir.join(format!("link_{name}_new"));
             let _ = std::fs::remove_file(&fresh);
@@ -265,35 +261,7 @@ impl Programs {
     }
 }
 
-/// Remove an instance's pinned links (detaching its programs) and maps. `tierlb agent --cleanup`.
-pub fn cleanup(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut removed = Vec::new();
-    for name in PROGRAMS {
-        let p = link_pin(dir, name);
-        if p.exists() {
-            std::fs::remove_file(&p)?;
-            removed.push(p);
-        }
-    }
-    for name in MAPS {
-        let p = dir.join(name);
-        if p.exists() {
-            std::fs::remove_file(&p)?;
-            removed.push(p);
-        }
-    }
-    if dir.exists() && std::fs::read_dir(dir)?.next().is_none() {
-        std::fs::remove_dir(dir)?;
-    }
-    Ok(removed)
-}
-
-/// Programs still attached through pins in `dir`.
-pub fn pinned_links(dir: &Path) -> Vec<PathBuf> {
-    PROGRAMS.iter().map(|p| link_pin(dir, p)).filter(|p| p.exists()).collect()
-}
-
-/// The four maps, from a fresh load or from pins.
+/// The six maps (`lb_common::MAPS`), from a fresh load or from pins.
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
     slots: HashMap<MapData, SlotKey, Backend>,
@@ -364,23 +332,6 @@ impl KernelMaps {
         }
         Self::from_maps(maps, None)
     }
-
-    /// Every reverse entry: which socket (cookie, network namespace) talks to which backend for which VIP.
-    pub fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
-        self.reverse.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
-            MAP_REVERSE,
-            "reverse",
-            self.caps.reverse,
-        ))
-    }
-
-    pub fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError> {
-        absent_ok(self.reverse.remove(key)).map(|_| ()).map_err(sys(
-            MAP_REVERSE,
-            "reverse",
-            self.caps.reverse,
-        ))
-    }
 }
 
 fn sys(map: &'static str, flag: &'static str, capacity: u32) -> impl Fn(aya::maps::MapError) -> MapError {
@@ -410,6 +361,52 @@ fn absent_ok<T>(r: Result<T, aya::maps::MapError>) -> Result<Option<T>, aya::map
     }
 }
 
+impl MapReader for KernelMaps {
+    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
+        self.frontends.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
+            MAP_FRONTENDS,
+            "services",
+            self.caps.services,
+        ))
+    }
+    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
+        absent_ok(self.slots.get(&key, 0)).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    }
+    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
+        self.slots.keys().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    }
+    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
+        let all = self.state.iter().collect::<Result<Vec<_>, _>>();
+        let all = all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))?;
+        Ok(all.into_iter().filter(|(_, v)| v & BACKEND_DOWN != 0).map(|(k, _)| k).collect())
+    }
+    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
+        let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
+        for (kind, slot) in out.iter_mut().enumerate() {
+            let idx = lb_common::counter_index(svc_id, kind as u32);
+            let values =
+                self.counters.get(&idx, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
+            *slot = values.iter().sum();
+        }
+        Ok(out)
+    }
+    fn max_services(&self) -> u32 {
+        self.max_services
+    }
+    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
+        let n =
+            absent_ok(self.names.get(&svc_id, 0)).map_err(sys(MAP_NAMES, "services", self.max_services))?;
+        Ok(n.map(|n| n.as_str().to_owned()))
+    }
+    fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
+        self.reverse.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
+            MAP_REVERSE,
+            "reverse",
+            self.caps.reverse,
+        ))
+    }
+}
+
 impl MapWriter for KernelMaps {
     fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
         self.slots.insert(key, backend, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
@@ -427,16 +424,6 @@ impl MapWriter for KernelMaps {
             self.caps.services,
         ))
     }
-    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
-        self.frontends.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
-            MAP_FRONTENDS,
-            "services",
-            self.caps.services,
-        ))
-    }
-    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
-        absent_ok(self.slots.get(&key, 0)).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
-    }
     fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
         let err = sys(MAP_BACKEND_STATE, "backends", self.caps.backends);
         if down {
@@ -444,21 +431,6 @@ impl MapWriter for KernelMaps {
         } else {
             absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
         }
-    }
-    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
-        let all = self.state.iter().collect::<Result<Vec<_>, _>>();
-        let all = all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))?;
-        Ok(all.into_iter().filter(|(_, v)| v & BACKEND_DOWN != 0).map(|(k, _)| k).collect())
-    }
-    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
-        let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
-        for (kind, slot) in out.iter_mut().enumerate() {
-            let idx = lb_common::counter_index(svc_id, kind as u32);
-            let values =
-                self.counters.get(&idx, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
-            *slot = values.iter().sum();
-        }
-        Ok(out)
     }
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
         for kind in 0..COUNTERS_PER_SERVICE {
@@ -469,14 +441,8 @@ impl MapWriter for KernelMaps {
         }
         Ok(())
     }
-    fn max_services(&self) -> u32 {
-        self.max_services
-    }
-    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
-        self.slots.keys().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
-    }
-    fn put_name(&mut self, svc_id: u32, name: &str) -> Result<(), MapError> {
-        self.names.insert(svc_id, ServiceName::new(name), 0).map_err(sys(
+    fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
+        self.names.insert(svc_id, ServiceName::new(&name.to_string()), 0).map_err(sys(
             MAP_NAMES,
             "services",
             self.max_services,
@@ -489,9 +455,11 @@ impl MapWriter for KernelMaps {
             self.max_services,
         ))
     }
-    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
-        let n =
-            absent_ok(self.names.get(&svc_id, 0)).map_err(sys(MAP_NAMES, "services", self.max_services))?;
-        Ok(n.map(|n| n.as_str().to_owned()))
+    fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError> {
+        absent_ok(self.reverse.remove(key)).map(|_| ()).map_err(sys(
+            MAP_REVERSE,
+            "reverse",
+            self.caps.reverse,
+        ))
     }
 }

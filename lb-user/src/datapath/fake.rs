@@ -1,9 +1,12 @@
 //! In-memory maps with the kernel's capacity behaviour, for reconciler and agent tests.
 use std::collections::{BTreeMap, BTreeSet};
 
-use lb_common::{Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, SlotKey};
+use lb_common::{
+    Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue, SlotKey,
+};
 
-use super::{MapError, MapWriter};
+use super::{MapError, MapReader, MapWriter};
+use crate::model::ServicePortName;
 
 #[derive(Debug, Default)]
 pub struct FakeMaps {
@@ -12,6 +15,7 @@ pub struct FakeMaps {
     down: BTreeSet<Backend>,
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
     names: BTreeMap<u32, String>,
+    reverse: BTreeMap<ReverseKey, ReverseValue>,
     max_services: u32,
     max_slots: u32,
     writes: usize,
@@ -31,8 +35,40 @@ impl FakeMaps {
     pub fn writes(&self) -> usize {
         self.writes
     }
+    /// A reverse entry, as the data path writes one on a translated connect or sendmsg.
+    pub fn put_reverse(&mut self, key: ReverseKey, value: ReverseValue) {
+        self.reverse.insert(key, value);
+    }
+    /// Count one connect of `kind` (a `COUNTER_*`) for a service id, as the data path does.
     pub fn bump_counter(&mut self, svc_id: u32, kind: u32) {
         self.counters.entry(svc_id).or_default()[kind as usize] += 1;
+    }
+}
+
+impl MapReader for FakeMaps {
+    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
+        Ok(self.frontends.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
+        Ok(self.slots.get(&key).copied())
+    }
+    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
+        Ok(self.slots.keys().copied().collect())
+    }
+    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
+        Ok(self.down.iter().copied().collect())
+    }
+    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
+        Ok(self.counters.get(&svc_id).copied().unwrap_or_default())
+    }
+    fn max_services(&self) -> u32 {
+        self.max_services
+    }
+    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
+        Ok(self.names.get(&svc_id).cloned())
+    }
+    fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
+        Ok(self.reverse.iter().map(|(k, v)| (*k, *v)).collect())
     }
 }
 
@@ -64,12 +100,6 @@ impl MapWriter for FakeMaps {
         self.frontends.remove(&key);
         Ok(())
     }
-    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
-        Ok(self.frontends.iter().map(|(k, v)| (*k, *v)).collect())
-    }
-    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
-        Ok(self.slots.get(&key).copied())
-    }
     fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
         self.writes += 1;
         if down {
@@ -79,31 +109,20 @@ impl MapWriter for FakeMaps {
         }
         Ok(())
     }
-    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
-        Ok(self.down.iter().copied().collect())
-    }
-    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
-        Ok(self.counters.get(&svc_id).copied().unwrap_or_default())
-    }
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
         self.counters.remove(&svc_id);
         Ok(())
     }
-    fn max_services(&self) -> u32 {
-        self.max_services
-    }
-    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
-        Ok(self.slots.keys().copied().collect())
-    }
-    fn put_name(&mut self, svc_id: u32, name: &str) -> Result<(), MapError> {
-        self.names.insert(svc_id, name.to_owned());
+    fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
+        self.names.insert(svc_id, name.to_string());
         Ok(())
     }
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError> {
         self.names.remove(&svc_id);
         Ok(())
     }
-    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
-        Ok(self.names.get(&svc_id).cloned())
+    fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError> {
+        self.reverse.remove(key);
+        Ok(())
     }
 }

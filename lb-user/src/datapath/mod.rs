@@ -1,75 +1,41 @@
-//! From a plan to map contents, and the reconciler that writes only what changed.
+//! The data path as user space sees it: the map contents (`Desired`), a reader and a writer over the maps
+//! (the aya implementation in `ebpf`, an in-memory fake for tests), the reconciler that writes only what
+//! changed, pinning (`pins`) and socket destruction (`destroy`).
+//!
+//! This module knows map layouts, not Kubernetes semantics: the agent lowers a plan to `Desired` (which
+//! tiers, which flags) before anything here sees it.
 pub mod addr;
 #[cfg(target_os = "linux")]
 pub mod destroy;
 #[cfg(target_os = "linux")]
 pub mod ebpf;
 pub mod fake;
+#[cfg(target_os = "linux")]
+pub mod pins;
 mod reconcile;
 
 use std::collections::BTreeMap;
 
 use lb_common::{
-    Backend, COUNTERS_PER_SERVICE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FrontendKey, FrontendValue, SlotKey,
+    Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
 };
 pub use reconcile::{AdoptReport, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
-use crate::{
-    model::Policy,
-    plan::{Plan, PortPlan},
-};
+use crate::model::ServicePortName;
 
-/// What one frontend (VIP, port, protocol) should hold.
+/// What one frontend (VIP, port, protocol) should hold: the map contents the agent lowered a plan to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredFrontend {
-    /// `namespace/name` and port name, for messages and metrics.
-    pub service: String,
-    pub port_name: String,
-    /// Backends per tier (node, zone, cluster).
-    pub tiers: [Vec<Backend>; 3],
+    /// The Service port it serves (stored per service id for `status`, metrics and adoption).
+    pub name: ServicePortName,
+    /// Backends per tier (node, zone, cluster), in the order the data path tries them.
+    pub tiers: [Vec<Backend>; TIER_COUNT],
+    /// `FLAG_*` bits of the frontend value.
     pub flags: u32,
 }
 
+/// Every frontend the maps should hold, by key.
 pub type Desired = BTreeMap<FrontendKey, DesiredFrontend>;
-
-/// The map contents a plan asks for: one frontend per cluster IP of every planned port, with the tiers of its
-/// internal (ClusterIP) traffic.
-pub fn desired(plan: &Plan) -> Desired {
-    desired_of(&plan.services)
-}
-
-/// The frontends of some planned Service ports (later ports win a shared VIP:port, as in `desired`).
-pub fn desired_of(ports: &[PortPlan]) -> Desired {
-    let mut out = Desired::new();
-    for p in ports {
-        let proto = p.protocol.number();
-        let t = &p.internal;
-        let convert =
-            |v: &[std::net::SocketAddr]| v.iter().map(|a| addr::backend(*a, proto)).collect::<Vec<_>>();
-        let tiers = [convert(&t.tiers.node), convert(&t.tiers.zone), convert(&t.tiers.cluster)];
-        let mut flags = 0;
-        if t.policy == Policy::Local {
-            flags |= FLAG_POLICY_LOCAL;
-            // Which failure applies once every local backend is gone (or marked down): kube-proxy's DROP when
-            // endpoints exist elsewhere, REJECT when there are none at all.
-            if p.has_any_endpoints {
-                flags |= FLAG_EMPTY_IS_DROP;
-            }
-        }
-        for ip in &p.cluster_ips {
-            out.insert(
-                addr::frontend_key(*ip, p.port, proto),
-                DesiredFrontend {
-                    service: p.service.clone(),
-                    port_name: p.port_name.clone(),
-                    tiers: tiers.clone(),
-                    flags,
-                },
-            );
-        }
-    }
-    out
-}
 
 /// A map operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -88,56 +54,63 @@ pub enum MapError {
     },
 }
 
-/// Everything the agent does to the maps. The aya implementation writes the kernel's maps; the fake keeps
-/// them in memory for tests of the reconciler.
-pub trait MapWriter {
-    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError>;
-    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError>;
-    fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
-    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError>;
+/// What can be read from the maps: what `tierlb status` and a restarted agent's adoption need. The aya
+/// implementation reads the kernel's maps (also from pins); the fake keeps them in memory.
+pub trait MapReader {
+    /// Every frontend with its value.
     fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError>;
+    /// One backend slot.
     fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError>;
-    /// Mark a backend down (or up again). One map write; the data path skips it from the next connect on.
-    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError>;
+    /// Every slot key present (adoption removes slots no frontend points at).
+    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError>;
+    /// Backends marked down (the data path skips them).
     fn backends_down(&self) -> Result<Vec<Backend>, MapError>;
     /// Counters of one service id, summed over CPUs.
     fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError>;
-    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError>;
     /// How many service ids the counter map has room for.
     fn max_services(&self) -> u32;
-    /// Every slot key present (adoption removes slots no frontend points at).
-    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError>;
-    /// The `namespace/name:port` label of a service id (for status and adoption).
-    fn put_name(&mut self, svc_id: u32, name: &str) -> Result<(), MapError>;
-    fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
+    /// The Service port a service id serves, as stored (`namespace/name:port`; cut at 128 bytes).
     fn name(&self, svc_id: u32) -> Result<Option<String>, MapError>;
+    /// Every reverse entry: which socket (cookie, network namespace) talks to which backend for which VIP.
+    fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError>;
 }
 
-/// The label stored for a frontend: `namespace/name:port` (`namespace/name` for an unnamed port).
-pub fn label(service: &str, port_name: &str) -> String {
-    if port_name.is_empty() { service.to_owned() } else { format!("{service}:{port_name}") }
-}
-
-/// Split a label back into Service and port name.
-pub fn split_label(label: &str) -> (String, String) {
-    match label.rsplit_once(':') {
-        Some((s, p)) if s.contains('/') => (s.to_owned(), p.to_owned()),
-        _ => (label.to_owned(), String::new()),
-    }
+/// Everything the agent (and `tierlb backend`) writes to the maps.
+pub trait MapWriter: MapReader {
+    /// Write one backend slot.
+    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError>;
+    /// Delete one backend slot (absent is fine).
+    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError>;
+    /// Write (or replace, in one update) a frontend's value.
+    fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
+    /// Delete a frontend (absent is fine).
+    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError>;
+    /// Mark a backend down (or up again). One map write; the data path skips it from the next connect on.
+    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError>;
+    /// Zero a service id's counters (a reused id must not inherit another Service's counts).
+    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError>;
+    /// Store the Service port a service id serves.
+    fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError>;
+    /// Forget a service id's name.
+    fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
+    /// Drop a reverse entry (its socket is gone or was destroyed).
+    fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError>;
 }
 
 /// A frontend as read back from the maps: its value and the backends of each tier.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadBack {
+    /// The frontend's map value.
     pub value: FrontendValue,
-    pub tiers: [Vec<Backend>; 3],
+    /// The backends of each tier's slot range (node, zone, cluster).
+    pub tiers: [Vec<Backend>; TIER_COUNT],
 }
 
 /// Read every frontend and its tiers from the maps (what the data path sees now).
-pub fn read_back(w: &impl MapWriter) -> Result<BTreeMap<FrontendKey, ReadBack>, MapError> {
+pub fn read_back(w: &impl MapReader) -> Result<BTreeMap<FrontendKey, ReadBack>, MapError> {
     let mut out = BTreeMap::new();
     for (key, value) in w.frontends()? {
-        let mut tiers: [Vec<Backend>; 3] = Default::default();
+        let mut tiers: [Vec<Backend>; TIER_COUNT] = Default::default();
         for (t, range) in value.tiers.iter().enumerate() {
             for i in 0..u32::from(range.len) {
                 let slot = SlotKey {

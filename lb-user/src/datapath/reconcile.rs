@@ -14,6 +14,7 @@ use std::{
 use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, TierRange};
 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
+use crate::model::{ObjKey, ServicePortName};
 
 /// How long old slots outlive the frontend update that stopped pointing at them.
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
@@ -35,45 +36,59 @@ struct Buried {
 }
 
 /// A frontend that could not be applied; its previous state (if any) is untouched.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("Service {name} frontend {}: {error}", addr::frontend_addr(frontend))]
 pub struct ApplyError {
-    pub service: String,
+    /// The Service port the frontend belongs to.
+    pub name: ServicePortName,
+    /// The frontend (VIP, port, protocol).
     pub frontend: FrontendKey,
+    /// What the maps refused.
+    #[source]
     pub error: MapError,
 }
 
-impl std::fmt::Display for ApplyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Service {} frontend {}: {}", self.service, addr::frontend_addr(&self.frontend), self.error)
-    }
-}
-
+/// What taking over a previous agent's maps found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct AdoptReport {
+    /// Frontends now known as applied.
     pub frontends: usize,
+    /// Slots no frontend pointed at (a swap cut short), deleted.
     pub orphan_slots_removed: usize,
+    /// Frontends whose stored name is not `namespace/name[:port]` (adopted nameless; the first full sync
+    /// replaces or removes them).
+    pub unnamed: usize,
 }
 
+/// What one `apply` did.
 #[derive(Debug, Default)]
 pub struct ApplyReport {
+    /// Frontends written for the first time.
     pub added: usize,
+    /// Frontends swapped to a new generation.
     pub updated: usize,
+    /// Frontends deleted.
     pub removed: usize,
+    /// Frontends already as desired (nothing written).
     pub unchanged: usize,
+    /// Frontends that could not be applied.
     pub errors: Vec<ApplyError>,
 }
 
 impl ApplyReport {
+    /// Frontends added, updated or removed.
     pub fn changed(&self) -> usize {
         self.added + self.updated + self.removed
     }
 }
 
+/// Keeps the maps equal to the desired frontends with as few writes as possible, remembering what it applied
+/// (so a diff needs no map reads) and which slots wait for their grace period.
 pub struct Reconciler<W: MapWriter> {
     writer: W,
     applied: BTreeMap<FrontendKey, Applied>,
-    /// `namespace/name` -> the applied frontends of that Service (for `apply_services`).
-    by_service: BTreeMap<String, BTreeSet<FrontendKey>>,
+    /// The applied frontends of each Service (for `apply_services`).
+    by_service: BTreeMap<ObjKey, BTreeSet<FrontendKey>>,
     free_ids: Vec<u32>,
     next_id: u32,
     graveyard: VecDeque<Buried>,
@@ -81,6 +96,7 @@ pub struct Reconciler<W: MapWriter> {
 }
 
 impl<W: MapWriter> Reconciler<W> {
+    /// A reconciler over `writer`'s maps, assumed empty (see `adopt` for maps a previous agent filled).
     pub fn new(writer: W) -> Self {
         Self {
             writer,
@@ -93,10 +109,12 @@ impl<W: MapWriter> Reconciler<W> {
         }
     }
 
+    /// The maps.
     pub fn writer(&self) -> &W {
         &self.writer
     }
 
+    /// The maps, for writes outside the diff (marking backends down, dropping reverse entries).
     pub fn writer_mut(&mut self) -> &mut W {
         &mut self.writer
     }
@@ -125,13 +143,13 @@ impl<W: MapWriter> Reconciler<W> {
         self.apply_diff(gone, desired, now)
     }
 
-    /// Bring only the frontends of `services` (`namespace/name`) to `desired`, which holds every frontend
+    /// Bring only the frontends of `services` to `desired`, which holds every frontend
     /// those Services should have and no other: the cost is that of the change, not of all Services. The
     /// rest stays as applied. (A VIP that moves to one of `services` from a Service not in the list is taken
     /// over; the API server never gives one VIP to two Services at once.)
     pub fn apply_services<'a>(
         &mut self,
-        services: impl IntoIterator<Item = &'a str>,
+        services: impl IntoIterator<Item = &'a ObjKey>,
         desired: &Desired,
         now: Instant,
     ) -> ApplyReport {
@@ -166,16 +184,12 @@ impl<W: MapWriter> Reconciler<W> {
                 let value = applied.value;
                 self.bury(value, now, true);
                 if let Some(applied) = self.applied.remove(&key) {
-                    self.unindex(&applied.desired.service, key);
+                    self.unindex(&applied.desired.name.service, key);
                 }
                 report.removed += 1;
             }
             Err(error) => {
-                report.errors.push(ApplyError {
-                    service: applied.desired.service.clone(),
-                    frontend: key,
-                    error,
-                });
+                report.errors.push(ApplyError { name: applied.desired.name.clone(), frontend: key, error });
             }
         }
     }
@@ -205,21 +219,21 @@ impl<W: MapWriter> Reconciler<W> {
                 self.index(key, Applied { value, desired: want.clone() });
             }
             Err(error) => {
-                report.errors.push(ApplyError { service: want.service.clone(), frontend: key, error });
+                report.errors.push(ApplyError { name: want.name.clone(), frontend: key, error });
             }
         }
     }
 
     fn index(&mut self, key: FrontendKey, applied: Applied) {
-        self.by_service.entry(applied.desired.service.clone()).or_default().insert(key);
+        self.by_service.entry(applied.desired.name.service.clone()).or_default().insert(key);
         if let Some(old) = self.applied.insert(key, applied)
-            && old.desired.service != self.applied[&key].desired.service
+            && old.desired.name.service != self.applied[&key].desired.name.service
         {
-            self.unindex(&old.desired.service, key);
+            self.unindex(&old.desired.name.service, key);
         }
     }
 
-    fn unindex(&mut self, service: &str, key: FrontendKey) {
+    fn unindex(&mut self, service: &ObjKey, key: FrontendKey) {
         if let Some(keys) = self.by_service.get_mut(service) {
             keys.remove(&key);
             if keys.is_empty() {
@@ -241,10 +255,8 @@ impl<W: MapWriter> Reconciler<W> {
         };
         if fresh_id {
             // A reused id must not inherit another Service's counts.
-            let named = self
-                .writer
-                .reset_counters(svc_id)
-                .and_then(|()| self.writer.put_name(svc_id, &super::label(&want.service, &want.port_name)));
+            let named =
+                self.writer.reset_counters(svc_id).and_then(|()| self.writer.put_name(svc_id, &want.name));
             if let Err(e) = named {
                 self.free_ids.push(svc_id);
                 return Err(e);
@@ -325,9 +337,11 @@ impl<W: MapWriter> Reconciler<W> {
         let mut used = std::collections::BTreeSet::new();
         for (key, rb) in &current {
             let label = self.writer.name(rb.value.svc_id)?.unwrap_or_default();
-            let (service, port_name) = super::split_label(&label);
-            let desired =
-                DesiredFrontend { service, port_name, tiers: rb.tiers.clone(), flags: rb.value.flags };
+            let name = label.parse::<ServicePortName>().unwrap_or_else(|_| {
+                report.unnamed += 1;
+                ServicePortName::default()
+            });
+            let desired = DesiredFrontend { name, tiers: rb.tiers.clone(), flags: rb.value.flags };
             self.index(*key, Applied { value: rb.value, desired });
             used.insert(rb.value.svc_id);
             report.frontends += 1;
@@ -354,7 +368,7 @@ mod tests {
     use lb_common::Backend;
 
     use super::*;
-    use crate::datapath::fake::FakeMaps;
+    use crate::datapath::{MapReader as _, fake::FakeMaps};
 
     fn be(s: &str) -> Backend {
         addr::backend(s.parse::<SocketAddr>().unwrap(), 6)
@@ -367,8 +381,7 @@ mod tests {
 
     fn want(node: &[&str], cluster: &[&str]) -> DesiredFrontend {
         DesiredFrontend {
-            service: "default/web".into(),
-            port_name: "http".into(),
+            name: ServicePortName::new(ObjKey::new("default", "web"), "http"),
             tiers: [
                 node.iter().map(|s| be(s)).collect(),
                 Vec::new(),
@@ -426,7 +439,11 @@ mod tests {
         assert_eq!(rep.added, 1);
         assert_eq!(rep.errors.len(), 1);
         let msg = rep.errors[0].to_string();
-        assert!(msg.contains("default/web") && msg.contains("10.96.0.2:80") && msg.contains("full"), "{msg}");
+        assert!(
+            msg.contains("default/web:http") && msg.contains("10.96.0.2:80") && msg.contains("full"),
+            "{msg}"
+        );
+        assert!(matches!(rep.errors[0].error, MapError::Full { .. }), "{:?}", rep.errors[0]);
         assert!(r.writer().frontend(fe("10.96.0.2:80")).is_none());
         assert_eq!(r.writer().slot_count(), 2, "partially written slots are removed again");
 
@@ -458,7 +475,7 @@ mod tests {
 
         let mut second = Reconciler::new(maps);
         let rep = second.adopt().unwrap();
-        assert_eq!(rep, super::AdoptReport { frontends: 2, orphan_slots_removed: 1 });
+        assert_eq!(rep, super::AdoptReport { frontends: 2, orphan_slots_removed: 1, unnamed: 0 });
         let writes = second.writer().writes();
         let rep = second.apply(&d, t0);
         assert_eq!((rep.unchanged, rep.changed()), (2, 0), "nothing rewritten after adoption");

@@ -1,0 +1,58 @@
+//! Lowering: from what the semantics decided (a plan per Service port) to what the maps hold (frontends,
+//! tier lists, flags), and to what the servers report (health check node ports). The data path module never
+//! sees a plan; this is the one place that turns kube-proxy's decisions into map contents.
+use std::net::SocketAddr;
+
+use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL};
+
+use crate::{
+    datapath::{Desired, DesiredFrontend, addr},
+    model::{Policy, Service},
+    plan::{PortPlan, WhenEmpty},
+    server::ServiceHealth,
+};
+
+/// The frontends some planned Service ports ask for: one per cluster IP of each port, with the tiers of its
+/// internal (ClusterIP) traffic. A later port wins a shared VIP:port.
+pub fn frontends(ports: &[PortPlan]) -> Desired {
+    let mut out = Desired::new();
+    for p in ports {
+        let proto = p.protocol.number();
+        let t = &p.internal;
+        let convert = |v: &[SocketAddr]| v.iter().map(|a| addr::backend(*a, proto)).collect::<Vec<_>>();
+        let tiers = [convert(&t.tiers.node), convert(&t.tiers.zone), convert(&t.tiers.cluster)];
+        let mut flags = 0;
+        if t.policy == Policy::Local {
+            flags |= FLAG_POLICY_LOCAL;
+        }
+        // Which failure applies once every backend the tiers hold is gone or marked down: kube-proxy's DROP
+        // when a Local policy finds endpoints only elsewhere, REJECT otherwise (the plan decided which).
+        if t.when_all_down == WhenEmpty::Drop {
+            flags |= FLAG_EMPTY_IS_DROP;
+        }
+        for ip in &p.cluster_ips {
+            out.insert(
+                addr::frontend_key(*ip, p.port, proto),
+                DesiredFrontend { name: p.name.clone(), tiers: tiers.clone(), flags },
+            );
+        }
+    }
+    out
+}
+
+/// kube-proxy's service health server data: for a Service with externalTrafficPolicy Local and a
+/// `healthCheckNodePort`, how many local endpoints the external traffic of one port has on this node.
+pub fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHealth)> {
+    let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { return None };
+    if ext.policy != Policy::Local {
+        return None;
+    }
+    Some((
+        port,
+        ServiceHealth {
+            namespace: svc.key.namespace.clone(),
+            name: svc.key.name.clone(),
+            local_endpoints: ext.endpoints.len(),
+        },
+    ))
+}

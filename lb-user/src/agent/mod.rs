@@ -1,0 +1,24 @@
+//! The node agent: source -> change tracker -> plan -> lowering -> reconciler -> maps, again on every change.
+//!
+//! - `tracker`: the model, and which Services a change touches (kube-proxy's change trackers);
+//! - `sync`: one sync without kernel or runtime (`AgentCore`), tested against in-memory maps;
+//! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
+//! - `report`: what a sync logs;
+//! - `run`: the process (source, programs, servers, signal handling).
+//!
+//! Ordering rules of `run`, relied on by operators and tests:
+//! 1. Signal handlers are installed first.
+//! 2. Pinned maps of a previous agent are adopted before the first sync: traffic keeps flowing, and only what
+//!    changed is rewritten.
+//! 3. The first sync fills the maps before the programs are attached, so no connect sees a partial plan.
+//! 4. `tierlb agent ready` is logged last, when programs, servers and health listeners are all up.
+//! 5. Everything a sync changes (maps, health listeners, destroyed sockets) happens before its `synced` line.
+mod lower;
+mod report;
+mod run;
+mod sync;
+mod tracker;
+
+pub use run::{AgentOptions, Source, run};
+pub use sync::{AgentCore, SyncReport};
+pub use tracker::{ChangeTracker, Touched};

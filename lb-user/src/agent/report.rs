@@ -1,0 +1,50 @@
+//! What the agent says about a sync and a socket-destruction pass: structured `tracing` events, one line per
+//! problem and one `synced` line per sync (tests and operators wait for it).
+use super::SyncReport;
+use crate::{datapath::destroy::DestroyReport, source::manifests::Severity};
+
+/// Log one sync: input problems, frontends that failed to apply, Services that got the controller's hints,
+/// then the `synced` summary.
+pub(super) fn log_sync(r: &SyncReport) {
+    for d in &r.diagnostics {
+        match d.severity {
+            Severity::Error => tracing::error!(file = %d.file.display(), "{d}"),
+            Severity::Warning => tracing::warn!(file = %d.file.display(), "{d}"),
+        }
+    }
+    for f in &r.stale_files {
+        tracing::warn!(file = %f.display(), "file has errors: keeping the objects of its last good version");
+    }
+    for e in &r.errors {
+        tracing::error!(service = %e.name, "{e}");
+    }
+    for s in &r.hints_newly_filled {
+        tracing::info!(service = %s, "EndpointSlices carry no hints: using the hints the EndpointSlice controller would write");
+    }
+    let zone = r.node.as_ref().and_then(|n| n.zone.clone()).unwrap_or_else(|| "-".into());
+    tracing::info!(
+        frontends = r.frontends,
+        hints_filled = r.hints_filled.len(),
+        added = r.added,
+        updated = r.updated,
+        removed = r.removed,
+        replanned = r.replanned,
+        errors = r.errors.len(),
+        zone = %zone,
+        took_us = r.duration.as_micros() as u64,
+        "synced"
+    );
+}
+
+/// Log one socket-destruction pass (nothing when it had nothing to do).
+pub(super) fn log_destroyed(r: &DestroyReport) {
+    if r.destroyed > 0 {
+        tracing::info!(
+            sockets = r.destroyed,
+            "destroyed connected UDP sockets whose backend left their Service"
+        );
+    }
+    for e in &r.errors {
+        tracing::warn!("{e}");
+    }
+}

@@ -1,0 +1,232 @@
+//! The agent process: start the source, load and attach the programs, serve health and metrics, and sync on
+//! every change until SIGINT or SIGTERM. The ordering rules are stated in the module doc of `agent`.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+
+use super::{
+    AgentCore, SyncReport,
+    report::{log_destroyed, log_sync},
+};
+use crate::{
+    datapath::{
+        destroy,
+        ebpf::{Capacities, Loaded, PROGRAMS},
+        pins,
+    },
+    metrics::AgentStats,
+    server::{self, ServiceHealthServers, SharedHealth},
+    source::{ModelSource, kube::KubeSource, manifests::ManifestDir, manifests::Severity},
+};
+
+/// Where the agent reads Services, EndpointSlices and Nodes.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A directory of YAML, reloaded on change (inotify).
+    Manifests(PathBuf),
+    /// The API server: in-cluster configuration or KUBECONFIG.
+    Kube,
+}
+
+/// `tierlb agent` options.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// This node's name (EndpointSlice `nodeName`, `hints.forNodes`).
+    pub node: String,
+    /// This node's zone; `None`: the Node object's label.
+    pub zone: Option<String>,
+    /// Where Services, EndpointSlices and Nodes come from.
+    pub source: Source,
+    /// The cgroup2 directory to attach to; `None`: the cgroup2 root.
+    pub cgroup: Option<PathBuf>,
+    /// Allow attaching to a cgroup2 root.
+    pub allow_root_cgroup: bool,
+    /// A bpffs directory to pin maps and links under; `None`: nothing pinned (detached on exit).
+    pub bpffs: Option<PathBuf>,
+    /// Name of the pin directory under `bpffs`; default: the node name.
+    pub instance: Option<String>,
+    /// Map capacities.
+    pub capacities: Capacities,
+    /// `/healthz` and `/livez`; `None`: off.
+    pub healthz_addr: Option<SocketAddr>,
+    /// `/metrics`; `None`: off.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Address the `healthCheckNodePort` listeners bind; `None`: off.
+    pub service_health_bind: Option<IpAddr>,
+}
+
+/// Open the source; every change it sees is signalled on `changed`. The returned guard keeps a file watcher
+/// alive.
+async fn start_source(
+    opts: &AgentOptions,
+    changed: mpsc::UnboundedSender<()>,
+) -> anyhow::Result<(Box<dyn ModelSource>, Option<notify::RecommendedWatcher>)> {
+    match &opts.source {
+        Source::Manifests(dir) => {
+            anyhow::ensure!(
+                dir.is_dir(),
+                "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
+                dir.display()
+            );
+            let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if res.is_ok_and(|ev| !ev.kind.is_access()) {
+                    let _ = changed.send(());
+                }
+            })
+            .context("starting the file watcher (inotify)")?;
+            notify::Watcher::watch(&mut w, dir, notify::RecursiveMode::NonRecursive)
+                .with_context(|| format!("watching {}", dir.display()))?;
+            Ok((Box::new(ManifestDir::new(dir)), Some(w)))
+        }
+        Source::Kube => {
+            let client = kube::Client::try_default()
+                .await
+                .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
+            let ks =
+                KubeSource::start_with_timeout(client, &opts.node, changed, Duration::from_secs(60)).await?;
+            Ok((Box::new(ks), None))
+        }
+    }
+}
+
+async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("{flag} {addr}: cannot listen (port in use? pass another address or `off`)"))
+}
+
+/// After a sync: health is fresh again, statistics counted.
+fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport) {
+    let mut h = health.lock().expect("health lock");
+    h.last_updated = Some(std::time::SystemTime::now());
+    h.pending_since = None;
+    stats.syncs.inc();
+    stats.sync_duration.observe(r.duration.as_secs_f64());
+    stats.apply_errors.inc_by(r.errors.len() as u64);
+    let errors = r.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    stats.reload_errors.inc_by(errors as u64);
+}
+
+/// Open or close the `healthCheckNodePort` listeners a sync asks for.
+async fn sync_service_health(sh: Option<&mut ServiceHealthServers>, stats: &mut AgentStats, r: &SyncReport) {
+    let Some(sh) = sh else { return };
+    for (port, e) in sh.sync(&r.health_ports).await {
+        stats.health_port_errors.inc();
+        tracing::error!(port, error = %e, "cannot listen on healthCheckNodePort");
+    }
+}
+
+/// Run the agent until SIGINT or SIGTERM; detaches on the way out (unless pinned).
+pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
+    // Rule 1: listen for signals before doing anything slow (a signal with no listener would be lost).
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let cgroup = match &opts.cgroup {
+        Some(p) => p.clone(),
+        None => crate::cgroup::default_root()?,
+    };
+    let cgroup = crate::cgroup::check(&cgroup, opts.allow_root_cgroup)?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
+    let source_name = source.describe();
+    let pin_dir = match &opts.bpffs {
+        Some(base) => {
+            pins::check_bpffs(base)?;
+            let dir = pins::instance_dir(base, opts.instance.as_deref().unwrap_or(&opts.node));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            Some(dir)
+        }
+        None => None,
+    };
+    let Loaded { mut programs, maps } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
+    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps);
+    if pin_dir.is_some() {
+        // Rule 2: a previous agent's maps keep serving connects while we start; take over what they hold, so
+        // the first sync rewrites only what changed.
+        let adopted = core.reconciler_mut().adopt().context("adopting the pinned maps")?;
+        if adopted.frontends > 0 {
+            tracing::info!(
+                frontends = adopted.frontends,
+                orphan_slots_removed = adopted.orphan_slots_removed,
+                unnamed = adopted.unnamed,
+                "adopted the maps of a previous agent"
+            );
+        }
+    }
+    // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
+    let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
+    log_sync(&report);
+    programs.attach(&cgroup, pin_dir.as_deref())?;
+
+    let health = SharedHealth::default();
+    let mut stats = AgentStats::default();
+    record(&health, &mut stats, &report);
+    let _healthz = match opts.healthz_addr {
+        Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
+        None => None,
+    };
+    let (metrics_tx, mut metrics_rx) = mpsc::channel::<server::MetricsRequest>(4);
+    let _metrics = match opts.metrics_addr {
+        Some(a) => Some(server::start_metrics(bind(a, "--metrics-addr").await?, metrics_tx)),
+        None => None,
+    };
+    let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
+    sync_service_health(service_health.as_mut(), &mut stats, &report).await;
+
+    drop(tx);
+    // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
+    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?PROGRAMS, "tierlb agent ready");
+    let mut finder = destroy::NetnsFinder::default();
+    match destroy::probe() {
+        Ok(()) => tracing::debug!("socket destruction available"),
+        Err(why) => tracing::warn!(
+            "{why}: connected UDP sockets to backends that leave a Service will not be ended (they reconnect only \
+             when the application notices)"
+        ),
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(25));
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => { tracing::info!("SIGINT: detaching and exiting"); break; }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching and exiting"); break; }
+            Some(()) = rx.recv() => {
+                // Debounce: an editor's save is several events; take them all, then reload once.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                while rx.try_recv().is_ok() {}
+                health.lock().expect("health lock").pending_since.get_or_insert_with(std::time::Instant::now);
+                match core.sync(Instant::now()) {
+                    Ok(r) => {
+                        // Rule 5: everything a sync changes happens before its "synced" line (tests wait for it).
+                        sync_service_health(service_health.as_mut(), &mut stats, &r).await;
+                        if r.updated + r.removed > 0 {
+                            log_destroyed(&destroy::destroy_departed(core.reconciler_mut(), &mut finder));
+                        }
+                        record(&health, &mut stats, &r);
+                        log_sync(&r);
+                    }
+                    Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),
+                }
+            }
+            Some(reply) = metrics_rx.recv() => {
+                let _ = reply.send(crate::metrics::encode_text(core.reconciler(), &stats, opts.capacities.slots));
+            }
+            _ = tick.tick() => core.collect_garbage(Instant::now()),
+        }
+    }
+    drop(file_watcher);
+    if let Some(dir) = &pin_dir {
+        tracing::info!(
+            dir = %dir.display(),
+            "leaving the programs attached and the maps pinned for the next agent (`tierlb agent --cleanup` removes them)"
+        );
+    }
+    // Without pins this detaches the programs; pinned links stay.
+    drop(programs);
+    Ok(())
+}

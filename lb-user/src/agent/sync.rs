@@ -1,0 +1,426 @@
+//! One sync: refresh the source, track what changed, plan the touched Services, lower the plans to map
+//! contents and apply the difference. No kernel and no async runtime here (the run loop drives it), so the
+//! whole agent logic runs in unit tests against the in-memory maps.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use super::{
+    lower,
+    tracker::{ChangeTracker, Touched},
+};
+use crate::{
+    datapath::{ApplyError, Desired, MapWriter, Reconciler},
+    hints,
+    model::{EndpointSlice, NodeInfo, ObjKey},
+    plan,
+    server::ServiceHealth,
+    source::{ModelSource, manifests::Diagnostic},
+};
+
+/// What one sync did, for logs, metrics and tests.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// The node planned for (its zone as resolved now).
+    pub node: Option<NodeInfo>,
+    /// Frontends the plan wants in total.
+    pub frontends: usize,
+    /// Frontends written for the first time.
+    pub added: usize,
+    /// Frontends swapped to a new generation.
+    pub updated: usize,
+    /// Frontends deleted.
+    pub removed: usize,
+    /// Services planned in this sync: those a change touched, or all of them.
+    pub replanned: usize,
+    /// Frontends that could not be applied (they keep their previous state; retried on the next sync).
+    pub errors: Vec<ApplyError>,
+    /// Every problem the input has now.
+    pub diagnostics: Vec<Diagnostic>,
+    /// Files whose objects come from their last good version.
+    pub stale_files: Vec<PathBuf>,
+    /// Services whose slices carried no hints and got the controller's.
+    pub hints_filled: Vec<ObjKey>,
+    /// Those of them not reported by an earlier sync.
+    pub hints_newly_filled: Vec<ObjKey>,
+    /// `healthCheckNodePort` -> the Service's local endpoints (Services with externalTrafficPolicy Local).
+    pub health_ports: BTreeMap<u16, ServiceHealth>,
+    /// How long the sync took.
+    pub duration: Duration,
+}
+
+/// What the last plan of one Service contributed.
+#[derive(Debug, Default)]
+struct Planned {
+    frontends: usize,
+    hints_filled: bool,
+    /// `healthCheckNodePort` and its local endpoints (externalTrafficPolicy Local only).
+    health: Option<(u16, ServiceHealth)>,
+}
+
+/// The agent's logic without the kernel or the async runtime: refresh the source and apply the plan of what
+/// changed.
+pub struct AgentCore<W: MapWriter> {
+    node_name: String,
+    zone_flag: Option<String>,
+    source: Box<dyn ModelSource>,
+    tracker: ChangeTracker,
+    reconciler: Reconciler<W>,
+    /// The node as of the last sync; a different one (zone label changed) replans every Service.
+    node: Option<NodeInfo>,
+    /// Per Service, what its last plan contributed (kept up to date, so a sync that replans one Service does
+    /// not walk them all).
+    planned: BTreeMap<ObjKey, Planned>,
+    frontends: usize,
+    /// Services whose frontends failed to apply: tried again on the next sync, as a full diff would.
+    failed: BTreeSet<ObjKey>,
+    hints_reported: BTreeSet<ObjKey>,
+}
+
+impl<W: MapWriter> AgentCore<W> {
+    /// An agent for node `node_name` (zone: `zone_flag`, else the Node object's label) reading `source` and
+    /// writing `writer`'s maps.
+    pub fn new(
+        node_name: impl Into<String>,
+        zone_flag: Option<String>,
+        source: Box<dyn ModelSource>,
+        writer: W,
+    ) -> Self {
+        Self {
+            node_name: node_name.into(),
+            zone_flag,
+            source,
+            tracker: ChangeTracker::default(),
+            reconciler: Reconciler::new(writer),
+            node: None,
+            planned: BTreeMap::new(),
+            frontends: 0,
+            failed: BTreeSet::new(),
+            hints_reported: BTreeSet::new(),
+        }
+    }
+
+    /// The reconciler (and through it the maps).
+    pub fn reconciler(&self) -> &Reconciler<W> {
+        &self.reconciler
+    }
+
+    /// The reconciler, for adoption, garbage collection and socket destruction.
+    pub fn reconciler_mut(&mut self) -> &mut Reconciler<W> {
+        &mut self.reconciler
+    }
+
+    /// Refresh the source and apply the plan. Only the Services an object change touches are planned and
+    /// written again; a new model from the source, a Node change or a new zone replans every Service. The
+    /// maps keep their last good state for whatever fails.
+    pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
+        let started = Instant::now();
+        let refresh = self.source.refresh()?;
+        let touched = self.tracker.apply(refresh.changes);
+        let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), self.tracker.model());
+        let retry = std::mem::take(&mut self.failed);
+        let (replanned, applied) = match touched {
+            Touched::Services(mut keys) if self.node.as_ref() == Some(&node) => {
+                keys.extend(retry);
+                let desired = self.plan_services(keys.iter(), &node);
+                (keys.len(), self.reconciler.apply_services(&keys, &desired, now))
+            }
+            // Everything, or the same changes on a node whose zone moved.
+            _ => {
+                self.planned.clear();
+                self.frontends = 0;
+                let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
+                let desired = self.plan_services(keys.iter(), &node);
+                (keys.len(), self.reconciler.apply(&desired, now))
+            }
+        };
+        self.node = Some(node.clone());
+        self.failed = applied.errors.iter().map(|e| e.name.service.clone()).collect();
+        let hints_filled: Vec<ObjKey> =
+            self.planned.iter().filter(|(_, p)| p.hints_filled).map(|(k, _)| k.clone()).collect();
+        let hints_newly_filled =
+            hints_filled.iter().filter(|s| !self.hints_reported.contains(*s)).cloned().collect();
+        self.hints_reported = hints_filled.iter().cloned().collect();
+        let mut health_ports: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
+        for (port, h) in self.planned.values().filter_map(|p| p.health.as_ref()) {
+            let entry = health_ports.entry(*port).or_insert_with(|| h.clone());
+            entry.local_endpoints = entry.local_endpoints.max(h.local_endpoints);
+        }
+        Ok(SyncReport {
+            node: Some(node),
+            frontends: self.frontends,
+            added: applied.added,
+            updated: applied.updated,
+            removed: applied.removed,
+            replanned,
+            errors: applied.errors,
+            diagnostics: refresh.diagnostics,
+            stale_files: refresh.stale_files,
+            hints_filled,
+            hints_newly_filled,
+            health_ports,
+            duration: started.elapsed(),
+        })
+    }
+
+    /// Plan these Services (with the controller's hints where their slices carry none) and return the
+    /// frontends they want; a Service no longer in the model wants none.
+    fn plan_services<'a>(&mut self, keys: impl Iterator<Item = &'a ObjKey>, node: &NodeInfo) -> Desired {
+        let mut desired = Desired::new();
+        let model = self.tracker.model();
+        for key in keys {
+            if let Some(old) = self.planned.remove(key) {
+                self.frontends -= old.frontends;
+            }
+            let Some(svc) = model.services.get(key) else { continue };
+            let filled = hints::fill_for(model, svc);
+            let slices: Vec<&EndpointSlice> = match &filled {
+                Some(owned) => owned.iter().collect(),
+                None => model.slices_of(key).collect(),
+            };
+            let plans = plan::plan_service(svc, &slices, node);
+            let mut health: Option<(u16, ServiceHealth)> = None;
+            for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
+                let seen = health.get_or_insert((port, h.clone()));
+                seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
+            }
+            let mine = lower::frontends(&plans);
+            self.frontends += mine.len();
+            self.planned.insert(
+                key.clone(),
+                Planned { frontends: mine.len(), hints_filled: filled.is_some(), health },
+            );
+            desired.extend(mine);
+        }
+        desired
+    }
+
+    /// Delete slots whose grace period is over (the run loop calls it every tick).
+    pub fn collect_garbage(&mut self, now: Instant) {
+        self.reconciler.collect_garbage(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use std::path::Path;
+
+    use super::*;
+    use crate::{
+        datapath::{self, MapReader as _, fake::FakeMaps},
+        source::manifests::ManifestDir,
+    };
+    use lb_testkit::{
+        manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service},
+        sandbox::TempDir,
+    };
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn core(dir: &Path) -> AgentCore<FakeMaps> {
+        AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 1024))
+    }
+
+    /// What the data path sees, without service ids and generations: frontend -> (label, tiers, flags).
+    fn maps(
+        c: &AgentCore<FakeMaps>,
+    ) -> BTreeMap<lb_common::FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
+        let w = c.reconciler().writer();
+        datapath::read_back(w)
+            .unwrap()
+            .into_iter()
+            .map(|(k, rb)| {
+                (k, (w.name(rb.value.svc_id).unwrap().unwrap_or_default(), rb.tiers, rb.value.flags))
+            })
+            .collect()
+    }
+
+    type Edit = Box<dyn Fn(&Path)>;
+
+    fn web() -> Svc {
+        let mut s = Svc::new("web", ip("10.96.0.10"), 80, 8080);
+        s.traffic_distribution = Some("PreferSameNode".into());
+        s
+    }
+
+    fn ep(addr: &str, node: &str, zone: &str) -> Ep {
+        Ep::ready(ip(addr), node).zone(zone)
+    }
+
+    fn nodes(zone_of_node_1: &str) -> String {
+        to_yaml(&[node("node-1", Some(zone_of_node_1)), node("node-2", Some("b"))])
+    }
+
+    #[test]
+    fn a_service_that_did_not_fit_is_tried_again_on_the_next_sync() {
+        let tmp = TempDir::new("agent-retry").unwrap();
+        let dir = tmp.path();
+        let two = [ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")];
+        write_service(dir, &Svc::new("alpha", ip("10.96.0.11"), 80, 8080), &two).unwrap();
+        write_service(dir, &Svc::new("beta", ip("10.96.0.12"), 80, 8080), &two).unwrap();
+        // Room for three slots: alpha fits, beta does not.
+        let mut agent = AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 3));
+        let r = agent.sync(Instant::now()).unwrap();
+        assert_eq!((r.added, r.errors.len()), (1, 1), "{:?}", r.errors);
+        // alpha goes away (after its grace period its slots are free); beta's file is untouched.
+        std::fs::remove_file(dir.join("alpha.yaml")).unwrap();
+        let later = Instant::now() + datapath::DEFAULT_GRACE * 2;
+        agent.collect_garbage(later);
+        let r = agent.sync(later).unwrap();
+        assert_eq!(r.removed, 1);
+        agent.collect_garbage(later + datapath::DEFAULT_GRACE * 2);
+        let r = agent.sync(later + datapath::DEFAULT_GRACE * 2).unwrap();
+        assert_eq!((r.added, r.errors.len()), (1, 0), "beta tried again: {:?}", r.errors);
+        assert_eq!(
+            maps(&agent).values().map(|(label, ..)| label.as_str()).collect::<Vec<_>>(),
+            ["default/beta:main"]
+        );
+    }
+
+    #[test]
+    fn incremental_syncs_program_exactly_what_a_full_sync_would() {
+        let tmp = TempDir::new("agent-incremental").unwrap();
+        let dir = tmp.path();
+        write_service(dir, &web(), &[ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")]).unwrap();
+        let mut db = Svc::new("db", ip("10.96.0.11"), 5432, 5432);
+        db.internal_traffic_policy = Some("Local");
+        write_service(dir, &db, &[ep("10.0.1.1", "node-1", "a")]).unwrap();
+        let mut lb = Svc::new("lb", ip("10.96.0.12"), 443, 8443);
+        lb.health_check_node_port = Some(32000);
+        write_service(dir, &lb, &[ep("10.0.2.1", "node-1", "a"), ep("10.0.2.2", "node-2", "b")]).unwrap();
+        write_atomic(dir, "nodes.yaml", &nodes("a")).unwrap();
+        let slice_of = |svc: &Svc, name: &str, eps: &[Ep]| {
+            let mut v = svc.slices(eps).remove(0);
+            v["metadata"]["name"] = name.into();
+            to_yaml(&[v])
+        };
+
+        let mut agent = core(dir);
+        let first = agent.sync(Instant::now()).unwrap();
+        assert_eq!((first.replanned, first.added, first.frontends), (3, 3, 3));
+
+        // (what, the edit, Services it replans); after each, the maps equal a fresh agent's on the same files
+        // (but while a file is broken, when they stay as they were: a fresh agent has no last good version).
+        let steps: Vec<(&str, Edit, usize)> = vec![
+            (
+                "one EndpointSlice edited",
+                Box::new(|d| {
+                    write_service(d, &web(), &[ep("10.0.0.2", "node-2", "b")]).unwrap();
+                }),
+                1,
+            ),
+            (
+                "a slice of its own file added to a Service",
+                Box::new(move |d| {
+                    write_atomic(
+                        d,
+                        "extra.yaml",
+                        &slice_of(&web(), "web-extra", &[ep("10.0.0.3", "node-1", "a")]),
+                    )
+                    .unwrap();
+                }),
+                1,
+            ),
+            (
+                "the slice relabelled to another Service (both replanned)",
+                Box::new(move |d| {
+                    let mut db = Svc::new("db", ip("10.96.0.11"), 5432, 5432);
+                    db.target_port = 8080;
+                    write_atomic(
+                        d,
+                        "extra.yaml",
+                        &slice_of(&db, "web-extra", &[ep("10.0.0.3", "node-1", "a")]),
+                    )
+                    .unwrap();
+                }),
+                2,
+            ),
+            ("a Service deleted", Box::new(|d| std::fs::remove_file(d.join("db.yaml")).unwrap()), 1),
+            (
+                "a Service added",
+                Box::new(|d| {
+                    write_service(
+                        d,
+                        &Svc::new("cache", ip("10.96.0.13"), 6379, 6379),
+                        &[ep("10.0.3.1", "node-2", "b")],
+                    )
+                    .unwrap();
+                }),
+                1,
+            ),
+            (
+                "a broken file keeps its last good objects",
+                Box::new(|d| {
+                    write_atomic(d, "web.yaml", "kind: Service\nmetadata: [").unwrap();
+                }),
+                0,
+            ),
+            (
+                "the broken file mended",
+                Box::new(|d| {
+                    write_service(d, &web(), &[ep("10.0.0.4", "node-1", "a")]).unwrap();
+                }),
+                1,
+            ),
+            (
+                "a slice moved to another file unchanged",
+                Box::new(|d| {
+                    let text = std::fs::read_to_string(d.join("lb.yaml")).unwrap();
+                    let (svc, slice) = text.split_once("---\n").unwrap();
+                    write_atomic(d, "z-lb-slice.yaml", slice).unwrap();
+                    write_atomic(d, "lb.yaml", svc).unwrap();
+                }),
+                1,
+            ),
+            (
+                "a duplicate in an earlier file wins: everything is replanned",
+                Box::new(|d| {
+                    let mut docs = vec![web().service()];
+                    docs.extend(web().slices(&[ep("10.0.0.9", "node-2", "b")]));
+                    write_atomic(d, "a-web.yaml", &to_yaml(&docs)).unwrap();
+                }),
+                3,
+            ),
+            ("the duplicate removed", Box::new(|d| std::fs::remove_file(d.join("a-web.yaml")).unwrap()), 3),
+            (
+                "this node's zone label changes: everything is replanned",
+                Box::new(|d| {
+                    write_atomic(d, "nodes.yaml", &nodes("b")).unwrap();
+                }),
+                3,
+            ),
+        ];
+        for (what, edit, replanned) in steps {
+            let before = maps(&agent);
+            edit(dir);
+            let r = agent.sync(Instant::now()).unwrap();
+            if !r.stale_files.is_empty() {
+                assert_eq!((r.replanned, maps(&agent)), (replanned, before), "{what}");
+                continue;
+            }
+            let mut fresh = core(dir);
+            let full = fresh.sync(Instant::now()).unwrap();
+            assert_eq!(r.replanned, replanned, "{what}: Services planned");
+            assert_eq!(maps(&agent), maps(&fresh), "{what}: maps");
+            assert_eq!(
+                (r.frontends, &r.hints_filled, &r.health_ports, r.stale_files.len(), r.diagnostics.len()),
+                (
+                    full.frontends,
+                    &full.hints_filled,
+                    &full.health_ports,
+                    full.stale_files.len(),
+                    full.diagnostics.len()
+                ),
+                "{what}: report"
+            );
+        }
+        let again = agent.sync(Instant::now()).unwrap();
+        assert_eq!((again.replanned, again.added + again.updated + again.removed), (0, 0), "nothing changed");
+    }
+}

@@ -1,0 +1,118 @@
+//! Pinning: where an agent instance keeps its maps and program links on a bpffs, so that they outlive the
+//! agent (a restarted agent adopts them; `tierlb status` and `tierlb backend` open them), and how they are
+//! found and removed again.
+//!
+//! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::MAPS`, `BPFFS/<instance>/link_<program>` for
+//! each attached program.
+use std::path::{Path, PathBuf};
+
+use lb_common::{MAP_FRONTENDS, MAPS};
+
+use super::ebpf::PROGRAMS;
+
+/// `BPF_FS_MAGIC` from linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// A pin directory that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// The directory does not exist or cannot be read.
+    #[error("--bpffs {}: cannot read it; create it and mount bpffs there (`mount -t bpf bpf DIR`)", dir.display())]
+    Unreadable {
+        /// The `--bpffs` directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: nix::Error,
+    },
+    /// The directory is on another filesystem: pins there would fail.
+    #[error(
+        "--bpffs {0}: not a bpf filesystem; mount one there (`mount -t bpf bpf {0}`) or use a directory under \
+         /sys/fs/bpf",
+        .dir.display()
+    )]
+    NotBpffs {
+        /// The `--bpffs` directory.
+        dir: PathBuf,
+    },
+    /// No agent instance has pinned maps there.
+    #[error("no agent instance{} pinned under {} (start `tierlb agent --bpffs {}`)",
+        only.as_deref().map(|o| format!(" {o}")).unwrap_or_default(), dir.display(), dir.display())]
+    NoInstance {
+        /// The `--bpffs` directory.
+        dir: PathBuf,
+        /// The instance asked for, if one was.
+        only: Option<String>,
+    },
+    /// Listing or removing pins failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// What was being read or removed.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PinError + '_ {
+    move |source| PinError::Io { path: path.to_owned(), source }
+}
+
+/// Check that `dir` is on a bpffs (pins anywhere else fail, and late).
+pub fn check_bpffs(dir: &Path) -> Result<(), PinError> {
+    let fs = nix::sys::statfs::statfs(dir)
+        .map_err(|source| PinError::Unreadable { dir: dir.to_owned(), source })?;
+    #[expect(clippy::useless_conversion, reason = "the magic's integer type differs between libc targets")]
+    let magic = i64::from(fs.filesystem_type().0);
+    if magic != BPF_FS_MAGIC {
+        return Err(PinError::NotBpffs { dir: dir.to_owned() });
+    }
+    Ok(())
+}
+
+/// The directory an agent instance pins its maps and links in: `BPFFS/<instance>`.
+pub fn instance_dir(bpffs: &Path, instance: &str) -> PathBuf {
+    bpffs.join(instance)
+}
+
+/// File name of a pinned link in an instance directory.
+pub(crate) fn link_pin(dir: &Path, prog: &str) -> PathBuf {
+    dir.join(format!("link_{prog}"))
+}
+
+/// Remove an instance's pinned links (detaching its programs) and maps, then its directory if empty
+/// (`tierlb agent --cleanup`). Returns the pins removed.
+pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
+    check_bpffs(bpffs)?;
+    let dir = instance_dir(bpffs, instance);
+    let mut removed = Vec::new();
+    let pins = PROGRAMS.iter().map(|p| link_pin(&dir, p)).chain(MAPS.iter().map(|m| dir.join(m)));
+    for p in pins {
+        if p.exists() {
+            std::fs::remove_file(&p).map_err(io(&p))?;
+            removed.push(p);
+        }
+    }
+    if dir.exists() && std::fs::read_dir(&dir).map_err(io(&dir))?.next().is_none() {
+        std::fs::remove_dir(&dir).map_err(io(&dir))?;
+    }
+    Ok(removed)
+}
+
+/// Agent instances pinned under `bpffs`, sorted: (instance name, its directory). `only` picks one.
+pub fn instances(bpffs: &Path, only: Option<&str>) -> Result<Vec<(String, PathBuf)>, PinError> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(bpffs).map_err(io(bpffs))? {
+        let path = e.map_err(io(bpffs))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        if path.join(MAP_FRONTENDS).exists() && only.is_none_or(|o| o == name) {
+            out.push((name, path));
+        }
+    }
+    out.sort();
+    if out.is_empty() {
+        return Err(PinError::NoInstance { dir: bpffs.to_owned(), only: only.map(str::to_owned) });
+    }
+    Ok(out)
+}
