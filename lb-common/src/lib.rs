@@ -1,12 +1,16 @@
 //! Types shared by the BPF programs (`lb-ebpf`) and the agent (`lb-user`), and the tier choice they both run.
 //!
 //! Every map key and value is `#[repr(C)]`, `Copy`, has no `bool`/enum/`Option` field and explicit padding, and
-//! carries a compile-time size assertion, so the kernel and user space agree on the layout byte for byte.
+//! carries a compile-time size assertion, so the kernel and user space agree on the layout byte for byte. Each
+//! derives `bytemuck::Pod`, so the compiler proves it has no implicit padding and that every bit pattern is a
+//! valid value (what copying it to and from map memory as bytes relies on).
 //! Addresses and ports are kept in network byte order, exactly as the kernel hands them to a
 //! `cgroup/sock_addr` program (`user_ip4`, `user_ip6`, and `user_port` whose low 16 bits hold the port).
 #![cfg_attr(target_arch = "bpf", no_std)]
 
 use core::mem::size_of;
+
+use bytemuck::{Pod, Zeroable};
 
 /// Address family tags stored in keys (not the `AF_*` values, so that a zeroed key never matches).
 pub const FAMILY_V4: u8 = 4;
@@ -83,7 +87,7 @@ pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
     /// Network byte order, as `user_ip4` / `user_ip6`.
     pub addr: [u32; 4],
@@ -96,7 +100,7 @@ const _: () = assert!(size_of::<FrontendKey>() == 20);
 
 /// A half-open range of slot indexes `[start, start + len)` of one tier.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TierRange {
     pub start: u16,
     pub len: u16,
@@ -105,7 +109,7 @@ const _: () = assert!(size_of::<TierRange>() == 4);
 
 /// Where a frontend's backends are: slots `(svc_id, generation, index)` for index in each tier's range.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FrontendValue {
     pub svc_id: u32,
     pub generation: u32,
@@ -117,7 +121,7 @@ const _: () = assert!(size_of::<FrontendValue>() == 24);
 
 /// Key of one backend slot.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotKey {
     pub svc_id: u32,
     pub generation: u32,
@@ -127,7 +131,7 @@ const _: () = assert!(size_of::<SlotKey>() == 12);
 
 /// A backend (endpoint) address; value of a slot and key of the backend-state map.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Backend {
     /// Network byte order. For IPv4 only `addr[0]` is used.
     pub addr: [u32; 4],
@@ -140,7 +144,7 @@ const _: () = assert!(size_of::<Backend>() == 20);
 
 /// Key of a reverse entry: which socket talked to which backend.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReverseKey {
     pub cookie: u64,
     pub backend: Backend,
@@ -151,7 +155,7 @@ const _: () = assert!(size_of::<ReverseKey>() == 32);
 /// What the socket asked for (the VIP and port), and the network namespace it lives in (for the agent's
 /// socket destruction, which must run inside that namespace).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ReverseValue {
     pub vip: [u32; 4],
     /// Network byte order.
@@ -165,7 +169,7 @@ const _: () = assert!(size_of::<ReverseValue>() == 32);
 
 /// `namespace/name:port` of a frontend's Service, NUL-padded UTF-8 (longer names are cut).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 pub struct ServiceName {
     pub bytes: [u8; 128],
 }
