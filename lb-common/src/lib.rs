@@ -192,20 +192,26 @@ impl ServiceName {
     }
 }
 
+/// `aya::Pod` for the map keys and values, only where `bytemuck::Pod` already holds: the bound in the
+/// expansion fails to compile for a type that could have padding or invalid bit patterns, so the unsafe impl
+/// can never claim more than the compiler proved. Behind `user` because only the agent links aya (as aya's
+/// own `test/integration-common` does).
 #[cfg(feature = "user")]
-mod pod {
-    // SAFETY: as below, a byte array.
-    unsafe impl aya::Pod for super::ServiceName {}
-    // SAFETY: as below: integers only, explicit padding, sizes asserted.
-    unsafe impl aya::Pod for super::ReverseKey {}
-    unsafe impl aya::Pod for super::ReverseValue {}
-    // SAFETY: all four are `#[repr(C)]`, `Copy`, made only of integers, with no implicit padding (the size
-    // assertions above pin the layout), so every bit pattern is valid.
-    unsafe impl aya::Pod for super::FrontendKey {}
-    unsafe impl aya::Pod for super::FrontendValue {}
-    unsafe impl aya::Pod for super::SlotKey {}
-    unsafe impl aya::Pod for super::Backend {}
+macro_rules! aya_pod {
+    ($($t:ty),+ $(,)?) => {$(
+        const _: fn() = || {
+            fn assert_pod<T: bytemuck::Pod>() {}
+            assert_pod::<$t>();
+        };
+        // SAFETY: aya::Pod asks for a `Copy` type without padding for which every bit pattern is valid, so
+        // it can be copied to and from map memory as bytes. `bytemuck::Pod`, derived (so the compiler checks
+        // every field and that there is no padding) and required of `$t` just above, guarantees exactly that.
+        unsafe impl aya::Pod for $t {}
+    )+};
 }
+
+#[cfg(feature = "user")]
+aya_pod!(FrontendKey, FrontendValue, SlotKey, Backend, ReverseKey, ReverseValue, ServiceName);
 
 /// Index of a counter in the per-CPU counter array.
 #[inline(always)]
