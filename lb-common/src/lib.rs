@@ -258,10 +258,24 @@ pub const SCAN_NONE: u32 = u32::MAX;
 /// `scan_tier` met a missing slot (inconsistent maps).
 pub const SCAN_ERROR: u32 = u32::MAX - 1;
 
+/// Index of the first tier, in the order node, zone, cluster (`TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`), that
+/// holds a backend `live` accepts (one not marked down); `None` when no tier does, which the data path turns
+/// into a refused connect (`Choice::Empty`).
+///
+/// This is the rule the data path applies: `choose` takes its backend from exactly this tier, so host faces
+/// (`tierlb status`, the study) call this function rather than re-deriving the order. The one place they can
+/// differ is `choose`'s bounded slow path: in a tier longer than `TIER_SCAN` whose scanned window holds only
+/// backends marked down, `choose` moves on although this function would name that tier (see `scan_tier`).
+#[must_use]
+pub fn first_live_tier<B>(tiers: [&[B]; TIER_COUNT], mut live: impl FnMut(&B) -> bool) -> Option<usize> {
+    tiers.iter().position(|tier| tier.iter().any(&mut live))
+}
+
 /// The tier choice the data path makes on every connect, written once for BPF and host tests.
 ///
-/// Tiers are tried in order node, zone, cluster; the first whose range holds a live backend wins, and within
-/// it the backend is uniform among the live ones.
+/// The tier is the one `first_live_tier` names (node, zone, cluster: the first holding a live backend; the
+/// two agree, up to the `TIER_SCAN` bound described there), and within it the backend is uniform among the
+/// live ones.
 ///
 /// Fast path (nothing marked down, the common case): one random slot of the first non-empty tier; if it is
 /// live, that is the answer, at the cost of one slot lookup. Slow path (the pick was marked down): each tier in
@@ -478,6 +492,88 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn first_live_tier_table() {
+        struct Case {
+            name: &'static str,
+            tiers: [&'static [u32]; TIER_COUNT],
+            down: &'static [u32],
+            want: Option<usize>,
+        }
+        let cases = [
+            Case {
+                name: "node tier wins when it holds a live backend",
+                tiers: [&[10], &[20], &[30]],
+                down: &[],
+                want: Some(TIER_NODE),
+            },
+            Case {
+                name: "node backend down -> zone",
+                tiers: [&[10], &[20], &[30]],
+                down: &[10],
+                want: Some(TIER_ZONE),
+            },
+            Case {
+                name: "node and zone down -> cluster",
+                tiers: [&[10], &[20, 21], &[10, 20, 30]],
+                down: &[10, 20, 21],
+                want: Some(TIER_CLUSTER),
+            },
+            Case {
+                name: "one live backend among down ones keeps its tier",
+                tiers: [&[10, 11, 12], &[20], &[30]],
+                down: &[10, 12],
+                want: Some(TIER_NODE),
+            },
+            Case {
+                name: "empty tiers are skipped",
+                tiers: [&[], &[], &[30]],
+                down: &[],
+                want: Some(TIER_CLUSTER),
+            },
+            Case {
+                name: "everything down -> none",
+                tiers: [&[10], &[20], &[10, 20]],
+                down: &[10, 20],
+                want: None,
+            },
+            Case { name: "no tiers at all -> none", tiers: [&[], &[], &[]], down: &[], want: None },
+        ];
+        for c in cases {
+            assert_eq!(first_live_tier(c.tiers, |b| !c.down.contains(b)), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn choose_takes_its_backend_from_the_first_live_tier() {
+        // slots: 0 = node backend 10; 1..3 = zone backends 20, 21; 3..6 = cluster 10, 20, 30
+        let slots = [10, 20, 21, 10, 20, 30];
+        let layouts = [fe((0, 1), (1, 2), (3, 3)), fe((0, 0), (1, 2), (3, 3)), fe((0, 0), (0, 0), (3, 3))];
+        let backends = [10, 20, 21, 30];
+        let mut rng = Lcg(11);
+        for f in layouts {
+            let tiers = f.tiers.map(|r| &slots[usize::from(r.start)..usize::from(r.start + r.len)]);
+            // Every subset of backends marked down.
+            for mask in 0..(1u32 << backends.len()) {
+                let down: Vec<u32> = backends
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, &b)| b)
+                    .collect();
+                let want = first_live_tier(tiers, |b| !down.contains(b));
+                for _ in 0..20 {
+                    let got = match run(&f, &slots, &down, &mut rng) {
+                        Choice::Backend { tier, .. } => Some(tier),
+                        Choice::Empty => None,
+                        Choice::Error => panic!("no slot is missing"),
+                    };
+                    assert_eq!(got, want, "tiers {:?}, down {down:?}", f.tiers);
+                }
+            }
+        }
     }
 
     #[test]
