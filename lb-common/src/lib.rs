@@ -16,6 +16,12 @@ use bytemuck::{Pod, Zeroable};
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
 
+/// Third 32-bit word of a v4-mapped IPv6 address (`::ffff:a.b.c.d`, the prefix `::ffff:0:0/96`); the first two
+/// words are zero and the fourth is the IPv4 address. A dual-stack socket connecting to an IPv4 Service hands
+/// the BPF program this form in `user_ip6`. Built with `from_ne_bytes` because address words are compared as
+/// they lie in memory (bytes `00 00 ff ff`, network order), so the value is right on either byte order.
+pub const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
 /// IP protocol numbers as found in `bpf_sock_addr.protocol`.
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
@@ -574,6 +580,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn v4_mapped_word2_is_the_third_word_of_a_mapped_address_in_memory() {
+        let octets = std::net::Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped().octets();
+        let word = |i: usize| {
+            u32::from_ne_bytes([octets[4 * i], octets[4 * i + 1], octets[4 * i + 2], octets[4 * i + 3]])
+        };
+        assert_eq!([word(0), word(1), word(2)], [0, 0, V4_MAPPED_WORD2]);
+        assert_eq!(word(3), u32::from_ne_bytes([192, 0, 2, 1]));
     }
 
     #[test]

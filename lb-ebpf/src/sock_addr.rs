@@ -9,7 +9,8 @@ use aya_ebpf::{
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
     ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, choose, counter_index,
+    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, V4_MAPPED_WORD2, choose,
+    counter_index,
 };
 
 use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, REVERSE, SLOTS};
@@ -71,9 +72,6 @@ fn count(svc_id: u32, kind: u32) {
         unsafe { *c += 1 };
     }
 }
-
-/// `::ffff:0:0/96` as the kernel stores the first three words of a v4-mapped IPv6 address.
-const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
 /// The destination (or peer) address of the call: family, words in network order, and whether it came as a
 /// v4-mapped IPv6 address (a dual-stack socket talking to an IPv4 Service).
