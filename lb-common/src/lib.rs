@@ -1,41 +1,55 @@
 //! Types shared by the BPF programs (`lb-ebpf`) and the agent (`lb-user`), and the tier choice they both run.
 //!
 //! Every map key and value is `#[repr(C)]`, `Copy`, has no `bool`/enum/`Option` field and explicit padding, and
-//! carries a compile-time size assertion, so the kernel and user space agree on the layout byte for byte. Each
-//! derives `bytemuck::Pod`, so the compiler proves it has no implicit padding and that every bit pattern is a
-//! valid value (what copying it to and from map memory as bytes relies on).
+//! carries a compile-time size assertion, so the kernel and user space agree on the layout byte for byte.
+//! Each derives `bytemuck::Pod`, so the compiler proves it has no implicit padding and that every bit
+//! pattern is a valid value (what copying it to and from map memory as bytes relies on).
 //! Addresses and ports are kept in network byte order, exactly as the kernel hands them to a
 //! `cgroup/sock_addr` program (`user_ip4`, `user_ip6`, and `user_port` whose low 16 bits hold the port).
 #![cfg_attr(target_arch = "bpf", no_std)]
+#![warn(missing_docs)]
 
 use core::mem::size_of;
 
 use bytemuck::{Pod, Zeroable};
 
-/// Address family tags stored in keys (not the `AF_*` values, so that a zeroed key never matches).
+// Address family tags stored in keys are not the `AF_*` values, so that a zeroed key never matches.
+/// Family tag of an IPv4 key (also a v4-mapped IPv6 destination, which is looked up as IPv4).
 pub const FAMILY_V4: u8 = 4;
+/// Family tag of an IPv6 key.
 pub const FAMILY_V6: u8 = 6;
 
-/// Third 32-bit word of a v4-mapped IPv6 address (`::ffff:a.b.c.d`, the prefix `::ffff:0:0/96`); the first two
-/// words are zero and the fourth is the IPv4 address. A dual-stack socket connecting to an IPv4 Service hands
-/// the BPF program this form in `user_ip6`. Built with `from_ne_bytes` because address words are compared as
-/// they lie in memory (bytes `00 00 ff ff`, network order), so the value is right on either byte order.
+/// Third 32-bit word of a v4-mapped IPv6 address (`::ffff:a.b.c.d`, the prefix `::ffff:0:0/96`); the first
+/// two words are zero and the fourth is the IPv4 address. A dual-stack socket connecting to an IPv4 Service
+/// hands the BPF program this form in `user_ip6`. Built with `from_ne_bytes` because address words are
+/// compared as they lie in memory (bytes `00 00 ff ff`, network order), so it is right on either byte order.
 pub const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
-/// IP protocol numbers as found in `bpf_sock_addr.protocol`.
+// IP protocol numbers as found in `bpf_sock_addr.protocol`, so keys built by the agent match the kernel's.
+/// `IPPROTO_TCP`.
 pub const PROTO_TCP: u8 = 6;
+/// `IPPROTO_UDP` (the only protocol for which the data path records the socket's network namespace, see
+/// `ReverseValue::netns_cookie`).
 pub const PROTO_UDP: u8 = 17;
+/// `IPPROTO_SCTP`.
 pub const PROTO_SCTP: u8 = 132;
 
-/// Tier indexes: the order in which the data path tries them.
+// Tier indexes into `FrontendValue::tiers`; their order is the order the data path tries them in.
+/// Endpoints on this node (under a Local policy, kube-proxy's local set).
 pub const TIER_NODE: usize = 0;
+/// Endpoints in this node's zone (topology hints), tried when no node endpoint is live.
 pub const TIER_ZONE: usize = 1;
+/// Every usable endpoint of the Service: the last resort (empty under a Local policy).
 pub const TIER_CLUSTER: usize = 2;
+/// How many tiers a frontend has.
 pub const TIER_COUNT: usize = 3;
 
-/// Per-service counters, stored in a per-CPU array at `svc_id * COUNTERS_PER_SERVICE + kind`.
+// Per-service counter kinds, stored in a per-CPU array at `svc_id * COUNTERS_PER_SERVICE + kind`.
+/// Connects translated to a node-tier backend.
 pub const COUNTER_NODE: u32 = 0;
+/// Connects translated to a zone-tier backend.
 pub const COUNTER_ZONE: u32 = 1;
+/// Connects translated to a cluster-tier backend.
 pub const COUNTER_CLUSTER: u32 = 2;
 /// Connect refused because the Service has no usable endpoint (kube-proxy would REJECT).
 pub const COUNTER_REJECTED: u32 = 3;
@@ -43,6 +57,7 @@ pub const COUNTER_REJECTED: u32 = 3;
 pub const COUNTER_DROPPED: u32 = 4;
 /// An internal error (a slot the frontend points at is missing); the connect went through untranslated.
 pub const COUNTER_FAIL_OPEN: u32 = 5;
+/// Counter slots per Service in the counter array; the kinds above use six, the rest are spare.
 pub const COUNTERS_PER_SERVICE: u32 = 8;
 // The data path counts a pick from tier `t` under counter kind `t`.
 const _: () = assert!(COUNTER_NODE == TIER_NODE as u32 && COUNTER_ZONE == TIER_ZONE as u32);
@@ -61,20 +76,27 @@ pub const ERRNO_NO_ENDPOINTS: i32 = 111; // ECONNREFUSED
 /// client would hang until its own timeout; tierlb fails fast instead).
 pub const ERRNO_NO_LOCAL_ENDPOINT: i32 = 113; // EHOSTUNREACH
 
-/// Frontend flags.
-/// The Service's internal traffic policy is Local: only the node tier is filled (with the local set).
+// Frontend flags (`FrontendValue::flags`).
+/// The Service's internal traffic policy is Local: only the node tier is filled (with the local set). The
+/// data path never reads it (it acts on the tiers alone); it tells user space (`tierlb status`) why the
+/// tiers look so.
 pub const FLAG_POLICY_LOCAL: u32 = 1 << 0;
 /// When no tier has a live backend this is kube-proxy's DROP case (endpoints exist, none local).
 /// Without it, the REJECT case.
 pub const FLAG_EMPTY_IS_DROP: u32 = 1 << 1;
 
-/// Backend state flags (value of the backend-state map).
+/// Backend-state flag (value of the backend-state map): new connects skip this backend and fall back to the
+/// next live one, before the agent re-plans.
 pub const BACKEND_DOWN: u32 = 1 << 0;
 
-/// Map names, shared so user space never spells them differently from the BPF side.
+// Map names, shared so user space never spells them differently from the BPF side.
+/// Service frontends: `FrontendKey` -> `FrontendValue`.
 pub const MAP_FRONTENDS: &str = "FRONTENDS";
+/// Backend slots of every tier: `SlotKey` -> `Backend`.
 pub const MAP_SLOTS: &str = "SLOTS";
+/// Backends marked down: `Backend` -> flags (`BACKEND_DOWN`); absent means up.
 pub const MAP_BACKEND_STATE: &str = "BACKEND_STATE";
+/// Per-CPU counters at `counter_index(svc_id, kind)`.
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
 /// programs never touch it.
@@ -84,22 +106,28 @@ pub const MAP_REVERSE: &str = "REVERSE";
 /// Every map, in the order the agent pins them.
 pub const MAPS: [&str; 6] =
     [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES, MAP_REVERSE];
-pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 
-/// Default capacities (the agent can change them before load).
+// Default capacities (the agent can change them before load).
+/// Default entries of the frontend map; the name map and the counter array are sized from it.
 pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
+/// Default entries of the slot map: every frontend's tiers together, both generations during a swap.
 pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
+/// Default entries of the backend-state map: how many backends can be marked down at once.
 pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
+/// Default entries of the reverse map (an LRU: beyond this the oldest translations are forgotten).
+pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
-    /// Network byte order, as `user_ip4` / `user_ip6`.
+    /// The VIP in network byte order, as `user_ip4` / `user_ip6`.
     pub addr: [u32; 4],
-    /// Network byte order.
+    /// Network byte order, as the low 16 bits of `user_port`.
     pub port: u16,
+    /// `PROTO_TCP`, `PROTO_UDP` or `PROTO_SCTP`: the same VIP:port may map differently per protocol.
     pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`; tells which words of `addr` are meaningful.
     pub family: u8,
 }
 const _: () = assert!(size_of::<FrontendKey>() == 20);
@@ -108,7 +136,9 @@ const _: () = assert!(size_of::<FrontendKey>() == 20);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TierRange {
+    /// First slot index of the tier.
     pub start: u16,
+    /// Number of slots; 0 is an empty tier, skipped by the data path.
     pub len: u16,
 }
 const _: () = assert!(size_of::<TierRange>() == 4);
@@ -117,10 +147,14 @@ const _: () = assert!(size_of::<TierRange>() == 4);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FrontendValue {
+    /// The Service port's id: keys its slots, its counters and its name (never `GLOBAL_SVC_ID`).
     pub svc_id: u32,
+    /// Which slot set is current: the agent writes a changed frontend's slots under a new generation, then
+    /// swaps this value in one update, so a connect never sees a half-written set.
     pub generation: u32,
     /// Indexed by `TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`. Ranges may overlap and repeat a backend.
     pub tiers: [TierRange; TIER_COUNT],
+    /// `FLAG_POLICY_LOCAL`, `FLAG_EMPTY_IS_DROP`.
     pub flags: u32,
 }
 const _: () = assert!(size_of::<FrontendValue>() == 24);
@@ -129,8 +163,11 @@ const _: () = assert!(size_of::<FrontendValue>() == 24);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotKey {
+    /// `FrontendValue::svc_id` of the frontend the slot belongs to.
     pub svc_id: u32,
+    /// `FrontendValue::generation` the slot was written under.
     pub generation: u32,
+    /// Slot index, inside one of the frontend's `TierRange`s.
     pub index: u32,
 }
 const _: () = assert!(size_of::<SlotKey>() == 12);
@@ -143,7 +180,9 @@ pub struct Backend {
     pub addr: [u32; 4],
     /// Network byte order.
     pub port: u16,
+    /// The frontend's protocol; part of the key so a backend marked down for TCP stays up for UDP.
     pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
     pub family: u8,
 }
 const _: () = assert!(size_of::<Backend>() == 20);
@@ -152,8 +191,11 @@ const _: () = assert!(size_of::<Backend>() == 20);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReverseKey {
+    /// The socket's cookie (`bpf_get_socket_cookie`), stable for the socket's life.
     pub cookie: u64,
+    /// The backend the socket was sent to, as recvmsg/getpeername later see it.
     pub backend: Backend,
+    /// Explicit tail padding (the key is 8-aligned); always 0 so equal keys hash equal.
     pub _pad: u32,
 }
 const _: () = assert!(size_of::<ReverseKey>() == 32);
@@ -163,12 +205,17 @@ const _: () = assert!(size_of::<ReverseKey>() == 32);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ReverseValue {
+    /// The VIP the socket asked for, network byte order (`FrontendKey::addr`).
     pub vip: [u32; 4],
     /// Network byte order.
     pub port: u16,
+    /// `FAMILY_V4` or `FAMILY_V6` of the VIP.
     pub family: u8,
+    /// Explicit padding, always 0.
     pub _pad: u8,
+    /// Explicit padding before the 8-aligned cookie, always 0.
     pub _pad2: u32,
+    /// The socket's network namespace (`bpf_get_netns_cookie`), recorded for UDP only; 0 otherwise.
     pub netns_cookie: u64,
 }
 const _: () = assert!(size_of::<ReverseValue>() == 32);
@@ -177,12 +224,14 @@ const _: () = assert!(size_of::<ReverseValue>() == 32);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 pub struct ServiceName {
+    /// The name's UTF-8 bytes, then NULs; a fixed array because map values have a fixed size.
     pub bytes: [u8; 128],
 }
 const _: () = assert!(size_of::<ServiceName>() == 128);
 
 impl ServiceName {
-    /// Cuts at a character boundary if longer than 128 bytes.
+    /// The name for the map; cut at a character boundary if longer than 128 bytes, so it stays valid UTF-8.
+    #[must_use]
     pub fn new(s: &str) -> Self {
         let mut bytes = [0u8; 128];
         let mut end = s.len().min(128);
@@ -192,6 +241,8 @@ impl ServiceName {
         bytes[..end].copy_from_slice(&s.as_bytes()[..end]);
         Self { bytes }
     }
+    /// The name up to its first NUL; "" if the bytes are not UTF-8 (a map not written by the agent).
+    #[must_use]
     pub fn as_str(&self) -> &str {
         let end = self.bytes.iter().position(|b| *b == 0).unwrap_or(self.bytes.len());
         core::str::from_utf8(&self.bytes[..end]).unwrap_or("")
@@ -241,7 +292,12 @@ pub enum Slot<B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice<B> {
     /// Rewrite to this backend, taken from this tier.
-    Backend { tier: usize, backend: B },
+    Backend {
+        /// `TIER_NODE`, `TIER_ZONE` or `TIER_CLUSTER`: also the counter kind the pick is counted under.
+        tier: usize,
+        /// The backend to rewrite the destination to.
+        backend: B,
+    },
     /// No tier holds a live backend: fail the connect (which errno depends on `FLAG_EMPTY_IS_DROP`).
     Empty,
     /// A slot was missing: fail open.
@@ -268,7 +324,7 @@ pub const SCAN_ERROR: u32 = u32::MAX - 1;
 /// holds a backend `live` accepts (one not marked down); `None` when no tier does, which the data path turns
 /// into a refused connect (`Choice::Empty`).
 ///
-/// This is the rule the data path applies: `choose` takes its backend from exactly this tier, so host faces
+/// This is the rule the data path applies: `choose` takes its backend from this tier, so host faces
 /// (`tierlb status`, the study) call this function rather than re-deriving the order. The one place they can
 /// differ is `choose`'s bounded slow path: in a tier longer than `TIER_SCAN` whose scanned window holds only
 /// backends marked down, `choose` moves on although this function would name that tier (see `scan_tier`).
