@@ -1,5 +1,6 @@
-//! cgroup sock_addr hooks: translate a Service VIP to a backend at connect()/sendmsg() time, and back to the
-//! VIP for recvmsg() (a UDP reply's source) and getpeername().
+//! The eight cgroup sock_addr programs: `connect4`/`connect6` and `sendmsg4`/`sendmsg6` translate a Service
+//! VIP to a backend (`translate`, which also records the VIP in `REVERSE`); `recvmsg4`/`recvmsg6` (a UDP
+//! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
 use aya_ebpf::{
     bindings::bpf_sock_addr,
     helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
