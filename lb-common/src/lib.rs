@@ -2,30 +2,54 @@
 //!
 //! Every map key and value is `#[repr(C)]`, `Copy`, has no `bool`/enum/`Option` field and explicit padding, and
 //! carries a compile-time size assertion, so the kernel and user space agree on the layout byte for byte.
+//! Each derives `bytemuck::Pod`, so the compiler proves it has no implicit padding and that every bit
+//! pattern is a valid value (what copying it to and from map memory as bytes relies on).
 //! Addresses and ports are kept in network byte order, exactly as the kernel hands them to a
 //! `cgroup/sock_addr` program (`user_ip4`, `user_ip6`, and `user_port` whose low 16 bits hold the port).
 #![cfg_attr(target_arch = "bpf", no_std)]
+#![warn(missing_docs)]
 
 use core::mem::size_of;
 
-/// Address family tags stored in keys (not the `AF_*` values, so that a zeroed key never matches).
+use bytemuck::{Pod, Zeroable};
+
+// Address family tags stored in keys are not the `AF_*` values, so that a zeroed key never matches.
+/// Family tag of an IPv4 key (also a v4-mapped IPv6 destination, which is looked up as IPv4).
 pub const FAMILY_V4: u8 = 4;
+/// Family tag of an IPv6 key.
 pub const FAMILY_V6: u8 = 6;
 
-/// IP protocol numbers as found in `bpf_sock_addr.protocol`.
+/// Third 32-bit word of a v4-mapped IPv6 address (`::ffff:a.b.c.d`, the prefix `::ffff:0:0/96`); the first
+/// two words are zero and the fourth is the IPv4 address. A dual-stack socket connecting to an IPv4 Service
+/// hands the BPF program this form in `user_ip6`. Built with `from_ne_bytes` because address words are
+/// compared as they lie in memory (bytes `00 00 ff ff`, network order), so it is right on either byte order.
+pub const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+// IP protocol numbers as found in `bpf_sock_addr.protocol`, so keys built by the agent match the kernel's.
+/// `IPPROTO_TCP`.
 pub const PROTO_TCP: u8 = 6;
+/// `IPPROTO_UDP` (the only protocol for which the data path records the socket's network namespace, see
+/// `ReverseValue::netns_cookie`).
 pub const PROTO_UDP: u8 = 17;
+/// `IPPROTO_SCTP`.
 pub const PROTO_SCTP: u8 = 132;
 
-/// Tier indexes: the order in which the data path tries them.
+// Tier indexes into `FrontendValue::tiers`; their order is the order the data path tries them in.
+/// Endpoints on this node (under a Local policy, kube-proxy's local set).
 pub const TIER_NODE: usize = 0;
+/// Endpoints in this node's zone (topology hints), tried when no node endpoint is live.
 pub const TIER_ZONE: usize = 1;
+/// Every usable endpoint of the Service: the last resort (empty under a Local policy).
 pub const TIER_CLUSTER: usize = 2;
+/// How many tiers a frontend has.
 pub const TIER_COUNT: usize = 3;
 
-/// Per-service counters, stored in a per-CPU array at `svc_id * COUNTERS_PER_SERVICE + kind`.
+// Per-service counter kinds, stored in a per-CPU array at `svc_id * COUNTERS_PER_SERVICE + kind`.
+/// Connects translated to a node-tier backend.
 pub const COUNTER_NODE: u32 = 0;
+/// Connects translated to a zone-tier backend.
 pub const COUNTER_ZONE: u32 = 1;
+/// Connects translated to a cluster-tier backend.
 pub const COUNTER_CLUSTER: u32 = 2;
 /// Connect refused because the Service has no usable endpoint (kube-proxy would REJECT).
 pub const COUNTER_REJECTED: u32 = 3;
@@ -33,6 +57,7 @@ pub const COUNTER_REJECTED: u32 = 3;
 pub const COUNTER_DROPPED: u32 = 4;
 /// An internal error (a slot the frontend points at is missing); the connect went through untranslated.
 pub const COUNTER_FAIL_OPEN: u32 = 5;
+/// Counter slots per Service in the counter array; the kinds above use six, the rest are spare.
 pub const COUNTERS_PER_SERVICE: u32 = 8;
 // The data path counts a pick from tier `t` under counter kind `t`.
 const _: () = assert!(COUNTER_NODE == TIER_NODE as u32 && COUNTER_ZONE == TIER_ZONE as u32);
@@ -51,20 +76,27 @@ pub const ERRNO_NO_ENDPOINTS: i32 = 111; // ECONNREFUSED
 /// client would hang until its own timeout; tierlb fails fast instead).
 pub const ERRNO_NO_LOCAL_ENDPOINT: i32 = 113; // EHOSTUNREACH
 
-/// Frontend flags.
-/// The Service's internal traffic policy is Local: only the node tier is filled (with the local set).
+// Frontend flags (`FrontendValue::flags`).
+/// The Service's internal traffic policy is Local: only the node tier is filled (with the local set). The
+/// data path never reads it (it acts on the tiers alone); it tells user space (`tierlb status`) why the
+/// tiers look so.
 pub const FLAG_POLICY_LOCAL: u32 = 1 << 0;
 /// When no tier has a live backend this is kube-proxy's DROP case (endpoints exist, none local).
 /// Without it, the REJECT case.
 pub const FLAG_EMPTY_IS_DROP: u32 = 1 << 1;
 
-/// Backend state flags (value of the backend-state map).
+/// Backend-state flag (value of the backend-state map): new connects skip this backend and fall back to the
+/// next live one, before the agent re-plans.
 pub const BACKEND_DOWN: u32 = 1 << 0;
 
-/// Map names, shared so user space never spells them differently from the BPF side.
+// Map names, shared so user space never spells them differently from the BPF side.
+/// Service frontends: `FrontendKey` -> `FrontendValue`.
 pub const MAP_FRONTENDS: &str = "FRONTENDS";
+/// Backend slots of every tier: `SlotKey` -> `Backend`.
 pub const MAP_SLOTS: &str = "SLOTS";
+/// Backends marked down: `Backend` -> flags (`BACKEND_DOWN`); absent means up.
 pub const MAP_BACKEND_STATE: &str = "BACKEND_STATE";
+/// Per-CPU counters at `counter_index(svc_id, kind)`.
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
 /// programs never touch it.
@@ -74,76 +106,96 @@ pub const MAP_REVERSE: &str = "REVERSE";
 /// Every map, in the order the agent pins them.
 pub const MAPS: [&str; 6] =
     [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES, MAP_REVERSE];
-pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 
-/// Default capacities (the agent can change them before load).
+// Default capacities (the agent can change them before load).
+/// Default entries of the frontend map; the name map and the counter array are sized from it.
 pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
+/// Default entries of the slot map: every frontend's tiers together, both generations during a swap.
 pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
+/// Default entries of the backend-state map: how many backends can be marked down at once.
 pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
+/// Default entries of the reverse map (an LRU: beyond this the oldest translations are forgotten).
+pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
-    /// Network byte order, as `user_ip4` / `user_ip6`.
+    /// The VIP in network byte order, as `user_ip4` / `user_ip6`.
     pub addr: [u32; 4],
-    /// Network byte order.
+    /// Network byte order, as the low 16 bits of `user_port`.
     pub port: u16,
+    /// `PROTO_TCP`, `PROTO_UDP` or `PROTO_SCTP`: the same VIP:port may map differently per protocol.
     pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`; tells which words of `addr` are meaningful.
     pub family: u8,
 }
 const _: () = assert!(size_of::<FrontendKey>() == 20);
 
 /// A half-open range of slot indexes `[start, start + len)` of one tier.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TierRange {
+    /// First slot index of the tier.
     pub start: u16,
+    /// Number of slots; 0 is an empty tier, skipped by the data path.
     pub len: u16,
 }
 const _: () = assert!(size_of::<TierRange>() == 4);
 
 /// Where a frontend's backends are: slots `(svc_id, generation, index)` for index in each tier's range.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FrontendValue {
+    /// The Service port's id: keys its slots, its counters and its name (never `GLOBAL_SVC_ID`).
     pub svc_id: u32,
+    /// Which slot set is current: the agent writes a changed frontend's slots under a new generation, then
+    /// swaps this value in one update, so a connect never sees a half-written set.
     pub generation: u32,
     /// Indexed by `TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`. Ranges may overlap and repeat a backend.
     pub tiers: [TierRange; TIER_COUNT],
+    /// `FLAG_POLICY_LOCAL`, `FLAG_EMPTY_IS_DROP`.
     pub flags: u32,
 }
 const _: () = assert!(size_of::<FrontendValue>() == 24);
 
 /// Key of one backend slot.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotKey {
+    /// `FrontendValue::svc_id` of the frontend the slot belongs to.
     pub svc_id: u32,
+    /// `FrontendValue::generation` the slot was written under.
     pub generation: u32,
+    /// Slot index, inside one of the frontend's `TierRange`s.
     pub index: u32,
 }
 const _: () = assert!(size_of::<SlotKey>() == 12);
 
 /// A backend (endpoint) address; value of a slot and key of the backend-state map.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Backend {
     /// Network byte order. For IPv4 only `addr[0]` is used.
     pub addr: [u32; 4],
     /// Network byte order.
     pub port: u16,
+    /// The frontend's protocol; part of the key so a backend marked down for TCP stays up for UDP.
     pub proto: u8,
+    /// `FAMILY_V4` or `FAMILY_V6`.
     pub family: u8,
 }
 const _: () = assert!(size_of::<Backend>() == 20);
 
 /// Key of a reverse entry: which socket talked to which backend.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReverseKey {
+    /// The socket's cookie (`bpf_get_socket_cookie`), stable for the socket's life.
     pub cookie: u64,
+    /// The backend the socket was sent to, as recvmsg/getpeername later see it.
     pub backend: Backend,
+    /// Explicit tail padding (the key is 8-aligned); always 0 so equal keys hash equal.
     pub _pad: u32,
 }
 const _: () = assert!(size_of::<ReverseKey>() == 32);
@@ -151,28 +203,35 @@ const _: () = assert!(size_of::<ReverseKey>() == 32);
 /// What the socket asked for (the VIP and port), and the network namespace it lives in (for the agent's
 /// socket destruction, which must run inside that namespace).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ReverseValue {
+    /// The VIP the socket asked for, network byte order (`FrontendKey::addr`).
     pub vip: [u32; 4],
     /// Network byte order.
     pub port: u16,
+    /// `FAMILY_V4` or `FAMILY_V6` of the VIP.
     pub family: u8,
+    /// Explicit padding, always 0.
     pub _pad: u8,
+    /// Explicit padding before the 8-aligned cookie, always 0.
     pub _pad2: u32,
+    /// The socket's network namespace (`bpf_get_netns_cookie`), recorded for UDP only; 0 otherwise.
     pub netns_cookie: u64,
 }
 const _: () = assert!(size_of::<ReverseValue>() == 32);
 
 /// `namespace/name:port` of a frontend's Service, NUL-padded UTF-8 (longer names are cut).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
 pub struct ServiceName {
+    /// The name's UTF-8 bytes, then NULs; a fixed array because map values have a fixed size.
     pub bytes: [u8; 128],
 }
 const _: () = assert!(size_of::<ServiceName>() == 128);
 
 impl ServiceName {
-    /// Cuts at a character boundary if longer than 128 bytes.
+    /// The name for the map; cut at a character boundary if longer than 128 bytes, so it stays valid UTF-8.
+    #[must_use]
     pub fn new(s: &str) -> Self {
         let mut bytes = [0u8; 128];
         let mut end = s.len().min(128);
@@ -182,26 +241,34 @@ impl ServiceName {
         bytes[..end].copy_from_slice(&s.as_bytes()[..end]);
         Self { bytes }
     }
+    /// The name up to its first NUL; "" if the bytes are not UTF-8 (a map not written by the agent).
+    #[must_use]
     pub fn as_str(&self) -> &str {
         let end = self.bytes.iter().position(|b| *b == 0).unwrap_or(self.bytes.len());
         core::str::from_utf8(&self.bytes[..end]).unwrap_or("")
     }
 }
 
+/// `aya::Pod` for the map keys and values, only where `bytemuck::Pod` already holds: the bound in the
+/// expansion fails to compile for a type that could have padding or invalid bit patterns, so the unsafe impl
+/// can never claim more than the compiler proved. Behind `user` because only the agent links aya (as aya's
+/// own `test/integration-common` does).
 #[cfg(feature = "user")]
-mod pod {
-    // SAFETY: as below, a byte array.
-    unsafe impl aya::Pod for super::ServiceName {}
-    // SAFETY: as below: integers only, explicit padding, sizes asserted.
-    unsafe impl aya::Pod for super::ReverseKey {}
-    unsafe impl aya::Pod for super::ReverseValue {}
-    // SAFETY: all four are `#[repr(C)]`, `Copy`, made only of integers, with no implicit padding (the size
-    // assertions above pin the layout), so every bit pattern is valid.
-    unsafe impl aya::Pod for super::FrontendKey {}
-    unsafe impl aya::Pod for super::FrontendValue {}
-    unsafe impl aya::Pod for super::SlotKey {}
-    unsafe impl aya::Pod for super::Backend {}
+macro_rules! aya_pod {
+    ($($t:ty),+ $(,)?) => {$(
+        const _: fn() = || {
+            fn assert_pod<T: bytemuck::Pod>() {}
+            assert_pod::<$t>();
+        };
+        // SAFETY: aya::Pod asks for a `Copy` type without padding for which every bit pattern is valid, so
+        // it can be copied to and from map memory as bytes. `bytemuck::Pod`, derived (so the compiler checks
+        // every field and that there is no padding) and required of `$t` just above, guarantees exactly that.
+        unsafe impl aya::Pod for $t {}
+    )+};
 }
+
+#[cfg(feature = "user")]
+aya_pod!(FrontendKey, FrontendValue, SlotKey, Backend, ReverseKey, ReverseValue, ServiceName);
 
 /// Index of a counter in the per-CPU counter array.
 #[inline(always)]
@@ -225,7 +292,12 @@ pub enum Slot<B> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice<B> {
     /// Rewrite to this backend, taken from this tier.
-    Backend { tier: usize, backend: B },
+    Backend {
+        /// `TIER_NODE`, `TIER_ZONE` or `TIER_CLUSTER`: also the counter kind the pick is counted under.
+        tier: usize,
+        /// The backend to rewrite the destination to.
+        backend: B,
+    },
     /// No tier holds a live backend: fail the connect (which errno depends on `FLAG_EMPTY_IS_DROP`).
     Empty,
     /// A slot was missing: fail open.
@@ -248,10 +320,24 @@ pub const SCAN_NONE: u32 = u32::MAX;
 /// `scan_tier` met a missing slot (inconsistent maps).
 pub const SCAN_ERROR: u32 = u32::MAX - 1;
 
+/// Index of the first tier, in the order node, zone, cluster (`TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`), that
+/// holds a backend `live` accepts (one not marked down); `None` when no tier does, which the data path turns
+/// into a refused connect (`Choice::Empty`).
+///
+/// This is the rule the data path applies: `choose` takes its backend from this tier, so host faces
+/// (`tierlb status`, the study) call this function rather than re-deriving the order. The one place they can
+/// differ is `choose`'s bounded slow path: in a tier longer than `TIER_SCAN` whose scanned window holds only
+/// backends marked down, `choose` moves on although this function would name that tier (see `scan_tier`).
+#[must_use]
+pub fn first_live_tier<B>(tiers: [&[B]; TIER_COUNT], mut live: impl FnMut(&B) -> bool) -> Option<usize> {
+    tiers.iter().position(|tier| tier.iter().any(&mut live))
+}
+
 /// The tier choice the data path makes on every connect, written once for BPF and host tests.
 ///
-/// Tiers are tried in order node, zone, cluster; the first whose range holds a live backend wins, and within
-/// it the backend is uniform among the live ones.
+/// The tier is the one `first_live_tier` names (node, zone, cluster: the first holding a live backend; the
+/// two agree, up to the `TIER_SCAN` bound described there), and within it the backend is uniform among the
+/// live ones.
 ///
 /// Fast path (nothing marked down, the common case): one random slot of the first non-empty tier; if it is
 /// live, that is the answer, at the cost of one slot lookup. Slow path (the pick was marked down): each tier in
@@ -468,6 +554,98 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s));
+    }
+
+    #[test]
+    fn first_live_tier_table() {
+        struct Case {
+            name: &'static str,
+            tiers: [&'static [u32]; TIER_COUNT],
+            down: &'static [u32],
+            want: Option<usize>,
+        }
+        let cases = [
+            Case {
+                name: "node tier wins when it holds a live backend",
+                tiers: [&[10], &[20], &[30]],
+                down: &[],
+                want: Some(TIER_NODE),
+            },
+            Case {
+                name: "node backend down -> zone",
+                tiers: [&[10], &[20], &[30]],
+                down: &[10],
+                want: Some(TIER_ZONE),
+            },
+            Case {
+                name: "node and zone down -> cluster",
+                tiers: [&[10], &[20, 21], &[10, 20, 30]],
+                down: &[10, 20, 21],
+                want: Some(TIER_CLUSTER),
+            },
+            Case {
+                name: "one live backend among down ones keeps its tier",
+                tiers: [&[10, 11, 12], &[20], &[30]],
+                down: &[10, 12],
+                want: Some(TIER_NODE),
+            },
+            Case {
+                name: "empty tiers are skipped",
+                tiers: [&[], &[], &[30]],
+                down: &[],
+                want: Some(TIER_CLUSTER),
+            },
+            Case {
+                name: "everything down -> none",
+                tiers: [&[10], &[20], &[10, 20]],
+                down: &[10, 20],
+                want: None,
+            },
+            Case { name: "no tiers at all -> none", tiers: [&[], &[], &[]], down: &[], want: None },
+        ];
+        for c in cases {
+            assert_eq!(first_live_tier(c.tiers, |b| !c.down.contains(b)), c.want, "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn choose_takes_its_backend_from_the_first_live_tier() {
+        // slots: 0 = node backend 10; 1..3 = zone backends 20, 21; 3..6 = cluster 10, 20, 30
+        let slots = [10, 20, 21, 10, 20, 30];
+        let layouts = [fe((0, 1), (1, 2), (3, 3)), fe((0, 0), (1, 2), (3, 3)), fe((0, 0), (0, 0), (3, 3))];
+        let backends = [10, 20, 21, 30];
+        let mut rng = Lcg(11);
+        for f in layouts {
+            let tiers = f.tiers.map(|r| &slots[usize::from(r.start)..usize::from(r.start + r.len)]);
+            // Every subset of backends marked down.
+            for mask in 0..(1u32 << backends.len()) {
+                let down: Vec<u32> = backends
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, &b)| b)
+                    .collect();
+                let want = first_live_tier(tiers, |b| !down.contains(b));
+                for _ in 0..20 {
+                    let got = match run(&f, &slots, &down, &mut rng) {
+                        Choice::Backend { tier, .. } => Some(tier),
+                        Choice::Empty => None,
+                        Choice::Error => panic!("no slot is missing"),
+                    };
+                    assert_eq!(got, want, "tiers {:?}, down {down:?}", f.tiers);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn v4_mapped_word2_is_the_third_word_of_a_mapped_address_in_memory() {
+        let octets = std::net::Ipv4Addr::new(192, 0, 2, 1).to_ipv6_mapped().octets();
+        let word = |i: usize| {
+            u32::from_ne_bytes([octets[4 * i], octets[4 * i + 1], octets[4 * i + 2], octets[4 * i + 3]])
+        };
+        assert_eq!([word(0), word(1), word(2)], [0, 0, V4_MAPPED_WORD2]);
+        assert_eq!(word(3), u32::from_ne_bytes([192, 0, 2, 1]));
     }
 
     #[test]

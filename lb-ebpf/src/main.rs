@@ -1,6 +1,11 @@
-//! tierlb's BPF programs. Entry points are thin: they call into `sock_addr`, which fails open on internal
-//! errors (the connect proceeds untranslated and a counter says so) and rejects only in the documented
-//! "no endpoint" cases.
+//! tierlb's BPF programs: eight `cgroup/sock_addr` programs (`sock_addr`) over six maps (`maps`).
+//!
+//! - `connect4`, `connect6`, `sendmsg4`, `sendmsg6`: Service VIP -> backend, by tier (`lb_common::choose`).
+//! - `recvmsg4`, `recvmsg6`, `getpeername4`, `getpeername6`: backend -> the VIP the socket asked for.
+//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, and `SVC_NAMES` (user space only).
+//!
+//! Entry points are thin: they call into `sock_addr`, which fails open on internal errors (the connect
+//! proceeds untranslated and a counter says so) and rejects only in the documented "no endpoint" cases.
 #![no_std]
 #![no_main]
 

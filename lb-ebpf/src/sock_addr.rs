@@ -1,5 +1,6 @@
-//! cgroup sock_addr hooks: translate a Service VIP to a backend at connect()/sendmsg() time, and back to the
-//! VIP for recvmsg() (a UDP reply's source) and getpeername().
+//! The eight cgroup sock_addr programs: `connect4`/`connect6` and `sendmsg4`/`sendmsg6` translate a Service
+//! VIP to a backend (`translate`, which also records the VIP in `REVERSE`); `recvmsg4`/`recvmsg6` (a UDP
+//! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
 use aya_ebpf::{
     bindings::bpf_sock_addr,
     helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
@@ -9,7 +10,8 @@ use aya_ebpf::{
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
     ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, choose, counter_index,
+    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, V4_MAPPED_WORD2, choose,
+    counter_index,
 };
 
 use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, REVERSE, SLOTS};
@@ -71,9 +73,6 @@ fn count(svc_id: u32, kind: u32) {
         unsafe { *c += 1 };
     }
 }
-
-/// `::ffff:0:0/96` as the kernel stores the first three words of a v4-mapped IPv6 address.
-const V4_MAPPED_WORD2: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
 /// The destination (or peer) address of the call: family, words in network order, and whether it came as a
 /// v4-mapped IPv6 address (a dual-stack socket talking to an IPv4 Service).
