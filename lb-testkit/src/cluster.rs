@@ -51,7 +51,7 @@ impl SimCluster {
     /// Start a pod: its IP on `lo` in the netns and a server that answers with `name`.
     pub fn add_pod(&mut self, addr: SocketAddr, name: &str) -> anyhow::Result<()> {
         self.ensure_address(addr.ip())?;
-        self.pods.push(NamedServer::start(&self.netns, addr, name)?);
+        self.pods.push(NamedServer::start(&self.lab, &self.netns, addr, name)?);
         Ok(())
     }
 

@@ -5,17 +5,12 @@
 //! nothing but `lo`, so a failed rewrite cannot send a packet off the machine.
 use std::{
     fs::File,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     os::fd::{AsFd as _, AsRawFd as _},
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::Command,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU32, Ordering},
-    },
-    thread::JoinHandle,
+    sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
 
@@ -282,76 +277,39 @@ impl Drop for Child {
     }
 }
 
-/// A minimal HTTP server on an address inside a netns that answers every request with its name and closes
-/// the connection: enough to see which backend a client reached. Stops on drop.
+/// A pod's backend: `tierlb-lab serve` (tierlb's own HTTP responder) on an address inside a netns,
+/// answering every request with its name, so a client sees which backend it reached. A process of its own,
+/// as a pod is: stopping it makes connects to its address fail as a crashed pod's do. Stops on drop.
 pub struct NamedServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    fd: i32,
+    child: Child,
 }
 
 impl NamedServer {
-    pub fn start(netns: &NetNs, addr: SocketAddr, name: &str) -> anyhow::Result<Self> {
-        let ns = netns.file.try_clone()?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let body = format!("{name}\n");
-        let reply = format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-        .into_bytes();
-        let thread = std::thread::spawn(move || {
-            let setup = || -> anyhow::Result<TcpListener> {
-                nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
-                Ok(TcpListener::bind(addr)?)
-            };
-            let listener = match setup() {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            let _ = tx.send(Ok(listener.as_raw_fd()));
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::Relaxed) {
-                    break;
-                }
-                if let Ok(mut s) = conn {
-                    // Minimal HTTP: read the request head, answer 200 with the server's name as the body.
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 512];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                        match s.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let _ = s.write_all(&reply);
-                }
-            }
-        });
-        let fd = rx.recv().context("server thread died")??;
-        Ok(Self { addr, stop, thread: Some(thread), fd })
+    /// Start `lab serve --listen ADDR --name NAME` in `netns` and wait until it listens.
+    pub fn start(lab: &Path, netns: &NetNs, addr: SocketAddr, name: &str) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(lab);
+        cmd.args(["serve", "--listen", &addr.to_string(), "--name", name])
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null());
+        confine(&mut cmd, None, Some(netns))?;
+        let mut child = Child::spawn(&mut cmd)?;
+        let stdout = child.inner().stdout.take().context("server stdout")?;
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)?;
+        if !line.starts_with("listening") {
+            bail!("backend {name} on {addr} did not start (see its stderr)");
+        }
+        Ok(Self { addr, child })
     }
 
+    /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
-}
 
-impl Drop for NamedServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // shutdown(2) on a listening socket wakes the blocked accept() with an error.
-        // SAFETY: the fd belongs to the listener, which the thread still owns until it returns.
-        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
     }
 }

@@ -20,10 +20,15 @@ use tokio::{
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// One HTTP response of `serve`.
 pub struct Response {
+    /// Status code (200, 404, 503).
     pub status: u16,
+    /// `Content-Type`.
     pub content_type: &'static str,
+    /// Extra headers.
     pub headers: Vec<(&'static str, String)>,
+    /// The body.
     pub body: String,
 }
 
@@ -31,7 +36,8 @@ impl Response {
     fn json(status: u16, body: serde_json::Value) -> Self {
         Self { status, content_type: "application/json", headers: Vec::new(), body: body.to_string() }
     }
-    fn text(status: u16, body: &str) -> Self {
+    /// A `text/plain` response.
+    pub fn text(status: u16, body: &str) -> Self {
         Self { status, content_type: "text/plain; charset=utf-8", headers: Vec::new(), body: body.to_owned() }
     }
 }
@@ -45,7 +51,8 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Serve `handler(path)` on `listener` until the task is aborted.
+/// Serve `handler(path)` on `listener` until the task is aborted: the one HTTP responder of the project (the
+/// agent's health, metrics and health-check-node-port listeners, and the lab's pod backends).
 pub fn serve<F, Fut>(listener: TcpListener, handler: F) -> JoinHandle<()>
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,

@@ -67,6 +67,8 @@ impl Instance {
         for (key, rb) in read_back(maps)? {
             let label = maps.name(rb.value.svc_id)?.unwrap_or_default();
             let name = label.parse::<ServicePortName>().unwrap_or_default();
+            let [node, zone, cluster] = &rb.tiers;
+            let active = lb_common::first_live_tier([node, zone, cluster], |b| !down.contains(b));
             let tiers = rb.tiers.map(|t| {
                 t.iter()
                     .map(|b| BackendStatus {
@@ -75,7 +77,7 @@ impl Instance {
                     })
                     .collect::<Vec<_>>()
             });
-            let active = tiers.iter().position(|t| t.iter().any(|b| !b.down));
+
             let local = rb.value.flags & FLAG_POLICY_LOCAL != 0;
             let c = maps.counters(rb.value.svc_id)?;
             let at = |k: u32| c[k as usize];

@@ -251,16 +251,11 @@ fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Ve
             (p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped)
         }
         ProxyModel::Tierlb => {
-            let t = &p.internal.tiers;
-            let first_live = [&t.node, &t.zone, &t.cluster]
-                .into_iter()
-                .map(|tier| {
-                    tier.iter()
-                        .map(std::net::SocketAddr::ip)
-                        .filter(|ip| !down.contains(ip))
-                        .collect::<Vec<_>>()
-                })
-                .find(|v| !v.is_empty())
+            // The data path's rule: the first tier with a backend not marked down, uniform among its live ones.
+            let tiers = p.internal.tiers.as_array();
+            let live = |a: &std::net::SocketAddr| !down.contains(&a.ip());
+            let first_live = lb_common::first_live_tier(tiers, live)
+                .map(|t| tiers[t].iter().filter(|a| live(a)).map(std::net::SocketAddr::ip).collect())
                 .unwrap_or_default();
             (first_live, false)
         }

@@ -238,7 +238,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
     let mut servers = Vec::new();
     for a in set_a.iter().chain(&set_b) {
         ns.add_address(a.ip()).unwrap();
-        servers.push(NamedServer::start(&ns, *a, &a.to_string()).unwrap());
+        servers.push(NamedServer::start(&lab(), &ns, *a, &a.to_string()).unwrap());
     }
     let Loaded { mut programs, maps } = Loaded::load(Default::default(), None).unwrap();
     let mut rec = Reconciler::new(maps);

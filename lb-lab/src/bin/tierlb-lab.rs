@@ -13,6 +13,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// A pod's backend: answer every HTTP request with NAME (tierlb's own HTTP responder); prints
+    /// `listening ADDR` once bound, runs until SIGTERM.
+    Serve {
+        #[arg(long)]
+        listen: SocketAddr,
+        #[arg(long)]
+        name: String,
+    },
     /// Connect repeatedly and report which backend answered (JSON on stdout).
     Probe {
         #[arg(long)]
@@ -80,8 +88,35 @@ enum Cmd {
     },
 }
 
+/// `tierlb-lab serve`.
+fn serve(listen: SocketAddr, name: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let body = format!("{name}\n");
+        let _server = tierlb::server::serve(listener, move |_path| {
+            let reply = tierlb::server::Response::text(200, &body);
+            async move { reply }
+        });
+        let mut out = std::io::stdout();
+        writeln!(out, "listening {listen}")?;
+        out.flush()?;
+        term.recv().await;
+        Ok(())
+    })
+}
+
 fn main() -> ExitCode {
     match Cli::parse().command {
+        Cmd::Serve { listen, name } => match serve(listen, &name) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tierlb-lab serve {listen}: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::Probe { target, count, interval_ms, timeout_ms } => {
             let r = lb_testkit::probe::run(
                 target,

@@ -14,7 +14,7 @@ use std::{
     path::PathBuf,
 };
 
-use lb_common::{Backend, FAMILY_V6, FrontendKey, PROTO_UDP, ReverseKey};
+use lb_common::{Backend, FAMILY_V6, FrontendKey, PROTO_UDP, ReverseKey, V4_MAPPED_WORD2};
 
 use super::{MapWriter, Reconciler};
 
@@ -306,8 +306,7 @@ pub fn destroy_udp_sockets(
                         *c == cookie && id.dport == b.port && {
                             if b.family == FAMILY_V6 || family == libc::AF_INET6 as u8 {
                                 id.dst == b.addr
-                                    || (id.dst[..3] == [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])]
-                                        && id.dst[3] == b.addr[0])
+                                    || (id.dst[..3] == [0, 0, V4_MAPPED_WORD2] && id.dst[3] == b.addr[0])
                             } else {
                                 id.dst[0] == b.addr[0]
                             }
