@@ -1,4 +1,5 @@
-//! Command line: `tierlb agent | plan | backend`.
+//! Command line: `tierlb agent | plan | explain | study | status | backend` (clap), and the one-shot
+//! commands' bodies. The agent itself lives in `agent`; this module only maps flags to its options.
 use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::Context as _;
@@ -121,6 +122,33 @@ pub struct AgentArgs {
     /// Capacity: reverse entries (socket, backend) -> VIP for recvmsg/getpeername (LRU: oldest go first).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_REVERSE)]
     pub max_reverse: u32,
+}
+
+impl AgentArgs {
+    /// The agent's options from its flags.
+    pub fn options(&self) -> crate::agent::AgentOptions {
+        crate::agent::AgentOptions {
+            node: self.node.node.clone(),
+            zone: self.node.zone.clone(),
+            source: match &self.manifests {
+                Some(dir) => crate::agent::Source::Manifests(dir.clone()),
+                None => crate::agent::Source::Kube,
+            },
+            cgroup: self.cgroup.clone(),
+            allow_root_cgroup: self.allow_root_cgroup,
+            bpffs: self.bpffs.clone(),
+            instance: self.instance.clone(),
+            healthz_addr: self.healthz_addr.0,
+            metrics_addr: self.metrics_addr.0,
+            service_health_bind: self.service_health_bind.0,
+            capacities: crate::datapath::ebpf::Capacities {
+                services: self.max_services,
+                slots: self.max_slots,
+                backends: self.max_backends,
+                reverse: self.max_reverse,
+            },
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]

@@ -22,27 +22,7 @@ fn main() -> ExitCode {
             tierlb::cli::run_cleanup(bpffs, a.instance.as_deref().unwrap_or(&a.node.node)).map(Some)
         }
         Command::Agent(a) => {
-            let opts = tierlb::agent::AgentOptions {
-                node: a.node.node.clone(),
-                zone: a.node.zone.clone(),
-                source: match &a.manifests {
-                    Some(dir) => tierlb::agent::Source::Manifests(dir.clone()),
-                    None => tierlb::agent::Source::Kube,
-                },
-                cgroup: a.cgroup.clone(),
-                allow_root_cgroup: a.allow_root_cgroup,
-                bpffs: a.bpffs.clone(),
-                instance: a.instance.clone(),
-                healthz_addr: a.healthz_addr.0,
-                metrics_addr: a.metrics_addr.0,
-                service_health_bind: a.service_health_bind.0,
-                capacities: tierlb::datapath::ebpf::Capacities {
-                    services: a.max_services,
-                    slots: a.max_slots,
-                    backends: a.max_backends,
-                    reverse: a.max_reverse,
-                },
-            };
+            let opts = a.options();
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

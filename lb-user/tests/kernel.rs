@@ -554,7 +554,7 @@ fn a_full_map_is_an_error_naming_the_service_and_the_others_keep_working() {
     c.add_node("node-1", &["--max-slots", "3"]).unwrap();
     let log = std::fs::read_to_string(&c.node("node-1").log).unwrap();
     assert!(
-        log.contains("Service default/beta frontend 10.96.0.12:80: map SLOTS is full (3 entries)"),
+        log.contains("Service default/beta:main frontend 10.96.0.12:80: map SLOTS is full (3 entries)"),
         "{log}"
     );
     assert!(log.contains("--max-slots"), "the fix is named: {log}");

@@ -1,4 +1,6 @@
-//! Repository tooling: `cargo xtask setup | build | test | demo`.
+//! Repository tooling: `cargo xtask setup | build | test | demo | bench`, one module per subcommand (an
+//! `Options` struct and a `run` function each), plus `util` for running commands with the BPF build's
+//! environment.
 mod bench;
 mod build;
 mod demo;

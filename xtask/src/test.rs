@@ -36,5 +36,8 @@ pub fn run(o: &Options) -> anyhow::Result<()> {
             "warnings",
         ]))?;
     }
+    // The in-kernel tests of lb-user run the lab's client binary, which cargo builds only for lb-lab's own
+    // tests: build every binary first (debug, as nextest does).
+    util::run(util::cargo().args(["build", "--bins"]))?;
     util::run(util::cargo().args(["nextest", "run", "--no-fail-fast"]).args(&o.nextest_args))
 }
