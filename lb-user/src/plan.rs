@@ -246,7 +246,7 @@ pub fn port_endpoints<'a>(
 /// kube-proxy's `topologyModeFromHints` with its reasons, judged on ready endpoints only: node hints if
 /// every ready endpoint has `forNodes` and one names this node, else zone hints under the same all-or-nothing
 /// rule, else none. The one place this rule is written.
-pub fn decide_topology(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyDecision {
+fn decide_topology(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyDecision {
     let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.endpoint.is_ready()).collect();
     let zone = node.zone.as_deref().filter(|z| !z.is_empty());
     let node_reason = hint_reason(&ready, |e| e.node_hints(), Some(node.name.as_str()));
