@@ -1,0 +1,70 @@
+//! A small report for the report's and the charts' tests: direct, and the three other paths at 1 and
+//! 10,000 Services, in both modes.
+use super::{
+    load::{LoadMode, LoadResult},
+    run::{Report, Row},
+};
+
+fn result(p50: f64) -> LoadResult {
+    LoadResult {
+        ops: 1000,
+        errors: 0,
+        secs: 1.0,
+        p50_us: p50,
+        p99_us: p50 * 2.0,
+        per_sec: 1e6 / p50,
+        slow: 0,
+    }
+}
+
+pub(super) fn report() -> Report {
+    let mut rows = Vec::new();
+    for mode in LoadMode::ALL {
+        let extra = if mode == LoadMode::Rr { 10.0 } else { 0.0 };
+        rows.push(Row {
+            path: "direct".into(),
+            services: 0,
+            mode,
+            result: result(17.0 + extra),
+            bpf_ns_per_run: None,
+        });
+        for (n, t, i, f) in [(1, 17.0, 26.0, 29.0), (10_000, 18.0, 85.0, 24.0)] {
+            rows.push(Row {
+                path: "tierlb".into(),
+                services: n,
+                mode,
+                result: result(t + extra),
+                bpf_ns_per_run: Some(1500.0),
+            });
+            rows.push(Row {
+                path: "iptables".into(),
+                services: n,
+                mode,
+                result: result(i + extra),
+                bpf_ns_per_run: None,
+            });
+            rows.push(Row {
+                path: "nftables".into(),
+                services: n,
+                mode,
+                result: result(f + extra),
+                bpf_ns_per_run: None,
+            });
+        }
+    }
+    Report {
+        kernel: "6.18".into(),
+        cpus: 2,
+        threads: 2,
+        seconds: 1.5,
+        rows,
+        control: vec![
+            ("program 10,000 Services x 10 endpoints into the maps (from scratch)".into(), "181 ms".into()),
+            (
+                "agent: one EndpointSlice edit at 10,000 Services, ...".into(),
+                "median 0.90 ms, max 1.40 ms".into(),
+            ),
+            ("agent RSS with 10,000 Services x 10 endpoints".into(), "94208 kB".into()),
+        ],
+    }
+}
