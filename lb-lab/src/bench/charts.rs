@@ -1,7 +1,7 @@
 //! The charts `--report` writes under bench/: p50 latency against the number of Services, one per load mode.
 use super::{
+    figures::{PATHS, Report},
     load::LoadMode,
-    run::{PATHS, Report},
 };
 
 /// The charts `--report` writes: (file name under bench/, SVG).

@@ -1,8 +1,10 @@
 //! A small report for the report's and the charts' tests: direct, and the three other paths at 1 and
 //! 10,000 Services, in both modes.
+use std::time::Duration;
+
 use super::{
+    figures::{AgentFigures, ControlPlane, MapMemory, MapWrites, Report, Row, Spread},
     load::{LoadMode, LoadResult},
-    run::{Report, Row},
 };
 
 fn result(p50: f64) -> LoadResult {
@@ -58,13 +60,19 @@ pub(super) fn report() -> Report {
         threads: 2,
         seconds: 1.5,
         rows,
-        control: vec![
-            ("program 10,000 Services x 10 endpoints into the maps (from scratch)".into(), "181 ms".into()),
-            (
-                "agent: one EndpointSlice edit at 10,000 Services, ...".into(),
-                "median 0.90 ms, max 1.40 ms".into(),
-            ),
-            ("agent RSS with 10,000 Services x 10 endpoints".into(), "94208 kB".into()),
-        ],
+        control: ControlPlane {
+            maps: Some(MapWrites {
+                program: Duration::from_millis(181),
+                one_change: Duration::from_micros(14),
+            }),
+            map_memory: MapMemory { services: 10_000, bytes: 5 << 20 },
+            agent: Some(AgentFigures {
+                ready: Duration::from_millis(2200),
+                edit_took: Spread { median_ms: 0.9, max_ms: 1.4 },
+                edit_wall: Spread { median_ms: 9.2, max_ms: 10.6 },
+                rss_bytes: 94208 * 1024,
+            }),
+            rule_loads: Vec::new(),
+        },
     }
 }

@@ -5,6 +5,7 @@
 //! [`load`] is the load generator (`tierlb-lab load`), `workloads` what is measured, [`run`] the run,
 //! [`markdown`] BENCHMARKS.md and [`charts`] the charts beside it.
 mod charts;
+mod figures;
 #[cfg(test)]
 mod fixture;
 mod load;
@@ -13,7 +14,10 @@ mod run;
 mod workloads;
 
 pub use charts::charts;
+pub use figures::{
+    AgentFigures, ControlPlane, LoadTime, MapMemory, MapWrites, PATHS, Report, Row, RuleLoad, Spread,
+};
 pub use load::{LoadMode, LoadResult, RR_BYTES, load};
 pub use report::markdown;
-pub use run::{PATHS, Report, Row, run};
+pub use run::run;
 pub use workloads::{iptables_rules, nft_rules};

@@ -9,7 +9,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use serde::Serialize;
 
 use lb_common::{Backend, FrontendKey, FrontendValue, SlotKey};
 use lb_testkit::{
@@ -19,6 +18,7 @@ use lb_testkit::{
 use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 
 use super::{
+    figures::{AgentFigures, ControlPlane, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread},
     load::{BACKEND, LoadMode, LoadResult, Sink},
     workloads::{EDITED, EDITED_FILE, RULE_SETS, desired, service_yaml, target, vip, write_agent_manifests},
 };
@@ -50,40 +50,6 @@ fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Opti
 
 /// How long a rule set may take to load before the row is reported as not loaded.
 const LOAD_LIMIT: Duration = Duration::from_secs(600);
-
-/// The data paths, in table and chart order.
-pub const PATHS: [&str; 4] = ["direct", "tierlb", "iptables", "nftables"];
-
-/// One measured row: a data path at a Service count under one load mode.
-#[derive(Clone, Debug, Serialize)]
-pub struct Row {
-    pub path: String,
-    pub services: usize,
-    pub mode: LoadMode,
-    pub result: LoadResult,
-    /// BPF run time per connect4 call (kernel.bpf_stats_enabled), tierlb rows only.
-    pub bpf_ns_per_run: Option<f64>,
-}
-
-/// What a whole run measured.
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    pub kernel: String,
-    pub cpus: usize,
-    pub threads: usize,
-    pub seconds: f64,
-    pub rows: Vec<Row>,
-    pub control: Vec<(String, String)>,
-}
-
-impl Report {
-    /// The row of `path` at `services` Services under `mode` (direct has one per mode, whatever `services`).
-    pub fn row(&self, path: &str, services: usize, mode: LoadMode) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|x| x.path == path && x.mode == mode && (x.services == services || path == "direct"))
-    }
-}
 
 /// The load side of the bench: the client binary, the namespace and the run length.
 struct Loader<'a> {
@@ -175,7 +141,8 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
     let mut rows = loader.rows("direct", 0, None, backend)?;
 
     // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
-    let mut control = Vec::new();
+    let mut map_writes = None;
+    let map_memory;
     {
         let cg = Cgroup::new("bench")?;
         let caps =
@@ -191,11 +158,8 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
             anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
             let took = t0.elapsed();
             if n == 10_000 {
-                control.push((
-                    "program 10,000 Services x 10 endpoints into the maps (from scratch)".into(),
-                    format!("{:.0} ms", took.as_secs_f64() * 1e3),
-                ));
-                control.push(one_change_in_the_maps(&mut rec, &d)?);
+                map_writes =
+                    Some(MapWrites { program: took, one_change: one_change_in_the_maps(&mut rec, &d)? });
             }
             rows.extend(loader.rows(
                 "tierlb",
@@ -210,21 +174,14 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         const HASH_OVERHEAD: usize = 16;
         let map_bytes = slots * (size_of::<SlotKey>() + size_of::<Backend>() + HASH_OVERHEAD)
             + rec.applied().count() * (size_of::<FrontendKey>() + size_of::<FrontendValue>() + HASH_OVERHEAD);
-        control.push((
-            format!(
-                "map memory for {} Services x 10 endpoints (keys + values + hash overhead, estimate)",
-                counts.last().copied().unwrap_or_default()
-            ),
-            format!("{:.1} MiB", map_bytes as f64 / 1048576.0),
-        ));
+        map_memory =
+            MapMemory { services: counts.last().copied().unwrap_or_default(), bytes: map_bytes as u64 };
         drop(programs);
     }
 
     // The agent itself with 10,000 Services from manifests: time to ready, one change, RSS.
-    match agent_figures(tierlb, per) {
-        Ok(r) => control.extend(r),
-        Err(e) => eprintln!("bench: agent figures: {e:#}"),
-    }
+    let agent = agent_figures(tierlb, per).inspect_err(|e| eprintln!("bench: agent figures: {e:#}")).ok();
+    let mut rule_loads = Vec::new();
 
     for set in &RULE_SETS {
         for &n in counts {
@@ -245,19 +202,15 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
                     "bench: {} {n} services: {} did not load the rules within {LOAD_LIMIT:?}",
                     set.path, set.tool
                 );
-                control.push((
-                    format!("load {n} Services x 10 endpoints with {}", set.tool),
-                    format!("not done within {} s (stopped)", LOAD_LIMIT.as_secs()),
-                ));
+                rule_loads.push(RuleLoad {
+                    tool: set.tool,
+                    services: n,
+                    took: LoadTime::Stopped { limit: LOAD_LIMIT },
+                });
                 flush();
                 continue;
             };
-            if n >= 10_000 {
-                control.push((
-                    format!("load {n} Services x 10 endpoints with {}", set.tool),
-                    format!("{:.2} s", took.as_secs_f64()),
-                ));
-            }
+            rule_loads.push(RuleLoad { tool: set.tool, services: n, took: LoadTime::Done(took) });
             rows.extend(loader.rows(set.path, n, None, SocketAddr::new(IpAddr::V4(vip(target(n))), 80))?);
             flush();
         }
@@ -269,7 +222,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         threads: loader.threads,
         seconds: loader.secs,
         rows,
-        control,
+        control: ControlPlane { maps: map_writes, map_memory, agent, rule_loads },
     })
 }
 
@@ -278,7 +231,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
 fn one_change_in_the_maps(
     rec: &mut Reconciler<tierlb::datapath::ebpf::KernelMaps>,
     d: &Desired,
-) -> anyhow::Result<(String, String)> {
+) -> anyhow::Result<Duration> {
     let k = addr::frontend_key(IpAddr::V4(vip(EDITED)), 80, 6);
     let mut want = d.get(&k).context("the edited Service is programmed")?.clone();
     want.tiers[2].pop();
@@ -289,13 +242,10 @@ fn one_change_in_the_maps(
     let took = t1.elapsed();
     anyhow::ensure!(rep.updated == 1 && rep.errors.is_empty(), "one change: {rep:?}");
     rec.apply(d, Instant::now());
-    Ok((
-        "apply one EndpointSlice change at 10,000 Services, map writes (new slots, frontend swap)".into(),
-        format!("{:.3} ms", took.as_secs_f64() * 1e3),
-    ))
+    Ok(took)
 }
 
-fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, String)>> {
+fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<AgentFigures> {
     let dir = TempDir::new("bench-agent")?;
     write_agent_manifests(dir.path(), per)?;
     let cg = Cgroup::new("bench-agent")?;
@@ -350,34 +300,18 @@ fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<Vec<(String, Strin
         took_us.push(line["took_us"].as_f64().context("took_us")?);
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
-    let rss = status
+    // "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
+    let rss_kib: u64 = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .unwrap_or("VmRSS: ? kB")
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .to_owned();
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no VmRSS in the agent's status: {status}"))?;
     drop(child);
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        (v[v.len() / 2], v[v.len() - 1])
-    };
-    let (took_p50, took_max) = median(&mut took_us);
-    let (wall_p50, wall_max) = median(&mut wall_ms);
-    Ok(vec![
-        (
-            "agent start to ready with 10,000 Services x 10 endpoints (parse 101 manifest files, plan, load, program)"
-                .into(),
-            format!("{:.2} s", ready.as_secs_f64()),
-        ),
-        (
-            "agent: one EndpointSlice edit at 10,000 Services, from reading the change to maps written (20 edits, the agent's took_us)".into(),
-            format!("median {:.2} ms, max {:.2} ms", took_p50 / 1e3, took_max / 1e3),
-        ),
-        (
-            "agent: the same edits from the file write to the synced log line (inotify, 5 ms batching of an editor's writes, sync)".into(),
-            format!("median {wall_p50:.1} ms, max {wall_max:.1} ms"),
-        ),
-        ("agent RSS with 10,000 Services x 10 endpoints".into(), rss),
-    ])
+    Ok(AgentFigures {
+        ready,
+        edit_took: Spread::of(took_us.iter().map(|us| us / 1e3).collect()),
+        edit_wall: Spread::of(wall_ms),
+        rss_bytes: rss_kib * 1024,
+    })
 }
