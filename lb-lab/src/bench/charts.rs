@@ -1,6 +1,6 @@
 //! The charts `--report` writes under bench/: p50 latency against the number of Services, one per load mode.
 use super::{
-    figures::{PATHS, Report},
+    figures::{DataPath, Report},
     load::LoadMode,
 };
 
@@ -10,12 +10,12 @@ pub fn charts(r: &Report) -> anyhow::Result<Vec<(String, String)>> {
 }
 
 /// A data path's colour in the charts.
-fn colour(path: &str) -> plotters::style::RGBColor {
+fn colour(path: DataPath) -> plotters::style::RGBColor {
     match path {
-        "direct" => plotters::style::RGBColor(60, 60, 60),
-        "tierlb" => plotters::style::RGBColor(31, 119, 180),
-        "iptables" => plotters::style::RGBColor(214, 39, 40),
-        _ => plotters::style::RGBColor(44, 160, 44),
+        DataPath::Direct => plotters::style::RGBColor(60, 60, 60),
+        DataPath::Tierlb => plotters::style::RGBColor(31, 119, 180),
+        DataPath::Iptables => plotters::style::RGBColor(214, 39, 40),
+        DataPath::Nftables => plotters::style::RGBColor(44, 160, 44),
     }
 }
 
@@ -26,7 +26,7 @@ fn latency_chart(r: &Report, mode: LoadMode) -> anyhow::Result<String> {
     {
         let root = SVGBackend::with_string(&mut svg, (760, 440)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let of = |path: &str| -> Vec<(f64, f64)> {
+        let of = |path: DataPath| -> Vec<(f64, f64)> {
             let mut v: Vec<(f64, f64)> = r
                 .rows
                 .iter()
@@ -54,22 +54,25 @@ fn latency_chart(r: &Report, mode: LoadMode) -> anyhow::Result<String> {
             .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()
             .map_err(|e| anyhow::anyhow!("{e}"))?;
-        for path in PATHS {
+        for path in DataPath::ALL {
             let color = colour(path);
-            let pts = if path == "direct" {
-                let Some(d) = r.row("direct", 0, mode) else { continue };
+            let pts = if path == DataPath::Direct {
+                let Some(d) = r.row(DataPath::Direct, 0, mode) else { continue };
                 vec![(1.0, d.result.p50_us), (100_000.0, d.result.p50_us)]
             } else {
                 of(path)
             };
-            let label =
-                if path == "direct" { "direct (pod IP, the floor)".to_owned() } else { path.to_owned() };
+            let label = if path == DataPath::Direct {
+                "direct (pod IP, the floor)".to_owned()
+            } else {
+                path.as_str().to_owned()
+            };
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .label(label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            if path != "direct" {
+            if path != DataPath::Direct {
                 chart
                     .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
                     .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -6,14 +6,40 @@ use serde::Serialize;
 
 use super::load::{LoadMode, LoadResult};
 
-/// The data paths, in table and chart order.
-pub const PATHS: [&str; 4] = ["direct", "tierlb", "iptables", "nftables"];
+/// A data path a connect goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPath {
+    /// Straight to the pod IP: the floor, no load balancing.
+    Direct,
+    /// To a VIP that tierlb's connect4 program rewrites.
+    Tierlb,
+    /// To a VIP that kube-proxy-style iptables rules DNAT.
+    Iptables,
+    /// To a VIP that kube-proxy-style nftables rules DNAT.
+    Nftables,
+}
+
+impl DataPath {
+    /// Every data path, in table and chart order.
+    pub const ALL: [Self; 4] = [Self::Direct, Self::Tierlb, Self::Iptables, Self::Nftables];
+
+    /// The path's name in the tables, the charts and the run's progress lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Tierlb => "tierlb",
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
 
 /// One measured row: a data path at a Service count under one load mode.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
-    /// The data path, one of [`PATHS`].
-    pub path: String,
+    /// The data path.
+    pub path: DataPath,
     /// Services programmed (0 for direct).
     pub services: usize,
     /// What one operation was.
@@ -43,10 +69,10 @@ pub struct Report {
 
 impl Report {
     /// The row of `path` at `services` Services under `mode` (direct has one per mode, whatever `services`).
-    pub fn row(&self, path: &str, services: usize, mode: LoadMode) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|x| x.path == path && x.mode == mode && (x.services == services || path == "direct"))
+    pub fn row(&self, path: DataPath, services: usize, mode: LoadMode) -> Option<&Row> {
+        self.rows.iter().find(|x| {
+            x.path == path && x.mode == mode && (x.services == services || path == DataPath::Direct)
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{
-    figures::{AgentFigures, ControlPlane, MapMemory, MapWrites, Report, Row, Spread},
+    figures::{AgentFigures, ControlPlane, DataPath, MapMemory, MapWrites, Report, Row, Spread},
     load::{LoadMode, LoadResult},
 };
 
@@ -24,7 +24,7 @@ pub(super) fn report() -> Report {
     for mode in LoadMode::ALL {
         let extra = if mode == LoadMode::Rr { 10.0 } else { 0.0 };
         rows.push(Row {
-            path: "direct".into(),
+            path: DataPath::Direct,
             services: 0,
             mode,
             result: result(17.0 + extra),
@@ -32,21 +32,21 @@ pub(super) fn report() -> Report {
         });
         for (n, t, i, f) in [(1, 17.0, 26.0, 29.0), (10_000, 18.0, 85.0, 24.0)] {
             rows.push(Row {
-                path: "tierlb".into(),
+                path: DataPath::Tierlb,
                 services: n,
                 mode,
                 result: result(t + extra),
                 bpf_ns_per_run: Some(1500.0),
             });
             rows.push(Row {
-                path: "iptables".into(),
+                path: DataPath::Iptables,
                 services: n,
                 mode,
                 result: result(i + extra),
                 bpf_ns_per_run: None,
             });
             rows.push(Row {
-                path: "nftables".into(),
+                path: DataPath::Nftables,
                 services: n,
                 mode,
                 result: result(f + extra),

@@ -15,7 +15,7 @@ mod workloads;
 
 pub use charts::charts;
 pub use figures::{
-    AgentFigures, ControlPlane, LoadTime, MapMemory, MapWrites, PATHS, Report, Row, RuleLoad, Spread,
+    AgentFigures, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread,
 };
 pub use load::{LoadMode, LoadResult, RR_BYTES, load};
 pub use report::markdown;

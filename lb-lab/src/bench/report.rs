@@ -3,7 +3,7 @@
 use std::{fmt::Write as _, time::Duration};
 
 use super::{
-    figures::{ControlPlane, LoadTime, PATHS, Report, Spread},
+    figures::{ControlPlane, DataPath, LoadTime, Report, Spread},
     load::{LoadMode, RR_BYTES},
 };
 
@@ -19,13 +19,13 @@ pub fn markdown(r: &Report) -> String {
     );
     s.push_str(&targets(r));
     for mode in LoadMode::ALL {
-        let direct = r.row("direct", 0, mode).map(|x| x.result.clone());
+        let direct = r.row(DataPath::Direct, 0, mode).map(|x| x.result.clone());
         let _ = write!(
             s,
             "\n## {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct | ops/s / direct | connect4 ns/run | errors |\n|---|---|---|---|---|---|---|---|---|\n",
             mode.title()
         );
-        for path in PATHS {
+        for path in DataPath::ALL {
             for x in r.rows.iter().filter(|x| x.path == path && x.mode == mode) {
                 let (rp, rt) = direct.as_ref().map_or((f64::NAN, f64::NAN), |d| {
                     (x.result.p50_us / d.p50_us, x.result.per_sec / d.per_sec)
@@ -33,8 +33,8 @@ pub fn markdown(r: &Report) -> String {
                 let _ = writeln!(
                     s,
                     "| {} | {} | {:.1} | {:.1} | {:.0} | {rp:.2}x | {rt:.2}x | {} | {} |",
-                    x.path,
-                    if x.path == "direct" { "-".into() } else { x.services.to_string() },
+                    x.path.as_str(),
+                    if x.path == DataPath::Direct { "-".into() } else { x.services.to_string() },
                     x.result.p50_us,
                     x.result.p99_us,
                     x.result.per_sec,
@@ -127,18 +127,18 @@ fn mib(bytes: u64) -> f64 {
 fn targets(r: &Report) -> String {
     let mut s =
         String::from("\n## Targets (judged from this run)\n\n| target | measured | met |\n|---|---|---|\n");
-    let p50 = |path: &str, n: usize| r.row(path, n, LoadMode::Connect).map(|x| x.result.p50_us);
+    let p50 = |path: DataPath, n: usize| r.row(path, n, LoadMode::Connect).map(|x| x.result.p50_us);
     let verdict = |ok: bool| if ok { "yes" } else { "no" };
     let n = 10_000;
-    if let (Some(d), Some(t)) = (p50("direct", 0), p50("tierlb", n)) {
+    if let (Some(d), Some(t)) = (p50(DataPath::Direct, 0), p50(DataPath::Tierlb, n)) {
         let _ = writeln!(
             s,
             "| tierlb connect() at 10,000 Services within 1.10x of direct | p50 {t:.1} us vs {d:.1} us = {:.2}x | {} |",
             t / d,
             verdict(t / d <= 1.10)
         );
-        let bpf = r.row("tierlb", n, LoadMode::Connect).and_then(|x| x.bpf_ns_per_run);
-        match (p50("iptables", n), bpf) {
+        let bpf = r.row(DataPath::Tierlb, n, LoadMode::Connect).and_then(|x| x.bpf_ns_per_run);
+        match (p50(DataPath::Iptables, n), bpf) {
             (Some(i), Some(b)) => {
                 let overhead = (i - d) * 1e3;
                 let _ = writeln!(
@@ -158,7 +158,7 @@ fn targets(r: &Report) -> String {
                 );
             }
         }
-        if let Some(f) = p50("nftables", n) {
+        if let Some(f) = p50(DataPath::Nftables, n) {
             let _ = writeln!(
                 s,
                 "| at 10,000 Services no slower than nftables | p50 {t:.1} us vs nftables {f:.1} us | {} |",

@@ -18,7 +18,9 @@ use lb_testkit::{
 use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 
 use super::{
-    figures::{AgentFigures, ControlPlane, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread},
+    figures::{
+        AgentFigures, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread,
+    },
     load::{BACKEND, LoadMode, LoadResult, Sink},
     workloads::{EDITED, EDITED_FILE, RULE_SETS, desired, service_yaml, target, vip, write_agent_manifests},
 };
@@ -82,7 +84,7 @@ impl Loader<'_> {
     /// One row per load mode for a data path at `services` Services.
     fn rows(
         &self,
-        path: &str,
+        path: DataPath,
         services: usize,
         cg: Option<&Cgroup>,
         target: SocketAddr,
@@ -96,10 +98,10 @@ impl Loader<'_> {
                 (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
                 _ => None,
             };
-            let r = Row { path: path.into(), services, mode, result, bpf_ns_per_run };
+            let r = Row { path, services, mode, result, bpf_ns_per_run };
             eprintln!(
                 "bench: {:<9} {:>6} services  {:<7}  p50 {:>6.1} us  p99 {:>7.1} us  {:>8.0} ops/s  {} errors  {} slow{}",
-                r.path,
+                r.path.as_str(),
                 r.services,
                 r.mode.as_str(),
                 r.result.p50_us,
@@ -138,7 +140,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
     // fail before the nat OUTPUT chain could DNAT them. Inside this namespace only.
     ns.ip(&["route", "add", "10.96.0.0/12", "dev", "lo"])?;
     let _sink = Sink::start(&ns, backend)?;
-    let mut rows = loader.rows("direct", 0, None, backend)?;
+    let mut rows = loader.rows(DataPath::Direct, 0, None, backend)?;
 
     // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
     let mut map_writes = None;
@@ -162,7 +164,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
                     Some(MapWrites { program: took, one_change: one_change_in_the_maps(&mut rec, &d)? });
             }
             rows.extend(loader.rows(
-                "tierlb",
+                DataPath::Tierlb,
                 n,
                 Some(&cg),
                 SocketAddr::new(IpAddr::V4(vip(target(n))), 80),
@@ -196,11 +198,12 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
                 }
             };
             let took = timed(&mut exec(set.load), &(set.rules)(n, per), LOAD_LIMIT)
-                .with_context(|| format!("loading {} rules ({} installed?)", set.path, set.tool))?;
+                .with_context(|| format!("loading {} rules ({} installed?)", set.path.as_str(), set.tool))?;
             let Some(took) = took else {
                 eprintln!(
                     "bench: {} {n} services: {} did not load the rules within {LOAD_LIMIT:?}",
-                    set.path, set.tool
+                    set.path.as_str(),
+                    set.tool
                 );
                 rule_loads.push(RuleLoad {
                     tool: set.tool,

@@ -9,7 +9,7 @@ use std::{
 use lb_testkit::manifests;
 use tierlb::datapath::{Desired, DesiredFrontend, addr};
 
-use super::load::BACKEND;
+use super::{figures::DataPath, load::BACKEND};
 
 /// The VIP of Service `i` (10.96.0.10 and up).
 pub(super) fn vip(i: usize) -> Ipv4Addr {
@@ -108,8 +108,8 @@ pub fn nft_rules(services: usize, per: usize) -> String {
 
 /// A kube-proxy-style rule set: how to load it and how to remove it again.
 pub(super) struct RuleSet {
-    /// The data path's name in the rows.
-    pub path: &'static str,
+    /// The data path its rows are.
+    pub path: DataPath,
     /// The loading tool, as the figures name it.
     pub tool: &'static str,
     /// The command that reads the rule set on stdin.
@@ -122,14 +122,14 @@ pub(super) struct RuleSet {
 
 pub(super) const RULE_SETS: [RuleSet; 2] = [
     RuleSet {
-        path: "iptables",
+        path: DataPath::Iptables,
         tool: "iptables-restore",
         load: &["iptables-restore", "-w"],
         flush: &[&["iptables", "-t", "nat", "-F"], &["iptables", "-t", "nat", "-X"]],
         rules: iptables_rules,
     },
     RuleSet {
-        path: "nftables",
+        path: DataPath::Nftables,
         tool: "nft -f",
         load: &["nft", "-f", "-"],
         flush: &[&["nft", "flush", "ruleset"]],
