@@ -22,7 +22,12 @@ use lb_testkit::{
     manifests::{Ep, Svc, write_service},
     probe::Report,
 };
-use tierlb::{model::NodeInfo, plan, source::manifests::ManifestDir};
+use tierlb::{
+    chart::{Legend, Line, LineChart, PALETTE, line_chart},
+    model::NodeInfo,
+    plan,
+    source::manifests::ManifestDir,
+};
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
 const TIMEOUT_S: f64 = 5.0;
@@ -137,8 +142,9 @@ fn roll_table(reports: &[Report]) -> (usize, f64, usize) {
     (failed, slowest, remote)
 }
 
-/// Success rate and off-node share per node over time, in 250 ms bins, for the chart.
-fn timeline(reports: &[Report], phase: &str) -> Vec<(String, Vec<(f64, f64)>)> {
+/// Success rate (solid) and off-node share (dashed) per node over time, in 250 ms bins, for the chart;
+/// coloured by the caller.
+fn timeline(reports: &[Report], phase: &str) -> Vec<Line> {
     let mut series = Vec::new();
     for (i, r) in reports.iter().enumerate() {
         let mut bins: BTreeMap<i64, (f64, f64, f64)> = BTreeMap::new();
@@ -154,10 +160,35 @@ fn timeline(reports: &[Report], phase: &str) -> Vec<(String, Vec<(f64, f64)>)> {
         }
         let ok = bins.iter().map(|(k, v)| (*k as f64 * 0.25, v.1 / v.0)).collect();
         let off = bins.iter().map(|(k, v)| (*k as f64 * 0.25, v.2 / v.0)).collect();
-        series.push((format!("{phase} {} success", NODES[i]), ok));
-        series.push((format!("{phase} {} off-node share", NODES[i]), off));
+        let line =
+            |name: String, points, dashed| Line { name, points, colour: PALETTE[0], dashed, markers: false };
+        series.push(line(format!("{phase} {} success", NODES[i]), ok, false));
+        series.push(line(format!("{phase} {} off-node share", NODES[i]), off, true));
     }
     series
+}
+
+/// The demo's chart: every phase's timelines, each line a colour of its own.
+fn timeline_chart(mut lines: Vec<Line>) -> Result<String, tierlb::chart::ChartError> {
+    for (i, l) in lines.iter_mut().enumerate() {
+        l.colour = PALETTE[i % PALETTE.len()];
+    }
+    let x_max = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)).fold(1.0, f64::max);
+    line_chart(
+        &LineChart {
+            title: "per-node success and off-node share over time (250 ms bins)",
+            size: (1080, 420),
+            x_desc: "seconds",
+            y_desc: "fraction",
+            x: 0.0..x_max,
+            log_x: false,
+            y: 0.0..1.0,
+            x_decimals: 1,
+            y_decimals: 2,
+            legend: Legend::Right,
+        },
+        &lines,
+    )
 }
 
 fn shares(c: &SimCluster, weights: [usize; 3], target: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
@@ -354,15 +385,7 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
 
     std::fs::create_dir_all(out_dir)?;
     let svg = out_dir.join("demo-timeline.svg");
-    std::fs::write(
-        &svg,
-        tierlb::svg::line_chart(
-            "per-node success and off-node share over time (250 ms bins)",
-            &chart,
-            "seconds",
-            "fraction",
-        ),
-    )?;
+    std::fs::write(&svg, timeline_chart(chart)?)?;
     drop(c);
     println!(
         "\n{} demo finished in {:.0} s; chart: {}",
@@ -375,4 +398,58 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
 
 fn pass(ok: bool) -> &'static str {
     if ok { "PASS" } else { "FAIL" }
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_testkit::probe::Attempt;
+
+    use super::*;
+
+    /// A roll as the clients see it: every 50 ms for 10 s; node `i` fails or goes to another node (as
+    /// `fail` says) during its window, i..i+1 s after 2 s.
+    fn roll(fail: bool) -> Vec<Report> {
+        (0..3)
+            .map(|i| Report {
+                target: vip().to_string(),
+                attempts: (0..200)
+                    .map(|k| {
+                        let t_ms = 50.0 * f64::from(k);
+                        let window = (2000.0 + 1000.0 * i as f64..3000.0 + 1000.0 * i as f64).contains(&t_ms);
+                        let other = format!("cache-{}-g0", NODES[(i + 1) % 3]);
+                        let (backend, error) = match (window, fail) {
+                            (false, _) => (Some(pod_name(i, 0)), None),
+                            (true, true) => (None, Some("EHOSTUNREACH".to_owned())),
+                            (true, false) => (Some(other), None),
+                        };
+                        Attempt { t_ms, ms: 0.2, backend, error, peer: None }
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_timeline_chart_draws_both_phases_for_every_node() {
+        let mut lines = timeline(&roll(true), "Local");
+        lines.extend(timeline(&roll(false), "PreferSameNode"));
+        assert_eq!(lines.len(), 12);
+        let local = &lines[0];
+        assert_eq!(local.name, "Local node-1 success");
+        assert!(local.points.contains(&(2.0, 0.0)) && local.points.contains(&(1.0, 1.0)), "{local:?}");
+        assert!(lines[3].dashed && lines[3].name == "Local node-2 off-node share");
+        let svg = timeline_chart(lines).unwrap();
+        if let Some(dir) = std::env::var_os("TIERLB_CHART_DIR") {
+            std::fs::write(std::path::Path::new(&dir).join("demo-timeline.svg"), &svg).unwrap();
+        }
+        for want in [
+            "per-node success and off-node share over time (250 ms bins)",
+            "seconds",
+            "fraction",
+            "Local node-3 success",
+            "PreferSameNode node-1 off-node share",
+        ] {
+            assert!(svg.contains(want), "no {want:?}");
+        }
+    }
 }
