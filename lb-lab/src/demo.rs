@@ -29,23 +29,30 @@ use tierlb::{
     source::manifests::ManifestDir,
 };
 
+/// The simulated nodes.
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+/// The booking clients' request timeout, in seconds.
 const TIMEOUT_S: f64 = 5.0;
+/// A booking client sends a request this often.
 const INTERVAL: Duration = Duration::from_millis(50);
 /// Each step of a node's roll (terminating, replaced but not ready, ready) lasts this long.
 const STEP: Duration = Duration::from_millis(800);
 
+/// The IP of the cache pod of `generation` on node `node`.
 fn pod_ip(node: usize, generation: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 244, node as u8 + 1, 10 + generation))
 }
 
+/// The name of the cache pod of `generation` on node `node`.
 fn pod_name(node: usize, generation: u8) -> String {
     format!("cache-{}-g{generation}", NODES[node])
 }
 
+/// The demo's clock, for its narration.
 struct Elapsed(Instant);
 
 impl Elapsed {
+    /// Print `what` with the time since the demo started.
     fn say(&self, what: &str) {
         println!("   t={:>5.1} s  {what}", self.0.elapsed().as_secs_f64());
     }
@@ -108,10 +115,12 @@ fn kube_proxy_verdict(dir: &Path, node: &str) -> String {
     }
 }
 
+/// The `nginx-cache` Service's VIP and port.
 fn vip() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 20)), 80)
 }
 
+/// Whether `backend` (a pod name) runs on node `node`.
 fn own(node: usize, backend: &str) -> bool {
     backend.starts_with(&format!("cache-{}-", NODES[node]))
 }
@@ -191,6 +200,7 @@ fn timeline_chart(mut lines: Vec<Line>) -> Result<String, tierlb::chart::ChartEr
     )
 }
 
+/// Each backend's share of the connects to `target` when node i sends `weights[i]` of them.
 fn shares(c: &SimCluster, weights: [usize; 3], target: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
     let mut counts: BTreeMap<String, f64> = BTreeMap::new();
     let mut total = 0.0;
@@ -205,6 +215,9 @@ fn shares(c: &SimCluster, weights: [usize; 3], target: SocketAddr) -> anyhow::Re
     Ok(counts.into_iter().map(|(k, v)| (k, v / total)).collect())
 }
 
+/// Run the demo with the `tierlb` agent binary and the `lab` client binary (`tierlb-lab`), printing each
+/// phase's table and verdict and writing `demo-timeline.svg` into `out_dir`; `Ok(true)` if every verdict
+/// passed.
 pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     let clock = Elapsed(Instant::now());
     println!(
@@ -396,6 +409,7 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
+/// A verdict as the demo prints it.
 fn pass(ok: bool) -> &'static str {
     if ok { "PASS" } else { "FAIL" }
 }

@@ -54,6 +54,7 @@ const FAILED: Rgb = Rgb(0x99, 0x99, 0x99);
 /// The bar chart's name for requests that reached no endpoint.
 const FAILED_NAME: &str = "failed/hang";
 
+/// Every chart's font family (the SVG names a generic family; the viewer picks the face).
 const FONT: &str = "sans-serif";
 
 /// Where a chart's legend goes.
@@ -196,7 +197,12 @@ where
 /// How a legend entry shows its series.
 #[derive(Clone, Copy)]
 enum Swatch {
-    Line { dashed: bool },
+    /// A short stroke, as the series is drawn.
+    Line {
+        /// Broken in two, for a dashed series.
+        dashed: bool,
+    },
+    /// A filled square, for bars.
     Block,
 }
 

@@ -34,11 +34,17 @@ fn rst_close(s: &impl std::os::fd::AsRawFd) {
 /// What one load run measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LoadResult {
+    /// Operations completed inside the window.
     pub ops: u64,
+    /// Operations that failed (connect, send or receive), over the whole run.
     pub errors: u64,
+    /// The window's length, from the threads' start to the stop signal.
     pub secs: f64,
+    /// Median latency of a completed operation, in microseconds.
     pub p50_us: f64,
+    /// 99th percentile latency, in microseconds.
     pub p99_us: f64,
+    /// Throughput: `ops / secs`.
     pub per_sec: f64,
     /// Operations that took over 100 ms (a dropped SYN costs a 1 s retransmit).
     #[serde(default)]
@@ -154,12 +160,16 @@ pub fn load(target: SocketAddr, threads: usize, duration: Duration, mode: LoadMo
 /// nothing and resets, as in `LoadMode::Connect`, costs it one failed read), waits for the client to close
 /// and resets. Stops on drop.
 pub(super) struct Sink {
+    /// Tells the accept loops to end.
     stop: Arc<AtomicBool>,
+    /// The listening socket, shut down on drop to wake the blocked accept() calls.
     fd: i32,
+    /// The accept loops.
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Sink {
+    /// Listen on `addr` inside `ns` and start serving.
     pub(super) fn start(ns: &NetNs, addr: SocketAddr) -> anyhow::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel();
         let file = ns.file().try_clone()?;

@@ -2,8 +2,10 @@
 //! and nftables rules, at several Service counts, in one run inside a private netns; and control-plane
 //! figures (programming 10,000 Services, one change, agent memory, rule-set load times).
 //!
-//! [`load`] is the load generator (`tierlb-lab load`), `workloads` what is measured, [`run`] the run,
-//! [`markdown`] BENCHMARKS.md and [`charts`] the charts beside it.
+//! One job a module: `load` is the load generator ([`load`], run as `tierlb-lab load`) and the backend it
+//! talks to; `workloads` what is measured (the Service maps, the kube-proxy-style rule sets, the agent's
+//! manifests); `run` the run ([`run`]); `figures` what it measured, as data ([`Report`]); `report` renders
+//! BENCHMARKS.md ([`markdown`]) and `charts` the charts beside it ([`charts`]).
 mod charts;
 mod figures;
 #[cfg(test)]

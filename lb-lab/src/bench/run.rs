@@ -55,13 +55,18 @@ const LOAD_LIMIT: Duration = Duration::from_secs(600);
 
 /// The load side of the bench: the client binary, the namespace and the run length.
 struct Loader<'a> {
+    /// `tierlb-lab`, whose `load` subcommand is the client.
     lab: &'a Path,
+    /// The bench's namespace, where the client runs.
     ns: &'a NetNs,
+    /// Client threads.
     threads: usize,
+    /// Seconds of load per row.
     secs: f64,
 }
 
 impl Loader<'_> {
+    /// One load run against `target`, the client confined to `cg` (tierlb's cgroup, for the tierlb rows).
     fn run(&self, cg: Option<&Cgroup>, target: SocketAddr, mode: LoadMode) -> anyhow::Result<LoadResult> {
         let mut cmd = Command::new(self.lab);
         confine(&mut cmd, cg, Some(self.ns))?;
@@ -117,6 +122,7 @@ impl Loader<'_> {
     }
 }
 
+/// connect4's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
 fn connect4_stats() -> Option<(u64, u64)> {
     let out = Command::new("bpftool").args(["prog", "show", "name", "connect4", "--json"]).output().ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -248,6 +254,8 @@ fn one_change_in_the_maps(
     Ok(took)
 }
 
+/// The agent with 10,000 Services from manifests: time to ready, 20 single EndpointSlice edits (an
+/// endpoint leaves, then comes back), and its RSS after them.
 fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<AgentFigures> {
     let dir = TempDir::new("bench-agent")?;
     write_agent_manifests(dir.path(), per)?;

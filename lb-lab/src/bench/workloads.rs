@@ -120,6 +120,7 @@ pub(super) struct RuleSet {
     pub rules: fn(usize, usize) -> String,
 }
 
+/// The rule sets the bench compares tierlb with, in run and table order.
 pub(super) const RULE_SETS: [RuleSet; 2] = [
     RuleSet {
         path: DataPath::Iptables,

@@ -1,5 +1,7 @@
-//! `tierlb-lab`: the lab tools behind `cargo xtask demo` and the in-kernel tests. `probe` connects to an
-//! address repeatedly and prints, as JSON, which backend answered each connect; `demo` runs the demo.
+//! `tierlb-lab`: the lab tools behind `cargo xtask demo`, `cargo xtask bench` and the in-kernel tests.
+//! `probe` connects to an address repeatedly and prints, as JSON, which backend answered each connect;
+//! `dns` and `dns-stream` do the same for DNS over UDP; `load` is the benchmark's load client; `bench`
+//! runs the benchmark and `demo` the demo.
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
