@@ -23,28 +23,36 @@ use lb_testkit::{
     probe::Report,
 };
 use tierlb::{
+    chart::{Legend, Line, LineChart, PALETTE, line_chart},
     model::{NodeInfo, ObjKey},
     plan,
     source::manifests::ManifestDir,
 };
 
+/// The simulated nodes.
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+/// The booking clients' request timeout, in seconds.
 const TIMEOUT_S: f64 = 5.0;
+/// A booking client sends a request this often.
 const INTERVAL: Duration = Duration::from_millis(50);
 /// Each step of a node's roll (terminating, replaced but not ready, ready) lasts this long.
 const STEP: Duration = Duration::from_millis(800);
 
+/// The IP of the cache pod of `generation` on node `node`.
 fn pod_ip(node: usize, generation: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 244, node as u8 + 1, 10 + generation))
 }
 
+/// The name of the cache pod of `generation` on node `node`.
 fn pod_name(node: usize, generation: u8) -> String {
     format!("cache-{}-g{generation}", NODES[node])
 }
 
+/// The demo's clock, for its narration.
 struct Elapsed(Instant);
 
 impl Elapsed {
+    /// Print `what` with the time since the demo started.
     fn say(&self, what: &str) {
         println!("   t={:>5.1} s  {what}", self.0.elapsed().as_secs_f64());
     }
@@ -108,10 +116,12 @@ fn kube_proxy_verdict(dir: &Path, node: &str) -> String {
     }
 }
 
+/// The `nginx-cache` Service's VIP and port.
 fn vip() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 96, 0, 20)), 80)
 }
 
+/// Whether `backend` (a pod name) runs on node `node`.
 fn own(node: usize, backend: &str) -> bool {
     backend.starts_with(&format!("cache-{}-", NODES[node]))
 }
@@ -142,8 +152,9 @@ fn roll_table(reports: &[Report]) -> (usize, f64, usize) {
     (failed, slowest, remote)
 }
 
-/// Success rate and off-node share per node over time, in 250 ms bins, for the chart.
-fn timeline(reports: &[Report], phase: &str) -> Vec<(String, Vec<(f64, f64)>)> {
+/// Success rate (solid) and off-node share (dashed) per node over time, in 250 ms bins, for the chart;
+/// coloured by the caller.
+fn timeline(reports: &[Report], phase: &str) -> Vec<Line> {
     let mut series = Vec::new();
     for (i, r) in reports.iter().enumerate() {
         let mut bins: BTreeMap<i64, (f64, f64, f64)> = BTreeMap::new();
@@ -159,12 +170,38 @@ fn timeline(reports: &[Report], phase: &str) -> Vec<(String, Vec<(f64, f64)>)> {
         }
         let ok = bins.iter().map(|(k, v)| (*k as f64 * 0.25, v.1 / v.0)).collect();
         let off = bins.iter().map(|(k, v)| (*k as f64 * 0.25, v.2 / v.0)).collect();
-        series.push((format!("{phase} {} success", NODES[i]), ok));
-        series.push((format!("{phase} {} off-node share", NODES[i]), off));
+        let line =
+            |name: String, points, dashed| Line { name, points, colour: PALETTE[0], dashed, markers: false };
+        series.push(line(format!("{phase} {} success", NODES[i]), ok, false));
+        series.push(line(format!("{phase} {} off-node share", NODES[i]), off, true));
     }
     series
 }
 
+/// The demo's chart: every phase's timelines, each line a colour of its own.
+fn timeline_chart(mut lines: Vec<Line>) -> Result<String, tierlb::chart::ChartError> {
+    for (i, l) in lines.iter_mut().enumerate() {
+        l.colour = PALETTE[i % PALETTE.len()];
+    }
+    let x_max = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)).fold(1.0, f64::max);
+    line_chart(
+        &LineChart {
+            title: "per-node success and off-node share over time (250 ms bins)",
+            size: (1080, 420),
+            x_desc: "seconds",
+            y_desc: "fraction",
+            x: 0.0..x_max,
+            log_x: false,
+            y: 0.0..1.0,
+            x_decimals: 1,
+            y_decimals: 2,
+            legend: Legend::Right,
+        },
+        &lines,
+    )
+}
+
+/// Each backend's share of the connects to `target` when node i sends `weights[i]` of them.
 fn shares(c: &SimCluster, weights: [usize; 3], target: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
     let mut counts: BTreeMap<String, f64> = BTreeMap::new();
     let mut total = 0.0;
@@ -179,6 +216,9 @@ fn shares(c: &SimCluster, weights: [usize; 3], target: SocketAddr) -> anyhow::Re
     Ok(counts.into_iter().map(|(k, v)| (k, v / total)).collect())
 }
 
+/// Run the demo with the `tierlb` agent binary and the `lab` client binary (`tierlb-lab`), printing each
+/// phase's table and verdict and writing `demo-timeline.svg` into `out_dir`; `Ok(true)` if every verdict
+/// passed.
 pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     let clock = Elapsed(Instant::now());
     println!(
@@ -359,15 +399,7 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
 
     std::fs::create_dir_all(out_dir)?;
     let svg = out_dir.join("demo-timeline.svg");
-    std::fs::write(
-        &svg,
-        tierlb::svg::line_chart(
-            "per-node success and off-node share over time (250 ms bins)",
-            &chart,
-            "seconds",
-            "fraction",
-        ),
-    )?;
+    std::fs::write(&svg, timeline_chart(chart)?)?;
     drop(c);
     println!(
         "\n{} demo finished in {:.0} s; chart: {}",
@@ -378,6 +410,61 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
+/// A verdict as the demo prints it.
 fn pass(ok: bool) -> &'static str {
     if ok { "PASS" } else { "FAIL" }
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_testkit::probe::Attempt;
+
+    use super::*;
+
+    /// A roll as the clients see it: every 50 ms for 10 s; node `i` fails or goes to another node (as
+    /// `fail` says) during its window, i..i+1 s after 2 s.
+    fn roll(fail: bool) -> Vec<Report> {
+        (0..3)
+            .map(|i| Report {
+                target: vip().to_string(),
+                attempts: (0..200)
+                    .map(|k| {
+                        let t_ms = 50.0 * f64::from(k);
+                        let window = (2000.0 + 1000.0 * i as f64..3000.0 + 1000.0 * i as f64).contains(&t_ms);
+                        let other = format!("cache-{}-g0", NODES[(i + 1) % 3]);
+                        let (backend, error) = match (window, fail) {
+                            (false, _) => (Some(pod_name(i, 0)), None),
+                            (true, true) => (None, Some("EHOSTUNREACH".to_owned())),
+                            (true, false) => (Some(other), None),
+                        };
+                        Attempt { t_ms, ms: 0.2, backend, error, peer: None }
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_timeline_chart_draws_both_phases_for_every_node() {
+        let mut lines = timeline(&roll(true), "Local");
+        lines.extend(timeline(&roll(false), "PreferSameNode"));
+        assert_eq!(lines.len(), 12);
+        let local = &lines[0];
+        assert_eq!(local.name, "Local node-1 success");
+        assert!(local.points.contains(&(2.0, 0.0)) && local.points.contains(&(1.0, 1.0)), "{local:?}");
+        assert!(lines[3].dashed && lines[3].name == "Local node-2 off-node share");
+        let svg = timeline_chart(lines).unwrap();
+        if let Some(dir) = std::env::var_os("TIERLB_CHART_DIR") {
+            std::fs::write(std::path::Path::new(&dir).join("demo-timeline.svg"), &svg).unwrap();
+        }
+        for want in [
+            "per-node success and off-node share over time (250 ms bins)",
+            "seconds",
+            "fraction",
+            "Local node-3 success",
+            "PreferSameNode node-1 off-node share",
+        ] {
+            assert!(svg.contains(want), "no {want:?}");
+        }
+    }
 }

@@ -369,7 +369,7 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
     let sc = crate::study::load(&args.scenario)?;
     let r = crate::study::run(&sc);
     if let Some(path) = &args.chart {
-        std::fs::write(path, crate::svg::study_chart(&r))
+        std::fs::write(path, crate::chart::study_chart(&r)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(match args.output {

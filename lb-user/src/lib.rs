@@ -3,6 +3,7 @@
 //! endpoints at connect() time, choosing the tier in the kernel.
 pub mod agent;
 pub mod cgroup;
+pub mod chart;
 pub mod cli;
 pub mod datapath;
 pub mod explain;
@@ -15,4 +16,3 @@ pub mod server;
 pub mod source;
 pub mod status;
 pub mod study;
-pub mod svg;

@@ -42,7 +42,7 @@ fn every_shipped_scenario_runs_and_accounts_for_every_request() {
             }
         }
         assert!(!study::table(&r).is_empty());
-        assert!(tierlb::svg::study_chart(&r).starts_with("<svg"));
+        assert!(tierlb::chart::study_chart(&r).unwrap().starts_with("<svg"));
     }
 }
 

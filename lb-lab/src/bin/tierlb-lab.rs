@@ -1,6 +1,13 @@
-//! `tierlb-lab`: the lab tools behind `cargo xtask demo` and the in-kernel tests. `probe` connects to an
-//! address repeatedly and prints, as JSON, which backend answered each connect; `demo` runs the demo.
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+//! `tierlb-lab`: the lab tools behind `cargo xtask demo`, `cargo xtask bench` and the in-kernel tests.
+//! `probe` connects to an address repeatedly and prints, as JSON, which backend answered each connect;
+//! `dns` and `dns-stream` do the same for DNS over UDP; `load` is the benchmark's load client; `bench`
+//! runs the benchmark and `demo` the demo.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use clap::{Parser, Subcommand};
 
@@ -68,7 +75,7 @@ enum Cmd {
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
     },
-    /// The benchmark (see BENCHMARKS.md); with --report DIR writes DIR/BENCHMARKS.md and DIR/bench/latency.svg.
+    /// The benchmark (see BENCHMARKS.md); with --report DIR writes DIR/BENCHMARKS.md and DIR/bench/latency-{connect,rr}.svg.
     Bench {
         #[arg(long)]
         quick: bool,
@@ -155,19 +162,11 @@ fn main() -> ExitCode {
                 Ok(r) => {
                     let md = lb_lab::bench::markdown(&r);
                     print!("{md}");
-                    if let Some(dir) = report {
-                        let ok = lb_lab::bench::charts(&r).and_then(|charts| {
-                            std::fs::create_dir_all(dir.join("bench"))?;
-                            for (name, svg) in charts {
-                                std::fs::write(dir.join("bench").join(name), svg)?;
-                            }
-                            std::fs::write(dir.join("BENCHMARKS.md"), &md)?;
-                            Ok(())
-                        });
-                        if let Err(e) = ok {
-                            eprintln!("tierlb-lab bench: writing the report: {e:#}");
-                            return ExitCode::FAILURE;
-                        }
+                    if let Some(dir) = report
+                        && let Err(e) = write_report(&dir, &r, &md)
+                    {
+                        eprintln!("tierlb-lab bench: writing the report: {e:#}");
+                        return ExitCode::FAILURE;
                     }
                     ExitCode::SUCCESS
                 }
@@ -190,4 +189,15 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// DIR/BENCHMARKS.md and its charts, DIR/bench/*.svg.
+fn write_report(dir: &Path, r: &lb_lab::bench::Report, md: &str) -> anyhow::Result<()> {
+    let charts = lb_lab::bench::charts(r)?;
+    std::fs::create_dir_all(dir.join("bench"))?;
+    for (name, svg) in charts {
+        std::fs::write(dir.join("bench").join(name), svg)?;
+    }
+    std::fs::write(dir.join("BENCHMARKS.md"), md)?;
+    Ok(())
 }

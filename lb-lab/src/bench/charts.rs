@@ -1,0 +1,89 @@
+//! The charts `--report` writes under bench/: p50 latency against the number of Services, one per load mode.
+use std::ops::Range;
+
+use tierlb::chart::{ChartError, Legend, Line, LineChart, Rgb, line_chart};
+
+use super::{
+    figures::{DataPath, Report},
+    load::LoadMode,
+};
+
+/// The charts `--report` writes: (file name under bench/, SVG).
+pub fn charts(r: &Report) -> Result<Vec<(String, String)>, ChartError> {
+    LoadMode::ALL.iter().map(|m| Ok((format!("latency-{}.svg", m.as_str()), latency_chart(r, *m)?))).collect()
+}
+
+/// A data path's colour in the charts.
+fn colour(path: DataPath) -> Rgb {
+    match path {
+        DataPath::Direct => Rgb(60, 60, 60),
+        DataPath::Tierlb => Rgb(31, 119, 180),
+        DataPath::Iptables => Rgb(214, 39, 40),
+        DataPath::Nftables => Rgb(44, 160, 44),
+    }
+}
+
+/// The Service counts the x axis spans (log scale).
+const SERVICES: Range<f64> = 1.0..100_000.0;
+
+/// p50 latency against the number of Services (log scale) for each data path, with direct as the floor
+/// across the whole axis.
+fn latency_chart(r: &Report, mode: LoadMode) -> Result<String, ChartError> {
+    let mut lines = Vec::new();
+    for path in DataPath::ALL {
+        let line = |name: &str, points, markers| Line {
+            name: name.to_owned(),
+            points,
+            colour: colour(path),
+            dashed: false,
+            markers,
+        };
+        if path == DataPath::Direct {
+            let Some(d) = r.row(DataPath::Direct, 0, mode) else { continue };
+            let floor = vec![(SERVICES.start, d.result.p50_us), (SERVICES.end, d.result.p50_us)];
+            lines.push(line("direct (pod IP, the floor)", floor, false));
+        } else {
+            let mut points: Vec<(f64, f64)> = r
+                .rows
+                .iter()
+                .filter(|x| x.path == path && x.mode == mode && x.services > 0)
+                .map(|x| (x.services as f64, x.result.p50_us))
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            lines.push(line(path.as_str(), points, true));
+        }
+    }
+    let ymax = r.rows.iter().filter(|x| x.mode == mode).map(|x| x.result.p50_us).fold(1.0, f64::max) * 1.2;
+    line_chart(
+        &LineChart {
+            title: &format!("p50 latency of {}", mode.title()),
+            size: (760, 440),
+            x_desc: "Services programmed (log scale)",
+            y_desc: "p50 latency (us)",
+            x: SERVICES,
+            log_x: true,
+            y: 0.0..ymax,
+            x_decimals: 0,
+            y_decimals: 0,
+            legend: Legend::UpperLeft,
+        },
+        &lines,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_mode_gets_a_chart_of_every_path() {
+        let charts = charts(&super::super::fixture::report()).unwrap();
+        assert_eq!(charts.len(), 2);
+        for (name, svg) in &charts {
+            assert!(svg.contains("<svg"), "{name}");
+            for label in ["tierlb", "iptables", "nftables", "direct (pod IP, the floor)", "10000"] {
+                assert!(svg.contains(label), "{name} lacks {label}");
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! What a run measured, as data: the rows of the data-path comparison and the typed control-plane figures.
+//! `run` fills them in; `report` and `charts` are the only places they become text.
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::{LoadMode, LoadResult};
+
+/// A data path a connect goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPath {
+    /// Straight to the pod IP: the floor, no load balancing.
+    Direct,
+    /// To a VIP that tierlb's connect4 program rewrites.
+    Tierlb,
+    /// To a VIP that kube-proxy-style iptables rules DNAT.
+    Iptables,
+    /// To a VIP that kube-proxy-style nftables rules DNAT.
+    Nftables,
+}
+
+impl DataPath {
+    /// Every data path, in table and chart order.
+    pub const ALL: [Self; 4] = [Self::Direct, Self::Tierlb, Self::Iptables, Self::Nftables];
+
+    /// The path's name in the tables, the charts and the run's progress lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Tierlb => "tierlb",
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
+/// One measured row: a data path at a Service count under one load mode.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// The data path.
+    pub path: DataPath,
+    /// Services programmed (0 for direct).
+    pub services: usize,
+    /// What one operation was.
+    pub mode: LoadMode,
+    /// What the load client measured.
+    pub result: LoadResult,
+    /// BPF run time per connect4 call (kernel.bpf_stats_enabled), tierlb rows only.
+    pub bpf_ns_per_run: Option<f64>,
+}
+
+/// What a whole run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The kernel release the run was on.
+    pub kernel: String,
+    /// CPUs available to the run.
+    pub cpus: usize,
+    /// Load client threads per row.
+    pub threads: usize,
+    /// Length of each row's load, in seconds.
+    pub seconds: f64,
+    /// The data-path rows, in the order they ran.
+    pub rows: Vec<Row>,
+    /// The control-plane figures.
+    pub control: ControlPlane,
+}
+
+impl Report {
+    /// The row of `path` at `services` Services under `mode` (direct has one per mode, whatever `services`).
+    pub fn row(&self, path: DataPath, services: usize, mode: LoadMode) -> Option<&Row> {
+        self.rows.iter().find(|x| {
+            x.path == path && x.mode == mode && (x.services == services || path == DataPath::Direct)
+        })
+    }
+}
+
+/// The control-plane figures of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ControlPlane {
+    /// Programming the Service maps directly at 10,000 Services (absent if the run had no such count).
+    pub maps: Option<MapWrites>,
+    /// The Service maps' memory at the largest count.
+    pub map_memory: MapMemory,
+    /// The agent's own figures (absent if they could not be taken; the run said why on stderr).
+    pub agent: Option<AgentFigures>,
+    /// Each rule set's load at each Service count, in the order they ran.
+    pub rule_loads: Vec<RuleLoad>,
+}
+
+/// Writing 10,000 Services x 10 endpoints into the maps, through the reconciler.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct MapWrites {
+    /// All of them, from scratch.
+    pub program: Duration,
+    /// One EndpointSlice change: the changed Service's new slots and its frontend swap.
+    pub one_change: Duration,
+}
+
+/// An estimate of the Service maps' memory: keys, values and the kernel's per-element hash overhead.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct MapMemory {
+    /// Services programmed when it was taken.
+    pub services: usize,
+    /// The estimate.
+    pub bytes: u64,
+}
+
+/// The agent with 10,000 Services x 10 endpoints from manifests.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AgentFigures {
+    /// From start to ready (parse the manifest files, plan, load, program).
+    pub ready: Duration,
+    /// One EndpointSlice edit, from reading the change to maps written: the agent's own `took_us`.
+    pub edit_took: Spread,
+    /// The same edits from the file write to the agent's `synced` log line.
+    pub edit_wall: Spread,
+    /// Resident set size after the edits (VmRSS).
+    pub rss_bytes: u64,
+}
+
+/// Median and maximum of repeated timings, in milliseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Spread {
+    /// Median (the upper one of an even count).
+    pub median_ms: f64,
+    /// Maximum.
+    pub max_ms: f64,
+}
+
+impl Spread {
+    /// The median and maximum of `ms` (which must not be empty).
+    pub fn of(mut ms: Vec<f64>) -> Self {
+        ms.sort_by(f64::total_cmp);
+        Self { median_ms: ms[ms.len() / 2], max_ms: ms[ms.len() - 1] }
+    }
+}
+
+/// Loading one kube-proxy-style rule set.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct RuleLoad {
+    /// The loading tool (`iptables-restore`, `nft -f`).
+    pub tool: &'static str,
+    /// Services in the rule set.
+    pub services: usize,
+    /// How long it took.
+    pub took: LoadTime,
+}
+
+/// How a rule set's load ended.
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadTime {
+    /// Loaded in this time.
+    Done(Duration),
+    /// Not loaded within the limit; the tool was stopped.
+    Stopped {
+        /// The limit.
+        limit: Duration,
+    },
+}

@@ -1,0 +1,78 @@
+//! A small report for the report's and the charts' tests: direct, and the three other paths at 1 and
+//! 10,000 Services, in both modes.
+use std::time::Duration;
+
+use super::{
+    figures::{AgentFigures, ControlPlane, DataPath, MapMemory, MapWrites, Report, Row, Spread},
+    load::{LoadMode, LoadResult},
+};
+
+fn result(p50: f64) -> LoadResult {
+    LoadResult {
+        ops: 1000,
+        errors: 0,
+        secs: 1.0,
+        p50_us: p50,
+        p99_us: p50 * 2.0,
+        per_sec: 1e6 / p50,
+        slow: 0,
+    }
+}
+
+pub(super) fn report() -> Report {
+    let mut rows = Vec::new();
+    for mode in LoadMode::ALL {
+        let extra = if mode == LoadMode::Rr { 10.0 } else { 0.0 };
+        rows.push(Row {
+            path: DataPath::Direct,
+            services: 0,
+            mode,
+            result: result(17.0 + extra),
+            bpf_ns_per_run: None,
+        });
+        for (n, t, i, f) in [(1, 17.0, 26.0, 29.0), (10_000, 18.0, 85.0, 24.0)] {
+            rows.push(Row {
+                path: DataPath::Tierlb,
+                services: n,
+                mode,
+                result: result(t + extra),
+                bpf_ns_per_run: Some(1500.0),
+            });
+            rows.push(Row {
+                path: DataPath::Iptables,
+                services: n,
+                mode,
+                result: result(i + extra),
+                bpf_ns_per_run: None,
+            });
+            rows.push(Row {
+                path: DataPath::Nftables,
+                services: n,
+                mode,
+                result: result(f + extra),
+                bpf_ns_per_run: None,
+            });
+        }
+    }
+    Report {
+        kernel: "6.18".into(),
+        cpus: 2,
+        threads: 2,
+        seconds: 1.5,
+        rows,
+        control: ControlPlane {
+            maps: Some(MapWrites {
+                program: Duration::from_millis(181),
+                one_change: Duration::from_micros(14),
+            }),
+            map_memory: MapMemory { services: 10_000, bytes: 5 << 20 },
+            agent: Some(AgentFigures {
+                ready: Duration::from_millis(2200),
+                edit_took: Spread { median_ms: 0.9, max_ms: 1.4 },
+                edit_wall: Spread { median_ms: 9.2, max_ms: 10.6 },
+                rss_bytes: 94208 * 1024,
+            }),
+            rule_loads: Vec::new(),
+        },
+    }
+}

@@ -1,0 +1,256 @@
+//! The load generator: `tierlb-lab load` runs [`load`] (confined to a cgroup and the bench's netns) against
+//! a target and prints a [`LoadResult`]; [`Sink`] is the backend it talks to.
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use lb_testkit::sandbox::NetNs;
+
+/// Close with RST (SO_LINGER 0) when the socket is dropped: no TIME_WAIT on either side, so neither the
+/// client's ephemeral ports nor the server's 4-tuples pile up (a server-side TIME_WAIT hit by a reused
+/// client port costs the next SYN a 1 s retransmit).
+fn rst_close(s: &impl std::os::fd::AsRawFd) {
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: valid socket and option buffer.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::from_ref(&linger).cast(),
+            size_of::<libc::linger>() as u32,
+        );
+    }
+}
+
+/// What one load run measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LoadResult {
+    /// Operations completed inside the window.
+    pub ops: u64,
+    /// Operations that failed (connect, send or receive), over the whole run.
+    pub errors: u64,
+    /// The window's length, from the threads' start to the stop signal.
+    pub secs: f64,
+    /// Median latency of a completed operation, in microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, in microseconds.
+    pub p99_us: f64,
+    /// Throughput: `ops / secs`.
+    pub per_sec: f64,
+    /// Operations that took over 100 ms (a dropped SYN costs a 1 s retransmit).
+    #[serde(default)]
+    pub slow: u64,
+}
+
+/// What one operation of the load client is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadMode {
+    /// connect() then close (RST): the cost of the translation itself.
+    Connect,
+    /// connect(), send a 64-byte request, read the 64-byte reply, close (RST): a short RPC.
+    Rr,
+}
+
+impl LoadMode {
+    /// Every mode, in the order the bench runs, tabulates and charts them.
+    pub const ALL: [Self; 2] = [Self::Connect, Self::Rr];
+
+    /// The mode's name on the command line (`--mode`) and in chart file names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Rr => "rr",
+        }
+    }
+
+    /// What one operation is, as the report's section headings and chart captions say it.
+    pub fn title(self) -> String {
+        match self {
+            Self::Connect => "connect() + close".into(),
+            Self::Rr => format!("connect, {RR_BYTES} B request, {RR_BYTES} B reply, close"),
+        }
+    }
+}
+
+/// Size of the request and of the reply in `LoadMode::Rr`.
+pub const RR_BYTES: usize = 64;
+
+/// One operation; the latency recorded is the whole of it.
+fn operation(target: SocketAddr, mode: LoadMode) -> std::io::Result<()> {
+    let mut s = TcpStream::connect(target)?;
+    rst_close(&s);
+    if mode == LoadMode::Rr {
+        use std::io::{Read as _, Write as _};
+        s.set_nodelay(true)?;
+        s.write_all(&[b'q'; RR_BYTES])?;
+        let mut reply = [0u8; RR_BYTES];
+        s.read_exact(&mut reply)?;
+    }
+    Ok(())
+}
+
+/// `mode` operations against `target` on `threads` threads for `duration` (the load client, run confined).
+pub fn load(target: SocketAddr, threads: usize, duration: Duration, mode: LoadMode) -> LoadResult {
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut h =
+                    hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).expect("bounds");
+                let mut errors = 0u64;
+                let mut in_window = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    match operation(target, mode) {
+                        Ok(()) => {
+                            h.saturating_record(t0.elapsed().as_nanos() as u64 / 1000 + 1);
+                            if !stop.load(Ordering::Relaxed) {
+                                in_window += 1;
+                            }
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            if errors == 1 {
+                                eprintln!("load: first error: {e}");
+                            }
+                        }
+                    }
+                }
+                (h, errors, in_window)
+            })
+        })
+        .collect();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    // Throughput counts what completed inside the window; a straggler stuck in a SYN retransmit past the end
+    // shows in `slow` and the tail, not as a longer window.
+    let secs = start.elapsed().as_secs_f64();
+    let mut all = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).expect("bounds");
+    let (mut errors, mut ops) = (0, 0);
+    for h in handles {
+        let (hist, e, n) = h.join().expect("load thread");
+        all.add(hist).expect("same bounds");
+        errors += e;
+        ops += n;
+    }
+    LoadResult {
+        ops,
+        errors,
+        secs,
+        p50_us: all.value_at_quantile(0.5) as f64,
+        p99_us: all.value_at_quantile(0.99) as f64,
+        per_sec: ops as f64 / secs,
+        slow: all.count_between(100_000, u64::MAX),
+    }
+}
+
+/// A backend on two threads: it accepts, answers a request with a reply of `RR_BYTES` (a client that sends
+/// nothing and resets, as in `LoadMode::Connect`, costs it one failed read), waits for the client to close
+/// and resets. Stops on drop.
+pub(super) struct Sink {
+    /// Tells the accept loops to end.
+    stop: Arc<AtomicBool>,
+    /// The listening socket, shut down on drop to wake the blocked accept() calls.
+    fd: i32,
+    /// The accept loops.
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Sink {
+    /// Listen on `addr` inside `ns` and start serving.
+    pub(super) fn start(ns: &NetNs, addr: SocketAddr) -> anyhow::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let file = ns.file().try_clone()?;
+        std::thread::spawn(move || {
+            let r = nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| TcpListener::bind(addr).map_err(anyhow::Error::from));
+            let _ = tx.send(r);
+        });
+        let listener = Arc::new(rx.recv()??);
+        // std listens with a backlog of 128; a deeper queue keeps bursts from dropping SYNs.
+        // SAFETY: listen(2) on our own listening socket only updates its backlog.
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..2)
+            .map(|_| {
+                let (l, stop) = (listener.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok((s, _)) = l.accept() {
+                            rst_close(&s);
+                            serve(s);
+                        }
+                    }
+                })
+            })
+            .collect();
+        Ok(Self { stop, fd: listener.as_raw_fd(), threads })
+    }
+}
+
+/// One connection of the sink: reply to a request, then wait for the client's close.
+fn serve(mut s: TcpStream) {
+    use std::io::{Read as _, Write as _};
+    // A client that vanished must not hold a sink thread.
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = s.set_nodelay(true);
+    let mut request = [0u8; RR_BYTES];
+    if s.read_exact(&mut request).is_ok() && s.write_all(&[b'r'; RR_BYTES]).is_ok() {
+        let _ = s.read(&mut request);
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // SAFETY: wakes the blocked accept() calls; the listener lives until the threads end.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Where the backend listens: the pod IP of the measured Service's one endpoint.
+pub(super) const BACKEND: &str = "10.244.0.10:8080";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The load tool and the backend speak both modes: every operation completes, none fails. (Runs as
+    /// root, in a private netns with only `lo`.)
+    #[test]
+    fn the_load_tool_completes_both_modes_against_the_backend() {
+        let ns = NetNs::new("bench-test").unwrap();
+        let backend: SocketAddr = BACKEND.parse().unwrap();
+        ns.add_address(backend.ip()).unwrap();
+        let _sink = Sink::start(&ns, backend).unwrap();
+        for mode in LoadMode::ALL {
+            let file = ns.file().try_clone().unwrap();
+            // Threads inherit the network namespace of the thread that creates them.
+            let r = std::thread::spawn(move || {
+                nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap();
+                load(backend, 2, Duration::from_millis(300), mode)
+            })
+            .join()
+            .unwrap();
+            assert!(r.ops > 50 && r.errors == 0, "{mode:?}: {r:?}");
+            assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us, "{mode:?}: {r:?}");
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The run: one private netns with the backend, the direct rows, the tierlb rows (the data path loaded in
+//! this process, Service maps filled directly), the agent's figures, then each kube-proxy-style rule set's
+//! rows; and the control-plane figures measured on the way.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use lb_common::{Backend, FrontendKey, FrontendValue, SlotKey};
+use lb_testkit::{
+    manifests,
+    sandbox::{Cgroup, Child, NetNs, TempDir, confine},
+};
+use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
+
+use super::{
+    figures::{
+        AgentFigures, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread,
+    },
+    load::{BACKEND, LoadMode, LoadResult, Sink},
+    workloads::{EDITED, EDITED_FILE, RULE_SETS, desired, service_yaml, target, vip, write_agent_manifests},
+};
+
+/// Feed `input` to `cmd` and time it; `Ok(None)` if it did not finish within `limit` (it is then killed).
+fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Option<Duration>> {
+    let t0 = Instant::now();
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let input = input.to_owned();
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, input.as_bytes()));
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let _ = writer.join();
+            if !status.success() {
+                bail!("{cmd:?} failed ({status})");
+            }
+            return Ok(Some(t0.elapsed()));
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = writer.join();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// How long a rule set may take to load before the row is reported as not loaded.
+const LOAD_LIMIT: Duration = Duration::from_secs(600);
+
+/// The load side of the bench: the client binary, the namespace and the run length.
+struct Loader<'a> {
+    /// `tierlb-lab`, whose `load` subcommand is the client.
+    lab: &'a Path,
+    /// The bench's namespace, where the client runs.
+    ns: &'a NetNs,
+    /// Client threads.
+    threads: usize,
+    /// Seconds of load per row.
+    secs: f64,
+}
+
+impl Loader<'_> {
+    /// One load run against `target`, the client confined to `cg` (tierlb's cgroup, for the tierlb rows).
+    fn run(&self, cg: Option<&Cgroup>, target: SocketAddr, mode: LoadMode) -> anyhow::Result<LoadResult> {
+        let mut cmd = Command::new(self.lab);
+        confine(&mut cmd, cg, Some(self.ns))?;
+        cmd.args([
+            "load",
+            "--target",
+            &target.to_string(),
+            "--mode",
+            mode.as_str(),
+            "--threads",
+            &self.threads.to_string(),
+            "--seconds",
+            &self.secs.to_string(),
+        ]);
+        let out = cmd.stderr(Stdio::inherit()).output()?;
+        anyhow::ensure!(out.status.success(), "load client failed");
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// One row per load mode for a data path at `services` Services.
+    fn rows(
+        &self,
+        path: DataPath,
+        services: usize,
+        cg: Option<&Cgroup>,
+        target: SocketAddr,
+    ) -> anyhow::Result<Vec<Row>> {
+        let mut rows = Vec::new();
+        for mode in LoadMode::ALL {
+            let before = cg.and_then(|_| connect4_stats());
+            let result = self.run(cg, target, mode)?;
+            let after = cg.and_then(|_| connect4_stats());
+            let bpf_ns_per_run = match (before, after) {
+                (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
+                _ => None,
+            };
+            let r = Row { path, services, mode, result, bpf_ns_per_run };
+            eprintln!(
+                "bench: {:<9} {:>6} services  {:<7}  p50 {:>6.1} us  p99 {:>7.1} us  {:>8.0} ops/s  {} errors  {} slow{}",
+                r.path.as_str(),
+                r.services,
+                r.mode.as_str(),
+                r.result.p50_us,
+                r.result.p99_us,
+                r.result.per_sec,
+                r.result.errors,
+                r.result.slow,
+                r.bpf_ns_per_run.map(|n| format!("  connect4 {n:.0} ns/run")).unwrap_or_default()
+            );
+            rows.push(r);
+        }
+        Ok(rows)
+    }
+}
+
+/// connect4's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
+fn connect4_stats() -> Option<(u64, u64)> {
+    let out = Command::new("bpftool").args(["prog", "show", "name", "connect4", "--json"]).output().ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let items = if v.is_array() { v.as_array()?.clone() } else { vec![v] };
+    items
+        .iter()
+        // bpftool leaves both out while they are zero.
+        .map(|p| (p["run_time_ns"].as_u64().unwrap_or(0), p["run_cnt"].as_u64().unwrap_or(0)))
+        .max_by_key(|x| x.1)
+}
+
+/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs.
+pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
+    let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000] };
+    let per = 10;
+    let ns = NetNs::new("bench")?;
+    let loader = Loader { lab, ns: &ns, threads: 2, secs: if quick { 1.5 } else { 4.0 } };
+    let backend: SocketAddr = BACKEND.parse()?;
+    ns.add_address(backend.ip())?;
+    // kube-proxy nodes route the Service range somewhere; without a route, locally generated packets to a VIP
+    // fail before the nat OUTPUT chain could DNAT them. Inside this namespace only.
+    ns.ip(&["route", "add", "10.96.0.0/12", "dev", "lo"])?;
+    let _sink = Sink::start(&ns, backend)?;
+    let mut rows = loader.rows(DataPath::Direct, 0, None, backend)?;
+
+    // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
+    let mut map_writes = None;
+    let map_memory;
+    {
+        let cg = Cgroup::new("bench")?;
+        let caps =
+            tierlb::datapath::ebpf::Capacities { services: 60_000, slots: 1_200_000, ..Default::default() };
+        let Loaded { mut programs, maps } = Loaded::load(caps, None)?;
+        let mut rec = Reconciler::new(maps);
+        programs.attach(cg.path(), None)?;
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+        for &n in counts {
+            let d = desired(n, per);
+            let t0 = Instant::now();
+            let rep = rec.apply(&d, Instant::now());
+            anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
+            let took = t0.elapsed();
+            if n == 10_000 {
+                map_writes =
+                    Some(MapWrites { program: took, one_change: one_change_in_the_maps(&mut rec, &d)? });
+            }
+            rows.extend(loader.rows(
+                DataPath::Tierlb,
+                n,
+                Some(&cg),
+                SocketAddr::new(IpAddr::V4(vip(target(n))), 80),
+            )?);
+        }
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
+        let slots: usize = rec.applied().map(|(_, _, d)| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
+        // A hash map entry is its key and value plus about 16 bytes of the kernel's element header.
+        const HASH_OVERHEAD: usize = 16;
+        let map_bytes = slots * (size_of::<SlotKey>() + size_of::<Backend>() + HASH_OVERHEAD)
+            + rec.applied().count() * (size_of::<FrontendKey>() + size_of::<FrontendValue>() + HASH_OVERHEAD);
+        map_memory =
+            MapMemory { services: counts.last().copied().unwrap_or_default(), bytes: map_bytes as u64 };
+        drop(programs);
+    }
+
+    // The agent itself with 10,000 Services from manifests: time to ready, one change, RSS.
+    let agent = agent_figures(tierlb, per).inspect_err(|e| eprintln!("bench: agent figures: {e:#}")).ok();
+    let mut rule_loads = Vec::new();
+
+    for set in &RULE_SETS {
+        for &n in counts {
+            let exec = |args: &[&str]| {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns.name()]).args(args);
+                cmd
+            };
+            let flush = || {
+                for f in set.flush {
+                    let _ = exec(f).status();
+                }
+            };
+            let took = timed(&mut exec(set.load), &(set.rules)(n, per), LOAD_LIMIT)
+                .with_context(|| format!("loading {} rules ({} installed?)", set.path.as_str(), set.tool))?;
+            let Some(took) = took else {
+                eprintln!(
+                    "bench: {} {n} services: {} did not load the rules within {LOAD_LIMIT:?}",
+                    set.path.as_str(),
+                    set.tool
+                );
+                rule_loads.push(RuleLoad {
+                    tool: set.tool,
+                    services: n,
+                    took: LoadTime::Stopped { limit: LOAD_LIMIT },
+                });
+                flush();
+                continue;
+            };
+            rule_loads.push(RuleLoad { tool: set.tool, services: n, took: LoadTime::Done(took) });
+            rows.extend(loader.rows(set.path, n, None, SocketAddr::new(IpAddr::V4(vip(target(n))), 80))?);
+            flush();
+        }
+    }
+    let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
+    Ok(Report {
+        kernel,
+        cpus: std::thread::available_parallelism().map_or(1, usize::from),
+        threads: loader.threads,
+        seconds: loader.secs,
+        rows,
+        control: ControlPlane { maps: map_writes, map_memory, agent, rule_loads },
+    })
+}
+
+/// One EndpointSlice change at the map level: the changed Service's frontends only (what the agent hands
+/// the reconciler after an edit), then back to `d`.
+fn one_change_in_the_maps(
+    rec: &mut Reconciler<tierlb::datapath::ebpf::KernelMaps>,
+    d: &Desired,
+) -> anyhow::Result<Duration> {
+    let k = addr::frontend_key(IpAddr::V4(vip(EDITED)), 80, 6);
+    let mut want = d.get(&k).context("the edited Service is programmed")?.clone();
+    want.tiers[2].pop();
+    let service = want.name.service.clone();
+    let one: Desired = [(k, want)].into_iter().collect();
+    let t1 = Instant::now();
+    let rep = rec.apply_services([&service], &one, Instant::now());
+    let took = t1.elapsed();
+    anyhow::ensure!(rep.updated == 1 && rep.errors.is_empty(), "one change: {rep:?}");
+    rec.apply(d, Instant::now());
+    Ok(took)
+}
+
+/// The agent with 10,000 Services from manifests: time to ready, 20 single EndpointSlice edits (an
+/// endpoint leaves, then comes back), and its RSS after them.
+fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<AgentFigures> {
+    let dir = TempDir::new("bench-agent")?;
+    write_agent_manifests(dir.path(), per)?;
+    let cg = Cgroup::new("bench-agent")?;
+    let log = dir.path().join(".agent.log");
+    let t0 = Instant::now();
+    let mut child = Child::spawn(
+        Command::new(tierlb)
+            .args(["agent", "--node", "node-1", "--log-format", "json", "--manifests"])
+            .arg(dir.path())
+            .arg("--cgroup")
+            .arg(cg.path())
+            .args(["--healthz-addr", "off", "--metrics-addr", "off", "--service-health-bind", "off"])
+            .env("NO_COLOR", "1")
+            .stderr(std::fs::File::create(&log)?),
+    )?;
+    let synced = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["fields"]["message"] == "synced")
+            .map(|v| v["fields"].clone())
+            .collect()
+    };
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("tierlb agent ready") {
+        if t0.elapsed() > Duration::from_secs(120) || matches!(child.inner().try_wait(), Ok(Some(_))) {
+            bail!("agent did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ready = t0.elapsed();
+    // One EndpointSlice edit at a time: an endpoint leaves, then comes back.
+    let mut took_us = Vec::new();
+    let mut wall_ms = Vec::new();
+    for k in 0..20 {
+        let before = synced().len();
+        let t = Instant::now();
+        manifests::write_atomic(
+            dir.path(),
+            EDITED_FILE,
+            &service_yaml(EDITED, if k % 2 == 0 { per - 1 } else { per }, per),
+        )?;
+        let line = loop {
+            if let Some(v) = synced().get(before) {
+                break v.clone();
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "the agent did not sync edit {k}");
+            std::thread::sleep(Duration::from_micros(500));
+        };
+        wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(line["replanned"] == 1 && line["updated"] == 1, "edit {k}: {line}");
+        took_us.push(line["took_us"].as_f64().context("took_us")?);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
+    // "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no VmRSS in the agent's status: {status}"))?;
+    drop(child);
+    Ok(AgentFigures {
+        ready,
+        edit_took: Spread::of(took_us.iter().map(|us| us / 1e3).collect()),
+        edit_wall: Spread::of(wall_ms),
+        rss_bytes: rss_kib * 1024,
+    })
+}
