@@ -2,7 +2,7 @@
 //! namespaces) and this node's Node object, with backoff; any event wakes the agent, which re-plans from
 //! the stores: objects whose resourceVersion changed are converted again, and only the Services they touch
 //! are replanned.
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::{
@@ -21,10 +21,8 @@ use kube::{
 };
 use tokio::{sync::mpsc, task::JoinHandle};
 
-use super::{
-    convert,
-    manifests::{Diagnostic, Loaded, Object, Severity, assemble},
-};
+use super::{Changes, Diagnostic, ModelSource, Object, Origin, Refresh, Severity, convert};
+use crate::model::{Kind, Model, ObjKey, ObjectId};
 
 /// Access the agent needs, as (API group, resource, verbs).
 pub const NEEDED: [(&str, &str, &[&str]); 3] = [
@@ -88,9 +86,9 @@ pub struct KubeSource {
     services: Store<core::Service>,
     slices: Store<discovery::EndpointSlice>,
     nodes: Store<core::Node>,
-    /// Converted objects by `kind/namespace/name`: an unchanged resourceVersion is not converted again, and
-    /// an object that stops converting keeps its last good state.
-    converted: BTreeMap<String, Converted>,
+    /// Converted objects: an unchanged resourceVersion is not converted again, and an object that stops
+    /// converting keeps its last good state.
+    converted: BTreeMap<ObjectId, Converted>,
     /// The first refresh hands over the whole model; later ones only what changed.
     delivered: bool,
     tasks: Vec<JoinHandle<()>>,
@@ -194,51 +192,27 @@ impl KubeSource {
         }
     }
 
-    /// The model as the stores hold it now.
-    pub fn snapshot(&mut self) -> Loaded {
-        let diagnostics = self.refresh_objects().2;
-        let objects = self.used_objects();
-        let mut loaded = Loaded { diagnostics, ..Loaded::default() };
-        loaded.model = assemble(objects, &mut loaded.diagnostics);
-        loaded
-    }
-
-    fn used_objects(&self) -> Vec<(PathBuf, Object)> {
-        self.converted
-            .values()
-            .filter_map(|c| c.used.clone())
-            .map(|o| (PathBuf::from(API_SERVER), o))
-            .collect()
-    }
-
     /// Convert what changed in the stores: (removed, upserted, every current problem).
-    fn refresh_objects(&mut self) -> (Vec<Object>, Vec<Object>, Vec<Diagnostic>) {
+    fn refresh_objects(&mut self) -> (Vec<Object>, Vec<Object>, Vec<Diagnostic>, Vec<Origin>) {
         let mut step = Step::default();
-        let name = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            format!(
-                "{}/{}",
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default()
-            )
+        let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            ObjKey::new(m.namespace.clone().unwrap_or_default(), m.name.clone().unwrap_or_default())
         };
         for s in self.services.state() {
-            let n = name(&s.metadata);
-            step.consider(&mut self.converted, format!("Service {n}"), &s.metadata.resource_version, || {
+            let id = ObjectId::new(Kind::Service, key(&s.metadata));
+            step.consider(&mut self.converted, id, &s.metadata.resource_version, || {
                 convert::service(&s).map(Object::Service)
             });
         }
         for s in self.slices.state() {
-            let n = name(&s.metadata);
-            step.consider(
-                &mut self.converted,
-                format!("EndpointSlice {n}"),
-                &s.metadata.resource_version,
-                || convert::endpoint_slice(&s).map(|s| Object::EndpointSlice(s.into())),
-            );
+            let id = ObjectId::new(Kind::EndpointSlice, key(&s.metadata));
+            step.consider(&mut self.converted, id, &s.metadata.resource_version, || {
+                convert::endpoint_slice(&s).map(|s| Object::EndpointSlice(s.into()))
+            });
         }
         for s in self.nodes.state() {
-            let n = s.metadata.name.clone().unwrap_or_default();
-            step.consider(&mut self.converted, format!("Node {n}"), &s.metadata.resource_version, || {
+            let id = ObjectId::node(s.metadata.name.clone().unwrap_or_default());
+            step.consider(&mut self.converted, id, &s.metadata.resource_version, || {
                 convert::node(&s).map(Object::Node)
             });
         }
@@ -250,13 +224,17 @@ impl KubeSource {
             }
             keep
         });
-        (removed, step.upserted, step.diagnostics)
+        let stale = self
+            .converted
+            .iter()
+            .filter(|(_, c)| c.error.is_some() && c.used.is_some())
+            .map(|(id, _)| Origin::Api(id.clone()))
+            .collect();
+        (removed, step.upserted, step.diagnostics, stale)
     }
 }
 
-const API_SERVER: &str = "<api-server>";
-
-/// One object's conversion, by `Kind namespace/name`.
+/// One object's conversion.
 #[derive(Debug, Default)]
 struct Converted {
     version: Option<String>,
@@ -268,7 +246,7 @@ struct Converted {
 
 #[derive(Default)]
 struct Step {
-    seen: std::collections::HashSet<String>,
+    seen: std::collections::HashSet<ObjectId>,
     upserted: Vec<Object>,
     diagnostics: Vec<Diagnostic>,
 }
@@ -276,13 +254,13 @@ struct Step {
 impl Step {
     fn consider(
         &mut self,
-        cache: &mut BTreeMap<String, Converted>,
-        label: String,
+        cache: &mut BTreeMap<ObjectId, Converted>,
+        id: ObjectId,
         version: &Option<String>,
         convert: impl FnOnce() -> Result<Object, convert::FieldError>,
     ) {
-        let entry = cache.entry(label.clone()).or_default();
-        self.seen.insert(label.clone());
+        let entry = cache.entry(id.clone()).or_default();
+        self.seen.insert(id.clone());
         if version.is_some() && &entry.version == version {
             self.diagnostics.extend(entry.error.clone());
             return;
@@ -299,9 +277,7 @@ impl Step {
             Err(e) => {
                 let d = Diagnostic {
                     severity: Severity::Error,
-                    file: PathBuf::from(API_SERVER),
-                    document: None,
-                    object: Some(label),
+                    origin: Origin::Api(id),
                     field: Some(e.field),
                     message: e.message,
                 };
@@ -312,20 +288,20 @@ impl Step {
     }
 }
 
-impl super::ModelSource for KubeSource {
-    fn refresh(&mut self) -> std::io::Result<super::Refresh> {
-        let (removed, upserted, diagnostics) = self.refresh_objects();
+impl ModelSource for KubeSource {
+    fn refresh(&mut self) -> std::io::Result<Refresh> {
+        let (removed, upserted, diagnostics, stale) = self.refresh_objects();
         let changes = if self.delivered {
-            super::Changes::Objects { removed, upserted }
+            Changes::Objects { removed, upserted }
         } else {
             self.delivered = true;
-            let mut duplicates = Vec::new();
-            super::Changes::All(assemble(self.used_objects(), &mut duplicates))
+            let mut model = Model::default();
+            for o in self.converted.values().filter_map(|c| c.used.clone()) {
+                o.insert_into(&mut model);
+            }
+            Changes::All(model)
         };
-        Ok(super::Refresh { changes, diagnostics, stale_files: Vec::new() })
-    }
-    fn load(&mut self) -> std::io::Result<Loaded> {
-        Ok(self.snapshot())
+        Ok(Refresh { changes, diagnostics, stale })
     }
     fn describe(&self) -> String {
         "the API server".into()
