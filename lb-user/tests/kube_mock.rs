@@ -1,6 +1,6 @@
 //! The `--kube` source against a scripted API server (kube-rs style `tower_test::mock`): access review, the
-//! initial lists, watch events, a watch that drops and is resumed from its resourceVersion, and a missing
-//! RBAC rule reported by name.
+//! initial lists, watch events as changes, a watch that drops and is resumed from its resourceVersion, an
+//! expired watch and the relist after it, and a missing RBAC rule reported by name.
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex},
@@ -27,12 +27,17 @@ fn service() -> Value {
 }
 
 fn slice(rv: &str, endpoints: &[(&str, &str)]) -> Value {
+    named_slice("web-1", rv, endpoints)
+}
+
+/// An EndpointSlice of Service shop/web.
+fn named_slice(name: &str, rv: &str, endpoints: &[(&str, &str)]) -> Value {
     let eps: Vec<Value> = endpoints
         .iter()
         .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "hints": {"forNodes": [{"name": node}]}}))
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": "web-1", "namespace": "shop", "resourceVersion": rv,
+           "metadata": {"name": name, "namespace": "shop", "resourceVersion": rv,
                         "labels": {"kubernetes.io/service-name": "web"}},
            "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": eps})
 }
@@ -296,5 +301,62 @@ async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
     assert!(
         matches!(removed.as_slice(), [Object::EndpointSlice(s)] if s.key == ObjKey::new("shop", "web-1"))
     );
+    server.abort();
+}
+
+#[tokio::test]
+async fn one_watch_event_hands_over_one_object_and_a_relist_removes_what_it_no_longer_lists() {
+    let mut s = script();
+    let web1 = slice("20", &[("10.244.1.5", "node-1")]);
+    let web2 = named_slice("web-2", "20", &[("10.244.2.5", "node-2")]);
+    s.lists.insert("endpointslices", (json!([web1, web2]), "20"));
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, mut rx, server) = started(&script).await;
+    let first = source.refresh().unwrap();
+    assert!(matches!(&first.changes, Changes::All(m) if m.slices.len() == 2));
+
+    // One event for one of the two slices: exactly that slice, in its new version.
+    let changed = slice("31", &[("10.244.3.3", "node-1")]);
+    deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": changed.clone()})).await;
+    let r = source.refresh().unwrap();
+    let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
+    assert!(removed.is_empty(), "{removed:?}");
+    match upserted.as_slice() {
+        [Object::EndpointSlice(s)] => {
+            assert_eq!(s.key, ObjKey::new("shop", "web-1"));
+            assert_eq!(s.endpoints[0].address.unwrap().to_string(), "10.244.3.3");
+        }
+        other => panic!("expected the one slice, got {other:?}"),
+    }
+
+    // The watch expires (410 Gone): the watcher lists again, and web-2 was deleted meanwhile (no DELETED
+    // event ever came). The relist names web-1 at the version already converted.
+    script.lock().unwrap().lists.insert("endpointslices", (json!([changed]), "40"));
+    let expired = json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                     "reason": "Expired", "code": 410,
+                                                     "message": "too old resource version"}});
+    let sc = script.clone();
+    wait_for(move || release(&sc, "endpointslices", vec![expired.clone()])).await;
+    let (mut removed, mut upserted) = (Vec::new(), Vec::new());
+    wait_for(|| {
+        match source.refresh().unwrap().changes {
+            Changes::Objects { removed: r, upserted: u } => {
+                removed.extend(r);
+                upserted.extend(u);
+            }
+            Changes::All(_) => panic!("a relist is a difference, not a new model"),
+        }
+        !removed.is_empty()
+    })
+    .await;
+    assert!(
+        matches!(removed.as_slice(), [Object::EndpointSlice(s)] if s.key == ObjKey::new("shop", "web-2")),
+        "{removed:?}"
+    );
+    assert!(upserted.is_empty(), "web-1 listed again unchanged: {upserted:?}");
+    // And the watch starts again from the new list.
+    let sc = script.clone();
+    wait_for(move || sc.lock().unwrap().watch_rvs["endpointslices"].last().map(String::as_str) == Some("40"))
+        .await;
     server.abort();
 }

@@ -2,11 +2,14 @@
 //! sources. Every error names the field (as a path inside the object) so a user can find it.
 use std::net::IpAddr;
 
-use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
+use k8s_openapi::{
+    api::{core::v1 as core, discovery::v1 as discovery},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 
 use crate::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Node, ObjKey, Policy, Protocol, Service, ServicePort,
-    ServiceType, SlicePort,
+    AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, ObjKey, ObjectId, Policy, Protocol,
+    Service, ServicePort, ServiceType, SlicePort,
 };
 
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -26,10 +29,24 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), message: message.into() }
 }
 
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Result<ObjKey, FieldError> {
+fn key_of(meta: &ObjectMeta) -> Result<ObjKey, FieldError> {
     let name = meta.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| err("metadata.name", "missing"))?;
-    let namespace = meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".to_owned());
-    Ok(ObjKey { namespace, name })
+    Ok(ObjKey { namespace: namespace_of(meta), name })
+}
+
+/// A manifest without `metadata.namespace` is in namespace "default" (as `kubectl apply` would put it).
+fn namespace_of(meta: &ObjectMeta) -> String {
+    meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".to_owned())
+}
+
+/// The identity of the object of kind `kind` that `meta` describes, the one its conversion will have (also
+/// when its name is missing, so that a problem can be reported against it).
+pub(super) fn id_of(kind: Kind, meta: &ObjectMeta) -> ObjectId {
+    let name = meta.name.clone().unwrap_or_default();
+    match kind {
+        Kind::Node => ObjectId::node(name),
+        Kind::Service | Kind::EndpointSlice => ObjectId::new(kind, ObjKey::new(namespace_of(meta), name)),
+    }
 }
 
 fn port(field: &str, value: i32) -> Result<u16, FieldError> {
