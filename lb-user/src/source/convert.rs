@@ -12,16 +12,22 @@ use crate::model::{
     Service, ServicePort, ServiceType, SlicePort,
 };
 
+/// EndpointSlice label naming the Service it belongs to (same namespace).
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label with the node's zone.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Service annotation asking for topology-aware routing (`Auto`).
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// The deprecated form of `ANNOTATION_TOPOLOGY_MODE`, which wins over it.
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 
 /// A field that does not hold what tierlb needs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("field {field}: {message}")]
 pub struct FieldError {
+    /// The field, as a path inside the object (`spec.ports[0].port`).
     pub field: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -73,6 +79,8 @@ fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
     }
 }
 
+/// A Service as the semantics read it: type, IPs, ports, traffic policies, health check node port and
+/// topology settings.
 pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
     let key = key_of(&svc.metadata)?;
     let spec = svc.spec.clone().unwrap_or_default();
@@ -141,6 +149,8 @@ pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
     })
 }
 
+/// An EndpointSlice as the semantics read it: only `addresses[0]` of each endpoint (as kube-proxy), and no
+/// port without a number.
 pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, FieldError> {
     let key = key_of(&slice.metadata)?;
     let address_type = match slice.address_type.as_str() {
@@ -197,6 +207,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     Ok(EndpointSlice { key, service_name, address_type, ports, endpoints })
 }
 
+/// A Node: its name, zone label and allocatable CPU.
 pub fn node(node: &core::Node) -> Result<Node, FieldError> {
     let name = node
         .metadata

@@ -41,21 +41,41 @@ pub const NEEDED: [(&str, &str, &[&str]); 3] = [
     ("", "nodes", &["get", "list", "watch"]),
 ];
 
+/// Why the API server cannot be a source.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
+    /// The agent's identity lacks a permission it needs (from `NEEDED`).
     #[error(
         "the service account may not {verb} {resource}{group}: add to its ClusterRole a rule with apiGroups \
          [\"{api_group}\"], resources [{resource}], verbs [get, list, watch] (see deploy/rbac.yaml)"
     )]
-    Forbidden { verb: String, resource: String, group: String, api_group: String },
+    Forbidden {
+        /// The verb refused.
+        verb: String,
+        /// The resource (plural).
+        resource: String,
+        /// `.group` for a resource outside the core group, else empty (for the message).
+        group: String,
+        /// The API group ("" for the core group).
+        api_group: String,
+    },
+    /// A request failed.
     #[error("cannot reach the API server ({what}): {source}")]
     Api {
+        /// What was asked.
         what: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
-    #[error("the API server did not deliver the initial {0} list within {1:?}")]
-    NotReady(&'static str, Duration),
+    /// A watcher did not deliver its first list in time.
+    #[error("the API server did not deliver the initial {kind} list within {timeout:?}")]
+    NotReady {
+        /// The kind (or kinds) missing.
+        kind: &'static str,
+        /// How long the agent waited.
+        timeout: Duration,
+    },
 }
 
 /// Ask the API server, for each permission the agent needs, whether this identity has it.
@@ -272,7 +292,7 @@ impl KubeSource {
         for (kind, listed) in [(Kind::Service, services), (Kind::EndpointSlice, slices), (Kind::Node, nodes)]
         {
             if !matches!(tokio::time::timeout_at(deadline, listed).await, Ok(Ok(()))) {
-                return Err(KubeError::NotReady(kind.as_str(), ready_timeout));
+                return Err(KubeError::NotReady { kind: kind.as_str(), timeout: ready_timeout });
             }
         }
         Ok(source)
@@ -287,7 +307,7 @@ impl KubeSource {
     ) -> Result<Self, KubeError> {
         match tokio::time::timeout(timeout, Self::start(client, node, changed, timeout)).await {
             Ok(r) => r,
-            Err(_) => Err(KubeError::NotReady("Service, EndpointSlice or Node", timeout)),
+            Err(_) => Err(KubeError::NotReady { kind: "Service, EndpointSlice or Node", timeout }),
         }
     }
 

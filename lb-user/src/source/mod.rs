@@ -7,6 +7,7 @@
 //! - `convert`: k8s-openapi objects -> model, shared by both.
 //!
 //! The two sources are siblings: each takes the shared types from here, never from the other.
+#![warn(missing_docs)]
 
 pub mod convert;
 pub mod kube;
