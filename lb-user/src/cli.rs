@@ -9,7 +9,7 @@ use crate::{
     datapath::{MapWriter as _, pins},
     model::{NodeInfo, Protocol},
     plan::{self, Plan},
-    source::manifests::{ManifestDir, Severity},
+    source::{Severity, manifests::ManifestDir},
 };
 
 #[derive(Parser, Debug)]

@@ -1,6 +1,6 @@
 //! The `--kube` source against a scripted API server (kube-rs style `tower_test::mock`): access review, the
-//! initial lists, watch events, a watch that drops and is resumed from its resourceVersion, and a missing
-//! RBAC rule reported by name.
+//! initial lists, watch events as changes, a watch that drops and is resumed from its resourceVersion, an
+//! expired watch and the relist after it, and a missing RBAC rule reported by name.
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex},
@@ -11,8 +11,9 @@ use http::{Request, Response};
 use kube::{Client, client::Body};
 use serde_json::{Value, json};
 use tierlb::{
-    model::ObjKey,
-    source::{ModelSource as _, kube::KubeSource},
+    agent::ChangeTracker,
+    model::{Kind, ObjKey, ObjectId},
+    source::{Changes, Diagnostic, ModelSource as _, Object, Origin, kube::KubeSource},
 };
 use tokio::sync::mpsc;
 
@@ -26,12 +27,17 @@ fn service() -> Value {
 }
 
 fn slice(rv: &str, endpoints: &[(&str, &str)]) -> Value {
+    named_slice("web-1", rv, endpoints)
+}
+
+/// An EndpointSlice of Service shop/web.
+fn named_slice(name: &str, rv: &str, endpoints: &[(&str, &str)]) -> Value {
     let eps: Vec<Value> = endpoints
         .iter()
         .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node, "hints": {"forNodes": [{"name": node}]}}))
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": "web-1", "namespace": "shop", "resourceVersion": rv,
+           "metadata": {"name": name, "namespace": "shop", "resourceVersion": rv,
                         "labels": {"kubernetes.io/service-name": "web"}},
            "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": eps})
 }
@@ -132,7 +138,7 @@ fn script() -> Script {
     s
 }
 
-async fn wait_for(f: impl Fn() -> bool) {
+async fn wait_for(mut f: impl FnMut() -> bool) {
     for _ in 0..500 {
         if f() {
             return;
@@ -155,6 +161,14 @@ async fn started(
             .await
             .unwrap();
     (source, rx, server)
+}
+
+/// Refresh the source into `tracker`, as the agent does: the problems the source reports now, and what it
+/// keeps at its last good version.
+fn follow(source: &mut KubeSource, tracker: &mut ChangeTracker) -> (Vec<Diagnostic>, Vec<Origin>) {
+    let r = source.refresh().unwrap();
+    tracker.apply(r.changes);
+    (r.diagnostics, r.stale)
 }
 
 /// Send one EndpointSlice watch event and wait until the source has signalled it.
@@ -184,30 +198,28 @@ async fn kube_source_lists_watches_and_resumes_a_dropped_watch() {
     let mut source =
         KubeSource::start_with_timeout(client, "node-1", tx, Duration::from_secs(10)).await.unwrap();
 
-    let loaded = source.load().unwrap();
-    assert!(loaded.diagnostics.is_empty(), "{:?}", loaded.diagnostics);
-    let m = &loaded.model;
+    let mut tracker = ChangeTracker::default();
+    let (diagnostics, _) = follow(&mut source, &mut tracker);
+    assert!(diagnostics.is_empty(), "{diagnostics:?}");
+    let m = tracker.model();
     assert!(m.services.contains_key(&ObjKey::new("shop", "web")));
     assert_eq!(m.nodes["node-1"].zone.as_deref(), Some("a"));
 
     // Events arrive (the change channel fires) and the resumed watch delivers the last state.
     let key = ObjKey::new("shop", "web-1");
-    let ips = |src: &mut KubeSource| -> Vec<String> {
-        src.load().unwrap().model.slices[&key]
-            .endpoints
-            .iter()
-            .map(|e| e.address.unwrap().to_string())
-            .collect()
-    };
-    let shared = Arc::new(Mutex::new(source));
-    let s2 = shared.clone();
-    wait_for(move || ips(&mut s2.lock().unwrap()) == ["10.244.2.5"]).await;
+    wait_for(|| {
+        follow(&mut source, &mut tracker);
+        let ips: Vec<String> =
+            tracker.model().slices[&key].endpoints.iter().map(|e| e.address.unwrap().to_string()).collect();
+        ips == ["10.244.2.5"]
+    })
+    .await;
     assert!(rx.try_recv().is_ok(), "changes were signalled");
     let rvs = script.lock().unwrap().watch_rvs["endpointslices"].clone();
     assert!(rvs.len() >= 3, "watch, resumed watch, and the one left open: {rvs:?}");
     assert_eq!(rvs[0], "20", "the first watch starts at the list's resourceVersion");
     assert_eq!(rvs[1], "21", "the dropped watch resumes from the last event, without a relist");
-    drop(shared);
+    drop(source);
     server.abort();
 }
 
@@ -237,23 +249,30 @@ async fn a_missing_rbac_rule_is_named() {
 async fn an_object_that_stops_converting_keeps_its_last_good_state() {
     let script = Arc::new(Mutex::new(script()));
     let (mut source, mut rx, server) = started(&script).await;
-    assert!(source.load().unwrap().diagnostics.is_empty());
+    let mut tracker = ChangeTracker::default();
+    assert!(follow(&mut source, &mut tracker).0.is_empty());
     // Now the slice changes into something that does not convert.
     let mut bad = slice("21", &[("10.244.9.9", "node-9")]);
     bad["endpoints"][0]["addresses"][0] = json!("not-an-ip");
     deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": bad})).await;
-    let loaded = source.load().unwrap();
-    let d = &loaded.diagnostics[0];
-    assert_eq!(d.object.as_deref(), Some("EndpointSlice shop/web-1"));
+    let (diagnostics, stale) = follow(&mut source, &mut tracker);
+    let id = ObjectId::new(Kind::EndpointSlice, ObjKey::new("shop", "web-1"));
+    let d = &diagnostics[0];
+    assert_eq!(d.origin, Origin::Api(id.clone()));
     assert_eq!(d.field.as_deref(), Some("endpoints[0].addresses[0]"));
-    let ep = &loaded.model.slices[&ObjKey::new("shop", "web-1")].endpoints[0];
+    assert!(d.to_string().starts_with("EndpointSlice shop/web-1 field endpoints[0].addresses[0]: "), "{d}");
+    assert_eq!(stale, [Origin::Api(id)]);
+    let ep = &tracker.model().slices[&ObjKey::new("shop", "web-1")].endpoints[0];
     assert_eq!(ep.address.unwrap().to_string(), "10.244.1.5", "last good version kept");
+    // The next refresh still reports it (every problem the input has now), and hands over nothing.
+    let r = source.refresh().unwrap();
+    assert!(r.changes.is_empty());
+    assert_eq!(r.diagnostics.len(), 1);
     server.abort();
 }
 
 #[tokio::test]
 async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
-    use tierlb::source::{Changes, manifests::Object};
     let script = Arc::new(Mutex::new(script()));
     let (mut source, mut rx, server) = started(&script).await;
     let first = source.refresh().unwrap();
@@ -282,5 +301,62 @@ async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
     assert!(
         matches!(removed.as_slice(), [Object::EndpointSlice(s)] if s.key == ObjKey::new("shop", "web-1"))
     );
+    server.abort();
+}
+
+#[tokio::test]
+async fn one_watch_event_hands_over_one_object_and_a_relist_removes_what_it_no_longer_lists() {
+    let mut s = script();
+    let web1 = slice("20", &[("10.244.1.5", "node-1")]);
+    let web2 = named_slice("web-2", "20", &[("10.244.2.5", "node-2")]);
+    s.lists.insert("endpointslices", (json!([web1, web2]), "20"));
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, mut rx, server) = started(&script).await;
+    let first = source.refresh().unwrap();
+    assert!(matches!(&first.changes, Changes::All(m) if m.slices.len() == 2));
+
+    // One event for one of the two slices: exactly that slice, in its new version.
+    let changed = slice("31", &[("10.244.3.3", "node-1")]);
+    deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": changed.clone()})).await;
+    let r = source.refresh().unwrap();
+    let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
+    assert!(removed.is_empty(), "{removed:?}");
+    match upserted.as_slice() {
+        [Object::EndpointSlice(s)] => {
+            assert_eq!(s.key, ObjKey::new("shop", "web-1"));
+            assert_eq!(s.endpoints[0].address.unwrap().to_string(), "10.244.3.3");
+        }
+        other => panic!("expected the one slice, got {other:?}"),
+    }
+
+    // The watch expires (410 Gone): the watcher lists again, and web-2 was deleted meanwhile (no DELETED
+    // event ever came). The relist names web-1 at the version already converted.
+    script.lock().unwrap().lists.insert("endpointslices", (json!([changed]), "40"));
+    let expired = json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                     "reason": "Expired", "code": 410,
+                                                     "message": "too old resource version"}});
+    let sc = script.clone();
+    wait_for(move || release(&sc, "endpointslices", vec![expired.clone()])).await;
+    let (mut removed, mut upserted) = (Vec::new(), Vec::new());
+    wait_for(|| {
+        match source.refresh().unwrap().changes {
+            Changes::Objects { removed: r, upserted: u } => {
+                removed.extend(r);
+                upserted.extend(u);
+            }
+            Changes::All(_) => panic!("a relist is a difference, not a new model"),
+        }
+        !removed.is_empty()
+    })
+    .await;
+    assert!(
+        matches!(removed.as_slice(), [Object::EndpointSlice(s)] if s.key == ObjKey::new("shop", "web-2")),
+        "{removed:?}"
+    );
+    assert!(upserted.is_empty(), "web-1 listed again unchanged: {upserted:?}");
+    // And the watch starts again from the new list.
+    let sc = script.clone();
+    wait_for(move || sc.lock().unwrap().watch_rvs["endpointslices"].last().map(String::as_str) == Some("40"))
+        .await;
     server.abort();
 }

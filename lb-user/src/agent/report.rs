@@ -1,19 +1,30 @@
 //! What the agent says about a sync and a socket-destruction pass: structured `tracing` events, one line per
 //! problem and one `synced` line per sync (tests and operators wait for it).
 use super::SyncReport;
-use crate::{datapath::destroy::DestroyReport, source::manifests::Severity};
+use crate::{
+    datapath::destroy::DestroyReport,
+    source::{Origin, Severity},
+};
 
 /// Log one sync: input problems, frontends that failed to apply, Services that got the controller's hints,
 /// then the `synced` summary.
 pub(super) fn log_sync(r: &SyncReport) {
     for d in &r.diagnostics {
         match d.severity {
-            Severity::Error => tracing::error!(file = %d.file.display(), "{d}"),
-            Severity::Warning => tracing::warn!(file = %d.file.display(), "{d}"),
+            Severity::Error => tracing::error!(origin = %d.origin, "{d}"),
+            Severity::Warning => tracing::warn!(origin = %d.origin, "{d}"),
         }
     }
-    for f in &r.stale_files {
-        tracing::warn!(file = %f.display(), "file has errors: keeping the objects of its last good version");
+    for o in &r.stale {
+        match o {
+            Origin::File { path, .. } => tracing::warn!(
+                file = %path.display(),
+                "file has errors: keeping the objects of its last good version"
+            ),
+            Origin::Api(id) => {
+                tracing::warn!(object = %id, "new version has errors: keeping the last good version");
+            }
+        }
     }
     for e in &r.errors {
         tracing::error!(service = %e.name, "{e}");

@@ -21,7 +21,7 @@ use crate::{
     },
     metrics::AgentStats,
     server::{self, ServiceHealthServers, SharedHealth},
-    source::{ModelSource, kube::KubeSource, manifests::ManifestDir, manifests::Severity},
+    source::{ModelSource, Severity, kube::KubeSource, manifests::ManifestDir},
 };
 
 /// Where the agent reads Services, EndpointSlices and Nodes.

@@ -3,7 +3,6 @@
 //! whole agent logic runs in unit tests against the in-memory maps.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -17,7 +16,7 @@ use crate::{
     model::{EndpointSlice, NodeInfo, ObjKey},
     plan,
     server::ServiceHealth,
-    source::{ModelSource, manifests::Diagnostic},
+    source::{Diagnostic, ModelSource, Origin},
 };
 
 /// What one sync did, for logs, metrics and tests.
@@ -39,8 +38,8 @@ pub struct SyncReport {
     pub errors: Vec<ApplyError>,
     /// Every problem the input has now.
     pub diagnostics: Vec<Diagnostic>,
-    /// Files whose objects come from their last good version.
-    pub stale_files: Vec<PathBuf>,
+    /// Inputs (files, API objects) whose objects come from their last good version.
+    pub stale: Vec<Origin>,
     /// Services whose slices carried no hints and got the controller's.
     pub hints_filled: Vec<ObjKey>,
     /// Those of them not reported by an earlier sync.
@@ -157,7 +156,7 @@ impl<W: MapWriter> AgentCore<W> {
             replanned,
             errors: applied.errors,
             diagnostics: refresh.diagnostics,
-            stale_files: refresh.stale_files,
+            stale: refresh.stale,
             hints_filled,
             hints_newly_filled,
             health_ports,
@@ -400,7 +399,7 @@ mod tests {
             let before = maps(&agent);
             edit(dir);
             let r = agent.sync(Instant::now()).unwrap();
-            if !r.stale_files.is_empty() {
+            if !r.stale.is_empty() {
                 assert_eq!((r.replanned, maps(&agent)), (replanned, before), "{what}");
                 continue;
             }
@@ -409,12 +408,12 @@ mod tests {
             assert_eq!(r.replanned, replanned, "{what}: Services planned");
             assert_eq!(maps(&agent), maps(&fresh), "{what}: maps");
             assert_eq!(
-                (r.frontends, &r.hints_filled, &r.health_ports, r.stale_files.len(), r.diagnostics.len()),
+                (r.frontends, &r.hints_filled, &r.health_ports, r.stale.len(), r.diagnostics.len()),
                 (
                     full.frontends,
                     &full.hints_filled,
                     &full.health_ports,
-                    full.stale_files.len(),
+                    full.stale.len(),
                     full.diagnostics.len()
                 ),
                 "{what}: report"

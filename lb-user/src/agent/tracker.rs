@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use crate::{
     model::{Model, ObjKey},
-    source::{Changes, manifests::Object},
+    source::{Changes, Object},
 };
 
 /// What a change asks the agent to plan again.

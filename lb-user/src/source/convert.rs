@@ -2,23 +2,32 @@
 //! sources. Every error names the field (as a path inside the object) so a user can find it.
 use std::net::IpAddr;
 
-use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
-
-use crate::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Node, ObjKey, Policy, Protocol, Service, ServicePort,
-    ServiceType, SlicePort,
+use k8s_openapi::{
+    api::{core::v1 as core, discovery::v1 as discovery},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
+use crate::model::{
+    AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, ObjKey, ObjectId, Policy, Protocol,
+    Service, ServicePort, ServiceType, SlicePort,
+};
+
+/// EndpointSlice label naming the Service it belongs to (same namespace).
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label with the node's zone.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Service annotation asking for topology-aware routing (`Auto`).
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// The deprecated form of `ANNOTATION_TOPOLOGY_MODE`, which wins over it.
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 
 /// A field that does not hold what tierlb needs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("field {field}: {message}")]
 pub struct FieldError {
+    /// The field, as a path inside the object (`spec.ports[0].port`).
     pub field: String,
+    /// What is wrong with it.
     pub message: String,
 }
 
@@ -26,10 +35,24 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), message: message.into() }
 }
 
-fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Result<ObjKey, FieldError> {
+fn key_of(meta: &ObjectMeta) -> Result<ObjKey, FieldError> {
     let name = meta.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| err("metadata.name", "missing"))?;
-    let namespace = meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".to_owned());
-    Ok(ObjKey { namespace, name })
+    Ok(ObjKey { namespace: namespace_of(meta), name })
+}
+
+/// A manifest without `metadata.namespace` is in namespace "default" (as `kubectl apply` would put it).
+fn namespace_of(meta: &ObjectMeta) -> String {
+    meta.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".to_owned())
+}
+
+/// The identity of the object of kind `kind` that `meta` describes, the one its conversion will have (also
+/// when its name is missing, so that a problem can be reported against it).
+pub(super) fn id_of(kind: Kind, meta: &ObjectMeta) -> ObjectId {
+    let name = meta.name.clone().unwrap_or_default();
+    match kind {
+        Kind::Node => ObjectId::node(name),
+        Kind::Service | Kind::EndpointSlice => ObjectId::new(kind, ObjKey::new(namespace_of(meta), name)),
+    }
 }
 
 fn port(field: &str, value: i32) -> Result<u16, FieldError> {
@@ -56,6 +79,8 @@ fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
     }
 }
 
+/// A Service as the semantics read it: type, IPs, ports, traffic policies, health check node port and
+/// topology settings.
 pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
     let key = key_of(&svc.metadata)?;
     let spec = svc.spec.clone().unwrap_or_default();
@@ -124,6 +149,8 @@ pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
     })
 }
 
+/// An EndpointSlice as the semantics read it: only `addresses[0]` of each endpoint (as kube-proxy), and no
+/// port without a number.
 pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, FieldError> {
     let key = key_of(&slice.metadata)?;
     let address_type = match slice.address_type.as_str() {
@@ -180,6 +207,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     Ok(EndpointSlice { key, service_name, address_type, ports, endpoints })
 }
 
+/// A Node: its name, zone label and allocatable CPU.
 pub fn node(node: &core::Node) -> Result<Node, FieldError> {
     let name = node
         .metadata

@@ -1,8 +1,19 @@
-//! The API server as a source: kube-rs watchers and reflector stores for Services and EndpointSlices (all
-//! namespaces) and this node's Node object, with backoff; any event wakes the agent, which re-plans from
-//! the stores: objects whose resourceVersion changed are converted again, and only the Services they touch
-//! are replanned.
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+//! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces) and this
+//! node's Node object, with backoff.
+//!
+//! Each watch task hands its events, in order, to the source through a channel and wakes the agent; a
+//! refresh converts only the objects those events name, and hands over only what that changed (after the
+//! first refresh, which hands over the whole model). An unchanged resourceVersion is not converted again
+//! (a relist repeats every object); an object whose new version does not convert keeps its last good one;
+//! when a watch expired and the watcher listed again, what the new list lacks is removed.
+//!
+//! No reflector store (kube-rs' usual companion of `watcher`): nothing would read it, since the converted
+//! objects are what the agent needs, and it would keep a second, raw copy of every EndpointSlice.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    pin::pin,
+    time::Duration,
+};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::{
@@ -13,18 +24,15 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client,
     api::PostParams,
-    runtime::{
-        WatchStreamExt as _,
-        reflector::{self, Store},
-        watcher,
-    },
+    runtime::{WatchStreamExt as _, watcher},
 };
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+};
 
-use super::{
-    convert,
-    manifests::{Diagnostic, Loaded, Object, Severity, assemble},
-};
+use super::{Changes, Diagnostic, ModelSource, Object, Origin, Refresh, Severity, convert};
+use crate::model::{Kind, Model, ObjectId};
 
 /// Access the agent needs, as (API group, resource, verbs).
 pub const NEEDED: [(&str, &str, &[&str]); 3] = [
@@ -33,21 +41,41 @@ pub const NEEDED: [(&str, &str, &[&str]); 3] = [
     ("", "nodes", &["get", "list", "watch"]),
 ];
 
+/// Why the API server cannot be a source.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
+    /// The agent's identity lacks a permission it needs (from `NEEDED`).
     #[error(
         "the service account may not {verb} {resource}{group}: add to its ClusterRole a rule with apiGroups \
          [\"{api_group}\"], resources [{resource}], verbs [get, list, watch] (see deploy/rbac.yaml)"
     )]
-    Forbidden { verb: String, resource: String, group: String, api_group: String },
+    Forbidden {
+        /// The verb refused.
+        verb: String,
+        /// The resource (plural).
+        resource: String,
+        /// `.group` for a resource outside the core group, else empty (for the message).
+        group: String,
+        /// The API group ("" for the core group).
+        api_group: String,
+    },
+    /// A request failed.
     #[error("cannot reach the API server ({what}): {source}")]
     Api {
+        /// What was asked.
         what: String,
+        /// The client's error.
         #[source]
         source: kube::Error,
     },
-    #[error("the API server did not deliver the initial {0} list within {1:?}")]
-    NotReady(&'static str, Duration),
+    /// A watcher did not deliver its first list in time.
+    #[error("the API server did not deliver the initial {kind} list within {timeout:?}")]
+    NotReady {
+        /// The kind (or kinds) missing.
+        kind: &'static str,
+        /// How long the agent waited.
+        timeout: Duration,
+    },
 }
 
 /// Ask the API server, for each permission the agent needs, whether this identity has it.
@@ -83,17 +111,80 @@ pub async fn check_access(client: &Client) -> Result<(), KubeError> {
     Ok(())
 }
 
-/// Reflector stores kept up to date by background watchers.
+/// An object of a kind tierlb reads, as the API server sent it (boxed: they differ in size, and travel
+/// through a channel).
+#[derive(Debug)]
+enum Raw {
+    Service(Box<core::Service>),
+    EndpointSlice(Box<discovery::EndpointSlice>),
+    Node(Box<core::Node>),
+}
+
+impl Raw {
+    fn id(&self) -> ObjectId {
+        match self {
+            Self::Service(o) => convert::id_of(Kind::Service, &o.metadata),
+            Self::EndpointSlice(o) => convert::id_of(Kind::EndpointSlice, &o.metadata),
+            Self::Node(o) => convert::id_of(Kind::Node, &o.metadata),
+        }
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        let meta = match self {
+            Self::Service(o) => &o.metadata,
+            Self::EndpointSlice(o) => &o.metadata,
+            Self::Node(o) => &o.metadata,
+        };
+        meta.resource_version.as_deref()
+    }
+
+    fn convert(&self) -> Result<Object, convert::FieldError> {
+        match self {
+            Self::Service(o) => convert::service(o).map(Object::Service),
+            Self::EndpointSlice(o) => convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into())),
+            Self::Node(o) => convert::node(o).map(Object::Node),
+        }
+    }
+}
+
+/// One watcher event, as a watch task hands it to the source (kube-rs `watcher::Event` with its kind).
+#[derive(Debug)]
+enum Delivery {
+    /// Added or changed (`Apply`).
+    Apply(Raw),
+    /// Deleted (`Delete`).
+    Delete(Raw),
+    /// The watcher (re)lists this kind (`Init`): what the list does not name again is gone.
+    ListStart(Kind),
+    /// Named by the list (`InitApply`).
+    Listed(Raw),
+    /// The list is complete (`InitDone`).
+    ListDone(Kind),
+}
+
+/// The API server as a `ModelSource`: background watchers feed it events; `refresh` turns them into changes.
 pub struct KubeSource {
-    services: Store<core::Service>,
-    slices: Store<discovery::EndpointSlice>,
-    nodes: Store<core::Node>,
-    /// Converted objects by `kind/namespace/name`: an unchanged resourceVersion is not converted again, and
-    /// an object that stops converting keeps its last good state.
-    converted: BTreeMap<String, Converted>,
+    /// Events from the watch tasks, in order per kind.
+    events: mpsc::UnboundedReceiver<Delivery>,
+    /// Per object: its last resourceVersion and the converted object the model uses.
+    converted: BTreeMap<ObjectId, Converted>,
+    /// Why the current version of an object does not convert (every problem the input has now).
+    errors: BTreeMap<ObjectId, Diagnostic>,
+    /// Per kind being (re)listed: the objects the list named so far.
+    listing: BTreeMap<Kind, BTreeSet<ObjectId>>,
     /// The first refresh hands over the whole model; later ones only what changed.
     delivered: bool,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// One object as the source last saw it.
+#[derive(Debug, Default)]
+struct Converted {
+    /// resourceVersion of the last version converted.
+    version: Option<String>,
+    /// The converted object the model uses (the last good one while the current version does not convert;
+    /// `None` when no version has converted yet).
+    used: Option<Object>,
 }
 
 impl Drop for KubeSource {
@@ -104,44 +195,57 @@ impl Drop for KubeSource {
     }
 }
 
+/// Watch one kind: every event goes to `events` (then `changed` wakes the agent); `listed` fires once the
+/// first list is in `events`.
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
+    kind: Kind,
+    wrap: fn(K) -> Raw,
+    events: mpsc::UnboundedSender<Delivery>,
     changed: mpsc::UnboundedSender<()>,
-) -> (Store<K>, JoinHandle<()>)
+) -> (JoinHandle<()>, oneshot::Receiver<()>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
-        + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
-    let kind = K::kind(&()).into_owned();
+    let (listed_tx, listed) = oneshot::channel();
     let task = tokio::spawn(async move {
+        let mut listed = Some(listed_tx);
         // default_backoff: a failed list or a dropped watch is retried with exponential backoff; the watcher
         // resumes from the last resourceVersion it saw (relisting only when that has expired).
-        watcher(api, cfg)
-            .default_backoff()
-            .reflect(writer)
-            .for_each(|ev| {
-                match ev {
-                    Ok(_) => {
-                        let _ = changed.send(());
-                    }
-                    Err(e) => tracing::warn!(kind = %kind, error = %e, "watch failed; retrying with backoff"),
+        let mut stream = pin!(watcher(api, cfg).default_backoff());
+        while let Some(event) = stream.next().await {
+            let delivery = match event {
+                Ok(watcher::Event::Apply(o)) => Delivery::Apply(wrap(o)),
+                Ok(watcher::Event::Delete(o)) => Delivery::Delete(wrap(o)),
+                Ok(watcher::Event::Init) => Delivery::ListStart(kind),
+                Ok(watcher::Event::InitApply(o)) => Delivery::Listed(wrap(o)),
+                Ok(watcher::Event::InitDone) => Delivery::ListDone(kind),
+                Err(e) => {
+                    tracing::warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
+                    continue;
                 }
-                std::future::ready(())
-            })
-            .await;
+            };
+            let done = matches!(delivery, Delivery::ListDone(_));
+            if events.send(delivery).is_err() {
+                return; // the source is gone
+            }
+            if done && let Some(tx) = listed.take() {
+                let _ = tx.send(());
+            }
+            let _ = changed.send(());
+        }
     });
-    (store, task)
+    (task, listed)
 }
 
 impl KubeSource {
-    /// Check access, start the watchers, and wait for their first lists.
+    /// Check access, start the watchers, and wait (up to `ready_timeout`) until each has listed its kind.
     pub async fn start(
         client: Client,
         node: &str,
@@ -149,39 +253,52 @@ impl KubeSource {
         ready_timeout: Duration,
     ) -> Result<Self, KubeError> {
         check_access(&client).await?;
-        let (services, t1) = spawn_watch(
+        let deadline = tokio::time::Instant::now() + ready_timeout;
+        let (tx, events) = mpsc::unbounded_channel();
+        let (t1, services) = spawn_watch(
             Api::<core::Service>::all(client.clone()),
             watcher::Config::default(),
+            Kind::Service,
+            |o| Raw::Service(Box::new(o)),
+            tx.clone(),
             changed.clone(),
         );
-        let (slices, t2) = spawn_watch(
+        let (t2, slices) = spawn_watch(
             Api::<discovery::EndpointSlice>::all(client.clone()),
             watcher::Config::default(),
+            Kind::EndpointSlice,
+            |o| Raw::EndpointSlice(Box::new(o)),
+            tx.clone(),
             changed.clone(),
         );
         let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        let (nodes, t3) = spawn_watch(Api::<core::Node>::all(client), node_cfg, changed);
+        let (t3, nodes) = spawn_watch(
+            Api::<core::Node>::all(client),
+            node_cfg,
+            Kind::Node,
+            |o| Raw::Node(Box::new(o)),
+            tx,
+            changed,
+        );
+        // Built before waiting, so that a failed start stops the watchers (Drop).
         let source = Self {
-            services,
-            slices,
-            nodes,
+            events,
             converted: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            listing: BTreeMap::new(),
             delivered: false,
             tasks: vec![t1, t2, t3],
         };
-        for (what, ready) in [
-            ("Service", source.services.wait_until_ready().await.is_ok()),
-            ("EndpointSlice", source.slices.wait_until_ready().await.is_ok()),
-            ("Node", source.nodes.wait_until_ready().await.is_ok()),
-        ] {
-            if !ready {
-                return Err(KubeError::NotReady(what, ready_timeout));
+        for (kind, listed) in [(Kind::Service, services), (Kind::EndpointSlice, slices), (Kind::Node, nodes)]
+        {
+            if !matches!(tokio::time::timeout_at(deadline, listed).await, Ok(Ok(()))) {
+                return Err(KubeError::NotReady { kind: kind.as_str(), timeout: ready_timeout });
             }
         }
         Ok(source)
     }
 
-    /// Wait for the first lists, but not forever.
+    /// Wait for the first lists, but not forever (nor for an access review that does not answer).
     pub async fn start_with_timeout(
         client: Client,
         node: &str,
@@ -190,143 +307,109 @@ impl KubeSource {
     ) -> Result<Self, KubeError> {
         match tokio::time::timeout(timeout, Self::start(client, node, changed, timeout)).await {
             Ok(r) => r,
-            Err(_) => Err(KubeError::NotReady("Service, EndpointSlice or Node", timeout)),
+            Err(_) => Err(KubeError::NotReady { kind: "Service, EndpointSlice or Node", timeout }),
         }
     }
 
-    /// The model as the stores hold it now.
-    pub fn snapshot(&mut self) -> Loaded {
-        let diagnostics = self.refresh_objects().2;
-        let objects = self.used_objects();
-        let mut loaded = Loaded { diagnostics, ..Loaded::default() };
-        loaded.model = assemble(objects, &mut loaded.diagnostics);
-        loaded
-    }
-
-    fn used_objects(&self) -> Vec<(PathBuf, Object)> {
-        self.converted
-            .values()
-            .filter_map(|c| c.used.clone())
-            .map(|o| (PathBuf::from(API_SERVER), o))
-            .collect()
-    }
-
-    /// Convert what changed in the stores: (removed, upserted, every current problem).
-    fn refresh_objects(&mut self) -> (Vec<Object>, Vec<Object>, Vec<Diagnostic>) {
-        let mut step = Step::default();
-        let name = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            format!(
-                "{}/{}",
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default()
-            )
-        };
-        for s in self.services.state() {
-            let n = name(&s.metadata);
-            step.consider(&mut self.converted, format!("Service {n}"), &s.metadata.resource_version, || {
-                convert::service(&s).map(Object::Service)
-            });
-        }
-        for s in self.slices.state() {
-            let n = name(&s.metadata);
-            step.consider(
-                &mut self.converted,
-                format!("EndpointSlice {n}"),
-                &s.metadata.resource_version,
-                || convert::endpoint_slice(&s).map(|s| Object::EndpointSlice(s.into())),
-            );
-        }
-        for s in self.nodes.state() {
-            let n = s.metadata.name.clone().unwrap_or_default();
-            step.consider(&mut self.converted, format!("Node {n}"), &s.metadata.resource_version, || {
-                convert::node(&s).map(Object::Node)
-            });
-        }
-        let mut removed = Vec::new();
-        self.converted.retain(|key, c| {
-            let keep = step.seen.contains(key);
-            if !keep {
-                removed.extend(c.used.take());
-            }
-            keep
-        });
-        (removed, step.upserted, step.diagnostics)
-    }
-}
-
-const API_SERVER: &str = "<api-server>";
-
-/// One object's conversion, by `Kind namespace/name`.
-#[derive(Debug, Default)]
-struct Converted {
-    version: Option<String>,
-    /// The converted object the model uses (the last good one while the current version does not convert).
-    used: Option<Object>,
-    /// Why the current version does not convert.
-    error: Option<Diagnostic>,
-}
-
-#[derive(Default)]
-struct Step {
-    seen: std::collections::HashSet<String>,
-    upserted: Vec<Object>,
-    diagnostics: Vec<Diagnostic>,
-}
-
-impl Step {
-    fn consider(
-        &mut self,
-        cache: &mut BTreeMap<String, Converted>,
-        label: String,
-        version: &Option<String>,
-        convert: impl FnOnce() -> Result<Object, convert::FieldError>,
-    ) {
-        let entry = cache.entry(label.clone()).or_default();
-        self.seen.insert(label.clone());
-        if version.is_some() && &entry.version == version {
-            self.diagnostics.extend(entry.error.clone());
-            return;
-        }
-        entry.version.clone_from(version);
-        match convert() {
-            Ok(o) => {
-                entry.error = None;
-                if entry.used.as_ref() != Some(&o) {
-                    self.upserted.push(o.clone());
-                    entry.used = Some(o);
+    /// Take the events delivered since the last call: per object named, its last state (`None`: gone).
+    fn pending(&mut self) -> BTreeMap<ObjectId, Option<Raw>> {
+        let mut pending = BTreeMap::new();
+        while let Ok(delivery) = self.events.try_recv() {
+            match delivery {
+                Delivery::Apply(raw) => {
+                    pending.insert(raw.id(), Some(raw));
+                }
+                Delivery::Delete(raw) => {
+                    pending.insert(raw.id(), None);
+                }
+                Delivery::ListStart(kind) => {
+                    self.listing.insert(kind, BTreeSet::new());
+                }
+                Delivery::Listed(raw) => {
+                    let id = raw.id();
+                    self.listing.entry(id.kind).or_default().insert(id.clone());
+                    pending.insert(id, Some(raw));
+                }
+                Delivery::ListDone(kind) => {
+                    // What the source knows of this kind (converted, or about to be) and the list did not name
+                    // again was deleted while the watch was down.
+                    let listed = self.listing.remove(&kind).unwrap_or_default();
+                    let known = self
+                        .converted
+                        .keys()
+                        .chain(pending.iter().filter(|(_, r)| r.is_some()).map(|(id, _)| id));
+                    let gone: Vec<ObjectId> =
+                        known.filter(|id| id.kind == kind && !listed.contains(*id)).cloned().collect();
+                    for id in gone {
+                        pending.insert(id, None);
+                    }
                 }
             }
-            Err(e) => {
-                let d = Diagnostic {
-                    severity: Severity::Error,
-                    file: PathBuf::from(API_SERVER),
-                    document: None,
-                    object: Some(label),
-                    field: Some(e.field),
-                    message: e.message,
-                };
-                self.diagnostics.push(d.clone());
-                entry.error = Some(d);
+        }
+        pending
+    }
+
+    /// Convert what the events named: (removed, upserted).
+    fn apply_events(&mut self) -> (Vec<Object>, Vec<Object>) {
+        let mut removed = Vec::new();
+        let mut upserted = Vec::new();
+        for (id, raw) in self.pending() {
+            let Some(raw) = raw else {
+                self.errors.remove(&id);
+                removed.extend(self.converted.remove(&id).and_then(|c| c.used));
+                continue;
+            };
+            let entry = self.converted.entry(id.clone()).or_default();
+            let version = raw.resource_version();
+            if version.is_some() && entry.version.as_deref() == version {
+                continue;
+            }
+            entry.version = version.map(str::to_owned);
+            match raw.convert() {
+                Ok(o) => {
+                    self.errors.remove(&id);
+                    if entry.used.as_ref() != Some(&o) {
+                        upserted.push(o.clone());
+                        entry.used = Some(o);
+                    }
+                }
+                Err(e) => {
+                    let d = Diagnostic {
+                        severity: Severity::Error,
+                        origin: Origin::Api(id.clone()),
+                        field: Some(e.field),
+                        message: e.message,
+                    };
+                    self.errors.insert(id, d);
+                }
             }
         }
+        (removed, upserted)
     }
 }
 
-impl super::ModelSource for KubeSource {
-    fn refresh(&mut self) -> std::io::Result<super::Refresh> {
-        let (removed, upserted, diagnostics) = self.refresh_objects();
+impl ModelSource for KubeSource {
+    fn refresh(&mut self) -> std::io::Result<Refresh> {
+        let (removed, upserted) = self.apply_events();
         let changes = if self.delivered {
-            super::Changes::Objects { removed, upserted }
+            Changes::Objects { removed, upserted }
         } else {
             self.delivered = true;
-            let mut duplicates = Vec::new();
-            super::Changes::All(assemble(self.used_objects(), &mut duplicates))
+            let mut model = Model::default();
+            for o in self.converted.values().filter_map(|c| c.used.clone()) {
+                o.insert_into(&mut model);
+            }
+            Changes::All(model)
         };
-        Ok(super::Refresh { changes, diagnostics, stale_files: Vec::new() })
+        let stale = self
+            .errors
+            .keys()
+            .filter(|id| self.converted.get(*id).is_some_and(|c| c.used.is_some()))
+            .map(|id| Origin::Api(id.clone()))
+            .collect();
+        Ok(Refresh { changes, diagnostics: self.errors.values().cloned().collect(), stale })
     }
-    fn load(&mut self) -> std::io::Result<Loaded> {
-        Ok(self.snapshot())
-    }
+
     fn describe(&self) -> String {
         "the API server".into()
     }

@@ -1,13 +1,21 @@
-//! Where the model comes from: a directory of manifests, or (agent `--kube`) the API server.
+//! Where the model comes from, and the types every source speaks: the objects it delivers (`Object`, known by
+//! its `ObjectId`), the problems it finds in its input (`Diagnostic`, located at an `Origin`: a file or an
+//! API object) and what changed since the last refresh (`Refresh`, `Changes`).
+//!
+//! - `manifests`: a directory of YAML, reread file by file when it changes;
+//! - `kube`: the API server, its watch events turned into changes;
+//! - `convert`: k8s-openapi objects -> model, shared by both.
+//!
+//! The two sources are siblings: each takes the shared types from here, never from the other.
+#![warn(missing_docs)]
+
 pub mod convert;
 pub mod kube;
 pub mod manifests;
 
-use std::path::PathBuf;
+use std::{fmt, path::PathBuf, sync::Arc};
 
-use manifests::{Diagnostic, Loaded, Object};
-
-use crate::model::Model;
+use crate::model::{EndpointSlice, Kind, Model, Node, ObjectId, Service};
 
 /// A source the agent refreshes whenever it signals a change. Sources report what changed, so that one
 /// edited EndpointSlice costs the agent one Service's replanning, not the whole cluster's.
@@ -15,8 +23,6 @@ pub trait ModelSource: Send {
     /// What changed since the last call (everything, on the first one), with the problems found in the input.
     /// Fails only when the source cannot be read at all (the agent then keeps the current maps).
     fn refresh(&mut self) -> std::io::Result<Refresh>;
-    /// The whole model as the source has it now (for one-shot readers and tests; the agent uses `refresh`).
-    fn load(&mut self) -> std::io::Result<Loaded>;
     /// For messages: "the API server", "directory /etc/tierlb".
     fn describe(&self) -> String;
 }
@@ -24,35 +30,183 @@ pub trait ModelSource: Send {
 /// The result of one refresh.
 #[derive(Debug)]
 pub struct Refresh {
+    /// What the model gains and loses.
     pub changes: Changes,
     /// Every problem the input has now (not only in what changed).
     pub diagnostics: Vec<Diagnostic>,
-    /// Files whose objects come from an earlier version because the current content has errors.
-    pub stale_files: Vec<PathBuf>,
+    /// Inputs whose objects come from their last good version because the current one has errors (a file
+    /// that no longer parses, an API object whose new version does not convert). Each also has an error
+    /// among `diagnostics`; this list says that the model did not follow it.
+    pub stale: Vec<Origin>,
 }
 
+/// What a refresh changes in the model.
 #[derive(Debug)]
 pub enum Changes {
     /// Start over from this model (first refresh, or a change the source cannot express as a difference).
     All(Model),
     /// Apply `removed` first, then `upserted` (an object that moved between files is in both).
-    Objects { removed: Vec<Object>, upserted: Vec<Object> },
+    Objects {
+        /// Objects that are gone (as they were last delivered).
+        removed: Vec<Object>,
+        /// Objects that are new or changed.
+        upserted: Vec<Object>,
+    },
 }
 
 impl Changes {
+    /// Nothing to apply.
     pub fn is_empty(&self) -> bool {
         matches!(self, Self::Objects { removed, upserted } if removed.is_empty() && upserted.is_empty())
     }
 }
 
-impl ModelSource for manifests::ManifestDir {
-    fn refresh(&mut self) -> std::io::Result<Refresh> {
-        manifests::ManifestDir::refresh(self)
+/// One object a source delivers, converted to the model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    /// A Service.
+    Service(Service),
+    /// An EndpointSlice, shared with the model (slices hold most of the memory).
+    EndpointSlice(Arc<EndpointSlice>),
+    /// A Node.
+    Node(Node),
+}
+
+impl Object {
+    /// Which object this is: two versions of one object have the same id.
+    pub fn id(&self) -> ObjectId {
+        match self {
+            Self::Service(s) => ObjectId::new(Kind::Service, s.key.clone()),
+            Self::EndpointSlice(s) => ObjectId::new(Kind::EndpointSlice, s.key.clone()),
+            Self::Node(n) => ObjectId::node(n.name.clone()),
+        }
     }
-    fn load(&mut self) -> std::io::Result<Loaded> {
-        manifests::ManifestDir::load(self)
+
+    /// Put it into `model`, replacing an object with the same id.
+    fn insert_into(self, model: &mut Model) {
+        match self {
+            Self::Service(s) => {
+                model.services.insert(s.key.clone(), s);
+            }
+            Self::EndpointSlice(s) => {
+                model.slices.insert_shared(s.key.clone(), s);
+            }
+            Self::Node(n) => {
+                model.nodes.insert(n.name.clone(), n);
+            }
+        }
     }
-    fn describe(&self) -> String {
-        format!("directory {}", self.dir().display())
+}
+
+/// How bad a problem is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Read anyway (an object of a kind tierlb ignores).
+    Warning,
+    /// The object (or file) is not taken as it is now.
+    Error,
+}
+
+/// Where a problem is, precisely enough to fix it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+pub enum Origin {
+    /// A manifest file, or one YAML document in it.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// 0-based index of the YAML document in the file (`---` separated); `None` for the whole file.
+        document: Option<usize>,
+        /// What the document is, as far as it could be read ("Service web", "Deployment d",
+        /// "Service <no name>"): for people only, since a broken document may have no identity.
+        object: Option<String>,
+    },
+    /// An object as the API server holds it.
+    Api(ObjectId),
+}
+
+impl Origin {
+    /// A whole file.
+    pub fn file(path: impl Into<PathBuf>) -> Self {
+        Self::File { path: path.into(), document: None, object: None }
+    }
+}
+
+/// `dir/x.yaml document 1 (Service web)`, `dir/x.yaml`, `Service default/web`.
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::File { path, document, object } => {
+                write!(f, "{}", path.display())?;
+                if let Some(d) = document {
+                    write!(f, " document {d}")?;
+                }
+                if let Some(o) = object {
+                    write!(f, " ({o})")?;
+                }
+                Ok(())
+            }
+            Self::Api(id) => write!(f, "{id}"),
+        }
+    }
+}
+
+/// A problem with the input.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Diagnostic {
+    /// Whether the object was taken anyway.
+    pub severity: Severity,
+    /// Where the problem is.
+    pub origin: Origin,
+    /// The field, as a path inside the object (`spec.ports[0].port`), when one is to blame.
+    pub field: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// `dir/x.yaml document 1 (Service web) field spec.ports[0].port: port 0 is out of range (1-65535)`, or
+/// `Service default/web field spec.ports[0].port: ...` for an API object.
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.origin)?;
+        if let Some(field) = &self.field {
+            write!(f, " field {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ObjKey;
+
+    #[test]
+    fn diagnostics_name_the_file_and_document_or_the_api_object() {
+        let diag = |origin, field: Option<&str>| Diagnostic {
+            severity: Severity::Error,
+            origin,
+            field: field.map(str::to_owned),
+            message: "port 70000 is out of range (1-65535)".into(),
+        };
+        let document =
+            Origin::File { path: "dir/x.yaml".into(), document: Some(1), object: Some("Service web".into()) };
+        assert_eq!(
+            diag(document, Some("spec.ports[0].port")).to_string(),
+            "dir/x.yaml document 1 (Service web) field spec.ports[0].port: port 70000 is out of range (1-65535)"
+        );
+        assert_eq!(
+            diag(Origin::file("dir/x.yaml"), None).to_string(),
+            "dir/x.yaml: port 70000 is out of range (1-65535)"
+        );
+        let api = Origin::Api(ObjectId::new(Kind::Service, ObjKey::new("default", "web")));
+        assert_eq!(
+            diag(api, Some("spec.x")).to_string(),
+            "Service default/web field spec.x: port 70000 is out of range (1-65535)"
+        );
+        assert_eq!(
+            diag(Origin::Api(ObjectId::node("node-1")), None).to_string(),
+            "Node node-1: port 70000 is out of range (1-65535)"
+        );
     }
 }

@@ -1,0 +1,252 @@
+//! One manifest file's text -> objects and diagnostics. Never fails: a document that does not parse or
+//! convert is reported with its document index, what it is and the field, and skipped; the others are read.
+use std::path::Path;
+
+use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
+use serde::Deserialize as _;
+
+use super::super::{Diagnostic, Object, Origin, Severity, convert};
+
+/// The objects of one file and what went wrong reading it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct FileContents {
+    pub(super) objects: Vec<Object>,
+    pub(super) diagnostics: Vec<Diagnostic>,
+}
+
+impl FileContents {
+    pub(super) fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(|d| d.severity == Severity::Error)
+    }
+}
+
+/// Parse one file's text. Never fails: problems become diagnostics.
+pub(super) fn parse_file(path: &Path, text: &str) -> FileContents {
+    let mut out = FileContents::default();
+    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = match serde_yaml::Value::deserialize(doc) {
+            Ok(v) => v,
+            Err(e) => {
+                out.diagnostics.push(Diagnostic {
+                    severity: Severity::Error,
+                    origin: Origin::File { path: path.to_owned(), document: Some(index), object: None },
+                    field: None,
+                    message: format!("malformed YAML: {e}"),
+                });
+                // The YAML stream cannot be resumed after a syntax error.
+                break;
+            }
+        };
+        parse_value(path, index, value, &mut out);
+    }
+    out
+}
+
+fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut FileContents) {
+    if value.is_null() {
+        return; // empty document, e.g. a trailing `---`
+    }
+    let diag = |severity, object: Option<String>, field: Option<String>, message: String| Diagnostic {
+        severity,
+        origin: Origin::File { path: path.to_owned(), document: Some(index), object },
+        field,
+        message,
+    };
+    let kind = value.get("kind").and_then(|k| k.as_str()).map(str::to_owned);
+    let api_version = value.get("apiVersion").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+    let name = value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).map(str::to_owned);
+    let label = kind.as_ref().map(|k| format!("{k} {}", name.as_deref().unwrap_or("<no name>")));
+    let Some(kind) = kind else {
+        out.diagnostics.push(diag(
+            Severity::Error,
+            None,
+            Some("kind".into()),
+            "missing; not a Kubernetes object".into(),
+        ));
+        return;
+    };
+    match (kind.as_str(), api_version.as_str()) {
+        ("List", _) | ("ServiceList" | "EndpointSliceList" | "NodeList", _) => {
+            let Some(items) = value.get("items").and_then(|i| i.as_sequence()) else {
+                out.diagnostics.push(diag(Severity::Error, label, Some("items".into()), "missing".into()));
+                return;
+            };
+            for item in items.clone() {
+                parse_value(path, index, item, out);
+            }
+        }
+        ("Service", "v1") => push(
+            typed::<core::Service>(value).and_then(|s| ok(convert::service(&s))),
+            Object::Service,
+            label,
+            &diag,
+            out,
+        ),
+        ("EndpointSlice", "discovery.k8s.io/v1") => push(
+            typed::<discovery::EndpointSlice>(value).and_then(|s| ok(convert::endpoint_slice(&s))),
+            |s| Object::EndpointSlice(s.into()),
+            label,
+            &diag,
+            out,
+        ),
+        ("Node", "v1") => push(
+            typed::<core::Node>(value).and_then(|n| ok(convert::node(&n))),
+            Object::Node,
+            label,
+            &diag,
+            out,
+        ),
+        ("Service" | "EndpointSlice" | "Node", v) => out.diagnostics.push(diag(
+            Severity::Error,
+            label,
+            Some("apiVersion".into()),
+            format!(
+                "unsupported apiVersion {v:?} (Service and Node: v1; EndpointSlice: discovery.k8s.io/v1)"
+            ),
+        )),
+        (other, _) => out.diagnostics.push(diag(
+            Severity::Warning,
+            label,
+            Some("kind".into()),
+            format!("kind {other} is not read by tierlb (only Service, EndpointSlice, Node); ignored"),
+        )),
+    }
+}
+
+type Located<T> = Result<T, (Option<String>, String)>;
+
+fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Located<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        (Some(path).filter(|p| p != "."), e.into_inner().to_string())
+    })
+}
+
+fn ok<T>(r: Result<T, convert::FieldError>) -> Located<T> {
+    r.map_err(|e| (Some(e.field), e.message))
+}
+
+fn push<T>(
+    r: Located<T>,
+    wrap: fn(T) -> Object,
+    label: Option<String>,
+    diag: &dyn Fn(Severity, Option<String>, Option<String>, String) -> Diagnostic,
+    out: &mut FileContents,
+) {
+    match r {
+        Ok(obj) => out.objects.push(wrap(obj)),
+        Err((field, message)) => out.diagnostics.push(diag(Severity::Error, label, field, message)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80}]\n";
+
+    fn one(text: &str) -> FileContents {
+        parse_file(Path::new("dir/x.yaml"), text)
+    }
+
+    #[test]
+    fn bad_documents_are_reported_with_file_document_and_field() {
+        struct Case {
+            name: &'static str,
+            text: String,
+            object: Option<&'static str>,
+            field: Option<&'static str>,
+            message: &'static str,
+        }
+        let cases = [
+            Case { name: "malformed YAML", text: "kind: Service\n  bad: [".into(), object: None, field: None, message: "malformed YAML" },
+            Case {
+                name: "missing kind",
+                text: "apiVersion: v1\nmetadata: {name: x}\n".into(),
+                object: None,
+                field: Some("kind"),
+                message: "missing",
+            },
+            Case {
+                name: "missing name",
+                text: "apiVersion: v1\nkind: Service\nspec: {clusterIP: 10.96.0.1}\n".into(),
+                object: Some("Service <no name>"),
+                field: Some("metadata.name"),
+                message: "missing",
+            },
+            Case {
+                name: "invalid IP",
+                text: GOOD.replace("10.96.0.10", "10.96.0.999"),
+                object: Some("Service web"),
+                field: Some("spec.clusterIPs[0]"),
+                message: "not an IP address",
+            },
+            Case {
+                name: "port out of range",
+                text: GOOD.replace("port: 80", "port: 70000"),
+                object: Some("Service web"),
+                field: Some("spec.ports[0].port"),
+                message: "out of range",
+            },
+            Case {
+                name: "wrong type for a field",
+                text: GOOD.replace("port: 80", "port: eighty"),
+                object: Some("Service web"),
+                field: Some("spec.ports[0].port"),
+                message: "invalid",
+            },
+            Case {
+                name: "unknown traffic policy",
+                text: GOOD.replace("spec:\n", "spec:\n  internalTrafficPolicy: Nearby\n"),
+                object: Some("Service web"),
+                field: Some("spec.internalTrafficPolicy"),
+                message: "unknown traffic policy \"Nearby\"",
+            },
+            Case {
+                name: "unsupported apiVersion",
+                text: GOOD.replace("apiVersion: v1", "apiVersion: v2"),
+                object: Some("Service web"),
+                field: Some("apiVersion"),
+                message: "unsupported apiVersion",
+            },
+            Case {
+                name: "address of the wrong family",
+                text: "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s}\naddressType: IPv4\nendpoints: [{addresses: ['fd00::1']}]\n".into(),
+                object: Some("EndpointSlice s"),
+                field: Some("endpoints[0].addresses[0]"),
+                message: "does not match addressType IPv4",
+            },
+        ];
+        for c in cases {
+            let text = format!("{GOOD}---\n{}", c.text);
+            let got = one(&text);
+            assert_eq!(got.diagnostics.len(), 1, "{}: {:?}", c.name, got.diagnostics);
+            let d = &got.diagnostics[0];
+            let Origin::File { path, document, object } = &d.origin else { panic!("{}: {d}", c.name) };
+            assert_eq!(path, Path::new("dir/x.yaml"), "{}", c.name);
+            assert_eq!(*document, Some(1), "{}", c.name);
+            assert_eq!(object.as_deref(), c.object, "{}", c.name);
+            assert_eq!(d.field.as_deref(), c.field, "{}: {d}", c.name);
+            assert!(d.message.contains(c.message), "{}: {d}", c.name);
+            assert!(d.to_string().starts_with("dir/x.yaml document 1"), "{d}");
+            // The good document before it is still read.
+            assert!(matches!(got.objects.first(), Some(Object::Service(_))), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn unknown_kinds_are_a_warning_and_ignored() {
+        let got = one("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n");
+        assert!(got.objects.is_empty());
+        assert_eq!(got.diagnostics[0].severity, Severity::Warning);
+        assert!(got.diagnostics[0].message.contains("kind Deployment is not read"));
+    }
+
+    #[test]
+    fn lists_are_read() {
+        let got = one(
+            "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Node, metadata: {name: n1}}\n- {apiVersion: v1, kind: Node, metadata: {name: n2}}\n",
+        );
+        assert_eq!(got.objects.len(), 2);
+    }
+}
