@@ -455,7 +455,7 @@ mod tests {
         assert!(lines[3].dashed && lines[3].name == "Local node-2 off-node share");
         let svg = timeline_chart(lines).unwrap();
         if let Some(dir) = std::env::var_os("TIERLB_CHART_DIR") {
-            std::fs::write(std::path::Path::new(&dir).join("demo-timeline.svg"), &svg).unwrap();
+            std::fs::write(Path::new(&dir).join("demo-timeline.svg"), &svg).unwrap();
         }
         for want in [
             "per-node success and off-node share over time (250 ms bins)",

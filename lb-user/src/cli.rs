@@ -1,6 +1,6 @@
 //! Command line: `tierlb agent | plan | explain | study | status | backend` (clap), and the one-shot
 //! commands' bodies. The agent itself lives in `agent`; this module only maps flags to its options.
-use std::{net::SocketAddr, path::PathBuf};
+use std::{fmt::Write as _, net::SocketAddr, path::PathBuf};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -12,16 +12,19 @@ use crate::{
     source::{Severity, manifests::ManifestDir},
 };
 
+/// `tierlb`'s command line.
 #[derive(Parser, Debug)]
 #[command(
     name = "tierlb",
     version,
-    about = "Topology-aware eBPF socket load balancer for Kubernetes Services"
+    about = "Topology-aware eBPF socket load balancer for Kubernetes Services",
+    long_about = None
 )]
 pub struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -33,18 +36,25 @@ impl Cli {
     }
 }
 
+/// How the agent logs.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines.
     Text,
+    /// One JSON object per line.
     Json,
 }
 
+/// How a one-shot command prints.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Output {
+    /// Aligned columns.
     Table,
+    /// JSON.
     Json,
 }
 
+/// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the node agent: load the BPF programs, attach them to a cgroup and keep the maps in sync.
@@ -72,8 +82,10 @@ pub struct NodeArgs {
     pub zone: Option<String>,
 }
 
+/// `tierlb agent`.
 #[derive(clap::Args, Debug)]
 pub struct AgentArgs {
+    /// The node it runs for.
     #[command(flatten)]
     pub node: NodeArgs,
     /// Directory of Service, EndpointSlice and Node YAML; reloaded on change.
@@ -151,21 +163,26 @@ impl AgentArgs {
     }
 }
 
+/// `tierlb plan`.
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
+    /// The node to plan for.
     #[command(flatten)]
     pub node: NodeArgs,
     /// Directory of Service, EndpointSlice and Node YAML.
     #[arg(long)]
     pub manifests: PathBuf,
+    /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
 
+/// `tierlb explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
     /// The Service, NAMESPACE/NAME.
     pub service: crate::model::ObjKey,
+    /// The node to explain for.
     #[command(flatten)]
     pub node: NodeArgs,
     /// Directory of Service, EndpointSlice and Node YAML.
@@ -173,10 +190,12 @@ pub struct ExplainArgs {
     pub manifests: PathBuf,
 }
 
+/// `tierlb study`.
 #[derive(clap::Args, Debug)]
 pub struct StudyArgs {
     /// A scenario file (YAML); see examples/study/.
     pub scenario: PathBuf,
+    /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
     /// Also write a bar chart of each endpoint's share per model and phase.
@@ -184,12 +203,15 @@ pub struct StudyArgs {
     pub chart: Option<PathBuf>,
 }
 
+/// `tierlb backend`.
 #[derive(clap::Args, Debug)]
 pub struct BackendArgs {
+    /// Down (skipped by new connects) or up again.
     #[arg(value_enum)]
     pub state: BackendState,
     /// The backend, IP:PORT (IPv6 as [ADDR]:PORT).
     pub backend: SocketAddr,
+    /// The backend's protocol.
     #[arg(long, default_value = "TCP", value_parser = parse_protocol)]
     pub protocol: Protocol,
     /// The agents' --bpffs directory.
@@ -200,8 +222,10 @@ pub struct BackendArgs {
     pub instance: Option<String>,
 }
 
+/// Where `status` and `backend` look for agents' pins by default.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
 
+/// `tierlb status`.
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     /// The agents' --bpffs directory.
@@ -210,13 +234,17 @@ pub struct StatusArgs {
     /// Only this agent instance (default: every instance under --bpffs).
     #[arg(long)]
     pub instance: Option<String>,
+    /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
 }
 
+/// What `tierlb backend` sets.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum BackendState {
+    /// Marked down: new connects skip it and fall back to the next live backend.
     Down,
+    /// Up again.
     Up,
 }
 
@@ -245,6 +273,7 @@ pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model
     Ok(loaded.model)
 }
 
+/// `tierlb explain`: the explanation text.
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
     let model = load_for_cli(&args.manifests)?;
     let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
@@ -257,6 +286,7 @@ pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
     })
 }
 
+/// `tierlb plan`: the table or JSON.
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<String> {
     let model = load_for_cli(&args.manifests)?;
     let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
@@ -325,6 +355,8 @@ pub fn run_cleanup(bpffs: &std::path::Path, instance: &str) -> anyhow::Result<St
     })
 }
 
+/// `tierlb backend`: mark a backend down or up in every matching agent instance (and, when down, end the
+/// connected UDP sockets to it).
 pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
     let b = crate::datapath::addr::backend(args.backend, args.protocol.number());
     let down = args.state == BackendState::Down;
@@ -332,18 +364,19 @@ pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
     for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
         let mut maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
         maps.set_backend_down(b, down)?;
-        out.push_str(&format!(
-            "{name}: backend {} {} marked {}\n",
+        let _ = writeln!(
+            out,
+            "{name}: backend {} {} marked {}",
             args.backend,
             args.protocol.as_str(),
             if down { "down" } else { "up" }
-        ));
+        );
         if down {
             // Connected UDP sockets to it would keep sending there: end them, they reconnect through the VIP.
             let mut finder = crate::datapath::destroy::NetnsFinder::default();
             let r = crate::datapath::destroy::destroy_udp_sockets(&mut maps, &mut finder, |_, x| *x == b);
             if r.destroyed > 0 {
-                out.push_str(&format!("{name}: destroyed {} connected UDP sockets to it\n", r.destroyed));
+                let _ = writeln!(out, "{name}: destroyed {} connected UDP sockets to it", r.destroyed);
             }
             for e in r.errors {
                 eprintln!("warning: {e}");
@@ -353,6 +386,7 @@ pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// `tierlb status`: every matching agent instance's maps, as a table or JSON.
 pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut all = Vec::new();
     for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
@@ -365,6 +399,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     })
 }
 
+/// `tierlb study`: the table or JSON, and the chart when asked.
 pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
     let sc = crate::study::load(&args.scenario)?;
     let r = crate::study::run(&sc);

@@ -1,3 +1,5 @@
+//! The `tierlb` binary: parses the command line, sets up logging, and runs the agent (on a tokio runtime) or
+//! a one-shot command, printing its output or the error chain.
 use std::process::ExitCode;
 
 use clap::Parser as _;

@@ -12,11 +12,14 @@ use serde::Serialize;
 /// `namespace/name` of a namespaced object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjKey {
+    /// The namespace (`default` when a manifest leaves it out; empty for a cluster-scoped object).
     pub namespace: String,
+    /// The object's name.
     pub name: String,
 }
 
 impl ObjKey {
+    /// `namespace/name`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self { namespace: namespace.into(), name: name.into() }
     }
@@ -152,12 +155,16 @@ impl fmt::Display for ObjectId {
     }
 }
 
+/// A Service or EndpointSlice port's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Protocol {
+    /// TCP (the default).
     #[serde(rename = "TCP")]
     Tcp,
+    /// UDP.
     #[serde(rename = "UDP")]
     Udp,
+    /// SCTP (planned and listed, but the socket hooks translate TCP and UDP only).
     #[serde(rename = "SCTP")]
     Sctp,
 }
@@ -172,6 +179,7 @@ impl Protocol {
             _ => None,
         }
     }
+    /// The IP protocol number the kernel hands a sock_addr program.
     pub fn number(self) -> u8 {
         match self {
             Self::Tcp => lb_common::PROTO_TCP,
@@ -179,6 +187,7 @@ impl Protocol {
             Self::Sctp => lb_common::PROTO_SCTP,
         }
     }
+    /// The Kubernetes spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Tcp => "TCP",
@@ -188,18 +197,23 @@ impl Protocol {
     }
 }
 
+/// An IP family: a dual-stack Service is planned once per family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Family {
+    /// IPv4.
     #[serde(rename = "IPv4")]
     V4,
+    /// IPv6.
     #[serde(rename = "IPv6")]
     V6,
 }
 
 impl Family {
+    /// The family of an address.
     pub fn of(ip: &IpAddr) -> Self {
         if ip.is_ipv4() { Self::V4 } else { Self::V6 }
     }
+    /// The Kubernetes spelling (`IPv4`, `IPv6`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::V4 => "IPv4",
@@ -208,14 +222,18 @@ impl Family {
     }
 }
 
+/// An internal or external traffic policy.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub enum Policy {
+    /// Any endpoint (with topology hints applied).
     #[default]
     Cluster,
+    /// Only this node's endpoints, hints ignored; none local means no traffic.
     Local,
 }
 
 impl Policy {
+    /// The Kubernetes spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Cluster => "Cluster",
@@ -224,35 +242,53 @@ impl Policy {
     }
 }
 
+/// `spec.type`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub enum ServiceType {
+    /// A virtual IP inside the cluster.
     #[default]
     ClusterIP,
+    /// Also a port on every node.
     NodePort,
+    /// Also an external load balancer.
     LoadBalancer,
+    /// A DNS alias: no VIP, nothing to translate.
     ExternalName,
 }
 
+/// One entry of `spec.ports`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServicePort {
     /// May be empty for a single-port Service.
     pub name: String,
+    /// The port clients connect to on the VIP.
     pub port: u16,
+    /// Its protocol.
     pub protocol: Protocol,
+    /// `nodePort`, if allocated.
     pub node_port: Option<u16>,
 }
 
+/// The parts of a Service the semantics read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Service {
+    /// Namespace and name.
     pub key: ObjKey,
+    /// `spec.type`.
     pub type_: ServiceType,
     /// Empty for a headless Service (`clusterIP: None`).
     pub cluster_ips: Vec<IpAddr>,
+    /// `spec.ports`.
     pub ports: Vec<ServicePort>,
+    /// `spec.internalTrafficPolicy`.
     pub internal_policy: Policy,
+    /// `spec.externalTrafficPolicy`.
     pub external_policy: Policy,
+    /// `spec.externalIPs`.
     pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`.
     pub load_balancer_ips: Vec<IpAddr>,
+    /// `spec.healthCheckNodePort` (externalTrafficPolicy Local on a LoadBalancer Service).
     pub health_check_node_port: Option<u16>,
     /// `spec.trafficDistribution` as written (unknown values are kept so they can be linted).
     pub traffic_distribution: Option<String>,
@@ -279,17 +315,24 @@ impl Service {
 /// Endpoint conditions as written; `None` gets Kubernetes' default (ready/serving: true, terminating: false).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Conditions {
+    /// `conditions.ready`.
     pub ready: Option<bool>,
+    /// `conditions.serving`.
     pub serving: Option<bool>,
+    /// `conditions.terminating`.
     pub terminating: Option<bool>,
 }
 
+/// One endpoint of an EndpointSlice.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Endpoint {
     /// `addresses[0]`; kube-proxy ignores the rest.
     pub address: Option<IpAddr>,
+    /// Its conditions as written.
     pub conditions: Conditions,
+    /// `nodeName`: the endpoint is local to the node of that name.
     pub node_name: Option<String>,
+    /// `zone`.
     pub zone: Option<String>,
     /// `hints.forNodes[].name`; `None` when the hint list is absent.
     pub for_nodes: Option<Vec<String>>,
@@ -298,45 +341,63 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// `ready`, nil counting as true.
     pub fn is_ready(&self) -> bool {
         self.conditions.ready.unwrap_or(true)
     }
+    /// `serving`, nil counting as true.
     pub fn is_serving(&self) -> bool {
         self.conditions.serving.unwrap_or(true)
     }
+    /// `terminating`, nil counting as false.
     pub fn is_terminating(&self) -> bool {
         self.conditions.terminating.unwrap_or(false)
     }
+    /// The node names of `hints.forNodes` (none when absent).
     pub fn node_hints(&self) -> &[String] {
         self.for_nodes.as_deref().unwrap_or_default()
     }
+    /// The zone names of `hints.forZones` (none when absent).
     pub fn zone_hints(&self) -> &[String] {
         self.for_zones.as_deref().unwrap_or_default()
     }
 }
 
+/// One entry of an EndpointSlice's `ports`: the target port a Service port name resolves to in that slice.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SlicePort {
+    /// Matches a Service port's name.
     pub name: String,
+    /// The endpoints' port.
     pub port: u16,
+    /// Its protocol.
     pub protocol: Protocol,
 }
 
+/// `addressType` of an EndpointSlice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum AddressType {
+    /// IPv4 addresses.
     IPv4,
+    /// IPv6 addresses.
     IPv6,
+    /// Names: never translated.
     #[serde(rename = "FQDN")]
     Fqdn,
 }
 
+/// The parts of an EndpointSlice the semantics read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EndpointSlice {
+    /// Namespace and name.
     pub key: ObjKey,
     /// Label `kubernetes.io/service-name`.
     pub service_name: Option<String>,
+    /// Which addresses it holds.
     pub address_type: AddressType,
+    /// Its ports.
     pub ports: Vec<SlicePort>,
+    /// Its endpoints.
     pub endpoints: Vec<Endpoint>,
 }
 
@@ -347,8 +408,10 @@ impl EndpointSlice {
     }
 }
 
+/// The parts of a Node the semantics read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Node {
+    /// Its name (what `nodeName` and `forNodes` name).
     pub name: String,
     /// Label `topology.kubernetes.io/zone`.
     pub zone: Option<String>,
@@ -359,8 +422,11 @@ pub struct Node {
 /// Everything the sources know, keyed for deterministic iteration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
+    /// Services by key.
     pub services: BTreeMap<ObjKey, Service>,
+    /// EndpointSlices, indexed by their Service.
     pub slices: Slices,
+    /// Nodes by name.
     pub nodes: BTreeMap<String, Node>,
 }
 
@@ -398,21 +464,25 @@ impl std::ops::Index<&ObjKey> for Slices {
 }
 
 impl Slices {
+    /// Add or replace a slice; returns the one it replaced.
     pub fn insert(&mut self, key: ObjKey, slice: EndpointSlice) -> Option<Arc<EndpointSlice>> {
         self.insert_shared(key, Arc::new(slice))
     }
 
+    /// `insert` for a slice shared with its source.
     pub fn insert_shared(&mut self, key: ObjKey, slice: Arc<EndpointSlice>) -> Option<Arc<EndpointSlice>> {
-        if let Some(owner) = slice.owner() {
-            self.by_service.entry(owner).or_default().insert(key.clone());
-        }
+        let owner = slice.owner();
         let previous = self.by_key.insert(key.clone(), slice);
         if let Some(old) = &previous {
             self.unindex(&key, old);
         }
+        if let Some(owner) = owner {
+            self.by_service.entry(owner).or_default().insert(key);
+        }
         previous
     }
 
+    /// Remove a slice; returns it.
     pub fn remove(&mut self, key: &ObjKey) -> Option<Arc<EndpointSlice>> {
         let old = self.by_key.remove(key)?;
         self.unindex(key, &old);
@@ -434,18 +504,22 @@ impl Slices {
         }
     }
 
+    /// One slice by key.
     pub fn get(&self, key: &ObjKey) -> Option<&EndpointSlice> {
         self.by_key.get(key).map(|s| &**s)
     }
 
+    /// Every slice, in key order.
     pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
         self.by_key.values().map(|s| &**s)
     }
 
+    /// How many slices.
     pub fn len(&self) -> usize {
         self.by_key.len()
     }
 
+    /// No slice at all.
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }
@@ -459,7 +533,9 @@ impl Slices {
 /// The node the plan is computed for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct NodeInfo {
+    /// Its name.
     pub name: String,
+    /// Its zone, if it has one.
     pub zone: Option<String>,
 }
 

@@ -14,7 +14,7 @@ use crate::{
 
 /// The frontends some planned Service ports ask for: one per cluster IP of each port, with the tiers of its
 /// internal (ClusterIP) traffic. A later port wins a shared VIP:port.
-pub fn frontends(ports: &[PortPlan]) -> Desired {
+pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
     let mut out = Desired::new();
     for p in ports {
         let proto = p.protocol.number();
@@ -42,7 +42,7 @@ pub fn frontends(ports: &[PortPlan]) -> Desired {
 
 /// kube-proxy's service health server data: for a Service with externalTrafficPolicy Local and a
 /// `healthCheckNodePort`, how many local endpoints the external traffic of one port has on this node.
-pub fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHealth)> {
+pub(super) fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHealth)> {
     let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { return None };
     if ext.policy != Policy::Local {
         return None;

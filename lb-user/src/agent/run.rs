@@ -88,7 +88,7 @@ async fn start_source(
                 .await
                 .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
             let ks =
-                KubeSource::start_with_timeout(client, &opts.node, changed, Duration::from_secs(60)).await?;
+                KubeSource::start_with_timeout(client, &opts.node, changed, Duration::from_mins(1)).await?;
             Ok((Box::new(ks), None))
         }
     }
@@ -199,7 +199,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 // Debounce: an editor's save is several events; take them all, then reload once.
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 while rx.try_recv().is_ok() {}
-                health.lock().expect("health lock").pending_since.get_or_insert_with(std::time::Instant::now);
+                health.lock().expect("health lock").pending_since.get_or_insert_with(Instant::now);
                 match core.sync(Instant::now()) {
                     Ok(r) => {
                         // Rule 5: everything a sync changes happens before its "synced" line (tests wait for it).

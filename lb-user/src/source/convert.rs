@@ -233,6 +233,8 @@ pub fn cpu_millis(q: &str) -> Option<u64> {
         return m.parse().ok();
     }
     let v: f64 = q.parse().ok()?;
+    // Checked non-negative and finite first, so the cast loses no sign.
+    #[expect(clippy::cast_sign_loss, reason = "v >= 0 is checked on the same line")]
     (v.is_finite() && v >= 0.0).then(|| (v * 1000.0).round() as u64)
 }
 

@@ -137,8 +137,8 @@ impl ModelSource for ManifestDir {
     /// read.
     fn refresh(&mut self) -> std::io::Result<Refresh> {
         let files = self.files()?;
-        // (objects the file gave before, objects it gives now) for every file that changed.
-        let mut changed: Vec<(Vec<Object>, Vec<Object>)> = Vec::new();
+        // (objects the file gave before, objects it gives now) for every file that changed (its edit).
+        let mut edits: Vec<(Vec<Object>, Vec<Object>)> = Vec::new();
         let gone: Vec<PathBuf> = self
             .files
             .keys()
@@ -147,7 +147,7 @@ impl ModelSource for ManifestDir {
             .collect();
         for path in gone {
             if let Some(state) = self.files.remove(&path) {
-                changed.push((state.used, Vec::new()));
+                edits.push((state.used, Vec::new()));
             }
         }
         for (path, stamp) in &files {
@@ -189,7 +189,7 @@ impl ModelSource for ManifestDir {
                 },
             };
             if before != state.used {
-                changed.push((before, state.used.clone()));
+                edits.push((before, state.used.clone()));
             }
             self.files.insert(path.clone(), state);
         }
@@ -197,7 +197,7 @@ impl ModelSource for ManifestDir {
         // A change that touches an object defined more than once (before or after) may change which copy
         // wins: assemble everything again. Otherwise the difference is exact.
         let mut duplicate_involved = false;
-        for (before, after) in &changed {
+        for (before, after) in &edits {
             for o in before {
                 let id = o.id();
                 let n = self.defined.get(&id).copied().unwrap_or(0);
@@ -209,9 +209,9 @@ impl ModelSource for ManifestDir {
                 }
             }
             for o in after {
-                let n = self.defined.entry(o.id()).or_default();
-                *n += 1;
-                duplicate_involved |= *n > 1;
+                let defined = self.defined.entry(o.id()).or_default();
+                *defined += 1;
+                duplicate_involved |= *defined > 1;
             }
         }
         let changes = if !self.assembled || duplicate_involved {
@@ -221,7 +221,7 @@ impl ModelSource for ManifestDir {
         } else {
             let mut removed = Vec::new();
             let mut upserted = Vec::new();
-            for (before, after) in changed {
+            for (before, after) in edits {
                 let mut before: HashMap<ObjectId, Object> = before.into_iter().map(|o| (o.id(), o)).collect();
                 for o in after {
                     if before.remove(&o.id()).as_ref() != Some(&o) {

@@ -66,7 +66,7 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
         return;
     };
     match (kind.as_str(), api_version.as_str()) {
-        ("List", _) | ("ServiceList" | "EndpointSliceList" | "NodeList", _) => {
+        ("List" | "ServiceList" | "EndpointSliceList" | "NodeList", _) => {
             let Some(items) = value.get("items").and_then(|i| i.as_sequence()) else {
                 out.diagnostics.push(diag(Severity::Error, label, Some("items".into()), "missing".into()));
                 return;
