@@ -154,7 +154,7 @@ impl SimCluster {
     /// Wait until every agent logged more syncs than `before` (from `syncs_all`).
     pub fn wait_synced(&self, before: &[usize]) -> anyhow::Result<Duration> {
         let start = Instant::now();
-        while Instant::now() - start < Duration::from_secs(10) {
+        while start.elapsed() < Duration::from_secs(10) {
             if self.nodes.iter().zip(before).all(|(n, b)| self.syncs(&n.name) > *b) {
                 return Ok(start.elapsed());
             }

@@ -214,10 +214,7 @@ pub struct StreamStep {
 }
 
 fn epoch_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .unwrap_or(0.0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
 /// A long-lived connected UDP socket querying `server` every `interval` for `duration`, as a resolver with a

@@ -8,7 +8,9 @@ use std::{
 use serde_json::{Value, json};
 
 /// One endpoint of a simulated Service.
+// must_use: its builder methods take and return it, so a dropped one is a change lost.
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct Ep {
     pub ip: IpAddr,
     pub node: String,

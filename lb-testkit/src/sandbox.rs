@@ -247,16 +247,13 @@ impl Child {
     /// Send a signal (e.g. SIGKILL in restart tests).
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         if let Some(c) = &self.child {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+            let _ = nix::sys::signal::kill(pid_of(c), sig);
         }
     }
     /// Stop gracefully (SIGTERM) and wait up to `timeout`, then SIGKILL.
     pub fn stop(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(c.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let _ = nix::sys::signal::kill(pid_of(&c), nix::sys::signal::Signal::SIGTERM);
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Ok(Some(st)) = c.try_wait() {
@@ -275,6 +272,11 @@ impl Drop for Child {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(3));
     }
+}
+
+/// `child`'s pid as nix takes it. Linux pids are at most pid_max (2^22), so the u32 fits a pid_t.
+fn pid_of(child: &std::process::Child) -> nix::unistd::Pid {
+    nix::unistd::Pid::from_raw(child.id().cast_signed())
 }
 
 /// A pod's backend: `tierlb-lab serve` (tierlb's own HTTP responder) on an address inside a netns,

@@ -111,17 +111,19 @@ fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Alloc
     if zones > endpoints {
         return Err(AutoDisabled::InsufficientNumberOfEndpoints { endpoints, zones });
     }
-    let mut remaining = endpoints as i64;
+    let mut remaining = endpoints;
     let mut min_total = 0usize;
     let mut out = BTreeMap::new();
     for (zone, cpu) in &cpu_by_zone {
         let desired = (*cpu as f64 / total as f64) * endpoints as f64;
+        #[expect(clippy::cast_sign_loss, reason = "a share of the endpoints, never negative")]
         let minimum = (desired * (1.0 / (1.0 + OVERLOAD_THRESHOLD))).ceil() as usize;
         min_total += minimum;
-        remaining -= minimum as i64;
-        if remaining < 0 {
+        // The controller checks `remaining < 0`; in usize that is the subtraction failing.
+        let Some(left) = remaining.checked_sub(minimum) else {
             return Err(AutoDisabled::MinAllocationExceedsOverloadThreshold { endpoints, zones });
-        }
+        };
+        remaining = left;
         out.insert(zone.clone(), Allocation { minimum, maximum: 0 });
     }
     for a in out.values_mut() {

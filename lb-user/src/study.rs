@@ -3,7 +3,7 @@
 //! optional phases (a rollout step, a crashed pod the control plane has not noticed yet). For each proxy
 //! model the simulator computes each endpoint's share of requests, cross-node and cross-zone fractions, and
 //! the requests that fail fast or hang.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, fmt::Write as _, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -214,8 +214,8 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
             slice.endpoints[i].for_nodes = None;
             slice.endpoints[i].for_zones = None;
         } else if e.for_nodes.is_none() && e.for_zones.is_none() {
-            slice.endpoints[i].for_nodes = controller[0].endpoints[i].for_nodes.clone();
-            slice.endpoints[i].for_zones = controller[0].endpoints[i].for_zones.clone();
+            slice.endpoints[i].for_nodes.clone_from(&controller[0].endpoints[i].for_nodes);
+            slice.endpoints[i].for_zones.clone_from(&controller[0].endpoints[i].for_zones);
         }
     }
     m.slices.insert(slice.key.clone(), slice);
@@ -307,10 +307,10 @@ fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
                 e.down = v;
             }
             if c.for_nodes.is_some() {
-                e.for_nodes = c.for_nodes.clone();
+                e.for_nodes.clone_from(&c.for_nodes);
             }
             if c.for_zones.is_some() {
-                e.for_zones = c.for_zones.clone();
+                e.for_zones.clone_from(&c.for_zones);
             }
         }
     }
@@ -399,29 +399,30 @@ fn pct(v: f64) -> String {
 pub fn table(r: &StudyResult) -> String {
     let mut out = format!("scenario {}: {}\n", r.scenario, r.description);
     for p in &r.phases {
-        out.push_str(&format!("\n  phase {}\n", p.phase));
+        let _ = writeln!(out, "\n  phase {}", p.phase);
         let ips: Vec<&String> = p.models[0].shares.keys().collect();
-        out.push_str(&format!("  {:<13}", "MODEL"));
+        let _ = write!(out, "  {:<13}", "MODEL");
         for ip in &ips {
-            out.push_str(&format!(" {ip:>12}"));
+            let _ = write!(out, " {ip:>12}");
         }
-        out.push_str(&format!(" {:>10} {:>10} {:>7} {:>6}\n", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG"));
+        let _ = writeln!(out, " {:>10} {:>10} {:>7} {:>6}", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG");
         for m in &p.models {
             let name = serde_json::to_value(m.model)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default();
-            out.push_str(&format!("  {name:<13}"));
+            let _ = write!(out, "  {name:<13}");
             for ip in &ips {
-                out.push_str(&format!(" {:>12}", pct(m.shares[*ip])));
+                let _ = write!(out, " {:>12}", pct(m.shares[*ip]));
             }
-            out.push_str(&format!(
-                " {:>10} {:>10} {:>7} {:>6}\n",
+            let _ = writeln!(
+                out,
+                " {:>10} {:>10} {:>7} {:>6}",
                 pct(m.cross_node),
                 pct(m.cross_zone),
                 pct(m.failed),
                 pct(m.hang)
-            ));
+            );
         }
     }
     out

@@ -285,18 +285,19 @@ impl KernelMaps {
 
     /// `maps` in the order of `MAPS`.
     fn from_maps(maps: Vec<Map>, caps: Option<Capacities>) -> Result<Self, DatapathError> {
-        let [f, s, b, c, n, r]: [Map; MAPS.len()] =
-            maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
+        let [frontends, slots, state, counters, names, reverse]: [Map; MAPS.len()] =
+            maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
-            HashMap::try_from(f).map_err(conv(MAP_FRONTENDS))?;
-        let slots = HashMap::try_from(s).map_err(conv(MAP_SLOTS))?;
-        let state = HashMap::try_from(b).map_err(conv(MAP_BACKEND_STATE))?;
-        let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(c).map_err(conv(MAP_COUNTERS))?;
-        let names = HashMap::try_from(n).map_err(conv(MAP_NAMES))?;
-        let reverse = HashMap::try_from(r).map_err(conv(MAP_REVERSE))?;
+            HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
+        let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
+        let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
+        let counters: PerCpuArray<MapData, u64> =
+            PerCpuArray::try_from(counters).map_err(conv(MAP_COUNTERS))?;
+        let names = HashMap::try_from(names).map_err(conv(MAP_NAMES))?;
+        let reverse = HashMap::try_from(reverse).map_err(conv(MAP_REVERSE))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
