@@ -17,7 +17,9 @@ type Labels = Vec<(String, String)>;
 
 /// Statistics the agent keeps between scrapes.
 pub struct AgentStats {
+    /// Seconds each sync took (reload, plan, apply).
     pub sync_duration: Histogram,
+    /// Syncs done.
     pub syncs: Counter,
     /// Frontends that could not be written (map full, ...), summed over syncs.
     pub apply_errors: Counter,

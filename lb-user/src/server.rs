@@ -109,6 +109,7 @@ pub struct Health {
     pub pending_since: Option<Instant>,
 }
 
+/// The agent loop writes it, the health listener reads it.
 pub type SharedHealth = Arc<Mutex<Health>>;
 
 fn rfc3339(t: SystemTime) -> String {
@@ -142,6 +143,7 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
     Response::json(if healthy { 200 } else { 503 }, &body)
 }
 
+/// Serve `/healthz` and `/livez` from `health` on `listener`.
 pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<()> {
     serve(listener, move |path| {
         let health = health.clone();
@@ -159,6 +161,7 @@ pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<(
 /// A metrics scrape: the agent loop (which owns the maps) answers with the encoded text.
 pub type MetricsRequest = oneshot::Sender<String>;
 
+/// Serve `/metrics` on `listener`, each scrape a request to the agent loop (10 s to answer, else 503).
 pub fn start_metrics(listener: TcpListener, requests: mpsc::Sender<MetricsRequest>) -> JoinHandle<()> {
     serve(listener, move |path| {
         let requests = requests.clone();
@@ -186,11 +189,15 @@ pub fn start_metrics(listener: TcpListener, requests: mpsc::Sender<MetricsReques
 /// One Service's health for its `healthCheckNodePort`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceHealth {
+    /// The Service's namespace, echoed in the body.
     pub namespace: String,
+    /// The Service's name, echoed in the body.
     pub name: String,
+    /// Ready endpoints on this node: 0 makes the port answer 503.
     pub local_endpoints: usize,
 }
 
+/// kube-proxy's answer on a `healthCheckNodePort`, so cloud load balancers skip nodes without endpoints.
 pub fn service_health_response(s: &ServiceHealth) -> Response {
     // kube-proxy's service health server: 200 with local endpoints, else 503, and the count in a header
     // load balancers use as a weight.
@@ -214,6 +221,7 @@ pub struct ServiceHealthServers {
 }
 
 impl ServiceHealthServers {
+    /// No listeners yet; they will bind on `bind`.
     pub fn new(bind: IpAddr) -> Self {
         Self { bind, listeners: BTreeMap::new() }
     }
