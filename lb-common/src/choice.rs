@@ -190,15 +190,15 @@ mod tests {
 
     #[test]
     fn tier_choice_table() {
-        // slots: 0 = node backend 10; 1..3 = zone backends 20, 21; 3..6 = cluster 10, 20, 30
-        let slots = [10, 20, 21, 10, 20, 30];
-        let f = fe((0, 1), (1, 2), (3, 3));
         struct Case {
             name: &'static str,
             fe: FrontendValue,
             down: &'static [u32],
             want_tier: Option<usize>,
         }
+        // slots: 0 = node backend 10; 1..3 = zone backends 20, 21; 3..6 = cluster 10, 20, 30
+        let slots = [10, 20, 21, 10, 20, 30];
+        let f = fe((0, 1), (1, 2), (3, 3));
         let cases = [
             Case { name: "node tier wins when its backend is live", fe: f, down: &[], want_tier: Some(0) },
             Case { name: "node backend down -> zone tier", fe: f, down: &[10], want_tier: Some(1) },

@@ -3,6 +3,7 @@
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
+//! `pub(crate)` is enough: the symbol `#[map]` exports is what puts a map in the object.
 use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
@@ -41,33 +42,35 @@ macro_rules! named_map {
 named_map!(
     MAP_FRONTENDS == "FRONTENDS",
     /// Service frontends: VIP, port, protocol -> svc_id, generation, tier ranges, flags.
-    pub static FRONTENDS: HashMap<FrontendKey, FrontendValue> =
+    pub(crate) static FRONTENDS: HashMap<FrontendKey, FrontendValue> =
         HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS, 0);
 );
 
 named_map!(
     MAP_SLOTS == "SLOTS",
     /// Backend slots of every frontend's tiers, by (svc_id, generation, index).
-    pub static SLOTS: HashMap<SlotKey, Backend> = HashMap::with_max_entries(DEFAULT_MAX_SLOTS, 0);
+    pub(crate) static SLOTS: HashMap<SlotKey, Backend> = HashMap::with_max_entries(DEFAULT_MAX_SLOTS, 0);
 );
 
 named_map!(
     MAP_BACKEND_STATE == "BACKEND_STATE",
     /// Backends marked down (value has `BACKEND_DOWN`); absent means up. One write moves new connects away.
-    pub static BACKEND_STATE: HashMap<Backend, u32> = HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+    pub(crate) static BACKEND_STATE: HashMap<Backend, u32> =
+        HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
 );
 
 named_map!(
     MAP_COUNTERS == "COUNTERS",
     /// Per-CPU counters at `counter_index(svc_id, kind)`.
-    pub static COUNTERS: PerCpuArray<u64> =
+    pub(crate) static COUNTERS: PerCpuArray<u64> =
         PerCpuArray::with_max_entries((DEFAULT_MAX_FRONTENDS + 1) * COUNTERS_PER_SERVICE, 0);
 );
 
 named_map!(
     MAP_NAMES == "SVC_NAMES",
     /// Service names by svc_id, for user space only (status, adoption after a restart).
-    pub static SVC_NAMES: HashMap<u32, ServiceName> = HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, 0);
+    pub(crate) static SVC_NAMES: HashMap<u32, ServiceName> =
+        HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, 0);
 );
 
 named_map!(
@@ -77,6 +80,6 @@ named_map!(
     /// An LRU hash rather than socket-local storage: socket storage holds one value per socket, but one
     /// unconnected UDP socket may talk to many Services (a resolver to several DNS VIPs); LRU bounds the memory
     /// of entries whose socket closed without telling us, and the oldest go first.
-    pub static REVERSE: LruHashMap<ReverseKey, ReverseValue> =
+    pub(crate) static REVERSE: LruHashMap<ReverseKey, ReverseValue> =
         LruHashMap::with_max_entries(DEFAULT_MAX_REVERSE, 0);
 );

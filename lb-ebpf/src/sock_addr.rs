@@ -21,47 +21,56 @@ const ALLOW: i32 = 1;
 /// Deny the call; with `bpf_set_retval` the application sees that errno instead of EPERM.
 const DENY: i32 = 0;
 
+// Not `pub`: the macro's `#[unsafe(no_mangle)]` is what puts each program in the object.
 #[cgroup_sock_addr(connect4)]
-pub fn connect4(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn connect4(ctx: SockAddrContext) -> i32 {
     translate(&ctx, false)
 }
 
 #[cgroup_sock_addr(connect6)]
-pub fn connect6(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn connect6(ctx: SockAddrContext) -> i32 {
     translate(&ctx, true)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
-pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn sendmsg4(ctx: SockAddrContext) -> i32 {
     translate(&ctx, false)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
-pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn sendmsg6(ctx: SockAddrContext) -> i32 {
     translate(&ctx, true)
 }
 
 // recvmsg and getpeername programs may rewrite the address but must return 1 (they cannot deny).
 #[cgroup_sock_addr(recvmsg4)]
-pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn recvmsg4(ctx: SockAddrContext) -> i32 {
     restore(&ctx, false);
     ALLOW
 }
 
 #[cgroup_sock_addr(recvmsg6)]
-pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn recvmsg6(ctx: SockAddrContext) -> i32 {
     restore(&ctx, true);
     ALLOW
 }
 
 #[cgroup_sock_addr(getpeername4)]
-pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn getpeername4(ctx: SockAddrContext) -> i32 {
     restore(&ctx, false);
     ALLOW
 }
 
 #[cgroup_sock_addr(getpeername6)]
-pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn getpeername6(ctx: SockAddrContext) -> i32 {
     restore(&ctx, true);
     ALLOW
 }

@@ -13,23 +13,33 @@ use anyhow::{Context as _, bail};
 use crate::probe::Report;
 use crate::sandbox::{Cgroup, Child, NamedServer, NetNs, TempDir, confine};
 
+/// One simulated node: a child cgroup and the agent that serves it.
 pub struct SimNode {
+    /// The node name the agent runs with (`--node`).
     pub name: String,
     // Field order is drop order: the agent (which detaches) goes before its cgroup.
     agent: Option<Child>,
+    /// The node's cgroup: its clients run in it, its agent attaches to it.
     pub cgroup: Cgroup,
+    /// The agent's stderr, appended across restarts; tests read syncs and readiness from it.
     pub log: PathBuf,
     args: Vec<String>,
 }
 
+/// The cluster: its nodes, its pods and the manifests directory every agent watches.
 pub struct SimCluster {
+    /// The nodes, in the order they were added (a restarted node goes last).
     pub nodes: Vec<SimNode>,
     pods: Vec<NamedServer>,
     dns_pods: Vec<crate::dns::DnsServer>,
     addresses: std::collections::BTreeSet<IpAddr>,
+    /// The one network namespace that holds every pod IP and where every client runs.
     pub netns: NetNs,
+    /// The agents' `--manifests` directory: tests write Services and EndpointSlices here.
     pub manifests: TempDir,
+    /// The `tierlb` binary the agents run.
     pub tierlb: PathBuf,
+    /// The `tierlb-lab` binary: pods' servers and the probe and DNS clients.
     pub lab: PathBuf,
 }
 
@@ -142,6 +152,7 @@ impl SimCluster {
         r.map(|()| start.elapsed())
     }
 
+    /// The node called `name`; panics if there is none (a test's typo).
     pub fn node(&self, name: &str) -> &SimNode {
         self.nodes.iter().find(|n| n.name == name).expect("node exists")
     }
@@ -154,7 +165,7 @@ impl SimCluster {
     /// Wait until every agent logged more syncs than `before` (from `syncs_all`).
     pub fn wait_synced(&self, before: &[usize]) -> anyhow::Result<Duration> {
         let start = Instant::now();
-        while Instant::now() - start < Duration::from_secs(10) {
+        while start.elapsed() < Duration::from_secs(10) {
             if self.nodes.iter().zip(before).all(|(n, b)| self.syncs(&n.name) > *b) {
                 return Ok(start.elapsed());
             }
@@ -163,6 +174,7 @@ impl SimCluster {
         bail!("agents did not sync within 10 s")
     }
 
+    /// Every node's `syncs`, in node order: the `before` of `wait_synced`.
     pub fn syncs_all(&self) -> Vec<usize> {
         self.nodes.iter().map(|n| self.syncs(&n.name)).collect()
     }
@@ -203,6 +215,7 @@ impl SimCluster {
         Ok(ProbeRun { child: Child::spawn(&mut cmd)? })
     }
 
+    /// `start_probe` and wait for its report.
     pub fn probe(
         &self,
         node: &str,
@@ -246,11 +259,13 @@ impl SimCluster {
     }
 }
 
+/// A probe client running on a node, so a test can change the cluster while it runs.
 pub struct ProbeRun {
     child: Child,
 }
 
 impl ProbeRun {
+    /// Wait for the client to finish and read its report.
     pub fn wait(mut self) -> anyhow::Result<Report> {
         let mut out = String::new();
         std::io::Read::read_to_string(self.child.inner().stdout.as_mut().context("probe stdout")?, &mut out)?;

@@ -83,10 +83,12 @@ pub fn parse_answer(r: &[u8], id: u16) -> Option<IpAddr> {
 pub struct DnsServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Where it listens (a pod's address in the netns).
     pub addr: SocketAddr,
 }
 
 impl DnsServer {
+    /// Bind `addr` inside `netns` and serve from a thread; returns once the socket is bound.
     pub fn start(netns: &NetNs, addr: SocketAddr, answer_with: IpAddr) -> anyhow::Result<Self> {
         let ns = netns.file().try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -135,12 +137,15 @@ impl Drop for DnsServer {
 /// One resolution through a (VIP) server address.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Lookup {
+    /// The address in the reply's answer record (none: no reply, or one without an answer for this query).
     pub answer: Option<String>,
     /// Where the reply came from, as recvfrom() reports it.
     pub reply_from: Option<String>,
     /// getpeername() of a connected socket.
     pub peer: Option<String>,
+    /// The errno name of the step that failed (bind, connect, send, receive).
     pub error: Option<String>,
+    /// Time from the socket's creation to the reply or the error, in milliseconds.
     pub ms: f64,
 }
 
@@ -207,17 +212,16 @@ mod tests {
 pub struct StreamStep {
     /// Milliseconds since the Unix epoch (comparable across processes).
     pub at_ms: f64,
+    /// The answer's address, as in [`Lookup::answer`].
     pub answer: Option<String>,
+    /// The errno name of the step that failed; the socket is then replaced.
     pub error: Option<String>,
     /// A new socket was opened before this step (after an error).
     pub new_socket: bool,
 }
 
 fn epoch_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64() * 1e3)
-        .unwrap_or(0.0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
 /// A long-lived connected UDP socket querying `server` every `interval` for `duration`, as a resolver with a

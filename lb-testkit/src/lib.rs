@@ -4,6 +4,7 @@
 //! the probe and DNS clients the lab binary runs inside a node; manifest builders.
 //!
 //! It does not depend on the product crate: what it knows of tierlb is the command line it starts.
+#![warn(missing_docs)]
 pub mod cluster;
 pub mod dns;
 pub mod manifests;

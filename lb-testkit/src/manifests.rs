@@ -8,15 +8,25 @@ use std::{
 use serde_json::{Value, json};
 
 /// One endpoint of a simulated Service.
+// must_use: its builder methods take and return it, so a dropped one is a change lost.
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct Ep {
+    /// The pod IP; its family picks the slice.
     pub ip: IpAddr,
+    /// `nodeName`.
     pub node: String,
+    /// `zone` (none: left out).
     pub zone: Option<String>,
+    /// `conditions.ready`.
     pub ready: bool,
+    /// `conditions.serving`.
     pub serving: bool,
+    /// `conditions.terminating`.
     pub terminating: bool,
+    /// `hints.forNodes` (none: left out).
     pub for_nodes: Option<Vec<String>>,
+    /// `hints.forZones` (none: left out).
     pub for_zones: Option<Vec<String>>,
 }
 
@@ -34,6 +44,7 @@ impl Ep {
             for_zones: None,
         }
     }
+    /// In `zone`.
     pub fn zone(mut self, zone: &str) -> Self {
         self.zone = Some(zone.to_owned());
         self
@@ -44,6 +55,7 @@ impl Ep {
         self.for_zones = self.zone.clone().map(|z| vec![z]);
         self
     }
+    /// Hints as given, for cases the controller would not write (none: that hint left out).
     pub fn hints(mut self, nodes: Option<&[&str]>, zones: Option<&[&str]>) -> Self {
         self.for_nodes = nodes.map(|v| v.iter().map(|s| (*s).to_owned()).collect());
         self.for_zones = zones.map(|v| v.iter().map(|s| (*s).to_owned()).collect());
@@ -56,6 +68,7 @@ impl Ep {
         self.terminating = true;
         self
     }
+    /// A pod failing its readiness probe: neither ready nor serving, not terminating.
     pub fn not_ready(mut self) -> Self {
         self.ready = false;
         self.serving = false;
@@ -66,19 +79,28 @@ impl Ep {
 /// A simulated single-port Service.
 #[derive(Clone, Debug)]
 pub struct Svc {
+    /// `metadata.namespace` ("default" from `new`).
     pub namespace: String,
+    /// `metadata.name`, also the slices' `kubernetes.io/service-name`.
     pub name: String,
+    /// `clusterIPs`; the first is also `clusterIP`.
     pub cluster_ips: Vec<IpAddr>,
+    /// The port's `port`.
     pub port: u16,
+    /// The port's `targetPort`, and the slices' port.
     pub target_port: u16,
+    /// The port's `protocol` ("TCP" from `new`).
     pub protocol: &'static str,
+    /// `internalTrafficPolicy` (none: left out).
     pub internal_traffic_policy: Option<&'static str>,
+    /// `trafficDistribution` (none: left out).
     pub traffic_distribution: Option<String>,
     /// Makes it a LoadBalancer Service with externalTrafficPolicy Local and this healthCheckNodePort.
     pub health_check_node_port: Option<u16>,
 }
 
 impl Svc {
+    /// A TCP ClusterIP Service in "default" with one port.
     pub fn new(name: &str, cluster_ip: IpAddr, port: u16, target_port: u16) -> Self {
         Self {
             namespace: "default".into(),
@@ -93,6 +115,7 @@ impl Svc {
         }
     }
 
+    /// The Service object.
     pub fn service(&self) -> Value {
         let mut spec = json!({
             "clusterIP": self.cluster_ips[0].to_string(),
@@ -166,6 +189,7 @@ impl Svc {
     }
 }
 
+/// A Node object, with the `topology.kubernetes.io/zone` label when `zone` is given.
 pub fn node(name: &str, zone: Option<&str>) -> Value {
     let mut v = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
     if let Some(z) = zone {

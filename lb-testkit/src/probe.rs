@@ -8,29 +8,37 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+/// One request of a probe.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Attempt {
     /// Start of the attempt, milliseconds since the probe started.
     pub t_ms: f64,
     /// How long the attempt took (connect and reading the name).
     pub ms: f64,
+    /// The name the backend answered with (none: the attempt failed).
     pub backend: Option<String>,
+    /// The errno name of the failed connect or read (see [`errno_name`]).
     pub error: Option<String>,
     /// getpeername() of the connected socket.
     #[serde(default)]
     pub peer: Option<String>,
 }
 
+/// A probe's output (JSON on the client's stdout).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Report {
+    /// The address probed (a Service VIP and port).
     pub target: String,
+    /// Every request, in order.
     pub attempts: Vec<Attempt>,
 }
 
 impl Report {
+    /// Attempts that failed.
     pub fn failures(&self) -> usize {
         self.attempts.iter().filter(|a| a.error.is_some()).count()
     }
+    /// Attempts `backend` answered.
     pub fn count(&self, backend: &str) -> usize {
         self.attempts.iter().filter(|a| a.backend.as_deref() == Some(backend)).count()
     }
@@ -44,6 +52,7 @@ impl Report {
         }
         m
     }
+    /// Errno names and how often each ended an attempt, sorted by name.
     pub fn errors(&self) -> std::collections::BTreeMap<String, usize> {
         let mut m = std::collections::BTreeMap::new();
         for a in &self.attempts {

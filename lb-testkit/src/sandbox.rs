@@ -34,11 +34,13 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
 pub struct TempDir(PathBuf);
 
 impl TempDir {
+    /// A new directory under the system's temporary directory, named after `tag` and unique to this run.
     pub fn new(tag: &str) -> anyhow::Result<Self> {
         let p = std::env::temp_dir().join(unique(tag));
         std::fs::create_dir_all(&p)?;
         Ok(Self(p))
     }
+    /// Where it is.
     pub fn path(&self) -> &Path {
         &self.0
     }
@@ -70,6 +72,7 @@ pub struct NetNs {
 }
 
 impl NetNs {
+    /// A new namespace (`ip netns add`), named after `tag` and unique to this run.
     pub fn new(tag: &str) -> anyhow::Result<Self> {
         let name = unique(tag);
         run(Command::new("ip").args(["netns", "add", &name]))?;
@@ -86,6 +89,7 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// Its name under /run/netns, for `ip netns exec` and `ip -n`.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -128,6 +132,7 @@ pub struct Cgroup {
 }
 
 impl Cgroup {
+    /// A new child of the cgroup2 root, named after `tag` and unique to this run.
     pub fn new(tag: &str) -> anyhow::Result<Self> {
         let root = cgroup2_root()?;
         let path = root.join(unique(tag));
@@ -135,10 +140,12 @@ impl Cgroup {
         Ok(Self { path })
     }
 
+    /// Its directory in the cgroup2 mount (where programs attach and `cgroup.procs` is).
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The pids in it now (none if it cannot be read).
     pub fn procs(&self) -> Vec<u32> {
         std::fs::read_to_string(self.path.join("cgroup.procs"))
             .unwrap_or_default()
@@ -167,6 +174,7 @@ pub struct BpfFs {
 }
 
 impl BpfFs {
+    /// Mount a new bpffs on a temporary directory named after `tag`.
     pub fn new(tag: &str) -> anyhow::Result<Self> {
         let path = std::env::temp_dir().join(unique(tag));
         std::fs::create_dir(&path)?;
@@ -179,6 +187,7 @@ impl BpfFs {
         Ok(Self { path })
     }
 
+    /// The mount point, where agents pin under `--bpffs`.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -234,29 +243,29 @@ pub struct Child {
 }
 
 impl Child {
+    /// Start `cmd`.
     pub fn spawn(cmd: &mut Command) -> anyhow::Result<Self> {
         let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         Ok(Self { child: Some(child) })
     }
+    /// Its pid; 0 once it has been stopped.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, std::process::Child::id)
     }
+    /// The process, for its pipes and `try_wait`; panics once it has been stopped.
     pub fn inner(&mut self) -> &mut std::process::Child {
         self.child.as_mut().expect("child present until drop")
     }
     /// Send a signal (e.g. SIGKILL in restart tests).
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         if let Some(c) = &self.child {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), sig);
+            let _ = nix::sys::signal::kill(pid_of(c), sig);
         }
     }
     /// Stop gracefully (SIGTERM) and wait up to `timeout`, then SIGKILL.
     pub fn stop(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(c.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
+        let _ = nix::sys::signal::kill(pid_of(&c), nix::sys::signal::Signal::SIGTERM);
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Ok(Some(st)) = c.try_wait() {
@@ -275,6 +284,11 @@ impl Drop for Child {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(3));
     }
+}
+
+/// `child`'s pid as nix takes it. Linux pids are at most pid_max (2^22), so the u32 fits a pid_t.
+fn pid_of(child: &std::process::Child) -> nix::unistd::Pid {
+    nix::unistd::Pid::from_raw(child.id().cast_signed())
 }
 
 /// A pod's backend: `tierlb-lab serve` (tierlb's own HTTP responder) on an address inside a netns,

@@ -4,25 +4,42 @@ use std::path::{Path, PathBuf};
 /// `CGROUP2_SUPER_MAGIC` from linux/magic.h.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
+/// Why `check` refused a cgroup, or why there is no default one.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
+    /// The path given does not exist.
     #[error("cgroup {path} does not exist: create it, or pass --cgroup with an existing cgroup2 directory")]
-    NotFound { path: PathBuf },
+    NotFound {
+        /// The path as given.
+        path: PathBuf,
+    },
+    /// The path is on another filesystem (cgroup v1, or not a cgroup at all).
     #[error(
         "{path} is not on a cgroup2 filesystem: tierlb needs cgroup v2 (mount it, e.g. \
          `mount -t cgroup2 none /sys/fs/cgroup`, or pass --cgroup with a directory under the cgroup2 mount)"
     )]
-    NotCgroup2 { path: PathBuf },
+    NotCgroup2 {
+        /// The path, resolved.
+        path: PathBuf,
+    },
+    /// The path is the cgroup2 root and `--allow-root-cgroup` was not given.
     #[error(
         "refusing to attach to the root cgroup {path}: that rewrites traffic of every process on this host. On a \
          Kubernetes node that is intended: pass --allow-root-cgroup. Otherwise pass --cgroup with a child cgroup"
     )]
-    Root { path: PathBuf },
+    Root {
+        /// The root, resolved.
+        path: PathBuf,
+    },
+    /// No default: /proc/self/mountinfo lists no cgroup2 mount.
     #[error("no cgroup2 filesystem is mounted: tierlb needs cgroup v2; mount it or pass --cgroup")]
     NoCgroup2,
+    /// Resolving the path or statfs on it failed otherwise.
     #[error("cannot inspect cgroup {path}: {source}")]
     Io {
+        /// The path being inspected.
         path: PathBuf,
+        /// What resolving or statfs returned.
         #[source]
         source: std::io::Error,
     },

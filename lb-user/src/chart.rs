@@ -211,9 +211,9 @@ fn side_legend(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
     entries: &[(&str, Rgb, Swatch)],
 ) -> Result<(), ChartError> {
-    for (i, (name, colour, swatch)) in entries.iter().enumerate() {
+    for (i, (name, colour, swatch)) in (0..).zip(entries) {
         let colour = RGBColor::from(*colour);
-        let y = 50 + 18 * i as i32;
+        let y = 50 + 18 * i;
         match swatch {
             Swatch::Block => area.draw(&Rectangle::new([(4, y - 5), (14, y + 5)], colour.filled()))?,
             Swatch::Line { dashed: false } => {
@@ -274,6 +274,12 @@ pub struct Bar {
 /// About how wide a character of the 12-point label font is, in pixels.
 const CHAR_PX: i32 = 6;
 
+/// A count (of groups, bars, characters) as a pixel coordinate factor; saturates, as no chart has 2^31 of
+/// anything.
+fn px(count: usize) -> i32 {
+    i32::try_from(count).unwrap_or(i32::MAX)
+}
+
 /// A grouped bar chart of shares (0..=1, shown as percentages), with each group's label turned under it and
 /// each section's name under its groups. A series keeps its colour in every group; "failed/hang" is grey.
 pub fn bar_chart(title: &str, groups: &[BarGroup], y_desc: &str) -> Result<String, ChartError> {
@@ -293,26 +299,27 @@ pub fn bar_chart(title: &str, groups: &[BarGroup], y_desc: &str) -> Result<Strin
     };
     // x is in pixels of the plot: a group is its bars (14 px each) between two halves of an 18 px gap.
     let (bar, gap) = (14, 18);
-    let bars_per = groups.iter().map(|g| g.bars.len()).max().unwrap_or(1).max(1) as i32;
+    let bars_per = px(groups.iter().map(|g| g.bars.len()).max().unwrap_or(1).max(1));
     let group = bars_per * bar + gap;
-    let n = groups.len().max(1) as i32;
+    let n = px(groups.len().max(1));
     // Below the axis: the turned labels, then up to three lines of section name.
-    let label_px = groups.iter().map(|g| g.label.chars().count() as i32).max().unwrap_or(0) * CHAR_PX;
+    let label_px = groups.iter().map(|g| px(g.label.chars().count())).max().unwrap_or(0) * CHAR_PX;
     let below = 12 + label_px + 12 + 3 * 14;
     let legend_w = legend_width(series.iter().copied());
-    let size = ((60 + 14 + 44 + group * n).max(360) as u32 + legend_w, 300 + below as u32);
+    // Both are positive: `below` is a sum of positive terms and the width is at least 360.
+    let size = ((60 + 14 + 44 + group * n).max(360).cast_unsigned() + legend_w, 300 + below.cast_unsigned());
 
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE)?;
-        let (plot, side) = root.split_horizontally(size.0 - legend_w);
+        let (plot, legend_area) = root.split_horizontally(size.0 - legend_w);
         let entries: Vec<_> = series.iter().map(|s| (*s, colour_of(s), Swatch::Block)).collect();
-        side_legend(&side, &entries)?;
-        let centres: Vec<i32> = (0..n).map(|g| g * group + group / 2).collect();
+        side_legend(&legend_area, &entries)?;
+        let group_centres: Vec<i32> = (0..n).map(|g| g * group + group / 2).collect();
         let mut ctx = frame(&plot, title)
-            .x_label_area_size(below as u32)
-            .build_cartesian_2d((0..group * n).with_key_points(centres), 0.0..1.0)?;
+            .x_label_area_size(below.cast_unsigned())
+            .build_cartesian_2d((0..group * n).with_key_points(group_centres), 0.0..1.0)?;
         // The labels are drawn below, by hand: plotters centres a turned tick label on its tick, which puts
         // a long one across the plot.
         ctx.configure_mesh()
@@ -345,7 +352,7 @@ pub fn bar_chart(title: &str, groups: &[BarGroup], y_desc: &str) -> Result<Strin
             let end = (start..groups.len())
                 .find(|&i| groups[i].section != groups[start].section)
                 .unwrap_or(groups.len());
-            let ((x0, y), (x1, _)) = (at(start as i32 * group), at(end as i32 * group));
+            let ((x0, y), (x1, _)) = (at(px(start) * group), at(px(end) * group));
             let top = y + 12 + label_px + 6;
             for x in [x0, x1] {
                 root.draw(&PathElement::new(
@@ -354,12 +361,9 @@ pub fn bar_chart(title: &str, groups: &[BarGroup], y_desc: &str) -> Result<Strin
                 ))?;
             }
             let centred = TextStyle::from((FONT, 12).into_font()).pos(Pos::new(HPos::Center, VPos::Top));
-            for (i, line) in wrap(&groups[start].section, ((x1 - x0 - 8) / CHAR_PX).max(8) as usize)
-                .iter()
-                .take(3)
-                .enumerate()
-            {
-                root.draw(&Text::new(line.as_str(), ((x0 + x1) / 2, top + 14 * i as i32), centred.clone()))?;
+            let width = usize::try_from(((x1 - x0 - 8) / CHAR_PX).max(8)).unwrap_or(8);
+            for (i, line) in (0..).zip(wrap(&groups[start].section, width).iter().take(3)) {
+                root.draw(&Text::new(line.as_str(), (i32::midpoint(x0, x1), top + 14 * i), centred.clone()))?;
             }
             start = end;
         }

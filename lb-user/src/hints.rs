@@ -10,8 +10,11 @@ use serde::Serialize;
 
 use crate::model::{Endpoint, EndpointSlice, Model, Service};
 
+/// `trafficDistribution` value: the deprecated alias of `PreferSameZone`.
 pub const PREFER_CLOSE: &str = "PreferClose";
+/// `trafficDistribution` value: zone hints.
 pub const PREFER_SAME_ZONE: &str = "PreferSameZone";
+/// `trafficDistribution` value: node and zone hints.
 pub const PREFER_SAME_NODE: &str = "PreferSameNode";
 
 /// The controller's `OverloadThreshold`: a zone may get at most 20% fewer endpoints than its CPU share.
@@ -25,11 +28,17 @@ pub enum HintMode {
     /// annotation wins over `trafficDistribution`.
     AutoAnnotation,
     /// `trafficDistribution: PreferClose` or `PreferSameZone`: each ready endpoint gets its own zone.
-    PreferSameZone { deprecated_alias: bool },
+    PreferSameZone {
+        /// Set through `PreferClose`, which the controller still honours.
+        deprecated_alias: bool,
+    },
     /// `trafficDistribution: PreferSameNode`: each ready endpoint gets its own zone and node.
     PreferSameNode,
     /// Unset, or a value the controller does not know: hints are removed.
-    None { unknown_value: Option<String> },
+    None {
+        /// The value the controller did not know (none: the field is unset).
+        unknown_value: Option<String>,
+    },
 }
 
 /// `hintsEnabled` in the controller: the deprecated annotation wins when present, whatever its value.
@@ -38,6 +47,7 @@ pub fn annotation_enables_hints(svc: &Service) -> bool {
     matches!(value, Some("Auto" | "auto"))
 }
 
+/// The controller's choice for `svc`: the annotation first, else `trafficDistribution`.
 pub fn mode(svc: &Service) -> HintMode {
     if annotation_enables_hints(svc) {
         return HintMode::AutoAnnotation;
@@ -58,10 +68,26 @@ fn zone_of(ep: &Endpoint) -> Option<&str> {
 /// Why Auto mode wrote no hints (the controller's `TopologyAwareHintsDisabled` event messages).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum AutoDisabled {
+    /// A node lacks a zone label or allocatable CPU.
     InsufficientNodeInfo,
+    /// Every node is in one zone: zone hints would change nothing.
     NodesReadyInOneZoneOnly,
-    InsufficientNumberOfEndpoints { endpoints: usize, zones: usize },
-    MinAllocationExceedsOverloadThreshold { endpoints: usize, zones: usize },
+    /// Some zone would get no endpoint.
+    InsufficientNumberOfEndpoints {
+        /// Ready endpoints.
+        endpoints: usize,
+        /// Zones with nodes.
+        zones: usize,
+    },
+    /// The zones' minimum allocations (CPU share less `OVERLOAD_THRESHOLD`) add up to more endpoints than
+    /// there are.
+    MinAllocationExceedsOverloadThreshold {
+        /// Ready endpoints.
+        endpoints: usize,
+        /// Zones with nodes.
+        zones: usize,
+    },
+    /// A ready endpoint has no zone.
     NoZoneSpecified,
 }
 
@@ -111,17 +137,19 @@ fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Alloc
     if zones > endpoints {
         return Err(AutoDisabled::InsufficientNumberOfEndpoints { endpoints, zones });
     }
-    let mut remaining = endpoints as i64;
+    let mut remaining = endpoints;
     let mut min_total = 0usize;
     let mut out = BTreeMap::new();
     for (zone, cpu) in &cpu_by_zone {
         let desired = (*cpu as f64 / total as f64) * endpoints as f64;
+        #[expect(clippy::cast_sign_loss, reason = "a share of the endpoints, never negative")]
         let minimum = (desired * (1.0 / (1.0 + OVERLOAD_THRESHOLD))).ceil() as usize;
         min_total += minimum;
-        remaining -= minimum as i64;
-        if remaining < 0 {
+        // The controller checks `remaining < 0`; in usize that is the subtraction failing.
+        let Some(left) = remaining.checked_sub(minimum) else {
             return Err(AutoDisabled::MinAllocationExceedsOverloadThreshold { endpoints, zones });
-        }
+        };
+        remaining = left;
         out.insert(zone.clone(), Allocation { minimum, maximum: 0 });
     }
     for a in out.values_mut() {
@@ -133,6 +161,7 @@ fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Alloc
 /// What applying the controller's logic did to one Service's slices.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct HintOutcome {
+    /// The mode the Service is in.
     pub mode: HintMode,
     /// Auto mode fell back to no hints, and why.
     pub auto_disabled: Option<AutoDisabled>,

@@ -1,6 +1,7 @@
 //! tierlb: a per-node agent that turns Services and EndpointSlices (with their topology hints) into eBPF
 //! maps, and cgroup sock_addr programs that rewrite Service VIPs to node-local, same-zone or cluster-wide
 //! endpoints at connect() time, choosing the tier in the kernel.
+#![warn(missing_docs)]
 pub mod agent;
 pub mod cgroup;
 pub mod chart;

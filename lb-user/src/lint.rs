@@ -74,10 +74,14 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo
 /// nothing contribute to `failed`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Shares {
+    /// Each selected endpoint's share, 0..=1.
     pub by_endpoint: BTreeMap<SocketAddr, f64>,
+    /// The share of clients on nodes whose plan selects no endpoint.
     pub failed: f64,
 }
 
+/// The [`Shares`] of `port` over `family` when `weights` give each node's share of the clients (they need not
+/// sum to 1).
 pub fn shares(
     model: &Model,
     svc: &Service,

@@ -17,7 +17,9 @@ type Labels = Vec<(String, String)>;
 
 /// Statistics the agent keeps between scrapes.
 pub struct AgentStats {
+    /// Seconds each sync took (reload, plan, apply).
     pub sync_duration: Histogram,
+    /// Syncs done.
     pub syncs: Counter,
     /// Frontends that could not be written (map full, ...), summed over syncs.
     pub apply_errors: Counter,
@@ -47,6 +49,11 @@ fn counter_family(reg: &mut Registry, name: &str, help: &str) -> Family<Labels, 
     f
 }
 
+/// An entry count as a gauge's value; map capacities are u32, so it always fits.
+fn gauge(entries: usize) -> i64 {
+    i64::try_from(entries).unwrap_or(i64::MAX)
+}
+
 /// The whole exposition, OpenMetrics text.
 pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_capacity: u32) -> String {
     let mut reg = Registry::with_prefix("tierlb");
@@ -56,11 +63,11 @@ pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_c
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
     let w = rec.writer();
-    let mut slots_used: i64 = 0;
-    let mut frontends: i64 = 0;
+    let mut slots_used = 0usize;
+    let mut frontends = 0usize;
     for (key, value, desired) in rec.applied() {
         frontends += 1;
-        slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>() as i64;
+        slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>();
         let Ok(c) = w.counters(value.svc_id) else { continue };
         let base: Labels = vec![
             ("service".into(), desired.name.service.to_string()),
@@ -83,8 +90,8 @@ pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_c
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
-    entries.get_or_create(&vec![("map".into(), lb_common::MAP_FRONTENDS.into())]).set(frontends);
-    entries.get_or_create(&vec![("map".into(), lb_common::MAP_SLOTS.into())]).set(slots_used);
+    entries.get_or_create(&vec![("map".into(), lb_common::MAP_FRONTENDS.into())]).set(gauge(frontends));
+    entries.get_or_create(&vec![("map".into(), lb_common::MAP_SLOTS.into())]).set(gauge(slots_used));
     let capacity = Family::<Labels, Gauge>::default();
     reg.register("map_capacity", "Capacity per map", capacity.clone());
     capacity

@@ -5,6 +5,7 @@
 //! connection) on tokio is enough and keeps the agent's dependencies small.
 use std::{
     collections::BTreeMap,
+    fmt::Write as _,
     net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -18,7 +19,7 @@ use tokio::{
 };
 
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
-pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// One HTTP response of `serve`.
 pub struct Response {
@@ -33,7 +34,7 @@ pub struct Response {
 }
 
 impl Response {
-    fn json(status: u16, body: serde_json::Value) -> Self {
+    fn json(status: u16, body: &serde_json::Value) -> Self {
         Self { status, content_type: "application/json", headers: Vec::new(), body: body.to_string() }
     }
     /// A `text/plain` response.
@@ -69,7 +70,7 @@ where
                 // Read the request head (bounded); the body, if any, is ignored.
                 while n < buf.len() {
                     match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
-                        Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+                        Ok(Ok(0) | Err(_)) | Err(_) => break,
                         Ok(Ok(k)) => n += k,
                     }
                     if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
@@ -88,7 +89,7 @@ where
                     r.body.len()
                 );
                 for (k, v) in &r.headers {
-                    out.push_str(&format!("{k}: {v}\r\n"));
+                    let _ = write!(out, "{k}: {v}\r\n");
                 }
                 out.push_str("\r\n");
                 out.push_str(&r.body);
@@ -108,24 +109,25 @@ pub struct Health {
     pub pending_since: Option<Instant>,
 }
 
+/// The agent loop writes it, the health listener reads it.
 pub type SharedHealth = Arc<Mutex<Health>>;
 
 fn rfc3339(t: SystemTime) -> String {
     // Seconds since the epoch formatted as UTC, without pulling in a date crate.
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
+    let (hour, minute, second) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Civil from days (Howard Hinnant's algorithm). u64 seconds make fewer than 2^48 days: no wrap.
+    let z = days.cast_signed() + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
     let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
     let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
 /// kube-proxy's proxier health: healthy once the first sync is done and no change has waited longer than
@@ -138,9 +140,10 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
         "currentTime": rfc3339(SystemTime::now()),
         "nodeEligible": true,
     });
-    Response::json(if healthy { 200 } else { 503 }, body)
+    Response::json(if healthy { 200 } else { 503 }, &body)
 }
 
+/// Serve `/healthz` and `/livez` from `health` on `listener`.
 pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<()> {
     serve(listener, move |path| {
         let health = health.clone();
@@ -158,6 +161,7 @@ pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<(
 /// A metrics scrape: the agent loop (which owns the maps) answers with the encoded text.
 pub type MetricsRequest = oneshot::Sender<String>;
 
+/// Serve `/metrics` on `listener`, each scrape a request to the agent loop (10 s to answer, else 503).
 pub fn start_metrics(listener: TcpListener, requests: mpsc::Sender<MetricsRequest>) -> JoinHandle<()> {
     serve(listener, move |path| {
         let requests = requests.clone();
@@ -185,17 +189,21 @@ pub fn start_metrics(listener: TcpListener, requests: mpsc::Sender<MetricsReques
 /// One Service's health for its `healthCheckNodePort`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceHealth {
+    /// The Service's namespace, echoed in the body.
     pub namespace: String,
+    /// The Service's name, echoed in the body.
     pub name: String,
+    /// Ready endpoints on this node: 0 makes the port answer 503.
     pub local_endpoints: usize,
 }
 
+/// kube-proxy's answer on a `healthCheckNodePort`, so cloud load balancers skip nodes without endpoints.
 pub fn service_health_response(s: &ServiceHealth) -> Response {
     // kube-proxy's service health server: 200 with local endpoints, else 503, and the count in a header
     // load balancers use as a weight.
     let mut r = Response::json(
         if s.local_endpoints > 0 { 200 } else { 503 },
-        serde_json::json!({
+        &serde_json::json!({
             "service": {"namespace": s.namespace, "name": s.name},
             "localEndpoints": s.local_endpoints,
             "serviceProxyHealthy": true,
@@ -213,6 +221,7 @@ pub struct ServiceHealthServers {
 }
 
 impl ServiceHealthServers {
+    /// No listeners yet; they will bind on `bind`.
     pub fn new(bind: IpAddr) -> Self {
         Self { bind, listeners: BTreeMap::new() }
     }

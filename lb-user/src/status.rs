@@ -12,43 +12,64 @@ use crate::{
     model::ServicePortName,
 };
 
+/// One backend slot of a tier.
 #[derive(Clone, Debug, Serialize)]
 pub struct BackendStatus {
+    /// The endpoint's address and port.
     pub addr: String,
+    /// Marked down in `BACKEND_STATE`: new connects skip it.
     pub down: bool,
 }
 
+/// A frontend's connect counters (lb_common's `COUNTER_*`), summed over CPUs.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Counters {
+    /// Translated to a node-tier backend.
     pub node: u64,
+    /// Translated to a zone-tier backend.
     pub zone: u64,
+    /// Translated to a cluster-tier backend.
     pub cluster: u64,
+    /// Refused: no usable endpoint (kube-proxy's REJECT).
     pub rejected: u64,
+    /// Refused: a Local policy found no local endpoint (kube-proxy's DROP).
     pub dropped: u64,
+    /// Let through untranslated after an internal error.
     pub fail_open: u64,
 }
 
+/// One frontend as the maps hold it.
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontendStatus {
     /// The Service port (JSON: `service` and `port_name`); empty if the stored name does not read back.
     #[serde(flatten)]
     pub name: ServicePortName,
+    /// VIP and port.
     pub frontend: String,
+    /// "TCP", "UDP" or "SCTP".
     pub protocol: &'static str,
+    /// The traffic policy the tiers were built for: "Local" or "Cluster".
     pub policy: &'static str,
+    /// The node, zone and cluster tiers' backends, in slot order.
     pub tiers: [Vec<BackendStatus>; 3],
     /// The tier new connects use now: the first with a backend that is not marked down.
     pub active_tier: &'static str,
+    /// The errno a connect gets when no tier has a live backend.
     pub when_empty: &'static str,
+    /// Its connects so far.
     pub connections: Counters,
 }
 
+/// What `tierlb status` shows of one agent instance's maps.
 #[derive(Clone, Debug, Serialize)]
 pub struct Instance {
+    /// The instance name (the pin directory under --bpffs).
     pub instance: String,
+    /// Every frontend, by Service port then address.
     pub frontends: Vec<FrontendStatus>,
     /// Connects that went through untranslated because of an internal error, over all Services.
     pub fail_open_total: u64,
+    /// Backends marked down, sorted.
     pub backends_marked_down: Vec<String>,
 }
 
@@ -61,6 +82,7 @@ fn proto_name(p: u8) -> &'static str {
 }
 
 impl Instance {
+    /// Read instance `name`'s status from `maps`.
     pub fn read(name: &str, maps: &impl MapReader) -> Result<Self, MapError> {
         let down = maps.backends_down()?;
         let mut frontends = Vec::new();
@@ -117,6 +139,7 @@ impl Instance {
         Ok(Self { instance: name.to_owned(), frontends, fail_open_total, backends_marked_down })
     }
 
+    /// The human-readable form: a header line, then one line per frontend.
     pub fn table(&self) -> String {
         let mut out = format!("instance {}: {} frontends", self.instance, self.frontends.len());
         if !self.backends_marked_down.is_empty() {

@@ -3,7 +3,7 @@
 //! optional phases (a rollout step, a crashed pod the control plane has not noticed yet). For each proxy
 //! model the simulator computes each endpoint's share of requests, cross-node and cross-zone fractions, and
 //! the requests that fail fast or hang.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, fmt::Write as _, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -16,14 +16,20 @@ use crate::{
     plan,
 };
 
+/// A study scenario, as its YAML file reads (examples/study/).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
+    /// Names the scenario in the table and chart.
     pub name: String,
+    /// One line on what the scenario shows.
     #[serde(default)]
     pub description: String,
+    /// The cluster's nodes, where the clients are.
     pub nodes: Vec<ScNode>,
+    /// The one Service's routing fields.
     pub service: ScService,
+    /// The Service's endpoints at the start.
     pub endpoints: Vec<ScEndpoint>,
     /// Variations applied one after the other (each replaces the endpoints' listed fields); each is studied
     /// on its own. Without phases, the scenario is one phase.
@@ -31,14 +37,18 @@ pub struct Scenario {
     pub phases: Vec<ScPhase>,
 }
 
+/// A node of a scenario.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScNode {
+    /// The node name endpoints refer to.
     pub name: String,
+    /// Its `topology.kubernetes.io/zone` (none: unlabelled).
     #[serde(default)]
     pub zone: Option<String>,
     /// Share of the clients on this node (any unit; normalised).
     pub clients: f64,
+    /// Allocatable CPU in millicores, which weighs the zone in Auto mode's allocation (default 4000).
     #[serde(default = "default_cpu")]
     pub cpu: u64,
 }
@@ -47,24 +57,33 @@ fn default_cpu() -> u64 {
     4000
 }
 
+/// A scenario's Service: only what changes routing (one port, one ClusterIP, made up).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScService {
+    /// `spec.trafficDistribution`.
     #[serde(default)]
     pub traffic_distribution: Option<String>,
+    /// `spec.internalTrafficPolicy` ("Local", else Cluster).
     #[serde(default)]
     pub internal_traffic_policy: Option<String>,
+    /// The `service.kubernetes.io/topology-mode` annotation.
     #[serde(default)]
     pub topology_mode: Option<String>,
 }
 
+/// An endpoint of a scenario's Service.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScEndpoint {
+    /// The pod IP, which names the endpoint in the results.
     pub ip: IpAddr,
+    /// The node it runs on (its zone is the node's).
     pub node: String,
+    /// `conditions.ready` (default true); serving is ready or terminating.
     #[serde(default = "yes")]
     pub ready: bool,
+    /// `conditions.terminating`.
     #[serde(default)]
     pub terminating: bool,
     /// The pod is gone but the EndpointSlice does not say so yet (a crash): a proxy that sends to it fails;
@@ -74,6 +93,7 @@ pub struct ScEndpoint {
     /// Hints as written; absent: what the EndpointSlice controller writes for the Service.
     #[serde(default)]
     pub for_nodes: Option<Vec<String>>,
+    /// Zone hints as written; absent as for `for_nodes`.
     #[serde(default)]
     pub for_zones: Option<Vec<String>>,
     /// `true`: no hints at all (an old controller, or the gate off).
@@ -85,27 +105,36 @@ fn yes() -> bool {
     true
 }
 
+/// A step after the initial state, studied on its own.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScPhase {
+    /// Names the phase in the table and chart.
     pub name: String,
     /// Endpoint changes by IP.
     #[serde(default)]
     pub set: Vec<ScChange>,
 }
 
+/// A phase's change to one endpoint: each field given replaces the endpoint's.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ScChange {
+    /// The endpoint changed.
     pub ip: IpAddr,
+    /// New [`ScEndpoint::ready`].
     #[serde(default)]
     pub ready: Option<bool>,
+    /// New [`ScEndpoint::terminating`].
     #[serde(default)]
     pub terminating: Option<bool>,
+    /// New [`ScEndpoint::down`].
     #[serde(default)]
     pub down: Option<bool>,
+    /// New node hints.
     #[serde(default)]
     pub for_nodes: Option<Vec<String>>,
+    /// New zone hints.
     #[serde(default)]
     pub for_zones: Option<Vec<String>>,
 }
@@ -127,6 +156,7 @@ pub enum ProxyModel {
     NoSafeguard,
 }
 
+/// Every model, in the order results list them.
 pub const MODELS: [ProxyModel; 5] = [
     ProxyModel::KubeProxy,
     ProxyModel::Tierlb,
@@ -135,12 +165,16 @@ pub const MODELS: [ProxyModel; 5] = [
     ProxyModel::NoSafeguard,
 ];
 
+/// How one proxy model routes one phase; the shares, failed and hang add up to 1.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelResult {
+    /// The proxy model.
     pub model: ProxyModel,
     /// Share of all requests per endpoint IP.
     pub shares: BTreeMap<String, f64>,
+    /// Share of all requests that reach an endpoint on another node than the client's.
     pub cross_node: f64,
+    /// Share of all requests that reach an endpoint in another zone than the client's.
     pub cross_zone: f64,
     /// Requests that fail at once (refused).
     pub failed: f64,
@@ -148,16 +182,23 @@ pub struct ModelResult {
     pub hang: f64,
 }
 
+/// Every model's result for one phase.
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseResult {
+    /// "initial", or the phase's name.
     pub phase: String,
+    /// One result per model, in the order of `MODELS`.
     pub models: Vec<ModelResult>,
 }
 
+/// A whole study: what `tierlb study` prints (as a table or JSON) and charts.
 #[derive(Clone, Debug, Serialize)]
 pub struct StudyResult {
+    /// The scenario's name.
     pub scenario: String,
+    /// The scenario's description.
     pub description: String,
+    /// The initial state, then each phase in order.
     pub phases: Vec<PhaseResult>,
 }
 
@@ -214,8 +255,8 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
             slice.endpoints[i].for_nodes = None;
             slice.endpoints[i].for_zones = None;
         } else if e.for_nodes.is_none() && e.for_zones.is_none() {
-            slice.endpoints[i].for_nodes = controller[0].endpoints[i].for_nodes.clone();
-            slice.endpoints[i].for_zones = controller[0].endpoints[i].for_zones.clone();
+            slice.endpoints[i].for_nodes.clone_from(&controller[0].endpoints[i].for_nodes);
+            slice.endpoints[i].for_zones.clone_from(&controller[0].endpoints[i].for_zones);
         }
     }
     m.slices.insert(slice.key.clone(), slice);
@@ -307,10 +348,10 @@ fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
                 e.down = v;
             }
             if c.for_nodes.is_some() {
-                e.for_nodes = c.for_nodes.clone();
+                e.for_nodes.clone_from(&c.for_nodes);
             }
             if c.for_zones.is_some() {
-                e.for_zones = c.for_zones.clone();
+                e.for_zones.clone_from(&c.for_zones);
             }
         }
     }
@@ -374,6 +415,7 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint]) -> Vec<ModelResult> {
         .collect()
 }
 
+/// Study the initial state, then each phase applied on top of the previous ones.
 pub fn run(sc: &Scenario) -> StudyResult {
     let mut phases = Vec::new();
     let mut eps = sc.endpoints.clone();
@@ -385,6 +427,7 @@ pub fn run(sc: &Scenario) -> StudyResult {
     StudyResult { scenario: sc.name.clone(), description: sc.description.clone(), phases }
 }
 
+/// Read a scenario file; an error names the file and the field.
 pub fn load(path: &std::path::Path) -> anyhow::Result<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let de = serde_yaml::Deserializer::from_str(&text);
@@ -396,32 +439,34 @@ fn pct(v: f64) -> String {
     format!("{:.0}%", v * 100.0)
 }
 
+/// The human-readable form: per phase, one row per model.
 pub fn table(r: &StudyResult) -> String {
     let mut out = format!("scenario {}: {}\n", r.scenario, r.description);
     for p in &r.phases {
-        out.push_str(&format!("\n  phase {}\n", p.phase));
+        let _ = writeln!(out, "\n  phase {}", p.phase);
         let ips: Vec<&String> = p.models[0].shares.keys().collect();
-        out.push_str(&format!("  {:<13}", "MODEL"));
+        let _ = write!(out, "  {:<13}", "MODEL");
         for ip in &ips {
-            out.push_str(&format!(" {ip:>12}"));
+            let _ = write!(out, " {ip:>12}");
         }
-        out.push_str(&format!(" {:>10} {:>10} {:>7} {:>6}\n", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG"));
+        let _ = writeln!(out, " {:>10} {:>10} {:>7} {:>6}", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG");
         for m in &p.models {
             let name = serde_json::to_value(m.model)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default();
-            out.push_str(&format!("  {name:<13}"));
+            let _ = write!(out, "  {name:<13}");
             for ip in &ips {
-                out.push_str(&format!(" {:>12}", pct(m.shares[*ip])));
+                let _ = write!(out, " {:>12}", pct(m.shares[*ip]));
             }
-            out.push_str(&format!(
-                " {:>10} {:>10} {:>7} {:>6}\n",
+            let _ = writeln!(
+                out,
+                " {:>10} {:>10} {:>7} {:>6}",
                 pct(m.cross_node),
                 pct(m.cross_zone),
                 pct(m.failed),
                 pct(m.hang)
-            ));
+            );
         }
     }
     out

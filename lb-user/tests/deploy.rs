@@ -62,10 +62,10 @@ fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
         assert!(known.iter().any(|k| k == flag), "DaemonSet passes {flag}, which tierlb agent does not have");
     }
     // And they parse together.
-    let argv: Vec<String> = std::iter::once("tierlb".to_owned())
+    let command_line: Vec<String> = std::iter::once("tierlb".to_owned())
         .chain(args.iter().map(|a| a.replace("$(NODE_NAME)", "node-1")))
         .collect();
-    tierlb::cli::Cli::try_parse_from_args(&argv).unwrap();
+    tierlb::cli::Cli::try_parse_from_args(&command_line).unwrap();
     let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap().add.clone().unwrap();
     for cap in ["BPF", "NET_ADMIN", "SYS_ADMIN"] {
         assert!(caps.iter().any(|c| c == cap), "missing capability {cap}");

@@ -14,7 +14,10 @@ use lb_testkit::{
     sandbox::{BpfFs, Cgroup, Child, NamedServer, NetNs, confine},
 };
 use tierlb::{
-    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
+    datapath::{
+        Desired, DesiredFrontend, Reconciler, addr,
+        ebpf::{Capacities, Loaded},
+    },
     model::{ObjKey, ServicePortName},
 };
 
@@ -240,7 +243,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         ns.add_address(a.ip()).unwrap();
         servers.push(NamedServer::start(&lab(), &ns, *a, &a.to_string()).unwrap());
     }
-    let Loaded { mut programs, maps } = Loaded::load(Default::default(), None).unwrap();
+    let Loaded { mut programs, maps } = Loaded::load(Capacities::default(), None).unwrap();
     let mut rec = Reconciler::new(maps);
     let key = addr::frontend_key(vip().ip(), 80, 6);
     let desired = |set: &[SocketAddr], node: usize| {
@@ -276,7 +279,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         .collect();
     let mut swaps = 0u32;
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(60) && clients.iter().any(|c| !c.is_finished()) {
+    while start.elapsed() < Duration::from_mins(1) && clients.iter().any(|c| !c.is_finished()) {
         let (set, node) = if swaps.is_multiple_of(2) { (&set_b, 2) } else { (&set_a, 1) };
         let rep = rec.apply(&desired(set, node), Instant::now());
         assert!(rep.errors.is_empty(), "{:?}", rep.errors);
@@ -445,7 +448,7 @@ fn a_manifest_edit_reaches_the_maps_within_100ms() {
         }
         let t0 = Instant::now();
         write_service(c.manifests.path(), &svc, &now).unwrap();
-        let want = if local_gone { 0 } else { 1 };
+        let want = usize::from(!local_gone);
         while node_tier_len() != want {
             assert!(t0.elapsed() < Duration::from_secs(2), "round {round}: maps not updated after 2 s");
             std::thread::sleep(Duration::from_micros(200));

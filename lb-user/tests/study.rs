@@ -47,6 +47,10 @@ fn every_shipped_scenario_runs_and_accounts_for_every_request() {
 }
 
 #[test]
+#[expect(
+    clippy::float_cmp,
+    reason = "exact values: nothing fails or hangs, and one node of four is exactly 1/4"
+)]
 fn the_models_differ_where_the_study_says() {
     let story = run("story");
     let kp = get(&story, 0, ProxyModel::KubeProxy);
@@ -101,14 +105,14 @@ fn measure(name: &str, connects: usize) -> (BTreeMap<String, f64>, BTreeMap<Stri
         let ip = e.address.unwrap();
         c.add_pod(SocketAddr::new(ip, 8080), &ip.to_string()).unwrap();
         let mut ep = Ep::ready(ip, e.node_name.as_deref().unwrap());
-        ep.zone = e.zone.clone();
-        ep.for_nodes = e.for_nodes.clone();
-        ep.for_zones = e.for_zones.clone();
+        ep.zone.clone_from(&e.zone);
+        ep.for_nodes.clone_from(&e.for_nodes);
+        ep.for_zones.clone_from(&e.for_zones);
         eps.push(ep);
     }
     let vip: IpAddr = "10.96.0.99".parse().unwrap();
     let mut svc = Svc::new("svc", vip, 80, 8080);
-    svc.traffic_distribution = sc.service.traffic_distribution.clone();
+    svc.traffic_distribution.clone_from(&sc.service.traffic_distribution);
     write_service(c.manifests.path(), &svc, &eps).unwrap();
     for n in &sc.nodes {
         let mut args = vec![];
@@ -121,6 +125,7 @@ fn measure(name: &str, connects: usize) -> (BTreeMap<String, f64>, BTreeMap<Stri
     let mut counts: BTreeMap<String, f64> = predicted.keys().map(|k| (k.clone(), 0.0)).collect();
     let mut sent = 0.0;
     for n in &sc.nodes {
+        #[expect(clippy::cast_sign_loss, reason = "a node's share of the connects, never negative")]
         let k = (connects as f64 * n.clients / total).round() as usize;
         let r = c.probe(&n.name, SocketAddr::new(vip, 80), k, Duration::ZERO).unwrap();
         assert_eq!(r.failures(), 0);

@@ -4,7 +4,7 @@ use std::process::Command;
 use crate::{build, setup, util};
 
 #[derive(clap::Args, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Two Service counts and short runs (under two minutes).
     #[arg(long)]
     pub quick: bool,
@@ -13,7 +13,7 @@ pub struct Options {
     pub report: bool,
 }
 
-pub fn run(o: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     setup::run(&setup::Options::default())?;
     if !util::is_root() {
         anyhow::bail!("the benchmark loads BPF programs and creates a network namespace: run as root");

@@ -4,14 +4,14 @@ use std::path::PathBuf;
 use crate::util;
 
 #[derive(clap::Args, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Debug profile instead of release.
     #[arg(long)]
     pub debug: bool,
 }
 
 /// Builds and returns the directory holding `tierlb` and `tierlb-lab`.
-pub fn run(o: &Options) -> anyhow::Result<PathBuf> {
+pub(crate) fn run(o: &Options) -> anyhow::Result<PathBuf> {
     let mut cmd = util::cargo();
     cmd.args(["build", "-p", "lb-user", "-p", "lb-lab", "--bins"]);
     if !o.debug {

@@ -4,13 +4,13 @@ use std::process::Command;
 use crate::{build, setup, util};
 
 #[derive(clap::Args, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Arguments for `tierlb-lab demo`.
     #[arg(last = true)]
     pub args: Vec<String>,
 }
 
-pub fn run(o: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     setup::run(&setup::Options::default())?;
     if !util::is_root() {
         anyhow::bail!("the demo loads BPF programs and creates a network namespace and cgroups: run as root");

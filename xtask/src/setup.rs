@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use crate::util::{self, output};
 
 #[derive(clap::Args, Default)]
-pub struct Options {}
+pub(crate) struct Options {}
 
 /// Debian packages: LLVM 22 for bpf-linker (same major as rustc's LLVM), bpftool and iproute2 for the
 /// in-kernel tests, the demo and debugging.
@@ -16,7 +16,7 @@ const PACKAGES: &[&str] = &["llvm-22-dev", "bpftool", "iproute2", "iptables", "n
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
-pub fn run(_o: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(_o: &Options) -> anyhow::Result<()> {
     debian_packages()?;
     kubectl()?;
     rust_src()?;

@@ -3,7 +3,7 @@
 use crate::{setup, util};
 
 #[derive(clap::Args, Default)]
-pub struct Options {
+pub(crate) struct Options {
     /// Skip fmt and clippy (tests only).
     #[arg(long)]
     pub no_lint: bool,
@@ -12,7 +12,7 @@ pub struct Options {
     pub nextest_args: Vec<String>,
 }
 
-pub fn run(o: &Options) -> anyhow::Result<()> {
+pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     setup::run(&setup::Options::default())?;
     if !util::is_root() {
         anyhow::bail!(

@@ -7,20 +7,20 @@ use std::{
 use anyhow::{Context as _, bail};
 
 /// The workspace root (xtask lives one level below it).
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace").to_owned()
 }
 
 /// A cargo command at the workspace root with what the BPF build needs: `RUSTC_BOOTSTRAP=1` lets the stable
 /// toolchain use `-Z build-std=core` (no nightly can be installed here), see ../shared/TOOLCHAIN.md.
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root()).env("RUSTC_BOOTSTRAP", "1");
     c
 }
 
 /// Run, streaming output; fail with the command line if it fails.
-pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     eprintln!("+ {}", show(cmd));
     let status = cmd.status().with_context(|| format!("starting {}", show(cmd)))?;
     if !status.success() {
@@ -30,12 +30,12 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Run quietly and return stdout (trimmed); `None` if it fails to start or exits non-zero.
-pub fn output(cmd: &mut Command) -> Option<String> {
+pub(crate) fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-pub fn show(cmd: &Command) -> String {
+pub(crate) fn show(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
         s.push(' ');
@@ -44,6 +44,6 @@ pub fn show(cmd: &Command) -> String {
     s
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     output(Command::new("id").arg("-u")).as_deref() == Some("0")
 }

@@ -38,7 +38,7 @@ pub fn markdown(r: &Report) -> String {
                     x.result.p50_us,
                     x.result.p99_us,
                     x.result.per_sec,
-                    x.bpf_ns_per_run.map(|n| format!("{n:.0}")).unwrap_or_else(|| "-".into()),
+                    x.bpf_ns_per_run.map_or_else(|| "-".into(), |n| format!("{n:.0}")),
                     x.result.errors
                 );
             }
@@ -120,7 +120,7 @@ fn spread(s: Spread, decimals: usize) -> String {
 
 /// Bytes in MiB.
 fn mib(bytes: u64) -> f64 {
-    bytes as f64 / 1048576.0
+    bytes as f64 / 1_048_576.0
 }
 
 /// The targets, judged from this run's rows.
@@ -139,16 +139,16 @@ fn targets(r: &Report) -> String {
         );
         let bpf = r.row(DataPath::Tierlb, n, LoadMode::Connect).and_then(|x| x.bpf_ns_per_run);
         match (p50(DataPath::Iptables, n), bpf) {
-            (Some(i), Some(b)) => {
-                let overhead = (i - d) * 1e3;
+            (Some(iptables), Some(bpf_ns)) => {
+                let overhead = (iptables - d) * 1e3;
                 let _ = writeln!(
                     s,
-                    "| at 10,000 Services at least 5x cheaper per connect than iptables | iptables adds {:.1} us over direct (p50), tierlb's connect4 costs {:.2} us per call: {:.0}x; whole p50 {i:.1} vs {t:.1} us = {:.1}x | {} |",
+                    "| at 10,000 Services at least 5x cheaper per connect than iptables | iptables adds {:.1} us over direct (p50), tierlb's connect4 costs {:.2} us per call: {:.0}x; whole p50 {iptables:.1} vs {t:.1} us = {:.1}x | {} |",
                     overhead / 1e3,
-                    b / 1e3,
-                    overhead / b,
-                    i / t,
-                    verdict(overhead / b >= 5.0)
+                    bpf_ns / 1e3,
+                    overhead / bpf_ns,
+                    iptables / t,
+                    verdict(overhead / bpf_ns >= 5.0)
                 );
             }
             _ => {
@@ -218,7 +218,7 @@ mod tests {
                 load("nft -f", 1, done(40)),
                 load("nft -f", 1_000, done(400)),
                 load("nft -f", 10_000, done(20_450)),
-                load("nft -f", 50_000, LoadTime::Stopped { limit: Duration::from_secs(600) }),
+                load("nft -f", 50_000, LoadTime::Stopped { limit: Duration::from_mins(10) }),
             ],
         }
     }

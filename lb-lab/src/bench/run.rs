@@ -51,7 +51,10 @@ fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Opti
 }
 
 /// How long a rule set may take to load before the row is reported as not loaded.
-const LOAD_LIMIT: Duration = Duration::from_secs(600);
+const LOAD_LIMIT: Duration = Duration::from_mins(10);
+
+/// A hash map entry is its key and value plus about this many bytes of the kernel's element header.
+const HASH_OVERHEAD: usize = 16;
 
 /// The load side of the bench: the client binary, the namespace and the run length.
 struct Loader<'a> {
@@ -178,8 +181,6 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         }
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
         let slots: usize = rec.applied().map(|(_, _, d)| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
-        // A hash map entry is its key and value plus about 16 bytes of the kernel's element header.
-        const HASH_OVERHEAD: usize = 16;
         let map_bytes = slots * (size_of::<SlotKey>() + size_of::<Backend>() + HASH_OVERHEAD)
             + rec.applied().count() * (size_of::<FrontendKey>() + size_of::<FrontendValue>() + HASH_OVERHEAD);
         map_memory =
@@ -282,7 +283,7 @@ fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<AgentFigures> {
             .collect()
     };
     while !std::fs::read_to_string(&log).unwrap_or_default().contains("tierlb agent ready") {
-        if t0.elapsed() > Duration::from_secs(120) || matches!(child.inner().try_wait(), Ok(Some(_))) {
+        if t0.elapsed() > Duration::from_mins(2) || matches!(child.inner().try_wait(), Ok(Some(_))) {
             bail!("agent did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
         }
         std::thread::sleep(Duration::from_millis(20));

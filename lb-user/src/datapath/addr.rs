@@ -15,6 +15,7 @@ pub fn words(ip: IpAddr) -> [u32; 4] {
     }
 }
 
+/// The address `words` hold, read as `family` (`FAMILY_V6`, else IPv4).
 pub fn ip_from_words(words: [u32; 4], family: u8) -> IpAddr {
     if family == FAMILY_V6 {
         let mut o = [0u8; 16];
@@ -31,18 +32,22 @@ fn family(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
 }
 
+/// The `FRONTENDS` key of a Service's `ip`:`port` over `proto` (an IPPROTO_* number).
 pub fn frontend_key(ip: IpAddr, port: u16, proto: u8) -> FrontendKey {
     FrontendKey { addr: words(ip), port: port.to_be(), proto, family: family(ip) }
 }
 
+/// The map form of an endpoint's `addr` over `proto`, as `SLOTS` and `BACKEND_STATE` hold it.
 pub fn backend(addr: SocketAddr, proto: u8) -> Backend {
     Backend { addr: words(addr.ip()), port: addr.port().to_be(), proto, family: family(addr.ip()) }
 }
 
+/// The Service address a `FRONTENDS` key stands for.
 pub fn frontend_addr(key: &FrontendKey) -> SocketAddr {
     SocketAddr::new(ip_from_words(key.addr, key.family), u16::from_be(key.port))
 }
 
+/// The endpoint address a map `Backend` stands for.
 pub fn backend_addr(b: &Backend) -> SocketAddr {
     SocketAddr::new(ip_from_words(b.addr, b.family), u16::from_be(b.port))
 }

@@ -102,7 +102,8 @@ fn send(fd: &OwnedFd, ty: u16, flags: u16, req: &DiagReq) -> std::io::Result<()>
 fn recv(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
     // SAFETY: buf is valid for writes of its length.
     let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n as usize) }
+    // -1 with errno set, or the byte count.
+    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
 }
 
 /// The sock_diag ids of this namespace's UDP sockets with one of `cookies`.
@@ -162,7 +163,13 @@ fn sockopt_u64(fd: &impl AsRawFd, opt: i32) -> std::io::Result<u64> {
     let mut len = size_of::<u64>() as libc::socklen_t;
     // SAFETY: v/len are valid for the sizes given.
     let r = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, opt, std::ptr::from_mut(&mut v).cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            std::ptr::from_mut(&mut v).cast(),
+            &raw mut len,
+        )
     };
     if r != 0 { Err(std::io::Error::last_os_error()) } else { Ok(v) }
 }

@@ -28,11 +28,14 @@ pub const PROGRAMS: &[&str] =
 /// oldest LTS with everything the data path uses and is what is tested.
 pub const MIN_KERNEL: (u32, u32) = (6, 1);
 
+/// The maps' sizes, set before load (`EbpfLoader::set_max_entries`); the defaults are lb_common's.
 #[derive(Clone, Copy, Debug)]
 pub struct Capacities {
     /// Frontends (VIP, port, protocol) and service ids.
     pub services: u32,
+    /// Backend slots, summed over every frontend's tiers.
     pub slots: u32,
+    /// Backends `BACKEND_STATE` can mark down at once.
     pub backends: u32,
     /// Reverse entries (socket, backend) -> VIP.
     pub reverse: u32,
@@ -49,39 +52,62 @@ impl Default for Capacities {
     }
 }
 
+/// Why the data path could not be loaded, attached or opened.
 #[derive(Debug, thiserror::Error)]
 pub enum DatapathError {
+    /// The binary was built without the BPF object.
     #[error(
         "this tierlb binary carries no BPF object (it was built with AYA_BUILD_SKIP=1); rebuild it with \
          `cargo xtask build`"
     )]
     NoObject,
+    /// The running kernel is older than `MIN_KERNEL`.
     #[error("kernel {found} is too old: tierlb needs Linux >= {}.{} with BTF and cgroup2", MIN_KERNEL.0, MIN_KERNEL.1)]
-    KernelTooOld { found: String },
+    KernelTooOld {
+        /// The kernel's release, as `uname -r` prints it.
+        found: String,
+    },
+    /// A BPF operation failed with EPERM: the process lacks privileges.
     #[error(
         "permission denied while {what}: run the agent as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN"
     )]
     Permission {
+        /// The operation, as "loading the BPF object".
         what: String,
+        /// aya's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A BPF operation failed otherwise.
     #[error("{what}")]
     Bpf {
+        /// The operation, as "map FRONTENDS".
         what: String,
+        /// aya's error, or what was missing.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The object lacks a map the agent needs (an object from another version).
     #[error("map {name} is missing from the BPF object")]
-    MissingMap { name: &'static str },
+    MissingMap {
+        /// The map's name (one of `MAPS`).
+        name: &'static str,
+    },
+    /// A pinned map's key or value size differs from this version's.
     #[error(
         "pinned map {path} has another layout (left by another tierlb version): remove the old state with \
          `tierlb agent --cleanup --bpffs DIR --node NAME`, then start the agent again"
     )]
-    Incompatible { path: PathBuf },
+    Incompatible {
+        /// The pin.
+        path: PathBuf,
+    },
+    /// A pinned map could not be opened or inspected.
     #[error("cannot open pinned map {path}: {source} (is an agent running with this --bpffs?)")]
     Pinned {
+        /// The pin.
         path: PathBuf,
+        /// aya's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -110,7 +136,7 @@ fn bpf_err<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>
     }
 }
 
-/// `uname -r` parsed as (major, minor).
+/// `uname -r` parsed as (major, minor), with the whole release for messages.
 pub fn kernel_version() -> Option<(u32, u32, String)> {
     let release = nix::sys::utsname::uname().ok()?.release().to_string_lossy().into_owned();
     let mut parts = release.split(|c: char| !c.is_ascii_digit());
@@ -119,6 +145,8 @@ pub fn kernel_version() -> Option<(u32, u32, String)> {
     Some((major, minor, release))
 }
 
+/// Refuse kernels older than `MIN_KERNEL` with a message naming the release; an unparsable release passes
+/// (the load then says what is missing).
 pub fn check_kernel() -> Result<(), DatapathError> {
     match kernel_version() {
         Some((major, minor, release)) if (major, minor) < MIN_KERNEL => {
@@ -142,7 +170,9 @@ pub fn embedded_object() -> Option<&'static [u8]> {
 
 /// The loaded programs and their maps.
 pub struct Loaded {
+    /// The programs of `PROGRAMS`, to attach.
     pub programs: Programs,
+    /// The maps, for a `Reconciler`.
     pub maps: KernelMaps,
 }
 
@@ -285,18 +315,19 @@ impl KernelMaps {
 
     /// `maps` in the order of `MAPS`.
     fn from_maps(maps: Vec<Map>, caps: Option<Capacities>) -> Result<Self, DatapathError> {
-        let [f, s, b, c, n, r]: [Map; MAPS.len()] =
-            maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
+        let [frontends, slots, state, counters, names, reverse]: [Map; MAPS.len()] =
+            maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
-            HashMap::try_from(f).map_err(conv(MAP_FRONTENDS))?;
-        let slots = HashMap::try_from(s).map_err(conv(MAP_SLOTS))?;
-        let state = HashMap::try_from(b).map_err(conv(MAP_BACKEND_STATE))?;
-        let counters: PerCpuArray<MapData, u64> = PerCpuArray::try_from(c).map_err(conv(MAP_COUNTERS))?;
-        let names = HashMap::try_from(n).map_err(conv(MAP_NAMES))?;
-        let reverse = HashMap::try_from(r).map_err(conv(MAP_REVERSE))?;
+            HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
+        let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
+        let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
+        let counters: PerCpuArray<MapData, u64> =
+            PerCpuArray::try_from(counters).map_err(conv(MAP_COUNTERS))?;
+        let names = HashMap::try_from(names).map_err(conv(MAP_NAMES))?;
+        let reverse = HashMap::try_from(reverse).map_err(conv(MAP_REVERSE))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,

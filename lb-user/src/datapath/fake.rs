@@ -8,6 +8,7 @@ use lb_common::{
 use super::{MapError, MapReader, MapWriter};
 use crate::model::ServicePortName;
 
+/// The maps in memory: a `MapWriter` and `MapReader` that fails where the kernel's would (a full map).
 #[derive(Debug, Default)]
 pub struct FakeMaps {
     frontends: BTreeMap<FrontendKey, FrontendValue>,
@@ -22,12 +23,15 @@ pub struct FakeMaps {
 }
 
 impl FakeMaps {
+    /// Empty maps holding at most `max_services` frontends and `max_slots` slots.
     pub fn new(max_services: u32, max_slots: u32) -> Self {
         Self { max_services, max_slots, ..Self::default() }
     }
+    /// The frontend stored under `key`.
     pub fn frontend(&self, key: FrontendKey) -> Option<FrontendValue> {
         self.frontends.get(&key).copied()
     }
+    /// Slots stored, over every frontend and generation.
     pub fn slot_count(&self) -> usize {
         self.slots.len()
     }

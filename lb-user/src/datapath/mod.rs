@@ -40,15 +40,34 @@ pub type Desired = BTreeMap<FrontendKey, DesiredFrontend>;
 /// A map operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
+    /// The map has no room for another entry.
     #[error("map {map} is full ({capacity} entries); raise its capacity with --max-{flag}")]
-    Full { map: &'static str, capacity: u32, flag: &'static str },
+    Full {
+        /// The map's name.
+        map: &'static str,
+        /// Its max_entries.
+        capacity: u32,
+        /// The agent flag that sets it, less `--max-`.
+        flag: &'static str,
+    },
+    /// A tier has more backends than a `TierRange`'s u16 length can say.
     #[error("a tier of {len} backends does not fit a slot range (at most 65535)")]
-    TierTooLong { len: usize },
+    TierTooLong {
+        /// The tier's length.
+        len: usize,
+    },
+    /// Every service id up to the frontends' capacity is taken.
     #[error("no free service id (all {capacity} in use); raise --max-services")]
-    NoServiceId { capacity: u32 },
+    NoServiceId {
+        /// The frontends' capacity.
+        capacity: u32,
+    },
+    /// The bpf() call failed otherwise.
     #[error("map {map}: {source}")]
     Sys {
+        /// The map's name.
         map: &'static str,
+        /// The kernel's error.
         #[source]
         source: std::io::Error,
     },

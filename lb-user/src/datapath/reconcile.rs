@@ -334,7 +334,7 @@ impl<W: MapWriter> Reconciler<W> {
     pub fn adopt(&mut self) -> Result<AdoptReport, MapError> {
         let current = super::read_back(&self.writer)?;
         let mut report = AdoptReport::default();
-        let mut used = std::collections::BTreeSet::new();
+        let mut used = BTreeSet::new();
         for (key, rb) in &current {
             let label = self.writer.name(rb.value.svc_id)?.unwrap_or_default();
             let name = label.parse::<ServicePortName>().unwrap_or_else(|_| {
@@ -346,7 +346,7 @@ impl<W: MapWriter> Reconciler<W> {
             used.insert(rb.value.svc_id);
             report.frontends += 1;
         }
-        let live: std::collections::BTreeSet<(u32, u32)> =
+        let live: BTreeSet<(u32, u32)> =
             current.values().map(|rb| (rb.value.svc_id, rb.value.generation)).collect();
         for key in self.writer.slot_keys()? {
             if !live.contains(&(key.svc_id, key.generation)) {
@@ -475,7 +475,7 @@ mod tests {
 
         let mut second = Reconciler::new(maps);
         let rep = second.adopt().unwrap();
-        assert_eq!(rep, super::AdoptReport { frontends: 2, orphan_slots_removed: 1, unnamed: 0 });
+        assert_eq!(rep, AdoptReport { frontends: 2, orphan_slots_removed: 1, unnamed: 0 });
         let writes = second.writer().writes();
         let rep = second.apply(&d, t0);
         assert_eq!((rep.unchanged, rep.changed()), (2, 0), "nothing rewritten after adoption");
@@ -483,8 +483,7 @@ mod tests {
         // A new frontend gets a fresh id, not one in use.
         d.insert(fe("10.96.0.3:80"), want(&[], &["10.0.0.4:80"]));
         second.apply(&d, t0);
-        let ids: std::collections::BTreeSet<u32> =
-            second.writer().frontends().unwrap().iter().map(|(_, v)| v.svc_id).collect();
+        let ids: BTreeSet<u32> = second.writer().frontends().unwrap().iter().map(|(_, v)| v.svc_id).collect();
         assert_eq!(ids.len(), 3);
         assert_eq!(
             second

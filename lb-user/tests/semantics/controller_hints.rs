@@ -9,8 +9,8 @@ fn hinted(td: Option<&str>, eps: &[E]) -> (Vec<Endpoint>, hints::HintOutcome) {
     (slices.into_iter().flat_map(|s| s.endpoints).collect(), out)
 }
 
-fn strs(v: &Option<Vec<String>>) -> Option<Vec<&str>> {
-    v.as_ref().map(|v| v.iter().map(String::as_str).collect())
+fn strs(v: Option<&[String]>) -> Option<Vec<&str>> {
+    v.map(|v| v.iter().map(String::as_str).collect())
 }
 
 #[test]
@@ -35,8 +35,8 @@ fn controller_hints_per_traffic_distribution_value() {
     ];
     for c in cases {
         let (eps, _) = hinted(c.td, &[e("10.0.0.1", "n1").zone("a").nodes(&["old"]).zones(&["old"])]);
-        assert_eq!(strs(&eps[0].for_nodes), c.nodes, "{}", c.name);
-        assert_eq!(strs(&eps[0].for_zones), c.zones, "{}", c.name);
+        assert_eq!(strs(eps[0].for_nodes.as_deref()), c.nodes, "{}", c.name);
+        assert_eq!(strs(eps[0].for_zones.as_deref()), c.zones, "{}", c.name);
     }
 }
 
@@ -46,8 +46,12 @@ fn controller_skips_not_ready_endpoints_and_writes_no_zone_hint_without_a_zone()
         Some("PreferSameNode"),
         &[e("10.0.0.1", "n1").terminating().nodes(&["old"]), e("10.0.0.2", "n2")],
     );
-    assert_eq!(strs(&eps[0].for_nodes), Some(vec!["old"]), "not-ready endpoints keep their old hints");
-    assert_eq!(strs(&eps[1].for_nodes), Some(vec!["n2"]));
+    assert_eq!(
+        strs(eps[0].for_nodes.as_deref()),
+        Some(vec!["old"]),
+        "not-ready endpoints keep their old hints"
+    );
+    assert_eq!(strs(eps[1].for_nodes.as_deref()), Some(vec!["n2"]));
     assert_eq!(eps[1].for_zones, None, "no zone, no zone hint");
 }
 
