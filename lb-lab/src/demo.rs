@@ -236,13 +236,34 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         c.add_node(n, &[])?;
     }
     clock.say("three agents ready (node-1, node-2, node-3; one zone, no zone label)");
-    let mut ok = true;
     let mut chart = Vec::new();
+    let local = local_roll(&mut c, &svc, &clock, &mut chart)?;
+    svc.internal_traffic_policy = None;
+    let prefer_same_node = prefer_same_node_roll(&mut c, &svc, &clock, &mut chart)?;
+    let pdf = pdf_resume(&mut c)?;
+    let dns = dns_through_a_vip(&mut c)?;
+    let ok = local && prefer_same_node && pdf && dns;
 
+    std::fs::create_dir_all(out_dir)?;
+    let svg = out_dir.join("demo-timeline.svg");
+    std::fs::write(&svg, timeline_chart(chart)?)?;
+    drop(c);
+    println!(
+        "\n{} demo finished in {:.0} s; chart: {}",
+        if ok { "PASS" } else { "FAIL" },
+        clock.0.elapsed().as_secs_f64(),
+        svg.display()
+    );
+    Ok(ok)
+}
+
+/// Act 1: the DaemonSet rolls under `internalTrafficPolicy: Local`; each node loses its traffic in its
+/// window, and tierlb fails those requests at once where kube-proxy would drop them.
+fn local_roll(c: &mut SimCluster, svc: &Svc, clock: &Elapsed, chart: &mut Vec<Line>) -> anyhow::Result<bool> {
     println!(
         "\n-- 1. internalTrafficPolicy: Local (+ trafficDistribution: PreferSameNode, a dead line): the DaemonSet rolls"
     );
-    let (r1, _) = roll_phase(&mut c, &svc, &clock)?;
+    let (r1, _) = roll_phase(c, svc, clock)?;
     let (failed, slowest, _) = roll_table(&r1);
     println!(
         "   kube-proxy would have DROPPED those {failed} requests: each client waits its full {TIMEOUT_S:.0} s timeout \
@@ -254,16 +275,23 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         "   verdict: {} - a Local policy loses a node's traffic during its roll; tierlb makes the loss instant",
         pass(v1)
     );
-    ok &= v1;
     chart.extend(timeline(&r1, "Local"));
+    Ok(v1)
+}
 
+/// Act 2: the same roll under PreferSameNode: no failed request, traffic leaves a node only in its window.
+fn prefer_same_node_roll(
+    c: &mut SimCluster,
+    svc: &Svc,
+    clock: &Elapsed,
+    chart: &mut Vec<Line>,
+) -> anyhow::Result<bool> {
     println!("\n-- 2. trafficDistribution: PreferSameNode (internalTrafficPolicy unset): the same roll");
-    svc.internal_traffic_policy = None;
     for i in 0..3 {
         c.stop_pod(SocketAddr::new(pod_ip(i, 1), 8080));
         c.add_pod(SocketAddr::new(pod_ip(i, 0), 8080), &pod_name(i, 0))?;
     }
-    let (r2, windows) = roll_phase(&mut c, &svc, &clock)?;
+    let (r2, windows) = roll_phase(c, svc, clock)?;
     let (failed2, _, remote2) = roll_table(&r2);
     let outside_local = r2.iter().enumerate().all(|(i, r)| {
         let (_, s, e) = windows[i];
@@ -281,9 +309,13 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         "   verdict: {} - PreferSameNode falls back to the other nodes with zero failed requests",
         pass(v2)
     );
-    ok &= v2;
     chart.extend(timeline(&r2, "PreferSameNode"));
+    Ok(v2)
+}
 
+/// Act 3: the PDF-resume service, two replicas on three nodes with clients 50/30/20: measured shares next to
+/// the simulator's.
+fn pdf_resume(c: &mut SimCluster) -> anyhow::Result<bool> {
     println!(
         "\n-- 3. The PDF-resume service: two replicas (node-1, node-3) on three nodes, clients 50/30/20"
     );
@@ -343,7 +375,7 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         let before = c.syncs_all();
         write_service(c.manifests.path(), &pdf_svc, &eps)?;
         c.wait_synced(&before)?;
-        let m = shares(&c, [500, 300, 200], pdf)?;
+        let m = shares(c, [500, 300, 200], pdf)?;
         let (a, b) =
             (m.get("pdf-on-node-1").copied().unwrap_or(0.0), m.get("pdf-on-node-3").copied().unwrap_or(0.0));
         println!("   {label:<32} {:>13.1}% {:>13.1}%", a * 100.0, b * 100.0);
@@ -354,8 +386,11 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         "   verdict: {} - PreferSameNode skews the two replicas (the story saw 65/35); unset spreads evenly",
         pass(v3)
     );
-    ok &= v3;
+    Ok(v3)
+}
 
+/// Act 4: DNS over UDP through a Service VIP, answered by the node's resolver with the VIP as the source.
+fn dns_through_a_vip(c: &mut SimCluster) -> anyhow::Result<bool> {
     println!(
         "\n-- 4. DNS through a Service VIP (UDP): kube-dns with resolvers on node-1 and node-3, PreferSameNode"
     );
@@ -395,19 +430,7 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
         v4 &= failed == 0 && sources.len() == 1 && sources.contains(&dns_vip.to_string());
     }
     println!("   verdict: {} - UDP through the VIP, replies carry the VIP as their source", pass(v4));
-    ok &= v4;
-
-    std::fs::create_dir_all(out_dir)?;
-    let svg = out_dir.join("demo-timeline.svg");
-    std::fs::write(&svg, timeline_chart(chart)?)?;
-    drop(c);
-    println!(
-        "\n{} demo finished in {:.0} s; chart: {}",
-        if ok { "PASS" } else { "FAIL" },
-        clock.0.elapsed().as_secs_f64(),
-        svg.display()
-    );
-    Ok(ok)
+    Ok(v4)
 }
 
 /// A verdict as the demo prints it.

@@ -118,7 +118,7 @@ pub enum Origin {
         /// 0-based index of the YAML document in the file (`---` separated); `None` for the whole file.
         document: Option<usize>,
         /// What the document is, as far as it could be read ("Service web", "Deployment d",
-        /// "Service <no name>"): for people only, since a broken document may have no identity.
+        /// "Service &lt;no name&gt;"): for people only, since a broken document may have no identity.
         object: Option<String>,
     },
     /// An object as the API server holds it.
