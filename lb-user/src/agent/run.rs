@@ -136,12 +136,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
     let source_name = source.describe();
     let pin_dir = match &opts.bpffs {
-        Some(base) => {
-            pins::check_bpffs(base)?;
-            let dir = pins::instance_dir(base, opts.instance.as_deref().unwrap_or(&opts.node));
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            Some(dir)
-        }
+        Some(base) => Some(pins::prepare(base, opts.instance.as_deref().unwrap_or(&opts.node))?),
         None => None,
     };
     let Loaded { mut programs, maps } = Loaded::load(opts.capacities, pin_dir.as_deref())?;

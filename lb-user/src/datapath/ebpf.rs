@@ -102,6 +102,24 @@ pub enum DatapathError {
         /// The pin.
         path: PathBuf,
     },
+    /// A pinned map was made with another capacity than the flags ask for now; reusing it would silently
+    /// ignore the flag (and a full map's error would advise raising a flag that has no effect).
+    #[error(
+        "pinned map {} was made for --max-{flag} {pinned} but the agent now asks for --max-{flag} {wanted}: \
+         start it with --max-{flag} {pinned}, or remove the old state with `tierlb agent --cleanup --bpffs DIR \
+         --node NAME` (connects are not translated until the agent is back) and start again",
+        path.display()
+    )]
+    Capacity {
+        /// The pin.
+        path: PathBuf,
+        /// The flag that sizes it (without `--max-`).
+        flag: &'static str,
+        /// The flag's value the pinned map was made for.
+        pinned: u32,
+        /// The flag's value now.
+        wanted: u32,
+    },
     /// A pinned map could not be opened or inspected.
     #[error("cannot open pinned map {path}: {source} (is an agent running with this --bpffs?)")]
     Pinned {
@@ -190,19 +208,14 @@ impl Loaded {
     pub fn load(caps: Capacities, pin_dir: Option<&Path>) -> Result<Self, DatapathError> {
         check_kernel()?;
         let object = embedded_object().ok_or(DatapathError::NoObject)?;
-        let counters = caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE);
         let mut loader = EbpfLoader::new();
-        loader
-            .map_max_entries(MAP_FRONTENDS, caps.services)
-            .map_max_entries(MAP_SLOTS, caps.slots)
-            .map_max_entries(MAP_BACKEND_STATE, caps.backends)
-            .map_max_entries(MAP_COUNTERS, counters)
-            .map_max_entries(MAP_NAMES, caps.services.saturating_add(1))
-            .map_max_entries(MAP_REVERSE, caps.reverse);
+        for name in MAPS {
+            loader.map_max_entries(name, map_size(name, caps).entries);
+        }
         let paths: Vec<(&str, PathBuf)> =
             pin_dir.map(|d| MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
         if pin_dir.is_some() {
-            check_pinned_layout(&paths)?;
+            check_pinned_layout(&paths, caps)?;
         }
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
@@ -224,9 +237,38 @@ impl Loaded {
     }
 }
 
+/// How a map is sized: its entries for these capacities, the flag that sizes it (without `--max-`), that
+/// flag's value, and the flag value a map of `n` entries was made for (the counter array holds
+/// `COUNTERS_PER_SERVICE` per service id plus the global ones; the name map one per service id plus id 0).
+struct MapSize {
+    entries: u32,
+    flag: &'static str,
+    value: u32,
+    value_of: fn(u32) -> u32,
+}
+
+fn map_size(name: &str, caps: Capacities) -> MapSize {
+    let same = |n: u32| n;
+    let (entries, flag, value, value_of): (u32, _, _, fn(u32) -> u32) = match name {
+        MAP_FRONTENDS => (caps.services, "services", caps.services, same),
+        MAP_SLOTS => (caps.slots, "slots", caps.slots, same),
+        MAP_BACKEND_STATE => (caps.backends, "backends", caps.backends, same),
+        MAP_COUNTERS => (
+            caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE),
+            "services",
+            caps.services,
+            |n| (n / COUNTERS_PER_SERVICE).saturating_sub(1),
+        ),
+        MAP_REVERSE => (caps.reverse, "reverse", caps.reverse, same),
+        _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
+    };
+    MapSize { entries, flag, value, value_of }
+}
+
 /// Pinned maps from another tierlb version may have another key or value size; reusing them would make
-/// every lookup wrong, so refuse and say how to start clean.
-fn check_pinned_layout(paths: &[(&str, PathBuf)]) -> Result<(), DatapathError> {
+/// every lookup wrong, so refuse and say how to start clean. Pinned maps of another capacity than the flags
+/// ask for are refused too, naming both values.
+fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -> Result<(), DatapathError> {
     let expect = |name: &str| -> (u32, u32) {
         match name {
             MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
@@ -248,6 +290,15 @@ fn check_pinned_layout(paths: &[(&str, PathBuf)]) -> Result<(), DatapathError> {
         let (k, v) = expect(name);
         if (info.key_size(), info.value_size()) != (k, v) {
             return Err(DatapathError::Incompatible { path: path.clone() });
+        }
+        let size = map_size(name, caps);
+        if info.max_entries() != size.entries {
+            return Err(DatapathError::Capacity {
+                path: path.clone(),
+                flag: size.flag,
+                pinned: (size.value_of)(info.max_entries()),
+                wanted: size.value,
+            });
         }
     }
     Ok(())
@@ -278,8 +329,7 @@ impl Programs {
             let link = prog.take_link(id).map_err(|e| bpf_err(format!("taking the link of {name}"), e))?;
             let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("link of {name}"), e))?;
             let path = super::pins::link_pin(dir, name);
-            // bpffs refuses names with a dot, so no ".new" suffix.
-            let fresh = dir.join(format!("link_{name}_new"));
+            let fresh = super::pins::new_link_pin(dir, name);
             let _ = std::fs::remove_file(&fresh);
             link.pin(&fresh).map_err(|e| bpf_err(format!("pinning the link of {name}"), e))?;
             // rename(2) over the old pin drops the old link's last reference: the old program detaches only

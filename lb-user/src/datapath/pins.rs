@@ -25,15 +25,20 @@ pub enum PinError {
         #[source]
         source: nix::Error,
     },
-    /// The directory is on another filesystem: pins there would fail.
+    /// The directory (or, while it does not exist, the nearest one above it) is on another filesystem: pins
+    /// there would fail.
     #[error(
-        "--bpffs {0}: not a bpf filesystem; mount one there (`mount -t bpf bpf {0}`) or use a directory under \
-         /sys/fs/bpf",
-        .dir.display()
+        "--bpffs {}: {} is not on a bpf filesystem; mount one there (`mount -t bpf bpf {}`) or use a directory \
+         under /sys/fs/bpf",
+        dir.display(),
+        checked.display(),
+        checked.display()
     )]
     NotBpffs {
         /// The `--bpffs` directory.
         dir: PathBuf,
+        /// The directory whose filesystem was checked: `dir`, or its nearest existing parent.
+        checked: PathBuf,
     },
     /// No agent instance has pinned maps there.
     #[error("no agent instance{} pinned under {} (start `tierlb agent --bpffs {}`)",
@@ -61,12 +66,17 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PinError + '_ {
 
 /// Check that `dir` is on a bpffs (pins anywhere else fail, and late).
 pub fn check_bpffs(dir: &Path) -> Result<(), PinError> {
-    let fs = nix::sys::statfs::statfs(dir)
+    check_bpffs_at(dir, dir)
+}
+
+/// Check that `checked` (`dir` or an existing parent of it) is on a bpffs.
+fn check_bpffs_at(dir: &Path, checked: &Path) -> Result<(), PinError> {
+    let fs = nix::sys::statfs::statfs(checked)
         .map_err(|source| PinError::Unreadable { dir: dir.to_owned(), source })?;
     #[expect(clippy::useless_conversion, reason = "the magic's integer type differs between libc targets")]
     let magic = i64::from(fs.filesystem_type().0);
     if magic != BPF_FS_MAGIC {
-        return Err(PinError::NotBpffs { dir: dir.to_owned() });
+        return Err(PinError::NotBpffs { dir: dir.to_owned(), checked: checked.to_owned() });
     }
     Ok(())
 }
@@ -81,13 +91,36 @@ pub(crate) fn link_pin(dir: &Path, prog: &str) -> PathBuf {
     dir.join(format!("link_{prog}"))
 }
 
+/// Where a new link is pinned before it replaces the old one by rename (bpffs refuses names with a dot, so no
+/// `.new` suffix). An agent killed between the pin and the rename leaves it behind.
+pub(crate) fn new_link_pin(dir: &Path, prog: &str) -> PathBuf {
+    dir.join(format!("link_{prog}_new"))
+}
+
+/// Make the agent's pin directory `BPFFS/<instance>`, creating `BPFFS` too if it does not exist yet (on a
+/// fresh node the bpffs is `/sys/fs/bpf` itself and nothing has made `/sys/fs/bpf/tierlb`). The directory,
+/// or the nearest one above it that exists, must be on a bpffs.
+pub fn prepare(bpffs: &Path, instance: &str) -> Result<PathBuf, PinError> {
+    let existing = bpffs.ancestors().find(|d| d.exists()).unwrap_or(bpffs);
+    check_bpffs_at(bpffs, existing)?;
+    let dir = instance_dir(bpffs, instance);
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    Ok(dir)
+}
+
 /// Remove an instance's pinned links (detaching its programs) and maps, then its directory if empty
 /// (`tierlb agent --cleanup`). Returns the pins removed.
 pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
+    if !bpffs.exists() {
+        return Ok(Vec::new());
+    }
     check_bpffs(bpffs)?;
     let dir = instance_dir(bpffs, instance);
     let mut removed = Vec::new();
-    let pins = PROGRAMS.iter().map(|p| link_pin(&dir, p)).chain(MAPS.iter().map(|m| dir.join(m)));
+    let pins = PROGRAMS
+        .iter()
+        .flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)])
+        .chain(MAPS.iter().map(|m| dir.join(m)));
     for p in pins {
         if p.exists() {
             std::fs::remove_file(&p).map_err(io(&p))?;
