@@ -119,6 +119,10 @@ pub struct AgentArgs {
     /// `off`.
     #[arg(long, default_value = "0.0.0.0")]
     pub service_health_bind: crate::server::BindIp,
+    /// A proc root to search for pods' network namespaces (socket destruction), after the runtimes'
+    /// /run/netns: the host's /proc if it is mounted elsewhere, or `off`.
+    #[arg(long, default_value = "/proc")]
+    pub host_proc: String,
     /// Detach this instance's programs and remove its pinned maps, then exit (needs --bpffs).
     #[arg(long, requires = "bpffs")]
     pub cleanup: bool,
@@ -153,6 +157,7 @@ impl AgentArgs {
             healthz_addr: self.healthz_addr.0,
             metrics_addr: self.metrics_addr.0,
             service_health_bind: self.service_health_bind.0,
+            host_proc: (self.host_proc != "off").then(|| PathBuf::from(&self.host_proc)),
             capacities: crate::datapath::ebpf::Capacities {
                 services: self.max_services,
                 slots: self.max_slots,
@@ -373,8 +378,8 @@ pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
         );
         if down {
             // Connected UDP sockets to it would keep sending there: end them, they reconnect through the VIP.
-            let mut finder = crate::datapath::destroy::NetnsFinder::default();
-            let r = crate::datapath::destroy::destroy_udp_sockets(&mut maps, &mut finder, |_, x| *x == b);
+            let finder = crate::datapath::destroy::NetnsFinder::default();
+            let r = crate::datapath::destroy::destroy_udp_sockets(&mut maps, &finder, |_, x| *x == b);
             if r.destroyed > 0 {
                 let _ = writeln!(out, "{name}: destroyed {} connected UDP sockets to it", r.destroyed);
             }

@@ -55,6 +55,13 @@ pub(super) fn log_destroyed(r: &DestroyReport) {
             "destroyed connected UDP sockets whose backend left their Service"
         );
     }
+    if r.netns_not_found > 0 {
+        tracing::warn!(
+            entries = r.netns_not_found,
+            "connected UDP sockets not ended: their network namespace was not found (the pod is gone, or its \
+             namespace is not visible to the agent)"
+        );
+    }
     for e in &r.errors {
         tracing::warn!("{e}");
     }

@@ -58,6 +58,8 @@ pub struct AgentOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Address the `healthCheckNodePort` listeners bind; `None`: off.
     pub service_health_bind: Option<IpAddr>,
+    /// A proc root to search for pods' network namespaces (after /run/netns); `None`: none.
+    pub host_proc: Option<PathBuf>,
 }
 
 /// Open the source; every change it sees is signalled on `changed`. The returned guard keeps a file watcher
@@ -177,9 +179,15 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     drop(tx);
     // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
     tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?PROGRAMS, "tierlb agent ready");
-    let mut finder = destroy::NetnsFinder::default();
+    let finder = destroy::NetnsFinder::new(opts.host_proc.clone());
     match destroy::probe() {
-        Ok(()) => tracing::debug!("socket destruction available"),
+        Ok(()) if finder.visible() > 1 => tracing::debug!("socket destruction available"),
+        Ok(()) => tracing::warn!(
+            dirs = ?finder.dirs,
+            proc = ?finder.proc_root,
+            "no pod network namespace is visible: connected UDP sockets to backends that leave a Service cannot be \
+             ended; mount the host's /run/netns (HostToContainer), or the host's /proc with --host-proc"
+        ),
         Err(why) => tracing::warn!(
             "{why}: connected UDP sockets to backends that leave a Service will not be ended (they reconnect only \
              when the application notices)"
@@ -200,7 +208,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                         // Rule 5: everything a sync changes happens before its "synced" line (tests wait for it).
                         sync_service_health(service_health.as_mut(), &mut stats, &r).await;
                         if r.updated + r.removed > 0 {
-                            log_destroyed(&destroy::destroy_departed(core.reconciler_mut(), &mut finder));
+                            log_destroyed(&destroy::destroy_departed(core.reconciler_mut(), &finder));
                         }
                         record(&health, &mut stats, &r);
                         log_sync(&r);

@@ -206,36 +206,85 @@ pub fn probe() -> Result<(), String> {
     })
 }
 
-/// Network namespaces by cookie, found through /proc/*/ns/net (each namespace checked once, cached).
-#[derive(Default)]
+/// Where pods' network namespaces are found, by netns cookie (unique for the kernel's uptime, unlike an
+/// inode number, which the kernel reuses: nothing is cached across passes).
+///
+/// In order: the bind mounts container runtimes keep for pod namespaces (`/run/netns`, `/var/run/netns`;
+/// a DaemonSet mounts the host's with HostToContainer propagation, and opening them needs no ptrace access),
+/// the agent's own namespace (host-network pods share the node's), then every process's `ns/net` under a
+/// proc root (the host's /proc when the agent shares the host's PID namespace or has it mounted; opening
+/// other users' processes' namespaces there needs CAP_SYS_PTRACE).
+#[derive(Clone, Debug)]
 pub struct NetnsFinder {
-    by_inode: BTreeMap<u64, (u64, PathBuf)>,
+    /// Directories of namespace bind mounts.
+    pub dirs: Vec<PathBuf>,
+    /// A proc root to scan (`/proc`, or the host's mounted elsewhere); `None`: none.
+    pub proc_root: Option<PathBuf>,
+}
+
+impl Default for NetnsFinder {
+    fn default() -> Self {
+        Self::new(Some(PathBuf::from("/proc")))
+    }
 }
 
 impl NetnsFinder {
-    /// An open handle on the network namespace with this cookie, if a process in it is visible in /proc.
-    pub fn find(&mut self, cookie: u64) -> Option<File> {
-        if let Some((_, path)) = self.by_inode.values().find(|(c, _)| *c == cookie)
-            && let Ok(f) = File::open(path)
-        {
-            return Some(f);
+    /// The runtimes' netns directories, the agent's own namespace, and `proc_root`.
+    pub fn new(proc_root: Option<PathBuf>) -> Self {
+        Self { dirs: vec![PathBuf::from("/run/netns"), PathBuf::from("/var/run/netns")], proc_root }
+    }
+
+    /// Every candidate namespace file, in search order (not yet deduplicated).
+    fn candidates(&self) -> impl Iterator<Item = PathBuf> + '_ {
+        let files = |d: &PathBuf| std::fs::read_dir(d).into_iter().flatten().flatten().map(|e| e.path());
+        let procs = self.proc_root.iter().flat_map(|p| {
+            std::fs::read_dir(p)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+                .map(|e| e.path().join("ns/net"))
+        });
+        self.dirs.iter().flat_map(files).chain([PathBuf::from("/proc/self/ns/net")]).chain(procs)
+    }
+
+    /// How many distinct network namespaces the agent can see (by inode, without entering them): 1 means
+    /// only its own, so sockets in pods cannot be reached.
+    pub fn visible(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        for path in self.candidates() {
+            if let Ok(m) = std::fs::metadata(&path) {
+                seen.insert((
+                    std::os::unix::fs::MetadataExt::dev(&m),
+                    std::os::unix::fs::MetadataExt::ino(&m),
+                ));
+            }
         }
-        let entries = std::fs::read_dir("/proc").ok()?;
-        for e in entries.flatten() {
-            let path = e.path().join("ns/net");
-            let Ok(meta) = std::fs::metadata(&path) else { continue };
-            let ino = std::os::unix::fs::MetadataExt::ino(&meta);
-            if self.by_inode.contains_key(&ino) {
+        seen.len()
+    }
+
+    /// Open handles on the network namespaces with these cookies, as far as they can be found; each
+    /// namespace is entered once per call to read its cookie.
+    pub fn find_all(&self, wanted: &BTreeSet<u64>) -> BTreeMap<u64, File> {
+        let mut found = BTreeMap::new();
+        let mut seen = std::collections::HashSet::new();
+        for path in self.candidates() {
+            if found.len() == wanted.len() {
+                break;
+            }
+            let Ok(m) = std::fs::metadata(&path) else { continue };
+            if !seen
+                .insert((std::os::unix::fs::MetadataExt::dev(&m), std::os::unix::fs::MetadataExt::ino(&m)))
+            {
                 continue;
             }
             let Ok(f) = File::open(&path) else { continue };
-            let Ok(Ok(c)) = in_netns(&f, netns_cookie_here) else { continue };
-            self.by_inode.insert(ino, (c, path));
-            if c == cookie {
-                return Some(f);
+            let Ok(Ok(cookie)) = in_netns(&f, netns_cookie_here) else { continue };
+            if wanted.contains(&cookie) {
+                found.insert(cookie, f);
             }
         }
-        None
+        found
     }
 }
 
@@ -244,15 +293,16 @@ impl NetnsFinder {
 pub struct DestroyReport {
     /// Sockets destroyed.
     pub destroyed: usize,
-    /// Reverse entries dropped because their socket is gone (or was never connected to the backend).
-    pub stale: usize,
+    /// Reverse entries dropped because their network namespace was not found: the pod is gone, or the agent
+    /// cannot see its namespace (see `NetnsFinder`).
+    pub netns_not_found: usize,
     /// What went wrong (deduplicated), for the log.
     pub errors: Vec<String>,
 }
 
 /// Destroy connected UDP sockets whose backend is no longer in any tier of their frontend (or is marked
 /// down): after a sync that updated or removed frontends, and after `tierlb backend down`.
-pub fn destroy_departed<W: MapWriter>(rec: &mut Reconciler<W>, finder: &mut NetnsFinder) -> DestroyReport {
+pub fn destroy_departed<W: MapWriter>(rec: &mut Reconciler<W>, finder: &NetnsFinder) -> DestroyReport {
     // Only UDP frontends have sockets to end (and building sets for every TCP one cost milliseconds per change
     // at 10,000 Services).
     let current: BTreeMap<FrontendKey, BTreeSet<Backend>> = rec
@@ -270,7 +320,7 @@ pub fn destroy_departed<W: MapWriter>(rec: &mut Reconciler<W>, finder: &mut Netn
 /// backend)` is true, and drop those reverse entries.
 pub fn destroy_udp_sockets(
     maps: &mut impl MapWriter,
-    finder: &mut NetnsFinder,
+    finder: &NetnsFinder,
     gone: impl Fn(&FrontendKey, &Backend) -> bool,
 ) -> DestroyReport {
     let mut report = DestroyReport::default();
@@ -292,9 +342,10 @@ pub fn destroy_udp_sockets(
             work.entry(v.netns_cookie).or_default().push(k);
         }
     }
+    let namespaces = finder.find_all(&work.keys().copied().collect());
     for (netns, keys) in work {
-        let Some(ns) = finder.find(netns) else {
-            report.stale += keys.len();
+        let Some(ns) = namespaces.get(&netns) else {
+            report.netns_not_found += keys.len();
             for k in &keys {
                 let _ = maps.delete_reverse(k);
             }
@@ -302,7 +353,7 @@ pub fn destroy_udp_sockets(
         };
         let cookies: BTreeSet<u64> = keys.iter().map(|k| k.cookie).collect();
         let targets: Vec<(u64, Backend)> = keys.iter().map(|k| (k.cookie, k.backend)).collect();
-        let result = in_netns(&ns, move || -> std::io::Result<(usize, Vec<String>)> {
+        let result = in_netns(ns, move || -> std::io::Result<(usize, Vec<String>)> {
             let mut destroyed = 0;
             let mut errors = Vec::new();
             for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
