@@ -6,6 +6,7 @@
 //! It does not depend on the product crate: what it knows of tierlb is the command line it starts.
 #![warn(missing_docs)]
 pub mod cluster;
+pub mod deployed;
 pub mod dns;
 pub mod manifests;
 pub mod probe;

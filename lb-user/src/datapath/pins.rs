@@ -127,10 +127,25 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
             removed.push(p);
         }
     }
-    if dir.exists() && std::fs::read_dir(&dir).map_err(io(&dir))?.next().is_none() {
-        std::fs::remove_dir(&dir).map_err(io(&dir))?;
+    remove_if_empty(&dir)?;
+    // The agent made `--bpffs` itself on a fresh node (see `prepare`); an uninstall leaves no trace of it,
+    // unless it is a mount point (a bpffs mounted there by the operator) or still holds other instances.
+    let is_mount_point = |d: &Path| {
+        use std::os::unix::fs::MetadataExt as _;
+        let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+        d.parent().is_none_or(|p| dev(p) != dev(d))
+    };
+    if bpffs.exists() && !is_mount_point(bpffs) {
+        remove_if_empty(bpffs)?;
     }
     Ok(removed)
+}
+
+fn remove_if_empty(dir: &Path) -> Result<(), PinError> {
+    if dir.exists() && std::fs::read_dir(dir).map_err(io(dir))?.next().is_none() {
+        std::fs::remove_dir(dir).map_err(io(dir))?;
+    }
+    Ok(())
 }
 
 /// Agent instances pinned under `bpffs`, sorted: (instance name, its directory). `only` picks one.

@@ -1,0 +1,401 @@
+//! The agent as `deploy/` runs it, on a simulated node: the DaemonSet is rendered with `kubectl kustomize`,
+//! and its container's constraints are applied to a real `tierlb agent` process.
+//!
+//! - A network namespace plays the node (the DaemonSet has `hostNetwork: true`); pods live in namespaces of
+//!   their own behind veth pairs, routed through the node.
+//! - The agent runs in a new PID namespace (unless `hostPID`), with /proc mounted for it, and a new mount
+//!   namespace whose root is an empty tmpfs (read-only when `readOnlyRootFilesystem`) holding only the
+//!   host's /usr, /lib*, /bin, /sbin, /etc, /dev and /sys (read-only, as a container runtime gives them),
+//!   each `hostPath` volume at its `mountPath`, and the binary. A private bpffs stands in for the node's
+//!   /sys/fs/bpf, so tests never touch the host's pins.
+//! - Its capability bounding set is cut to `capabilities.add` (unless `privileged`), with `no_new_privs`
+//!   when `allowPrivilegeEscalation: false`.
+//! - Only two things differ from a node: the source (`--manifests` instead of `--kube`) and the cgroup (a
+//!   child cgroup instead of the cgroup2 root, never a root one).
+//!
+//! Not emulated: the seccomp profile (the runtime's RuntimeDefault), resource limits.
+use std::{
+    fmt::Write as _,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use serde::Deserialize as _;
+
+use crate::sandbox::{Child, NetNs, TempDir, confine};
+
+/// A `hostPath` volume mounted into the container.
+#[derive(Clone, Debug)]
+pub struct HostMount {
+    /// The node's path.
+    pub host: PathBuf,
+    /// Where the container sees it.
+    pub path: PathBuf,
+    /// `readOnly`.
+    pub read_only: bool,
+    /// `mountPropagation` (`None`, `HostToContainer`, `Bidirectional`).
+    pub propagation: Option<String>,
+}
+
+/// What the DaemonSet's pod and container ask for.
+#[derive(Clone, Debug, Default)]
+pub struct Container {
+    /// `args`, as written.
+    pub args: Vec<String>,
+    /// `env` with literal values.
+    pub env: Vec<(String, String)>,
+    /// `securityContext.capabilities.add`.
+    pub capabilities: Vec<String>,
+    /// `securityContext.privileged`.
+    pub privileged: bool,
+    /// `securityContext.allowPrivilegeEscalation` (Kubernetes' default: true).
+    pub allow_privilege_escalation: bool,
+    /// `securityContext.readOnlyRootFilesystem`.
+    pub read_only_root: bool,
+    /// `hostPID`.
+    pub host_pid: bool,
+    /// `hostNetwork`.
+    pub host_network: bool,
+    /// The `hostPath` volumes the container mounts.
+    pub mounts: Vec<HostMount>,
+    /// (path, port) of each HTTP probe (liveness, readiness, startup).
+    pub probes: Vec<(String, u16)>,
+}
+
+impl Container {
+    /// Render `deploy_dir` with `kubectl kustomize` and read the DaemonSet's first container.
+    pub fn render(deploy_dir: &Path) -> anyhow::Result<Self> {
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(deploy_dir)
+            .output()
+            .context("kubectl (it renders deploy/ with kustomize)")?;
+        if !out.status.success() {
+            bail!("kubectl kustomize: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8(out.stdout)?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = serde_yaml::Value::deserialize(doc)?;
+            if v["kind"].as_str() == Some("DaemonSet") {
+                return Ok(Self::from_daemonset(&v));
+            }
+        }
+        bail!("no DaemonSet in {}", deploy_dir.display())
+    }
+
+    fn from_daemonset(ds: &serde_yaml::Value) -> Self {
+        let pod = &ds["spec"]["template"]["spec"];
+        let c = &pod["containers"][0];
+        let sc = &c["securityContext"];
+        let strings = |v: &serde_yaml::Value| -> Vec<String> {
+            v.as_sequence().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
+        };
+        let volumes = pod["volumes"].as_sequence().cloned().unwrap_or_default();
+        let mounts = c["volumeMounts"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|m| {
+                let vol = volumes.iter().find(|v| v["name"] == m["name"])?;
+                Some(HostMount {
+                    host: PathBuf::from(vol["hostPath"]["path"].as_str()?),
+                    path: PathBuf::from(m["mountPath"].as_str()?),
+                    read_only: m["readOnly"].as_bool().unwrap_or(false),
+                    propagation: m["mountPropagation"].as_str().map(str::to_owned),
+                })
+            })
+            .collect();
+        let port_of = |p: &serde_yaml::Value| -> Option<u16> {
+            match &p["port"] {
+                serde_yaml::Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+                serde_yaml::Value::String(name) => c["ports"]
+                    .as_sequence()?
+                    .iter()
+                    .find(|cp| cp["name"].as_str() == Some(name))?["containerPort"]
+                    .as_u64()
+                    .and_then(|n| u16::try_from(n).ok()),
+                _ => None,
+            }
+        };
+        let probes = ["livenessProbe", "readinessProbe", "startupProbe"]
+            .iter()
+            .filter_map(|k| {
+                let get = &c[*k]["httpGet"];
+                Some((get["path"].as_str()?.to_owned(), port_of(get)?))
+            })
+            .collect();
+        let env = c["env"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
+            .collect();
+        Self {
+            args: strings(&c["args"]),
+            env,
+            capabilities: strings(&sc["capabilities"]["add"]),
+            privileged: sc["privileged"].as_bool().unwrap_or(false),
+            allow_privilege_escalation: sc["allowPrivilegeEscalation"].as_bool().unwrap_or(true),
+            read_only_root: sc["readOnlyRootFilesystem"].as_bool().unwrap_or(false),
+            host_pid: pod["hostPID"].as_bool().unwrap_or(false),
+            host_network: pod["hostNetwork"].as_bool().unwrap_or(false),
+            mounts,
+            probes,
+        }
+    }
+
+    /// The container's mount of the node's path `host`, if any.
+    pub fn mount_of(&self, host: &str) -> Option<&HostMount> {
+        self.mounts.iter().find(|m| m.host == Path::new(host))
+    }
+}
+
+/// Quote for `sh`.
+fn q(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The node a boxed agent runs on: a network namespace with forwarding on, and pods behind veth pairs.
+pub struct Node {
+    /// The node's network namespace.
+    pub netns: NetNs,
+    pods: usize,
+}
+
+/// The node side of every pod's default route (the same address on each veth, as Calico does).
+const GATEWAY: &str = "169.254.1.1";
+
+fn nsenter(ns: &NetNs, args: &[&str]) -> anyhow::Result<()> {
+    let path = format!("/run/netns/{}", ns.name());
+    let out = Command::new("nsenter").arg(format!("--net={path}")).args(args).output()?;
+    if !out.status.success() {
+        bail!("nsenter {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+impl Node {
+    /// A node namespace that routes between its pods.
+    pub fn new(tag: &str) -> anyhow::Result<Self> {
+        let netns = NetNs::new(tag)?;
+        nsenter(&netns, &["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
+        Ok(Self { netns, pods: 0 })
+    }
+
+    /// A pod: its own namespace with `ip` on `eth0`, a veth to the node, a route each way.
+    pub fn add_pod(&mut self, tag: &str, ip: IpAddr) -> anyhow::Result<NetNs> {
+        let pod = NetNs::new(tag)?;
+        let host_if = format!("veth{}", self.pods);
+        self.pods += 1;
+        self.netns.ip(&[
+            "link",
+            "add",
+            &host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.name(),
+        ])?;
+        self.netns.ip(&["addr", "add", &format!("{GATEWAY}/32"), "dev", &host_if])?;
+        self.netns.ip(&["link", "set", &host_if, "up"])?;
+        self.netns.ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
+        pod.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+        pod.ip(&["link", "set", "eth0", "up"])?;
+        pod.ip(&["route", "add", "default", "via", GATEWAY, "dev", "eth0", "onlink"])?;
+        Ok(pod)
+    }
+}
+
+/// Where the pieces a boxed agent needs are on this machine.
+pub struct BoxPaths<'a> {
+    /// The `tierlb` binary.
+    pub tierlb: &'a Path,
+    /// The manifests directory that stands in for the API server.
+    pub manifests: &'a Path,
+    /// The child cgroup that stands in for the cgroup2 root.
+    pub cgroup: &'a Path,
+    /// The private bpffs that stands in for the node's /sys/fs/bpf.
+    pub bpffs: &'a Path,
+    /// Where the agent's output goes.
+    pub log: &'a Path,
+}
+
+/// A `tierlb` command run as the DaemonSet's container runs it.
+pub struct AgentBox {
+    child: Child,
+    root: TempDir,
+}
+
+/// The directory (under /sys/fs/cgroup) of the cgroup2 mount, on hybrid hosts `unified`.
+fn cgroup_relative(cgroup: &Path) -> anyhow::Result<PathBuf> {
+    Ok(cgroup.strip_prefix("/sys/fs/cgroup").context("the test cgroup is under /sys/fs/cgroup")?.to_owned())
+}
+
+impl AgentBox {
+    /// The agent's arguments with the node's name, the manifests source and the child cgroup put in.
+    pub fn agent_args(c: &Container, node: &str, cgroup: &Path) -> anyhow::Result<Vec<String>> {
+        let cg_mount = c.mount_of("/sys/fs/cgroup").context("the DaemonSet mounts the host's cgroup2")?;
+        let cgroup = cg_mount.path.join(cgroup_relative(cgroup)?);
+        let mut out = Vec::new();
+        for a in &c.args {
+            let a = a.replace("$(NODE_NAME)", node);
+            match a.split_once('=').map_or(a.as_str(), |(f, _)| f) {
+                "--kube" => out.push("--manifests=/manifests".to_owned()),
+                "--cgroup" => out.push(format!("--cgroup={}", cgroup.display())),
+                "--allow-root-cgroup" => {}
+                _ => out.push(a),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Run `tierlb ARGS` in the box on `node` (the command line is the container's, see `agent_args`).
+    pub fn start(c: &Container, node: &Node, paths: &BoxPaths<'_>, args: &[String]) -> anyhow::Result<Self> {
+        if !c.host_network {
+            bail!("the DaemonSet does not use hostNetwork; this harness plays the node's network only");
+        }
+        let root = TempDir::new("box-root")?;
+        let r = root.path().display().to_string();
+        let mut s = String::from("set -e\n");
+        let _ = writeln!(s, "mount -t tmpfs -o mode=755 tmpfs {r}");
+        for d in ["bin", "sbin", "lib", "lib64", "usr", "etc", "dev", "sys"] {
+            let host = Path::new("/").join(d);
+            if host.is_symlink() {
+                let target = std::fs::read_link(&host)?;
+                let _ = writeln!(s, "ln -s {} {r}/{d}", q(&target.display().to_string()));
+            } else if host.is_dir() {
+                let _ = writeln!(s, "mkdir {r}/{d}\nmount --rbind /{d} {r}/{d}");
+                if d != "dev" {
+                    let _ = writeln!(s, "mount -o remount,bind,ro {r}/{d}");
+                }
+            }
+        }
+        let _ = writeln!(s, "mkdir -p {r}/proc {r}/tmp {r}/manifests");
+        let _ = writeln!(s, "mount --bind -o ro {} {r}/manifests", q(&paths.manifests.display().to_string()));
+        let _ = writeln!(
+            s,
+            "touch {r}/tierlb\nmount --bind {} {r}/tierlb",
+            q(&paths.tierlb.display().to_string())
+        );
+        for m in &c.mounts {
+            let host = if m.host == Path::new("/sys/fs/bpf") { paths.bpffs } else { m.host.as_path() };
+            let target = format!("{r}{}", m.path.display());
+            // A mount point below /sys (read-only now) exists already or cannot be made: mount over it.
+            let _ = writeln!(s, "mkdir -p {} 2>/dev/null || true", q(&target));
+            // Recursive, as a runtime binds a hostPath (the cgroup2 mount may sit below /sys/fs/cgroup);
+            // `readOnly` then applies to the top mount only, as Kubernetes' (non-recursive) readOnly does.
+            let _ = writeln!(s, "mount --rbind {} {}", q(&host.display().to_string()), q(&target));
+            if m.read_only {
+                let _ = writeln!(s, "mount -o remount,bind,ro {}", q(&target));
+            }
+            // Mounts the node makes later (a new pod's namespace under /run/netns) reach the container only
+            // with HostToContainer propagation: the box's mounts are private otherwise.
+            match m.propagation.as_deref() {
+                Some("HostToContainer") => {
+                    let _ = writeln!(s, "mount --make-rslave {}", q(&target));
+                }
+                Some("Bidirectional") => {
+                    let _ = writeln!(s, "mount --make-rshared {}", q(&target));
+                }
+                _ => {}
+            }
+        }
+        if c.read_only_root {
+            let _ = writeln!(s, "mount -o remount,ro {r}");
+        }
+        let mut inner = String::from("mount -t proc proc /proc\n");
+        let mut setpriv = vec!["exec".to_owned(), "setpriv".to_owned()];
+        if !c.privileged {
+            let caps: Vec<String> = c.capabilities.iter().map(|c| format!("+{}", c.to_lowercase())).collect();
+            setpriv.push(format!("--bounding-set=-all,{}", caps.join(",")));
+        }
+        if !c.allow_privilege_escalation {
+            setpriv.push("--no-new-privs".to_owned());
+        }
+        setpriv.push("/tierlb".to_owned());
+        setpriv.extend(args.iter().map(|a| q(a)));
+        inner += &setpriv.join(" ");
+        let _ = writeln!(s, "exec chroot {r} /bin/sh -c {}", q(&inner));
+
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(paths.log)?;
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--mount", "--propagation", "private", "--fork", "--kill-child=SIGTERM"]);
+        if !c.host_pid {
+            cmd.arg("--pid");
+        }
+        cmd.args(["sh", "-c", &s]).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        for (k, v) in &c.env {
+            cmd.env(k, v);
+        }
+        cmd.env("NO_COLOR", "1");
+        confine(&mut cmd, None, Some(&node.netns))?;
+        Ok(Self { child: Child::spawn(&mut cmd)?, root })
+    }
+
+    /// Wait for `needle` in the log after byte `from` (e.g. `tierlb agent ready`), or for the box to end.
+    pub fn wait_for(
+        &mut self,
+        log: &Path,
+        from: usize,
+        needle: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if text.get(from..).is_some_and(|t| t.contains(needle)) {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.inner().try_wait() {
+                bail!("the boxed agent exited ({status}):\n{}", text.get(from..).unwrap_or_default());
+            }
+            if Instant::now() > deadline {
+                bail!("no {needle:?} after {timeout:?}:\n{}", text.get(from..).unwrap_or_default());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Wait until the box ends by itself (a one-shot command); its exit status.
+    pub fn wait(mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.inner().try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("the box did not end within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL the agent itself (the box's PID 1 when it has a PID namespace: everything in it dies), as the
+    /// kubelet's kill or an OOM kill would.
+    pub fn kill(mut self) {
+        // `unshare --fork` waits for its one child; the agent is that child (sh, chroot and setpriv exec into it).
+        let agent =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", self.child.pid(), self.child.pid()))
+                .unwrap_or_default()
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<i32>().ok());
+        if let Some(pid) = agent {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = self.child.inner().wait();
+        drop(self.root);
+    }
+
+    /// Stop the agent as the kubelet does (SIGTERM, then SIGKILL after a grace period).
+    pub fn stop(mut self) -> Option<std::process::ExitStatus> {
+        self.child.stop(Duration::from_secs(5))
+    }
+}

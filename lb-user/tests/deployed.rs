@@ -1,0 +1,259 @@
+//! The agent as `deploy/` runs it (see `lb_testkit::deployed`): its own PID and mount namespaces, the
+//! DaemonSet's hostPath volumes at their mountPaths, its capability bounding set, on a network namespace
+//! that plays the node, with pods in namespaces of their own behind veth pairs. Only the source
+//! (`--manifests` for `--kube`) and the cgroup (a child cgroup for the cgroup2 root) differ from a node.
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use lb_testkit::{
+    deployed::{AgentBox, BoxPaths, Container, Node},
+    dns::{DnsServer, StreamStep},
+    manifests::{Ep, Svc, write_service},
+    probe::Report,
+    sandbox::{BpfFs, Cgroup, NamedServer, NetNs, TempDir, confine},
+};
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn lab() -> PathBuf {
+    lb_testkit::workspace_bin("tierlb-lab", "lb-lab")
+}
+
+fn epoch_ms() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1e3
+}
+
+/// One node with a web Service (endpoints on node-1 and node-2) and a DNS Service (resolvers on node-1 and
+/// node-2), both PreferSameNode, and a client pod on node-1 in the agent's cgroup.
+struct Lab {
+    container: Container,
+    node: Node,
+    cgroup: Cgroup,
+    bpffs: BpfFs,
+    manifests: TempDir,
+    log: PathBuf,
+    client: NetNs,
+    _pods: Vec<(NetNs, Option<NamedServer>, Option<DnsServer>)>,
+}
+
+const WEB: &str = "10.96.0.10:80";
+const DNS: &str = "10.96.0.53:53";
+
+fn web() -> Svc {
+    let mut s = Svc::new("web", ip("10.96.0.10"), 80, 8080);
+    s.traffic_distribution = Some("PreferSameNode".into());
+    s
+}
+
+fn dns(node_1_ready: bool) -> (Svc, Vec<Ep>) {
+    let mut s = Svc::new("kube-dns", ip("10.96.0.53"), 53, 53);
+    s.protocol = "UDP";
+    s.traffic_distribution = Some("PreferSameNode".into());
+    let mut eps = vec![Ep::ready(ip("10.244.2.53"), "node-2").prefer_same_node()];
+    if node_1_ready {
+        eps.insert(0, Ep::ready(ip("10.244.1.53"), "node-1").prefer_same_node());
+    }
+    (s, eps)
+}
+
+impl Lab {
+    fn new(tag: &str) -> Self {
+        assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+        let container = Container::render(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")).unwrap();
+        let mut node = Node::new(tag).unwrap();
+        let mut pods = Vec::new();
+        for (addr, name) in [("10.244.1.10", "web-node-1"), ("10.244.2.10", "web-node-2")] {
+            let ns = node.add_pod(name, ip(addr)).unwrap();
+            let server = NamedServer::start(&lab(), &ns, SocketAddr::new(ip(addr), 8080), name).unwrap();
+            pods.push((ns, Some(server), None));
+        }
+        for (addr, answer) in [("10.244.1.53", "10.0.1.1"), ("10.244.2.53", "10.0.2.2")] {
+            let ns = node.add_pod("dns", ip(addr)).unwrap();
+            let server = DnsServer::start(&ns, SocketAddr::new(ip(addr), 53), ip(answer)).unwrap();
+            pods.push((ns, None, Some(server)));
+        }
+        let client = node.add_pod("client", ip("10.244.1.100")).unwrap();
+        let manifests = TempDir::new(tag).unwrap();
+        write_service(
+            manifests.path(),
+            &web(),
+            &[
+                Ep::ready(ip("10.244.1.10"), "node-1").prefer_same_node(),
+                Ep::ready(ip("10.244.2.10"), "node-2").prefer_same_node(),
+            ],
+        )
+        .unwrap();
+        let (svc, eps) = dns(true);
+        write_service(manifests.path(), &svc, &eps).unwrap();
+        let log = manifests.path().join(".agent.log");
+        Self {
+            container,
+            node,
+            cgroup: Cgroup::new(tag).unwrap(),
+            bpffs: BpfFs::new(tag).unwrap(),
+            manifests,
+            log,
+            client,
+            _pods: pods,
+        }
+    }
+
+    fn paths(&self) -> BoxPaths<'_> {
+        BoxPaths {
+            tierlb: Path::new(TIERLB),
+            manifests: self.manifests.path(),
+            cgroup: self.cgroup.path(),
+            bpffs: self.bpffs.path(),
+            log: &self.log,
+        }
+    }
+
+    fn log_len(&self) -> usize {
+        std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize)
+    }
+
+    /// Start the agent as the DaemonSet does; returns once it is ready.
+    fn start_agent(&self) -> AgentBox {
+        let from = self.log_len();
+        let args = AgentBox::agent_args(&self.container, "node-1", self.cgroup.path()).unwrap();
+        let mut agent = AgentBox::start(&self.container, &self.node, &self.paths(), &args).unwrap();
+        agent.wait_for(&self.log, from, "tierlb agent ready", Duration::from_secs(30)).unwrap();
+        agent
+    }
+
+    /// A `tierlb-lab` command in the client pod (its netns, the agent's cgroup).
+    fn client(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(lab());
+        cmd.args(args).stdout(Stdio::piped()).stdin(Stdio::null());
+        confine(&mut cmd, Some(&self.cgroup), Some(&self.client)).unwrap();
+        cmd
+    }
+
+    fn probe(&self, count: usize, interval_ms: u32) -> std::process::Child {
+        let (count, interval) = (count.to_string(), interval_ms.to_string());
+        let args = ["probe", "--target", WEB, "--count", &count, "--interval-ms", &interval];
+        self.client(&args).spawn().unwrap()
+    }
+
+    /// Programs attached to the test's cgroup.
+    fn attached(&self) -> usize {
+        let out = Command::new("bpftool").args(["cgroup", "show"]).arg(self.cgroup.path()).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .filter(|l| l.split_whitespace().next().is_some_and(|id| id.parse::<u32>().is_ok()))
+            .count()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("agent log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        }
+    }
+}
+
+fn report(child: std::process::Child) -> Report {
+    let out = child.wait_with_output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// An HTTP GET from inside the node's network namespace (as the kubelet probes a hostNetwork pod).
+fn http_get(node: &NetNs, port: u16, path: &str) -> String {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            node.enter_current_thread().unwrap();
+            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(c, "GET {path} HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n").unwrap();
+            let mut reply = String::new();
+            c.read_to_string(&mut reply).unwrap();
+            reply
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+#[test]
+fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill_and_uninstalls_cleanly() {
+    let lab = Lab::new("deployed");
+    let agent = lab.start_agent();
+    let c = &lab.container;
+    assert!(!c.privileged, "the container is not privileged");
+    eprintln!(
+        "boxed agent: capabilities {:?}, hostPID {}, read-only root {}, mounts {:?}",
+        c.capabilities, c.host_pid, c.read_only_root, c.mounts
+    );
+
+    // A pod's TCP connect to the VIP reaches the node-local endpoint.
+    let r = report(lab.probe(20, 0));
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    assert_eq!(r.count("web-node-1"), 20, "node-local endpoint: {:?}", r.by_backend());
+
+    // The kubelet's probes answer 200 on the paths and ports the DaemonSet declares.
+    assert!(!c.probes.is_empty());
+    for (path, port) in &c.probes {
+        let reply = http_get(&lab.node.netns, *port, path);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{path} on {port}: {reply}");
+    }
+
+    // A pod's connected UDP socket whose endpoint leaves the EndpointSlice (the old resolver keeps running)
+    // is ended within 3 s, and the pod's next socket reaches the other resolver.
+    let stream = lab
+        .client(&["dns-stream", "--server", DNS, "--duration-ms", "2500", "--interval-ms", "10"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (svc, eps) = dns(false);
+    let t_edit = epoch_ms();
+    write_service(lab.manifests.path(), &svc, &eps).unwrap();
+    let out = stream.wait_with_output().unwrap();
+    let steps: Vec<StreamStep> = serde_json::from_slice(&out.stdout).unwrap();
+    let first_err = steps.iter().position(|s| s.error.is_some()).expect("the socket was ended");
+    let ended = steps[first_err].at_ms - t_edit;
+    eprintln!("connected UDP socket ended {ended:.0} ms after the edit ({:?})", steps[first_err].error);
+    assert!(ended < 3000.0, "ended {ended:.0} ms after the edit");
+    assert!(steps[..first_err].iter().all(|s| s.answer.as_deref() == Some("10.0.1.1")), "local before");
+    let rest = &steps[first_err + 1..];
+    assert!(!rest.is_empty() && rest.iter().all(|s| s.answer.as_deref() == Some("10.0.2.2")), "{rest:?}");
+
+    // SIGKILL and restart of the agent: no connection lost.
+    let probe = lab.probe(300, 5);
+    std::thread::sleep(Duration::from_millis(300));
+    agent.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let agent = lab.start_agent();
+    let r = report(probe);
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    assert_eq!(r.count("web-node-1"), 300);
+
+    // Uninstall as deploy/README.md says: the DaemonSet goes (its pods get SIGTERM; pins keep the programs
+    // attached), then the cleanup runs on the node with the same constraints; nothing stays attached or pinned.
+    agent.stop();
+    assert_eq!(lab.attached(), 8, "pins keep the programs attached while no agent runs");
+    let bpffs_flag =
+        c.args.iter().find(|a| a.starts_with("--bpffs")).expect("--bpffs in the DaemonSet").clone();
+    let cleanup = vec!["agent".to_owned(), "--cleanup".to_owned(), bpffs_flag, "--node=node-1".to_owned()];
+    let status = AgentBox::start(c, &lab.node, &lab.paths(), &cleanup).unwrap().wait(Duration::from_secs(30));
+    assert!(status.unwrap().success(), "{}", std::fs::read_to_string(&lab.log).unwrap_or_default());
+    assert_eq!(lab.attached(), 0, "nothing attached after the uninstall");
+    // A bpffs always holds the kernel's own `maps.debug` and `progs.debug` (bpf_preload); nothing else stays.
+    let left: Vec<PathBuf> = std::fs::read_dir(lab.bpffs.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with("maps.debug") && !p.ends_with("progs.debug"))
+        .collect();
+    assert!(left.is_empty(), "nothing pinned or made after the uninstall: {left:?}");
+    let r = report(lab.probe(3, 0));
+    assert_eq!(r.failures(), 3, "no longer translated: {:?}", r.errors());
+}
