@@ -75,5 +75,7 @@ fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
         probes.iter().map(|p| p.http_get.as_ref().unwrap().path.clone().unwrap()).collect();
     assert_eq!(paths, ["/livez", "/healthz"]);
     let mounts: Vec<&str> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
-    assert!(mounts.contains(&"/sys/fs/bpf") && mounts.iter().any(|m| m.contains("cgroup")), "{mounts:?}");
+    let bpffs = args.iter().find_map(|a| a.strip_prefix("--bpffs=")).expect("--bpffs");
+    let bpffs_mounted = mounts.iter().any(|m| std::path::Path::new(bpffs).starts_with(m));
+    assert!(bpffs_mounted && mounts.iter().any(|m| m.contains("cgroup")), "{mounts:?}");
 }
