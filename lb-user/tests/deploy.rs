@@ -3,7 +3,7 @@
 use clap::CommandFactory as _;
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
-    core::v1::ServiceAccount,
+    core::v1::{ConfigMap, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
 use serde::Deserialize as _;
@@ -36,12 +36,13 @@ fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
                 }
             }
             "ClusterRoleBinding" => drop(serde_yaml::from_value::<ClusterRoleBinding>(doc).unwrap()),
+            "ConfigMap" => drop(serde_yaml::from_value::<ConfigMap>(doc).unwrap()),
             other => panic!("unexpected kind {other}"),
         }
         kinds.push(kind);
     }
     kinds.sort();
-    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]);
+    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "ServiceAccount"]);
 
     let ds = daemonset.unwrap();
     let pod = ds.spec.unwrap().template.spec.unwrap();
