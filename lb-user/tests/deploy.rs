@@ -573,7 +573,7 @@ fn startup_probe_waits_for_first_sync(d: &Deploy) -> Verdict {
 /// Which DaemonSets a rule is about.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Scope {
-    /// Every DaemonSet in deploy/.
+    /// Every DaemonSet in deploy/ (the agent's and the uninstall one).
     Every,
     /// The agent's only (its API server, DNS and probes).
     Agent,
@@ -693,4 +693,24 @@ fn every_rule_fails_on_a_daemonset_mutated_to_break_it() {
         (rule.broken_by)(&mut broken);
         assert!((rule.check)(&broken).is_err(), "{}: its check passes a DaemonSet that breaks it", rule.name);
     }
+}
+
+#[test]
+fn uninstall_cleans_every_node_with_flags_the_agent_has_and_keeps_the_rules() {
+    let kinds: Vec<String> =
+        render("uninstall").iter().map(|d| d["kind"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(kinds, ["DaemonSet"]);
+    let cleanup = Deploy::load("uninstall");
+    let init = cleanup.pod().init_containers.as_deref().unwrap_or_default();
+    let args = init.first().and_then(|c| c.args.clone()).expect("the cleanup runs as an init container");
+    assert_agent_flags(&args);
+    assert!(args.iter().any(|a| a == "--cleanup"), "{args:?}");
+    // The same pin directory and instance as the agent's.
+    let deploy = Deploy::load(".");
+    let agent = deploy.agent().unwrap();
+    for name in ["--bpffs", "--node"] {
+        assert_eq!(flag(&init[0], name), flag(agent, name), "{name}");
+    }
+    let failed = failures(&cleanup, &[Scope::Every]);
+    assert!(failed.is_empty(), "deploy/uninstall breaks:\n{}", failed.join("\n"));
 }
