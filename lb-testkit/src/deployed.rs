@@ -66,7 +66,8 @@ pub struct Container {
 }
 
 impl Container {
-    /// Render `deploy_dir` with `kubectl kustomize` and read the DaemonSet's first container.
+    /// Render `deploy_dir` with `kubectl kustomize` and read the DaemonSet's container that runs `tierlb
+    /// agent` (an init container for the uninstall's one-shot cleanup).
     pub fn render(deploy_dir: &Path) -> anyhow::Result<Self> {
         let out = Command::new("kubectl")
             .arg("kustomize")
@@ -88,7 +89,14 @@ impl Container {
 
     fn from_daemonset(ds: &serde_yaml::Value) -> Self {
         let pod = &ds["spec"]["template"]["spec"];
-        let c = &pod["containers"][0];
+        let runs_agent = |c: &&serde_yaml::Value| c["args"][0].as_str() == Some("agent");
+        let c = pod["initContainers"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .chain(pod["containers"].as_sequence().into_iter().flatten())
+            .find(runs_agent)
+            .unwrap_or(&pod["containers"][0]);
         let sc = &c["securityContext"];
         let strings = |v: &serde_yaml::Value| -> Vec<String> {
             v.as_sequence().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
@@ -240,14 +248,17 @@ fn cgroup_relative(cgroup: &Path) -> anyhow::Result<PathBuf> {
 impl AgentBox {
     /// The agent's arguments with the node's name, the manifests source and the child cgroup put in.
     pub fn agent_args(c: &Container, node: &str, cgroup: &Path) -> anyhow::Result<Vec<String>> {
-        let cg_mount = c.mount_of("/sys/fs/cgroup").context("the DaemonSet mounts the host's cgroup2")?;
-        let cgroup = cg_mount.path.join(cgroup_relative(cgroup)?);
         let mut out = Vec::new();
         for a in &c.args {
             let a = a.replace("$(NODE_NAME)", node);
             match a.split_once('=').map_or(a.as_str(), |(f, _)| f) {
                 "--kube" => out.push("--manifests=/manifests".to_owned()),
-                "--cgroup" => out.push(format!("--cgroup={}", cgroup.display())),
+                "--cgroup" => {
+                    let mount = c
+                        .mount_of("/sys/fs/cgroup")
+                        .context("--cgroup, but no mount of the host's cgroup2")?;
+                    out.push(format!("--cgroup={}", mount.path.join(cgroup_relative(cgroup)?).display()));
+                }
                 "--allow-root-cgroup" => {}
                 _ => out.push(a),
             }
@@ -257,9 +268,8 @@ impl AgentBox {
 
     /// Run `tierlb ARGS` in the box on `node` (the command line is the container's, see `agent_args`).
     pub fn start(c: &Container, node: &Node, paths: &BoxPaths<'_>, args: &[String]) -> anyhow::Result<Self> {
-        if !c.host_network {
-            bail!("the DaemonSet does not use hostNetwork; this harness plays the node's network only");
-        }
+        // Every box runs in the node's network namespace: the agent's DaemonSet has hostNetwork, and the
+        // uninstall's cleanup uses no network at all.
         let root = TempDir::new("box-root")?;
         let r = root.path().display().to_string();
         let mut s = String::from("set -e\n");
@@ -284,7 +294,16 @@ impl AgentBox {
             q(&paths.tierlb.display().to_string())
         );
         for m in &c.mounts {
-            let host = if m.host == Path::new("/sys/fs/bpf") { paths.bpffs } else { m.host.as_path() };
+            // The node's bpffs is the test's private one; the kubelet makes a missing hostPath directory
+            // (DirectoryOrCreate), so the harness does too, there.
+            let host = match m.host.strip_prefix("/sys/fs/bpf") {
+                Ok(rel) => {
+                    let dir = paths.bpffs.join(rel);
+                    std::fs::create_dir_all(&dir)?;
+                    dir
+                }
+                Err(_) => m.host.clone(),
+            };
             let target = format!("{r}{}", m.path.display());
             // A mount point below /sys (read-only now) exists already or cannot be made: mount over it.
             let _ = writeln!(s, "mkdir -p {} 2>/dev/null || true", q(&target));
@@ -312,8 +331,10 @@ impl AgentBox {
         let mut inner = String::from("mount -t proc proc /proc\n");
         let mut setpriv = vec!["exec".to_owned(), "setpriv".to_owned()];
         if !c.privileged {
-            let caps: Vec<String> = c.capabilities.iter().map(|c| format!("+{}", c.to_lowercase())).collect();
-            setpriv.push(format!("--bounding-set=-all,{}", caps.join(",")));
+            let caps: Vec<String> = std::iter::once("-all".to_owned())
+                .chain(c.capabilities.iter().map(|c| format!("+{}", c.to_lowercase())))
+                .collect();
+            setpriv.push(format!("--bounding-set={}", caps.join(",")));
         }
         if !c.allow_privilege_escalation {
             setpriv.push("--no-new-privs".to_owned());

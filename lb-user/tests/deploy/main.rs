@@ -1,0 +1,250 @@
+//! deploy/ as a cluster gets it: it renders with kustomize, every object deserializes into its k8s-openapi type,
+//! the DaemonSets pass only flags `tierlb agent` really has, and they keep the rules that decide whether the
+//! agent runs on a node exactly as deploy/ runs it: the API server's pod validation rules that apply to them,
+//! the container runtime's, and the hardening deploy/README.md promises. Deserializing cannot see any of
+//! those, so each rule is a named check, and each check is shown able to fail on a copy of the DaemonSet
+//! mutated to break it.
+use std::{collections::BTreeSet, path::Path};
+
+use clap::CommandFactory as _;
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{
+            ConfigMap, Container, EnvVar, PodSpec, Probe, SeccompProfile, SecurityContext, ServiceAccount,
+        },
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    },
+    apimachinery::pkg::util::intstr::IntOrString,
+};
+use serde::Deserialize as _;
+
+mod rules;
+use rules::{Scope, rules};
+
+/// `kubectl kustomize DIR`, DIR relative to the repository's deploy/.
+fn render(dir: &str) -> Vec<serde_yaml::Value> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(dir);
+    let out = std::process::Command::new("kubectl").arg("kustomize").arg(&dir).output().expect(
+        "kubectl is needed for this test (it renders deploy/ with kustomize); install kubectl or put it on PATH",
+    );
+    assert!(out.status.success(), "kubectl kustomize: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text).map(|d| serde_yaml::Value::deserialize(d).unwrap()).collect()
+}
+
+/// Every flag in `args` (`agent` first) is one `tierlb agent` has, and together they parse.
+fn assert_agent_flags(args: &[String]) {
+    assert_eq!(args[0], "agent");
+    let cli = tierlb::cli::Cli::command();
+    let agent = cli.find_subcommand("agent").unwrap();
+    // The agent's own flags and the global ones (declared on the root command).
+    let known: Vec<String> = agent
+        .get_arguments()
+        .chain(cli.get_arguments().filter(|a| a.is_global_set()))
+        .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+        .collect();
+    for a in &args[1..] {
+        let flag = a.split('=').next().unwrap();
+        assert!(known.iter().any(|k| k == flag), "DaemonSet passes {flag}, which tierlb agent does not have");
+    }
+    let command_line: Vec<String> = std::iter::once("tierlb".to_owned())
+        .chain(args.iter().map(|a| a.replace("$(NODE_NAME)", "node-1")))
+        .collect();
+    tierlb::cli::Cli::try_parse_from_args(&command_line).unwrap();
+}
+
+#[test]
+fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
+    let docs = render(".");
+    let mut kinds = Vec::new();
+    let mut daemonset = None;
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap().to_owned();
+        match kind.as_str() {
+            "DaemonSet" => daemonset = Some(serde_yaml::from_value::<DaemonSet>(doc).unwrap()),
+            "ServiceAccount" => drop(serde_yaml::from_value::<ServiceAccount>(doc).unwrap()),
+            "ClusterRole" => {
+                let role: ClusterRole = serde_yaml::from_value(doc).unwrap();
+                for rule in role.rules.unwrap() {
+                    let verbs: Vec<&str> = rule.verbs.iter().map(String::as_str).collect();
+                    assert_eq!(verbs, ["get", "list", "watch"], "read-only RBAC");
+                }
+            }
+            "ClusterRoleBinding" => drop(serde_yaml::from_value::<ClusterRoleBinding>(doc).unwrap()),
+            "ConfigMap" => drop(serde_yaml::from_value::<ConfigMap>(doc).unwrap()),
+            other => panic!("unexpected kind {other}"),
+        }
+        kinds.push(kind);
+    }
+    kinds.sort();
+    assert_eq!(kinds, ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "ServiceAccount"]);
+
+    let ds = daemonset.unwrap();
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_network, Some(true));
+    let c = &pod.containers[0];
+    let args = c.args.clone().unwrap();
+    assert_agent_flags(&args);
+    let caps = c.security_context.as_ref().unwrap().capabilities.as_ref().unwrap().add.clone().unwrap();
+    for cap in ["BPF", "NET_ADMIN", "SYS_ADMIN"] {
+        assert!(caps.iter().any(|c| c == cap), "missing capability {cap}");
+    }
+    let probes = [c.liveness_probe.as_ref().unwrap(), c.readiness_probe.as_ref().unwrap()];
+    let paths: Vec<String> =
+        probes.iter().map(|p| p.http_get.as_ref().unwrap().path.clone().unwrap()).collect();
+    assert_eq!(paths, ["/livez", "/healthz"]);
+    let mounts: Vec<&str> = c.volume_mounts.as_ref().unwrap().iter().map(|m| m.mount_path.as_str()).collect();
+    let bpffs = args.iter().find_map(|a| a.strip_prefix("--bpffs=")).expect("--bpffs");
+    let bpffs_mounted = mounts.iter().any(|m| Path::new(bpffs).starts_with(m));
+    assert!(bpffs_mounted && mounts.iter().any(|m| m.contains("cgroup")), "{mounts:?}");
+}
+
+/// What the rules see: one rendered DaemonSet and the ConfigMaps rendered with it.
+#[derive(Clone, Debug)]
+struct Deploy {
+    ds: DaemonSet,
+    config_maps: Vec<ConfigMap>,
+}
+
+impl Deploy {
+    /// The DaemonSet and ConfigMaps of `kubectl kustomize deploy/DIR` (the other kinds are checked above).
+    fn load(dir: &str) -> Self {
+        let mut ds = None;
+        let mut config_maps = Vec::new();
+        for doc in render(dir) {
+            match doc["kind"].as_str() {
+                Some("DaemonSet") => {
+                    assert!(ds.is_none(), "deploy/{dir}: one DaemonSet");
+                    ds = Some(serde_yaml::from_value(doc).unwrap());
+                }
+                Some("ConfigMap") => config_maps.push(serde_yaml::from_value(doc).unwrap()),
+                _ => {}
+            }
+        }
+        Self { ds: ds.expect("a DaemonSet"), config_maps }
+    }
+
+    fn pod(&self) -> &PodSpec {
+        self.ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    fn pod_mut(&mut self) -> &mut PodSpec {
+        self.ds.spec.as_mut().unwrap().template.spec.as_mut().unwrap()
+    }
+
+    /// Init containers, then containers: the API server validates both alike.
+    fn containers(&self) -> impl Iterator<Item = &Container> {
+        let pod = self.pod();
+        pod.init_containers.iter().flatten().chain(&pod.containers)
+    }
+
+    /// The container running `tierlb agent` (not `--cleanup`), if this DaemonSet has one.
+    fn agent(&self) -> Option<&Container> {
+        self.containers().find(|c| is_agent(c))
+    }
+
+    /// The first container (the agent, in deploy/daemonset.yaml), for mutations.
+    fn first_mut(&mut self) -> &mut Container {
+        &mut self.pod_mut().containers[0]
+    }
+}
+
+fn is_agent(c: &Container) -> bool {
+    let args = c.args.as_deref().unwrap_or_default();
+    args.first().is_some_and(|a| a == "agent") && !args.iter().any(|a| a == "--cleanup")
+}
+
+fn security(c: &Container) -> SecurityContext {
+    c.security_context.clone().unwrap_or_default()
+}
+
+fn security_mut(c: &mut Container) -> &mut SecurityContext {
+    c.security_context.get_or_insert_with(SecurityContext::default)
+}
+
+fn caps_added(c: &Container) -> Vec<String> {
+    security(c).capabilities.and_then(|caps| caps.add).unwrap_or_default()
+}
+
+fn caps_added_mut(c: &mut Container) -> &mut Vec<String> {
+    let caps = security_mut(c).capabilities.get_or_insert_with(Default::default);
+    caps.add.get_or_insert_with(Vec::new)
+}
+
+fn probes(c: &Container) -> impl Iterator<Item = (&'static str, &Probe)> {
+    [
+        ("startupProbe", &c.startup_probe),
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+    ]
+    .into_iter()
+    .filter_map(|(name, p)| p.as_ref().map(|p| (name, p)))
+}
+
+/// The value of `--flag=VALUE` in a container's args.
+fn flag<'c>(c: &'c Container, flag: &str) -> Option<&'c str> {
+    c.args.iter().flatten().find_map(|a| a.strip_prefix(flag)?.strip_prefix('='))
+}
+
+/// The host path behind a volume, if it is a hostPath volume.
+fn host_path<'d>(d: &'d Deploy, volume: &str) -> Option<&'d str> {
+    let v = d.pod().volumes.iter().flatten().find(|v| v.name == volume)?;
+    v.host_path.as_ref().map(|h| h.path.as_str())
+}
+
+fn is_bpffs(host: &str) -> bool {
+    Path::new(host).starts_with("/sys/fs/bpf")
+}
+
+type Verdict = Result<(), String>;
+
+fn verdict(errors: &[String]) -> Verdict {
+    if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
+}
+
+/// Run the rules of `scopes` on `d`; the failures, by rule name.
+fn failures(d: &Deploy, scopes: &[Scope]) -> Vec<String> {
+    rules()
+        .iter()
+        .filter(|r| scopes.contains(&r.scope))
+        .filter_map(|r| (r.check)(d).err().map(|e| format!("{}: {e}", r.name)))
+        .collect()
+}
+
+#[test]
+fn the_daemonset_keeps_every_rule_of_the_api_server_the_runtime_and_the_hardening() {
+    let failed = failures(&Deploy::load("."), &[Scope::Every, Scope::Agent]);
+    assert!(failed.is_empty(), "deploy/daemonset.yaml breaks:\n{}", failed.join("\n"));
+}
+
+#[test]
+fn every_rule_fails_on_a_daemonset_mutated_to_break_it() {
+    let deploy = Deploy::load(".");
+    for rule in rules() {
+        assert_eq!((rule.check)(&deploy), Ok(()), "{}: the unmutated DaemonSet must pass", rule.name);
+        let mut broken = deploy.clone();
+        (rule.broken_by)(&mut broken);
+        assert!((rule.check)(&broken).is_err(), "{}: its check passes a DaemonSet that breaks it", rule.name);
+    }
+}
+
+#[test]
+fn uninstall_cleans_every_node_with_flags_the_agent_has_and_keeps_the_rules() {
+    let kinds: Vec<String> =
+        render("uninstall").iter().map(|d| d["kind"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(kinds, ["DaemonSet"]);
+    let cleanup = Deploy::load("uninstall");
+    let init = cleanup.pod().init_containers.as_deref().unwrap_or_default();
+    let args = init.first().and_then(|c| c.args.clone()).expect("the cleanup runs as an init container");
+    assert_agent_flags(&args);
+    assert!(args.iter().any(|a| a == "--cleanup"), "{args:?}");
+    // The same pin directory and instance as the agent's.
+    let deploy = Deploy::load(".");
+    let agent = deploy.agent().unwrap();
+    for name in ["--bpffs", "--node"] {
+        assert_eq!(flag(&init[0], name), flag(agent, name), "{name}");
+    }
+    let failed = failures(&cleanup, &[Scope::Every]);
+    assert!(failed.is_empty(), "deploy/uninstall breaks:\n{}", failed.join("\n"));
+}
