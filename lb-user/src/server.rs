@@ -13,8 +13,8 @@ use std::{
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpListener,
-    sync::{mpsc, oneshot},
+    net::{TcpListener, TcpStream},
+    sync::{Semaphore, mpsc, oneshot},
     task::JoinHandle,
 };
 
@@ -52,52 +52,119 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Serve `handler(path)` on `listener` until the task is aborted: the one HTTP responder of the project (the
-/// agent's health, metrics and health-check-node-port listeners, and the lab's pod backends).
+/// What one listener of `serve` lets its clients hold. Probes and scrapes are few and tiny; the bounds are
+/// for a client that is not (a pod flooding the port, a slowloris, fd exhaustion).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; a connection beyond them is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Time for one whole exchange: reading the request head, answering and writing the reply. A client
+    /// that trickles its request (or reads the reply slowly) is cut off here, however it paces its bytes.
+    pub deadline: Duration,
+    /// Pause after a failed accept(). EMFILE/ENFILE/ENOBUFS last until something else closes, and the
+    /// pending connection stays in the queue, so retrying at once would spin a core on the same error.
+    pub accept_backoff: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            deadline: Duration::from_secs(5),
+            accept_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Serve `handler(path)` on `listener` with the default `Limits` until the task is aborted: the one HTTP
+/// responder of the project (the agent's health, metrics and health-check-node-port listeners, and the lab's
+/// pod backends).
 pub fn serve<F, Fut>(listener: TcpListener, handler: F) -> JoinHandle<()>
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response> + Send,
 {
+    serve_with(listener, Limits::default(), handler)
+}
+
+/// `serve` with explicit limits.
+pub fn serve_with<F, Fut>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle<()>
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response> + Send,
+{
     let handler = Arc::new(handler);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
+        let local = listener.local_addr().ok();
+        // Set while accept() keeps failing: the error is logged once per burst, not once per retry.
+        let mut failing = false;
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else { continue };
+            let sock = match listener.accept().await {
+                Ok((sock, _)) => sock,
+                Err(e) => {
+                    if !failing {
+                        let retry_ms = limits.accept_backoff.as_millis();
+                        tracing::warn!(listen = ?local, error = %e, retry_ms, "cannot accept; retrying");
+                    }
+                    failing = true;
+                    tokio::time::sleep(limits.accept_backoff).await;
+                    continue;
+                }
+            };
+            if std::mem::take(&mut failing) {
+                tracing::info!(listen = ?local, "accepting connections again");
+            }
+            // Over the limit: close at once (dropping the socket), rather than queue work for a flood.
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(listen = ?local, limit = limits.max_connections, "over the limit: closed");
+                continue;
+            };
             let handler = handler.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut n = 0;
-                // Read the request head (bounded); the body, if any, is ignored.
-                while n < buf.len() {
-                    match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
-                        Ok(Ok(0) | Err(_)) | Err(_) => break,
-                        Ok(Ok(k)) => n += k,
-                    }
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf[..n]);
-                let path =
-                    head.split_whitespace().nth(1).unwrap_or("/").split('?').next().unwrap_or("/").to_owned();
-                let r = handler(path).await;
-                let mut out = format!(
-                    "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-                    r.status,
-                    reason(r.status),
-                    r.content_type,
-                    r.body.len()
-                );
-                for (k, v) in &r.headers {
-                    let _ = write!(out, "{k}: {v}\r\n");
-                }
-                out.push_str("\r\n");
-                out.push_str(&r.body);
-                let _ = sock.write_all(out.as_bytes()).await;
-                let _ = sock.shutdown().await;
+                // Cancelling the exchange drops the socket: the client sees the connection closed.
+                let _ = tokio::time::timeout(limits.deadline, exchange(sock, &*handler)).await;
+                drop(slot);
             });
         }
     })
+}
+
+/// One request on `sock`, answered by `handler`; the connection is closed after the reply.
+async fn exchange<F, Fut>(mut sock: TcpStream, handler: &F)
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    // Read the request head (bounded); the body, if any, is ignored.
+    while n < buf.len() {
+        match sock.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..n]);
+    let path = head.split_whitespace().nth(1).unwrap_or("/").split('?').next().unwrap_or("/").to_owned();
+    let r = handler(path).await;
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        r.status,
+        reason(r.status),
+        r.content_type,
+        r.body.len()
+    );
+    for (k, v) in &r.headers {
+        let _ = write!(out, "{k}: {v}\r\n");
+    }
+    out.push_str("\r\n");
+    out.push_str(&r.body);
+    let _ = sock.write_all(out.as_bytes()).await;
+    let _ = sock.shutdown().await;
 }
 
 /// What `/healthz` and `/livez` report, updated by the agent loop.
@@ -301,6 +368,8 @@ impl std::str::FromStr for BindIp {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt as _;
+
     use super::*;
 
     #[test]
@@ -335,6 +404,79 @@ mod tests {
             rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
             "2023-11-14T22:13:20Z"
         );
+    }
+
+    /// GET `path` from `addr`: the whole reply, or `None` if the connection was closed without one.
+    async fn get(addr: SocketAddr, path: &str) -> Option<String> {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        (!out.is_empty()).then_some(out)
+    }
+
+    async fn listener() -> (TcpListener, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        (l, addr)
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_limit_are_closed_at_once() {
+        let (l, addr) = listener().await;
+        let limits = Limits { max_connections: 2, deadline: Duration::from_secs(30), ..Limits::default() };
+        let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
+        // Two clients that send nothing hold both connection slots.
+        let mut held = [TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 64];
+        let r = tokio::time::timeout(Duration::from_secs(2), third.read(&mut buf)).await;
+        assert!(matches!(r, Ok(Ok(0) | Err(_))), "the third connection is closed at once: {r:?}");
+        for s in &mut held {
+            let r = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await;
+            assert!(r.is_err(), "a connection within the limit stays open: {r:?}");
+        }
+        drop(held);
+        // Their slots free up as soon as the server sees them closed.
+        let mut reply = None;
+        for _ in 0..100 {
+            reply = get(addr, "/").await;
+            if reply.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(reply.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+    }
+
+    #[tokio::test]
+    async fn a_client_trickling_its_request_is_cut_off_at_the_deadline() {
+        let (l, addr) = listener().await;
+        let limits = Limits { deadline: Duration::from_millis(500), ..Limits::default() };
+        let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
+        let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        let start = Instant::now();
+        // One byte per 100 ms: each read is quick (a per-read timeout never fires), the whole head takes 3 s.
+        let writer = tokio::spawn(async move {
+            for b in b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" {
+                if wr.write_all(&[*b]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut got = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(3), rd.read_to_end(&mut got)).await;
+        let elapsed = start.elapsed();
+        writer.abort();
+        assert!(r.is_ok(), "still open after 3 s");
+        assert!(got.is_empty(), "an unfinished request gets no reply: {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            elapsed >= Duration::from_millis(450) && elapsed < Duration::from_millis(1500),
+            "closed after {elapsed:?}, the deadline is 500 ms"
+        );
+        // The server is not stuck on it.
+        assert!(get(addr, "/").await.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
     }
 
     #[test]
