@@ -14,9 +14,11 @@ use std::{
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    sync::{Semaphore, mpsc, oneshot},
+    sync::{Semaphore, watch},
     task::JoinHandle,
 };
+
+use crate::metrics::{self, AgentStats, ReadCounters, Snapshot};
 
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
 pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
@@ -225,29 +227,48 @@ pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<(
     })
 }
 
-/// A metrics scrape: the agent loop (which owns the maps) answers with the encoded text.
-pub type MetricsRequest = oneshot::Sender<String>;
+/// What `/metrics` encodes. Nothing in it waits for the agent loop.
+pub struct MetricsSource {
+    /// The latest snapshot the agent loop published; a scrape holds the channel's lock only to clone the
+    /// `Arc`.
+    pub snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// The agent's statistics (shared with the loop, which counts into them).
+    pub stats: AgentStats,
+    /// The data path's counters through a handle of their own; `None`: no per-Service counters.
+    pub counters: Option<Arc<dyn ReadCounters>>,
+}
 
-/// Serve `/metrics` on `listener`, each scrape a request to the agent loop (10 s to answer, else 503).
-pub fn start_metrics(listener: TcpListener, requests: mpsc::Sender<MetricsRequest>) -> JoinHandle<()> {
+/// Serve `/metrics` on `listener` from `source`: the latest snapshot, encoded on a blocking thread with the
+/// counters read there (one map lookup per counter, too slow for the runtime's threads with many
+/// frontends).
+pub fn start_metrics(listener: TcpListener, source: MetricsSource) -> JoinHandle<()> {
+    let source = Arc::new(source);
+    // One scrape encodes at a time: a flood of scrapes waits here (and meets the request deadline) instead of
+    // starting as many walks over every frontend's counters.
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
     serve(listener, move |path| {
-        let requests = requests.clone();
+        let (source, turn) = (source.clone(), turn.clone());
         async move {
             if path != "/metrics" {
                 return Response::text(404, "not found\n");
             }
-            let (tx, rx) = oneshot::channel();
-            if requests.send(tx).await.is_err() {
-                return Response::text(503, "agent stopping\n");
-            }
-            match tokio::time::timeout(Duration::from_secs(10), rx).await {
-                Ok(Ok(text)) => Response {
+            let turn = turn.lock_owned().await;
+            let snapshot = source.snapshot.borrow().clone();
+            // The guard goes with the work: a scrape cut off by the deadline keeps its turn until the
+            // blocking encode (which cannot be cancelled) ends.
+            let text = tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                metrics::encode_text(&snapshot, &source.stats, source.counters.as_deref())
+            })
+            .await;
+            match text {
+                Ok(text) => Response {
                     status: 200,
                     content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     headers: Vec::new(),
                     body: text,
                 },
-                _ => Response::text(503, "metrics not available\n"),
+                Err(_) => Response::text(503, "metrics not available\n"),
             }
         }
     })
@@ -371,6 +392,10 @@ mod tests {
     use tokio::io::AsyncReadExt as _;
 
     use super::*;
+    use crate::{
+        datapath::{Desired, DesiredFrontend, Reconciler, addr, fake::FakeMaps},
+        model::{ObjKey, ServicePortName},
+    };
 
     #[test]
     fn health_follows_kube_proxy() {
@@ -385,6 +410,76 @@ mod tests {
         let body: serde_json::Value = serde_json::from_str(&health_response(&h, now).body).unwrap();
         assert!(body["lastUpdated"].as_str().unwrap().ends_with('Z'));
         assert_eq!(body["nodeEligible"], true);
+    }
+
+    /// Counters as a test sets them.
+    struct FixedCounters(BTreeMap<u32, metrics::Counts>);
+
+    impl ReadCounters for FixedCounters {
+        fn counters(&self, svc_id: u32) -> Option<metrics::Counts> {
+            self.0.get(&svc_id).copied()
+        }
+    }
+
+    fn frontends(services: &[(&str, [u8; 4])]) -> Desired {
+        services
+            .iter()
+            .map(|(name, vip)| {
+                let backend = addr::backend(SocketAddr::from(([10, 244, 1, 1], 8080)), 6);
+                let tiers = [vec![backend], Vec::new(), vec![backend]];
+                let name = ServicePortName::new(ObjKey::new("default", *name), "");
+                (addr::frontend_key(IpAddr::from(*vip), 80, 6), DesiredFrontend { name, tiers, flags: 0 })
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scrape_answers_from_the_snapshot_while_the_agent_loop_is_busy() {
+        let mut rec = Reconciler::new(FakeMaps::new(16, 64));
+        rec.apply(&frontends(&[("web", [10, 96, 0, 10])]), Instant::now());
+        let svc_id = rec.applied().next().unwrap().1.svc_id;
+        let snapshots = watch::Sender::new(Arc::new(Snapshot::of(&rec, 64)));
+        let stats = AgentStats::default();
+        let mut counts = metrics::Counts::default();
+        counts[lb_common::COUNTER_NODE as usize] = 7;
+        let counters = Arc::new(FixedCounters(BTreeMap::from([(svc_id, counts)])));
+        let (l, addr) = listener().await;
+        let source =
+            MetricsSource { snapshot: snapshots.subscribe(), stats: stats.clone(), counters: Some(counters) };
+        let _server = start_metrics(l, source);
+        // The agent loop, busy in a long sync: it holds the reconciler and publishes nothing until released.
+        let (release, busy) = std::sync::mpsc::channel::<()>();
+        let agent_loop = std::thread::spawn(move || {
+            busy.recv().unwrap();
+            rec.apply(&frontends(&[("web", [10, 96, 0, 10]), ("api", [10, 96, 0, 11])]), Instant::now());
+            stats.syncs.inc();
+            snapshots.send_replace(Arc::new(Snapshot::of(&rec, 64)));
+            snapshots
+        });
+        let m = tokio::time::timeout(Duration::from_secs(2), get(addr, "/metrics"))
+            .await
+            .expect("a scrape does not wait for the loop")
+            .expect("a reply");
+        assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
+        let web_node = concat!(
+            r#"tierlb_connections_total{service="default/web",port="","#,
+            r#"frontend="10.96.0.10:80",tier="node"} 7"#
+        );
+        assert!(m.contains(web_node), "{m}");
+        assert!(
+            m.contains("tierlb_syncs_total 0") && m.contains(r#"tierlb_map_entries{map="FRONTENDS"} 1"#),
+            "{m}"
+        );
+        // The loop finishes its sync and publishes: the next scrape sees it.
+        release.send(()).unwrap();
+        let _snapshots = tokio::task::spawn_blocking(move || agent_loop.join().unwrap()).await.unwrap();
+        let m = get(addr, "/metrics").await.unwrap();
+        assert!(
+            m.contains("tierlb_syncs_total 1") && m.contains(r#"tierlb_map_entries{map="FRONTENDS"} 2"#),
+            "{m}"
+        );
+        assert!(m.contains(web_node), "{m}");
+        assert_eq!(get(addr, "/other").await.unwrap().split_whitespace().nth(1), Some("404"));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!    changed is rewritten.
 //! 3. The first sync fills the maps before the programs are attached, so no connect sees a partial plan.
 //! 4. `tierlb agent ready` is logged last, when programs, servers and health listeners are all up.
-//! 5. Everything a sync changes (maps, health listeners, destroyed sockets) happens before its `synced` line.
+//! 5. Everything a sync changes (maps, health listeners, destroyed sockets, the metrics snapshot) happens
+//!    before its `synced` line.
 mod lower;
 mod report;
 mod run;
