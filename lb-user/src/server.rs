@@ -199,8 +199,8 @@ fn rfc3339(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
-/// kube-proxy's proxier health: healthy once the first sync is done and no change has waited longer than
-/// `HEALTH_TIMEOUT`.
+/// kube-proxy's proxier health, what `/healthz` answers: healthy once the first sync is done and no change
+/// has waited longer than `HEALTH_TIMEOUT`.
 pub fn health_response(h: &Health, now: Instant) -> Response {
     let healthy =
         h.last_updated.is_some() && h.pending_since.is_none_or(|p| now.duration_since(p) < HEALTH_TIMEOUT);
@@ -212,17 +212,29 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
     Response::json(if healthy { 200 } else { 503 }, &body)
 }
 
-/// Serve `/healthz` and `/livez` from `health` on `listener`.
+/// What `/livez` answers: alive (200) while the agent starts, however long the first sync takes (a large
+/// cluster, a slow API server), so a liveness probe does not kill a start that is making progress; after
+/// the first sync, the proxier health of `/healthz`, so a loop stuck on a change is restarted.
+pub fn livez_response(h: &Health, now: Instant) -> Response {
+    let mut r = health_response(h, now);
+    if h.last_updated.is_none() {
+        r.status = 200;
+    }
+    r
+}
+
+/// Serve `/healthz` and `/livez` from `health` on `listener`. Started before the first sync: `/healthz`
+/// says 503 and `/livez` 200 until it is done.
 pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<()> {
     serve(listener, move |path| {
         let health = health.clone();
         async move {
-            match path.as_str() {
-                "/healthz" | "/livez" => {
-                    health_response(&health.lock().expect("health lock"), Instant::now())
-                }
-                _ => Response::text(404, "not found\n"),
-            }
+            let respond = match path.as_str() {
+                "/healthz" => health_response,
+                "/livez" => livez_response,
+                _ => return Response::text(404, "not found\n"),
+            };
+            respond(&health.lock().expect("health lock"), Instant::now())
         }
     })
 }
@@ -410,6 +422,25 @@ mod tests {
         let body: serde_json::Value = serde_json::from_str(&health_response(&h, now).body).unwrap();
         assert!(body["lastUpdated"].as_str().unwrap().ends_with('Z'));
         assert_eq!(body["nodeEligible"], true);
+    }
+
+    #[tokio::test]
+    async fn before_the_first_sync_livez_says_alive_and_healthz_not_ready() {
+        let (l, addr) = listener().await;
+        let health = SharedHealth::default();
+        let _server = start_health(l, health.clone());
+        let reply = |path| async move { get(addr, path).await.unwrap() };
+        assert!(reply("/livez").await.starts_with("HTTP/1.1 200"), "a slow start is not a dead agent");
+        assert!(reply("/healthz").await.starts_with("HTTP/1.1 503"));
+        let now = Instant::now();
+        {
+            let mut h = health.lock().unwrap();
+            h.last_updated = Some(SystemTime::now());
+            h.pending_since = Some(now);
+        }
+        assert!(reply("/healthz").await.starts_with("HTTP/1.1 200"));
+        let h = health.lock().unwrap();
+        assert_eq!(livez_response(&h, now + HEALTH_TIMEOUT).status, 503, "a loop stuck on a change");
     }
 
     /// Counters as a test sets them.

@@ -164,6 +164,18 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         None => crate::cgroup::default_root()?,
     };
     let cgroup = crate::cgroup::check(&cgroup, opts.allow_root_cgroup)?;
+    // Rule 6: the health server answers before anything slow (the source's first lists, the load, the first
+    // sync): `/livez` 200, `/healthz` 503 until the first sync. The metrics port is bound now too (a port in
+    // use fails the start at once) and served once the maps are loaded.
+    let health = SharedHealth::default();
+    let _healthz = match opts.healthz_addr {
+        Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
+        None => None,
+    };
+    let metrics_listener = match opts.metrics_addr {
+        Some(a) => Some(bind(a, "--metrics-addr").await?),
+        None => None,
+    };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
     let source_name = source.describe();
@@ -191,23 +203,16 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             );
         }
     }
+    // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
+    let mut stats = AgentStats::default();
+    let snapshots = watch::Sender::new(Arc::new(Snapshot::of(core.reconciler(), opts.capacities.slots)));
+    let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
-
-    let health = SharedHealth::default();
-    let mut stats = AgentStats::default();
     record(&health, &mut stats, &report);
-    let _healthz = match opts.healthz_addr {
-        Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
-        None => None,
-    };
-    let snapshots = watch::Sender::new(Arc::new(Snapshot::of(core.reconciler(), opts.capacities.slots)));
-    let _metrics = match opts.metrics_addr {
-        Some(a) => Some(start_metrics(bind(a, "--metrics-addr").await?, &snapshots, &stats)),
-        None => None,
-    };
+    publish(&snapshots, core.reconciler(), &report);
     let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
     sync_service_health(service_health.as_mut(), &mut stats, &report).await;
 
