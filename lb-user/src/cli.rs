@@ -112,8 +112,10 @@ pub struct AgentArgs {
     /// kube-proxy-compatible /healthz and /livez: IP:PORT or `off`.
     #[arg(long, default_value = "0.0.0.0:10256")]
     pub healthz_addr: crate::server::Listen,
-    /// Prometheus /metrics: IP:PORT or `off`.
-    #[arg(long, default_value = "0.0.0.0:10249")]
+    /// Prometheus /metrics: IP:PORT or `off`. Loopback by default, like kube-proxy's metrics address: the
+    /// metrics name every Service, its VIP and this node's counters, so exposing them beyond the node is a
+    /// choice (pass `0.0.0.0:10249`).
+    #[arg(long, default_value = "127.0.0.1:10249")]
     pub metrics_addr: crate::server::Listen,
     /// Address for the healthCheckNodePort listeners (one per Service with externalTrafficPolicy Local), or
     /// `off`.

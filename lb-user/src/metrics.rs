@@ -1,5 +1,11 @@
-//! Prometheus metrics, encoded on each scrape from the data path's own counters (per-CPU, summed) and the
-//! agent's sync statistics.
+//! Prometheus metrics: per Service and tier connection counters, map occupancy and the agent's sync
+//! statistics.
+//!
+//! A scrape never waits for the agent loop, and the loop does no work per scrape. After each sync that
+//! changed the maps the loop publishes a `Snapshot` (what it applied: frontends, names, service ids, slot
+//! counts); a scrape encodes the latest one, reading the data path's per-CPU counters itself through a
+//! handle of its own (`ReadCounters`, on the kernel `KernelCounters`), and the statistics through
+//! `AgentStats`, whose metrics are shared atomics the loop counts into.
 use prometheus_client::{
     encoding::text::encode,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -8,14 +14,73 @@ use prometheus_client::{
 
 use lb_common::{
     COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE,
-    GLOBAL_SVC_ID,
+    COUNTERS_PER_SERVICE, FrontendKey, GLOBAL_SVC_ID,
 };
 
-use crate::datapath::{MapWriter, Reconciler, addr};
+use crate::{
+    datapath::{MapWriter, Reconciler, addr},
+    model::ServicePortName,
+};
 
 type Labels = Vec<(String, String)>;
 
-/// Statistics the agent keeps between scrapes.
+/// The counters of one service id, summed over CPUs, indexed by `COUNTER_*`.
+pub type Counts = [u64; COUNTERS_PER_SERVICE as usize];
+
+/// Reads the data path's counters for a scrape, on the scrape's thread.
+pub trait ReadCounters: Send + Sync {
+    /// The counters of `svc_id`; `None` if they cannot be read (the frontend is left out of the scrape).
+    fn counters(&self, svc_id: u32) -> Option<Counts>;
+}
+
+/// One applied frontend, as a scrape labels it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendEntry {
+    /// The frontend (VIP, port, protocol).
+    pub key: FrontendKey,
+    /// The Service port it serves.
+    pub name: ServicePortName,
+    /// Its service id: where its counters are.
+    pub svc_id: u32,
+}
+
+/// What a scrape needs from the reconciler, copied by the agent loop after a sync and never changed after.
+///
+/// Only the labels come from here; the counts are read at scrape time. A service id is reused only after the
+/// reconciler's grace period, long after the snapshot without its old frontend is out, so only a scrape still
+/// reading from an older snapshot then could count a reused id under the Service that left: Prometheus sees
+/// a counter reset of a series that is about to end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Every applied frontend, in key order.
+    pub frontends: Vec<FrontendEntry>,
+    /// Backend slots the applied frontends use.
+    pub slots_used: usize,
+    /// Capacity of the frontends map.
+    pub frontend_capacity: u32,
+    /// Capacity of the slots map.
+    pub slot_capacity: u32,
+}
+
+impl Snapshot {
+    /// What `rec` has applied now. One clone per frontend: the loop takes it only after a sync that changed
+    /// the maps, never per scrape.
+    pub fn of<W: MapWriter>(rec: &Reconciler<W>, slot_capacity: u32) -> Self {
+        let mut slots_used = 0;
+        let frontends = rec
+            .applied()
+            .map(|(key, value, desired)| {
+                slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>();
+                FrontendEntry { key: *key, name: desired.name.clone(), svc_id: value.svc_id }
+            })
+            .collect();
+        Self { frontends, slots_used, frontend_capacity: rec.writer().max_services(), slot_capacity }
+    }
+}
+
+/// Statistics the agent keeps between scrapes. Clones share the same metrics (prometheus-client's metrics
+/// are atomics behind an `Arc`): the loop counts into one, the metrics server encodes another.
+#[derive(Clone)]
 pub struct AgentStats {
     /// Seconds each sync took (reload, plan, apply).
     pub sync_duration: Histogram,
@@ -54,25 +119,21 @@ fn gauge(entries: usize) -> i64 {
     i64::try_from(entries).unwrap_or(i64::MAX)
 }
 
-/// The whole exposition, OpenMetrics text.
-pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_capacity: u32) -> String {
+/// The whole exposition, OpenMetrics text: the labels from `snap`, the counts from `counters` (`None`: no
+/// per-Service counters), the statistics from `stats`.
+pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn ReadCounters>) -> String {
     let mut reg = Registry::with_prefix("tierlb");
     let conns = counter_family(&mut reg, "connections", "Connects translated, by Service, frontend and tier");
     let refused =
         counter_family(&mut reg, "connections_refused", "Connects failed fast because no backend was usable");
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
-    let w = rec.writer();
-    let mut slots_used = 0usize;
-    let mut frontends = 0usize;
-    for (key, value, desired) in rec.applied() {
-        frontends += 1;
-        slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>();
-        let Ok(c) = w.counters(value.svc_id) else { continue };
+    for f in &snap.frontends {
+        let Some(c) = counters.and_then(|r| r.counters(f.svc_id)) else { continue };
         let base: Labels = vec![
-            ("service".into(), desired.name.service.to_string()),
-            ("port".into(), desired.name.port.clone()),
-            ("frontend".into(), addr::frontend_addr(key).to_string()),
+            ("service".into(), f.name.service.to_string()),
+            ("port".into(), f.name.port.clone()),
+            ("frontend".into(), addr::frontend_addr(&f.key).to_string()),
         ];
         for (tier, kind) in [("node", COUNTER_NODE), ("zone", COUNTER_ZONE), ("cluster", COUNTER_CLUSTER)] {
             let mut l = base.clone();
@@ -85,19 +146,23 @@ pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_c
             refused.get_or_create(&l).inc_by(c[kind as usize]);
         }
     }
-    if let Ok(c) = w.counters(GLOBAL_SVC_ID) {
+    if let Some(c) = counters.and_then(|r| r.counters(GLOBAL_SVC_ID)) {
         fail_open.inc_by(c[COUNTER_FAIL_OPEN as usize]);
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
-    entries.get_or_create(&vec![("map".into(), lb_common::MAP_FRONTENDS.into())]).set(gauge(frontends));
-    entries.get_or_create(&vec![("map".into(), lb_common::MAP_SLOTS.into())]).set(gauge(slots_used));
+    entries
+        .get_or_create(&vec![("map".into(), lb_common::MAP_FRONTENDS.into())])
+        .set(gauge(snap.frontends.len()));
+    entries.get_or_create(&vec![("map".into(), lb_common::MAP_SLOTS.into())]).set(gauge(snap.slots_used));
     let capacity = Family::<Labels, Gauge>::default();
     reg.register("map_capacity", "Capacity per map", capacity.clone());
     capacity
         .get_or_create(&vec![("map".into(), lb_common::MAP_FRONTENDS.into())])
-        .set(i64::from(w.max_services()));
-    capacity.get_or_create(&vec![("map".into(), lb_common::MAP_SLOTS.into())]).set(i64::from(slot_capacity));
+        .set(i64::from(snap.frontend_capacity));
+    capacity
+        .get_or_create(&vec![("map".into(), lb_common::MAP_SLOTS.into())])
+        .set(i64::from(snap.slot_capacity));
     reg.register(
         "sync_duration_seconds",
         "Time to reload the source, plan and apply",
@@ -114,4 +179,157 @@ pub fn encode_text<W: MapWriter>(rec: &Reconciler<W>, stats: &AgentStats, slot_c
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
+}
+
+/// The data path's counter map (`lb_common::MAP_COUNTERS`) through a file descriptor of the scrape's own.
+///
+/// Why a second descriptor: a scrape must read the per-CPU counters without asking the agent loop (which owns
+/// `KernelMaps` inside its reconciler) and without a lock the loop would wait on. Two descriptors of one map
+/// are independent in the kernel, and a per-CPU array lookup is a copy, so reads from the scrape's thread
+/// neither block nor disturb the loop's writes. `KernelMaps` keeps its handles private and an agent without
+/// `--bpffs` has no pin to open, so the descriptor is duplicated from the one this process already holds
+/// (recognised by name, type and layout, and required to be the only such map). A `try_clone` accessor on
+/// `KernelMaps` would replace the search.
+#[cfg(target_os = "linux")]
+pub struct KernelCounters(aya::maps::PerCpuArray<aya::maps::MapData, u64>);
+
+/// Why `KernelCounters::of_this_process` found no counter map.
+#[cfg(target_os = "linux")]
+#[derive(Debug, thiserror::Error)]
+pub enum CountersError {
+    /// `/proc/self/fd` could not be listed.
+    #[error("listing /proc/self/fd: {source}")]
+    Proc {
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No counter map is open in this process (the programs are not loaded).
+    #[error("this process holds no {name} map", name = lb_common::MAP_COUNTERS)]
+    NotFound,
+    /// More than one counter map is open in this process: which one is the agent's is unknown.
+    #[error(
+        "this process holds {count} {name} maps (ids {ids:?}); cannot tell which one the agent writes",
+        name = lb_common::MAP_COUNTERS,
+        count = ids.len()
+    )]
+    Ambiguous {
+        /// The maps' ids.
+        ids: Vec<u32>,
+    },
+    /// aya refused the map.
+    #[error("map {name}: {source}", name = lb_common::MAP_COUNTERS)]
+    Map {
+        /// aya's error.
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+#[cfg(target_os = "linux")]
+impl KernelCounters {
+    /// A new descriptor of the counter map this process loaded (or opened from its pins).
+    pub fn of_this_process() -> Result<Self, CountersError> {
+        use std::os::fd::{FromRawFd as _, OwnedFd, RawFd};
+
+        use aya::maps::{Map, MapData, MapType, PerCpuArray};
+
+        let proc = |source| CountersError::Proc { source };
+        let mut found: Vec<(u32, MapData)> = Vec::new();
+        for entry in std::fs::read_dir("/proc/self/fd").map_err(proc)? {
+            let entry = entry.map_err(proc)?;
+            // A descriptor closed since the listing has no link any more: skip it.
+            if std::fs::read_link(entry.path()).ok().is_none_or(|t| t.as_os_str() != "anon_inode:bpf-map") {
+                continue;
+            }
+            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
+            // SAFETY: fcntl on any integer is sound: a closed descriptor gives EBADF, a reused one a
+            // duplicate of something else, which the checks below reject and drop (closing the duplicate).
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                continue;
+            }
+            // SAFETY: `dup` is a descriptor fcntl just created for us; nothing else owns it.
+            let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+            let Ok(data) = MapData::from_fd(owned) else { continue };
+            let Ok(info) = data.info() else { continue };
+            let ours = info.name_as_str() == Some(lb_common::MAP_COUNTERS)
+                && matches!(info.map_type(), Ok(MapType::PerCpuArray))
+                && (info.key_size(), info.value_size()) == (4, 8);
+            if ours && !found.iter().any(|(id, _)| *id == info.id()) {
+                found.push((info.id(), data));
+            }
+        }
+        if found.len() > 1 {
+            return Err(CountersError::Ambiguous { ids: found.iter().map(|(id, _)| *id).collect() });
+        }
+        let (_, data) = found.pop().ok_or(CountersError::NotFound)?;
+        let map = Map::from_map_data(data).map_err(|source| CountersError::Map { source })?;
+        PerCpuArray::try_from(map).map(Self).map_err(|source| CountersError::Map { source })
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl ReadCounters for KernelCounters {
+    fn counters(&self, svc_id: u32) -> Option<Counts> {
+        let mut out = Counts::default();
+        for (kind, slot) in out.iter_mut().enumerate() {
+            let values = self.0.get(&lb_common::counter_index(svc_id, kind as u32), 0).ok()?;
+            *slot = values.iter().sum();
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::SocketAddr, time::Instant};
+
+    use super::*;
+    use crate::{
+        datapath::{Desired, DesiredFrontend, fake::FakeMaps},
+        model::ObjKey,
+    };
+
+    /// Every counter of a service id holds the id itself; `unreadable`'s cannot be read.
+    struct IdAsCount {
+        unreadable: u32,
+    }
+
+    impl ReadCounters for IdAsCount {
+        fn counters(&self, svc_id: u32) -> Option<Counts> {
+            (svc_id != self.unreadable).then_some([u64::from(svc_id); COUNTERS_PER_SERVICE as usize])
+        }
+    }
+
+    #[test]
+    fn the_snapshot_holds_what_was_applied_and_the_counts_come_at_scrape_time() {
+        let b = |i| addr::backend(SocketAddr::from(([10, 244, 1, i], 8080)), 6);
+        let mut desired = Desired::new();
+        let tiers = [[vec![b(1)], vec![], vec![b(1), b(2)]], [vec![], vec![], vec![b(3)]]];
+        for (i, tiers) in (0u8..).zip(tiers) {
+            let name = ServicePortName::new(ObjKey::new("default", format!("s{i}")), "http");
+            let key = addr::frontend_key([10, 96, 0, 10 + i].into(), 80, 6);
+            desired.insert(key, DesiredFrontend { name, tiers, flags: 0 });
+        }
+        let mut rec = Reconciler::new(FakeMaps::new(16, 64));
+        rec.apply(&desired, Instant::now());
+        let snap = Snapshot::of(&rec, 64);
+        assert_eq!((snap.frontends.len(), snap.slots_used), (2, 4));
+        assert_eq!((snap.frontend_capacity, snap.slot_capacity), (16, 64));
+        let ids: Vec<u32> = snap.frontends.iter().map(|f| f.svc_id).collect();
+        assert_eq!(ids, rec.applied().map(|(_, v, _)| v.svc_id).collect::<Vec<_>>());
+        let text = encode_text(&snap, &AgentStats::default(), Some(&IdAsCount { unreadable: ids[1] }));
+        let labels = r#"service="default/s0",port="http",frontend="10.96.0.10:80",tier="zone""#;
+        let s0_zone = format!("tierlb_connections_total{{{labels}}} {}", ids[0]);
+        assert!(text.contains(&s0_zone), "{text}");
+        assert!(
+            !text.contains("default/s1"),
+            "a frontend whose counters cannot be read is left out:\n{text}"
+        );
+        assert!(text.contains(r#"tierlb_map_entries{map="SLOTS"} 4"#), "{text}");
+        let without = encode_text(&snap, &AgentStats::default(), None);
+        assert!(!without.contains("tierlb_connections_total{"), "{without}");
+        assert!(without.contains(r#"tierlb_map_entries{map="FRONTENDS"} 2"#), "{without}");
+    }
 }

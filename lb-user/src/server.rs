@@ -13,10 +13,12 @@ use std::{
 
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpListener,
-    sync::{mpsc, oneshot},
+    net::{TcpListener, TcpStream},
+    sync::{Semaphore, watch},
     task::JoinHandle,
 };
+
+use crate::metrics::{self, AgentStats, ReadCounters, Snapshot};
 
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
 pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
@@ -52,52 +54,119 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Serve `handler(path)` on `listener` until the task is aborted: the one HTTP responder of the project (the
-/// agent's health, metrics and health-check-node-port listeners, and the lab's pod backends).
+/// What one listener of `serve` lets its clients hold. Probes and scrapes are few and tiny; the bounds are
+/// for a client that is not (a pod flooding the port, a slowloris, fd exhaustion).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections served at once; a connection beyond them is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Time for one whole exchange: reading the request head, answering and writing the reply. A client
+    /// that trickles its request (or reads the reply slowly) is cut off here, however it paces its bytes.
+    pub deadline: Duration,
+    /// Pause after a failed accept(). EMFILE/ENFILE/ENOBUFS last until something else closes, and the
+    /// pending connection stays in the queue, so retrying at once would spin a core on the same error.
+    pub accept_backoff: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            deadline: Duration::from_secs(5),
+            accept_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Serve `handler(path)` on `listener` with the default `Limits` until the task is aborted: the one HTTP
+/// responder of the project (the agent's health, metrics and health-check-node-port listeners, and the lab's
+/// pod backends).
 pub fn serve<F, Fut>(listener: TcpListener, handler: F) -> JoinHandle<()>
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Response> + Send,
 {
+    serve_with(listener, Limits::default(), handler)
+}
+
+/// `serve` with explicit limits.
+pub fn serve_with<F, Fut>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle<()>
+where
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response> + Send,
+{
     let handler = Arc::new(handler);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
+        let local = listener.local_addr().ok();
+        // Set while accept() keeps failing: the error is logged once per burst, not once per retry.
+        let mut failing = false;
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else { continue };
+            let sock = match listener.accept().await {
+                Ok((sock, _)) => sock,
+                Err(e) => {
+                    if !failing {
+                        let retry_ms = limits.accept_backoff.as_millis();
+                        tracing::warn!(listen = ?local, error = %e, retry_ms, "cannot accept; retrying");
+                    }
+                    failing = true;
+                    tokio::time::sleep(limits.accept_backoff).await;
+                    continue;
+                }
+            };
+            if std::mem::take(&mut failing) {
+                tracing::info!(listen = ?local, "accepting connections again");
+            }
+            // Over the limit: close at once (dropping the socket), rather than queue work for a flood.
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::debug!(listen = ?local, limit = limits.max_connections, "over the limit: closed");
+                continue;
+            };
             let handler = handler.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut n = 0;
-                // Read the request head (bounded); the body, if any, is ignored.
-                while n < buf.len() {
-                    match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
-                        Ok(Ok(0) | Err(_)) | Err(_) => break,
-                        Ok(Ok(k)) => n += k,
-                    }
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf[..n]);
-                let path =
-                    head.split_whitespace().nth(1).unwrap_or("/").split('?').next().unwrap_or("/").to_owned();
-                let r = handler(path).await;
-                let mut out = format!(
-                    "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-                    r.status,
-                    reason(r.status),
-                    r.content_type,
-                    r.body.len()
-                );
-                for (k, v) in &r.headers {
-                    let _ = write!(out, "{k}: {v}\r\n");
-                }
-                out.push_str("\r\n");
-                out.push_str(&r.body);
-                let _ = sock.write_all(out.as_bytes()).await;
-                let _ = sock.shutdown().await;
+                // Cancelling the exchange drops the socket: the client sees the connection closed.
+                let _ = tokio::time::timeout(limits.deadline, exchange(sock, &*handler)).await;
+                drop(slot);
             });
         }
     })
+}
+
+/// One request on `sock`, answered by `handler`; the connection is closed after the reply.
+async fn exchange<F, Fut>(mut sock: TcpStream, handler: &F)
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    // Read the request head (bounded); the body, if any, is ignored.
+    while n < buf.len() {
+        match sock.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..n]);
+    let path = head.split_whitespace().nth(1).unwrap_or("/").split('?').next().unwrap_or("/").to_owned();
+    let r = handler(path).await;
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        r.status,
+        reason(r.status),
+        r.content_type,
+        r.body.len()
+    );
+    for (k, v) in &r.headers {
+        let _ = write!(out, "{k}: {v}\r\n");
+    }
+    out.push_str("\r\n");
+    out.push_str(&r.body);
+    let _ = sock.write_all(out.as_bytes()).await;
+    let _ = sock.shutdown().await;
 }
 
 /// What `/healthz` and `/livez` report, updated by the agent loop.
@@ -130,8 +199,8 @@ fn rfc3339(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
-/// kube-proxy's proxier health: healthy once the first sync is done and no change has waited longer than
-/// `HEALTH_TIMEOUT`.
+/// kube-proxy's proxier health, what `/healthz` answers: healthy once the first sync is done and no change
+/// has waited longer than `HEALTH_TIMEOUT`.
 pub fn health_response(h: &Health, now: Instant) -> Response {
     let healthy =
         h.last_updated.is_some() && h.pending_since.is_none_or(|p| now.duration_since(p) < HEALTH_TIMEOUT);
@@ -143,44 +212,75 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
     Response::json(if healthy { 200 } else { 503 }, &body)
 }
 
-/// Serve `/healthz` and `/livez` from `health` on `listener`.
+/// What `/livez` answers: alive (200) while the agent starts, however long the first sync takes (a large
+/// cluster, a slow API server), so a liveness probe does not kill a start that is making progress; after
+/// the first sync, the proxier health of `/healthz`, so a loop stuck on a change is restarted.
+pub fn livez_response(h: &Health, now: Instant) -> Response {
+    let mut r = health_response(h, now);
+    if h.last_updated.is_none() {
+        r.status = 200;
+    }
+    r
+}
+
+/// Serve `/healthz` and `/livez` from `health` on `listener`. Started before the first sync: `/healthz`
+/// says 503 and `/livez` 200 until it is done.
 pub fn start_health(listener: TcpListener, health: SharedHealth) -> JoinHandle<()> {
     serve(listener, move |path| {
         let health = health.clone();
         async move {
-            match path.as_str() {
-                "/healthz" | "/livez" => {
-                    health_response(&health.lock().expect("health lock"), Instant::now())
-                }
-                _ => Response::text(404, "not found\n"),
-            }
+            let respond = match path.as_str() {
+                "/healthz" => health_response,
+                "/livez" => livez_response,
+                _ => return Response::text(404, "not found\n"),
+            };
+            respond(&health.lock().expect("health lock"), Instant::now())
         }
     })
 }
 
-/// A metrics scrape: the agent loop (which owns the maps) answers with the encoded text.
-pub type MetricsRequest = oneshot::Sender<String>;
+/// What `/metrics` encodes. Nothing in it waits for the agent loop.
+pub struct MetricsSource {
+    /// The latest snapshot the agent loop published; a scrape holds the channel's lock only to clone the
+    /// `Arc`.
+    pub snapshot: watch::Receiver<Arc<Snapshot>>,
+    /// The agent's statistics (shared with the loop, which counts into them).
+    pub stats: AgentStats,
+    /// The data path's counters through a handle of their own; `None`: no per-Service counters.
+    pub counters: Option<Arc<dyn ReadCounters>>,
+}
 
-/// Serve `/metrics` on `listener`, each scrape a request to the agent loop (10 s to answer, else 503).
-pub fn start_metrics(listener: TcpListener, requests: mpsc::Sender<MetricsRequest>) -> JoinHandle<()> {
+/// Serve `/metrics` on `listener` from `source`: the latest snapshot, encoded on a blocking thread with the
+/// counters read there (one map lookup per counter, too slow for the runtime's threads with many
+/// frontends).
+pub fn start_metrics(listener: TcpListener, source: MetricsSource) -> JoinHandle<()> {
+    let source = Arc::new(source);
+    // One scrape encodes at a time: a flood of scrapes waits here (and meets the request deadline) instead of
+    // starting as many walks over every frontend's counters.
+    let turn = Arc::new(tokio::sync::Mutex::new(()));
     serve(listener, move |path| {
-        let requests = requests.clone();
+        let (source, turn) = (source.clone(), turn.clone());
         async move {
             if path != "/metrics" {
                 return Response::text(404, "not found\n");
             }
-            let (tx, rx) = oneshot::channel();
-            if requests.send(tx).await.is_err() {
-                return Response::text(503, "agent stopping\n");
-            }
-            match tokio::time::timeout(Duration::from_secs(10), rx).await {
-                Ok(Ok(text)) => Response {
+            let turn = turn.lock_owned().await;
+            let snapshot = source.snapshot.borrow().clone();
+            // The guard goes with the work: a scrape cut off by the deadline keeps its turn until the
+            // blocking encode (which cannot be cancelled) ends.
+            let text = tokio::task::spawn_blocking(move || {
+                let _turn = turn;
+                metrics::encode_text(&snapshot, &source.stats, source.counters.as_deref())
+            })
+            .await;
+            match text {
+                Ok(text) => Response {
                     status: 200,
                     content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     headers: Vec::new(),
                     body: text,
                 },
-                _ => Response::text(503, "metrics not available\n"),
+                Err(_) => Response::text(503, "metrics not available\n"),
             }
         }
     })
@@ -301,7 +401,13 @@ impl std::str::FromStr for BindIp {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt as _;
+
     use super::*;
+    use crate::{
+        datapath::{Desired, DesiredFrontend, Reconciler, addr, fake::FakeMaps},
+        model::{ObjKey, ServicePortName},
+    };
 
     #[test]
     fn health_follows_kube_proxy() {
@@ -316,6 +422,95 @@ mod tests {
         let body: serde_json::Value = serde_json::from_str(&health_response(&h, now).body).unwrap();
         assert!(body["lastUpdated"].as_str().unwrap().ends_with('Z'));
         assert_eq!(body["nodeEligible"], true);
+    }
+
+    #[tokio::test]
+    async fn before_the_first_sync_livez_says_alive_and_healthz_not_ready() {
+        let (l, addr) = listener().await;
+        let health = SharedHealth::default();
+        let _server = start_health(l, health.clone());
+        let reply = |path| async move { get(addr, path).await.unwrap() };
+        assert!(reply("/livez").await.starts_with("HTTP/1.1 200"), "a slow start is not a dead agent");
+        assert!(reply("/healthz").await.starts_with("HTTP/1.1 503"));
+        let now = Instant::now();
+        {
+            let mut h = health.lock().unwrap();
+            h.last_updated = Some(SystemTime::now());
+            h.pending_since = Some(now);
+        }
+        assert!(reply("/healthz").await.starts_with("HTTP/1.1 200"));
+        let h = health.lock().unwrap();
+        assert_eq!(livez_response(&h, now + HEALTH_TIMEOUT).status, 503, "a loop stuck on a change");
+    }
+
+    /// Counters as a test sets them.
+    struct FixedCounters(BTreeMap<u32, metrics::Counts>);
+
+    impl ReadCounters for FixedCounters {
+        fn counters(&self, svc_id: u32) -> Option<metrics::Counts> {
+            self.0.get(&svc_id).copied()
+        }
+    }
+
+    fn frontends(services: &[(&str, [u8; 4])]) -> Desired {
+        services
+            .iter()
+            .map(|(name, vip)| {
+                let backend = addr::backend(SocketAddr::from(([10, 244, 1, 1], 8080)), 6);
+                let tiers = [vec![backend], Vec::new(), vec![backend]];
+                let name = ServicePortName::new(ObjKey::new("default", *name), "");
+                (addr::frontend_key(IpAddr::from(*vip), 80, 6), DesiredFrontend { name, tiers, flags: 0 })
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scrape_answers_from_the_snapshot_while_the_agent_loop_is_busy() {
+        let mut rec = Reconciler::new(FakeMaps::new(16, 64));
+        rec.apply(&frontends(&[("web", [10, 96, 0, 10])]), Instant::now());
+        let svc_id = rec.applied().next().unwrap().1.svc_id;
+        let snapshots = watch::Sender::new(Arc::new(Snapshot::of(&rec, 64)));
+        let stats = AgentStats::default();
+        let mut counts = metrics::Counts::default();
+        counts[lb_common::COUNTER_NODE as usize] = 7;
+        let counters = Arc::new(FixedCounters(BTreeMap::from([(svc_id, counts)])));
+        let (l, addr) = listener().await;
+        let source =
+            MetricsSource { snapshot: snapshots.subscribe(), stats: stats.clone(), counters: Some(counters) };
+        let _server = start_metrics(l, source);
+        // The agent loop, busy in a long sync: it holds the reconciler and publishes nothing until released.
+        let (release, busy) = std::sync::mpsc::channel::<()>();
+        let agent_loop = std::thread::spawn(move || {
+            busy.recv().unwrap();
+            rec.apply(&frontends(&[("web", [10, 96, 0, 10]), ("api", [10, 96, 0, 11])]), Instant::now());
+            stats.syncs.inc();
+            snapshots.send_replace(Arc::new(Snapshot::of(&rec, 64)));
+            snapshots
+        });
+        let m = tokio::time::timeout(Duration::from_secs(2), get(addr, "/metrics"))
+            .await
+            .expect("a scrape does not wait for the loop")
+            .expect("a reply");
+        assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
+        let web_node = concat!(
+            r#"tierlb_connections_total{service="default/web",port="","#,
+            r#"frontend="10.96.0.10:80",tier="node"} 7"#
+        );
+        assert!(m.contains(web_node), "{m}");
+        assert!(
+            m.contains("tierlb_syncs_total 0") && m.contains(r#"tierlb_map_entries{map="FRONTENDS"} 1"#),
+            "{m}"
+        );
+        // The loop finishes its sync and publishes: the next scrape sees it.
+        release.send(()).unwrap();
+        let _snapshots = tokio::task::spawn_blocking(move || agent_loop.join().unwrap()).await.unwrap();
+        let m = get(addr, "/metrics").await.unwrap();
+        assert!(
+            m.contains("tierlb_syncs_total 1") && m.contains(r#"tierlb_map_entries{map="FRONTENDS"} 2"#),
+            "{m}"
+        );
+        assert!(m.contains(web_node), "{m}");
+        assert_eq!(get(addr, "/other").await.unwrap().split_whitespace().nth(1), Some("404"));
     }
 
     #[test]
@@ -335,6 +530,79 @@ mod tests {
             rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
             "2023-11-14T22:13:20Z"
         );
+    }
+
+    /// GET `path` from `addr`: the whole reply, or `None` if the connection was closed without one.
+    async fn get(addr: SocketAddr, path: &str) -> Option<String> {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        (!out.is_empty()).then_some(out)
+    }
+
+    async fn listener() -> (TcpListener, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        (l, addr)
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_limit_are_closed_at_once() {
+        let (l, addr) = listener().await;
+        let limits = Limits { max_connections: 2, deadline: Duration::from_secs(30), ..Limits::default() };
+        let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
+        // Two clients that send nothing hold both connection slots.
+        let mut held = [TcpStream::connect(addr).await.unwrap(), TcpStream::connect(addr).await.unwrap()];
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 64];
+        let r = tokio::time::timeout(Duration::from_secs(2), third.read(&mut buf)).await;
+        assert!(matches!(r, Ok(Ok(0) | Err(_))), "the third connection is closed at once: {r:?}");
+        for s in &mut held {
+            let r = tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await;
+            assert!(r.is_err(), "a connection within the limit stays open: {r:?}");
+        }
+        drop(held);
+        // Their slots free up as soon as the server sees them closed.
+        let mut reply = None;
+        for _ in 0..100 {
+            reply = get(addr, "/").await;
+            if reply.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(reply.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+    }
+
+    #[tokio::test]
+    async fn a_client_trickling_its_request_is_cut_off_at_the_deadline() {
+        let (l, addr) = listener().await;
+        let limits = Limits { deadline: Duration::from_millis(500), ..Limits::default() };
+        let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
+        let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
+        let start = Instant::now();
+        // One byte per 100 ms: each read is quick (a per-read timeout never fires), the whole head takes 3 s.
+        let writer = tokio::spawn(async move {
+            for b in b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n" {
+                if wr.write_all(&[*b]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut got = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(3), rd.read_to_end(&mut got)).await;
+        let elapsed = start.elapsed();
+        writer.abort();
+        assert!(r.is_ok(), "still open after 3 s");
+        assert!(got.is_empty(), "an unfinished request gets no reply: {:?}", String::from_utf8_lossy(&got));
+        assert!(
+            elapsed >= Duration::from_millis(450) && elapsed < Duration::from_millis(1500),
+            "closed after {elapsed:?}, the deadline is 500 ms"
+        );
+        // The server is not stuck on it.
+        assert!(get(addr, "/").await.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
     }
 
     #[test]

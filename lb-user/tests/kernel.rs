@@ -480,6 +480,7 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
 
 /// /healthz and /livez answer like kube-proxy's, /metrics counts the connects per Service and tier from the
 /// data path's counters, and a healthCheckNodePort listener reports the local endpoints (200, then 503).
+/// Clients that fill the metrics listener hold up neither health nor syncs, and are cut off at the deadline.
 #[test]
 fn health_metrics_and_health_check_node_port_servers() {
     let mut c = cluster("servers");
@@ -525,6 +526,20 @@ fn health_metrics_and_health_check_node_port_servers() {
         body.contains("X-Load-Balancing-Endpoint-Weight: 1") && body.contains("\"localEndpoints\":1"),
         "{body}"
     );
+    // 64 clients that never finish a request fill the metrics listener: the next connection is closed at
+    // once, and neither the health server nor the syncs below wait for them.
+    let idle: Vec<std::net::TcpStream> =
+        (0..64).map(|_| std::net::TcpStream::connect(("127.0.0.1", mp)).unwrap()).collect();
+    let held_since = Instant::now();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut over = std::net::TcpStream::connect(("127.0.0.1", mp)).unwrap();
+    over.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let r = std::io::Read::read(&mut over, &mut [0u8; 16]);
+    assert!(
+        matches!(r, Ok(0)) || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{r:?}"
+    );
+    assert_eq!(http_get(hz, "/healthz").0, 200);
     // The local endpoint goes away: the load balancer's health check sees 503.
     let before = c.syncs_all();
     eps[0] = eps[0].clone().terminating().not_ready();
@@ -541,6 +556,11 @@ fn health_metrics_and_health_check_node_port_servers() {
     let (st, body) = answer;
     assert_eq!(st, 503, "{body}");
     assert!(body.contains("\"localEndpoints\":0"), "{body}");
+    // The idle clients are cut off at the 5 s deadline, and scrapes are served again.
+    let wait = Duration::from_millis(5200).saturating_sub(held_since.elapsed());
+    std::thread::sleep(wait);
+    assert_eq!(http_get(mp, "/metrics").0, 200);
+    drop(idle);
 }
 
 /// Map capacities are flags; a Service that does not fit is reported by name and left out whole, the

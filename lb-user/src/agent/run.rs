@@ -3,24 +3,29 @@
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
-use tokio::sync::mpsc;
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
 
 use super::{
     AgentCore, SyncReport,
     report::{log_destroyed, log_sync},
 };
 use crate::{
+    datapath::{MapWriter, Reconciler},
     datapath::{
         destroy,
         ebpf::{Capacities, Loaded, PROGRAMS},
         pins,
     },
-    metrics::AgentStats,
-    server::{self, ServiceHealthServers, SharedHealth},
+    metrics::{AgentStats, KernelCounters, ReadCounters, Snapshot},
+    server::{self, MetricsSource, ServiceHealthServers, SharedHealth},
     source::{ModelSource, Severity, kube::KubeSource, manifests::ManifestDir},
 };
 
@@ -114,6 +119,33 @@ fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport) {
     stats.reload_errors.inc_by(errors as u64);
 }
 
+/// After a sync that changed what is applied (every change counts as added, updated or removed): a new
+/// metrics snapshot. Scrapes read it; nothing is computed in the loop for a scrape.
+fn publish<W: MapWriter>(snapshots: &watch::Sender<Arc<Snapshot>>, rec: &Reconciler<W>, r: &SyncReport) {
+    if r.added + r.updated + r.removed > 0 {
+        let slot_capacity = snapshots.borrow().slot_capacity;
+        snapshots.send_replace(Arc::new(Snapshot::of(rec, slot_capacity)));
+    }
+}
+
+/// Serve `/metrics` from the snapshots the loop publishes and the statistics it counts into. The counters
+/// are read through a descriptor of the server's own (`KernelCounters`), so the maps must be loaded by now.
+fn start_metrics(
+    listener: tokio::net::TcpListener,
+    snapshots: &watch::Sender<Arc<Snapshot>>,
+    stats: &AgentStats,
+) -> JoinHandle<()> {
+    let counters = match KernelCounters::of_this_process() {
+        Ok(c) => Some(Arc::new(c) as Arc<dyn ReadCounters>),
+        Err(e) => {
+            tracing::error!(error = %e, "/metrics will have no per-Service connection counters");
+            None
+        }
+    };
+    let source = MetricsSource { snapshot: snapshots.subscribe(), stats: stats.clone(), counters };
+    server::start_metrics(listener, source)
+}
+
 /// Open or close the `healthCheckNodePort` listeners a sync asks for.
 async fn sync_service_health(sh: Option<&mut ServiceHealthServers>, stats: &mut AgentStats, r: &SyncReport) {
     let Some(sh) = sh else { return };
@@ -134,6 +166,18 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         None => crate::cgroup::default_root()?,
     };
     let cgroup = crate::cgroup::check(&cgroup, opts.allow_root_cgroup)?;
+    // Rule 6: the health server answers before anything slow (the source's first lists, the load, the first
+    // sync): `/livez` 200, `/healthz` 503 until the first sync. The metrics port is bound now too (a port in
+    // use fails the start at once) and served once the maps are loaded.
+    let health = SharedHealth::default();
+    let _healthz = match opts.healthz_addr {
+        Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
+        None => None,
+    };
+    let metrics_listener = match opts.metrics_addr {
+        Some(a) => Some(bind(a, "--metrics-addr").await?),
+        None => None,
+    };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
     let source_name = source.describe();
@@ -156,23 +200,16 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             );
         }
     }
+    // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
+    let mut stats = AgentStats::default();
+    let snapshots = watch::Sender::new(Arc::new(Snapshot::of(core.reconciler(), opts.capacities.slots)));
+    let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
-
-    let health = SharedHealth::default();
-    let mut stats = AgentStats::default();
     record(&health, &mut stats, &report);
-    let _healthz = match opts.healthz_addr {
-        Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
-        None => None,
-    };
-    let (metrics_tx, mut metrics_rx) = mpsc::channel::<server::MetricsRequest>(4);
-    let _metrics = match opts.metrics_addr {
-        Some(a) => Some(server::start_metrics(bind(a, "--metrics-addr").await?, metrics_tx)),
-        None => None,
-    };
+    publish(&snapshots, core.reconciler(), &report);
     let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
     sync_service_health(service_health.as_mut(), &mut stats, &report).await;
 
@@ -211,13 +248,11 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                             log_destroyed(&destroy::destroy_departed(core.reconciler_mut(), &finder));
                         }
                         record(&health, &mut stats, &r);
+                        publish(&snapshots, core.reconciler(), &r);
                         log_sync(&r);
                     }
                     Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),
                 }
-            }
-            Some(reply) = metrics_rx.recv() => {
-                let _ = reply.send(crate::metrics::encode_text(core.reconciler(), &stats, opts.capacities.slots));
             }
             _ = tick.tick() => core.collect_garbage(Instant::now()),
         }
