@@ -92,6 +92,11 @@ pub struct AgentStats {
     pub reload_errors: Counter,
     /// Service health listeners that could not be bound.
     pub health_port_errors: Counter,
+    /// Connected UDP sockets ended because their backend left their Service (or was marked down).
+    pub udp_sockets_destroyed: Counter,
+    /// Reverse entries of connected UDP sockets the agent could not reach: their network namespace was not
+    /// found (the pod is gone, or its namespace is not visible to the agent).
+    pub udp_sockets_unreached: Counter,
 }
 
 impl Default for AgentStats {
@@ -104,6 +109,8 @@ impl Default for AgentStats {
             apply_errors: Counter::default(),
             reload_errors: Counter::default(),
             health_port_errors: Counter::default(),
+            udp_sockets_destroyed: Counter::default(),
+            udp_sockets_unreached: Counter::default(),
         }
     }
 }
@@ -176,6 +183,16 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         "healthCheckNodePort listeners that could not be bound",
         stats.health_port_errors.clone(),
     );
+    reg.register(
+        "udp_sockets_destroyed",
+        "Connected UDP sockets ended because their backend left their Service",
+        stats.udp_sockets_destroyed.clone(),
+    );
+    reg.register(
+        "udp_sockets_unreached",
+        "Connected UDP sockets to a departed backend not ended: their network namespace was not found",
+        stats.udp_sockets_unreached.clone(),
+    );
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -184,90 +201,10 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
 /// The data path's counter map (`lb_common::MAP_COUNTERS`) through a file descriptor of the scrape's own.
 ///
 /// Why a second descriptor: a scrape must read the per-CPU counters without asking the agent loop (which owns
-/// `KernelMaps` inside its reconciler) and without a lock the loop would wait on. Two descriptors of one map
-/// are independent in the kernel, and a per-CPU array lookup is a copy, so reads from the scrape's thread
-/// neither block nor disturb the loop's writes. `KernelMaps` keeps its handles private and an agent without
-/// `--bpffs` has no pin to open, so the descriptor is duplicated from the one this process already holds
-/// (recognised by name, type and layout, and required to be the only such map). A `try_clone` accessor on
-/// `KernelMaps` would replace the search.
+/// `KernelMaps` inside its reconciler) and without a lock the loop would wait on: it reads through a
+/// descriptor of its own (`KernelMaps::counters_reader`).
 #[cfg(target_os = "linux")]
-pub struct KernelCounters(aya::maps::PerCpuArray<aya::maps::MapData, u64>);
-
-/// Why `KernelCounters::of_this_process` found no counter map.
-#[cfg(target_os = "linux")]
-#[derive(Debug, thiserror::Error)]
-pub enum CountersError {
-    /// `/proc/self/fd` could not be listed.
-    #[error("listing /proc/self/fd: {source}")]
-    Proc {
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// No counter map is open in this process (the programs are not loaded).
-    #[error("this process holds no {name} map", name = lb_common::MAP_COUNTERS)]
-    NotFound,
-    /// More than one counter map is open in this process: which one is the agent's is unknown.
-    #[error(
-        "this process holds {count} {name} maps (ids {ids:?}); cannot tell which one the agent writes",
-        name = lb_common::MAP_COUNTERS,
-        count = ids.len()
-    )]
-    Ambiguous {
-        /// The maps' ids.
-        ids: Vec<u32>,
-    },
-    /// aya refused the map.
-    #[error("map {name}: {source}", name = lb_common::MAP_COUNTERS)]
-    Map {
-        /// aya's error.
-        #[source]
-        source: aya::maps::MapError,
-    },
-}
-
-#[cfg(target_os = "linux")]
-impl KernelCounters {
-    /// A new descriptor of the counter map this process loaded (or opened from its pins).
-    pub fn of_this_process() -> Result<Self, CountersError> {
-        use std::os::fd::{FromRawFd as _, OwnedFd, RawFd};
-
-        use aya::maps::{Map, MapData, MapType, PerCpuArray};
-
-        let proc = |source| CountersError::Proc { source };
-        let mut found: Vec<(u32, MapData)> = Vec::new();
-        for entry in std::fs::read_dir("/proc/self/fd").map_err(proc)? {
-            let entry = entry.map_err(proc)?;
-            // A descriptor closed since the listing has no link any more: skip it.
-            if std::fs::read_link(entry.path()).ok().is_none_or(|t| t.as_os_str() != "anon_inode:bpf-map") {
-                continue;
-            }
-            let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
-            // SAFETY: fcntl on any integer is sound: a closed descriptor gives EBADF, a reused one a
-            // duplicate of something else, which the checks below reject and drop (closing the duplicate).
-            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-            if dup < 0 {
-                continue;
-            }
-            // SAFETY: `dup` is a descriptor fcntl just created for us; nothing else owns it.
-            let owned = unsafe { OwnedFd::from_raw_fd(dup) };
-            let Ok(data) = MapData::from_fd(owned) else { continue };
-            let Ok(info) = data.info() else { continue };
-            let ours = info.name_as_str() == Some(lb_common::MAP_COUNTERS)
-                && matches!(info.map_type(), Ok(MapType::PerCpuArray))
-                && (info.key_size(), info.value_size()) == (4, 8);
-            if ours && !found.iter().any(|(id, _)| *id == info.id()) {
-                found.push((info.id(), data));
-            }
-        }
-        if found.len() > 1 {
-            return Err(CountersError::Ambiguous { ids: found.iter().map(|(id, _)| *id).collect() });
-        }
-        let (_, data) = found.pop().ok_or(CountersError::NotFound)?;
-        let map = Map::from_map_data(data).map_err(|source| CountersError::Map { source })?;
-        PerCpuArray::try_from(map).map(Self).map_err(|source| CountersError::Map { source })
-    }
-}
+pub struct KernelCounters(pub aya::maps::PerCpuArray<aya::maps::MapData, u64>);
 
 #[cfg(target_os = "linux")]
 impl ReadCounters for KernelCounters {

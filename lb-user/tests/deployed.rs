@@ -226,6 +226,16 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     assert!(steps[..first_err].iter().all(|s| s.answer.as_deref() == Some("10.0.1.1")), "local before");
     let rest = &steps[first_err + 1..];
     assert!(!rest.is_empty() && rest.iter().all(|s| s.answer.as_deref() == Some("10.0.2.2")), "{rest:?}");
+    // ... and counted, on the metrics port the DaemonSet passes.
+    let metrics_port = c
+        .args
+        .iter()
+        .find_map(|a| a.strip_prefix("--metrics-addr="))
+        .and_then(|a| a.rsplit(':').next()?.parse::<u16>().ok())
+        .expect("the DaemonSet sets --metrics-addr");
+    let metrics = http_get(&lab.node.netns, metrics_port, "/metrics");
+    assert!(metrics.contains("tierlb_udp_sockets_destroyed_total 1"), "{metrics}");
+    assert!(metrics.contains("tierlb_udp_sockets_unreached_total 0"), "{metrics}");
 
     // SIGKILL and restart of the agent: no connection lost.
     let probe = lab.probe(300, 5);

@@ -18,10 +18,9 @@ use super::{
     report::{log_destroyed, log_sync},
 };
 use crate::{
-    datapath::{MapWriter, Reconciler},
     datapath::{
-        destroy,
-        ebpf::{Capacities, Loaded, PROGRAMS},
+        MapWriter, Reconciler, destroy,
+        ebpf::{Capacities, KernelMaps, Loaded, PROGRAMS},
         pins,
     },
     metrics::{AgentStats, KernelCounters, ReadCounters, Snapshot},
@@ -134,9 +133,10 @@ fn start_metrics(
     listener: tokio::net::TcpListener,
     snapshots: &watch::Sender<Arc<Snapshot>>,
     stats: &AgentStats,
+    maps: &KernelMaps,
 ) -> JoinHandle<()> {
-    let counters = match KernelCounters::of_this_process() {
-        Ok(c) => Some(Arc::new(c) as Arc<dyn ReadCounters>),
+    let counters = match maps.counters_reader() {
+        Ok(c) => Some(Arc::new(KernelCounters(c)) as Arc<dyn ReadCounters>),
         Err(e) => {
             tracing::error!(error = %e, "/metrics will have no per-Service connection counters");
             None
@@ -144,6 +144,15 @@ fn start_metrics(
     };
     let source = MetricsSource { snapshot: snapshots.subscribe(), stats: stats.clone(), counters };
     server::start_metrics(listener, source)
+}
+
+/// End connected UDP sockets whose backend left (after a sync that updated or removed frontends): logged and
+/// counted, also those it could not reach.
+fn end_departed_sockets(rec: &mut Reconciler<KernelMaps>, finder: &destroy::NetnsFinder, stats: &AgentStats) {
+    let r = destroy::destroy_departed(rec, finder);
+    stats.udp_sockets_destroyed.inc_by(r.destroyed as u64);
+    stats.udp_sockets_unreached.inc_by(r.netns_not_found as u64);
+    log_destroyed(&r);
 }
 
 /// Open or close the `healthCheckNodePort` listeners a sync asks for.
@@ -203,7 +212,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
     let mut stats = AgentStats::default();
     let snapshots = watch::Sender::new(Arc::new(Snapshot::of(core.reconciler(), opts.capacities.slots)));
-    let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats));
+    let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats, core.reconciler().writer()));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_sync(&report);
@@ -245,7 +254,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                         // Rule 5: everything a sync changes happens before its "synced" line (tests wait for it).
                         sync_service_health(service_health.as_mut(), &mut stats, &r).await;
                         if r.updated + r.removed > 0 {
-                            log_destroyed(&destroy::destroy_departed(core.reconciler_mut(), &finder));
+                            end_departed_sockets(core.reconciler_mut(), &finder, &stats);
                         }
                         record(&health, &mut stats, &r);
                         publish(&snapshots, core.reconciler(), &r);

@@ -352,6 +352,9 @@ pub struct KernelMaps {
     max_services: u32,
     caps: Capacities,
     nr_cpus: usize,
+    /// A second descriptor of the counter map, from which `counters_reader` makes handles for readers off the
+    /// agent loop.
+    counters_fd: std::os::fd::OwnedFd,
 }
 
 impl KernelMaps {
@@ -374,6 +377,12 @@ impl KernelMaps {
             HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
         let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
         let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
+        let counters_fd = match &counters {
+            Map::PerCpuArray(data) => std::os::fd::AsFd::as_fd(data.fd())
+                .try_clone_to_owned()
+                .map_err(|e| bpf_err(format!("map {MAP_COUNTERS}: duplicating its descriptor"), e))?,
+            _ => return Err(DatapathError::MissingMap { name: MAP_COUNTERS }),
+        };
         let counters: PerCpuArray<MapData, u64> =
             PerCpuArray::try_from(counters).map_err(conv(MAP_COUNTERS))?;
         let names = HashMap::try_from(names).map_err(conv(MAP_NAMES))?;
@@ -395,7 +404,20 @@ impl KernelMaps {
             max_services: caps.services,
             caps,
             nr_cpus,
+            counters_fd,
         })
+    }
+
+    /// Another handle on the per-CPU counter map, for a reader off the agent loop (`/metrics`): two
+    /// descriptors of one map are independent in the kernel, and a per-CPU lookup is a copy, so reads through
+    /// it neither wait on nor disturb the loop's writes.
+    pub fn counters_reader(&self) -> Result<PerCpuArray<MapData, u64>, DatapathError> {
+        let fd = self
+            .counters_fd
+            .try_clone()
+            .map_err(|e| bpf_err(format!("map {MAP_COUNTERS}: duplicating its descriptor"), e))?;
+        let data = MapData::from_fd(fd).map_err(|e| bpf_err(format!("map {MAP_COUNTERS}"), e))?;
+        PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|e| bpf_err(format!("map {MAP_COUNTERS}"), e))
     }
 
     /// Open maps pinned by an agent under `dir`.
