@@ -327,3 +327,11 @@ impl NamedServer {
         self.child.pid()
     }
 }
+
+/// How many BPF programs are attached to the cgroup at `cg`, as `bpftool cgroup show` lists them.
+pub fn attached_programs(cg: &Path) -> usize {
+    let Ok(out) = Command::new("bpftool").args(["cgroup", "show"]).arg(cg).output() else { return 0 };
+    // One line per program, starting with its id (after a header line).
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().filter(|l| l.split_whitespace().next().is_some_and(|id| id.parse::<u32>().is_ok())).count()
+}

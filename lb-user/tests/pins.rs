@@ -6,7 +6,7 @@ use std::{path::Path, process::Command};
 use lb_testkit::{
     cluster::SimCluster,
     manifests::{Ep, Svc, write_service},
-    sandbox::{BpfFs, TempDir},
+    sandbox::{BpfFs, TempDir, attached_programs as attached},
 };
 
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
@@ -15,14 +15,6 @@ fn cluster(tag: &str) -> SimCluster {
     assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
     SimCluster::new(tag, Path::new(TIERLB), &lb_testkit::workspace_bin("tierlb-lab", "lb-lab"))
         .expect("sandbox")
-}
-
-/// Programs attached to `cg`, as bpftool lists them.
-fn attached(cg: &Path) -> usize {
-    let out = Command::new("bpftool").args(["cgroup", "show"]).arg(cg).output().unwrap();
-    // One line per attached program, starting with its id (after a header line).
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().filter(|l| l.split_whitespace().next().is_some_and(|id| id.parse::<u32>().is_ok())).count()
 }
 
 /// `tierlb agent` on node-1's cgroup and manifests with these extra arguments, run to its end (it fails before
