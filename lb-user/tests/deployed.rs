@@ -146,11 +146,7 @@ impl Lab {
 
     /// Programs attached to the test's cgroup.
     fn attached(&self) -> usize {
-        let out = Command::new("bpftool").args(["cgroup", "show"]).arg(self.cgroup.path()).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .filter(|l| l.split_whitespace().next().is_some_and(|id| id.parse::<u32>().is_ok()))
-            .count()
+        lb_testkit::sandbox::attached_programs(self.cgroup.path())
     }
 }
 
