@@ -4,7 +4,6 @@
 //! The requests are tiny and few (probes, scrapes), so a minimal HTTP/1.1 responder (one request per
 //! connection) on tokio is enough and keeps the agent's dependencies small.
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
@@ -19,6 +18,9 @@ use tokio::{
 };
 
 use crate::metrics::{self, AgentStats, ReadCounters, Snapshot};
+
+mod service_health;
+pub use service_health::{ServiceHealth, ServiceHealthServers, service_health_response};
 
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
 pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
@@ -286,86 +288,6 @@ pub fn start_metrics(listener: TcpListener, source: MetricsSource) -> JoinHandle
     })
 }
 
-/// One Service's health for its `healthCheckNodePort`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceHealth {
-    /// The Service's namespace, echoed in the body.
-    pub namespace: String,
-    /// The Service's name, echoed in the body.
-    pub name: String,
-    /// Ready endpoints on this node: 0 makes the port answer 503.
-    pub local_endpoints: usize,
-}
-
-/// kube-proxy's answer on a `healthCheckNodePort`, so cloud load balancers skip nodes without endpoints.
-pub fn service_health_response(s: &ServiceHealth) -> Response {
-    // kube-proxy's service health server: 200 with local endpoints, else 503, and the count in a header
-    // load balancers use as a weight.
-    let mut r = Response::json(
-        if s.local_endpoints > 0 { 200 } else { 503 },
-        &serde_json::json!({
-            "service": {"namespace": s.namespace, "name": s.name},
-            "localEndpoints": s.local_endpoints,
-            "serviceProxyHealthy": true,
-        }),
-    );
-    r.headers.push(("X-Content-Type-Options", "nosniff".into()));
-    r.headers.push(("X-Load-Balancing-Endpoint-Weight", s.local_endpoints.to_string()));
-    r
-}
-
-/// One listener per `healthCheckNodePort`, opened and closed as Services come and go.
-pub struct ServiceHealthServers {
-    bind: IpAddr,
-    listeners: BTreeMap<u16, (JoinHandle<()>, Arc<Mutex<ServiceHealth>>)>,
-}
-
-impl ServiceHealthServers {
-    /// No listeners yet; they will bind on `bind`.
-    pub fn new(bind: IpAddr) -> Self {
-        Self { bind, listeners: BTreeMap::new() }
-    }
-
-    /// Bring the listeners in line with `want` (port -> health). Returns the ports that could not be bound.
-    pub async fn sync(&mut self, want: &BTreeMap<u16, ServiceHealth>) -> Vec<(u16, std::io::Error)> {
-        self.listeners.retain(|port, (task, _)| {
-            let keep = want.contains_key(port);
-            if !keep {
-                task.abort();
-            }
-            keep
-        });
-        let mut failed = Vec::new();
-        for (port, h) in want {
-            if let Some((_, cur)) = self.listeners.get(port) {
-                *cur.lock().expect("health lock") = h.clone();
-                continue;
-            }
-            match TcpListener::bind(SocketAddr::new(self.bind, *port)).await {
-                Ok(l) => {
-                    let state = Arc::new(Mutex::new(h.clone()));
-                    let s2 = state.clone();
-                    let task = serve(l, move |_path| {
-                        let s = s2.clone();
-                        async move { service_health_response(&s.lock().expect("health lock")) }
-                    });
-                    self.listeners.insert(*port, (task, state));
-                }
-                Err(e) => failed.push((*port, e)),
-            }
-        }
-        failed
-    }
-}
-
-impl Drop for ServiceHealthServers {
-    fn drop(&mut self) {
-        for (task, _) in self.listeners.values() {
-            task.abort();
-        }
-    }
-}
-
 /// `--healthz-addr` and friends: an address, or `off`.
 pub fn parse_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     if s == "off" {
@@ -401,6 +323,8 @@ impl std::str::FromStr for BindIp {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use tokio::io::AsyncReadExt as _;
 
     use super::*;
@@ -511,17 +435,6 @@ mod tests {
         );
         assert!(m.contains(web_node), "{m}");
         assert_eq!(get(addr, "/other").await.unwrap().split_whitespace().nth(1), Some("404"));
-    }
-
-    #[test]
-    fn service_health_reports_local_endpoints() {
-        let s = ServiceHealth { namespace: "ns".into(), name: "lb".into(), local_endpoints: 2 };
-        let r = service_health_response(&s);
-        assert_eq!(r.status, 200);
-        assert!(r.headers.contains(&("X-Load-Balancing-Endpoint-Weight", "2".into())));
-        let none = service_health_response(&ServiceHealth { local_endpoints: 0, ..s });
-        assert_eq!(none.status, 503);
-        assert!(none.body.contains("\"localEndpoints\":0"));
     }
 
     #[test]
