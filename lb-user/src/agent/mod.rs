@@ -12,11 +12,11 @@
 //!    changed is rewritten.
 //! 3. The first sync fills the maps before the programs are attached, so no connect sees a partial plan.
 //! 4. `tierlb agent ready` is logged last, when programs, servers and health listeners are all up.
-//! 5. Everything a sync changes (maps, health listeners, destroyed sockets, the metrics snapshot) happens
-//!    before its `synced` line.
+//! 5. Everything a sync changes (maps, health listeners, destroyed sockets) happens before its `synced` line.
 //! 6. The health server answers from the start, before the source's first lists, the load and the first
 //!    sync: `/livez` 200 (a slow start is not a dead agent), `/healthz` 503 until the first sync is done.
-//!    `/metrics` is served once the maps are loaded, from snapshots the loop publishes after its syncs.
+//!    `/metrics` is served once the maps are loaded, from a snapshot the loop takes after the first sync and
+//!    then on its tick, at most once a second once the maps changed (never inside a sync).
 mod lower;
 mod report;
 mod run;

@@ -120,12 +120,16 @@ fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport) {
 
 /// After a sync that changed what is applied (every change counts as added, updated or removed): a new
 /// metrics snapshot. Scrapes read it; nothing is computed in the loop for a scrape.
-fn publish<W: MapWriter>(snapshots: &watch::Sender<Arc<Snapshot>>, rec: &Reconciler<W>, r: &SyncReport) {
-    if r.added + r.updated + r.removed > 0 {
-        let slot_capacity = snapshots.borrow().slot_capacity;
-        snapshots.send_replace(Arc::new(Snapshot::of(rec, slot_capacity)));
-    }
+fn publish<W: MapWriter>(snapshots: &watch::Sender<Arc<Snapshot>>, rec: &Reconciler<W>) {
+    let slot_capacity = snapshots.borrow().slot_capacity;
+    snapshots.send_replace(Arc::new(Snapshot::of(rec, slot_capacity)));
 }
+
+/// How often at most the metrics snapshot is rebuilt: a snapshot costs one copy per frontend, so it is not
+/// taken on every sync (a burst of edits at 10,000 Services would pay it each time), but on the loop's tick
+/// once the maps changed and this much time passed. Scrapes (every 15 s or more) see the maps as of at most
+/// this long ago.
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
 
 /// Serve `/metrics` from the snapshots the loop publishes and the statistics it counts into. The counters
 /// are read through a descriptor of the server's own (`KernelCounters`), so the maps must be loaded by now.
@@ -144,6 +148,24 @@ fn start_metrics(
     };
     let source = MetricsSource { snapshot: snapshots.subscribe(), stats: stats.clone(), counters };
     server::start_metrics(listener, source)
+}
+
+/// Say at start when connected UDP sockets to departed backends cannot be ended: the kernel cannot destroy
+/// sockets, or no pod's network namespace is visible to the agent.
+fn warn_unless_destruction_works(finder: &destroy::NetnsFinder) {
+    match destroy::probe() {
+        Ok(()) if finder.visible() > 1 => tracing::debug!("socket destruction available"),
+        Ok(()) => tracing::warn!(
+            dirs = ?finder.dirs,
+            proc = ?finder.proc_root,
+            "no pod network namespace is visible: connected UDP sockets to backends that leave a Service cannot be \
+             ended; mount the host's /run/netns (HostToContainer), or the host's /proc with --host-proc"
+        ),
+        Err(why) => tracing::warn!(
+            "{why}: connected UDP sockets to backends that leave a Service will not be ended (they reconnect only \
+             when the application notices)"
+        ),
+    }
 }
 
 /// End connected UDP sockets whose backend left (after a sync that updated or removed frontends): logged and
@@ -218,7 +240,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
     record(&health, &mut stats, &report);
-    publish(&snapshots, core.reconciler(), &report);
+    publish(&snapshots, core.reconciler());
     let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
     sync_service_health(service_health.as_mut(), &mut stats, &report).await;
 
@@ -226,20 +248,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
     tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?PROGRAMS, "tierlb agent ready");
     let finder = destroy::NetnsFinder::new(opts.host_proc.clone());
-    match destroy::probe() {
-        Ok(()) if finder.visible() > 1 => tracing::debug!("socket destruction available"),
-        Ok(()) => tracing::warn!(
-            dirs = ?finder.dirs,
-            proc = ?finder.proc_root,
-            "no pod network namespace is visible: connected UDP sockets to backends that leave a Service cannot be \
-             ended; mount the host's /run/netns (HostToContainer), or the host's /proc with --host-proc"
-        ),
-        Err(why) => tracing::warn!(
-            "{why}: connected UDP sockets to backends that leave a Service will not be ended (they reconnect only \
-             when the application notices)"
-        ),
-    }
+    warn_unless_destruction_works(&finder);
     let mut tick = tokio::time::interval(Duration::from_millis(25));
+    let (mut snapshot_stale, mut last_snapshot) = (false, Instant::now());
     loop {
         tokio::select! {
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching and exiting"); break; }
@@ -257,13 +268,19 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                             end_departed_sockets(core.reconciler_mut(), &finder, &stats);
                         }
                         record(&health, &mut stats, &r);
-                        publish(&snapshots, core.reconciler(), &r);
+                        snapshot_stale |= r.added + r.updated + r.removed > 0;
                         log_sync(&r);
                     }
                     Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),
                 }
             }
-            _ = tick.tick() => core.collect_garbage(Instant::now()),
+            _ = tick.tick() => {
+                core.collect_garbage(Instant::now());
+                if snapshot_stale && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
+                    publish(&snapshots, core.reconciler());
+                    (snapshot_stale, last_snapshot) = (false, Instant::now());
+                }
+            }
         }
     }
     drop(file_watcher);
