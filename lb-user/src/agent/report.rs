@@ -35,7 +35,7 @@ pub(super) fn log_sync(r: &SyncReport) {
     let zone = r.node.as_ref().and_then(|n| n.zone.clone()).unwrap_or_else(|| "-".into());
     tracing::info!(
         frontends = r.frontends,
-        hints_filled = r.hints_filled.len(),
+        hints_filled = r.hints_filled,
         added = r.added,
         updated = r.updated,
         removed = r.removed,

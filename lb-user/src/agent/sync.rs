@@ -40,23 +40,15 @@ pub struct SyncReport {
     pub diagnostics: Vec<Diagnostic>,
     /// Inputs (files, API objects) whose objects come from their last good version.
     pub stale: Vec<Origin>,
-    /// Services whose slices carried no hints and got the controller's.
-    pub hints_filled: Vec<ObjKey>,
+    /// How many Services' slices carried no hints and got the controller's (the set:
+    /// `AgentCore::hints_filled`).
+    pub hints_filled: usize,
     /// Those of them not reported by an earlier sync.
     pub hints_newly_filled: Vec<ObjKey>,
     /// `healthCheckNodePort` -> the Service's local endpoints (Services with externalTrafficPolicy Local).
     pub health_ports: BTreeMap<u16, ServiceHealth>,
     /// How long the sync took.
     pub duration: Duration,
-}
-
-/// What the last plan of one Service contributed.
-#[derive(Debug, Default)]
-struct Planned {
-    frontends: usize,
-    hints_filled: bool,
-    /// `healthCheckNodePort` and its local endpoints (externalTrafficPolicy Local only).
-    health: Option<(u16, ServiceHealth)>,
 }
 
 /// The agent's logic without the kernel or the async runtime: refresh the source and apply the plan of what
@@ -69,13 +61,16 @@ pub struct AgentCore<W: MapWriter> {
     reconciler: Reconciler<W>,
     /// The node as of the last sync; a different one (zone label changed) replans every Service.
     node: Option<NodeInfo>,
-    /// Per Service, what its last plan contributed (kept up to date, so a sync that replans one Service does
-    /// not walk them all).
-    planned: BTreeMap<ObjKey, Planned>,
+    /// What the last plan of each Service contributed, kept up to date Service by Service, so that a sync
+    /// that replans one Service walks nothing else (at 10,000 Services a walk with a copy per Service per
+    /// sync costs more than the change): its frontend count (and their sum), whether its slices got the
+    /// controller's hints, its `healthCheckNodePort` (externalTrafficPolicy Local only).
+    planned: BTreeMap<ObjKey, usize>,
     frontends: usize,
+    hints_filled: BTreeSet<ObjKey>,
+    health: BTreeMap<ObjKey, (u16, ServiceHealth)>,
     /// Services whose frontends failed to apply: tried again on the next sync, as a full diff would.
     failed: BTreeSet<ObjKey>,
-    hints_reported: BTreeSet<ObjKey>,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -96,8 +91,9 @@ impl<W: MapWriter> AgentCore<W> {
             node: None,
             planned: BTreeMap::new(),
             frontends: 0,
+            hints_filled: BTreeSet::new(),
+            health: BTreeMap::new(),
             failed: BTreeSet::new(),
-            hints_reported: BTreeSet::new(),
         }
     }
 
@@ -120,30 +116,28 @@ impl<W: MapWriter> AgentCore<W> {
         let touched = self.tracker.apply(refresh.changes);
         let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), self.tracker.model());
         let retry = std::mem::take(&mut self.failed);
+        let mut newly_filled = Vec::new();
         let (replanned, applied) = match touched {
             Touched::Services(mut keys) if self.node.as_ref() == Some(&node) => {
                 keys.extend(retry);
-                let desired = self.plan_services(keys.iter(), &node);
+                let desired = self.plan_services(keys.iter(), &node, &BTreeSet::new(), &mut newly_filled);
                 (keys.len(), self.reconciler.apply_services(&keys, &desired, now))
             }
             // Everything, or the same changes on a node whose zone moved.
             _ => {
                 self.planned.clear();
                 self.frontends = 0;
+                self.health.clear();
+                let reported = std::mem::take(&mut self.hints_filled);
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
-                let desired = self.plan_services(keys.iter(), &node);
+                let desired = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
                 (keys.len(), self.reconciler.apply(&desired, now))
             }
         };
         self.node = Some(node.clone());
         self.failed = applied.errors.iter().map(|e| e.name.service.clone()).collect();
-        let hints_filled: Vec<ObjKey> =
-            self.planned.iter().filter(|(_, p)| p.hints_filled).map(|(k, _)| k.clone()).collect();
-        let hints_newly_filled =
-            hints_filled.iter().filter(|s| !self.hints_reported.contains(*s)).cloned().collect();
-        self.hints_reported = hints_filled.iter().cloned().collect();
         let mut health_ports: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
-        for (port, h) in self.planned.values().filter_map(|p| p.health.as_ref()) {
+        for (port, h) in self.health.values() {
             let entry = health_ports.entry(*port).or_insert_with(|| h.clone());
             entry.local_endpoints = entry.local_endpoints.max(h.local_endpoints);
         }
@@ -157,22 +151,36 @@ impl<W: MapWriter> AgentCore<W> {
             errors: applied.errors,
             diagnostics: refresh.diagnostics,
             stale: refresh.stale,
-            hints_filled,
-            hints_newly_filled,
+            hints_filled: self.hints_filled.len(),
+            hints_newly_filled: newly_filled,
             health_ports,
             duration: started.elapsed(),
         })
     }
 
+    /// Services whose slices carry no hints and got the controller's.
+    pub fn hints_filled(&self) -> &BTreeSet<ObjKey> {
+        &self.hints_filled
+    }
+
     /// Plan these Services (with the controller's hints where their slices carry none) and return the
-    /// frontends they want; a Service no longer in the model wants none.
-    fn plan_services<'a>(&mut self, keys: impl Iterator<Item = &'a ObjKey>, node: &NodeInfo) -> Desired {
+    /// frontends they want; a Service no longer in the model wants none. Services newly planned with the
+    /// controller's hints (not so before, nor in `reported`) are added to `newly_filled`.
+    fn plan_services<'a>(
+        &mut self,
+        keys: impl Iterator<Item = &'a ObjKey>,
+        node: &NodeInfo,
+        reported: &BTreeSet<ObjKey>,
+        newly_filled: &mut Vec<ObjKey>,
+    ) -> Desired {
         let mut desired = Desired::new();
         let model = self.tracker.model();
         for key in keys {
             if let Some(old) = self.planned.remove(key) {
-                self.frontends -= old.frontends;
+                self.frontends -= old;
             }
+            let was_filled = self.hints_filled.remove(key) || reported.contains(key);
+            self.health.remove(key);
             let Some(svc) = model.services.get(key) else { continue };
             let filled = hints::fill_for(model, svc);
             let slices: Vec<&EndpointSlice> = match &filled {
@@ -180,17 +188,19 @@ impl<W: MapWriter> AgentCore<W> {
                 None => model.slices_of(key).collect(),
             };
             let plans = plan::plan_service(svc, &slices, node);
-            let mut health: Option<(u16, ServiceHealth)> = None;
             for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
-                let seen = health.get_or_insert((port, h.clone()));
+                let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
                 seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
+            }
+            if filled.is_some() {
+                self.hints_filled.insert(key.clone());
+                if !was_filled {
+                    newly_filled.push(key.clone());
+                }
             }
             let mine = lower::frontends(&plans);
             self.frontends += mine.len();
-            self.planned.insert(
-                key.clone(),
-                Planned { frontends: mine.len(), hints_filled: filled.is_some(), health },
-            );
+            self.planned.insert(key.clone(), mine.len());
             desired.extend(mine);
         }
         desired
@@ -412,15 +422,20 @@ mod tests {
             assert_eq!(r.replanned, replanned, "{what}: Services planned");
             assert_eq!(maps(&agent), maps(&fresh), "{what}: maps");
             assert_eq!(
-                (r.frontends, &r.hints_filled, &r.health_ports, r.stale.len(), r.diagnostics.len()),
+                (r.frontends, r.hints_filled, &r.health_ports, r.stale.len(), r.diagnostics.len()),
                 (
                     full.frontends,
-                    &full.hints_filled,
+                    full.hints_filled,
                     &full.health_ports,
                     full.stale.len(),
                     full.diagnostics.len()
                 ),
                 "{what}: report"
+            );
+            assert_eq!(
+                agent.hints_filled(),
+                fresh.hints_filled(),
+                "{what}: Services with the controller's hints"
             );
         }
         let again = agent.sync(Instant::now()).unwrap();
