@@ -39,7 +39,7 @@ pub struct FrontendEntry {
     /// The frontend (VIP, port, protocol).
     pub key: FrontendKey,
     /// The Service port it serves.
-    pub name: ServicePortName,
+    pub name: std::sync::Arc<ServicePortName>,
     /// Its service id: where its counters are.
     pub svc_id: u32,
 }
@@ -247,7 +247,7 @@ mod tests {
         for (i, tiers) in (0u8..).zip(tiers) {
             let name = ServicePortName::new(ObjKey::new("default", format!("s{i}")), "http");
             let key = addr::frontend_key([10, 96, 0, 10 + i].into(), 80, 6);
-            desired.insert(key, DesiredFrontend { name, tiers, flags: 0 });
+            desired.insert(key, DesiredFrontend { name: name.into(), tiers, flags: 0 });
         }
         let mut rec = Reconciler::new(FakeMaps::new(16, 64));
         rec.apply(&desired, Instant::now());

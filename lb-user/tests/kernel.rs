@@ -252,7 +252,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         d.insert(
             key,
             DesiredFrontend {
-                name: ServicePortName::new(ObjKey::new("default", "web"), ""),
+                name: ServicePortName::new(ObjKey::new("default", "web"), "").into(),
                 tiers: [b[..node].to_vec(), Vec::new(), b.clone()],
                 flags: 0,
             },

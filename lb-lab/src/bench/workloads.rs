@@ -46,7 +46,7 @@ pub(super) fn desired(services: usize, per: usize) -> Desired {
             (
                 addr::frontend_key(IpAddr::V4(vip(i)), 80, 6),
                 DesiredFrontend {
-                    name: ServicePortName::new(ObjKey::new("bench", format!("svc-{i}")), ""),
+                    name: ServicePortName::new(ObjKey::new("bench", format!("svc-{i}")), "").into(),
                     tiers: [Vec::new(), Vec::new(), b],
                     flags: 0,
                 },

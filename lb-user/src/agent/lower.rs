@@ -1,7 +1,7 @@
 //! Lowering: from what the semantics decided (a plan per Service port) to what the maps hold (frontends,
 //! tier lists, flags), and to what the servers report (health check node ports). The data path module never
 //! sees a plan; this is the one place that turns kube-proxy's decisions into map contents.
-use std::net::SocketAddr;
+use std::{net::SocketAddr, sync::Arc};
 
 use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL};
 
@@ -30,10 +30,11 @@ pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
         if t.when_all_down == WhenEmpty::Drop {
             flags |= FLAG_EMPTY_IS_DROP;
         }
+        let name = Arc::new(p.name.clone());
         for ip in &p.cluster_ips {
             out.insert(
                 addr::frontend_key(*ip, p.port, proto),
-                DesiredFrontend { name: p.name.clone(), tiers: tiers.clone(), flags },
+                DesiredFrontend { name: name.clone(), tiers: tiers.clone(), flags },
             );
         }
     }

@@ -14,7 +14,7 @@ pub mod fake;
 pub mod pins;
 mod reconcile;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use lb_common::{
     Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
@@ -26,8 +26,9 @@ use crate::model::ServicePortName;
 /// What one frontend (VIP, port, protocol) should hold: the map contents the agent lowered a plan to.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredFrontend {
-    /// The Service port it serves (stored per service id for `status`, metrics and adoption).
-    pub name: ServicePortName,
+    /// The Service port it serves (stored per service id for `status`, metrics and adoption). Shared: every
+    /// frontend of a port, the reconciler's record of it and the metrics snapshot hold the same one.
+    pub name: Arc<ServicePortName>,
     /// Backends per tier (node, zone, cluster), in the order the data path tries them.
     pub tiers: [Vec<Backend>; TIER_COUNT],
     /// `FLAG_*` bits of the frontend value.

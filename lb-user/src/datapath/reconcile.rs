@@ -8,6 +8,7 @@
 //! RCU and finish in microseconds, so a grace period of milliseconds is ample.
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -40,7 +41,7 @@ struct Buried {
 #[error("Service {name} frontend {}: {error}", addr::frontend_addr(frontend))]
 pub struct ApplyError {
     /// The Service port the frontend belongs to.
-    pub name: ServicePortName,
+    pub name: Arc<ServicePortName>,
     /// The frontend (VIP, port, protocol).
     pub frontend: FrontendKey,
     /// What the maps refused.
@@ -341,7 +342,8 @@ impl<W: MapWriter> Reconciler<W> {
                 report.unnamed += 1;
                 ServicePortName::default()
             });
-            let desired = DesiredFrontend { name, tiers: rb.tiers.clone(), flags: rb.value.flags };
+            let desired =
+                DesiredFrontend { name: Arc::new(name), tiers: rb.tiers.clone(), flags: rb.value.flags };
             self.index(*key, Applied { value: rb.value, desired });
             used.insert(rb.value.svc_id);
             report.frontends += 1;
@@ -381,7 +383,7 @@ mod tests {
 
     fn want(node: &[&str], cluster: &[&str]) -> DesiredFrontend {
         DesiredFrontend {
-            name: ServicePortName::new(ObjKey::new("default", "web"), "http"),
+            name: Arc::new(ServicePortName::new(ObjKey::new("default", "web"), "http")),
             tiers: [
                 node.iter().map(|s| be(s)).collect(),
                 Vec::new(),

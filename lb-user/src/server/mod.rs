@@ -383,7 +383,10 @@ mod tests {
                 let backend = addr::backend(SocketAddr::from(([10, 244, 1, 1], 8080)), 6);
                 let tiers = [vec![backend], Vec::new(), vec![backend]];
                 let name = ServicePortName::new(ObjKey::new("default", *name), "");
-                (addr::frontend_key(IpAddr::from(*vip), 80, 6), DesiredFrontend { name, tiers, flags: 0 })
+                (
+                    addr::frontend_key(IpAddr::from(*vip), 80, 6),
+                    DesiredFrontend { name: name.into(), tiers, flags: 0 },
+                )
             })
             .collect()
     }
