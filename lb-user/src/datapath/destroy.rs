@@ -267,6 +267,9 @@ impl NetnsFinder {
     /// namespace is entered once per call to read its cookie.
     pub fn find_all(&self, wanted: &BTreeSet<u64>) -> BTreeMap<u64, File> {
         let mut found = BTreeMap::new();
+        if wanted.is_empty() {
+            return found;
+        }
         let mut seen = std::collections::HashSet::new();
         for path in self.candidates() {
             if found.len() == wanted.len() {
@@ -341,6 +344,10 @@ pub fn destroy_udp_sockets(
         if gone(&fe, &k.backend) {
             work.entry(v.netns_cookie).or_default().push(k);
         }
+    }
+    // The common case after a sync: no connected UDP socket talks to a departed backend; list no namespace.
+    if work.is_empty() {
+        return report;
     }
     let namespaces = finder.find_all(&work.keys().copied().collect());
     for (netns, keys) in work {
