@@ -111,21 +111,10 @@ impl SimCluster {
             }
         }
         cmd.stderr(logfile);
-        node.agent = Some(Child::spawn(&mut cmd)?);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let text = std::fs::read_to_string(&node.log).unwrap_or_default();
-            if text.get(start_len..).is_some_and(|t| t.contains("tierlb agent ready")) {
-                return Ok(());
-            }
-            if let Some(Ok(Some(status))) = node.agent.as_mut().map(|a| a.inner().try_wait()) {
-                bail!("agent for {} exited ({status}):\n{text}", node.name);
-            }
-            if Instant::now() > deadline {
-                bail!("agent for {} not ready after 30 s:\n{text}", node.name);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let agent = node.agent.insert(Child::spawn(&mut cmd)?);
+        agent
+            .wait_for_log(&node.log, start_len, "tierlb agent ready", Duration::from_secs(30))
+            .with_context(|| format!("agent for {}", node.name))
     }
 
     /// Kill a node's agent with SIGKILL (no chance to clean up) and reap it.

@@ -367,20 +367,7 @@ impl AgentBox {
         needle: &str,
         timeout: Duration,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            if text.get(from..).is_some_and(|t| t.contains(needle)) {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = self.child.inner().try_wait() {
-                bail!("the boxed agent exited ({status}):\n{}", text.get(from..).unwrap_or_default());
-            }
-            if Instant::now() > deadline {
-                bail!("no {needle:?} after {timeout:?}:\n{}", text.get(from..).unwrap_or_default());
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        self.child.wait_for_log(log, from, needle, timeout).context("the boxed agent")
     }
 
     /// Wait until the box ends by itself (a one-shot command); its exit status.

@@ -220,7 +220,8 @@ pub struct StreamStep {
     pub new_socket: bool,
 }
 
-fn epoch_ms() -> f64 {
+/// Milliseconds since the Unix epoch, comparable across processes (a client's steps and a test's edits).
+pub fn epoch_ms() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 

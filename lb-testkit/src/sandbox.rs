@@ -256,6 +256,32 @@ impl Child {
     pub fn inner(&mut self) -> &mut std::process::Child {
         self.child.as_mut().expect("child present until drop")
     }
+    /// Wait until `needle` shows in the log file `log` after byte `from` (an agent's `tierlb agent ready`),
+    /// failing with the log's new part when the process ends first or `timeout` passes.
+    pub fn wait_for_log(
+        &mut self,
+        log: &Path,
+        from: usize,
+        needle: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let new = text.get(from..).unwrap_or_default();
+            if new.contains(needle) {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.inner().try_wait() {
+                bail!("exited ({status}) before {needle:?}:\n{new}");
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("no {needle:?} after {timeout:?}:\n{new}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Send a signal (e.g. SIGKILL in restart tests).
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
         if let Some(c) = &self.child {

@@ -28,10 +28,6 @@ fn lab() -> PathBuf {
     lb_testkit::workspace_bin("tierlb-lab", "lb-lab")
 }
 
-fn epoch_ms() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1e3
-}
-
 /// One node with a web Service (endpoints on node-1 and node-2) and a DNS Service (resolvers on node-1 and
 /// node-2), both PreferSameNode, and a client pod on node-1 in the agent's cgroup.
 struct Lab {
@@ -211,7 +207,7 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let (svc, eps) = dns(false);
-    let t_edit = epoch_ms();
+    let t_edit = lb_testkit::dns::epoch_ms();
     write_service(lab.manifests.path(), &svc, &eps).unwrap();
     let out = stream.wait_with_output().unwrap();
     let steps: Vec<StreamStep> = serde_json::from_slice(&out.stdout).unwrap();

@@ -19,10 +19,6 @@ fn cluster(tag: &str) -> SimCluster {
         .expect("sandbox")
 }
 
-fn epoch_ms() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1e3
-}
-
 /// A connected UDP socket whose backend leaves the Service is destroyed by the agent (the application sees
 /// ECONNABORTED or EDESTADDRREQ) within 100 ms of the change, and a new socket reaches the remaining resolver; no query waits
 /// for a timeout.
@@ -44,7 +40,7 @@ fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_one_reache
         Ep::ready("10.244.2.53".parse().unwrap(), "node-2").prefer_same_node(),
     ];
     let before = c.syncs_all();
-    let t_edit = epoch_ms();
+    let t_edit = lb_testkit::dns::epoch_ms();
     write_service(c.manifests.path(), &svc, &eps).unwrap();
     c.wait_synced(&before).unwrap();
     let out = child.wait_with_output().unwrap();
