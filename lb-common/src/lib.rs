@@ -57,7 +57,11 @@ pub const COUNTER_REJECTED: u32 = 3;
 pub const COUNTER_DROPPED: u32 = 4;
 /// An internal error (a slot the frontend points at is missing); the connect went through untranslated.
 pub const COUNTER_FAIL_OPEN: u32 = 5;
-/// Counter slots per Service in the counter array; the kinds above use six, the rest are spare.
+/// Global only (`GLOBAL_SVC_ID`): a socket's reverse state could not be fully recorded (its socket storage
+/// could not be created, it sent to more than `SOCK_LRU_RECORD` backends, or the connected-UDP registry was
+/// full); see `SockState`.
+pub const COUNTER_REVERSE_UNRECORDED: u32 = 6;
+/// Counter slots per Service in the counter array; the kinds above use seven, the rest are spare.
 pub const COUNTERS_PER_SERVICE: u32 = 8;
 // The data path counts a pick from tier `t` under counter kind `t`.
 const _: () = assert!(COUNTER_NODE == TIER_NODE as u32 && COUNTER_ZONE == TIER_ZONE as u32);
@@ -101,11 +105,29 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
 /// programs never touch it.
 pub const MAP_NAMES: &str = "SVC_NAMES";
-/// Reverse translation: (socket cookie, backend) -> VIP, for recvmsg and getpeername.
+/// Reverse translation of unconnected UDP: (socket cookie, backend) -> VIP, for recvmsg. An LRU.
 pub const MAP_REVERSE: &str = "REVERSE";
-/// Every map, in the order the agent pins them.
-pub const MAPS: [&str; 6] =
-    [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES, MAP_REVERSE];
+/// Connected UDP sockets by (socket cookie, backend) -> VIP and network namespace: the sockets the agent
+/// destroys when their backend leaves (user space cannot enumerate socket storage). Entries go with their
+/// socket (`sock_release`).
+pub const MAP_CONNECTED_UDP: &str = "CONNECTED_UDP";
+/// Socket-local storage (`SockState`): the reverse state of connected sockets, freed with the socket.
+pub const MAP_SOCKS: &str = "SOCKS";
+/// Every map the agent opens by type, in the order the agent pins them.
+pub const MAPS: [&str; 7] =
+    [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES, MAP_REVERSE, MAP_CONNECTED_UDP];
+/// Every map that is pinned: `MAPS` and the socket storage (which only the kernel reads, but a restarted agent
+/// must reuse it, or live sockets would lose their reverse state).
+pub const PINNED_MAPS: [&str; 8] = [
+    MAP_FRONTENDS,
+    MAP_SLOTS,
+    MAP_BACKEND_STATE,
+    MAP_COUNTERS,
+    MAP_NAMES,
+    MAP_REVERSE,
+    MAP_CONNECTED_UDP,
+    MAP_SOCKS,
+];
 
 // Default capacities (the agent can change them before load).
 /// Default entries of the frontend map; the name map and the counter array are sized from it.
@@ -114,8 +136,15 @@ pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
 pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
 /// Default entries of the backend-state map: how many backends can be marked down at once.
 pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
-/// Default entries of the reverse map (an LRU: beyond this the oldest translations are forgotten).
+/// Default entries of the reverse map of unconnected UDP (an LRU: beyond this the oldest translations are
+/// forgotten); also the most connected UDP sockets tracked at once for destruction (`MAP_CONNECTED_UDP`).
 pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
+/// How many backends one socket's storage remembers having REVERSE entries for, so `sock_release` can delete
+/// them. A socket sending to more backends (a resolver cycling through many DNS VIPs) leaves the rest to the
+/// LRU's eviction, and the data path counts `COUNTER_REVERSE_UNRECORDED`.
+pub const SOCK_LRU_RECORD: usize = 8;
+/// `SockState::flags`: the socket has an entry in `MAP_CONNECTED_UDP` (under its cookie and `backend`).
+pub const SOCK_REGISTERED: u32 = 1 << 0;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
@@ -220,6 +249,24 @@ pub struct ReverseValue {
 }
 const _: () = assert!(size_of::<ReverseValue>() == 32);
 
+/// A socket's own reverse state, in socket-local storage (`MAP_SOCKS`), freed by the kernel with the socket.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
+pub struct SockState {
+    /// The backend a connect() chose (TCP, connected UDP); all zero if the socket never connected to a VIP.
+    pub backend: Backend,
+    /// The frontend that connect() asked for: recvmsg and getpeername show its VIP and port.
+    pub frontend: FrontendKey,
+    /// Backends this socket has `MAP_REVERSE` entries for (sendmsg to a VIP), the first `lru_len`; deleted
+    /// with the socket by `sock_release`.
+    pub lru: [Backend; SOCK_LRU_RECORD],
+    /// How many of `lru` are set.
+    pub lru_len: u32,
+    /// `SOCK_REGISTERED`.
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<SockState>() == 208);
+
 /// `namespace/name:port` of a frontend's Service, NUL-padded UTF-8 (longer names are cut).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -268,7 +315,7 @@ macro_rules! aya_pod {
 }
 
 #[cfg(feature = "user")]
-aya_pod!(FrontendKey, FrontendValue, SlotKey, Backend, ReverseKey, ReverseValue, ServiceName);
+aya_pod!(FrontendKey, FrontendValue, SlotKey, Backend, ReverseKey, ReverseValue, ServiceName, SockState);
 
 /// Index of a counter in the per-CPU counter array.
 #[inline(always)]

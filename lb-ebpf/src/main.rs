@@ -1,8 +1,12 @@
-//! tierlb's BPF programs: eight `cgroup/sock_addr` programs (`sock_addr`) over six maps (`maps`).
+//! tierlb's BPF programs: eight `cgroup/sock_addr` programs (`sock_addr`) and one `cgroup/sock_release`
+//! program (`sock`) over eight maps (`maps`).
 //!
 //! - `connect4`, `connect6`, `sendmsg4`, `sendmsg6`: Service VIP -> backend, by tier (`lb_common::choose`).
-//! - `recvmsg4`, `recvmsg6`, `getpeername4`, `getpeername6`: backend -> the VIP the socket asked for.
-//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, and `SVC_NAMES` (user space only).
+//! - `recvmsg4`, `recvmsg6`, `getpeername4`, `getpeername6`: backend -> the VIP the socket asked for
+//!   (`reverse`: socket storage for connected sockets, an LRU for unconnected UDP).
+//! - `sock_release`: a closed socket's reverse entries go with it.
+//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, `CONNECTED_UDP`, `SOCKS`, and
+//!   `SVC_NAMES` (user space only).
 //!
 //! Entry points are thin: they call into `sock_addr`, which fails open on internal errors (the connect
 //! proceeds untranslated and a counter says so) and rejects only in the documented "no endpoint" cases.
@@ -10,6 +14,8 @@
 #![no_main]
 
 mod maps;
+mod reverse;
+mod sock;
 mod sock_addr;
 
 #[cfg(not(test))]

@@ -1,17 +1,20 @@
-//! The six maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only) and
-//! `REVERSE`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
+//! The eight maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
+//! `REVERSE`, `CONNECTED_UDP` and the socket storage `SOCKS`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
 //! `pub(crate)` is enough: the symbol `#[map]` exports is what puts a map in the object.
 use aya_ebpf::{
-    macros::map,
+    bindings::BPF_F_NO_PREALLOC,
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
     Backend, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE,
-    DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_FRONTENDS, MAP_NAMES,
-    MAP_REVERSE, MAP_SLOTS, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS,
+    MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey, ReverseValue, ServiceName,
+    SlotKey, SockState,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -83,3 +86,20 @@ named_map!(
     pub(crate) static REVERSE: LruHashMap<ReverseKey, ReverseValue> =
         LruHashMap::with_max_entries(DEFAULT_MAX_REVERSE, 0);
 );
+
+named_map!(
+    MAP_CONNECTED_UDP == "CONNECTED_UDP",
+    /// Connected UDP sockets: (socket cookie, backend) -> VIP and network namespace, what the agent's socket
+    /// destruction needs (user space cannot enumerate socket storage). Written by connect4/connect6 when a UDP
+    /// socket's backend changes, deleted by `sock_release` with the socket, so it holds live sockets only.
+    /// Not preallocated: it costs memory for the sockets it holds, not for its capacity.
+    pub(crate) static CONNECTED_UDP: HashMap<ReverseKey, ReverseValue> =
+        HashMap::with_max_entries(DEFAULT_MAX_REVERSE, BPF_F_NO_PREALLOC);
+);
+
+/// Each socket's own reverse state (`SockState`), freed by the kernel with the socket (`bpf_sk_storage_free`
+/// in `__sk_destruct`). A BTF map (`SkStorage` has no legacy form), so its name is the symbol's: `named_map!`
+/// cannot check it, this assertion does.
+#[btf_map]
+pub(crate) static SOCKS: SkStorage<SockState> = SkStorage::new();
+const _: () = assert!(same(MAP_SOCKS, "SOCKS"), "map name differs from its lb_common constant");

@@ -1,20 +1,22 @@
 //! The eight cgroup sock_addr programs: `connect4`/`connect6` and `sendmsg4`/`sendmsg6` translate a Service
-//! VIP to a backend (`translate`, which also records the VIP in `REVERSE`); `recvmsg4`/`recvmsg6` (a UDP
+//! VIP to a backend (`translate`, which also records the VIP: `reverse`); `recvmsg4`/`recvmsg6` (a UDP
 //! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
 use aya_ebpf::{
     bindings::bpf_sock_addr,
-    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{bpf_get_prandom_u32, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
     ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, V4_MAPPED_WORD2, choose,
-    counter_index,
+    GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
 };
 
-use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, REVERSE, SLOTS};
+use crate::{
+    maps::{BACKEND_STATE, COUNTERS, FRONTENDS, SLOTS},
+    reverse,
+};
 
 /// Let the call proceed (possibly rewritten).
 const ALLOW: i32 = 1;
@@ -25,25 +27,25 @@ const DENY: i32 = 0;
 #[cgroup_sock_addr(connect4)]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
 fn connect4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, false)
+    translate(&ctx, false, true)
 }
 
 #[cgroup_sock_addr(connect6)]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
 fn connect6(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, true)
+    translate(&ctx, true, true)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
 fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, false)
+    translate(&ctx, false, false)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
 fn sendmsg6(ctx: SockAddrContext) -> i32 {
-    translate(&ctx, true)
+    translate(&ctx, true, false)
 }
 
 // recvmsg and getpeername programs may rewrite the address but must return 1 (they cannot deny).
@@ -76,7 +78,7 @@ fn getpeername6(ctx: SockAddrContext) -> i32 {
 }
 
 #[inline(always)]
-fn count(svc_id: u32, kind: u32) {
+pub(crate) fn count(svc_id: u32, kind: u32) {
     if let Some(c) = COUNTERS.get_ptr_mut(counter_index(svc_id, kind)) {
         // SAFETY: per-CPU slot, only this CPU writes it while the program runs (no preemption in BPF).
         unsafe { *c += 1 };
@@ -124,9 +126,9 @@ fn write_addr(sa: &mut bpf_sock_addr, v6: bool, mapped: bool, words: [u32; 4], p
     sa.user_port = u32::from(port);
 }
 
-/// connect() and sendmsg(): VIP -> backend, by tier.
+/// connect() (`connect`) and sendmsg(): VIP -> backend, by tier.
 #[inline(always)]
-fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
+fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     // SAFETY: the kernel passes a valid bpf_sock_addr for the program's whole run.
     let sa = unsafe { &mut *ctx.sock_addr };
     let dst = read_addr(sa, v6);
@@ -162,7 +164,11 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
             write_addr(sa, v6, dst.mapped, backend.addr, backend.port);
             // COUNTER_NODE, COUNTER_ZONE, COUNTER_CLUSTER are 0, 1, 2: the tier index is the counter kind.
             count(fe.svc_id, COUNTER_NODE + tier as u32);
-            remember(ctx, backend, key);
+            if connect {
+                reverse::remember_connected(ctx, backend, key);
+            } else {
+                reverse::remember_sent(ctx, backend, key);
+            }
             ALLOW
         }
         lb_common::Choice::Empty => {
@@ -184,48 +190,23 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
     }
 }
 
-/// Record which VIP this socket asked for, so a reply from the backend (recvmsg) and getpeername() show it.
-#[inline(always)]
-fn remember(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
-    // SAFETY: both helpers take the program's context, which is what they are given here.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-    // Only the agent's destruction of connected UDP sockets reads the namespace; TCP connects skip the call.
-    let netns_cookie = if backend.proto == PROTO_UDP {
-        // SAFETY: as above.
-        unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) }
-    } else {
-        0
-    };
-    let key = ReverseKey { cookie, backend, _pad: 0 };
-    let value =
-        ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, _pad2: 0, netns_cookie };
-    // An LRU map never fails for lack of room; if the update fails anyway, only the reverse view is lost.
-    let _ = REVERSE.insert(key, value, 0);
-}
-
 /// recvmsg() and getpeername(): backend -> the VIP this socket asked for.
 #[inline(always)]
 fn restore(ctx: &SockAddrContext, v6: bool) {
     // SAFETY: as in `translate`.
     let sa = unsafe { &mut *ctx.sock_addr };
     let peer = read_addr(sa, v6);
-    // SAFETY: as in `remember`.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     let backend = Backend {
         addr: peer.words,
         port: sa.user_port as u16,
         proto: sa.protocol as u8,
         family: peer.family,
     };
-    let key = ReverseKey { cookie, backend, _pad: 0 };
-    // SAFETY: as in `translate`.
-    let Some(rev) = (unsafe { REVERSE.get(key) }) else { return };
-    let rev = *rev;
-    // A stale entry (the Service is gone) is not applied: the VIP no longer means anything.
-    let fe = FrontendKey { addr: rev.vip, port: rev.port, proto: backend.proto, family: rev.family };
-    // SAFETY: as in `translate`.
-    if unsafe { FRONTENDS.get(fe) }.is_none() {
+    let Some(fe) = reverse::recall(ctx, backend) else { return };
+    // A stale entry (the Service is gone) is not applied: the VIP no longer means anything. Only presence is
+    // asked, no value is read, so an element reused meanwhile changes nothing.
+    if FRONTENDS.get_ptr(fe).is_none() {
         return;
     }
-    write_addr(sa, v6, peer.mapped, rev.vip, rev.port);
+    write_addr(sa, v6, peer.mapped, fe.addr, fe.port);
 }

@@ -242,7 +242,11 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     // Uninstall as deploy/README.md says: the DaemonSet goes (its pods get SIGTERM; pins keep the programs
     // attached), then the cleanup runs on the node with the same constraints; nothing stays attached or pinned.
     agent.stop();
-    assert_eq!(lab.attached(), 8, "pins keep the programs attached while no agent runs");
+    assert_eq!(
+        lab.attached(),
+        tierlb::datapath::ebpf::PROGRAMS.len(),
+        "pins keep the programs attached while no agent runs"
+    );
     let uninstall =
         Container::render(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/uninstall")).unwrap();
     let cleanup = AgentBox::agent_args(&uninstall, "node-1", lab.cgroup.path()).unwrap();

@@ -47,7 +47,11 @@ fn the_agent_makes_its_pin_directory_refuses_other_capacities_and_cleanup_remove
     assert!(dir.join(lb_common::MAP_FRONTENDS).exists(), "the agent made {} and pinned there", dir.display());
     c.stop_agent("node-1");
     let cg = c.node("node-1").cgroup.path().to_owned();
-    assert_eq!(attached(&cg), 8, "pinned links keep the programs attached");
+    assert_eq!(
+        attached(&cg),
+        tierlb::datapath::ebpf::PROGRAMS.len(),
+        "pinned links keep the programs attached"
+    );
 
     // Other capacities than the pinned maps': refused, naming both values and the way out.
     let out = agent_once(&c, &["--bpffs", &pin, "--max-services", "100"]);

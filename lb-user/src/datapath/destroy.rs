@@ -2,8 +2,9 @@
 //! an error (ECONNABORTED) and reconnects through the VIP instead of sending into the void (the stuck-socket
 //! problem of cilium#27300 and calico#4509).
 //!
-//! The sockets come from the data path's own reverse entries (socket cookie, backend, network-namespace
-//! cookie), not from a scan of the node. aya 0.14 cannot call the `bpf_sock_destroy()` kfunc, so the agent
+//! The sockets come from the data path's own registry of connected UDP sockets (`CONNECTED_UDP`: socket
+//! cookie, backend, network-namespace cookie; written by connect4/connect6, deleted with the socket by
+//! `sock_release`, so it holds live sockets only), not from a scan of the node. aya 0.14 cannot call the `bpf_sock_destroy()` kfunc, so the agent
 //! uses netlink `SOCK_DESTROY` (inet_diag), which must run inside the socket's network namespace: it finds
 //! the namespace by its cookie, asks sock_diag there for the socket with that cookie (for its exact
 //! 4-tuple) and destroys it.
@@ -296,7 +297,7 @@ impl NetnsFinder {
 pub struct DestroyReport {
     /// Sockets destroyed.
     pub destroyed: usize,
-    /// Reverse entries dropped because their network namespace was not found: the pod is gone, or the agent
+    /// Registrations dropped because their network namespace was not found: the pod is gone, or the agent
     /// cannot see its namespace (see `NetnsFinder`).
     pub netns_not_found: usize,
     /// What went wrong (deduplicated), for the log.
@@ -319,15 +320,15 @@ pub fn destroy_departed<W: MapWriter>(rec: &mut Reconciler<W>, finder: &NetnsFin
     })
 }
 
-/// Destroy the connected UDP sockets whose reverse entry points at a backend for which `gone(frontend,
-/// backend)` is true, and drop those reverse entries.
+/// Destroy the connected UDP sockets whose registration points at a backend for which `gone(frontend,
+/// backend)` is true, and drop those registrations.
 pub fn destroy_udp_sockets(
     maps: &mut impl MapWriter,
     finder: &NetnsFinder,
     gone: impl Fn(&FrontendKey, &Backend) -> bool,
 ) -> DestroyReport {
     let mut report = DestroyReport::default();
-    let entries = match maps.reverse_entries() {
+    let entries = match maps.connected_udp() {
         Ok(e) => e,
         Err(e) => {
             report.errors.push(e.to_string());
@@ -354,7 +355,7 @@ pub fn destroy_udp_sockets(
         let Some(ns) = namespaces.get(&netns) else {
             report.netns_not_found += keys.len();
             for k in &keys {
-                let _ = maps.delete_reverse(k);
+                let _ = maps.forget_connected_udp(k);
             }
             continue;
         };
@@ -402,7 +403,7 @@ pub fn destroy_udp_sockets(
             Ok(Err(e)) | Err(e) => report.errors.push(format!("sock_diag in netns {netns}: {e}")),
         }
         for k in &keys {
-            let _ = maps.delete_reverse(k);
+            let _ = maps.forget_connected_udp(k);
         }
     }
     report.errors.dedup();

@@ -8,21 +8,35 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues},
     programs::{
-        CgroupSockAddr,
+        Program,
         links::{CgroupAttachMode, FdLink},
     },
 };
 use lb_common::{
-    BACKEND_DOWN, Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    BACKEND_DOWN, Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE,
+    MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAPS,
+    PINNED_MAPS, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
 };
 
-use super::{MapError, MapReader, MapWriter};
+use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
 use crate::model::ServicePortName;
 
-/// The programs in the object, by function name; all are attached to the agent's cgroup.
-pub const PROGRAMS: &[&str] =
-    &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
+/// The programs in the object, by function name; all are attached to the agent's cgroup. All are
+/// `cgroup/sock_addr` programs but `RELEASE_PROGRAM`.
+pub const PROGRAMS: &[&str] = &[
+    "connect4",
+    "connect6",
+    "sendmsg4",
+    "sendmsg6",
+    "recvmsg4",
+    "recvmsg6",
+    "getpeername4",
+    "getpeername6",
+    RELEASE_PROGRAM,
+];
+
+/// The `cgroup/sock_release` program: deletes a closed socket's reverse entries outside its own storage.
+pub const RELEASE_PROGRAM: &str = "sock_release";
 
 /// Oldest kernel tierlb supports: `bpf_set_retval` from cgroup sock_addr programs needs 5.18; 6.1 is the
 /// oldest LTS with everything the data path uses and is what is tested.
@@ -37,7 +51,8 @@ pub struct Capacities {
     pub slots: u32,
     /// Backends `BACKEND_STATE` can mark down at once.
     pub backends: u32,
-    /// Reverse entries (socket, backend) -> VIP.
+    /// Reverse entries (socket, backend) -> VIP of unconnected UDP (the LRU), and connected UDP sockets tracked
+    /// at once for destruction.
     pub reverse: u32,
 }
 
@@ -213,7 +228,7 @@ impl Loaded {
             loader.map_max_entries(name, map_size(name, caps).entries);
         }
         let paths: Vec<(&str, PathBuf)> =
-            pin_dir.map(|d| MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
+            pin_dir.map(|d| PINNED_MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
         if pin_dir.is_some() {
             check_pinned_layout(&paths, caps)?;
         }
@@ -222,15 +237,12 @@ impl Loaded {
         }
         let mut ebpf = loader.load(object).map_err(|e| bpf_err("loading the BPF object", e))?;
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or_else(|| DatapathError::Bpf {
-                    what: format!("program {name} missing"),
-                    source: "absent".into(),
-                })?
-                .try_into()
-                .map_err(|e| bpf_err(format!("program {name} has the wrong type"), e))?;
-            prog.load().map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
+            let verified = match program(&mut ebpf, name)? {
+                Program::CgroupSockAddr(p) => p.load(),
+                Program::CgroupSock(p) => p.load(),
+                _ => return Err(wrong_type(name)),
+            };
+            verified.map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
         }
         let maps = KernelMaps::from_ebpf(&mut ebpf, caps)?;
         Ok(Self { programs: Programs { ebpf }, maps })
@@ -259,7 +271,9 @@ fn map_size(name: &str, caps: Capacities) -> MapSize {
             caps.services,
             |n| (n / COUNTERS_PER_SERVICE).saturating_sub(1),
         ),
-        MAP_REVERSE => (caps.reverse, "reverse", caps.reverse, same),
+        MAP_REVERSE | MAP_CONNECTED_UDP => (caps.reverse, "reverse", caps.reverse, same),
+        // Socket storage has no capacity of its own (max_entries must be 0): it grows with the sockets.
+        MAP_SOCKS => (0, "reverse", caps.reverse, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }
@@ -275,7 +289,10 @@ fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -> Result<()
             MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
             MAP_BACKEND_STATE => (size_of::<Backend>() as u32, 4),
             MAP_COUNTERS => (4, 8),
-            MAP_REVERSE => (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32),
+            MAP_REVERSE | MAP_CONNECTED_UDP => {
+                (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
+            }
+            MAP_SOCKS => (4, size_of::<SockState>() as u32),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };
@@ -315,19 +332,31 @@ impl Programs {
         let file =
             File::open(cgroup).map_err(|e| bpf_err(format!("opening cgroup {}", cgroup.display()), e))?;
         for name in PROGRAMS {
-            let prog: &mut CgroupSockAddr =
-                self.ebpf.program_mut(name).and_then(|p| p.try_into().ok()).ok_or_else(|| {
-                    DatapathError::Bpf { what: format!("program {name} missing"), source: "absent".into() }
-                })?;
+            let attaching = |e| bpf_err(format!("attaching {name} to {}", cgroup.display()), e);
+            let taking = |e| bpf_err(format!("taking the link of {name}"), e);
+            let linking = |e| bpf_err(format!("link of {name}"), e);
             // With a BPF link (kernel >= 5.7, what aya uses) the kernel always attaches in multi mode and
             // rejects BPF_F_ALLOW_MULTI in the link flags, so `Single` (flags 0) is the mode that works and
-            // already lets the new program sit next to an old one.
-            let id = prog
-                .attach(&file, CgroupAttachMode::Single)
-                .map_err(|e| bpf_err(format!("attaching {name} to {}", cgroup.display()), e))?;
+            // already lets the new program sit next to an old one. Without a pin directory the link stays
+            // with the program (dropping `Programs` detaches).
+            let link = match program(&mut self.ebpf, name)? {
+                Program::CgroupSockAddr(p) => {
+                    let id = p.attach(&file, CgroupAttachMode::Single).map_err(attaching)?;
+                    if pin_dir.is_none() {
+                        continue;
+                    }
+                    FdLink::try_from(p.take_link(id).map_err(taking)?).map_err(linking)?
+                }
+                Program::CgroupSock(p) => {
+                    let id = p.attach(&file, CgroupAttachMode::Single).map_err(attaching)?;
+                    if pin_dir.is_none() {
+                        continue;
+                    }
+                    FdLink::try_from(p.take_link(id).map_err(taking)?).map_err(linking)?
+                }
+                _ => return Err(wrong_type(name)),
+            };
             let Some(dir) = pin_dir else { continue };
-            let link = prog.take_link(id).map_err(|e| bpf_err(format!("taking the link of {name}"), e))?;
-            let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("link of {name}"), e))?;
             let path = super::pins::link_pin(dir, name);
             let fresh = super::pins::new_link_pin(dir, name);
             let _ = std::fs::remove_file(&fresh);
@@ -341,7 +370,22 @@ impl Programs {
     }
 }
 
-/// The six maps (`lb_common::MAPS`), from a fresh load or from pins.
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Program, DatapathError> {
+    ebpf.program_mut(name).ok_or_else(|| DatapathError::Bpf {
+        what: format!("program {name} missing"),
+        source: "absent".into(),
+    })
+}
+
+fn wrong_type(name: &str) -> DatapathError {
+    DatapathError::Bpf {
+        what: format!("program {name} has the wrong type"),
+        source: "neither cgroup/sock_addr nor cgroup/sock".into(),
+    }
+}
+
+/// The seven maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
+/// read by the kernel only).
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
     slots: HashMap<MapData, SlotKey, Backend>,
@@ -349,6 +393,7 @@ pub struct KernelMaps {
     counters: PerCpuArray<MapData, u64>,
     names: HashMap<MapData, u32, ServiceName>,
     reverse: HashMap<MapData, ReverseKey, ReverseValue>,
+    connected_udp: HashMap<MapData, ReverseKey, ReverseValue>,
     max_services: u32,
     caps: Capacities,
     nr_cpus: usize,
@@ -371,7 +416,7 @@ impl KernelMaps {
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
-        let [frontends, slots, state, counters, names, reverse]: [Map; MAPS.len()] =
+        let [frontends, slots, state, counters, names, reverse, connected_udp]: [Map; MAPS.len()] =
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
             HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
@@ -387,6 +432,7 @@ impl KernelMaps {
             PerCpuArray::try_from(counters).map_err(conv(MAP_COUNTERS))?;
         let names = HashMap::try_from(names).map_err(conv(MAP_NAMES))?;
         let reverse = HashMap::try_from(reverse).map_err(conv(MAP_REVERSE))?;
+        let connected_udp = HashMap::try_from(connected_udp).map_err(conv(MAP_CONNECTED_UDP))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
@@ -401,6 +447,7 @@ impl KernelMaps {
             counters,
             names,
             reverse,
+            connected_udp,
             max_services: caps.services,
             caps,
             nr_cpus,
@@ -501,12 +548,19 @@ impl MapReader for KernelMaps {
             absent_ok(self.names.get(&svc_id, 0)).map_err(sys(MAP_NAMES, "services", self.max_services))?;
         Ok(n.map(|n| n.as_str().to_owned()))
     }
-    fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
-        self.reverse.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
-            MAP_REVERSE,
+    fn connected_udp(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
+        self.connected_udp.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
+            MAP_CONNECTED_UDP,
             "reverse",
             self.caps.reverse,
         ))
+    }
+    fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError> {
+        let lru = self.reverse.keys().collect::<Result<Vec<_>, _>>();
+        let lru = lru.map_err(sys(MAP_REVERSE, "reverse", self.caps.reverse))?.len();
+        let registered = self.connected_udp.keys().collect::<Result<Vec<_>, _>>();
+        let registered = registered.map_err(sys(MAP_CONNECTED_UDP, "reverse", self.caps.reverse))?.len();
+        Ok(ReverseOccupancy { lru, connected_udp: registered })
     }
 }
 
@@ -558,9 +612,9 @@ impl MapWriter for KernelMaps {
             self.max_services,
         ))
     }
-    fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError> {
-        absent_ok(self.reverse.remove(key)).map(|_| ()).map_err(sys(
-            MAP_REVERSE,
+    fn forget_connected_udp(&mut self, key: &ReverseKey) -> Result<(), MapError> {
+        absent_ok(self.connected_udp.remove(key)).map(|_| ()).map_err(sys(
+            MAP_CONNECTED_UDP,
             "reverse",
             self.caps.reverse,
         ))

@@ -5,7 +5,7 @@ use lb_common::{
     Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue, SlotKey,
 };
 
-use super::{MapError, MapReader, MapWriter};
+use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
 use crate::model::ServicePortName;
 
 /// The maps in memory: a `MapWriter` and `MapReader` that fails where the kernel's would (a full map).
@@ -16,7 +16,7 @@ pub struct FakeMaps {
     down: BTreeSet<Backend>,
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
     names: BTreeMap<u32, String>,
-    reverse: BTreeMap<ReverseKey, ReverseValue>,
+    connected_udp: BTreeMap<ReverseKey, ReverseValue>,
     max_services: u32,
     max_slots: u32,
     writes: usize,
@@ -39,9 +39,9 @@ impl FakeMaps {
     pub fn writes(&self) -> usize {
         self.writes
     }
-    /// A reverse entry, as the data path writes one on a translated connect or sendmsg.
-    pub fn put_reverse(&mut self, key: ReverseKey, value: ReverseValue) {
-        self.reverse.insert(key, value);
+    /// A connected UDP socket's registration, as connect4 writes one.
+    pub fn put_connected_udp(&mut self, key: ReverseKey, value: ReverseValue) {
+        self.connected_udp.insert(key, value);
     }
     /// Count one connect of `kind` (a `COUNTER_*`) for a service id, as the data path does.
     pub fn bump_counter(&mut self, svc_id: u32, kind: u32) {
@@ -71,8 +71,11 @@ impl MapReader for FakeMaps {
     fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
         Ok(self.names.get(&svc_id).cloned())
     }
-    fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
-        Ok(self.reverse.iter().map(|(k, v)| (*k, *v)).collect())
+    fn connected_udp(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
+        Ok(self.connected_udp.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError> {
+        Ok(ReverseOccupancy { lru: 0, connected_udp: self.connected_udp.len() })
     }
 }
 
@@ -125,8 +128,8 @@ impl MapWriter for FakeMaps {
         self.names.remove(&svc_id);
         Ok(())
     }
-    fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError> {
-        self.reverse.remove(key);
+    fn forget_connected_udp(&mut self, key: &ReverseKey) -> Result<(), MapError> {
+        self.connected_udp.remove(key);
         Ok(())
     }
 }

@@ -91,8 +91,12 @@ pub trait MapReader {
     fn max_services(&self) -> u32;
     /// The Service port a service id serves, as stored (`namespace/name:port`; cut at 128 bytes).
     fn name(&self, svc_id: u32) -> Result<Option<String>, MapError>;
-    /// Every reverse entry: which socket (cookie, network namespace) talks to which backend for which VIP.
-    fn reverse_entries(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError>;
+    /// Every connected UDP socket the data path registered: which socket (cookie, network namespace) is
+    /// connected to which backend for which VIP (what socket destruction needs).
+    fn connected_udp(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError>;
+    /// How many reverse entries the maps hold outside the sockets' own storage (which is freed with them
+    /// and cannot be counted from user space).
+    fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError>;
 }
 
 /// Everything the agent (and `tierlb backend`) writes to the maps.
@@ -113,8 +117,18 @@ pub trait MapWriter: MapReader {
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError>;
     /// Forget a service id's name.
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
-    /// Drop a reverse entry (its socket is gone or was destroyed).
-    fn delete_reverse(&mut self, key: &ReverseKey) -> Result<(), MapError>;
+    /// Drop a connected UDP socket's registration (it was destroyed, or its namespace is gone); absent is
+    /// fine (the socket's release deletes it too).
+    fn forget_connected_udp(&mut self, key: &ReverseKey) -> Result<(), MapError>;
+}
+
+/// Reverse entries outside socket storage, read from the maps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReverseOccupancy {
+    /// Entries in the unconnected-UDP LRU (`REVERSE`; its capacity is `--max-reverse`).
+    pub lru: usize,
+    /// Connected UDP sockets registered for destruction (`CONNECTED_UDP`).
+    pub connected_udp: usize,
 }
 
 /// A frontend as read back from the maps: its value and the backends of each tier.

@@ -2,11 +2,12 @@
 //! agent (a restarted agent adopts them; `tierlb status` and `tierlb backend` open them), and how they are
 //! found and removed again.
 //!
-//! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::MAPS`, `BPFFS/<instance>/link_<program>` for
-//! each attached program.
+//! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::PINNED_MAPS` (the maps and the socket
+//! storage), `BPFFS/<instance>/link_<program>` for each attached program (`ebpf::PROGRAMS`, the eight
+//! sock_addr programs and `sock_release`).
 use std::path::{Path, PathBuf};
 
-use lb_common::{MAP_FRONTENDS, MAPS};
+use lb_common::{MAP_FRONTENDS, PINNED_MAPS};
 
 use super::ebpf::PROGRAMS;
 
@@ -120,7 +121,7 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     let pins = PROGRAMS
         .iter()
         .flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)])
-        .chain(MAPS.iter().map(|m| dir.join(m)));
+        .chain(PINNED_MAPS.iter().map(|m| dir.join(m)));
     for p in pins {
         if p.exists() {
             std::fs::remove_file(&p).map_err(io(&p))?;

@@ -1,0 +1,138 @@
+//! Reverse state: which VIP a socket asked for, so that recvmsg (a reply's source) and getpeername show the
+//! VIP, not the backend. It lives exactly as long as the socket:
+//!
+//! - A connected socket (TCP, connected UDP: connect4/connect6) keeps it in its own storage (`SOCKS`), which
+//!   the kernel frees with the socket. Written only when it changes (a reconnect to another VIP or backend).
+//! - An unconnected UDP socket (sendmsg4/sendmsg6, run only when the call carries an address) may talk to
+//!   many VIPs, one entry per backend: those go to the `REVERSE` LRU, keyed by (socket cookie, backend),
+//!   written only when missing or different, and recorded in the socket's storage so that `sock_release`
+//!   deletes them with the socket (`SOCK_LRU_RECORD` of them; beyond that the LRU's eviction).
+//! - A connected UDP socket is also registered in `CONNECTED_UDP`, for the agent's socket destruction.
+use aya_ebpf::{
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    programs::SockAddrContext,
+};
+use lb_common::{
+    Backend, COUNTER_REVERSE_UNRECORDED, FrontendKey, GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue,
+    SOCK_LRU_RECORD, SOCK_REGISTERED,
+};
+
+use crate::{
+    maps::{CONNECTED_UDP, REVERSE, SOCKS},
+    sock_addr::count,
+};
+
+#[inline(always)]
+fn cookie(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: the helper takes the program's context, which is what it is given.
+    unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) }
+}
+
+#[inline(always)]
+fn reverse_value(fe: FrontendKey, netns_cookie: u64) -> ReverseValue {
+    ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, _pad2: 0, netns_cookie }
+}
+
+/// connect(): record the backend and the frontend in the socket's storage, if they changed.
+#[inline(always)]
+pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
+    // SAFETY: `SOCKS` is a socket storage map and the context is a sock_addr context (what aya's wrapper
+    // reads the socket from); `None` creates the storage zeroed.
+    let st = unsafe { SOCKS.get_or_insert_ptr_mut(ctx, None) };
+    if st.is_null() {
+        count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+        return;
+    }
+    // SAFETY: non-null storage of this socket; the socket is locked by connect() for the program's run.
+    let st = unsafe { &mut *st };
+    if st.backend == backend && st.frontend == fe {
+        return;
+    }
+    let old = st.backend;
+    st.backend = backend;
+    st.frontend = fe;
+    let registered = st.flags & SOCK_REGISTERED != 0;
+    if !registered && backend.proto != PROTO_UDP {
+        return;
+    }
+    // Only the agent's destruction of connected UDP sockets reads the registry (and the namespace).
+    let cookie = cookie(ctx);
+    if registered && old != backend {
+        let _ = CONNECTED_UDP.remove(ReverseKey { cookie, backend: old, _pad: 0 });
+        st.flags &= !SOCK_REGISTERED;
+    }
+    if backend.proto != PROTO_UDP {
+        return;
+    }
+    // SAFETY: as `cookie`.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+    let key = ReverseKey { cookie, backend, _pad: 0 };
+    if CONNECTED_UDP.insert(key, reverse_value(fe, netns_cookie), 0).is_ok() {
+        st.flags |= SOCK_REGISTERED;
+    } else {
+        // Full: the socket works and shows the VIP, but the agent cannot destroy it if its backend leaves.
+        count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+    }
+}
+
+/// sendmsg() with an address: an LRU entry for (socket, backend), written only if missing or different, and
+/// recorded in the socket's storage for `sock_release`.
+#[inline(always)]
+pub(crate) fn remember_sent(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
+    let cookie = cookie(ctx);
+    let key = ReverseKey { cookie, backend, _pad: 0 };
+    // No namespace for LRU entries: only connected sockets (the registry) are ever destroyed.
+    let value = reverse_value(fe, 0);
+    // SAFETY: we only copy out of the value, valid for the program's run (RCU).
+    if let Some(old) = unsafe { REVERSE.get(key) }
+        && *old == value
+    {
+        return;
+    }
+    // An LRU map never fails for lack of room; if the update fails anyway, only the reverse view is lost.
+    if REVERSE.insert(key, value, 0).is_err() {
+        return;
+    }
+    // SAFETY: as in `remember_connected`.
+    let st = unsafe { SOCKS.get_or_insert_ptr_mut(ctx, None) };
+    if st.is_null() {
+        count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+        return;
+    }
+    // SAFETY: as in `remember_connected`; sendmsg holds the socket's lock too (`lock_sock` in udp_sendmsg is
+    // taken later, but the storage is only written by programs of this socket's own calls, and a racing
+    // second sendmsg on another thread at worst records one backend twice or drops one record).
+    let st = unsafe { &mut *st };
+    let len = st.lru_len as usize;
+    for i in 0..SOCK_LRU_RECORD {
+        if i >= len {
+            break;
+        }
+        if st.lru[i] == backend {
+            return; // entry rewritten (evicted or its VIP changed), already recorded
+        }
+    }
+    if len < SOCK_LRU_RECORD {
+        st.lru[len] = backend;
+        st.lru_len = len as u32 + 1;
+    } else {
+        count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+    }
+}
+
+/// recvmsg() and getpeername(): the frontend the socket asked for when it talked to `backend`: the socket's
+/// storage if it is connected to that backend, else the LRU.
+#[inline(always)]
+pub(crate) fn recall(ctx: &SockAddrContext, backend: Backend) -> Option<FrontendKey> {
+    // SAFETY: as in `remember_connected`; without the create flag a socket with no storage gets null.
+    let st = unsafe { SOCKS.get_ptr_mut(ctx) };
+    // SAFETY: non-null storage of this socket, read only.
+    if !st.is_null() && unsafe { (*st).backend } == backend {
+        // SAFETY: as above.
+        return Some(unsafe { (*st).frontend });
+    }
+    let key = ReverseKey { cookie: cookie(ctx), backend, _pad: 0 };
+    // SAFETY: we only copy out of the value.
+    let rev = unsafe { REVERSE.get(key) }?;
+    Some(FrontendKey { addr: rev.vip, port: rev.port, proto: backend.proto, family: rev.family })
+}
