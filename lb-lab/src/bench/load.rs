@@ -12,24 +12,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use lb_testkit::sandbox::NetNs;
-
-/// Close with RST (SO_LINGER 0) when the socket is dropped: no TIME_WAIT on either side, so neither the
-/// client's ephemeral ports nor the server's 4-tuples pile up (a server-side TIME_WAIT hit by a reused
-/// client port costs the next SYN a 1 s retransmit).
-fn rst_close(s: &impl std::os::fd::AsRawFd) {
-    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
-    // SAFETY: valid socket and option buffer.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::from_ref(&linger).cast(),
-            size_of::<libc::linger>() as u32,
-        );
-    }
-}
+use lb_testkit::{churn::rst_close, sandbox::NetNs};
 
 /// What one load run measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! `tierlb-lab`: the lab tools behind `cargo xtask demo`, `cargo xtask bench` and the in-kernel tests.
 //! `probe` connects to an address repeatedly and prints, as JSON, which backend answered each connect;
-//! `dns` and `dns-stream` do the same for DNS over UDP; `load` is the benchmark's load client; `bench`
+//! `dns` and `dns-stream` do the same for DNS over UDP; `churn` makes many short-lived sockets between a DNS
+//! query and its reply; `load` is the benchmark's load client; `bench`
 //! runs the benchmark and `demo` the demo.
 use std::{
     net::SocketAddr,
@@ -62,6 +63,22 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         interval_ms: u64,
         #[arg(long, default_value_t = 500)]
+        timeout_ms: u64,
+    },
+    /// One process's socket churn through VIPs between a DNS query and its reply (JSON on stdout): does the
+    /// reply still come from the VIP, does an early TCP socket's getpeername() still show the VIP?
+    Churn {
+        #[arg(long)]
+        dns: Option<SocketAddr>,
+        #[arg(long)]
+        tcp: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        tcp_connects: usize,
+        #[arg(long, default_value_t = 0)]
+        udp_connects: usize,
+        #[arg(long, default_value_t = 0)]
+        udp_sends: usize,
+        #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
     /// connect()+close() (or short request/response) load on N threads (JSON result on stdout).
@@ -148,6 +165,19 @@ fn main() -> ExitCode {
                 Duration::from_millis(timeout_ms),
             );
             println!("{}", serde_json::to_string(&r).expect("steps serialise"));
+            ExitCode::SUCCESS
+        }
+        Cmd::Churn { dns, tcp, tcp_connects, udp_connects, udp_sends, timeout_ms } => {
+            let plan = lb_testkit::churn::Plan {
+                dns,
+                tcp,
+                tcp_connects,
+                udp_connects,
+                udp_sends,
+                timeout: Duration::from_millis(timeout_ms),
+            };
+            let r = lb_testkit::churn::run(&plan);
+            println!("{}", serde_json::to_string(&r).expect("outcome serialises"));
             ExitCode::SUCCESS
         }
         Cmd::Load { target, mode, threads, seconds } => {

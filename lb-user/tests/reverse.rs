@@ -1,0 +1,140 @@
+//! Reverse translation under socket churn, in the kernel: a reply's source and getpeername() keep showing the
+//! VIP however many sockets come and go, and the reverse maps hold no more than the live sockets need.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use lb_common::{MAP_CONNECTED_UDP, MAP_REVERSE, ReverseKey, ReverseValue};
+use lb_testkit::{
+    churn::Outcome,
+    cluster::SimCluster,
+    manifests::{Ep, Svc, write_service},
+    sandbox::BpfFs,
+};
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+const DNS_VIP: &str = "10.96.0.53:53";
+const DNS_POD: &str = "10.244.1.10:5353";
+const WEB_VIP: &str = "10.96.0.10:80";
+const WEB_POD: &str = "10.244.1.20:8080";
+
+/// One node with a DNS Service (UDP, 53 -> 5353) and a web Service (TCP, 80 -> 8080), each with one pod,
+/// its agent started with `agent_args`.
+fn cluster(tag: &str, agent_args: &[&str]) -> SimCluster {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let mut c = SimCluster::new(tag, Path::new(TIERLB), &lab).expect("sandbox");
+    let dns_pod: SocketAddr = DNS_POD.parse().unwrap();
+    let web_pod: SocketAddr = WEB_POD.parse().unwrap();
+    c.add_dns_pod(dns_pod, "10.0.1.1".parse().unwrap()).unwrap();
+    c.add_pod(web_pod, "web-1").unwrap();
+    let dns_vip: SocketAddr = DNS_VIP.parse().unwrap();
+    let mut dns = Svc::new("kube-dns", dns_vip.ip(), 53, 5353);
+    dns.protocol = "UDP";
+    write_service(c.manifests.path(), &dns, &[Ep::ready(dns_pod.ip(), "node-1")]).unwrap();
+    let web_vip: SocketAddr = WEB_VIP.parse().unwrap();
+    write_service(
+        c.manifests.path(),
+        &Svc::new("web", web_vip.ip(), 80, 8080),
+        &[Ep::ready(web_pod.ip(), "node-1")],
+    )
+    .unwrap();
+    c.add_node("node-1", agent_args).unwrap();
+    c
+}
+
+/// `tierlb-lab churn` on node-1.
+fn churn(c: &SimCluster, tcp: usize, udp_connected: usize, udp_sent: usize) -> Outcome {
+    let mut cmd = c.client_command("node-1", &c.lab).unwrap();
+    cmd.args(["churn", "--dns", DNS_VIP, "--tcp", WEB_VIP])
+        .args(["--tcp-connects", &tcp.to_string()])
+        .args(["--udp-connects", &udp_connected.to_string()])
+        .args(["--udp-sends", &udp_sent.to_string()]);
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Entries of a pinned (socket cookie, backend) -> VIP map; 0 if the map does not exist. Read with aya
+/// directly, not through the agent's code, so the figure is the kernel's.
+fn entries(path: &PathBuf) -> usize {
+    if !path.exists() {
+        return 0;
+    }
+    let data = aya::maps::MapData::from_pin(path).unwrap();
+    let map = aya::maps::Map::from_map_data(data).unwrap();
+    let map: aya::maps::HashMap<_, ReverseKey, ReverseValue> = aya::maps::HashMap::try_from(map).unwrap();
+    map.keys().count()
+}
+
+/// The scenario: with a reverse LRU of 1,024 entries, one process sends a DNS query from an
+/// unconnected socket and opens a TCP connection through VIPs, then makes 4,000 TCP connects and 1,500
+/// connected UDP sockets through VIPs, and only then reads the reply: it comes from the VIP, and the early
+/// TCP socket's peer is still the VIP.
+#[test]
+fn socket_churn_never_loses_a_live_sockets_vip() {
+    let c = cluster("revchurn", &["--max-reverse", "1024"]);
+    let o = churn(&c, 4000, 1500, 0);
+    eprintln!("{o:?}");
+    assert!(o.errors.is_empty(), "{:?}", o.errors);
+    assert_eq!(o.early_peer_before.as_deref(), Some(WEB_VIP), "before the churn");
+    assert_eq!(o.answer.as_deref(), Some("10.0.1.1"), "the DNS pod answered");
+    assert_eq!(o.reply_from.as_deref(), Some(DNS_VIP), "the reply's source after the churn");
+    assert_eq!(
+        o.early_peer.as_deref(),
+        Some(WEB_VIP),
+        "getpeername() of the early TCP socket after the churn"
+    );
+}
+
+/// 100,000 short-lived sockets (5,000 TCP connects, 65,000 connected UDP sockets, 30,000 unconnected UDP
+/// sends, each socket closed at
+/// once): afterwards the reverse maps outside socket storage (the LRU and the connected-UDP registry) hold
+/// nothing, since no socket is left alive. The LRU's capacity is the default, larger than the churn, so
+/// only deletion can empty it.
+#[test]
+fn reverse_state_after_100000_short_sockets_is_bounded_by_the_live_ones() {
+    let bpffs = BpfFs::new("revbound").unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    let c = cluster("revbound", &["--bpffs", &pin]);
+    let o = churn(&c, 5_000, 65_000, 30_000);
+    eprintln!("{} sockets in {:.1} s, errors {:?}", o.sockets, o.seconds, o.errors);
+    assert_eq!(o.sockets, 100_000);
+    assert!(o.errors.is_empty(), "{:?}", o.errors);
+    assert_eq!(o.reply_from.as_deref(), Some(DNS_VIP));
+    let dir = bpffs.path().join("node-1");
+    let (lru, registered) = (entries(&dir.join(MAP_REVERSE)), entries(&dir.join(MAP_CONNECTED_UDP)));
+    eprintln!("after the churn (client exited): {lru} LRU entries, {registered} connected-UDP entries");
+    assert_eq!((lru, registered), (0, 0), "reverse entries outlived their sockets");
+    // The agent's own figure agrees.
+    let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(&dir).unwrap();
+    let occupancy = tierlb::datapath::MapReader::reverse_occupancy(&maps).unwrap();
+    assert_eq!((occupancy.lru, occupancy.connected_udp), (0, 0));
+}
+
+/// The socket storage is pinned with the other maps and an agent restarted over the pins reuses the same map
+/// (same kernel map id), so live sockets keep their reverse state across a restart; translation and reverse
+/// translation work after it; `--cleanup` removes the storage's pin and the `sock_release` link with the rest.
+#[test]
+fn a_restarted_agent_keeps_the_socket_storage() {
+    let bpffs = BpfFs::new("revrestart").unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    let mut c = cluster("revrestart", &["--bpffs", &pin]);
+    let socks = bpffs.path().join("node-1").join(lb_common::MAP_SOCKS);
+    assert!(socks.exists(), "socket storage pinned at {}", socks.display());
+    let id_before = aya::maps::MapData::from_pin(&socks).unwrap().info().unwrap().id();
+    c.restart_agent("node-1").unwrap();
+    let id_after = aya::maps::MapData::from_pin(&socks).unwrap().info().unwrap().id();
+    assert_eq!(id_before, id_after, "the restarted agent reused the pinned socket storage");
+    let o = churn(&c, 10, 10, 10);
+    assert_eq!(o.reply_from.as_deref(), Some(DNS_VIP));
+    assert_eq!(o.early_peer.as_deref(), Some(WEB_VIP));
+    let removed = std::process::Command::new(TIERLB)
+        .args(["agent", "--cleanup", "--node", "node-1", "--bpffs", &pin])
+        .output()
+        .unwrap();
+    assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
+    assert!(!socks.exists(), "--cleanup removes the socket storage pin");
+    assert!(!bpffs.path().join("node-1").join("link_sock_release").exists());
+}
