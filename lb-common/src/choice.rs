@@ -163,7 +163,13 @@ mod tests {
 
     fn fe(node: (u16, u16), zone: (u16, u16), cluster: (u16, u16)) -> FrontendValue {
         let r = |(start, len)| TierRange { start, len };
-        FrontendValue { svc_id: 1, generation: 1, tiers: [r(node), r(zone), r(cluster)], flags: 0 }
+        FrontendValue {
+            key: crate::FrontendKey::default(),
+            svc_id: 1,
+            generation: 1,
+            tiers: [r(node), r(zone), r(cluster)],
+            flags: 0,
+        }
     }
 
     /// A tiny deterministic generator so tests are repeatable.

@@ -176,6 +176,10 @@ const _: () = assert!(size_of::<TierRange>() == 4);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FrontendValue {
+    /// The key this value is stored under, first in the value. The data path checks it after copying the value
+    /// out: a hash element can be reused for another key while a program still reads it (see `FRONTENDS` in
+    /// lb-ebpf's maps.rs for why and why first).
+    pub key: FrontendKey,
     /// The Service port's id: keys its slots, its counters and its name (never `GLOBAL_SVC_ID`).
     pub svc_id: u32,
     /// Which slot set is current: the agent writes a changed frontend's slots under a new generation, then
@@ -186,7 +190,7 @@ pub struct FrontendValue {
     /// `FLAG_POLICY_LOCAL`, `FLAG_EMPTY_IS_DROP`.
     pub flags: u32,
 }
-const _: () = assert!(size_of::<FrontendValue>() == 24);
+const _: () = assert!(size_of::<FrontendValue>() == 44);
 
 /// Key of one backend slot.
 #[repr(C)]

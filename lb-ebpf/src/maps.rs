@@ -45,6 +45,24 @@ macro_rules! named_map {
 named_map!(
     MAP_FRONTENDS == "FRONTENDS",
     /// Service frontends: VIP, port, protocol -> svc_id, generation, tier ranges, flags.
+    ///
+    /// Why every value carries its own key, checked after the copy (`sock_addr::frontend`): a program holds a
+    /// pointer into a hash element from `bpf_map_lookup_elem` until it has copied the value, and the element
+    /// can meanwhile be given to another key. In a preallocated hash (this one) `htab_map_update_elem`
+    /// replaces an existing key by `alloc_htab_elem(.., old_elem)`, which parks the old element in the
+    /// per-CPU `htab->extra_elems` and hands it to the next in-place update on that CPU at once, and
+    /// `free_htab_elem` (on delete) pushes it on the `pcpu_freelist` that the next insert pops: no RCU grace
+    /// period either way (kernel/bpf/hashtab.c, 6.x). `BPF_F_NO_PREALLOC` alone does not help:
+    /// `htab_elem_free` gives the element back with `bpf_mem_cache_free`, whose per-CPU free list
+    /// (`unit_free` -> `free_llist`, kernel/bpf/memalloc.c) `unit_alloc` takes from at once; the memory is
+    /// only type-stable under RCU (it is not returned to the slab before a grace period), not reserved. So
+    /// the program may read another frontend's value, or a mix of two while it is rewritten; hence the check.
+    /// `alloc_htab_elem` writes an element's value with one forward `copy_map_value` (the key first, as it is
+    /// first), and the program copies the rest of the value before the key (`read_volatile`, in program
+    /// order): a copy that got a reused element's new bytes anywhere also gets its new key, and fails the
+    /// check. On x86 (TSO: loads are not reordered with loads, nor stores with stores) that holds as stated;
+    /// on weakly ordered CPUs (arm64) the JIT emits plain loads and a torn copy that passes remains possible
+    /// in principle. A failed check retries the lookup once, then fails open (counted).
     pub(crate) static FRONTENDS: HashMap<FrontendKey, FrontendValue> =
         HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS, 0);
 );

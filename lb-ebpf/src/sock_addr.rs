@@ -1,6 +1,8 @@
 //! The eight cgroup sock_addr programs: `connect4`/`connect6` and `sendmsg4`/`sendmsg6` translate a Service
 //! VIP to a backend (`translate`, which also records the VIP: `reverse`); `recvmsg4`/`recvmsg6` (a UDP
 //! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
+use core::ptr::{addr_of, read_volatile};
+
 use aya_ebpf::{
     bindings::bpf_sock_addr,
     helpers::{bpf_get_prandom_u32, bpf_set_retval},
@@ -10,7 +12,7 @@ use aya_ebpf::{
 use lb_common::{
     BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
     ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
+    FrontendValue, GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
 };
 
 use crate::{
@@ -85,6 +87,31 @@ pub(crate) fn count(svc_id: u32, kind: u32) {
     }
 }
 
+/// The frontend at `key`, copied, or `None` if `key` is no Service VIP; `Err` if the element was reused for
+/// another key during both of two copies (see `FRONTENDS` in maps.rs).
+#[inline(always)]
+fn frontend(key: &FrontendKey) -> Option<Result<FrontendValue, ()>> {
+    for _ in 0..2 {
+        let p = FRONTENDS.get_ptr(key)?;
+        // SAFETY: a hash map value stays mapped for the program's run (RCU); its bytes may change under us,
+        // which is what the key check after the copy is for. Volatile reads keep the program order: the key
+        // (first in the value, so written first by `alloc_htab_elem`) is read last.
+        let value = unsafe {
+            FrontendValue {
+                svc_id: read_volatile(addr_of!((*p).svc_id)),
+                generation: read_volatile(addr_of!((*p).generation)),
+                tiers: read_volatile(addr_of!((*p).tiers)),
+                flags: read_volatile(addr_of!((*p).flags)),
+                key: read_volatile(addr_of!((*p).key)),
+            }
+        };
+        if value.key == *key {
+            return Some(Ok(value));
+        }
+    }
+    Some(Err(()))
+}
+
 /// The destination (or peer) address of the call: family, words in network order, and whether it came as a
 /// v4-mapped IPv6 address (a dual-stack socket talking to an IPv4 Service).
 #[derive(Clone, Copy)]
@@ -134,11 +161,14 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     let dst = read_addr(sa, v6);
     let proto = sa.protocol as u8;
     let key = FrontendKey { addr: dst.words, port: sa.user_port as u16, proto, family: dst.family };
-    // SAFETY: hash map values stay valid for the program's run (RCU); we only copy out of it.
-    let Some(fe) = (unsafe { FRONTENDS.get(key) }) else {
-        return ALLOW; // not a Service VIP: leave it alone
+    let fe = match frontend(&key) {
+        None => return ALLOW, // not a Service VIP: leave it alone
+        Some(Ok(fe)) => fe,
+        Some(Err(())) => {
+            count(GLOBAL_SVC_ID, COUNTER_FAIL_OPEN);
+            return ALLOW;
+        }
     };
-    let fe = *fe;
     let choice = choose(
         &fe,
         |index| {

@@ -279,7 +279,7 @@ impl<W: MapWriter> Reconciler<W> {
                     written = index;
                 }
             }
-            let value = FrontendValue { svc_id, generation, tiers, flags: want.flags };
+            let value = FrontendValue { key, svc_id, generation, tiers, flags: want.flags };
             self.writer.put_frontend(key, value)?;
             Ok(value)
         })();
@@ -416,7 +416,7 @@ mod tests {
         let rep = r.apply(&d, t0);
         assert_eq!(rep.updated, 1);
         let v2 = r.writer().frontend(k).unwrap();
-        assert_eq!((v2.svc_id, v2.generation), (v1.svc_id, 2));
+        assert_eq!((v2.svc_id, v2.generation, v2.key), (v1.svc_id, 2, k));
         assert_eq!(r.writer().slot_count(), 4, "old generation kept during grace");
         r.collect_garbage(t0 + DEFAULT_GRACE);
         assert_eq!(r.writer().slot_count(), 1);
