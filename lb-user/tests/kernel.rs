@@ -284,6 +284,11 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         let rep = rec.apply(&desired(set, node), Instant::now());
         assert!(rep.errors.is_empty(), "{:?}", rep.errors);
         swaps += 1;
+        // As the agent's timer does: old generations are deleted after the kernel's grace period, during
+        // the swaps (each call waits one grace period, so not after every swap).
+        if swaps.is_multiple_of(8) {
+            rec.collect_garbage(Instant::now());
+        }
     }
     let allowed: BTreeSet<String> = set_a.iter().chain(&set_b).map(ToString::to_string).collect();
     let mut seen = BTreeSet::new();

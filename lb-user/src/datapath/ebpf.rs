@@ -394,6 +394,8 @@ pub struct KernelMaps {
     names: HashMap<MapData, u32, ServiceName>,
     reverse: HashMap<MapData, ReverseKey, ReverseValue>,
     connected_udp: HashMap<MapData, ReverseKey, ReverseValue>,
+    /// What `wait_for_readers` updates (an RCU grace period per update).
+    rcu: super::rcu::RcuWaiter,
     max_services: u32,
     caps: Capacities,
     nr_cpus: usize,
@@ -448,6 +450,7 @@ impl KernelMaps {
             names,
             reverse,
             connected_udp,
+            rcu: super::rcu::RcuWaiter::new().map_err(|e| bpf_err("creating the grace-period map", e))?,
             max_services: caps.services,
             caps,
             nr_cpus,
@@ -618,5 +621,8 @@ impl MapWriter for KernelMaps {
             "reverse",
             self.caps.reverse,
         ))
+    }
+    fn wait_for_readers(&mut self) -> Result<(), MapError> {
+        self.rcu.wait().map_err(|source| MapError::Sys { map: super::rcu::MAP_NAME, source })
     }
 }

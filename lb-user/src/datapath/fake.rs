@@ -17,6 +17,8 @@ pub struct FakeMaps {
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
     names: BTreeMap<u32, String>,
     connected_udp: BTreeMap<ReverseKey, ReverseValue>,
+    reader_waits: usize,
+    reader_waits_fail: bool,
     max_services: u32,
     max_slots: u32,
     writes: usize,
@@ -42,6 +44,14 @@ impl FakeMaps {
     /// A connected UDP socket's registration, as connect4 writes one.
     pub fn put_connected_udp(&mut self, key: ReverseKey, value: ReverseValue) {
         self.connected_udp.insert(key, value);
+    }
+    /// Make `wait_for_readers` fail (as when the kernel refuses the map-in-map update), or succeed again.
+    pub fn fail_reader_waits(&mut self, fail: bool) {
+        self.reader_waits_fail = fail;
+    }
+    /// How many times `wait_for_readers` succeeded.
+    pub fn reader_waits(&self) -> usize {
+        self.reader_waits
     }
     /// Count one connect of `kind` (a `COUNTER_*`) for a service id, as the data path does.
     pub fn bump_counter(&mut self, svc_id: u32, kind: u32) {
@@ -130,6 +140,14 @@ impl MapWriter for FakeMaps {
     }
     fn forget_connected_udp(&mut self, key: &ReverseKey) -> Result<(), MapError> {
         self.connected_udp.remove(key);
+        Ok(())
+    }
+    fn wait_for_readers(&mut self) -> Result<(), MapError> {
+        if self.reader_waits_fail {
+            let source = std::io::Error::other("the kernel refused the map-in-map update (simulated)");
+            return Err(MapError::Sys { map: "TIERLB_RCU", source });
+        }
+        self.reader_waits += 1;
         Ok(())
     }
 }

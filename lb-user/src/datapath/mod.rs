@@ -12,6 +12,8 @@ pub mod ebpf;
 pub mod fake;
 #[cfg(target_os = "linux")]
 pub mod pins;
+#[cfg(target_os = "linux")]
+mod rcu;
 mod reconcile;
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -120,6 +122,10 @@ pub trait MapWriter: MapReader {
     /// Drop a connected UDP socket's registration (it was destroyed, or its namespace is gone); absent is
     /// fine (the socket's release deletes it too).
     fn forget_connected_udp(&mut self, key: &ReverseKey) -> Result<(), MapError>;
+    /// Return once no BPF program still runs that started before the call: what a program read from the
+    /// maps before it (a frontend value that pointed at old slots) is no longer in use. One wait covers every
+    /// write made before it, so callers wait once per batch. In-memory maps have no readers to wait for.
+    fn wait_for_readers(&mut self) -> Result<(), MapError>;
 }
 
 /// Reverse entries outside socket storage, read from the maps.

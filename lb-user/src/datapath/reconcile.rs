@@ -4,8 +4,17 @@
 //! The swap for a changed frontend: (1) write its new slots under generation g+1, (2) replace the frontend
 //! value in one map update, (3) delete generation g's slots after a grace period. A connect that read the old
 //! frontend value just before (2) still looks its slots up during its run; deleting them at once would make
-//! that lookup miss (the program would fail open and send the connect to the raw VIP). BPF programs run under
-//! RCU and finish in microseconds, so a grace period of milliseconds is ample.
+//! that lookup miss (the program would fail open and send the connect to the raw VIP).
+//!
+//! The grace period is the kernel's, not a guess: the programs run under `rcu_read_lock()`, and
+//! `MapWriter::wait_for_readers` returns after an RCU grace period (one `synchronize_rcu()`, see
+//! `datapath::rcu`), after which no program holds a frontend value read before (2). It is taken by
+//! `collect_garbage`, once for everything buried since the last call (so at most once per batch, never per
+//! Service), and not inside `apply`: a grace period takes milliseconds to tens of milliseconds on a busy node,
+//! and a sync's frontends are live as soon as they are written, so nothing waits on it but the old slots
+//! (and freed service ids, reusable only after it). The agent calls `collect_garbage` on its timer. If the
+//! wait fails (the kernel refused the map-in-map update), old slots fall back to a fixed `DEFAULT_GRACE`,
+//! far longer than any program's run.
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     sync::Arc,
@@ -17,7 +26,8 @@ use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
 use crate::model::{ObjKey, ServicePortName};
 
-/// How long old slots outlive the frontend update that stopped pointing at them.
+/// How long old slots outlive the frontend update that stopped pointing at them when the kernel's grace
+/// period cannot be waited for (`MapWriter::wait_for_readers` failed). Programs finish in microseconds.
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
 
 #[derive(Clone, Debug)]
@@ -93,7 +103,6 @@ pub struct Reconciler<W: MapWriter> {
     free_ids: Vec<u32>,
     next_id: u32,
     graveyard: VecDeque<Buried>,
-    grace: Duration,
 }
 
 impl<W: MapWriter> Reconciler<W> {
@@ -106,7 +115,6 @@ impl<W: MapWriter> Reconciler<W> {
             free_ids: Vec::new(),
             next_id: GLOBAL_SVC_ID + 1,
             graveyard: VecDeque::new(),
-            grace: DEFAULT_GRACE,
         }
     }
 
@@ -167,14 +175,12 @@ impl<W: MapWriter> Reconciler<W> {
     /// Remove `gone`, then add or update every frontend of `desired` that differs from what is applied.
     fn apply_diff(&mut self, gone: Vec<FrontendKey>, desired: &Desired, now: Instant) -> ApplyReport {
         let mut report = ApplyReport::default();
-        self.collect_garbage(now);
         for key in gone {
             self.remove_frontend(key, now, &mut report);
         }
         for (key, want) in desired {
             self.upsert_frontend(*key, want, now, &mut report);
         }
-        self.collect_garbage(now);
         report
     }
 
@@ -306,10 +312,22 @@ impl<W: MapWriter> Reconciler<W> {
         });
     }
 
-    /// Step (3): delete slots whose grace period is over. Call it periodically.
+    /// Step (3): wait for the kernel's grace period (once, if anything was buried) and delete the slots
+    /// buried so far, freeing their service ids. Call it periodically, off the sync path; if the wait fails,
+    /// what was buried goes by `DEFAULT_GRACE` from its burial instead, measured at `now`.
     pub fn collect_garbage(&mut self, now: Instant) {
+        if self.graveyard.is_empty() {
+            return;
+        }
+        let waited = match self.writer.wait_for_readers() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for an RCU grace period failed; old slots go after a fixed delay");
+                false
+            }
+        };
         while let Some(b) = self.graveyard.front().copied() {
-            if now.duration_since(b.since) < self.grace {
+            if !waited && now.duration_since(b.since) < DEFAULT_GRACE {
                 break;
             }
             self.graveyard.pop_front();
@@ -411,22 +429,69 @@ mod tests {
         assert_eq!(r.apply(&d, t0).unchanged, 1);
         assert_eq!(r.writer().writes(), writes);
 
-        // Change: new generation written, old slots still there within the grace period.
+        // Change: new generation written, old slots still there until the grace period, which is one wait
+        // for the kernel's readers.
+        assert_eq!(r.writer().reader_waits(), 0);
         d.insert(k, want(&[], &["10.0.0.2:8080"]));
         let rep = r.apply(&d, t0);
         assert_eq!(rep.updated, 1);
         let v2 = r.writer().frontend(k).unwrap();
         assert_eq!((v2.svc_id, v2.generation, v2.key), (v1.svc_id, 2, k));
-        assert_eq!(r.writer().slot_count(), 4, "old generation kept during grace");
-        r.collect_garbage(t0 + DEFAULT_GRACE);
+        assert_eq!(r.writer().slot_count(), 4, "old generation kept until the grace period");
+        assert_eq!(r.writer().reader_waits(), 0, "apply never waits");
+        r.collect_garbage(t0);
+        assert_eq!(r.writer().reader_waits(), 1);
         assert_eq!(r.writer().slot_count(), 1);
 
         // Removal frees the id after the grace period.
-        let rep = r.apply(&Desired::new(), t0 + DEFAULT_GRACE);
+        let rep = r.apply(&Desired::new(), t0);
         assert_eq!(rep.removed, 1);
         assert!(r.writer().frontend(k).is_none());
-        r.collect_garbage(t0 + DEFAULT_GRACE * 3);
+        r.collect_garbage(t0);
         assert_eq!(r.writer().slot_count(), 0);
+        assert_eq!(r.writer().reader_waits(), 2);
+        // Nothing buried: no wait.
+        r.collect_garbage(t0);
+        assert_eq!(r.writer().reader_waits(), 2);
+    }
+
+    #[test]
+    fn one_grace_period_for_many_replaced_frontends_never_one_each() {
+        let mut r = Reconciler::new(FakeMaps::new(64, 256));
+        let t0 = Instant::now();
+        let mut d = Desired::new();
+        for i in 1..=20 {
+            d.insert(fe(&format!("10.96.0.{i}:80")), want(&[], &["10.0.0.1:80"]));
+        }
+        r.apply(&d, t0);
+        assert_eq!(r.writer().reader_waits(), 0, "nothing replaced: nothing to wait for");
+        for w in d.values_mut() {
+            *w = want(&[], &["10.0.0.2:80"]);
+        }
+        let rep = r.apply(&d, t0);
+        assert_eq!(rep.updated, 20);
+        assert_eq!(r.writer().slot_count(), 40);
+        r.collect_garbage(t0);
+        assert_eq!(r.writer().reader_waits(), 1);
+        assert_eq!(r.writer().slot_count(), 20);
+    }
+
+    #[test]
+    fn without_the_kernels_grace_period_old_slots_wait_a_fixed_delay() {
+        let mut r = Reconciler::new(FakeMaps::new(16, 64));
+        r.writer_mut().fail_reader_waits(true);
+        let t0 = Instant::now();
+        let k = fe("10.96.0.1:80");
+        let mut d = Desired::new();
+        d.insert(k, want(&[], &["10.0.0.1:8080"]));
+        r.apply(&d, t0);
+        d.insert(k, want(&[], &["10.0.0.2:8080"]));
+        r.apply(&d, t0);
+        assert_eq!(r.writer().slot_count(), 2, "old generation kept during the fixed grace");
+        r.collect_garbage(t0 + DEFAULT_GRACE / 2);
+        assert_eq!(r.writer().slot_count(), 2);
+        r.collect_garbage(t0 + DEFAULT_GRACE);
+        assert_eq!(r.writer().slot_count(), 1);
     }
 
     #[test]
@@ -511,7 +576,8 @@ mod tests {
         // Only one id exists: the new frontend must wait until the old one's grace period is over.
         let rep = r.apply(&d2, t0);
         assert_eq!(rep.errors.len(), 1);
-        let rep = r.apply(&d2, t0 + DEFAULT_GRACE * 2);
+        r.collect_garbage(t0);
+        let rep = r.apply(&d2, t0);
         assert_eq!(rep.errors.len(), 0, "{:?}", rep.errors);
         let v = r.writer().frontend(fe("10.96.0.9:80")).unwrap();
         assert_eq!(v.svc_id, id);
