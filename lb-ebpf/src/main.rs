@@ -12,6 +12,13 @@
 //! proceeds untranslated and a counter says so) and rejects only in the documented "no endpoint" cases.
 #![no_std]
 #![no_main]
+// `core::intrinsics::atomic_xadd` for the per-CPU counters (see `sock_addr::count`); the build sets
+// RUSTC_BOOTSTRAP=1 already (build-std needs it).
+#![feature(core_intrinsics)]
+#![expect(
+    internal_features,
+    reason = "core offers no atomic add on the BPF target; the intrinsic is what it would call"
+)]
 
 mod maps;
 mod reverse;

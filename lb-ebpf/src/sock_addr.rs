@@ -1,7 +1,10 @@
 //! The eight cgroup sock_addr programs: `connect4`/`connect6` and `sendmsg4`/`sendmsg6` translate a Service
 //! VIP to a backend (`translate`, which also records the VIP: `reverse`); `recvmsg4`/`recvmsg6` (a UDP
 //! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
-use core::ptr::{addr_of, read_volatile};
+use core::{
+    intrinsics::{AtomicOrdering, atomic_xadd},
+    ptr::{addr_of, read_volatile},
+};
 
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -82,8 +85,15 @@ fn getpeername6(ctx: SockAddrContext) -> i32 {
 #[inline(always)]
 pub(crate) fn count(svc_id: u32, kind: u32) {
     if let Some(c) = COUNTERS.get_ptr_mut(counter_index(svc_id, kind)) {
-        // SAFETY: per-CPU slot, only this CPU writes it while the program runs (no preemption in BPF).
-        unsafe { *c += 1 };
+        // An atomic add, not `*c += 1`: BPF programs run with migration disabled, not preemption, on a
+        // preemptible kernel (`migrate_disable` in `bpf_prog_run_array_cg`), so another program on this CPU
+        // (a connect in another task) can preempt a load-add-store between its load and its store and one of
+        // the two counts is lost. The result is unused, so LLVM emits BPF's `lock xadd`
+        // (`BPF_ATOMIC | BPF_ADD`), which every JIT supports; it costs a locked add on the CPU's own line.
+        // The intrinsic, not `AtomicU64::fetch_add`: core offers no read-modify-write atomics on the BPF
+        // target (it has no compare-and-swap before v3, so `target_has_atomic = "64"` is off).
+        // SAFETY: the pointer is to an 8-aligned u64 map value that lives for the program's run.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(c, 1) };
     }
 }
 
