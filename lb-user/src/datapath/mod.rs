@@ -11,6 +11,8 @@ pub mod destroy;
 pub mod ebpf;
 pub mod fake;
 #[cfg(target_os = "linux")]
+mod layout;
+#[cfg(target_os = "linux")]
 pub mod pins;
 #[cfg(target_os = "linux")]
 mod rcu;

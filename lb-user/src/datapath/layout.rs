@@ -1,0 +1,84 @@
+//! The maps' sizes and key/value layouts, by name: what the loader sets before load and what pinned maps
+//! left by an earlier agent must match before they are reused.
+use std::path::PathBuf;
+
+use aya::maps::MapData;
+use lb_common::{
+    Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_CONNECTED_UDP,
+    MAP_COUNTERS, MAP_FRONTENDS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey, ReverseValue, ServiceName,
+    SlotKey, SockState,
+};
+
+use super::ebpf::{Capacities, DatapathError};
+
+/// How a map is sized: its entries for these capacities, the flag that sizes it (without `--max-`), that
+/// flag's value, and the flag value a map of `n` entries was made for (the counter array holds
+/// `COUNTERS_PER_SERVICE` per service id plus the global ones; the name map one per service id plus id 0).
+pub(super) struct MapSize {
+    pub(super) entries: u32,
+    flag: &'static str,
+    value: u32,
+    value_of: fn(u32) -> u32,
+}
+
+pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
+    let same = |n: u32| n;
+    let (entries, flag, value, value_of): (u32, _, _, fn(u32) -> u32) = match name {
+        MAP_FRONTENDS => (caps.services, "services", caps.services, same),
+        MAP_SLOTS => (caps.slots, "slots", caps.slots, same),
+        MAP_BACKEND_STATE => (caps.backends, "backends", caps.backends, same),
+        MAP_COUNTERS => (
+            caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE),
+            "services",
+            caps.services,
+            |n| (n / COUNTERS_PER_SERVICE).saturating_sub(1),
+        ),
+        MAP_REVERSE | MAP_CONNECTED_UDP => (caps.reverse, "reverse", caps.reverse, same),
+        // Socket storage has no capacity of its own (max_entries must be 0): it grows with the sockets.
+        MAP_SOCKS => (0, "reverse", caps.reverse, |_| 0),
+        _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
+    };
+    MapSize { entries, flag, value, value_of }
+}
+
+/// Pinned maps from another tierlb version may have another key or value size; reusing them would make
+/// every lookup wrong, so refuse and say how to start clean. Pinned maps of another capacity than the flags
+/// ask for are refused too, naming both values.
+pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -> Result<(), DatapathError> {
+    let expect = |name: &str| -> (u32, u32) {
+        match name {
+            MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
+            MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
+            MAP_BACKEND_STATE => (size_of::<Backend>() as u32, 4),
+            MAP_COUNTERS => (4, 8),
+            MAP_REVERSE | MAP_CONNECTED_UDP => {
+                (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
+            }
+            MAP_SOCKS => (4, size_of::<SockState>() as u32),
+            _ => (4, size_of::<ServiceName>() as u32),
+        }
+    };
+    for (name, path) in paths {
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(path)
+            .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
+        let info =
+            data.info().map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
+        let (k, v) = expect(name);
+        if (info.key_size(), info.value_size()) != (k, v) {
+            return Err(DatapathError::Incompatible { path: path.clone() });
+        }
+        let size = map_size(name, caps);
+        if info.max_entries() != size.entries {
+            return Err(DatapathError::Capacity {
+                path: path.clone(),
+                flag: size.flag,
+                pinned: (size.value_of)(info.max_entries()),
+                wanted: size.value,
+            });
+        }
+    }
+    Ok(())
+}
