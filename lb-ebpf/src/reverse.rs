@@ -43,7 +43,10 @@ pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: Fr
         count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
         return;
     }
-    // SAFETY: non-null storage of this socket; the socket is locked by connect() for the program's run.
+    // SAFETY: non-null storage of this socket, valid for the program's run. A TCP connect runs the program
+    // under the socket lock (`inet_stream_connect`); a UDP connect does not (`inet_dgram_connect` runs it
+    // before `ip4_datagram_connect` locks), so two threads connecting one UDP socket at once may mix their
+    // writes: the socket then ends connected to one of the two, and its reverse view may name the other.
     let st = unsafe { &mut *st };
     if st.backend == backend && st.frontend == fe {
         return;
@@ -99,9 +102,9 @@ pub(crate) fn remember_sent(ctx: &SockAddrContext, backend: Backend, fe: Fronten
         count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
         return;
     }
-    // SAFETY: as in `remember_connected`; sendmsg holds the socket's lock too (`lock_sock` in udp_sendmsg is
-    // taken later, but the storage is only written by programs of this socket's own calls, and a racing
-    // second sendmsg on another thread at worst records one backend twice or drops one record).
+    // SAFETY: as in `remember_connected`. The sendmsg hook runs before `udp_sendmsg` takes any lock, so two
+    // threads sending through one socket may run this at once: at worst a backend is recorded twice, or one
+    // record is lost and its LRU entry outlives the socket until the LRU evicts it.
     let st = unsafe { &mut *st };
     let len = st.lru_len as usize;
     for i in 0..SOCK_LRU_RECORD {
