@@ -12,7 +12,8 @@
 //! `collect_garbage`, once for everything buried since the last call (so at most once per batch, never per
 //! Service), and not inside `apply`: a grace period takes milliseconds to tens of milliseconds on a busy node,
 //! and a sync's frontends are live as soon as they are written, so nothing waits on it but the old slots
-//! (and freed service ids, reusable only after it). The agent calls `collect_garbage` on its timer. If the
+//! (and freed service ids, reusable only after it). The agent calls `collect_garbage` on its timer; `apply`
+//! collects first only what was buried more than `DEFAULT_GRACE` ago (no timer ran since). If the
 //! wait fails (the kernel refused the map-in-map update), old slots fall back to a fixed `DEFAULT_GRACE`,
 //! far longer than any program's run.
 use std::{
@@ -175,6 +176,12 @@ impl<W: MapWriter> Reconciler<W> {
     /// Remove `gone`, then add or update every frontend of `desired` that differs from what is applied.
     fn apply_diff(&mut self, gone: Vec<FrontendKey>, desired: &Desired, now: Instant) -> ApplyReport {
         let mut report = ApplyReport::default();
+        // The agent's timer collects within milliseconds of a change. A burial older than `DEFAULT_GRACE`
+        // means no timer ran (a caller without one, or a loop that was busy): collect first, so the ids and
+        // slots it frees are there for this batch. Otherwise a batch never waits for a grace period.
+        if self.graveyard.front().is_some_and(|b| now.duration_since(b.since) >= DEFAULT_GRACE) {
+            self.collect_garbage(now);
+        }
         for key in gone {
             self.remove_frontend(key, now, &mut report);
         }
@@ -573,11 +580,14 @@ mod tests {
         r.writer_mut().bump_counter(id, 2);
         let mut d2 = Desired::new();
         d2.insert(fe("10.96.0.9:80"), want(&[], &["10.0.0.1:80"]));
-        // Only one id exists: the new frontend must wait until the old one's grace period is over.
+        // Only one id exists: the new frontend must wait until the old one's grace period is over. No timer
+        // collects here: a batch more than DEFAULT_GRACE after the burial collects first (one wait).
         let rep = r.apply(&d2, t0);
         assert_eq!(rep.errors.len(), 1);
-        r.collect_garbage(t0);
-        let rep = r.apply(&d2, t0);
+        let rep = r.apply(&d2, t0 + DEFAULT_GRACE / 2);
+        assert_eq!((rep.errors.len(), r.writer().reader_waits()), (1, 0), "a batch soon after never waits");
+        let rep = r.apply(&d2, t0 + DEFAULT_GRACE);
+        assert_eq!(r.writer().reader_waits(), 1);
         assert_eq!(rep.errors.len(), 0, "{:?}", rep.errors);
         let v = r.writer().frontend(fe("10.96.0.9:80")).unwrap();
         assert_eq!(v.svc_id, id);
