@@ -226,6 +226,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             tracing::info!(
                 frontends = adopted.frontends,
                 orphan_slots_removed = adopted.orphan_slots_removed,
+                orphan_names_removed = adopted.orphan_names_removed,
                 unnamed = adopted.unnamed,
                 "adopted the maps of a previous agent"
             );
