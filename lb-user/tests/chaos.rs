@@ -224,7 +224,7 @@ impl World {
     }
 
     /// Rounds of `tierlb-lab probe` from the client pod (the agent's cgroup), cycling over `targets`.
-    fn probe_loop(&self, targets: Vec<SocketAddr>, count: usize) -> ProbeLoop {
+    fn probe_loop(&self, targets: Vec<SocketAddr>, count: usize, timeout_ms: u32) -> ProbeLoop {
         let (cgroup, client, next) = (self.cgroup.clone(), self.client.clone(), AtomicUsize::new(0));
         ProbeLoop::start(move || {
             let target = targets[next.fetch_add(1, Ordering::Relaxed) % targets.len()];
@@ -233,7 +233,7 @@ impl World {
                 "--interval-ms",
                 "2",
                 "--timeout-ms",
-                "1000",
+                &timeout_ms.to_string(),
             ]);
             confine(&mut cmd, Some(&cgroup), Some(&client))?;
             Ok(cmd)
@@ -288,6 +288,19 @@ impl World {
             format!("{} frontends, {} slots, {} named ids", programmed.len(), slots.len(), named.len());
         (problems, figures)
     }
+}
+
+/// The sum of field `key` over the agent's "adopted the maps" log lines (JSON `"key":N` or text `key=N`).
+fn adopted_sum(log: &str, key: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("adopted the maps"))
+        .filter_map(|l| {
+            let rest = &l[l.find(key)? + key.len()..];
+            let digits: String =
+                rest.trim_start_matches(['"', ':', '=']).chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// `tierlb ARGS` (a one-shot command with `-o json`), its output parsed.
@@ -414,8 +427,10 @@ fn the_agent_killed_at_random_during_manifest_edits_loses_no_connect_and_leaves_
     world.agent = Some(first);
 
     let t0 = Instant::now();
-    let live: Vec<ProbeLoop> = (0..ALWAYS_LIVE).map(|s| world.probe_loop(vec![vip(s)], 50)).collect();
-    let free = world.probe_loop((ALWAYS_LIVE..ALWAYS_LIVE + FREE).map(vip).collect(), 10);
+    // A connect of an always-live Service fails at once when the maps lack its frontend or backends; the
+    // generous timeout only keeps a loaded machine's slow accept from counting as a failure.
+    let live: Vec<ProbeLoop> = (0..ALWAYS_LIVE).map(|s| world.probe_loop(vec![vip(s)], 50, 3000)).collect();
+    let free = world.probe_loop((ALWAYS_LIVE..ALWAYS_LIVE + FREE).map(vip).collect(), 10, 1000);
     let f = chaos(&mut world, &mut services, &mut rng, edits);
     let chaos_time = t0.elapsed();
 
@@ -458,7 +473,21 @@ fn the_agent_killed_at_random_during_manifest_edits_loses_no_connect_and_leaves_
         freely.failures,
         freely.misrouted.len(),
     );
+    let log = std::fs::read_to_string(&world.log).unwrap_or_default();
+    eprintln!(
+        "adoptions: {} took over frontends, removing {} orphan slots and {} orphan names (kills inside a swap or \
+         a grace period)",
+        log.lines().filter(|l| l.contains("adopted the maps")).count(),
+        adopted_sum(&log, "orphan_slots_removed"),
+        adopted_sum(&log, "orphan_names_removed"),
+    );
     eprintln!("final maps: {figures}; checked {converged:?} after the last edit, differences: {problems:?}");
+    if !problems.is_empty() {
+        // What each agent took over from its predecessor's pins, for the failure's story.
+        log.lines()
+            .filter(|l| l.contains("adopted") || l.contains("agent ready"))
+            .for_each(|l| eprintln!("{l}"));
+    }
 
     assert!(
         problems.is_empty(),
