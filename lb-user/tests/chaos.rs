@@ -364,7 +364,12 @@ fn chaos(world: &mut World, services: &mut [Service], rng: &mut Rng, edits: usiz
         f.edits += 1;
     };
     let mut start_ms = 1000;
+    let t0 = Instant::now();
     while f.edits < edits {
+        if f.edits % 100 == 0 && f.edits > 0 {
+            let kills = f.kills_running + f.kills_starting;
+            eprintln!("chaos: {} edits, {kills} kills, {} starts in {:.1?}", f.edits, f.starts, t0.elapsed());
+        }
         edit(services, rng, &mut f);
         std::thread::sleep(ms(rng, 20));
         if !rng.percent(10) {
