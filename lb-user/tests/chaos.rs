@@ -403,7 +403,13 @@ fn chaos(world: &mut World, services: &mut [Service], rng: &mut Rng, edits: usiz
                 }
                 std::thread::sleep(ms(rng, start_ms));
                 agent.kill();
-                f.kills_starting += 1;
+                // Counted by what the agent had reached: the delay may outlast its start.
+                let log = std::fs::read_to_string(&world.log).unwrap_or_default();
+                if log.get(from..).unwrap_or_default().contains("tierlb agent ready") {
+                    f.kills_running += 1;
+                } else {
+                    f.kills_starting += 1;
+                }
                 std::thread::sleep(ms(rng, 50));
                 continue;
             }
