@@ -535,8 +535,9 @@ fn the_agent_killed_at_random_during_manifest_edits_loses_no_connect_and_leaves_
 /// SIGKILLed after it named a new service id in SVC_NAMES but before it wrote the frontend, or within the
 /// grace period after it removed a frontend (the name goes with the old slots, a grace period later), left
 /// that id's name behind. The next agent's adoption deleted the orphan slots but kept the name: SVC_NAMES
-/// held an id no frontend uses (`default/svc4:main` on id 8 with 6 frontends on ids 1..7). Here the kill's
-/// leftover is made directly in the pinned map, so the case does not depend on timing.
+/// held an id no frontend uses (id 8 named `default/svc4:main` while the 6 frontends, svc4 not among them,
+/// had other ids). Here the kill's leftover is made directly in the pinned map, so the case does not depend
+/// on timing.
 #[test]
 fn a_restarted_agent_removes_the_names_of_ids_no_frontend_uses() {
     use lb_testkit::cluster::SimCluster;
