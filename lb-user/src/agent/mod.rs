@@ -22,8 +22,8 @@
 //! 7. Services that failed to apply are tried again on the loop's tick when their backoff is due (`retry`),
 //!    without a source event. A retry logs `retried`, never `synced` (tests and operators count `synced` as
 //!    one per source change), and like a sync finishes its changes before its line.
-//! 8. Backend marks are swept (expired ones, and those of backends no Service holds any more) after every
-//!    sync or retry that changed frontends, and on the tick once a second.
+//! 8. Marks of backends no Service holds any more are deleted after every sync or retry that changed
+//!    frontends (before the next source change is read); expired marks on the tick, once a second.
 mod claims;
 mod lower;
 mod report;

@@ -207,14 +207,14 @@ struct Sweeper {
 }
 
 impl Sweeper {
-    /// Delete expired backend marks and marks of backends that left every Service: now if `now`, else if
-    /// the last sweep is `SWEEP_EVERY` old.
-    fn sweep(&mut self, core: &mut AgentCore<KernelMaps>, stats: &AgentStats, now: bool) {
-        if !now && self.last.elapsed() < SWEEP_EVERY {
+    /// After frontends changed (`changed`): delete expired backend marks and marks of backends that left
+    /// every Service. Otherwise, once the last sweep is `SWEEP_EVERY` old: expired marks only.
+    fn sweep(&mut self, core: &mut AgentCore<KernelMaps>, stats: &AgentStats, changed: bool) {
+        if !changed && self.last.elapsed() < SWEEP_EVERY {
             return;
         }
         self.last = Instant::now();
-        match core.sweep_marks(crate::datapath::marks::boottime_ns()) {
+        match core.sweep_marks(crate::datapath::marks::boottime_ns(), changed) {
             Ok(r) => {
                 stats.marks_cleared.inc_by(r.departed.len() as u64);
                 log_sweep(&r);
@@ -326,9 +326,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             }
             _ = tick.tick() => {
                 core.collect_garbage(Instant::now());
-                snapshot_stale |=
-                    retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder).await;
-                sweeper.sweep(&mut core, &stats, false);
+                let retried = retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder).await;
+                snapshot_stale |= retried;
+                sweeper.sweep(&mut core, &stats, retried);
                 if snapshot_stale && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
                     publish(&snapshots, core.reconciler());
                     (snapshot_stale, last_snapshot) = (false, Instant::now());

@@ -281,13 +281,21 @@ impl<W: MapWriter> AgentCore<W> {
         out.into_values().collect()
     }
 
-    /// Delete backend marks that expired and marks of backends no applied frontend holds (a pod IP reused
-    /// later must not inherit a mark meant for the pod that had it). The run loop calls it after syncs that
-    /// changed frontends and on its tick.
-    pub fn sweep_marks(&mut self, now_ns: u64) -> Result<SweepReport, crate::datapath::MapError> {
+    /// Delete backend marks that expired and, with `departed`, marks of backends no applied frontend holds
+    /// (a pod IP reused later must not inherit a mark meant for the pod that had it). The run loop sweeps
+    /// departed backends after syncs that changed frontends (only they can make one depart; the walk over
+    /// every applied backend is paid then, and only while marks exist), expired ones on its tick.
+    pub fn sweep_marks(
+        &mut self,
+        now_ns: u64,
+        departed: bool,
+    ) -> Result<SweepReport, crate::datapath::MapError> {
         let marks = self.reconciler.writer().backend_marks()?;
         if marks.is_empty() {
             return Ok(SweepReport::default());
+        }
+        if !departed {
+            return marks::sweep(self.reconciler.writer_mut(), |_| true, now_ns);
         }
         let wanted: BTreeSet<lb_common::Backend> = marks.iter().map(|(b, _)| *b).collect();
         let held: BTreeSet<lb_common::Backend> = self

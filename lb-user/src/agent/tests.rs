@@ -170,15 +170,50 @@ fn a_mark_is_cleared_when_its_backend_leaves_every_service_and_kept_while_one_ho
     for b in ["10.0.0.1:8080", "10.0.0.2:8080"] {
         marks::mark_down(a.reconciler_mut().writer_mut(), be(b), Duration::from_mins(10), now).unwrap();
     }
-    assert_eq!(a.sweep_marks(now).unwrap(), marks::SweepReport::default(), "both are held");
+    assert_eq!(a.sweep_marks(now, true).unwrap(), marks::SweepReport::default(), "both are held");
     // 10.0.0.1 leaves web but api still holds it; 10.0.0.2 leaves every Service.
     write_service(dir, &web, &eps(&["10.0.0.3"])).unwrap();
     a.sync(Instant::now()).unwrap();
-    let r = a.sweep_marks(now).unwrap();
+    let r = a.sweep_marks(now, true).unwrap();
     assert_eq!(r.departed, [be("10.0.0.2:8080")]);
     assert_eq!(a.reconciler().writer().backends_down().unwrap(), [be("10.0.0.1:8080")]);
     // A pod reusing 10.0.0.2 later starts unmarked.
     write_service(dir, &web, &eps(&["10.0.0.2"])).unwrap();
     a.sync(Instant::now()).unwrap();
     assert!(!a.reconciler().writer().backends_down().unwrap().contains(&be("10.0.0.2:8080")));
+}
+
+#[test]
+fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
+    let tmp = TempDir::new("plan-vip").unwrap();
+    let dir = tmp.path();
+    for name in ["b", "a"] {
+        write_service(dir, &Svc::new(name, ip("10.96.0.10"), 80, 8080), &eps(&["10.0.0.1"])).unwrap();
+    }
+    write_service(dir, &Svc::new("c", ip("10.96.0.10"), 443, 8443), &eps(&["10.0.0.1"])).unwrap();
+    let model = ManifestDir::new(dir).load().unwrap().model;
+    let node = crate::model::NodeInfo::resolve("node-1", None, &model);
+    let p = crate::plan::plan(&model, &node);
+    let warnings = |svc: &str| {
+        p.services
+            .iter()
+            .filter(|s| s.name.service.name == svc)
+            .flat_map(|s| s.warnings.clone())
+            .collect::<Vec<_>>()
+    };
+    let rule = "(of Services on one VIP:port, the first in namespace/name order is programmed)";
+    assert_eq!(
+        warnings("a"),
+        [format!("10.96.0.10:80/TCP is also claimed by default/b: default/a is programmed {rule}")]
+    );
+    assert_eq!(
+        warnings("b"),
+        [format!(
+            "10.96.0.10:80/TCP is also claimed by default/a: default/b is NOT programmed there until default/a \
+             leaves it {rule}"
+        )]
+    );
+    assert!(warnings("c").is_empty(), "another port of the VIP is no conflict");
+    let text = crate::explain::explain(&model, &node, &ObjKey::new("default", "b")).unwrap();
+    assert!(text.contains("warning: 10.96.0.10:80/TCP is also claimed by default/a"), "{text}");
 }
