@@ -65,6 +65,11 @@ impl Claims {
         plan::vip_winner(self.by_frontend.get(key)?)
     }
 
+    /// Claims that lose (a frontend with n claimants has n - 1): planned frontends that are not programmed.
+    pub(super) fn lost(&self) -> usize {
+        self.contested.iter().filter_map(|k| self.by_frontend.get(k)).map(|w| w.len() - 1).sum()
+    }
+
     /// Every frontend claimed by more than one Service: the winner, then the others in name order.
     pub(super) fn conflicts(&self) -> impl Iterator<Item = (FrontendKey, Vec<&ObjKey>)> + '_ {
         self.contested.iter().filter_map(|key| {
@@ -100,6 +105,7 @@ mod tests {
                 c.set(&svc(name), [fe(80)]);
             }
             assert_eq!(c.winner(&fe(80)), Some(&svc("a")), "{order:?}");
+            assert_eq!(c.lost(), 1);
             let conflicts: Vec<_> = c.conflicts().collect();
             assert_eq!(conflicts, [(fe(80), vec![&svc("a"), &svc("b")])]);
         }

@@ -42,7 +42,7 @@ pub struct VipConflict {
 pub struct SyncReport {
     /// The node planned for (its zone as resolved now).
     pub node: Option<NodeInfo>,
-    /// Frontends the plan wants in total.
+    /// Frontends the plan wants in total (a VIP:port several Services claim counts once).
     pub frontends: usize,
     /// Frontends written for the first time.
     pub added: usize,
@@ -222,7 +222,7 @@ impl<W: MapWriter> AgentCore<W> {
             .collect();
         SyncReport {
             node: Some(node),
-            frontends: self.frontends,
+            frontends: self.frontends - self.claims.lost(),
             added: applied.added,
             updated: applied.updated,
             removed: applied.removed,
