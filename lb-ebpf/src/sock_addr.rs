@@ -3,15 +3,17 @@
 //! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
 use aya_ebpf::{
     bindings::bpf_sock_addr,
-    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::{
+        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_boot_ns,
+        bpf_set_retval,
+    },
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use lb_common::{
-    BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
-    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue, Slot, SlotKey, V4_MAPPED_WORD2, choose,
-    counter_index,
+    Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
+    ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, GLOBAL_SVC_ID, PROTO_UDP,
+    ReverseKey, ReverseValue, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
 };
 
 use crate::maps::{BACKEND_STATE, COUNTERS, FRONTENDS, REVERSE, SLOTS};
@@ -148,7 +150,11 @@ fn translate(ctx: &SockAddrContext, v6: bool) -> i32 {
                     let backend: Backend = *backend;
                     // SAFETY: as above.
                     match unsafe { BACKEND_STATE.get(backend) } {
-                        Some(state) if *state & BACKEND_DOWN != 0 => Slot::Down(backend),
+                        // A mark ends on time even with no agent running: the clock is read only when one
+                        // exists. SAFETY: helper without preconditions.
+                        Some(state) if state.is_down_at(unsafe { bpf_ktime_get_boot_ns() }) => {
+                            Slot::Down(backend)
+                        }
                         _ => Slot::Live(backend),
                     }
                 }

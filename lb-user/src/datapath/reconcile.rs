@@ -211,12 +211,15 @@ impl<W: MapWriter> Reconciler<W> {
                 report.unchanged += 1;
                 return;
             }
-            previous => previous.map(|a| a.value),
+            // Whether the frontend stays with the same Service port: a VIP taken over by another Service
+            // gets a fresh service id (its own name and counters) in the same one-update swap, and the old id
+            // is freed after the grace period.
+            previous => previous.map(|a| (a.value, a.desired.name == want.name)),
         };
-        match self.write_frontend(key, want, previous) {
+        match self.write_frontend(key, want, previous.filter(|(_, same)| *same).map(|(v, _)| v)) {
             Ok(value) => {
-                if let Some(old) = previous {
-                    self.bury(old, now, false);
+                if let Some((old, same)) = previous {
+                    self.bury(old, now, !same);
                     report.updated += 1;
                 } else {
                     report.added += 1;
