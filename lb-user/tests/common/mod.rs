@@ -51,10 +51,9 @@ pub(crate) fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
-/// An agent started by the test itself, its log outside the manifests directory: `SimCluster` keeps each
-/// agent's log in the directory the agent watches, so every line it logs is a file event that makes it sync
-/// again, and a test could not tell a timer's work from a sync's. Dropped: the agent (which detaches), then
-/// its cgroup.
+/// An agent started by the test itself on a `SimCluster`'s manifests, with its own cgroup and log, so a test
+/// reads exactly this agent's lines (a timer's work apart from a sync's). Dropped: the agent (which
+/// detaches), then its cgroup.
 pub(crate) struct OwnAgent {
     child: lb_testkit::sandbox::Child,
     /// Its stderr.
