@@ -89,8 +89,8 @@ pub const FLAG_POLICY_LOCAL: u32 = 1 << 0;
 /// Without it, the REJECT case.
 pub const FLAG_EMPTY_IS_DROP: u32 = 1 << 1;
 
-/// Backend-state flag (value of the backend-state map): new connects skip this backend and fall back to the
-/// next live one, before the agent re-plans.
+/// Backend-state flag (`BackendState::flags`): while the mark lasts, new connects skip this backend and fall
+/// back to the next live one, before the agent re-plans.
 pub const BACKEND_DOWN: u32 = 1 << 0;
 
 // Map names, shared so user space never spells them differently from the BPF side.
@@ -98,7 +98,7 @@ pub const BACKEND_DOWN: u32 = 1 << 0;
 pub const MAP_FRONTENDS: &str = "FRONTENDS";
 /// Backend slots of every tier: `SlotKey` -> `Backend`.
 pub const MAP_SLOTS: &str = "SLOTS";
-/// Backends marked down: `Backend` -> flags (`BACKEND_DOWN`); absent means up.
+/// Backends marked down: `Backend` -> `BackendState`; absent (or expired) means up.
 pub const MAP_BACKEND_STATE: &str = "BACKEND_STATE";
 /// Per-CPU counters at `counter_index(svc_id, kind)`.
 pub const MAP_COUNTERS: &str = "COUNTERS";
@@ -220,6 +220,37 @@ pub struct Backend {
 }
 const _: () = assert!(size_of::<Backend>() == 20);
 
+/// A backend's mark (value of the backend-state map). Times are `CLOCK_BOOTTIME` nanoseconds, the clock of
+/// `bpf_ktime_get_boot_ns` (user space: `clock_gettime(CLOCK_BOOTTIME)`): it counts suspended time too and
+/// is the same for every process on the host, so a mark expires exactly on time whether or not an agent runs.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BackendState {
+    /// `BACKEND_DOWN`.
+    pub flags: u32,
+    /// Explicit padding before the 8-aligned times, always 0.
+    pub _pad: u32,
+    /// When the backend was marked down.
+    pub since_ns: u64,
+    /// When the mark ends: from then on the data path uses the backend again.
+    pub until_ns: u64,
+}
+const _: () = assert!(size_of::<BackendState>() == 24);
+
+impl BackendState {
+    /// A down mark from `since_ns` until `until_ns`.
+    #[must_use]
+    pub const fn down(since_ns: u64, until_ns: u64) -> Self {
+        Self { flags: BACKEND_DOWN, _pad: 0, since_ns, until_ns }
+    }
+    /// Whether new connects skip the backend at `now_ns`: marked down and not yet expired.
+    #[inline(always)]
+    #[must_use]
+    pub const fn is_down_at(&self, now_ns: u64) -> bool {
+        self.flags & BACKEND_DOWN != 0 && now_ns < self.until_ns
+    }
+}
+
 /// Key of a reverse entry: which socket talked to which backend.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -319,7 +350,17 @@ macro_rules! aya_pod {
 }
 
 #[cfg(feature = "user")]
-aya_pod!(FrontendKey, FrontendValue, SlotKey, Backend, ReverseKey, ReverseValue, ServiceName, SockState);
+aya_pod!(
+    FrontendKey,
+    FrontendValue,
+    SlotKey,
+    Backend,
+    BackendState,
+    ReverseKey,
+    ReverseValue,
+    ServiceName,
+    SockState
+);
 
 /// Index of a counter in the per-CPU counter array.
 #[inline(always)]
@@ -334,6 +375,14 @@ pub use choice::{Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mark_is_down_only_until_it_expires() {
+        let m = BackendState::down(100, 200);
+        assert!(m.is_down_at(100) && m.is_down_at(199));
+        assert!(!m.is_down_at(200) && !m.is_down_at(u64::MAX), "expired at until_ns");
+        assert!(!BackendState { flags: 0, ..m }.is_down_at(150), "no flag, no mark");
+    }
 
     #[test]
     fn counter_index_layout() {

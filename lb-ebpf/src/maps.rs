@@ -11,10 +11,10 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    Backend, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE,
-    DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey, ReverseValue, ServiceName,
-    SlotKey, SockState,
+    Backend, BackendState, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS,
+    DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_CONNECTED_UDP,
+    MAP_COUNTERS, MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey, ReverseValue,
+    ServiceName, SlotKey, SockState,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -75,8 +75,9 @@ named_map!(
 
 named_map!(
     MAP_BACKEND_STATE == "BACKEND_STATE",
-    /// Backends marked down (value has `BACKEND_DOWN`); absent means up. One write moves new connects away.
-    pub(crate) static BACKEND_STATE: HashMap<Backend, u32> =
+    /// Backends marked down until a time (`BackendState`); absent or expired means up. One write moves new
+    /// connects away.
+    pub(crate) static BACKEND_STATE: HashMap<Backend, BackendState> =
         HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
 );
 

@@ -8,14 +8,14 @@ use core::{
 
 use aya_ebpf::{
     bindings::bpf_sock_addr,
-    helpers::{bpf_get_prandom_u32, bpf_set_retval},
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_boot_ns, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
 use lb_common::{
-    BACKEND_DOWN, Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
-    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    FrontendValue, GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
+    Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
+    ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
+    GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
 };
 
 use crate::{
@@ -190,7 +190,11 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
                     let backend: Backend = *backend;
                     // SAFETY: as above.
                     match unsafe { BACKEND_STATE.get(backend) } {
-                        Some(state) if *state & BACKEND_DOWN != 0 => Slot::Down(backend),
+                        // A mark ends on time even with no agent running: the clock is read only when one
+                        // exists. SAFETY: helper without preconditions.
+                        Some(state) if state.is_down_at(unsafe { bpf_ktime_get_boot_ns() }) => {
+                            Slot::Down(backend)
+                        }
                         _ => Slot::Live(backend),
                     }
                 }

@@ -37,6 +37,9 @@ pub struct SimCluster {
     pub netns: NetNs,
     /// The agents' `--manifests` directory: tests write Services and EndpointSlices here.
     pub manifests: TempDir,
+    /// The agents' logs, outside the manifests directory (a log line there would be a file event the agents
+    /// watch, and every agent would sync again on each line another one writes).
+    logs: TempDir,
     /// The `tierlb` binary the agents run.
     pub tierlb: PathBuf,
     /// The `tierlb-lab` binary: pods' servers and the probe and DNS clients.
@@ -53,6 +56,7 @@ impl SimCluster {
             addresses: std::collections::BTreeSet::new(),
             netns: NetNs::new(tag)?,
             manifests: TempDir::new(tag)?,
+            logs: TempDir::new(&format!("{tag}-logs"))?,
             tierlb: tierlb.to_owned(),
             lab: lab.to_owned(),
         })
@@ -80,7 +84,7 @@ impl SimCluster {
     /// Add a node with its own cgroup and agent; returns once the agent reports ready.
     pub fn add_node(&mut self, name: &str, extra_args: &[&str]) -> anyhow::Result<()> {
         let cgroup = Cgroup::new(name)?;
-        let log = self.manifests.path().join(format!(".agent-{name}.log"));
+        let log = self.logs.path().join(format!("agent-{name}.log"));
         let mut node = SimNode {
             name: name.to_owned(),
             agent: None,

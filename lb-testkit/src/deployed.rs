@@ -384,17 +384,20 @@ impl AgentBox {
         }
     }
 
+    /// The agent's pid (in the host's PID namespace), once `unshare` has started it: `unshare --fork` waits for
+    /// its one child, and the agent is that child (sh, chroot and setpriv exec into it).
+    pub fn agent_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(format!("/proc/{}/task/{}/children", self.child.pid(), self.child.pid()))
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+    }
+
     /// SIGKILL the agent itself (the box's PID 1 when it has a PID namespace: everything in it dies), as the
     /// kubelet's kill or an OOM kill would.
     pub fn kill(mut self) {
-        // `unshare --fork` waits for its one child; the agent is that child (sh, chroot and setpriv exec into it).
-        let agent =
-            std::fs::read_to_string(format!("/proc/{}/task/{}/children", self.child.pid(), self.child.pid()))
-                .unwrap_or_default()
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse::<i32>().ok());
-        if let Some(pid) = agent {
+        if let Some(pid) = self.agent_pid() {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }

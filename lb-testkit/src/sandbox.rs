@@ -291,6 +291,10 @@ impl Child {
     /// Stop gracefully (SIGTERM) and wait up to `timeout`, then SIGKILL.
     pub fn stop(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let mut c = self.child.take()?;
+        // Already reaped (a caller waited after a SIGKILL): its pid may belong to another process by now.
+        if let Ok(Some(st)) = c.try_wait() {
+            return Some(st);
+        }
         let _ = nix::sys::signal::kill(pid_of(&c), nix::sys::signal::Signal::SIGTERM);
         let deadline = std::time::Instant::now() + timeout;
         loop {

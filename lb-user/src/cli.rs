@@ -67,7 +67,8 @@ pub enum Command {
     Study(StudyArgs),
     /// What is in the maps of running agents now: Services, tiers, live backends and counters.
     Status(StatusArgs),
-    /// Mark a backend down (new connects skip it at once and fall back to the next tier) or up again.
+    /// Mark a backend down for a while (new connects skip it at once and fall back to the next tier) or up
+    /// again.
     Backend(BackendArgs),
 }
 
@@ -222,6 +223,10 @@ pub struct BackendArgs {
     /// The backend's protocol.
     #[arg(long, default_value = "TCP", value_parser = parse_protocol)]
     pub protocol: Protocol,
+    /// How long a `down` mark lasts (as 90s, 10m, 1h30m; at most 24h); then the backend is used again. The
+    /// agent also clears a mark as soon as the backend leaves every Service. Default: 10m.
+    #[arg(long = "for", value_parser = crate::datapath::marks::parse_duration)]
+    pub for_: Option<std::time::Duration>,
     /// The agents' --bpffs directory.
     #[arg(long, default_value = DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
@@ -250,7 +255,7 @@ pub struct StatusArgs {
 /// What `tierlb backend` sets.
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum BackendState {
-    /// Marked down: new connects skip it and fall back to the next live backend.
+    /// Marked down for a while (`--for`): new connects skip it and fall back to the next live backend.
     Down,
     /// Up again.
     Up,
@@ -363,34 +368,54 @@ pub fn run_cleanup(bpffs: &std::path::Path, instance: &str) -> anyhow::Result<St
     })
 }
 
-/// `tierlb backend`: mark a backend down or up in every matching agent instance (and, when down, end the
-/// connected UDP sockets to it).
+/// `tierlb backend`: mark a backend down (for `--for`) or up in every matching agent instance whose Services
+/// hold it (and, when down, end the connected UDP sockets to it).
 pub fn run_backend(args: &BackendArgs) -> anyhow::Result<String> {
+    use crate::datapath::marks;
     let b = crate::datapath::addr::backend(args.backend, args.protocol.number());
-    let down = args.state == BackendState::Down;
+    let what = format!("backend {} {}", args.backend, args.protocol.as_str());
     let mut out = String::new();
+    let length = match (args.state, args.for_) {
+        (BackendState::Up, Some(_)) => {
+            anyhow::bail!("--for applies to `backend down` only: `up` ends a mark now")
+        }
+        (BackendState::Up, None) => None,
+        (BackendState::Down, length) => Some(length.unwrap_or(marks::DEFAULT_MARK)),
+    };
+    let mut marked = 0;
     for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
         let mut maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
-        maps.set_backend_down(b, down)?;
-        let _ = writeln!(
-            out,
-            "{name}: backend {} {} marked {}",
-            args.backend,
-            args.protocol.as_str(),
-            if down { "down" } else { "up" }
-        );
-        if down {
-            // Connected UDP sockets to it would keep sending there: end them, they reconnect through the VIP.
-            let finder = crate::datapath::destroy::NetnsFinder::default();
-            let r = crate::datapath::destroy::destroy_udp_sockets(&mut maps, &finder, |_, x| *x == b);
-            if r.destroyed > 0 {
-                let _ = writeln!(out, "{name}: destroyed {} connected UDP sockets to it", r.destroyed);
-            }
-            for e in r.errors {
-                eprintln!("warning: {e}");
-            }
+        let Some(length) = length else {
+            maps.delete_backend_mark(b)?;
+            let _ = writeln!(out, "{name}: {what} marked up");
+            continue;
+        };
+        // A mark on an address no Service holds would change nothing, and the agent's sweep deletes it.
+        let held =
+            crate::datapath::read_back(&maps)?.values().any(|rb| rb.tiers.iter().flatten().any(|x| *x == b));
+        if !held {
+            let _ = writeln!(out, "{name}: {what} is in none of its Services: not marked");
+            continue;
+        }
+        marks::mark_down(&mut maps, b, length, marks::boottime_ns())?;
+        marked += 1;
+        let _ = writeln!(out, "{name}: {what} marked down for {}", marks::human(length));
+        // Connected UDP sockets to it would keep sending there: end them, they reconnect through the VIP.
+        let finder = crate::datapath::destroy::NetnsFinder::default();
+        let r = crate::datapath::destroy::destroy_udp_sockets(&mut maps, &finder, |_, x| *x == b);
+        if r.destroyed > 0 {
+            let _ = writeln!(out, "{name}: destroyed {} connected UDP sockets to it", r.destroyed);
+        }
+        for e in r.errors {
+            eprintln!("warning: {e}");
         }
     }
+    anyhow::ensure!(
+        length.is_none() || marked > 0,
+        "{what} is in no Service of any agent under {} (check the address, the port and --protocol): nothing \
+         marked",
+        args.bpffs.display()
+    );
     Ok(out)
 }
 
@@ -399,7 +424,7 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut all = Vec::new();
     for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
         let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
-        all.push(crate::status::Instance::read(&name, &maps)?);
+        all.push(crate::status::Instance::read(&name, &maps, crate::datapath::marks::boottime_ns())?);
     }
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&all)? + "\n",

@@ -97,6 +97,11 @@ pub struct AgentStats {
     /// Reverse entries of connected UDP sockets the agent could not reach: their network namespace was not
     /// found (the pod is gone, or its namespace is not visible to the agent).
     pub udp_sockets_unreached: Counter,
+    /// Services with at least one frontend the data path does not translate now: they failed to apply (and
+    /// wait for a retry), or another Service holds their VIP:port.
+    pub services_unprogrammed: Gauge,
+    /// Backend marks the agent deleted because their backend left every Service.
+    pub marks_cleared: Counter,
 }
 
 impl Default for AgentStats {
@@ -111,6 +116,8 @@ impl Default for AgentStats {
             health_port_errors: Counter::default(),
             udp_sockets_destroyed: Counter::default(),
             udp_sockets_unreached: Counter::default(),
+            services_unprogrammed: Gauge::default(),
+            marks_cleared: Counter::default(),
         }
     }
 }
@@ -193,6 +200,17 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         "Connected UDP sockets to a departed backend not ended: their network namespace was not found",
         stats.udp_sockets_unreached.clone(),
     );
+    reg.register(
+        "services_unprogrammed",
+        "Services with a frontend the data path does not translate (failed to apply, or VIP:port held by another \
+         Service); /healthz names them",
+        stats.services_unprogrammed.clone(),
+    );
+    reg.register(
+        "backend_marks_cleared",
+        "Backend marks deleted because their backend left every Service",
+        stats.marks_cleared.clone(),
+    );
     let mut out = String::new();
     encode(&mut out, &reg).expect("writing to a String cannot fail");
     out
@@ -268,5 +286,10 @@ mod tests {
         let without = encode_text(&snap, &AgentStats::default(), None);
         assert!(!without.contains("tierlb_connections_total{"), "{without}");
         assert!(without.contains(r#"tierlb_map_entries{map="FRONTENDS"} 2"#), "{without}");
+        let stats = AgentStats::default();
+        stats.services_unprogrammed.set(3);
+        let text = encode_text(&snap, &stats, None);
+        assert!(text.contains("# TYPE tierlb_services_unprogrammed gauge"), "{text}");
+        assert!(text.contains("\ntierlb_services_unprogrammed 3\n"), "{text}");
     }
 }

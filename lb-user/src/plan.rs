@@ -12,8 +12,8 @@ use std::{
 use serde::Serialize;
 
 use crate::model::{
-    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, Policy, Protocol, Service, ServicePort,
-    ServicePortName,
+    AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
+    ServicePort, ServicePortName,
 };
 
 /// Which topology filter kube-proxy applies to a Service port on this node.
@@ -472,5 +472,50 @@ pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
             }
         }
     }
+    warn_vip_conflicts(&mut services);
     Plan { node: node.name.clone(), zone: node.zone.clone(), services }
+}
+
+/// Of Services claiming one VIP, port and protocol (manifests can say that; the API server's allocator never
+/// gives one cluster IP to two Services), the one that is programmed: the first in namespace/name order. A
+/// rule anyone can apply by reading the names, that does not depend on which object arrived first (a
+/// restarted agent picks the same one); the others are programmed when it leaves the VIP.
+pub fn vip_winner<'a>(claimants: impl IntoIterator<Item = &'a ObjKey>) -> Option<&'a ObjKey> {
+    claimants.into_iter().min()
+}
+
+/// What `plan` and `explain` say of a VIP:port claimed by several Services, on each of them.
+pub fn vip_conflict_text(vip: SocketAddr, protocol: &str, claimants: &[&ObjKey], this: &ObjKey) -> String {
+    let winner = vip_winner(claimants.iter().copied()).unwrap_or(this);
+    let others: Vec<String> = claimants.iter().filter(|k| **k != this).map(ToString::to_string).collect();
+    let rule = "of Services on one VIP:port, the first in namespace/name order is programmed";
+    if winner == this {
+        format!("{vip}/{protocol} is also claimed by {}: {this} is programmed ({rule})", others.join(", "))
+    } else {
+        format!(
+            "{vip}/{protocol} is also claimed by {}: {this} is NOT programmed there until {winner} leaves it ({rule})",
+            others.join(", ")
+        )
+    }
+}
+
+/// Add `vip_conflict_text` to every port plan whose VIP:port another Service claims too.
+fn warn_vip_conflicts(services: &mut [PortPlan]) {
+    let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<ObjKey>> = BTreeMap::new();
+    for p in services.iter() {
+        for ip in &p.cluster_ips {
+            let who = claims.entry((SocketAddr::new(*ip, p.port), p.protocol)).or_default();
+            if !who.contains(&p.name.service) {
+                who.push(p.name.service.clone());
+            }
+        }
+    }
+    for p in services.iter_mut() {
+        for ip in &p.cluster_ips {
+            let vip = SocketAddr::new(*ip, p.port);
+            let Some(who) = claims.get(&(vip, p.protocol)).filter(|w| w.len() > 1) else { continue };
+            let who: Vec<&ObjKey> = who.iter().collect();
+            p.warnings.push(vip_conflict_text(vip, p.protocol.as_str(), &who, &p.name.service));
+        }
+    }
 }

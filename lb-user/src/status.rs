@@ -1,14 +1,14 @@
 //! `tierlb status`: what the data path holds right now, read from an agent's pinned maps.
-use std::fmt::Write as _;
+use std::{fmt::Write as _, time::Duration};
 
 use lb_common::{
-    COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE,
-    FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, GLOBAL_SVC_ID,
+    Backend, BackendState, COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE,
+    COUNTER_REJECTED, COUNTER_ZONE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, GLOBAL_SVC_ID,
 };
 use serde::Serialize;
 
 use crate::{
-    datapath::{MapError, MapReader, addr, read_back},
+    datapath::{MapError, MapReader, addr, marks::human, read_back},
     model::ServicePortName,
 };
 
@@ -19,6 +19,19 @@ pub struct BackendStatus {
     pub addr: String,
     /// Marked down in `BACKEND_STATE`: new connects skip it.
     pub down: bool,
+}
+
+/// A backend's manual mark (`tierlb backend down`), as it stands now.
+#[derive(Clone, Debug, Serialize)]
+pub struct MarkStatus {
+    /// The backend's address and port.
+    pub backend: String,
+    /// "TCP", "UDP" or "SCTP".
+    pub protocol: &'static str,
+    /// How long it has been marked down, in seconds.
+    pub age_seconds: f64,
+    /// How long until the mark ends by itself, in seconds.
+    pub left_seconds: f64,
 }
 
 /// A frontend's connect counters (lb_common's `COUNTER_*`), summed over CPUs.
@@ -69,11 +82,14 @@ pub struct Instance {
     pub frontends: Vec<FrontendStatus>,
     /// Connects that went through untranslated because of an internal error, over all Services.
     pub fail_open_total: u64,
-    /// Backends marked down, sorted.
+    /// Backends marked down now (marks not yet expired), sorted.
     pub backends_marked_down: Vec<String>,
+    /// Those marks with their age and time left, sorted by backend.
+    pub marks: Vec<MarkStatus>,
 }
 
-fn proto_name(p: u8) -> &'static str {
+/// "TCP", "UDP" or "SCTP" for a map key's protocol number.
+pub(crate) fn proto_name(p: u8) -> &'static str {
     match p {
         lb_common::PROTO_TCP => "TCP",
         lb_common::PROTO_UDP => "UDP",
@@ -82,9 +98,12 @@ fn proto_name(p: u8) -> &'static str {
 }
 
 impl Instance {
-    /// Read instance `name`'s status from `maps`.
-    pub fn read(name: &str, maps: &impl MapReader) -> Result<Self, MapError> {
-        let down = maps.backends_down()?;
+    /// Read instance `name`'s status from `maps`, with marks as of `now_ns` (`CLOCK_BOOTTIME`).
+    pub fn read(name: &str, maps: &impl MapReader, now_ns: u64) -> Result<Self, MapError> {
+        let mut marks: Vec<(Backend, BackendState)> =
+            maps.backend_marks()?.into_iter().filter(|(_, m)| m.is_down_at(now_ns)).collect();
+        marks.sort_by_key(|(b, _)| addr::backend_addr(b));
+        let down: Vec<Backend> = marks.iter().map(|(b, _)| *b).collect();
         let mut frontends = Vec::new();
         for (key, rb) in read_back(maps)? {
             let label = maps.name(rb.value.svc_id)?.unwrap_or_default();
@@ -133,10 +152,18 @@ impl Instance {
         }
         frontends.sort_by(|a, b| (&a.name, &a.frontend).cmp(&(&b.name, &b.frontend)));
         let fail_open_total = maps.counters(GLOBAL_SVC_ID)?[COUNTER_FAIL_OPEN as usize];
-        let mut backends_marked_down: Vec<String> =
-            down.iter().map(|b| addr::backend_addr(b).to_string()).collect();
-        backends_marked_down.sort();
-        Ok(Self { instance: name.to_owned(), frontends, fail_open_total, backends_marked_down })
+        let backends_marked_down = down.iter().map(|b| addr::backend_addr(b).to_string()).collect();
+        let secs = |ns: u64| Duration::from_nanos(ns).as_secs_f64();
+        let marks = marks
+            .iter()
+            .map(|(b, m)| MarkStatus {
+                backend: addr::backend_addr(b).to_string(),
+                protocol: proto_name(b.proto),
+                age_seconds: secs(now_ns.saturating_sub(m.since_ns)),
+                left_seconds: secs(m.until_ns.saturating_sub(now_ns)),
+            })
+            .collect();
+        Ok(Self { instance: name.to_owned(), frontends, fail_open_total, backends_marked_down, marks })
     }
 
     /// The human-readable form: a header line, then one line per frontend.
@@ -149,6 +176,16 @@ impl Instance {
             let _ = write!(out, ", FAIL-OPEN connects: {}", self.fail_open_total);
         }
         out.push('\n');
+        for m in &self.marks {
+            let _ = writeln!(
+                out,
+                "  {} {} marked down {} ago, {} left",
+                m.backend,
+                m.protocol,
+                human(Duration::from_secs_f64(m.age_seconds)),
+                human(Duration::from_secs_f64(m.left_seconds))
+            );
+        }
         let _ = writeln!(
             out,
             "{:<34} {:<24} {:<8} {:<8} {:>8} {:>8} {:>8} {:>8}  TIERS (node | zone | cluster; * = down)",

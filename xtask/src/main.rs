@@ -1,8 +1,9 @@
-//! Repository tooling: `cargo xtask setup | build | test | demo | bench`, one module per subcommand (an
+//! Repository tooling: `cargo xtask setup | build | test | chaos | demo | bench`, one module per subcommand (an
 //! `Options` struct and a `run` function each), plus `util` for running commands with the BPF build's
 //! environment.
 mod bench;
 mod build;
+mod chaos;
 mod demo;
 mod setup;
 mod test;
@@ -25,6 +26,8 @@ enum Command {
     Build(build::Options),
     /// Setup, format and lint checks, unit tests and in-kernel tests.
     Test(test::Options),
+    /// The long chaos run: the agent SIGKILLed at random during 1,000 manifest edits while clients connect.
+    Chaos(chaos::Options),
     /// Setup, build, and run the three-node demo in a private network namespace.
     Demo(demo::Options),
     /// Setup, build, and benchmark connect() through tierlb, iptables and nftables (see BENCHMARKS.md).
@@ -36,6 +39,7 @@ fn main() -> anyhow::Result<()> {
         Command::Setup(o) => setup::run(&o),
         Command::Build(o) => build::run(&o).map(|_| ()),
         Command::Test(o) => test::run(&o),
+        Command::Chaos(o) => chaos::run(&o),
         Command::Demo(o) => demo::run(&o),
         Command::Bench(o) => bench::run(&o),
     }

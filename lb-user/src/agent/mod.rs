@@ -2,6 +2,8 @@
 //!
 //! - `tracker`: the model, and which Services a change touches (kube-proxy's change trackers);
 //! - `sync`: one sync without kernel or runtime (`AgentCore`), tested against in-memory maps;
+//! - `claims`: which Service programs a VIP:port several claim (the first in namespace/name order);
+//! - `retry`: Services the data path could not take, tried again on a timer with backoff;
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
 //! - `report`: what a sync logs;
 //! - `run`: the process (source, programs, servers, signal handling).
@@ -17,12 +19,22 @@
 //!    sync: `/livez` 200 (a slow start is not a dead agent), `/healthz` 503 until the first sync is done.
 //!    `/metrics` is served once the maps are loaded, from a snapshot the loop takes after the first sync and
 //!    then on its tick, at most once a second once the maps changed (never inside a sync).
+//! 7. Services that failed to apply are tried again on the loop's tick when their backoff is due (`retry`),
+//!    without a source event. A retry logs `retried`, never `synced` (tests and operators count `synced` as
+//!    one per source change), and like a sync finishes its changes before its line.
+//! 8. Marks of backends no Service holds any more are deleted after every sync or retry that changed
+//!    frontends (before the next source change is read); expired marks on the tick, once a second.
+mod claims;
 mod lower;
 mod report;
+mod retry;
 mod run;
 mod sync;
+#[cfg(test)]
+mod tests;
 mod tracker;
 
+pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};
 pub use run::{AgentOptions, Source, run};
-pub use sync::{AgentCore, SyncReport};
+pub use sync::{AgentCore, SyncReport, VipConflict};
 pub use tracker::{ChangeTracker, Touched};

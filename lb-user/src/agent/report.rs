@@ -2,12 +2,12 @@
 //! problem and one `synced` line per sync (tests and operators wait for it).
 use super::SyncReport;
 use crate::{
-    datapath::destroy::DestroyReport,
+    datapath::{addr, destroy::DestroyReport, marks::SweepReport},
     source::{Origin, Severity},
 };
 
-/// Log one sync: input problems, frontends that failed to apply, Services that got the controller's hints,
-/// then the `synced` summary.
+/// Log one sync: input problems, frontends that failed to apply, VIP:port conflicts, Services that got the
+/// controller's hints, then the `synced` summary.
 pub(super) fn log_sync(r: &SyncReport) {
     for d in &r.diagnostics {
         match d.severity {
@@ -26,9 +26,7 @@ pub(super) fn log_sync(r: &SyncReport) {
             }
         }
     }
-    for e in &r.errors {
-        tracing::error!(service = %e.name, "{e}");
-    }
+    log_apply_problems(r);
     for s in &r.hints_newly_filled {
         tracing::info!(service = %s, "EndpointSlices carry no hints: using the hints the EndpointSlice controller would write");
     }
@@ -45,6 +43,54 @@ pub(super) fn log_sync(r: &SyncReport) {
         took_us = r.duration.as_micros() as u64,
         "synced"
     );
+}
+
+/// Frontends that failed to apply (retried with backoff) and VIP:port conflicts.
+fn log_apply_problems(r: &SyncReport) {
+    for e in &r.errors {
+        tracing::error!(service = %e.name, "{e} (left untranslated; tried again with backoff)");
+    }
+    for c in &r.conflicts {
+        let losers: Vec<String> = c.losers.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            frontend = %addr::frontend_addr(&c.frontend),
+            protocol = crate::status::proto_name(c.frontend.proto),
+            winner = %c.winner,
+            losers = %losers.join(","),
+            "Services {} and {} claim one VIP:port: {} is programmed (the first in namespace/name order); the \
+             others are programmed when it leaves",
+            c.winner,
+            losers.join(", "),
+            c.winner
+        );
+    }
+}
+
+/// Log one retry of Services that failed to apply (never `synced`: see the agent's ordering rules).
+pub(super) fn log_retry(r: &SyncReport) {
+    log_apply_problems(r);
+    tracing::info!(
+        added = r.added,
+        updated = r.updated,
+        removed = r.removed,
+        replanned = r.replanned,
+        errors = r.errors.len(),
+        took_us = r.duration.as_micros() as u64,
+        "retried Services that failed to apply"
+    );
+}
+
+/// Log the backend marks a sweep deleted.
+pub(super) fn log_sweep(r: &SweepReport) {
+    for b in &r.departed {
+        tracing::info!(
+            backend = %addr::backend_addr(b),
+            "cleared the mark of a backend that left every Service (a pod reusing its IP starts unmarked)"
+        );
+    }
+    for b in &r.expired {
+        tracing::debug!(backend = %addr::backend_addr(b), "deleted an expired backend mark");
+    }
 }
 
 /// Log one socket-destruction pass (nothing when it had nothing to do).

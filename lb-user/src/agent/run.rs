@@ -15,7 +15,7 @@ use tokio::{
 
 use super::{
     AgentCore, SyncReport,
-    report::{log_destroyed, log_sync},
+    report::{log_destroyed, log_retry, log_sweep, log_sync},
 };
 use crate::{
     datapath::{
@@ -106,11 +106,14 @@ async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpLis
         .with_context(|| format!("{flag} {addr}: cannot listen (port in use? pass another address or `off`)"))
 }
 
-/// After a sync: health is fresh again, statistics counted.
-fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport) {
+/// After a sync (or a retry): health is fresh again and names what is not programmed, statistics counted.
+fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &AgentCore<KernelMaps>) {
+    let unprogrammed = core.unprogrammed();
+    stats.services_unprogrammed.set(i64::try_from(unprogrammed.len()).unwrap_or(i64::MAX));
     let mut h = health.lock().expect("health lock");
     h.last_updated = Some(std::time::SystemTime::now());
     h.pending_since = None;
+    h.unprogrammed = unprogrammed;
     stats.syncs.inc();
     stats.sync_duration.observe(r.duration.as_secs_f64());
     stats.apply_errors.inc_by(r.errors.len() as u64);
@@ -177,6 +180,50 @@ fn end_departed_sockets(rec: &mut Reconciler<KernelMaps>, finder: &destroy::Netn
     log_destroyed(&r);
 }
 
+/// Rule 7: try again the Services whose backoff is due, without a source event; true if the maps changed.
+async fn retry_due(
+    core: &mut AgentCore<KernelMaps>,
+    service_health: Option<&mut ServiceHealthServers>,
+    stats: &mut AgentStats,
+    health: &SharedHealth,
+    finder: &destroy::NetnsFinder,
+) -> bool {
+    let Some(r) = core.retry_due(Instant::now()) else { return false };
+    sync_service_health(service_health, stats, &r).await;
+    if r.updated + r.removed > 0 {
+        end_departed_sockets(core.reconciler_mut(), finder, stats);
+    }
+    record(health, stats, &r, core);
+    log_retry(&r);
+    r.added + r.updated + r.removed > 0
+}
+
+/// How often the tick sweeps backend marks when no sync did.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Rule 8: sweeps of the backend marks.
+struct Sweeper {
+    last: Instant,
+}
+
+impl Sweeper {
+    /// After frontends changed (`changed`): delete expired backend marks and marks of backends that left
+    /// every Service. Otherwise, once the last sweep is `SWEEP_EVERY` old: expired marks only.
+    fn sweep(&mut self, core: &mut AgentCore<KernelMaps>, stats: &AgentStats, changed: bool) {
+        if !changed && self.last.elapsed() < SWEEP_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        match core.sweep_marks(crate::datapath::marks::boottime_ns(), changed) {
+            Ok(r) => {
+                stats.marks_cleared.inc_by(r.departed.len() as u64);
+                log_sweep(&r);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot sweep the backend marks"),
+        }
+    }
+}
+
 /// Open or close the `healthCheckNodePort` listeners a sync asks for.
 async fn sync_service_health(sh: Option<&mut ServiceHealthServers>, stats: &mut AgentStats, r: &SyncReport) {
     let Some(sh) = sh else { return };
@@ -226,6 +273,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             tracing::info!(
                 frontends = adopted.frontends,
                 orphan_slots_removed = adopted.orphan_slots_removed,
+                orphan_names_removed = adopted.orphan_names_removed,
                 unnamed = adopted.unnamed,
                 "adopted the maps of a previous agent"
             );
@@ -239,7 +287,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
-    record(&health, &mut stats, &report);
+    let mut sweeper = Sweeper { last: Instant::now() };
+    sweeper.sweep(&mut core, &stats, true);
+    record(&health, &mut stats, &report, &core);
     publish(&snapshots, core.reconciler());
     let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
     sync_service_health(service_health.as_mut(), &mut stats, &report).await;
@@ -266,8 +316,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                         sync_service_health(service_health.as_mut(), &mut stats, &r).await;
                         if r.updated + r.removed > 0 {
                             end_departed_sockets(core.reconciler_mut(), &finder, &stats);
+                            sweeper.sweep(&mut core, &stats, true);
                         }
-                        record(&health, &mut stats, &r);
+                        record(&health, &mut stats, &r, &core);
                         snapshot_stale |= r.added + r.updated + r.removed > 0;
                         log_sync(&r);
                     }
@@ -276,6 +327,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             }
             _ = tick.tick() => {
                 core.collect_garbage(Instant::now());
+                let retried = retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder).await;
+                snapshot_stale |= retried;
+                sweeper.sweep(&mut core, &stats, retried);
                 if snapshot_stale && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
                     publish(&snapshots, core.reconciler());
                     (snapshot_stale, last_snapshot) = (false, Instant::now());

@@ -6,25 +6,43 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lb_common::FrontendKey;
+
 use super::{
+    claims::Claims,
     lower,
+    retry::{Retries, Tried},
     tracker::{ChangeTracker, Touched},
 };
 use crate::{
-    datapath::{ApplyError, Desired, MapWriter, Reconciler},
+    datapath::{
+        ApplyError, Desired, MapWriter, Reconciler, addr,
+        marks::{self, SweepReport},
+    },
     hints,
     model::{EndpointSlice, NodeInfo, ObjKey},
     plan,
-    server::ServiceHealth,
+    server::{ServiceHealth, Unprogrammed},
     source::{Diagnostic, ModelSource, Origin},
 };
+
+/// A frontend (VIP, port, protocol) several Services claim: the one programmed, then the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VipConflict {
+    /// The frontend.
+    pub frontend: FrontendKey,
+    /// The Service programmed there (`plan::vip_winner`).
+    pub winner: ObjKey,
+    /// The Services not programmed there until the winner leaves it.
+    pub losers: Vec<ObjKey>,
+}
 
 /// What one sync did, for logs, metrics and tests.
 #[derive(Debug, Default)]
 pub struct SyncReport {
     /// The node planned for (its zone as resolved now).
     pub node: Option<NodeInfo>,
-    /// Frontends the plan wants in total.
+    /// Frontends the plan wants in total (a VIP:port several Services claim counts once).
     pub frontends: usize,
     /// Frontends written for the first time.
     pub added: usize,
@@ -34,8 +52,11 @@ pub struct SyncReport {
     pub removed: usize,
     /// Services planned in this sync: those a change touched, or all of them.
     pub replanned: usize,
-    /// Frontends that could not be applied (they keep their previous state; retried on the next sync).
+    /// Frontends that could not be applied (they keep their previous state; retried with backoff, see
+    /// `retry`).
     pub errors: Vec<ApplyError>,
+    /// VIP:port conflicts this sync started or changed (each is reported when its claimants change).
+    pub conflicts: Vec<VipConflict>,
     /// Every problem the input has now.
     pub diagnostics: Vec<Diagnostic>,
     /// Inputs (files, API objects) whose objects come from their last good version.
@@ -69,8 +90,10 @@ pub struct AgentCore<W: MapWriter> {
     frontends: usize,
     hints_filled: BTreeSet<ObjKey>,
     health: BTreeMap<ObjKey, (u16, ServiceHealth)>,
-    /// Services whose frontends failed to apply: tried again on the next sync, as a full diff would.
-    failed: BTreeSet<ObjKey>,
+    /// Services whose frontends failed to apply, and when to try them again.
+    retries: Retries,
+    /// Which Service programs a frontend several claim.
+    claims: Claims,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -93,7 +116,8 @@ impl<W: MapWriter> AgentCore<W> {
             frontends: 0,
             hints_filled: BTreeSet::new(),
             health: BTreeMap::new(),
-            failed: BTreeSet::new(),
+            retries: Retries::default(),
+            claims: Claims::default(),
         }
     }
 
@@ -108,54 +132,180 @@ impl<W: MapWriter> AgentCore<W> {
     }
 
     /// Refresh the source and apply the plan. Only the Services an object change touches are planned and
-    /// written again; a new model from the source, a Node change or a new zone replans every Service. The
-    /// maps keep their last good state for whatever fails.
+    /// written again (with the failed Services whose retry is due); a new model from the source, a Node
+    /// change or a new zone replans every Service. The maps keep their last good state for whatever fails.
     pub fn sync(&mut self, now: Instant) -> std::io::Result<SyncReport> {
         let started = Instant::now();
         let refresh = self.source.refresh()?;
         let touched = self.tracker.apply(refresh.changes);
         let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), self.tracker.model());
-        let retry = std::mem::take(&mut self.failed);
+        let mut report = self.plan_and_apply(touched, node, now);
+        report.diagnostics = refresh.diagnostics;
+        report.stale = refresh.stale;
+        report.duration = started.elapsed();
+        Ok(report)
+    }
+
+    /// Try again the Services that failed to apply and whose retry is due, without reading the source (the
+    /// run loop calls it on its tick). `None` when none is due.
+    pub fn retry_due(&mut self, now: Instant) -> Option<SyncReport> {
+        let node = self.node.clone()?;
+        if self.retries.due(now).is_empty() {
+            return None;
+        }
+        let started = Instant::now();
+        let mut report = self.plan_and_apply(Touched::Services(BTreeSet::new()), node, now);
+        report.duration = started.elapsed();
+        Some(report)
+    }
+
+    fn plan_and_apply(&mut self, touched: Touched, node: NodeInfo, now: Instant) -> SyncReport {
         let mut newly_filled = Vec::new();
-        let (replanned, applied) = match touched {
+        let mut conflicted = BTreeSet::new();
+        let (tried, applied) = match touched {
             Touched::Services(mut keys) if self.node.as_ref() == Some(&node) => {
-                keys.extend(retry);
-                let desired = self.plan_services(keys.iter(), &node, &BTreeSet::new(), &mut newly_filled);
-                (keys.len(), self.reconciler.apply_services(&keys, &desired, now))
+                keys.extend(self.retries.due(now));
+                let mut planned = self.plan_services(keys.iter(), &node, &BTreeSet::new(), &mut newly_filled);
+                for (svc, mine) in &planned {
+                    conflicted.extend(self.claims.set(svc, mine.keys().copied()));
+                }
+                // A frontend whose winner changed to a Service not planned now (the old winner left it): plan
+                // that Service too, so its frontend is programmed.
+                let heirs: BTreeSet<ObjKey> = conflicted
+                    .iter()
+                    .filter_map(|k| self.claims.winner(k))
+                    .filter(|w| !keys.contains(*w))
+                    .cloned()
+                    .collect();
+                planned.extend(self.plan_services(heirs.iter(), &node, &BTreeSet::new(), &mut newly_filled));
+                keys.extend(heirs);
+                let desired = self.winners(planned);
+                let applied = self.reconciler.apply_services(&keys, &desired, now);
+                (Some(keys), applied)
             }
             // Everything, or the same changes on a node whose zone moved.
             _ => {
                 self.planned.clear();
                 self.frontends = 0;
                 self.health.clear();
+                self.claims.clear();
                 let reported = std::mem::take(&mut self.hints_filled);
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
-                let desired = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
-                (keys.len(), self.reconciler.apply(&desired, now))
+                let planned = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
+                for (svc, mine) in &planned {
+                    conflicted.extend(self.claims.set(svc, mine.keys().copied()));
+                }
+                let desired = self.winners(planned);
+                (None, self.reconciler.apply(&desired, now))
             }
         };
+        let replanned = tried.as_ref().map_or(self.tracker.model().services.len(), BTreeSet::len);
+        self.retries.record(&tried.as_ref().map_or(Tried::All, Tried::Some), &applied.errors, now);
+        if applied.removed + applied.updated > 0 {
+            self.retries.capacity_freed(now);
+        }
         self.node = Some(node.clone());
-        self.failed = applied.errors.iter().map(|e| e.name.service.clone()).collect();
         let mut health_ports: BTreeMap<u16, ServiceHealth> = BTreeMap::new();
         for (port, h) in self.health.values() {
             let entry = health_ports.entry(*port).or_insert_with(|| h.clone());
             entry.local_endpoints = entry.local_endpoints.max(h.local_endpoints);
         }
-        Ok(SyncReport {
+        let conflicts = self
+            .claims
+            .conflicts()
+            .filter(|(k, _)| conflicted.contains(k))
+            .map(|(frontend, who)| VipConflict {
+                frontend,
+                winner: who[0].clone(),
+                losers: who[1..].iter().map(|k| (*k).clone()).collect(),
+            })
+            .collect();
+        SyncReport {
             node: Some(node),
-            frontends: self.frontends,
+            frontends: self.frontends - self.claims.lost(),
             added: applied.added,
             updated: applied.updated,
             removed: applied.removed,
             replanned,
             errors: applied.errors,
-            diagnostics: refresh.diagnostics,
-            stale: refresh.stale,
+            conflicts,
             hints_filled: self.hints_filled.len(),
             hints_newly_filled: newly_filled,
             health_ports,
-            duration: started.elapsed(),
-        })
+            ..SyncReport::default()
+        }
+    }
+
+    /// The frontends of `planned` each Service wins (a frontend several claim goes to `plan::vip_winner`).
+    fn winners(&self, planned: BTreeMap<ObjKey, Desired>) -> Desired {
+        let mut out = Desired::new();
+        for (svc, mine) in planned {
+            out.extend(mine.into_iter().filter(|(k, _)| self.claims.winner(k) == Some(&svc)));
+        }
+        out
+    }
+
+    /// The Services the data path does not translate (some or all of their frontends), with the reasons:
+    /// those that failed to apply, and those whose VIP:port another Service holds.
+    pub fn unprogrammed(&self) -> Vec<Unprogrammed> {
+        let mut out: BTreeMap<ObjKey, Unprogrammed> = self
+            .retries
+            .failures()
+            .iter()
+            .map(|(k, f)| {
+                let u = Unprogrammed {
+                    service: k.clone(),
+                    reasons: f.reasons.clone(),
+                    since: Some(f.since),
+                    attempts: f.attempts,
+                    next_retry: Some(f.next),
+                };
+                (k.clone(), u)
+            })
+            .collect();
+        for (key, who) in self.claims.conflicts() {
+            let vip = addr::frontend_addr(&key);
+            let proto = crate::status::proto_name(key.proto);
+            for loser in &who[1..] {
+                let text = plan::vip_conflict_text(vip, proto, &who, loser);
+                let u = out.entry((*loser).clone()).or_insert_with(|| Unprogrammed {
+                    service: (*loser).clone(),
+                    reasons: Vec::new(),
+                    since: None,
+                    attempts: 0,
+                    next_retry: None,
+                });
+                u.reasons.push(text);
+            }
+        }
+        out.into_values().collect()
+    }
+
+    /// Delete backend marks that expired and, with `departed`, marks of backends no applied frontend holds
+    /// (a pod IP reused later must not inherit a mark meant for the pod that had it). The run loop sweeps
+    /// departed backends after syncs that changed frontends (only they can make one depart; the walk over
+    /// every applied backend is paid then, and only while marks exist), expired ones on its tick.
+    pub fn sweep_marks(
+        &mut self,
+        now_ns: u64,
+        departed: bool,
+    ) -> Result<SweepReport, crate::datapath::MapError> {
+        let marks = self.reconciler.writer().backend_marks()?;
+        if marks.is_empty() {
+            return Ok(SweepReport::default());
+        }
+        if !departed {
+            return marks::sweep(self.reconciler.writer_mut(), |_| true, now_ns);
+        }
+        let wanted: BTreeSet<lb_common::Backend> = marks.iter().map(|(b, _)| *b).collect();
+        let held: BTreeSet<lb_common::Backend> = self
+            .reconciler
+            .applied()
+            .flat_map(|(_, _, d)| d.tiers.iter().flatten())
+            .filter(|b| wanted.contains(b))
+            .copied()
+            .collect();
+        marks::sweep(self.reconciler.writer_mut(), |b| held.contains(b), now_ns)
     }
 
     /// Services whose slices carry no hints and got the controller's.
@@ -164,7 +314,7 @@ impl<W: MapWriter> AgentCore<W> {
     }
 
     /// Plan these Services (with the controller's hints where their slices carry none) and return the
-    /// frontends they want; a Service no longer in the model wants none. Services newly planned with the
+    /// frontends each wants; a Service no longer in the model wants none. Services newly planned with the
     /// controller's hints (not so before, nor in `reported`) are added to `newly_filled`.
     fn plan_services<'a>(
         &mut self,
@@ -172,8 +322,8 @@ impl<W: MapWriter> AgentCore<W> {
         node: &NodeInfo,
         reported: &BTreeSet<ObjKey>,
         newly_filled: &mut Vec<ObjKey>,
-    ) -> Desired {
-        let mut desired = Desired::new();
+    ) -> BTreeMap<ObjKey, Desired> {
+        let mut desired = BTreeMap::new();
         let model = self.tracker.model();
         for key in keys {
             if let Some(old) = self.planned.remove(key) {
@@ -181,7 +331,10 @@ impl<W: MapWriter> AgentCore<W> {
             }
             let was_filled = self.hints_filled.remove(key) || reported.contains(key);
             self.health.remove(key);
-            let Some(svc) = model.services.get(key) else { continue };
+            let Some(svc) = model.services.get(key) else {
+                desired.insert(key.clone(), Desired::new());
+                continue;
+            };
             let filled = hints::fill_for(model, svc);
             let slices: Vec<&EndpointSlice> = match &filled {
                 Some(owned) => owned.iter().collect(),
@@ -201,7 +354,7 @@ impl<W: MapWriter> AgentCore<W> {
             let mine = lower::frontends(&plans);
             self.frontends += mine.len();
             self.planned.insert(key.clone(), mine.len());
-            desired.extend(mine);
+            desired.insert(key.clone(), mine);
         }
         desired
     }
@@ -237,9 +390,7 @@ mod tests {
     }
 
     /// What the data path sees, without service ids and generations: frontend -> (label, tiers, flags).
-    fn maps(
-        c: &AgentCore<FakeMaps>,
-    ) -> BTreeMap<lb_common::FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
+    fn maps(c: &AgentCore<FakeMaps>) -> BTreeMap<FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
         let w = c.reconciler().writer();
         datapath::read_back(w)
             .unwrap()

@@ -13,7 +13,7 @@ use aya::{
     },
 };
 use lb_common::{
-    BACKEND_DOWN, Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE,
+    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE,
     MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, PINNED_MAPS,
     ReverseKey, ReverseValue, ServiceName, SlotKey,
 };
@@ -114,6 +114,19 @@ pub enum DatapathError {
          `tierlb agent --cleanup --bpffs DIR --node NAME`, then start the agent again"
     )]
     Incompatible {
+        /// The pin.
+        path: PathBuf,
+    },
+    /// The pinned backend-state map is the one of a tierlb whose marks never expired (4-byte values): its
+    /// marks cannot be carried over as they are, and its programs read it.
+    #[error(
+        "pinned map {} holds backend marks of an older tierlb, without an expiry (4-byte values; marks now \
+         last `--for` a bounded time): remove the old state with `tierlb agent --cleanup --bpffs DIR --node \
+         NAME` (connects are not translated until the agent is back), start the agent, then mark again what \
+         should stay down (`tierlb backend down ADDR --for DURATION`)",
+        path.display()
+    )]
+    MarksWithoutExpiry {
         /// The pin.
         path: PathBuf,
     },
@@ -317,7 +330,7 @@ fn wrong_type(name: &str) -> DatapathError {
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
     slots: HashMap<MapData, SlotKey, Backend>,
-    state: HashMap<MapData, Backend, u32>,
+    state: HashMap<MapData, Backend, BackendState>,
     counters: PerCpuArray<MapData, u64>,
     names: HashMap<MapData, u32, ServiceName>,
     reverse: HashMap<MapData, ReverseKey, ReverseValue>,
@@ -407,6 +420,12 @@ impl KernelMaps {
                 .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
                 .map_err(|e| DatapathError::Pinned { path, source: Box::new(e) })
         };
+        let state = dir.join(MAP_BACKEND_STATE);
+        if let Ok(data) = MapData::from_pin(&state)
+            && data.info().is_ok_and(|i| i.value_size() == 4)
+        {
+            return Err(DatapathError::MarksWithoutExpiry { path: state });
+        }
         let mut maps = Vec::with_capacity(MAPS.len());
         for name in MAPS {
             maps.push(open(name)?);
@@ -456,10 +475,12 @@ impl MapReader for KernelMaps {
     fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
         self.slots.keys().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
-    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
+    fn backend_marks(&self) -> Result<Vec<(Backend, BackendState)>, MapError> {
         let all = self.state.iter().collect::<Result<Vec<_>, _>>();
-        let all = all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))?;
-        Ok(all.into_iter().filter(|(_, v)| v & BACKEND_DOWN != 0).map(|(k, _)| k).collect())
+        all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
+    }
+    fn backend_mark(&self, backend: Backend) -> Result<Option<BackendState>, MapError> {
+        absent_ok(self.state.get(&backend, 0)).map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
     }
     fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
         let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
@@ -512,13 +533,12 @@ impl MapWriter for KernelMaps {
             self.caps.services,
         ))
     }
-    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
+    fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {
+        self.state.insert(backend, mark, 0).map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
+    }
+    fn delete_backend_mark(&mut self, backend: Backend) -> Result<(), MapError> {
         let err = sys(MAP_BACKEND_STATE, "backends", self.caps.backends);
-        if down {
-            self.state.insert(backend, BACKEND_DOWN, 0).map_err(err)
-        } else {
-            absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
-        }
+        absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
     }
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
         for kind in 0..COUNTERS_PER_SERVICE {

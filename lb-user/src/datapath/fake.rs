@@ -1,8 +1,9 @@
 //! In-memory maps with the kernel's capacity behaviour, for reconciler and agent tests.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use lb_common::{
-    Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue, SlotKey,
+    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue,
+    SlotKey,
 };
 
 use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
@@ -13,7 +14,7 @@ use crate::model::ServicePortName;
 pub struct FakeMaps {
     frontends: BTreeMap<FrontendKey, FrontendValue>,
     slots: BTreeMap<SlotKey, Backend>,
-    down: BTreeSet<Backend>,
+    marks: BTreeMap<Backend, BackendState>,
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
     names: BTreeMap<u32, String>,
     connected_udp: BTreeMap<ReverseKey, ReverseValue>,
@@ -69,8 +70,11 @@ impl MapReader for FakeMaps {
     fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
         Ok(self.slots.keys().copied().collect())
     }
-    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
-        Ok(self.down.iter().copied().collect())
+    fn backend_marks(&self) -> Result<Vec<(Backend, BackendState)>, MapError> {
+        Ok(self.marks.iter().map(|(b, m)| (*b, *m)).collect())
+    }
+    fn backend_mark(&self, backend: Backend) -> Result<Option<BackendState>, MapError> {
+        Ok(self.marks.get(&backend).copied())
     }
     fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
         Ok(self.counters.get(&svc_id).copied().unwrap_or_default())
@@ -117,13 +121,14 @@ impl MapWriter for FakeMaps {
         self.frontends.remove(&key);
         Ok(())
     }
-    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError> {
+    fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {
         self.writes += 1;
-        if down {
-            self.down.insert(backend);
-        } else {
-            self.down.remove(&backend);
-        }
+        self.marks.insert(backend, mark);
+        Ok(())
+    }
+    fn delete_backend_mark(&mut self, backend: Backend) -> Result<(), MapError> {
+        self.writes += 1;
+        self.marks.remove(&backend);
         Ok(())
     }
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use aya::maps::MapData;
 use lb_common::{
-    Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_CONNECTED_UDP,
-    MAP_COUNTERS, MAP_FRONTENDS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey, ReverseValue, ServiceName,
-    SlotKey, SockState,
+    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE,
+    MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey,
+    ReverseValue, ServiceName, SlotKey, SockState,
 };
 
 use super::ebpf::{Capacities, DatapathError};
@@ -49,7 +49,7 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
         match name {
             MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
             MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
-            MAP_BACKEND_STATE => (size_of::<Backend>() as u32, 4),
+            MAP_BACKEND_STATE => (size_of::<Backend>() as u32, size_of::<BackendState>() as u32),
             MAP_COUNTERS => (4, 8),
             MAP_REVERSE | MAP_CONNECTED_UDP => {
                 (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
@@ -67,6 +67,9 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
         let info =
             data.info().map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
         let (k, v) = expect(name);
+        if *name == MAP_BACKEND_STATE && info.value_size() == 4 {
+            return Err(DatapathError::MarksWithoutExpiry { path: path.clone() });
+        }
         if (info.key_size(), info.value_size()) != (k, v) {
             return Err(DatapathError::Incompatible { path: path.clone() });
         }

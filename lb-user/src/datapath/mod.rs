@@ -12,6 +12,7 @@ pub mod ebpf;
 pub mod fake;
 #[cfg(target_os = "linux")]
 mod layout;
+pub mod marks;
 #[cfg(target_os = "linux")]
 pub mod pins;
 #[cfg(target_os = "linux")]
@@ -21,7 +22,8 @@ mod reconcile;
 use std::{collections::BTreeMap, sync::Arc};
 
 use lb_common::{
-    Backend, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
+    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue,
+    SlotKey, TIER_COUNT,
 };
 pub use reconcile::{AdoptReport, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
@@ -87,8 +89,15 @@ pub trait MapReader {
     fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError>;
     /// Every slot key present (adoption removes slots no frontend points at).
     fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError>;
-    /// Backends marked down (the data path skips them).
-    fn backends_down(&self) -> Result<Vec<Backend>, MapError>;
+    /// Every backend mark, expired or not (the agent's sweep deletes expired ones).
+    fn backend_marks(&self) -> Result<Vec<(Backend, BackendState)>, MapError>;
+    /// One backend's mark, if it has one.
+    fn backend_mark(&self, backend: Backend) -> Result<Option<BackendState>, MapError>;
+    /// Backends the data path skips now: marked down and not expired.
+    fn backends_down(&self) -> Result<Vec<Backend>, MapError> {
+        let now = marks::boottime_ns();
+        Ok(self.backend_marks()?.into_iter().filter(|(_, m)| m.is_down_at(now)).map(|(b, _)| b).collect())
+    }
     /// Counters of one service id, summed over CPUs.
     fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError>;
     /// How many service ids the counter map has room for.
@@ -113,8 +122,11 @@ pub trait MapWriter: MapReader {
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
     /// Delete a frontend (absent is fine).
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError>;
-    /// Mark a backend down (or up again). One map write; the data path skips it from the next connect on.
-    fn set_backend_down(&mut self, backend: Backend, down: bool) -> Result<(), MapError>;
+    /// Write a backend's mark (see `marks::mark_down`). One map write; while the mark lasts the data path
+    /// skips the backend from the next connect on.
+    fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError>;
+    /// Delete a backend's mark (absent is fine): it is up again.
+    fn delete_backend_mark(&mut self, backend: Backend) -> Result<(), MapError>;
     /// Zero a service id's counters (a reused id must not inherit another Service's counts).
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError>;
     /// Store the Service port a service id serves.

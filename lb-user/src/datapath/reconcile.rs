@@ -67,6 +67,10 @@ pub struct AdoptReport {
     pub frontends: usize,
     /// Slots no frontend pointed at (a swap cut short), deleted.
     pub orphan_slots_removed: usize,
+    /// Service names (SVC_NAMES) of ids no frontend uses, deleted: a new frontend's id is named before its
+    /// frontend is written, and a removed frontend's name goes a grace period after it, so an agent killed in
+    /// between leaves one.
+    pub orphan_names_removed: usize,
     /// Frontends whose stored name is not `namespace/name[:port]` (adopted nameless; the first full sync
     /// replaces or removes them).
     pub unnamed: usize,
@@ -220,12 +224,15 @@ impl<W: MapWriter> Reconciler<W> {
                 report.unchanged += 1;
                 return;
             }
-            previous => previous.map(|a| a.value),
+            // Whether the frontend stays with the same Service port: a VIP taken over by another Service
+            // gets a fresh service id (its own name and counters) in the same one-update swap, and the old id
+            // is freed after the grace period.
+            previous => previous.map(|a| (a.value, a.desired.name == want.name)),
         };
-        match self.write_frontend(key, want, previous) {
+        match self.write_frontend(key, want, previous.filter(|(_, same)| *same).map(|(v, _)| v)) {
             Ok(value) => {
-                if let Some(old) = previous {
-                    self.bury(old, now, false);
+                if let Some((old, same)) = previous {
+                    self.bury(old, now, !same);
                     report.updated += 1;
                 } else {
                     report.added += 1;
@@ -379,6 +386,13 @@ impl<W: MapWriter> Reconciler<W> {
             if !live.contains(&(key.svc_id, key.generation)) {
                 self.writer.delete_slot(key)?;
                 report.orphan_slots_removed += 1;
+            }
+        }
+        // Every id the maps can name, since any may have been named last (O(--max-services) lookups, once).
+        for id in GLOBAL_SVC_ID + 1..=self.writer.max_services() {
+            if !used.contains(&id) && self.writer.name(id)?.is_some() {
+                self.writer.delete_name(id)?;
+                report.orphan_names_removed += 1;
             }
         }
         let max = used.iter().copied().max().unwrap_or(GLOBAL_SVC_ID);
@@ -546,10 +560,18 @@ mod tests {
             be("10.0.0.9:80"),
         )
         .unwrap();
+        // ... and killed after naming a new frontend's id, before writing the frontend.
+        let orphan_id = v.svc_id + 3;
+        maps.put_name(orphan_id, &ServicePortName::new(ObjKey::new("default", "gone"), "http")).unwrap();
 
         let mut second = Reconciler::new(maps);
         let rep = second.adopt().unwrap();
-        assert_eq!(rep, AdoptReport { frontends: 2, orphan_slots_removed: 1, unnamed: 0 });
+        assert_eq!(
+            rep,
+            AdoptReport { frontends: 2, orphan_slots_removed: 1, orphan_names_removed: 1, unnamed: 0 }
+        );
+        assert_eq!(second.writer().name(orphan_id).unwrap(), None);
+        assert!(second.writer().name(v.svc_id).unwrap().is_some(), "a used id keeps its name");
         let writes = second.writer().writes();
         let rep = second.apply(&d, t0);
         assert_eq!((rep.unchanged, rep.changed()), (2, 0), "nothing rewritten after adoption");

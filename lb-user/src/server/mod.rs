@@ -178,6 +178,23 @@ pub struct Health {
     pub last_updated: Option<SystemTime>,
     /// Since when a change has been waiting to be applied (none: nothing pending).
     pub pending_since: Option<Instant>,
+    /// Services the data path does not translate now, with the reason.
+    pub unprogrammed: Vec<Unprogrammed>,
+}
+
+/// A Service (or some of its frontends) the data path does not translate, as `/healthz` names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unprogrammed {
+    /// The Service.
+    pub service: crate::model::ObjKey,
+    /// Why, one line per frontend left out (what the maps refused, or the Service that holds its VIP:port).
+    pub reasons: Vec<String>,
+    /// Since when it has failed to apply; `None` for a VIP:port held by another Service.
+    pub since: Option<SystemTime>,
+    /// Attempts that failed in a row (0 for a VIP:port held by another Service: nothing to retry).
+    pub attempts: u32,
+    /// When it is tried again; `None` when only the other Service's leaving programs it.
+    pub next_retry: Option<Instant>,
 }
 
 /// The agent loop writes it, the health listener reads it.
@@ -203,13 +220,33 @@ fn rfc3339(t: SystemTime) -> String {
 
 /// kube-proxy's proxier health, what `/healthz` answers: healthy once the first sync is done and no change
 /// has waited longer than `HEALTH_TIMEOUT`.
+///
+/// Services the data path cannot take do not make it unhealthy: kube-proxy's status says whether the proxy
+/// keeps its rules in sync, and load balancers (externalTrafficPolicy Cluster) and liveness probes act on it
+/// for the whole node. A 503 for one Service that does not fit would take every other Service's traffic
+/// off the node, and a restart would not make a full map bigger. The body names them instead
+/// (`unprogrammedServices`, beside kube-proxy's fields), as does `tierlb_services_unprogrammed`.
 pub fn health_response(h: &Health, now: Instant) -> Response {
     let healthy =
         h.last_updated.is_some() && h.pending_since.is_none_or(|p| now.duration_since(p) < HEALTH_TIMEOUT);
+    let unprogrammed: Vec<serde_json::Value> = h
+        .unprogrammed
+        .iter()
+        .map(|u| {
+            serde_json::json!({
+                "service": u.service.to_string(),
+                "reasons": u.reasons,
+                "since": u.since.map(rfc3339),
+                "attempts": u.attempts,
+                "nextRetrySeconds": u.next_retry.map(|t| t.saturating_duration_since(now).as_secs_f64()),
+            })
+        })
+        .collect();
     let body = serde_json::json!({
         "lastUpdated": h.last_updated.map(rfc3339).unwrap_or_default(),
         "currentTime": rfc3339(SystemTime::now()),
         "nodeEligible": true,
+        "unprogrammedServices": unprogrammed,
     });
     Response::json(if healthy { 200 } else { 503 }, &body)
 }
@@ -346,6 +383,36 @@ mod tests {
         let body: serde_json::Value = serde_json::from_str(&health_response(&h, now).body).unwrap();
         assert!(body["lastUpdated"].as_str().unwrap().ends_with('Z'));
         assert_eq!(body["nodeEligible"], true);
+        assert_eq!(body["unprogrammedServices"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn a_service_the_data_path_cannot_take_is_named_and_the_node_stays_healthy() {
+        let now = Instant::now();
+        let h = Health {
+            last_updated: Some(SystemTime::now()),
+            pending_since: None,
+            unprogrammed: vec![Unprogrammed {
+                service: ObjKey::new("default", "beta"),
+                reasons: vec!["map SLOTS is full".into()],
+                since: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+                attempts: 3,
+                next_retry: Some(now + Duration::from_secs(4)),
+            }],
+        };
+        let r = health_response(&h, now);
+        assert_eq!(r.status, 200, "one Service that does not fit does not take the node out");
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(
+            body["unprogrammedServices"],
+            serde_json::json!([{
+                "service": "default/beta",
+                "reasons": ["map SLOTS is full"],
+                "since": "2023-11-14T22:13:20Z",
+                "attempts": 3,
+                "nextRetrySeconds": 4.0,
+            }])
+        );
     }
 
     #[tokio::test]

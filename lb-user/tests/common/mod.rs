@@ -1,0 +1,115 @@
+//! What the in-kernel tests of backend marks and unprogrammed Services share: a simulated cluster, the CLI,
+//! and GETs over loopback to the agent's servers.
+#![expect(dead_code, reason = "each test binary uses a part of it")]
+use std::{path::Path, process::Command};
+
+use lb_testkit::cluster::SimCluster;
+
+/// The `tierlb` binary under test.
+pub(crate) const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+
+/// A simulated cluster (a netns of its own); needs root.
+pub(crate) fn cluster(tag: &str) -> SimCluster {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+    SimCluster::new(tag, Path::new(TIERLB), &lb_testkit::workspace_bin("tierlb-lab", "lb-lab"))
+        .expect("sandbox")
+}
+
+/// `tierlb ARGS`: (success, stdout, stderr).
+pub(crate) fn tierlb(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(TIERLB).args(args).output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// A loopback port free now.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET `path` from 127.0.0.1:`port` (host namespace, loopback only): status and the body.
+pub(crate) fn get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let status = reply.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = reply.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// Poll `check` every 20 ms for up to `secs`; true as soon as it holds.
+pub(crate) fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    check()
+}
+
+/// An agent started by the test itself on a `SimCluster`'s manifests, with its own cgroup and log, so a test
+/// reads exactly this agent's lines (a timer's work apart from a sync's). Dropped: the agent (which
+/// detaches), then its cgroup.
+pub(crate) struct OwnAgent {
+    child: lb_testkit::sandbox::Child,
+    /// Its stderr.
+    pub(crate) log: std::path::PathBuf,
+    /// The cgroup it attaches to; `probe` runs clients in it.
+    pub(crate) cgroup: lb_testkit::sandbox::Cgroup,
+    _logs: lb_testkit::sandbox::TempDir,
+}
+
+impl OwnAgent {
+    /// `tierlb agent --node node-1` on `c`'s manifests with `extra` arguments; returns once it is ready.
+    pub(crate) fn start(c: &SimCluster, extra: &[&str]) -> Self {
+        let logs = lb_testkit::sandbox::TempDir::new("own-agent").unwrap();
+        let log = logs.path().join("agent.log");
+        let cgroup = lb_testkit::sandbox::Cgroup::new("own-agent").unwrap();
+        let mut cmd = Command::new(TIERLB);
+        cmd.args(["agent", "--node", "node-1", "--manifests"])
+            .arg(c.manifests.path())
+            .arg("--cgroup")
+            .arg(cgroup.path())
+            .args(["--service-health-bind", "off"])
+            .args(extra)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let mut child = lb_testkit::sandbox::Child::spawn(&mut cmd).unwrap();
+        child.wait_for_log(&log, 0, "tierlb agent ready", std::time::Duration::from_secs(30)).unwrap();
+        Self { child, log, cgroup, _logs: logs }
+    }
+
+    /// Its log so far.
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `synced` lines so far (one per source change).
+    pub(crate) fn syncs(&self) -> usize {
+        self.log().matches(" synced").count()
+    }
+
+    /// `count` connects to `target` from a client in the agent's cgroup and `c`'s netns, each with `timeout`.
+    pub(crate) fn probe(
+        &self,
+        c: &SimCluster,
+        target: std::net::SocketAddr,
+        count: usize,
+        timeout: std::time::Duration,
+    ) -> lb_testkit::probe::Report {
+        let mut cmd = Command::new(&c.lab);
+        lb_testkit::sandbox::confine(&mut cmd, Some(&self.cgroup), Some(&c.netns)).unwrap();
+        let out = cmd
+            .args(["probe", "--target", &target.to_string(), "--count", &count.to_string()])
+            .args(["--timeout-ms", &timeout.as_millis().to_string()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
