@@ -233,6 +233,22 @@ async fn sync_service_health(sh: Option<&mut ServiceHealthServers>, stats: &mut 
     }
 }
 
+/// Rule 2: a previous agent's maps keep serving connects while we start; take over what they hold, so the
+/// first sync rewrites only what changed.
+fn adopt(core: &mut AgentCore<KernelMaps>) -> anyhow::Result<()> {
+    let adopted = core.reconciler_mut().adopt().context("adopting the pinned maps")?;
+    if adopted.frontends > 0 {
+        tracing::info!(
+            frontends = adopted.frontends,
+            orphan_slots_removed = adopted.orphan_slots_removed,
+            orphan_names_removed = adopted.orphan_names_removed,
+            unnamed = adopted.unnamed,
+            "adopted the maps of a previous agent"
+        );
+    }
+    Ok(())
+}
+
 /// Run the agent until SIGINT or SIGTERM; detaches on the way out (unless pinned).
 pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // Rule 1: listen for signals before doing anything slow (a signal with no listener would be lost).
@@ -266,18 +282,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let Loaded { mut programs, maps } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps);
     if pin_dir.is_some() {
-        // Rule 2: a previous agent's maps keep serving connects while we start; take over what they hold, so
-        // the first sync rewrites only what changed.
-        let adopted = core.reconciler_mut().adopt().context("adopting the pinned maps")?;
-        if adopted.frontends > 0 {
-            tracing::info!(
-                frontends = adopted.frontends,
-                orphan_slots_removed = adopted.orphan_slots_removed,
-                orphan_names_removed = adopted.orphan_names_removed,
-                unnamed = adopted.unnamed,
-                "adopted the maps of a previous agent"
-            );
-        }
+        adopt(&mut core)?;
     }
     // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
     let mut stats = AgentStats::default();
