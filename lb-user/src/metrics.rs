@@ -94,8 +94,8 @@ pub struct AgentStats {
     pub health_port_errors: Counter,
     /// Connected UDP sockets ended because their backend left their Service (or was marked down).
     pub udp_sockets_destroyed: Counter,
-    /// Reverse entries of connected UDP sockets the agent could not reach: their network namespace was not
-    /// found (the pod is gone, or its namespace is not visible to the agent).
+    /// Connected UDP sockets (from the data path's registry) the agent could not reach: their network
+    /// namespace was not found (the pod is gone, or its namespace is not visible to the agent).
     pub udp_sockets_unreached: Counter,
     /// Services with at least one frontend the data path does not translate now: they failed to apply (and
     /// wait for a retry), or another Service holds their VIP:port.
@@ -142,6 +142,13 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         counter_family(&mut reg, "connections_refused", "Connects failed fast because no backend was usable");
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
+    let unrecorded = Counter::<u64>::default();
+    reg.register(
+        "reverse_unrecorded",
+        "Reverse entries a closing socket cannot take with it (a socket sending to over 8 backends, or socket \
+         storage or the connected-UDP registry full): left to the reverse LRU's eviction",
+        unrecorded.clone(),
+    );
     for f in &snap.frontends {
         let Some(c) = counters.and_then(|r| r.counters(f.svc_id)) else { continue };
         let base: Labels = vec![
@@ -162,6 +169,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     }
     if let Some(c) = counters.and_then(|r| r.counters(GLOBAL_SVC_ID)) {
         fail_open.inc_by(c[COUNTER_FAIL_OPEN as usize]);
+        unrecorded.inc_by(c[lb_common::COUNTER_REVERSE_UNRECORDED as usize]);
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
@@ -255,6 +263,23 @@ mod tests {
         fn counters(&self, svc_id: u32) -> Option<Counts> {
             (svc_id != self.unreadable).then_some([u64::from(svc_id); COUNTERS_PER_SERVICE as usize])
         }
+    }
+
+    /// The program-wide counters hold their kind's index (fail-open 5, unrecorded reverse entries 6).
+    struct GlobalKinds;
+
+    impl ReadCounters for GlobalKinds {
+        fn counters(&self, svc_id: u32) -> Option<Counts> {
+            (svc_id == GLOBAL_SVC_ID).then(|| std::array::from_fn(|k| k as u64))
+        }
+    }
+
+    #[test]
+    fn the_program_wide_counters_are_exported_each_under_its_own_name() {
+        let rec = Reconciler::new(FakeMaps::new(16, 64));
+        let text = encode_text(&Snapshot::of(&rec, 64), &AgentStats::default(), Some(&GlobalKinds));
+        assert!(text.contains("tierlb_fail_open_total 5"), "{text}");
+        assert!(text.contains("tierlb_reverse_unrecorded_total 6"), "{text}");
     }
 
     #[test]
