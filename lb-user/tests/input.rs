@@ -516,7 +516,7 @@ fn plan_exits_3_on_invalid_objects_after_printing_the_valid_ones() {
         "the valid ones are planned: {stdout}"
     );
     assert!(
-        stderr.contains("bad.yaml document 0 (EndpointSlice bad) field endpoints[0].addresses[0]: 127.0.0.1 may not be in the loopback range"),
+        stderr.contains("bad.yaml document 0 (EndpointSlice bad) field endpoints[0].addresses[0]: 127.0.0.1 may not be in the loopback range (127.0.0.0/8, ::1/128): use the pod's address"),
         "{stderr}"
     );
     assert!(stderr.contains("1 error(s)"), "{stderr}");

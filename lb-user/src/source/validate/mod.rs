@@ -76,8 +76,8 @@ fn protocol(e: &mut Errors, field: String, value: Option<&str>) -> &'static str 
 }
 
 /// An address a connect is rewritten to, or accepted on from outside: strict syntax, and not special.
-fn routable_ip(e: &mut Errors, field: String, raw: &str) -> Option<IpAddr> {
-    match strict_ip(raw).and_then(|ip| non_special_ip(ip).map(|()| ip)) {
+fn routable_ip(e: &mut Errors, field: String, raw: &str, fix: &str) -> Option<IpAddr> {
+    match strict_ip(raw).and_then(|ip| non_special_ip(ip, fix).map(|()| ip)) {
         Ok(ip) => Some(ip),
         Err(m) => {
             e.push(field, m);
@@ -102,7 +102,12 @@ pub(crate) fn service(svc: &core::Service) -> Vec<FieldError> {
     let headless = ips.as_slice() == ["None"];
     ports(&mut e, &spec, type_, headless);
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
-        routable_ip(&mut e, format!("spec.externalIPs[{i}]"), raw);
+        routable_ip(
+            &mut e,
+            format!("spec.externalIPs[{i}]"),
+            raw,
+            "use the address clients reach the node by",
+        );
     }
     let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
@@ -158,7 +163,7 @@ fn cluster_ips(e: &mut Errors, spec: &core::ServiceSpec, type_: &str) -> Vec<Str
         }
         // The API server's allocator only hands out addresses of the service CIDR; tierlb does not know it,
         // but a VIP in these ranges would capture the node's own loopback or link-local traffic.
-        if let Some(ip) = routable_ip(e, field.clone(), raw)
+        if let Some(ip) = routable_ip(e, field.clone(), raw, "use an address of the cluster's service CIDR")
             && !families.insert(ip.is_ipv4())
         {
             e.push(field, format!("{raw}: a second address of the same family; clusterIPs may hold one IPv4 and one IPv6 address"));
@@ -285,7 +290,7 @@ pub(crate) fn endpoint_slice(slice: &discovery::EndpointSlice) -> Vec<FieldError
         if let Some(v4) = family {
             for (j, raw) in ep.addresses.iter().enumerate() {
                 let field = format!("endpoints[{i}].addresses[{j}]");
-                if let Some(ip) = routable_ip(&mut e, field.clone(), raw)
+                if let Some(ip) = routable_ip(&mut e, field.clone(), raw, "use the pod's address")
                     && ip.is_ipv4() != v4
                 {
                     e.push(

@@ -96,7 +96,8 @@ pub(super) fn strict_ip(value: &str) -> Result<IpAddr, String> {
 /// `ValidateEndpointIP` (`ValidateNonSpecialIP` in newer releases), which the API server applies to
 /// EndpointSlice addresses and external IPs: not unspecified, loopback, link-local or link-local multicast.
 /// A backend there would send a rewritten connect to the client's own node or to the metadata service.
-pub(super) fn non_special_ip(ip: IpAddr) -> Result<(), String> {
+/// `fix` says what to write instead.
+pub(super) fn non_special_ip(ip: IpAddr, fix: &str) -> Result<(), String> {
     let what = match ip {
         _ if ip.is_unspecified() => "unspecified (0.0.0.0, ::)",
         _ if ip.is_loopback() => "in the loopback range (127.0.0.0/8, ::1/128)",
@@ -106,14 +107,14 @@ pub(super) fn non_special_ip(ip: IpAddr) -> Result<(), String> {
         }
         // Go's IsLinkLocalMulticast: 224.0.0.0/24, and IPv6 multicast of link-local scope (ffX2::/16).
         IpAddr::V4(v4) if v4.octets()[..3] == [224, 0, 0] => {
-            "in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+            "in the link-local multicast range (224.0.0.0/24, ff02::/16)"
         }
         IpAddr::V6(v6) if v6.segments()[0] & 0xff0f == 0xff02 => {
-            "in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+            "in the link-local multicast range (224.0.0.0/24, ff02::/16)"
         }
         _ => return Ok(()),
     };
-    Err(format!("{ip} may not be {what}: use a pod's (or the external) address"))
+    Err(format!("{ip} may not be {what}: {fix}"))
 }
 
 #[cfg(test)]
@@ -145,10 +146,10 @@ mod tests {
     fn special_and_mapped_addresses_are_refused() {
         for bad in ["127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1", "::1", "::", "fe80::1", "ff02::1"]
         {
-            assert!(non_special_ip(bad.parse().unwrap()).is_err(), "{bad}");
+            assert!(non_special_ip(bad.parse().unwrap(), "").is_err(), "{bad}");
         }
         for good in ["10.244.1.5", "239.1.1.1", "fd00::5", "ff05::1"] {
-            assert!(non_special_ip(good.parse().unwrap()).is_ok(), "{good}");
+            assert!(non_special_ip(good.parse().unwrap(), "").is_ok(), "{good}");
         }
         assert!(strict_ip("::ffff:10.0.0.1").unwrap_err().contains("write it as 10.0.0.1"));
         assert!(strict_ip("010.0.0.1").is_err());
