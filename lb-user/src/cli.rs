@@ -266,10 +266,19 @@ fn parse_protocol(s: &str) -> Result<Protocol, String> {
         .ok_or_else(|| format!("unknown protocol {s:?} (TCP, UDP or SCTP)"))
 }
 
+/// A manifests directory as a one-shot command reads it: the model of its valid objects, with the
+/// controller's hints where slices carry none, and how many problems made something not taken.
+pub struct CliInput {
+    /// The valid objects (invalid ones are left out).
+    pub model: crate::model::Model,
+    /// Diagnostics of severity error: objects (or documents, or files) not taken as they are.
+    pub errors: usize,
+}
+
 /// Load a manifests directory for a one-shot command, printing its problems to stderr. Slices without hints
 /// get the hints the EndpointSlice controller would write (as the agent does), so `plan` shows what the agent
 /// programs.
-pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model> {
+pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
     let mut md = ManifestDir::new(dir);
     let mut loaded =
         md.load().with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
@@ -283,12 +292,13 @@ pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<crate::model::Model
              would write"
         );
     }
-    Ok(loaded.model)
+    let errors = loaded.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    Ok(CliInput { model: loaded.model, errors })
 }
 
 /// `tierlb explain`: the explanation text.
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
-    let model = load_for_cli(&args.manifests)?;
+    let model = load_for_cli(&args.manifests)?.model;
     let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
     crate::explain::explain(&model, &node, &args.service).ok_or_else(|| {
         anyhow::anyhow!(
@@ -299,15 +309,37 @@ pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
     })
 }
 
-/// `tierlb plan`: the table or JSON.
-pub fn run_plan(args: &PlanArgs) -> anyhow::Result<String> {
-    let model = load_for_cli(&args.manifests)?;
+/// `tierlb plan`'s exit status when it printed the plan of the valid objects but some input is invalid (an
+/// object the API server would refuse, a document that does not parse, a duplicate): 1 is taken by errors
+/// that stop a command, 2 by clap's usage errors.
+pub const EXIT_INVALID_INPUT: u8 = 3;
+
+/// What `tierlb plan` prints, and whether the input had errors (`EXIT_INVALID_INPUT`).
+pub struct PlanOutput {
+    /// The table or JSON of the valid objects.
+    pub text: String,
+    /// Error diagnostics (printed to stderr already): objects, documents or files not planned.
+    pub errors: usize,
+}
+
+/// `tierlb plan`: the table or JSON of every valid object; the invalid ones are reported on stderr and
+/// counted, so that the command can exit non-zero after printing the plan.
+pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
+    let CliInput { model, errors } = load_for_cli(&args.manifests)?;
     let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
     let p = plan::plan(&model, &node);
-    Ok(match args.output {
+    let text = match args.output {
         Output::Json => serde_json::to_string_pretty(&p)? + "\n",
         Output::Table => plan_table(&p),
-    })
+    };
+    if errors > 0 {
+        eprintln!(
+            "tierlb: {errors} error(s) in {}: the objects named above are not planned (fix them; exit status \
+             {EXIT_INVALID_INPUT})",
+            args.manifests.display()
+        );
+    }
+    Ok(PlanOutput { text, errors })
 }
 
 fn join(v: &[SocketAddr]) -> String {

@@ -116,16 +116,18 @@ struct Allocation {
 
 /// The controller's `getAllocations`: per zone, how many endpoints it should get by CPU share.
 fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Allocation>, AutoDisabled> {
-    let mut cpu_by_zone: BTreeMap<String, u64> = BTreeMap::new();
-    let mut total = 0u64;
+    // Summed in u128: a Node may report up to u64::MAX millicores (the API server accepts
+    // `18446744073709551615m`), and no number of such Nodes overflows a u128.
+    let mut cpu_by_zone: BTreeMap<String, u128> = BTreeMap::new();
+    let mut total = 0u128;
     for node in model.nodes.values() {
         let (Some(zone), Some(cpu)) =
             (node.zone.as_deref().filter(|z| !z.is_empty()), node.allocatable_cpu_millis)
         else {
             return Err(AutoDisabled::InsufficientNodeInfo);
         };
-        *cpu_by_zone.entry(zone.to_owned()).or_default() += cpu;
-        total += cpu;
+        *cpu_by_zone.entry(zone.to_owned()).or_default() += u128::from(cpu);
+        total += u128::from(cpu);
     }
     if cpu_by_zone.is_empty() || total == 0 {
         return Err(AutoDisabled::InsufficientNodeInfo);

@@ -33,7 +33,14 @@ fn main() -> ExitCode {
                 .and_then(|rt| rt.block_on(tierlb::agent::run(opts)))
                 .map(|()| None)
         }
-        Command::Plan(p) => tierlb::cli::run_plan(p).map(Some),
+        Command::Plan(p) => match tierlb::cli::run_plan(p) {
+            // The plan of the valid objects is printed also when some are invalid; the status says so.
+            Ok(out) if out.errors > 0 => {
+                print!("{}", out.text);
+                return ExitCode::from(tierlb::cli::EXIT_INVALID_INPUT);
+            }
+            r => r.map(|out| Some(out.text)),
+        },
         Command::Study(s) => tierlb::cli::run_study(s).map(Some),
         Command::Status(s) => tierlb::cli::run_status(s).map(Some),
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),

@@ -1,10 +1,12 @@
-//! Repository tooling: `cargo xtask setup | build | test | chaos | demo | bench`, one module per subcommand (an
+//! Repository tooling: `cargo xtask setup | build | test | chaos | demo | bench | fuzz`, one module per
+//! subcommand (an
 //! `Options` struct and a `run` function each), plus `util` for running commands with the BPF build's
 //! environment.
 mod bench;
 mod build;
 mod chaos;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 mod util;
@@ -32,6 +34,8 @@ enum Command {
     Demo(demo::Options),
     /// Setup, build, and benchmark connect() through tierlb, iptables and nftables (see BENCHMARKS.md).
     Bench(bench::Options),
+    /// Setup, then run the fuzz targets (cargo-fuzz, libFuzzer), each for --time seconds.
+    Fuzz(fuzz::Options),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,5 +46,6 @@ fn main() -> anyhow::Result<()> {
         Command::Chaos(o) => chaos::run(&o),
         Command::Demo(o) => demo::run(&o),
         Command::Bench(o) => bench::run(&o),
+        Command::Fuzz(o) => setup::run(&setup::Options::default()).and_then(|()| fuzz::run(&o)),
     }
 }

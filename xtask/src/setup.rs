@@ -22,6 +22,7 @@ pub(crate) fn run(_o: &Options) -> anyhow::Result<()> {
     rust_src()?;
     bpf_linker()?;
     nextest()?;
+    cargo_fuzz()?;
     eprintln!("setup: everything is in place");
     Ok(())
 }
@@ -163,10 +164,20 @@ fn bpf_linker() -> anyhow::Result<()> {
 }
 
 fn nextest() -> anyhow::Result<()> {
-    if output(Command::new("cargo").args(["nextest", "--version"])).is_some() {
-        eprintln!("setup: cargo-nextest present");
+    cargo_install("nextest", "cargo-nextest")
+}
+
+/// cargo-fuzz for `cargo xtask fuzz` (and the short fuzz runs of `cargo xtask test`).
+fn cargo_fuzz() -> anyhow::Result<()> {
+    cargo_install("fuzz", "cargo-fuzz")
+}
+
+/// `cargo install --locked` a cargo subcommand unless `cargo SUBCOMMAND --version` already answers.
+fn cargo_install(subcommand: &str, package: &str) -> anyhow::Result<()> {
+    if output(Command::new("cargo").args([subcommand, "--version"])).is_some() {
+        eprintln!("setup: {package} present");
         return Ok(());
     }
-    eprintln!("setup: installing cargo-nextest");
-    util::run(Command::new("cargo").args(["install", "cargo-nextest", "--locked"]))
+    eprintln!("setup: installing {package}");
+    util::run(Command::new("cargo").args(["install", package, "--locked"]))
 }

@@ -1,12 +1,19 @@
 //! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target),
-//! then every test (unit, semantics, in-kernel) under nextest, whose summary line ends the output.
-use crate::{setup, util};
+//! a short run of each fuzz target, then every test (unit, semantics, in-kernel) under nextest, whose summary
+//! line ends the output.
+use crate::{fuzz, setup, util};
+
+/// Seconds per fuzz target in `cargo xtask test` (`cargo xtask fuzz` runs them longer).
+const FUZZ_SECONDS: u64 = 15;
 
 #[derive(clap::Args, Default)]
 pub(crate) struct Options {
     /// Skip fmt and clippy (tests only).
     #[arg(long)]
     pub no_lint: bool,
+    /// Skip the short fuzz runs.
+    #[arg(long)]
+    pub no_fuzz: bool,
     /// Extra arguments for `cargo nextest run` (e.g. a test name filter).
     #[arg(last = true)]
     pub nextest_args: Vec<String>,
@@ -35,6 +42,10 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
             "-D",
             "warnings",
         ]))?;
+    }
+    // Before nextest, so that its summary line still ends the output.
+    if !o.no_fuzz {
+        fuzz::run(&fuzz::Options { time: FUZZ_SECONDS, target: None })?;
     }
     // The in-kernel tests of lb-user run the lab's client binary, which cargo builds only for lb-lab's own
     // tests: build every binary first (debug, as nextest does).

@@ -1,5 +1,6 @@
-//! k8s-openapi objects -> model, validating what the semantics rely on. Shared by the manifests and kube
-//! sources. Every error names the field (as a path inside the object) so a user can find it.
+//! k8s-openapi objects -> model, refusing what the API server would refuse (`validate`). Shared by the
+//! manifests and kube sources. Every error names the field (as a path inside the object) so a user can find
+//! it, and says how to fix it.
 use std::net::IpAddr;
 
 use k8s_openapi::{
@@ -7,6 +8,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
+use super::validate;
 use crate::model::{
     AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, ObjKey, ObjectId, Policy, Protocol,
     Service, ServicePort, ServiceType, SlicePort,
@@ -29,6 +31,24 @@ pub struct FieldError {
     pub field: String,
     /// What is wrong with it.
     pub message: String,
+}
+
+/// Every problem of an object that is not taken (the API server reports them all at once, too).
+pub type Invalid = Vec<FieldError>;
+
+/// The conversion, unless validation found problems (a conversion error on a field validation already
+/// reported is not repeated).
+fn validated<T>(mut errors: Invalid, converted: Result<T, FieldError>) -> Result<T, Invalid> {
+    match converted {
+        Ok(v) if errors.is_empty() => Ok(v),
+        Ok(_) => Err(errors),
+        Err(e) => {
+            if !errors.iter().any(|x| x.field == e.field) {
+                errors.push(e);
+            }
+            Err(errors)
+        }
+    }
 }
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
@@ -81,7 +101,11 @@ fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
 
 /// A Service as the semantics read it: type, IPs, ports, traffic policies, health check node port and
 /// topology settings.
-pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
+pub fn service(svc: &core::Service) -> Result<Service, Invalid> {
+    validated(validate::service(svc), convert_service(svc))
+}
+
+fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
     let key = key_of(&svc.metadata)?;
     let spec = svc.spec.clone().unwrap_or_default();
     let type_ = match spec.type_.as_deref() {
@@ -151,7 +175,11 @@ pub fn service(svc: &core::Service) -> Result<Service, FieldError> {
 
 /// An EndpointSlice as the semantics read it: only `addresses[0]` of each endpoint (as kube-proxy), and no
 /// port without a number.
-pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, FieldError> {
+pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, Invalid> {
+    validated(validate::endpoint_slice(slice), convert_endpoint_slice(slice))
+}
+
+fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, FieldError> {
     let key = key_of(&slice.metadata)?;
     let address_type = match slice.address_type.as_str() {
         "IPv4" => AddressType::IPv4,
@@ -208,7 +236,11 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
 }
 
 /// A Node: its name, zone label and allocatable CPU.
-pub fn node(node: &core::Node) -> Result<Node, FieldError> {
+pub fn node(node: &core::Node) -> Result<Node, Invalid> {
+    validated(validate::node(node), convert_node(node))
+}
+
+fn convert_node(node: &core::Node) -> Result<Node, FieldError> {
     let name = node
         .metadata
         .name
@@ -219,34 +251,7 @@ pub fn node(node: &core::Node) -> Result<Node, FieldError> {
     let cpu = node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("cpu"));
     let allocatable_cpu_millis = match cpu {
         None => None,
-        Some(q) => Some(
-            cpu_millis(&q.0)
-                .ok_or_else(|| err("status.allocatable.cpu", format!("{:?} is not a CPU quantity", q.0)))?,
-        ),
+        Some(q) => Some(validate::quantity::cpu_millis(&q.0).map_err(|m| err("status.allocatable.cpu", m))?),
     };
     Ok(Node { name, zone, allocatable_cpu_millis })
-}
-
-/// CPU quantities as nodes report them: whole cores ("4"), decimals ("1.5") or millicores ("3500m").
-pub fn cpu_millis(q: &str) -> Option<u64> {
-    if let Some(m) = q.strip_suffix('m') {
-        return m.parse().ok();
-    }
-    let v: f64 = q.parse().ok()?;
-    // Checked non-negative and finite first, so the cast loses no sign.
-    #[expect(clippy::cast_sign_loss, reason = "v >= 0 is checked on the same line")]
-    (v.is_finite() && v >= 0.0).then(|| (v * 1000.0).round() as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_quantities() {
-        assert_eq!(cpu_millis("4"), Some(4000));
-        assert_eq!(cpu_millis("1.5"), Some(1500));
-        assert_eq!(cpu_millis("3500m"), Some(3500));
-        assert_eq!(cpu_millis("lots"), None);
-    }
 }

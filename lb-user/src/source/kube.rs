@@ -138,7 +138,7 @@ impl Raw {
         meta.resource_version.as_deref()
     }
 
-    fn convert(&self) -> Result<Object, convert::FieldError> {
+    fn convert(&self) -> Result<Object, convert::Invalid> {
         match self {
             Self::Service(o) => convert::service(o).map(Object::Service),
             Self::EndpointSlice(o) => convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into())),
@@ -169,7 +169,7 @@ pub struct KubeSource {
     /// Per object: its last resourceVersion and the converted object the model uses.
     converted: BTreeMap<ObjectId, Converted>,
     /// Why the current version of an object does not convert (every problem the input has now).
-    errors: BTreeMap<ObjectId, Diagnostic>,
+    errors: BTreeMap<ObjectId, Vec<Diagnostic>>,
     /// Per kind being (re)listed: the objects the list named so far.
     listing: BTreeMap<Kind, BTreeSet<ObjectId>>,
     /// The first refresh hands over the whole model; later ones only what changed.
@@ -373,14 +373,17 @@ impl KubeSource {
                         entry.used = Some(o);
                     }
                 }
-                Err(e) => {
-                    let d = Diagnostic {
-                        severity: Severity::Error,
-                        origin: Origin::Api(id.clone()),
-                        field: Some(e.field),
-                        message: e.message,
-                    };
-                    self.errors.insert(id, d);
+                Err(errors) => {
+                    let ds = errors
+                        .into_iter()
+                        .map(|e| Diagnostic {
+                            severity: Severity::Error,
+                            origin: Origin::Api(id.clone()),
+                            field: Some(e.field),
+                            message: e.message,
+                        })
+                        .collect();
+                    self.errors.insert(id, ds);
                 }
             }
         }
@@ -407,7 +410,7 @@ impl ModelSource for KubeSource {
             .filter(|id| self.converted.get(*id).is_some_and(|c| c.used.is_some()))
             .map(|id| Origin::Api(id.clone()))
             .collect();
-        Ok(Refresh { changes, diagnostics: self.errors.values().cloned().collect(), stale })
+        Ok(Refresh { changes, diagnostics: self.errors.values().flatten().cloned().collect(), stale })
     }
 
     fn describe(&self) -> String {

@@ -15,6 +15,13 @@ use self::parse::{FileContents, parse_file};
 use super::{Changes, Diagnostic, ModelSource, Object, Origin, Refresh, Severity};
 use crate::model::{Model, ObjectId};
 
+/// One file's text as the directory source reads it: the objects it gives (only valid ones) and every
+/// problem found, errors and warnings (for tools that read one file, and the fuzz targets).
+pub fn parse_text(path: &Path, text: &str) -> (Vec<Object>, Vec<Diagnostic>) {
+    let contents = parse_file(path, text);
+    (contents.objects, contents.diagnostics)
+}
+
 /// A manifests directory with per-file memory: what each file contributed (its last clean version while the
 /// current one has errors), and the file's stamp, so an unchanged file is neither read nor parsed again.
 #[derive(Debug, Default)]

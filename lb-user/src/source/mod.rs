@@ -4,7 +4,8 @@
 //!
 //! - `manifests`: a directory of YAML, reread file by file when it changes;
 //! - `kube`: the API server, its watch events turned into changes;
-//! - `convert`: k8s-openapi objects -> model, shared by both.
+//! - `convert`: k8s-openapi objects -> model, shared by both, refusing what the API server would refuse
+//!   (`validate`).
 //!
 //! The two sources are siblings: each takes the shared types from here, never from the other.
 #![warn(missing_docs)]
@@ -12,6 +13,7 @@
 pub mod convert;
 pub mod kube;
 pub mod manifests;
+mod validate;
 
 use std::{fmt, path::PathBuf, sync::Arc};
 
@@ -83,7 +85,7 @@ impl Object {
     }
 
     /// Put it into `model`, replacing an object with the same id.
-    fn insert_into(self, model: &mut Model) {
+    pub fn insert_into(self, model: &mut Model) {
         match self {
             Self::Service(s) => {
                 model.services.insert(s.key.clone(), s);

@@ -2,7 +2,6 @@
 //! convert is reported with its document index, what it is and the field, and skipped; the others are read.
 use std::path::Path;
 
-use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use serde::Deserialize as _;
 
 use super::super::{Diagnostic, Object, Origin, Severity, convert};
@@ -75,27 +74,19 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
                 parse_value(path, index, item, out);
             }
         }
-        ("Service", "v1") => push(
-            typed::<core::Service>(value).and_then(|s| ok(convert::service(&s))),
-            Object::Service,
-            label,
-            &diag,
-            out,
-        ),
+        ("Service", "v1") => {
+            push(convert_with(value, convert::service), Object::Service, label.as_deref(), &diag, out);
+        }
         ("EndpointSlice", "discovery.k8s.io/v1") => push(
-            typed::<discovery::EndpointSlice>(value).and_then(|s| ok(convert::endpoint_slice(&s))),
+            convert_with(value, convert::endpoint_slice),
             |s| Object::EndpointSlice(s.into()),
-            label,
+            label.as_deref(),
             &diag,
             out,
         ),
-        ("Node", "v1") => push(
-            typed::<core::Node>(value).and_then(|n| ok(convert::node(&n))),
-            Object::Node,
-            label,
-            &diag,
-            out,
-        ),
+        ("Node", "v1") => {
+            push(convert_with(value, convert::node), Object::Node, label.as_deref(), &diag, out);
+        }
         ("Service" | "EndpointSlice" | "Node", v) => out.diagnostics.push(diag(
             Severity::Error,
             label,
@@ -113,29 +104,140 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
     }
 }
 
-type Located<T> = Result<T, (Option<String>, String)>;
+/// (field, message) problems of one document.
+type Problems = Vec<(Option<String>, String)>;
+/// The object or why it is not taken, and the unknown fields it had either way.
+type Located<T> = (Result<T, Problems>, Vec<String>);
 
-fn typed<T: serde::de::DeserializeOwned>(value: serde_yaml::Value) -> Located<T> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        (Some(path).filter(|p| p != "."), e.into_inner().to_string())
-    })
+/// Deserialize a document as a `K`, noting every field the type does not have (`serde_ignored`:
+/// k8s-openapi skips unknown fields silently, so a misspelled `internalTraficPolicy` would plan the Service
+/// as Cluster), and convert it.
+fn convert_with<K: serde::de::DeserializeOwned, T>(
+    value: serde_yaml::Value,
+    convert: fn(&K) -> Result<T, convert::Invalid>,
+) -> Located<T> {
+    let mut unknown = Vec::new();
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(render(&path));
+    let typed: Result<K, _> =
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(value, &mut note));
+    let result = match typed {
+        Ok(k) => {
+            convert(&k).map_err(|errors| errors.into_iter().map(|e| (Some(e.field), e.message)).collect())
+        }
+        Err(e) => {
+            let path = e.path().to_string();
+            Err(vec![(Some(path).filter(|p| p != "."), e.into_inner().to_string())])
+        }
+    };
+    (result, unknown)
 }
 
-fn ok<T>(r: Result<T, convert::FieldError>) -> Located<T> {
-    r.map_err(|e| (Some(e.field), e.message))
+/// `spec.ports[0].nme`, as the other diagnostics write fields.
+fn render(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", render(parent)),
+        Path::Map { parent, key } => match render(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => {
+            render(parent)
+        }
+    }
+}
+
+/// Fields tierlb reads (at any depth): an unknown field close to one of them is most likely a misspelling
+/// that changes what is planned.
+const READ_FIELDS: &[&str] = &[
+    "metadata",
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "spec",
+    "type",
+    "clusterIP",
+    "clusterIPs",
+    "ports",
+    "port",
+    "protocol",
+    "nodePort",
+    "externalIPs",
+    "healthCheckNodePort",
+    "internalTrafficPolicy",
+    "externalTrafficPolicy",
+    "trafficDistribution",
+    "status",
+    "loadBalancer",
+    "ingress",
+    "ip",
+    "addressType",
+    "endpoints",
+    "addresses",
+    "conditions",
+    "ready",
+    "serving",
+    "terminating",
+    "nodeName",
+    "zone",
+    "hints",
+    "forZones",
+    "forNodes",
+    "allocatable",
+    "cpu",
+    "items",
+];
+
+/// The warning for an unknown field, with the field tierlb reads it is likely a misspelling of.
+fn unknown_field_message(field: &str) -> String {
+    let last = field.rsplit(['.', ']']).next().unwrap_or(field);
+    let close = READ_FIELDS.iter().find(|k| **k != last && edit_distance(k, last) <= 2.min(k.len() / 4 + 1));
+    match close {
+        Some(k) => format!(
+            "unknown field {last:?}, ignored: did you mean {k:?}? (tierlb reads {k}; as written, the object \
+             is planned as if it were unset)"
+        ),
+        None => format!("unknown field {last:?}, ignored (the API server would refuse or drop it)"),
+    }
+}
+
+/// Levenshtein distance (names are short).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 fn push<T>(
     r: Located<T>,
     wrap: fn(T) -> Object,
-    label: Option<String>,
+    label: Option<&str>,
     diag: &dyn Fn(Severity, Option<String>, Option<String>, String) -> Diagnostic,
     out: &mut FileContents,
 ) {
-    match r {
+    let (result, unknown) = r;
+    for field in unknown {
+        let message = unknown_field_message(&field);
+        out.diagnostics.push(diag(Severity::Warning, label.map(str::to_owned), Some(field), message));
+    }
+    match result {
         Ok(obj) => out.objects.push(wrap(obj)),
-        Err((field, message)) => out.diagnostics.push(diag(Severity::Error, label, field, message)),
+        Err(problems) => {
+            for (field, message) in problems {
+                out.diagnostics.push(diag(Severity::Error, label.map(str::to_owned), field, message));
+            }
+        }
     }
 }
 
@@ -169,7 +271,7 @@ mod tests {
             },
             Case {
                 name: "missing name",
-                text: "apiVersion: v1\nkind: Service\nspec: {clusterIP: 10.96.0.1}\n".into(),
+                text: "apiVersion: v1\nkind: Service\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n".into(),
                 object: Some("Service <no name>"),
                 field: Some("metadata.name"),
                 message: "missing",

@@ -1,0 +1,61 @@
+//! `cargo xtask fuzz [--time S] [TARGET]`: the cargo-fuzz targets of `fuzz/` (libFuzzer, AddressSanitizer,
+//! release with debug assertions so that an integer overflow is a crash), each for S seconds.
+//!
+//! Why cargo-fuzz: it builds here on the stable toolchain with `RUSTC_BOOTSTRAP=1` (for `-Z sanitizer`),
+//! libFuzzer's coverage guidance finds the branchy parsers' corners quickly, and `arbitrary` turns its bytes
+//! into structured clusters and apply sequences. `AYA_BUILD_SKIP=1`: no target loads BPF, so the fuzz build
+//! skips the BPF object (lb-user/build.rs).
+use std::path::PathBuf;
+
+use crate::util;
+
+/// The targets, in the order they run: manifest bytes -> objects; objects -> plan -> maps; apply sequences.
+pub(crate) const TARGETS: [&str; 3] = ["manifests", "plan_maps", "reconcile"];
+
+#[derive(clap::Args)]
+pub(crate) struct Options {
+    /// Seconds per target.
+    #[arg(long, default_value_t = 60)]
+    pub time: u64,
+    /// One target (default: all).
+    #[arg(value_parser = clap::builder::PossibleValuesParser::new(TARGETS))]
+    pub target: Option<String>,
+}
+
+/// Where the fuzz build goes: beside the workspace's own target directory, never inside its profiles.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| util::root().join("target"), PathBuf::from)
+        .join("fuzz")
+}
+
+pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
+    let fuzz = util::root().join("fuzz");
+    let targets: Vec<&str> = match &o.target {
+        Some(t) => vec![t.as_str()],
+        None => TARGETS.to_vec(),
+    };
+    for target in targets {
+        // New inputs go to corpus/ (not committed); seeds/ holds the committed starting points.
+        let corpus = fuzz.join("corpus").join(target);
+        std::fs::create_dir_all(&corpus)?;
+        let mut cmd = util::cargo();
+        cmd.current_dir(&fuzz)
+            .env("AYA_BUILD_SKIP", "1")
+            .args(["fuzz", "run", "--release", "--debug-assertions", "--target-dir"])
+            .arg(target_dir())
+            .arg(target)
+            .arg(&corpus);
+        let seeds = fuzz.join("seeds").join(target);
+        if seeds.is_dir() {
+            cmd.arg(&seeds);
+        }
+        cmd.arg("--").arg(format!("-max_total_time={}", o.time)).arg("-print_final_stats=1");
+        let dict = fuzz.join(format!("{target}.dict"));
+        if dict.is_file() {
+            cmd.arg(format!("-dict={}", dict.display()));
+        }
+        util::run(&mut cmd)?;
+    }
+    Ok(())
+}
