@@ -42,6 +42,7 @@ fn fuzz_reconcile_a_failed_first_write_does_not_lose_its_service_id() {
     let two = vec![backend("10.244.0.1:80"), backend("10.244.0.2:80")];
     let report = r.apply(&Desired::from([(key("10.96.0.1"), frontend("a", two))]), Instant::now());
     assert_eq!(report.errors.len(), 1, "two backends do not fit one slot");
+    assert_eq!(r.writer().name(1).unwrap(), None, "the failed frontend's id is not left named");
     let report = r.apply(&Desired::from([(key("10.96.0.2"), frontend("b", Vec::new()))]), Instant::now());
     assert!(report.errors.is_empty(), "the only service id is free again: {:?}", report.errors);
     let (_, value, _) = r.applied().next().unwrap();

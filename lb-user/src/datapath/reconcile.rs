@@ -309,6 +309,8 @@ impl<W: MapWriter> Reconciler<W> {
                 let _ = self.writer.delete_slot(SlotKey { svc_id, generation, index: i });
             }
             if fresh_id {
+                // Nor was the name of an id that never had a frontend: it goes with the id.
+                let _ = self.writer.delete_name(svc_id);
                 self.free_ids.push(svc_id);
             }
         }
