@@ -25,7 +25,11 @@ use crate::{
     },
     metrics::{AgentStats, KernelCounters, ReadCounters, Snapshot},
     server::{self, MetricsSource, ServiceHealthServers, SharedHealth},
-    source::{ModelSource, Severity, kube::KubeSource, manifests::ManifestDir},
+    source::{
+        ModelSource, Severity,
+        kube::KubeSource,
+        manifests::{ManifestDir, is_manifest_file_name},
+    },
 };
 
 /// Where the agent reads Services, EndpointSlices and Nodes.
@@ -79,8 +83,18 @@ async fn start_source(
                 "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
                 dir.display()
             );
+            // Only events on files the loader reads (or on the directory itself) trigger a reload: a log, an
+            // editor's swap file or a temporary file written in the directory would otherwise resync on each
+            // write. A rename into place names the new file, which counts.
+            let watched = dir.clone();
             let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if res.is_ok_and(|ev| !ev.kind.is_access()) {
+                let relevant = |ev: &notify::Event| {
+                    ev.need_rescan()
+                        || ev.paths.is_empty()
+                        || (!ev.kind.is_access()
+                            && ev.paths.iter().any(|p| *p == watched || is_manifest_file_name(p)))
+                };
+                if res.is_ok_and(|ev| relevant(&ev)) {
                     let _ = changed.send(());
                 }
             })

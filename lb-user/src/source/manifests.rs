@@ -100,9 +100,7 @@ impl ManifestDir {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let path = entry?.path();
-            let is_yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
-            let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
-            if !is_yaml || hidden {
+            if !is_manifest_file_name(&path) {
                 continue;
             }
             // Follows a symlink, as reading the file does.
@@ -273,6 +271,14 @@ fn assemble(objects: Vec<(PathBuf, Object)>, diagnostics: &mut Vec<Diagnostic>) 
         obj.insert_into(&mut model);
     }
     model
+}
+
+/// Whether the directory's loader reads a file of this name: `.yaml`, `.yml` or `.json`, not hidden (an
+/// editor's swap file, a temporary file renamed into place, a log kept beside the manifests are not).
+pub fn is_manifest_file_name(path: &Path) -> bool {
+    let is_yaml = matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
+    let hidden = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+    is_yaml && !hidden
 }
 
 #[cfg(test)]
