@@ -267,7 +267,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         .map(|_| {
             let mut cmd = std::process::Command::new(lab());
             confine(&mut cmd, Some(&cg), Some(&ns)).unwrap();
-            cmd.args(["probe", "--target", &vip().to_string(), "--count", "1500"])
+            cmd.args(["probe", "--target", &vip().to_string(), "--count", "3000"])
                 .stdout(std::process::Stdio::piped());
             let mut child = Child::spawn(&mut cmd).unwrap();
             std::thread::spawn(move || {
