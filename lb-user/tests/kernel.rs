@@ -11,15 +11,9 @@ use lb_testkit::{
     cluster::SimCluster,
     manifests::{Ep, Svc, write_service},
     probe::Report,
-    sandbox::{BpfFs, Cgroup, Child, NamedServer, NetNs, confine},
+    sandbox::{BpfFs, confine},
 };
-use tierlb::{
-    datapath::{
-        Desired, DesiredFrontend, Reconciler, addr,
-        ebpf::{Capacities, Loaded},
-    },
-    model::{ObjKey, ServicePortName},
-};
+use tierlb::datapath::addr;
 
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
 
@@ -229,87 +223,6 @@ fn a_process_outside_the_cgroup_is_not_rewritten() {
     assert_eq!(r.errors().get("ENETUNREACH"), Some(&5), "{:?}", r.errors());
 }
 
-/// (g): while the reconciler swaps a Service between two backend sets as fast as it can, concurrent clients
-/// never see a half-written set: every connect succeeds and reaches a backend of one of the two sets.
-#[test]
-fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
-    require_root();
-    let ns = NetNs::new("swap").unwrap();
-    let cg = Cgroup::new("swap").unwrap();
-    let set_a: Vec<SocketAddr> = (1..=3).map(|i| SocketAddr::new(ip(1, i), 8080)).collect();
-    let set_b: Vec<SocketAddr> = (1..=5).map(|i| SocketAddr::new(ip(2, i), 8080)).collect();
-    let mut servers = Vec::new();
-    for a in set_a.iter().chain(&set_b) {
-        ns.add_address(a.ip()).unwrap();
-        servers.push(NamedServer::start(&lab(), &ns, *a, &a.to_string()).unwrap());
-    }
-    let Loaded { mut programs, maps } = Loaded::load(Capacities::default(), None).unwrap();
-    let mut rec = Reconciler::new(maps);
-    let key = addr::frontend_key(vip().ip(), 80, 6);
-    let desired = |set: &[SocketAddr], node: usize| {
-        let b: Vec<_> = set.iter().map(|a| addr::backend(*a, 6)).collect();
-        let mut d = Desired::new();
-        d.insert(
-            key,
-            DesiredFrontend {
-                name: ServicePortName::new(ObjKey::new("default", "web"), "").into(),
-                tiers: [b[..node].to_vec(), Vec::new(), b.clone()],
-                flags: 0,
-            },
-        );
-        d
-    };
-    rec.apply(&desired(&set_a, 1), Instant::now());
-    programs.attach(cg.path(), None).unwrap();
-
-    // Each client's report is read on its own thread: a report is larger than a pipe buffer.
-    let clients: Vec<std::thread::JoinHandle<Report>> = (0..4)
-        .map(|_| {
-            let mut cmd = std::process::Command::new(lab());
-            confine(&mut cmd, Some(&cg), Some(&ns)).unwrap();
-            cmd.args(["probe", "--target", &vip().to_string(), "--count", "3000"])
-                .stdout(std::process::Stdio::piped());
-            let mut child = Child::spawn(&mut cmd).unwrap();
-            std::thread::spawn(move || {
-                let mut out = String::new();
-                std::io::Read::read_to_string(child.inner().stdout.as_mut().unwrap(), &mut out).unwrap();
-                serde_json::from_str(&out).unwrap()
-            })
-        })
-        .collect();
-    let mut swaps = 0u32;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_mins(1) && clients.iter().any(|c| !c.is_finished()) {
-        let (set, node) = if swaps.is_multiple_of(2) { (&set_b, 2) } else { (&set_a, 1) };
-        let rep = rec.apply(&desired(set, node), Instant::now());
-        assert!(rep.errors.is_empty(), "{:?}", rep.errors);
-        swaps += 1;
-        // As the agent's timer does: old generations are deleted after the kernel's grace period, during
-        // the swaps (each call waits one grace period, so not after every swap).
-        if swaps.is_multiple_of(8) {
-            rec.collect_garbage(Instant::now());
-        }
-    }
-    let allowed: BTreeSet<String> = set_a.iter().chain(&set_b).map(ToString::to_string).collect();
-    let mut seen = BTreeSet::new();
-    let mut total = 0;
-    for c in clients {
-        let r = c.join().unwrap();
-        assert_eq!(r.failures(), 0, "{:?}", r.errors());
-        total += r.attempts.len();
-        seen.extend(r.by_backend().into_keys());
-    }
-    assert!(seen.is_subset(&allowed), "{seen:?}");
-    assert!(
-        seen.iter().any(|s| s.starts_with("10.244.1.")) && seen.iter().any(|s| s.starts_with("10.244.2."))
-    );
-    assert!(swaps > 100, "only {swaps} swaps happened");
-    eprintln!("{total} connects during {swaps} swaps, no failure");
-    drop(programs);
-}
-
-/// The maps hold exactly what `tierlb plan -o json` prints: for every VIP the three tiers, and the first
-/// non-empty one is the plan's `endpoints`.
 #[test]
 fn the_agent_programs_exactly_the_plans_endpoints() {
     let mut c = cluster("exact");
