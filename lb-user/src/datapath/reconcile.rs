@@ -19,7 +19,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, TierRange};
@@ -27,24 +27,17 @@ use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
 use crate::model::{ObjKey, ServicePortName};
 
-/// How long old slots outlive the frontend update that stopped pointing at them when the kernel's grace
-/// period cannot be waited for (`MapWriter::wait_for_readers` failed). Programs finish in microseconds.
-pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
+mod adopt;
+mod grace;
+
+pub use adopt::AdoptReport;
+use grace::Buried;
+pub use grace::DEFAULT_GRACE;
 
 #[derive(Clone, Debug)]
 struct Applied {
     value: FrontendValue,
     desired: DesiredFrontend,
-}
-
-/// Slots waiting for their grace period to end; `free_id` returns the service id as well.
-#[derive(Clone, Copy, Debug)]
-struct Buried {
-    since: Instant,
-    svc_id: u32,
-    generation: u32,
-    count: u32,
-    free_id: bool,
 }
 
 /// A frontend that could not be applied; its previous state (if any) is untouched.
@@ -58,22 +51,6 @@ pub struct ApplyError {
     /// What the maps refused.
     #[source]
     pub error: MapError,
-}
-
-/// What taking over a previous agent's maps found.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct AdoptReport {
-    /// Frontends now known as applied.
-    pub frontends: usize,
-    /// Slots no frontend pointed at (a swap cut short), deleted.
-    pub orphan_slots_removed: usize,
-    /// Service names (SVC_NAMES) of ids no frontend uses, deleted: a new frontend's id is named before its
-    /// frontend is written, and a removed frontend's name goes a grace period after it, so an agent killed in
-    /// between leaves one.
-    pub orphan_names_removed: usize,
-    /// Frontends whose stored name is not `namespace/name[:port]` (adopted nameless; the first full sync
-    /// replaces or removes them).
-    pub unnamed: usize,
 }
 
 /// What one `apply` did.
@@ -315,92 +292,6 @@ impl<W: MapWriter> Reconciler<W> {
             }
         }
         result
-    }
-
-    fn bury(&mut self, value: FrontendValue, now: Instant, free_id: bool) {
-        let count = value.tiers.iter().map(|r| u32::from(r.start) + u32::from(r.len)).max().unwrap_or(0);
-        self.graveyard.push_back(Buried {
-            since: now,
-            svc_id: value.svc_id,
-            generation: value.generation,
-            count,
-            free_id,
-        });
-    }
-
-    /// Step (3): wait for the kernel's grace period (once, if anything was buried) and delete the slots
-    /// buried so far, freeing their service ids. Call it periodically, off the sync path; if the wait fails,
-    /// what was buried goes by `DEFAULT_GRACE` from its burial instead, measured at `now`.
-    pub fn collect_garbage(&mut self, now: Instant) {
-        if self.graveyard.is_empty() {
-            return;
-        }
-        let waited = match self.writer.wait_for_readers() {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(error = %e, "waiting for an RCU grace period failed; old slots go after a fixed delay");
-                false
-            }
-        };
-        while let Some(b) = self.graveyard.front().copied() {
-            if !waited && now.duration_since(b.since) < DEFAULT_GRACE {
-                break;
-            }
-            self.graveyard.pop_front();
-            for index in 0..b.count {
-                if let Err(e) =
-                    self.writer.delete_slot(SlotKey { svc_id: b.svc_id, generation: b.generation, index })
-                {
-                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old slot failed");
-                }
-            }
-            if b.free_id {
-                if let Err(e) = self.writer.delete_name(b.svc_id) {
-                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting a service name failed");
-                }
-                self.free_ids.push(b.svc_id);
-            }
-        }
-    }
-
-    /// Take over maps written by an earlier agent (pinned, surviving its restart): what they hold becomes the
-    /// applied state, so the next `apply` rewrites only what changed. Slots no frontend points at (left by
-    /// an agent killed in the middle of a swap) are deleted.
-    pub fn adopt(&mut self) -> Result<AdoptReport, MapError> {
-        let current = super::read_back(&self.writer)?;
-        let mut report = AdoptReport::default();
-        let mut used = BTreeSet::new();
-        for (key, rb) in &current {
-            let label = self.writer.name(rb.value.svc_id)?.unwrap_or_default();
-            let name = label.parse::<ServicePortName>().unwrap_or_else(|_| {
-                report.unnamed += 1;
-                ServicePortName::default()
-            });
-            let desired =
-                DesiredFrontend { name: Arc::new(name), tiers: rb.tiers.clone(), flags: rb.value.flags };
-            self.index(*key, Applied { value: rb.value, desired });
-            used.insert(rb.value.svc_id);
-            report.frontends += 1;
-        }
-        let live: BTreeSet<(u32, u32)> =
-            current.values().map(|rb| (rb.value.svc_id, rb.value.generation)).collect();
-        for key in self.writer.slot_keys()? {
-            if !live.contains(&(key.svc_id, key.generation)) {
-                self.writer.delete_slot(key)?;
-                report.orphan_slots_removed += 1;
-            }
-        }
-        // Every id the maps can name, since any may have been named last (O(--max-services) lookups, once).
-        for id in GLOBAL_SVC_ID + 1..=self.writer.max_services() {
-            if !used.contains(&id) && self.writer.name(id)?.is_some() {
-                self.writer.delete_name(id)?;
-                report.orphan_names_removed += 1;
-            }
-        }
-        let max = used.iter().copied().max().unwrap_or(GLOBAL_SVC_ID);
-        self.next_id = max + 1;
-        self.free_ids = (GLOBAL_SVC_ID + 1..max).filter(|id| !used.contains(id)).rev().collect();
-        Ok(report)
     }
 }
 

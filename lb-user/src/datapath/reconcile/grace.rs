@@ -1,0 +1,70 @@
+//! Step (3) of the swap: old slots (and the service ids of removed frontends) wait in a graveyard until the
+//! kernel's grace period is over, then go. See the parent module for why the wait is the kernel's.
+use std::time::{Duration, Instant};
+
+use lb_common::{FrontendValue, SlotKey};
+
+use super::Reconciler;
+use crate::datapath::MapWriter;
+
+/// How long old slots outlive the frontend update that stopped pointing at them when the kernel's grace
+/// period cannot be waited for (`MapWriter::wait_for_readers` failed). Programs finish in microseconds.
+pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
+
+/// Slots waiting for their grace period to end; `free_id` returns the service id as well.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Buried {
+    pub(super) since: Instant,
+    svc_id: u32,
+    generation: u32,
+    count: u32,
+    free_id: bool,
+}
+
+impl<W: MapWriter> Reconciler<W> {
+    pub(super) fn bury(&mut self, value: FrontendValue, now: Instant, free_id: bool) {
+        let count = value.tiers.iter().map(|r| u32::from(r.start) + u32::from(r.len)).max().unwrap_or(0);
+        self.graveyard.push_back(Buried {
+            since: now,
+            svc_id: value.svc_id,
+            generation: value.generation,
+            count,
+            free_id,
+        });
+    }
+
+    /// Step (3): wait for the kernel's grace period (once, if anything was buried) and delete the slots
+    /// buried so far, freeing their service ids. Call it periodically, off the sync path; if the wait fails,
+    /// what was buried goes by `DEFAULT_GRACE` from its burial instead, measured at `now`.
+    pub fn collect_garbage(&mut self, now: Instant) {
+        if self.graveyard.is_empty() {
+            return;
+        }
+        let waited = match self.writer.wait_for_readers() {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for an RCU grace period failed; old slots go after a fixed delay");
+                false
+            }
+        };
+        while let Some(b) = self.graveyard.front().copied() {
+            if !waited && now.duration_since(b.since) < DEFAULT_GRACE {
+                break;
+            }
+            self.graveyard.pop_front();
+            for index in 0..b.count {
+                if let Err(e) =
+                    self.writer.delete_slot(SlotKey { svc_id: b.svc_id, generation: b.generation, index })
+                {
+                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old slot failed");
+                }
+            }
+            if b.free_id {
+                if let Err(e) = self.writer.delete_name(b.svc_id) {
+                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting a service name failed");
+                }
+                self.free_ids.push(b.svc_id);
+            }
+        }
+    }
+}
