@@ -9,9 +9,11 @@ use std::{
 };
 
 use arbitrary::Arbitrary;
-use lb_common::{Backend, FrontendKey, PROTO_TCP, TIER_COUNT};
+use lb_common::{Backend, FrontendKey, MemberKey, MemberValue, PROTO_TCP, TIER_COUNT};
 use tierlb::{
-    datapath::{Desired, DesiredFrontend, MapReader as _, Reconciler, addr, fake::FakeMaps, read_back},
+    datapath::{
+        Desired, DesiredFrontend, MapReader as _, ReadBack, Reconciler, addr, fake::FakeMaps, read_back,
+    },
     model::{ObjKey, ServicePortName},
 };
 
@@ -69,20 +71,41 @@ fn desired(list: &[GenFrontend], only: Option<&BTreeSet<ObjKey>>) -> Desired {
                 name: Arc::new(ServicePortName::new(svc, "")),
                 tiers,
                 flags: u32::from(f.flags % 4),
+                // Every other frontend with sessionAffinity, so member entries are written and buried too.
+                affinity_timeout_s: if f.flags & 4 != 0 { 60 } else { 0 },
             },
         );
     }
     d
 }
 
-type Contents = BTreeMap<FrontendKey, ([Vec<Backend>; TIER_COUNT], u32)>;
+type Contents = BTreeMap<FrontendKey, ([Vec<Backend>; TIER_COUNT], u32, u32)>;
 
 fn contents(maps: &FakeMaps) -> Contents {
-    read_back(maps).expect("fake maps").into_iter().map(|(k, rb)| (k, (rb.tiers, rb.value.flags))).collect()
+    read_back(maps)
+        .expect("fake maps")
+        .into_iter()
+        .map(|(k, rb)| (k, (rb.tiers, rb.value.flags, rb.value.affinity_timeout_s)))
+        .collect()
 }
 
 fn of(state: &Desired) -> Contents {
-    state.iter().map(|(k, d)| (*k, (d.tiers.clone(), d.flags))).collect()
+    state.iter().map(|(k, d)| (*k, (d.tiers.clone(), d.flags, d.affinity_timeout_s))).collect()
+}
+
+/// The member entries the live frontends with sessionAffinity need: each backend of their current generation,
+/// with the tiers it is in.
+fn live_members(frontends: &BTreeMap<FrontendKey, ReadBack>) -> BTreeMap<MemberKey, MemberValue> {
+    let mut want: BTreeMap<MemberKey, MemberValue> = BTreeMap::new();
+    for rb in frontends.values().filter(|rb| rb.value.affinity_timeout_s != 0) {
+        for (tier, backends) in rb.tiers.iter().enumerate() {
+            for b in backends {
+                let key = MemberKey { svc_id: rb.value.svc_id, generation: rb.value.generation, backend: *b };
+                want.entry(key).or_default().tiers |= 1 << tier;
+            }
+        }
+    }
+    want
 }
 
 /// Run the steps, panicking at the first broken invariant.
@@ -150,6 +173,7 @@ pub fn run(steps: &Steps) {
     let frontends = read_back(maps).expect("fake maps");
     let live_slots: usize = frontends.values().map(|rb| rb.tiers.iter().map(Vec::len).sum::<usize>()).sum();
     assert_eq!(maps.slot_count(), live_slots, "slots left behind");
+    assert_eq!(*maps.member_map(), live_members(&frontends), "member entries wrong or left behind");
     let ids: BTreeSet<u32> = frontends.values().map(|rb| rb.value.svc_id).collect();
     assert_eq!(ids.len(), frontends.len(), "two frontends share a service id");
     for id in &ids {
@@ -162,11 +186,15 @@ pub fn run(steps: &Steps) {
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     r.collect_garbage(now + Duration::from_secs(3600));
     assert_eq!(r.writer().slot_count(), 0, "slots left behind once every frontend is gone");
+    assert!(r.writer().member_map().is_empty(), "member entries left behind once every frontend is gone");
     let all: Desired = (0..max_services)
         .map(|i| {
             let vip = IpAddr::V4(Ipv4Addr::new(10, 97, 0, u8::try_from(i).expect("at most 16")));
             let name = Arc::new(ServicePortName::new(service(0), ""));
-            (addr::frontend_key(vip, 80, PROTO_TCP), DesiredFrontend { name, tiers: Default::default(), flags: 0 })
+            (
+                addr::frontend_key(vip, 80, PROTO_TCP),
+                DesiredFrontend { name, tiers: Default::default(), flags: 0, affinity_timeout_s: 0 },
+            )
         })
         .collect();
     let report = r.apply(&all, now + Duration::from_secs(7200));

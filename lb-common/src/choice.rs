@@ -1,6 +1,8 @@
 //! The tier choice the data path makes on every connect, written once for the BPF programs and host tests:
 //! which tier serves (`first_live_tier`, `choose`) and which backend in it (uniform among the live ones).
-use crate::{FrontendValue, TIER_CLUSTER, TIER_COUNT, TIER_NODE, TIER_SCAN, TIER_ZONE, TierRange};
+use crate::{
+    FrontendValue, MemberValue, TIER_CLUSTER, TIER_COUNT, TIER_NODE, TIER_SCAN, TIER_ZONE, TierRange,
+};
 
 /// What a slot lookup found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +116,53 @@ pub fn choose<B: Copy + Default>(
     Choice::Empty
 }
 
+/// The first tier holding any slot, in the data path's order (node, zone, cluster); `None` if all are empty.
+#[inline(always)]
+#[must_use]
+pub fn first_nonempty_tier(fe: &FrontendValue) -> Option<usize> {
+    if fe.tiers[TIER_NODE].len != 0 {
+        Some(TIER_NODE)
+    } else if fe.tiers[TIER_ZONE].len != 0 {
+        Some(TIER_ZONE)
+    } else if fe.tiers[TIER_CLUSTER].len != 0 {
+        Some(TIER_CLUSTER)
+    } else {
+        None
+    }
+}
+
+/// `choose` for a frontend with sessionAffinity, given the client's remembered backend `sticky` (its affinity
+/// entry is fresh, the backend is not marked down and is a member of the frontend's current generation: the
+/// caller checked) with its member entry. Topology
+/// comes first: the sticky backend is taken only if it is in the tier the rules select now (the first tier
+/// holding a live backend), and then without a random draw; otherwise the normal choice. The second value
+/// says whether the sticky backend was taken (else the caller replaces the entry with the new choice).
+///
+/// Cheap in the common case: the sticky backend sits in the first non-empty tier, and being live, that tier
+/// is the one selected (no slot is looked up). Only when it sits in a later tier (its client fell back while
+/// the earlier tiers were down) does the normal choice run, to learn whether they still are.
+#[inline(always)]
+pub fn choose_sticky<B: Copy + Default>(
+    fe: &FrontendValue,
+    sticky: Option<(B, MemberValue)>,
+    lookup: impl FnMut(u32) -> Slot<B>,
+    random: impl FnMut() -> u32,
+) -> (Choice<B>, bool) {
+    if let Some((backend, member)) = sticky
+        && let Some(tier) = first_nonempty_tier(fe)
+        && member.in_tier(tier)
+    {
+        return (Choice::Backend { tier, backend }, true);
+    }
+    let choice = choose(fe, lookup, random);
+    if let (Some((backend, member)), Choice::Backend { tier, .. }) = (sticky, choice)
+        && member.in_tier(tier)
+    {
+        return (Choice::Backend { tier, backend }, true);
+    }
+    (choice, false)
+}
+
 /// Reservoir-sample one live slot among up to `TIER_SCAN` slots of `range`, from a random offset; returns its
 /// index, `SCAN_NONE` or `SCAN_ERROR`.
 ///
@@ -169,6 +218,7 @@ mod tests {
             generation: 1,
             tiers: [r(node), r(zone), r(cluster)],
             flags: 0,
+            affinity_timeout_s: 0,
         }
     }
 
@@ -365,6 +415,73 @@ mod tests {
                     };
                     assert_eq!(got, want, "tiers {:?}, down {down:?}", f.tiers);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn sticky_choice_table() {
+        struct Case {
+            name: &'static str,
+            sticky: Option<(u32, MemberValue)>,
+            down: &'static [u32],
+            want: (Option<usize>, Option<u32>, bool),
+        }
+        // slots: 0 = node backend 10; 1..3 = zone backends 20, 21; 3..6 = cluster 10, 20, 30
+        let slots = [10, 20, 21, 10, 20, 30];
+        let f = fe((0, 1), (1, 2), (3, 3));
+        let member = |tiers: u32| MemberValue { tiers };
+        let cases = [
+            Case {
+                name: "sticky backend in the selected tier is taken",
+                sticky: Some((10, member(0b101))),
+                down: &[],
+                want: (Some(TIER_NODE), Some(10), true),
+            },
+            Case {
+                name: "sticky backend only in the cluster tier while the node tier is live: topology first",
+                sticky: Some((30, member(0b100))),
+                down: &[],
+                want: (Some(TIER_NODE), Some(10), false),
+            },
+            Case {
+                name: "sticky zone backend kept while the node tier stays down",
+                sticky: Some((21, member(0b110))),
+                down: &[10],
+                want: (Some(TIER_ZONE), Some(21), true),
+            },
+            Case {
+                name: "sticky cluster backend once node and zone are down",
+                sticky: Some((30, member(0b100))),
+                down: &[10, 20, 21],
+                want: (Some(TIER_CLUSTER), Some(30), true),
+            },
+            Case {
+                name: "no sticky backend: the normal choice",
+                sticky: None,
+                down: &[10],
+                want: (Some(TIER_ZONE), None, false),
+            },
+        ];
+        let mut rng = Lcg(5);
+        for c in cases {
+            for _ in 0..30 {
+                let (got, used) = choose_sticky(
+                    &f,
+                    c.sticky,
+                    |i| match slots.get(i as usize) {
+                        None => Slot::Missing,
+                        Some(&b) if c.down.contains(&b) => Slot::Down(b),
+                        Some(&b) => Slot::Live(b),
+                    },
+                    || rng.next(),
+                );
+                let Choice::Backend { tier, backend } = got else { panic!("{}: {got:?}", c.name) };
+                assert_eq!(Some(tier), c.want.0, "{}", c.name);
+                if let Some(b) = c.want.1 {
+                    assert_eq!(backend, b, "{}", c.name);
+                }
+                assert_eq!(used, c.want.2, "{}", c.name);
             }
         }
     }

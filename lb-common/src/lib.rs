@@ -61,7 +61,10 @@ pub const COUNTER_FAIL_OPEN: u32 = 5;
 /// could not be created, it sent to more than `SOCK_LRU_RECORD` backends, or the connected-UDP registry was
 /// full); see `SockState`.
 pub const COUNTER_REVERSE_UNRECORDED: u32 = 6;
-/// Counter slots per Service in the counter array; the kinds above use seven, the rest are spare.
+/// Connects that went to the client's sessionAffinity backend (an `AFFINITY` entry still valid); also
+/// counted under their tier.
+pub const COUNTER_AFFINITY: u32 = 7;
+/// Counter slots per Service in the counter array; the kinds above use all eight.
 pub const COUNTERS_PER_SERVICE: u32 = 8;
 // The data path counts a pick from tier `t` under counter kind `t`.
 const _: () = assert!(COUNTER_NODE == TIER_NODE as u32 && COUNTER_ZONE == TIER_ZONE as u32);
@@ -113,12 +116,13 @@ pub const MAP_REVERSE: &str = "REVERSE";
 pub const MAP_CONNECTED_UDP: &str = "CONNECTED_UDP";
 /// Socket-local storage (`SockState`): the reverse state of connected sockets, freed with the socket.
 pub const MAP_SOCKS: &str = "SOCKS";
+/// sessionAffinity ClientIP: (frontend, client network namespace) -> (backend, last use). An LRU.
+pub const MAP_AFFINITY: &str = "AFFINITY";
+/// Backends of the frontends with sessionAffinity: (svc_id, generation, backend) -> tiers, what the data path
+/// checks an affinity entry against.
+pub const MAP_MEMBERS: &str = "MEMBERS";
 /// Every map the agent opens by type, in the order the agent pins them.
-pub const MAPS: [&str; 7] =
-    [MAP_FRONTENDS, MAP_SLOTS, MAP_BACKEND_STATE, MAP_COUNTERS, MAP_NAMES, MAP_REVERSE, MAP_CONNECTED_UDP];
-/// Every map that is pinned: `MAPS` and the socket storage (which only the kernel reads, but a restarted agent
-/// must reuse it, or live sockets would lose their reverse state).
-pub const PINNED_MAPS: [&str; 8] = [
+pub const MAPS: [&str; 9] = [
     MAP_FRONTENDS,
     MAP_SLOTS,
     MAP_BACKEND_STATE,
@@ -126,8 +130,20 @@ pub const PINNED_MAPS: [&str; 8] = [
     MAP_NAMES,
     MAP_REVERSE,
     MAP_CONNECTED_UDP,
-    MAP_SOCKS,
+    MAP_AFFINITY,
+    MAP_MEMBERS,
 ];
+/// Every map that is pinned: `MAPS` and the socket storage (which only the kernel reads, but a restarted agent
+/// must reuse it, or live sockets would lose their reverse state).
+pub const PINNED_MAPS: [&str; MAPS.len() + 1] = {
+    let mut out = [MAP_SOCKS; MAPS.len() + 1];
+    let mut i = 0;
+    while i < MAPS.len() {
+        out[i] = MAPS[i];
+        i += 1;
+    }
+    out
+};
 
 // Default capacities (the agent can change them before load).
 /// Default entries of the frontend map; the name map and the counter array are sized from it.
@@ -139,6 +155,9 @@ pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
 /// Default entries of the reverse map of unconnected UDP (an LRU: beyond this the oldest translations are
 /// forgotten); also the most connected UDP sockets tracked at once for destruction (`MAP_CONNECTED_UDP`).
 pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
+/// Default entries of the sessionAffinity LRU: how many (frontend, client) pairs are remembered at once; beyond
+/// this the least recently used are forgotten (their next connect is balanced anew).
+pub const DEFAULT_MAX_AFFINITY: u32 = 65_536;
 /// How many backends one socket's storage remembers having REVERSE entries for, so `sock_release` can delete
 /// them. A socket sending to more backends (a resolver cycling through many DNS VIPs) leaves the rest to the
 /// LRU's eviction, and the data path counts `COUNTER_REVERSE_UNRECORDED`.
@@ -189,8 +208,11 @@ pub struct FrontendValue {
     pub tiers: [TierRange; TIER_COUNT],
     /// `FLAG_POLICY_LOCAL`, `FLAG_EMPTY_IS_DROP`.
     pub flags: u32,
+    /// sessionAffinity ClientIP: how long (seconds, from the client's last connect) a client keeps its backend;
+    /// 0 is no affinity. Its backends are in `MAP_MEMBERS`.
+    pub affinity_timeout_s: u32,
 }
-const _: () = assert!(size_of::<FrontendValue>() == 44);
+const _: () = assert!(size_of::<FrontendValue>() == 48);
 
 /// Key of one backend slot.
 #[repr(C)]
@@ -302,6 +324,74 @@ pub struct SockState {
 }
 const _: () = assert!(size_of::<SockState>() == 208);
 
+/// Key of an affinity entry: which client asked for which frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AffinityKey {
+    /// The frontend the client connected to (as it asked, before any translation).
+    pub frontend: FrontendKey,
+    /// Explicit padding before the 8-aligned cookie, always 0.
+    pub _pad: u32,
+    /// The client's identity: its network namespace (`bpf_get_netns_cookie`), one per pod; the node's own
+    /// processes share the host's. A socket-level load balancer sees no source address before the connect.
+    pub netns_cookie: u64,
+}
+const _: () = assert!(size_of::<AffinityKey>() == 32);
+
+/// The backend a client was given and when it last connected (`CLOCK_BOOTTIME` ns, as `BackendState`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityValue {
+    /// The backend.
+    pub backend: Backend,
+    /// Explicit padding before the 8-aligned time, always 0.
+    pub _pad: u32,
+    /// The client's last connect to the frontend: the timeout runs from here (kube-proxy's `recent` match).
+    pub last_ns: u64,
+}
+const _: () = assert!(size_of::<AffinityValue>() == 32);
+
+impl AffinityValue {
+    /// Whether the entry still holds at `now_ns` for a frontend whose timeout is `timeout_s` seconds.
+    #[inline(always)]
+    #[must_use]
+    pub const fn is_fresh(&self, now_ns: u64, timeout_s: u32) -> bool {
+        now_ns.saturating_sub(self.last_ns) < timeout_s as u64 * 1_000_000_000
+    }
+}
+
+/// Key of a member entry: one backend of one generation of a frontend with sessionAffinity (immutable, like
+/// that generation's slots, and deleted with them).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberKey {
+    /// `FrontendValue::svc_id`.
+    pub svc_id: u32,
+    /// `FrontendValue::generation`.
+    pub generation: u32,
+    /// The backend.
+    pub backend: Backend,
+}
+const _: () = assert!(size_of::<MemberKey>() == 28);
+
+/// In which tiers of its generation a member is.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemberValue {
+    /// Bit `t` set: the backend is in tier `t` (`TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`).
+    pub tiers: u32,
+}
+const _: () = assert!(size_of::<MemberValue>() == 4);
+
+impl MemberValue {
+    /// Whether the backend is in tier `tier`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn in_tier(&self, tier: usize) -> bool {
+        tier < 32 && self.tiers & (1 << tier) != 0
+    }
+}
+
 /// `namespace/name:port` of a frontend's Service, NUL-padded UTF-8 (longer names are cut).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, PartialEq, Eq)]
@@ -359,7 +449,11 @@ aya_pod!(
     ReverseKey,
     ReverseValue,
     ServiceName,
-    SockState
+    SockState,
+    AffinityKey,
+    AffinityValue,
+    MemberKey,
+    MemberValue
 );
 
 /// Index of a counter in the per-CPU counter array.
@@ -370,7 +464,10 @@ pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
 }
 
 mod choice;
-pub use choice::{Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, scan_tier};
+pub use choice::{
+    Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, choose_sticky, first_live_tier, first_nonempty_tier,
+    scan_tier,
+};
 
 #[cfg(test)]
 mod tests {

@@ -20,6 +20,7 @@
     reason = "core offers no atomic add on the BPF target; the intrinsic is what it would call"
 )]
 
+mod affinity;
 mod maps;
 mod reverse;
 mod sock;

@@ -1,5 +1,5 @@
-//! The eight maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
-//! `REVERSE`, `CONNECTED_UDP` and the socket storage `SOCKS`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
+//! The ten maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
+//! `REVERSE`, `CONNECTED_UDP`, `AFFINITY`, `MEMBERS` and the socket storage `SOCKS`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
@@ -11,10 +11,11 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    Backend, BackendState, COUNTERS_PER_SERVICE, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS,
-    DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, MAP_BACKEND_STATE, MAP_CONNECTED_UDP,
-    MAP_COUNTERS, MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey, ReverseValue,
-    ServiceName, SlotKey, SockState,
+    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, DEFAULT_MAX_AFFINITY,
+    DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey,
+    FrontendValue, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
+    MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MemberKey, MemberValue, ReverseKey,
+    ReverseValue, ServiceName, SlotKey, SockState,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -114,6 +115,25 @@ named_map!(
     /// Not preallocated: it costs memory for the sockets it holds, not for its capacity.
     pub(crate) static CONNECTED_UDP: HashMap<ReverseKey, ReverseValue> =
         HashMap::with_max_entries(DEFAULT_MAX_REVERSE, BPF_F_NO_PREALLOC);
+);
+
+named_map!(
+    MAP_AFFINITY == "AFFINITY",
+    /// sessionAffinity ClientIP: (frontend, client network namespace) -> (backend, last connect). An LRU: it
+    /// bounds memory without the agent sweeping expired entries (an expired entry is never used and is
+    /// replaced by the client's next connect, or evicted).
+    pub(crate) static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+);
+
+named_map!(
+    MAP_MEMBERS == "MEMBERS",
+    /// The backends of frontends with sessionAffinity: (svc_id, generation, backend) -> tiers. An affinity
+    /// entry is used only while its backend is a member of the frontend's current generation. Written by the
+    /// agent for affinity frontends only, with and like a generation's slots (before the swap, deleted after
+    /// its grace period); not preallocated, so its capacity (that of the slot map) costs nothing until used.
+    pub(crate) static MEMBERS: HashMap<MemberKey, MemberValue> =
+        HashMap::with_max_entries(DEFAULT_MAX_SLOTS, BPF_F_NO_PREALLOC);
 );
 
 /// Each socket's own reverse state (`SockState`), freed by the kernel with the socket (`bpf_sk_storage_free`

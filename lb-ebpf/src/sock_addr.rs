@@ -13,12 +13,13 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use lb_common::{
-    Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
-    ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
-    GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
+    Backend, COUNTER_AFFINITY, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
+    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
+    FrontendValue, GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, choose_sticky, counter_index,
 };
 
 use crate::{
+    affinity,
     maps::{BACKEND_STATE, COUNTERS, FRONTENDS, SLOTS},
     reverse,
 };
@@ -112,6 +113,7 @@ fn frontend(key: &FrontendKey) -> Option<Result<FrontendValue, ()>> {
                 generation: read_volatile(addr_of!((*p).generation)),
                 tiers: read_volatile(addr_of!((*p).tiers)),
                 flags: read_volatile(addr_of!((*p).flags)),
+                affinity_timeout_s: read_volatile(addr_of!((*p).affinity_timeout_s)),
                 key: read_volatile(addr_of!((*p).key)),
             }
         };
@@ -179,35 +181,45 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
             return ALLOW;
         }
     };
-    let choice = choose(
-        &fe,
-        |index| {
-            let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
-            // SAFETY: as above.
-            match unsafe { SLOTS.get(slot) } {
-                None => Slot::Missing,
-                Some(backend) => {
-                    let backend: Backend = *backend;
-                    // SAFETY: as above.
-                    match unsafe { BACKEND_STATE.get(backend) } {
-                        // A mark ends on time even with no agent running: the clock is read only when one
-                        // exists. SAFETY: helper without preconditions.
-                        Some(state) if state.is_down_at(unsafe { bpf_ktime_get_boot_ns() }) => {
-                            Slot::Down(backend)
-                        }
-                        _ => Slot::Live(backend),
-                    }
+    let lookup = |index| {
+        let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
+        // SAFETY: as above.
+        match unsafe { SLOTS.get(slot) } {
+            None => Slot::Missing,
+            Some(backend) => {
+                let backend: Backend = *backend;
+                // A mark ends on time even with no agent running: the clock is read only when one exists.
+                // SAFETY: helper without preconditions.
+                if is_down(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
+                    Slot::Down(backend)
+                } else {
+                    Slot::Live(backend)
                 }
             }
-        },
+        }
+    };
+    // SAFETY: helper without preconditions.
+    let random = || unsafe { bpf_get_prandom_u32() };
+    let (choice, recalled) = if fe.affinity_timeout_s == 0 {
+        (choose(&fe, lookup, random), None)
+    } else {
         // SAFETY: helper without preconditions.
-        || unsafe { bpf_get_prandom_u32() },
-    );
+        let now_ns = unsafe { bpf_ktime_get_boot_ns() };
+        let recalled = affinity::recall(ctx, &fe, key, now_ns, |b, now| is_down(b, || now));
+        let (choice, taken) = choose_sticky(&fe, recalled.sticky, lookup, random);
+        (choice, Some((recalled, taken)))
+    };
     match choice {
         lb_common::Choice::Backend { tier, backend } => {
             write_addr(sa, v6, dst.mapped, backend.addr, backend.port);
             // COUNTER_NODE, COUNTER_ZONE, COUNTER_CLUSTER are 0, 1, 2: the tier index is the counter kind.
             count(fe.svc_id, COUNTER_NODE + tier as u32);
+            if let Some((recalled, taken)) = recalled {
+                if taken {
+                    count(fe.svc_id, COUNTER_AFFINITY);
+                }
+                affinity::remember(&recalled, backend, taken);
+            }
             if connect {
                 reverse::remember_connected(ctx, backend, key);
             } else {
@@ -231,6 +243,16 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
             count(GLOBAL_SVC_ID, COUNTER_FAIL_OPEN);
             ALLOW
         }
+    }
+}
+
+/// Whether `backend` is marked down now (`now` reads the clock, only if it has a mark).
+#[inline(always)]
+fn is_down(backend: Backend, now: impl FnOnce() -> u64) -> bool {
+    // SAFETY: a plain read of a hash value.
+    match unsafe { BACKEND_STATE.get(backend) } {
+        Some(state) => state.is_down_at(now()),
+        None => false,
     }
 }
 

@@ -97,6 +97,8 @@ pub struct Svc {
     pub traffic_distribution: Option<String>,
     /// Makes it a LoadBalancer Service with externalTrafficPolicy Local and this healthCheckNodePort.
     pub health_check_node_port: Option<u16>,
+    /// `sessionAffinity: ClientIP` with this `timeoutSeconds` (none: left out).
+    pub session_affinity_timeout: Option<u32>,
 }
 
 impl Svc {
@@ -112,6 +114,7 @@ impl Svc {
             internal_traffic_policy: None,
             traffic_distribution: None,
             health_check_node_port: None,
+            session_affinity_timeout: None,
         }
     }
 
@@ -127,6 +130,10 @@ impl Svc {
         }
         if let Some(td) = &self.traffic_distribution {
             spec["trafficDistribution"] = json!(td);
+        }
+        if let Some(t) = self.session_affinity_timeout {
+            spec["sessionAffinity"] = json!("ClientIP");
+            spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": t}});
         }
         if let Some(hc) = self.health_check_node_port {
             spec["type"] = json!("LoadBalancer");

@@ -142,6 +142,10 @@ pub struct AgentArgs {
     /// connected sockets keep theirs in socket storage), and connected UDP sockets registered for destruction.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_REVERSE)]
     pub max_reverse: u32,
+    /// Capacity: sessionAffinity entries (frontend, client network namespace) remembered at once (an LRU:
+    /// beyond it the least recently used client is balanced anew on its next connect).
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
+    pub max_affinity: u32,
 }
 
 impl AgentArgs {
@@ -167,6 +171,7 @@ impl AgentArgs {
                 slots: self.max_slots,
                 backends: self.max_backends,
                 reverse: self.max_reverse,
+                affinity: self.max_affinity,
             },
         }
     }

@@ -170,6 +170,14 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
             c.serving_terminating,
             c.local,
         );
+        if let Some(a) = pp.session_affinity {
+            let _ = writeln!(
+                out,
+                "  sessionAffinity ClientIP: a client ({}) keeps its backend for {} s after its last connect, \
+                 within the tier below; a backend that leaves or is marked down is replaced at once",
+                a.client, a.timeout_seconds
+            );
+        }
         let _ = writeln!(out, "  internal traffic (ClusterIP):");
         traffic_text(&mut out, &pp.internal, pp, node);
         if let Some(ext) = &pp.external {

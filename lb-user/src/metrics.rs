@@ -42,6 +42,8 @@ pub struct FrontendEntry {
     pub name: std::sync::Arc<ServicePortName>,
     /// Its service id: where its counters are.
     pub svc_id: u32,
+    /// It has sessionAffinity ClientIP (its affinity counter is exported).
+    pub affinity: bool,
 }
 
 /// What a scrape needs from the reconciler, copied by the agent loop after a sync and never changed after.
@@ -71,7 +73,12 @@ impl Snapshot {
             .applied()
             .map(|(key, value, desired)| {
                 slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>();
-                FrontendEntry { key: *key, name: desired.name.clone(), svc_id: value.svc_id }
+                FrontendEntry {
+                    key: *key,
+                    name: desired.name.clone(),
+                    svc_id: value.svc_id,
+                    affinity: value.affinity_timeout_s != 0,
+                }
             })
             .collect();
         Self { frontends, slots_used, frontend_capacity: rec.writer().max_services(), slot_capacity }
@@ -140,6 +147,11 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     let conns = counter_family(&mut reg, "connections", "Connects translated, by Service, frontend and tier");
     let refused =
         counter_family(&mut reg, "connections_refused", "Connects failed fast because no backend was usable");
+    let sticky = counter_family(
+        &mut reg,
+        "connections_affinity",
+        "Connects that went to the client's sessionAffinity backend (also counted by tier), by frontend",
+    );
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
     let unrecorded = Counter::<u64>::default();
@@ -165,6 +177,9 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
             let mut l = base.clone();
             l.push(("reason".into(), why.into()));
             refused.get_or_create(&l).inc_by(c[kind as usize]);
+        }
+        if f.affinity {
+            sticky.get_or_create(&base).inc_by(c[lb_common::COUNTER_AFFINITY as usize]);
         }
     }
     if let Some(c) = counters.and_then(|r| r.counters(GLOBAL_SVC_ID)) {
@@ -290,7 +305,8 @@ mod tests {
         for (i, tiers) in (0u8..).zip(tiers) {
             let name = ServicePortName::new(ObjKey::new("default", format!("s{i}")), "http");
             let key = addr::frontend_key([10, 96, 0, 10 + i].into(), 80, 6);
-            desired.insert(key, DesiredFrontend { name: name.into(), tiers, flags: 0 });
+            desired
+                .insert(key, DesiredFrontend { name: name.into(), tiers, flags: 0, affinity_timeout_s: 0 });
         }
         let mut rec = Reconciler::new(FakeMaps::new(16, 64));
         rec.apply(&desired, Instant::now());

@@ -178,9 +178,24 @@ pub struct PortPlan {
     pub internal: TrafficPlan,
     /// Node port, load-balancer and external IP traffic (when the port is externally reachable).
     pub external: Option<TrafficPlan>,
+    /// `sessionAffinity: ClientIP`: a client keeps its backend within the tier the rules select.
+    pub session_affinity: Option<SessionAffinity>,
     /// Lint warnings (only from `plan`, not `plan_service`).
     pub warnings: Vec<String>,
 }
+
+/// `sessionAffinity: ClientIP` as the data path applies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SessionAffinity {
+    /// Seconds from a client's last connect until it may get another backend
+    /// (`sessionAffinityConfig.clientIP.timeoutSeconds`).
+    pub timeout_seconds: u32,
+    /// What identifies a client: its network namespace (one per pod; the node's own processes share one).
+    pub client: &'static str,
+}
+
+/// What identifies a client for sessionAffinity at the socket level (`SessionAffinity::client`).
+pub const AFFINITY_CLIENT: &str = "network namespace";
 
 /// Every Service port's plan for one node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -454,6 +469,9 @@ fn plan_port<'a>(
         topology,
         internal,
         external,
+        session_affinity: svc
+            .session_affinity_timeout
+            .map(|timeout_seconds| SessionAffinity { timeout_seconds, client: AFFINITY_CLIENT }),
         warnings: Vec::new(),
     };
     (plan, endpoints)

@@ -2,8 +2,9 @@
 use std::{fmt::Write as _, time::Duration};
 
 use lb_common::{
-    Backend, BackendState, COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE,
-    COUNTER_REJECTED, COUNTER_ZONE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, GLOBAL_SVC_ID,
+    Backend, BackendState, COUNTER_AFFINITY, COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN,
+    COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FrontendKey,
+    GLOBAL_SVC_ID,
 };
 use serde::Serialize;
 
@@ -49,6 +50,18 @@ pub struct Counters {
     pub dropped: u64,
     /// Let through untranslated after an internal error.
     pub fail_open: u64,
+    /// Went to the client's sessionAffinity backend (also counted under their tier).
+    pub affinity: u64,
+}
+
+/// sessionAffinity ClientIP of a frontend, as the maps hold it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AffinityStatus {
+    /// Seconds from a client's last connect until it may get another backend.
+    pub timeout_seconds: u32,
+    /// Clients (network namespaces) whose entry has not timed out: their next connect goes to the backend it
+    /// names, if that is still a live member of the frontend in the selected tier.
+    pub clients: usize,
 }
 
 /// One frontend as the maps hold it.
@@ -71,6 +84,8 @@ pub struct FrontendStatus {
     pub when_empty: &'static str,
     /// Its connects so far.
     pub connections: Counters,
+    /// sessionAffinity ClientIP, if the frontend has it.
+    pub session_affinity: Option<AffinityStatus>,
 }
 
 /// What `tierlb status` shows of one agent instance's maps.
@@ -104,8 +119,19 @@ impl Instance {
             maps.backend_marks()?.into_iter().filter(|(_, m)| m.is_down_at(now_ns)).collect();
         marks.sort_by_key(|(b, _)| addr::backend_addr(b));
         let down: Vec<Backend> = marks.iter().map(|(b, _)| *b).collect();
+        let frontend_values = read_back(maps)?;
+        // Fresh affinity entries per frontend (one read of the LRU, only if some frontend has affinity).
+        let mut clients: std::collections::BTreeMap<FrontendKey, usize> = std::collections::BTreeMap::new();
+        if frontend_values.values().any(|rb| rb.value.affinity_timeout_s != 0) {
+            for (k, v) in maps.affinity_entries()? {
+                let Some(rb) = frontend_values.get(&k.frontend) else { continue };
+                if v.is_fresh(now_ns, rb.value.affinity_timeout_s) {
+                    *clients.entry(k.frontend).or_default() += 1;
+                }
+            }
+        }
         let mut frontends = Vec::new();
-        for (key, rb) in read_back(maps)? {
+        for (key, rb) in frontend_values {
             let label = maps.name(rb.value.svc_id)?.unwrap_or_default();
             let name = label.parse::<ServicePortName>().unwrap_or_default();
             let [node, zone, cluster] = &rb.tiers;
@@ -147,7 +173,12 @@ impl Instance {
                     rejected: at(COUNTER_REJECTED),
                     dropped: at(COUNTER_DROPPED),
                     fail_open: at(COUNTER_FAIL_OPEN),
+                    affinity: at(COUNTER_AFFINITY),
                 },
+                session_affinity: (rb.value.affinity_timeout_s != 0).then(|| AffinityStatus {
+                    timeout_seconds: rb.value.affinity_timeout_s,
+                    clients: clients.get(&key).copied().unwrap_or(0),
+                }),
             });
         }
         frontends.sort_by(|a, b| (&a.name, &a.frontend).cmp(&(&b.name, &b.frontend)));
@@ -221,6 +252,13 @@ impl Instance {
                 c.rejected + c.dropped,
                 tiers.join(" | ")
             );
+            if let Some(a) = &f.session_affinity {
+                let _ = writeln!(
+                    out,
+                    "{:<34} sessionAffinity ClientIP {} s: {} clients remembered, {} connects to their backend",
+                    "", a.timeout_seconds, a.clients, c.affinity
+                );
+            }
         }
         out
     }

@@ -36,7 +36,7 @@ fn fuzz_reconcile_a_failed_first_write_does_not_lose_its_service_id() {
     let backend = |s: &str| addr::backend(s.parse::<SocketAddr>().unwrap(), lb_common::PROTO_TCP);
     let frontend = |service: &str, backends: Vec<lb_common::Backend>| {
         let name = Arc::new(ServicePortName::new(ObjKey::new("ns", service), ""));
-        DesiredFrontend { name, tiers: [backends, Vec::new(), Vec::new()], flags: 0 }
+        DesiredFrontend { name, tiers: [backends, Vec::new(), Vec::new()], flags: 0, affinity_timeout_s: 0 }
     };
     let key = |ip: &str| addr::frontend_key(ip.parse().unwrap(), 80, lb_common::PROTO_TCP);
     let two = vec![backend("10.244.0.1:80"), backend("10.244.0.2:80")];

@@ -69,6 +69,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
                 name: ServicePortName::new(ObjKey::new("default", "web"), "").into(),
                 tiers: [b[..node].to_vec(), Vec::new(), b.clone()],
                 flags: 0,
+                affinity_timeout_s: 0,
             },
         );
         d

@@ -49,6 +49,7 @@ pub(super) fn desired(services: usize, per: usize) -> Desired {
                     name: ServicePortName::new(ObjKey::new("bench", format!("svc-{i}")), "").into(),
                     tiers: [Vec::new(), Vec::new(), b],
                     flags: 0,
+                    affinity_timeout_s: 0,
                 },
             )
         })

@@ -34,7 +34,12 @@ pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
         for ip in &p.cluster_ips {
             out.insert(
                 addr::frontend_key(*ip, p.port, proto),
-                DesiredFrontend { name: name.clone(), tiers: tiers.clone(), flags },
+                DesiredFrontend {
+                    name: name.clone(),
+                    tiers: tiers.clone(),
+                    flags,
+                    affinity_timeout_s: p.session_affinity.map_or(0, |a| a.timeout_seconds),
+                },
             );
         }
     }

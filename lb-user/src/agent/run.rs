@@ -256,6 +256,7 @@ fn adopt(core: &mut AgentCore<KernelMaps>) -> anyhow::Result<()> {
             frontends = adopted.frontends,
             orphan_slots_removed = adopted.orphan_slots_removed,
             orphan_names_removed = adopted.orphan_names_removed,
+            orphan_members_removed = adopted.orphan_members_removed,
             unnamed = adopted.unnamed,
             "adopted the maps of a previous agent"
         );

@@ -6,20 +6,15 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues},
     programs::{
         Program,
         links::{CgroupAttachMode, FdLink},
     },
 };
-use lb_common::{
-    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE,
-    MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, PINNED_MAPS,
-    ReverseKey, ReverseValue, ServiceName, SlotKey,
-};
+use lb_common::{MAPS, PINNED_MAPS};
 
-use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
-use crate::model::ServicePortName;
+mod maps;
+pub use maps::KernelMaps;
 
 /// The programs in the object, by function name; all are attached to the agent's cgroup. All are
 /// `cgroup/sock_addr` programs but `RELEASE_PROGRAM`.
@@ -54,6 +49,8 @@ pub struct Capacities {
     /// Reverse entries (socket, backend) -> VIP of unconnected UDP (the LRU), and connected UDP sockets tracked
     /// at once for destruction.
     pub reverse: u32,
+    /// sessionAffinity entries (frontend, client) remembered at once (an LRU).
+    pub affinity: u32,
 }
 
 impl Default for Capacities {
@@ -63,6 +60,7 @@ impl Default for Capacities {
             slots: lb_common::DEFAULT_MAX_SLOTS,
             backends: lb_common::DEFAULT_MAX_BACKENDS,
             reverse: lb_common::DEFAULT_MAX_REVERSE,
+            affinity: lb_common::DEFAULT_MAX_AFFINITY,
         }
     }
 }
@@ -173,7 +171,10 @@ fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-fn bpf_err<E: std::error::Error + Send + Sync + 'static>(what: impl Into<String>, e: E) -> DatapathError {
+pub(crate) fn bpf_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+    e: E,
+) -> DatapathError {
     let what = what.into();
     if is_eperm(&e) {
         DatapathError::Permission { what, source: Box::new(e) }
@@ -322,255 +323,5 @@ fn wrong_type(name: &str) -> DatapathError {
     DatapathError::Bpf {
         what: format!("program {name} has the wrong type"),
         source: "neither cgroup/sock_addr nor cgroup/sock".into(),
-    }
-}
-
-/// The seven maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
-/// read by the kernel only).
-pub struct KernelMaps {
-    frontends: HashMap<MapData, FrontendKey, FrontendValue>,
-    slots: HashMap<MapData, SlotKey, Backend>,
-    state: HashMap<MapData, Backend, BackendState>,
-    counters: PerCpuArray<MapData, u64>,
-    names: HashMap<MapData, u32, ServiceName>,
-    reverse: HashMap<MapData, ReverseKey, ReverseValue>,
-    connected_udp: HashMap<MapData, ReverseKey, ReverseValue>,
-    /// What `wait_for_readers` updates (an RCU grace period per update).
-    rcu: super::rcu::RcuWaiter,
-    max_services: u32,
-    caps: Capacities,
-    nr_cpus: usize,
-    /// A second descriptor of the counter map, from which `counters_reader` makes handles for readers off the
-    /// agent loop.
-    counters_fd: std::os::fd::OwnedFd,
-}
-
-impl KernelMaps {
-    fn from_ebpf(ebpf: &mut Ebpf, caps: Capacities) -> Result<Self, DatapathError> {
-        let mut maps = Vec::with_capacity(MAPS.len());
-        for name in MAPS {
-            maps.push(ebpf.take_map(name).ok_or(DatapathError::MissingMap { name })?);
-        }
-        Self::from_maps(maps, Some(caps))
-    }
-
-    /// `maps` in the order of `MAPS`.
-    fn from_maps(maps: Vec<Map>, caps: Option<Capacities>) -> Result<Self, DatapathError> {
-        fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
-            move |e| bpf_err(format!("map {name}"), e)
-        }
-        let [frontends, slots, state, counters, names, reverse, connected_udp]: [Map; MAPS.len()] =
-            maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
-        let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
-            HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
-        let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
-        let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
-        let counters_fd = match &counters {
-            Map::PerCpuArray(data) => std::os::fd::AsFd::as_fd(data.fd())
-                .try_clone_to_owned()
-                .map_err(|e| bpf_err(format!("map {MAP_COUNTERS}: duplicating its descriptor"), e))?,
-            _ => return Err(DatapathError::MissingMap { name: MAP_COUNTERS }),
-        };
-        let counters: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(counters).map_err(conv(MAP_COUNTERS))?;
-        let names = HashMap::try_from(names).map_err(conv(MAP_NAMES))?;
-        let reverse = HashMap::try_from(reverse).map_err(conv(MAP_REVERSE))?;
-        let connected_udp = HashMap::try_from(connected_udp).map_err(conv(MAP_CONNECTED_UDP))?;
-        let caps = caps.unwrap_or(Capacities {
-            services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
-            slots: u32::MAX,
-            backends: u32::MAX,
-            reverse: u32::MAX,
-        });
-        let nr_cpus = aya::util::nr_cpus().map_err(|(what, e)| bpf_err(what, e))?;
-        Ok(Self {
-            frontends,
-            slots,
-            state,
-            counters,
-            names,
-            reverse,
-            connected_udp,
-            rcu: super::rcu::RcuWaiter::new().map_err(|e| bpf_err("creating the grace-period map", e))?,
-            max_services: caps.services,
-            caps,
-            nr_cpus,
-            counters_fd,
-        })
-    }
-
-    /// Another handle on the per-CPU counter map, for a reader off the agent loop (`/metrics`): two
-    /// descriptors of one map are independent in the kernel, and a per-CPU lookup is a copy, so reads through
-    /// it neither wait on nor disturb the loop's writes.
-    pub fn counters_reader(&self) -> Result<PerCpuArray<MapData, u64>, DatapathError> {
-        let fd = self
-            .counters_fd
-            .try_clone()
-            .map_err(|e| bpf_err(format!("map {MAP_COUNTERS}: duplicating its descriptor"), e))?;
-        let data = MapData::from_fd(fd).map_err(|e| bpf_err(format!("map {MAP_COUNTERS}"), e))?;
-        PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|e| bpf_err(format!("map {MAP_COUNTERS}"), e))
-    }
-
-    /// Open maps pinned by an agent under `dir`.
-    pub fn open_pinned(dir: &Path) -> Result<Self, DatapathError> {
-        let open = |name: &str| {
-            let path = dir.join(name);
-            MapData::from_pin(&path)
-                .map(Map::from_map_data)
-                .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
-                .map_err(|e| DatapathError::Pinned { path, source: Box::new(e) })
-        };
-        let state = dir.join(MAP_BACKEND_STATE);
-        if let Ok(data) = MapData::from_pin(&state)
-            && data.info().is_ok_and(|i| i.value_size() == 4)
-        {
-            return Err(DatapathError::MarksWithoutExpiry { path: state });
-        }
-        let mut maps = Vec::with_capacity(MAPS.len());
-        for name in MAPS {
-            maps.push(open(name)?);
-        }
-        Self::from_maps(maps, None)
-    }
-}
-
-fn sys(map: &'static str, flag: &'static str, capacity: u32) -> impl Fn(aya::maps::MapError) -> MapError {
-    move |e| match e {
-        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
-            if io_error.raw_os_error() == Some(libc::E2BIG) =>
-        {
-            MapError::Full { map, capacity, flag }
-        }
-        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) => {
-            MapError::Sys { map, source: io_error }
-        }
-        other => MapError::Sys { map, source: std::io::Error::other(other) },
-    }
-}
-
-fn absent_ok<T>(r: Result<T, aya::maps::MapError>) -> Result<Option<T>, aya::maps::MapError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(aya::maps::MapError::KeyNotFound | aya::maps::MapError::ElementNotFound) => Ok(None),
-        Err(aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }))
-            if io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-impl MapReader for KernelMaps {
-    fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
-        self.frontends.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
-            MAP_FRONTENDS,
-            "services",
-            self.caps.services,
-        ))
-    }
-    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
-        absent_ok(self.slots.get(&key, 0)).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
-    }
-    fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
-        self.slots.keys().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
-    }
-    fn backend_marks(&self) -> Result<Vec<(Backend, BackendState)>, MapError> {
-        let all = self.state.iter().collect::<Result<Vec<_>, _>>();
-        all.map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
-    }
-    fn backend_mark(&self, backend: Backend) -> Result<Option<BackendState>, MapError> {
-        absent_ok(self.state.get(&backend, 0)).map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
-    }
-    fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
-        let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
-        for (kind, slot) in out.iter_mut().enumerate() {
-            let idx = lb_common::counter_index(svc_id, kind as u32);
-            let values =
-                self.counters.get(&idx, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
-            *slot = values.iter().sum();
-        }
-        Ok(out)
-    }
-    fn max_services(&self) -> u32 {
-        self.max_services
-    }
-    fn name(&self, svc_id: u32) -> Result<Option<String>, MapError> {
-        let n =
-            absent_ok(self.names.get(&svc_id, 0)).map_err(sys(MAP_NAMES, "services", self.max_services))?;
-        Ok(n.map(|n| n.as_str().to_owned()))
-    }
-    fn connected_udp(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError> {
-        self.connected_udp.iter().collect::<Result<Vec<_>, _>>().map_err(sys(
-            MAP_CONNECTED_UDP,
-            "reverse",
-            self.caps.reverse,
-        ))
-    }
-    fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError> {
-        let lru = self.reverse.keys().collect::<Result<Vec<_>, _>>();
-        let lru = lru.map_err(sys(MAP_REVERSE, "reverse", self.caps.reverse))?.len();
-        let registered = self.connected_udp.keys().collect::<Result<Vec<_>, _>>();
-        let registered = registered.map_err(sys(MAP_CONNECTED_UDP, "reverse", self.caps.reverse))?.len();
-        Ok(ReverseOccupancy { lru, connected_udp: registered })
-    }
-}
-
-impl MapWriter for KernelMaps {
-    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
-        self.slots.insert(key, backend, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
-    }
-    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
-        absent_ok(self.slots.remove(&key)).map(|_| ()).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
-    }
-    fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
-        self.frontends.insert(key, value, 0).map_err(sys(MAP_FRONTENDS, "services", self.caps.services))
-    }
-    fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
-        absent_ok(self.frontends.remove(&key)).map(|_| ()).map_err(sys(
-            MAP_FRONTENDS,
-            "services",
-            self.caps.services,
-        ))
-    }
-    fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {
-        self.state.insert(backend, mark, 0).map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
-    }
-    fn delete_backend_mark(&mut self, backend: Backend) -> Result<(), MapError> {
-        let err = sys(MAP_BACKEND_STATE, "backends", self.caps.backends);
-        absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
-    }
-    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
-        for kind in 0..COUNTERS_PER_SERVICE {
-            let zeros = PerCpuValues::try_from(vec![0u64; self.nr_cpus])
-                .map_err(|e| MapError::Sys { map: MAP_COUNTERS, source: e })?;
-            let idx = lb_common::counter_index(svc_id, kind);
-            self.counters.set(idx, zeros, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
-        }
-        Ok(())
-    }
-    fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
-        self.names.insert(svc_id, ServiceName::new(&name.to_string()), 0).map_err(sys(
-            MAP_NAMES,
-            "services",
-            self.max_services,
-        ))
-    }
-    fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError> {
-        absent_ok(self.names.remove(&svc_id)).map(|_| ()).map_err(sys(
-            MAP_NAMES,
-            "services",
-            self.max_services,
-        ))
-    }
-    fn forget_connected_udp(&mut self, key: &ReverseKey) -> Result<(), MapError> {
-        absent_ok(self.connected_udp.remove(key)).map(|_| ()).map_err(sys(
-            MAP_CONNECTED_UDP,
-            "reverse",
-            self.caps.reverse,
-        ))
-    }
-    fn wait_for_readers(&mut self) -> Result<(), MapError> {
-        self.rcu.wait().map_err(|source| MapError::Sys { map: super::rcu::MAP_NAME, source })
     }
 }

@@ -2,8 +2,8 @@
 use std::collections::BTreeMap;
 
 use lb_common::{
-    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue,
-    SlotKey,
+    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
+    MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey,
 };
 
 use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
@@ -18,6 +18,8 @@ pub struct FakeMaps {
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
     names: BTreeMap<u32, String>,
     connected_udp: BTreeMap<ReverseKey, ReverseValue>,
+    members: BTreeMap<MemberKey, MemberValue>,
+    affinity: BTreeMap<AffinityKey, AffinityValue>,
     reader_waits: usize,
     reader_waits_fail: bool,
     max_services: u32,
@@ -37,6 +39,14 @@ impl FakeMaps {
     /// Slots stored, over every frontend and generation.
     pub fn slot_count(&self) -> usize {
         self.slots.len()
+    }
+    /// The member entries stored, over every frontend and generation.
+    pub fn member_map(&self) -> &BTreeMap<MemberKey, MemberValue> {
+        &self.members
+    }
+    /// An affinity entry, as the data path writes one.
+    pub fn put_affinity(&mut self, key: AffinityKey, value: AffinityValue) {
+        self.affinity.insert(key, value);
     }
     /// Map updates and deletes so far.
     pub fn writes(&self) -> usize {
@@ -91,6 +101,12 @@ impl MapReader for FakeMaps {
     fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError> {
         Ok(ReverseOccupancy { lru: 0, connected_udp: self.connected_udp.len() })
     }
+    fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError> {
+        Ok(self.members.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+    fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError> {
+        Ok(self.affinity.iter().map(|(k, v)| (*k, *v)).collect())
+    }
 }
 
 impl MapWriter for FakeMaps {
@@ -119,6 +135,24 @@ impl MapWriter for FakeMaps {
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
         self.writes += 1;
         self.frontends.remove(&key);
+        Ok(())
+    }
+    fn put_member(&mut self, key: MemberKey, value: MemberValue) -> Result<(), MapError> {
+        // The member map has the slot map's capacity.
+        if !self.members.contains_key(&key) && self.members.len() >= self.max_slots as usize {
+            return Err(MapError::Full {
+                map: lb_common::MAP_MEMBERS,
+                capacity: self.max_slots,
+                flag: "slots",
+            });
+        }
+        self.writes += 1;
+        self.members.insert(key, value);
+        Ok(())
+    }
+    fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError> {
+        self.writes += 1;
+        self.members.remove(&key);
         Ok(())
     }
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use aya::maps::MapData;
 use lb_common::{
-    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, MAP_BACKEND_STATE,
-    MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, ReverseKey,
-    ReverseValue, ServiceName, SlotKey, SockState,
+    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
+    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_MEMBERS,
+    MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName,
+    SlotKey, SockState,
 };
 
 use super::ebpf::{Capacities, DatapathError};
@@ -25,7 +26,8 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
     let same = |n: u32| n;
     let (entries, flag, value, value_of): (u32, _, _, fn(u32) -> u32) = match name {
         MAP_FRONTENDS => (caps.services, "services", caps.services, same),
-        MAP_SLOTS => (caps.slots, "slots", caps.slots, same),
+        MAP_SLOTS | MAP_MEMBERS => (caps.slots, "slots", caps.slots, same),
+        MAP_AFFINITY => (caps.affinity, "affinity", caps.affinity, same),
         MAP_BACKEND_STATE => (caps.backends, "backends", caps.backends, same),
         MAP_COUNTERS => (
             caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE),
@@ -55,6 +57,8 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
                 (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
             }
             MAP_SOCKS => (4, size_of::<SockState>() as u32),
+            MAP_AFFINITY => (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32),
+            MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };

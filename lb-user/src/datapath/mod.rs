@@ -22,8 +22,8 @@ mod reconcile;
 use std::{collections::BTreeMap, sync::Arc};
 
 use lb_common::{
-    Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue, ReverseKey, ReverseValue,
-    SlotKey, TIER_COUNT,
+    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
+    MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
 };
 pub use reconcile::{AdoptReport, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
@@ -39,6 +39,8 @@ pub struct DesiredFrontend {
     pub tiers: [Vec<Backend>; TIER_COUNT],
     /// `FLAG_*` bits of the frontend value.
     pub flags: u32,
+    /// sessionAffinity ClientIP timeout in seconds; 0 is none (`FrontendValue::affinity_timeout_s`).
+    pub affinity_timeout_s: u32,
 }
 
 /// Every frontend the maps should hold, by key.
@@ -110,6 +112,10 @@ pub trait MapReader {
     /// How many reverse entries the maps hold outside the sockets' own storage (which is freed with them
     /// and cannot be counted from user space).
     fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError>;
+    /// Every member entry of the frontends with sessionAffinity (adoption removes orphans).
+    fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError>;
+    /// Every sessionAffinity entry, expired or not (`tierlb status`).
+    fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError>;
 }
 
 /// Everything the agent (and `tierlb backend`) writes to the maps.
@@ -122,6 +128,10 @@ pub trait MapWriter: MapReader {
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
     /// Delete a frontend (absent is fine).
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError>;
+    /// Write one member entry of a frontend with sessionAffinity.
+    fn put_member(&mut self, key: MemberKey, value: MemberValue) -> Result<(), MapError>;
+    /// Delete one member entry (absent is fine).
+    fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError>;
     /// Write a backend's mark (see `marks::mark_down`). One map write; while the mark lasts the data path
     /// skips the backend from the next connect on.
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError>;

@@ -22,13 +22,14 @@ use std::{
     time::Instant,
 };
 
-use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, SlotKey, TIER_COUNT, TierRange};
+use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, MemberKey, SlotKey, TIER_COUNT, TierRange};
 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
 use crate::model::{ObjKey, ServicePortName};
 
 mod adopt;
 mod grace;
+mod members;
 
 pub use adopt::AdoptReport;
 use grace::Buried;
@@ -176,8 +177,8 @@ impl<W: MapWriter> Reconciler<W> {
         let Some(applied) = self.applied.get(&key) else { return };
         match self.writer.delete_frontend(key) {
             Ok(()) => {
-                let value = applied.value;
-                self.bury(value, now, true);
+                let buried = Buried::new(&applied.value, &applied.desired, now, true);
+                self.graveyard.push_back(buried);
                 if let Some(applied) = self.applied.remove(&key) {
                     self.unindex(&applied.desired.name.service, key);
                 }
@@ -209,7 +210,8 @@ impl<W: MapWriter> Reconciler<W> {
         match self.write_frontend(key, want, previous.filter(|(_, same)| *same).map(|(v, _)| v)) {
             Ok(value) => {
                 if let Some((old, same)) = previous {
-                    self.bury(old, now, !same);
+                    let buried = Buried::new(&old, &self.applied[&key].desired, now, !same);
+                    self.graveyard.push_back(buried);
                     report.updated += 1;
                 } else {
                     report.added += 1;
@@ -263,6 +265,7 @@ impl<W: MapWriter> Reconciler<W> {
         let mut tiers = [TierRange::default(); TIER_COUNT];
         let mut index: u32 = 0;
         let mut written: u32 = 0;
+        let members = members::of(want);
         let result = (|| {
             for (t, backends) in want.tiers.iter().enumerate() {
                 let len = u16::try_from(backends.len())
@@ -276,7 +279,13 @@ impl<W: MapWriter> Reconciler<W> {
                     written = index;
                 }
             }
-            let value = FrontendValue { key, svc_id, generation, tiers, flags: want.flags };
+            // Before the swap, like the slots: a connect that reads the new value finds its members.
+            for (backend, value) in &members {
+                self.writer.put_member(MemberKey { svc_id, generation, backend: *backend }, *value)?;
+            }
+            let affinity_timeout_s = want.affinity_timeout_s;
+            let value =
+                FrontendValue { key, svc_id, generation, tiers, flags: want.flags, affinity_timeout_s };
             self.writer.put_frontend(key, value)?;
             Ok(value)
         })();
@@ -284,6 +293,10 @@ impl<W: MapWriter> Reconciler<W> {
             for i in 0..written {
                 // Best effort: these slots were never visible to the data path.
                 let _ = self.writer.delete_slot(SlotKey { svc_id, generation, index: i });
+            }
+            for backend in members.keys() {
+                // Nor these members (absent ones are fine).
+                let _ = self.writer.delete_member(MemberKey { svc_id, generation, backend: *backend });
             }
             if fresh_id {
                 // Nor was the name of an id that never had a frontend: it goes with the id.
@@ -322,6 +335,7 @@ mod tests {
                 cluster.iter().map(|s| be(s)).collect(),
             ],
             flags: 0,
+            affinity_timeout_s: 0,
         }
     }
 
@@ -461,7 +475,13 @@ mod tests {
         let rep = second.adopt().unwrap();
         assert_eq!(
             rep,
-            AdoptReport { frontends: 2, orphan_slots_removed: 1, orphan_names_removed: 1, unnamed: 0 }
+            AdoptReport {
+                frontends: 2,
+                orphan_slots_removed: 1,
+                orphan_names_removed: 1,
+                orphan_members_removed: 0,
+                unnamed: 0
+            }
         );
         assert_eq!(second.writer().name(orphan_id).unwrap(), None);
         assert!(second.writer().name(v.svc_id).unwrap().is_some(), "a used id keeps its name");
@@ -507,5 +527,74 @@ mod tests {
         let v = r.writer().frontend(fe("10.96.0.9:80")).unwrap();
         assert_eq!(v.svc_id, id);
         assert_eq!(r.writer().counters(id).unwrap()[2], 0);
+    }
+
+    #[test]
+    fn affinity_members_follow_their_generation_and_go_with_it() {
+        let mut r = Reconciler::new(FakeMaps::new(16, 64));
+        let t0 = Instant::now();
+        let k = fe("10.96.0.1:80");
+        let with_affinity = |node: &[&str], cluster: &[&str]| DesiredFrontend {
+            affinity_timeout_s: 60,
+            ..want(node, cluster)
+        };
+        let member = |svc_id, generation, b: &str, tiers| {
+            (MemberKey { svc_id, generation, backend: be(b) }, lb_common::MemberValue { tiers })
+        };
+        let mut d = Desired::new();
+        d.insert(k, with_affinity(&["10.0.0.1:80"], &["10.0.0.1:80", "10.0.0.2:80"]));
+        r.apply(&d, t0);
+        let v1 = r.writer().frontend(k).unwrap();
+        assert_eq!(v1.affinity_timeout_s, 60);
+        let id = v1.svc_id;
+        let gen1 = BTreeMap::from([member(id, 1, "10.0.0.1:80", 0b101), member(id, 1, "10.0.0.2:80", 0b100)]);
+        assert_eq!(*r.writer().member_map(), gen1, "each backend once, with the tiers it is in");
+
+        // A change writes generation 2's members beside generation 1's, which go after the grace period.
+        d.insert(k, with_affinity(&[], &["10.0.0.2:80", "10.0.0.3:80"]));
+        r.apply(&d, t0);
+        let gen2 = BTreeMap::from([member(id, 2, "10.0.0.2:80", 0b100), member(id, 2, "10.0.0.3:80", 0b100)]);
+        let both: BTreeMap<_, _> = gen1.iter().chain(&gen2).map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(*r.writer().member_map(), both);
+        r.collect_garbage(t0);
+        assert_eq!(*r.writer().member_map(), gen2);
+
+        // Affinity turned off: a new generation without members; then the frontend goes, and nothing is left.
+        d.insert(k, want(&[], &["10.0.0.2:80"]));
+        r.apply(&d, t0);
+        r.collect_garbage(t0);
+        assert!(r.writer().member_map().is_empty());
+        assert_eq!(r.writer().frontend(k).unwrap().affinity_timeout_s, 0);
+        d.insert(k, with_affinity(&[], &["10.0.0.4:80"]));
+        r.apply(&d, t0);
+        assert_eq!(r.writer().member_map().len(), 1);
+        r.apply(&Desired::new(), t0);
+        r.collect_garbage(t0);
+        assert!(r.writer().member_map().is_empty(), "a removed frontend's members go with its slots");
+    }
+
+    #[test]
+    fn adoption_keeps_current_members_and_removes_orphans() {
+        let t0 = Instant::now();
+        let mut first = Reconciler::new(FakeMaps::new(16, 64));
+        let k = fe("10.96.0.1:80");
+        let mut d = Desired::new();
+        d.insert(k, DesiredFrontend { affinity_timeout_s: 30, ..want(&[], &["10.0.0.1:80"]) });
+        first.apply(&d, t0);
+        let v = first.writer().frontend(k).unwrap();
+        let mut maps = first.writer;
+        // Killed in the middle of a swap: the next generation's member written, the frontend not switched.
+        let orphan = MemberKey { svc_id: v.svc_id, generation: v.generation + 1, backend: be("10.0.0.9:80") };
+        maps.put_member(orphan, lb_common::MemberValue { tiers: 0b100 }).unwrap();
+        let mut second = Reconciler::new(maps);
+        let rep = second.adopt().unwrap();
+        assert_eq!(rep.orphan_members_removed, 1);
+        let left: Vec<MemberKey> = second.writer().member_map().keys().copied().collect();
+        assert_eq!(
+            left,
+            [MemberKey { svc_id: v.svc_id, generation: v.generation, backend: be("10.0.0.1:80") }]
+        );
+        let rep = second.apply(&d, t0);
+        assert_eq!((rep.unchanged, rep.changed()), (1, 0), "the adopted frontend keeps its affinity");
     }
 }

@@ -152,6 +152,9 @@ pub struct Service {
     pub topology_mode_annotation: Option<String>,
     /// The deprecated `service.kubernetes.io/topology-aware-hints`, which wins over `topology-mode`.
     pub topology_aware_hints_annotation: Option<String>,
+    /// `spec.sessionAffinity: ClientIP`: its `sessionAffinityConfig.clientIP.timeoutSeconds` (default 10800);
+    /// `None` for no affinity.
+    pub session_affinity_timeout: Option<u32>,
 }
 
 impl Service {

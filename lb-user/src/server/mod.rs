@@ -452,7 +452,7 @@ mod tests {
                 let name = ServicePortName::new(ObjKey::new("default", *name), "");
                 (
                     addr::frontend_key(IpAddr::from(*vip), 80, 6),
-                    DesiredFrontend { name: name.into(), tiers, flags: 0 },
+                    DesiredFrontend { name: name.into(), tiers, flags: 0, affinity_timeout_s: 0 },
                 )
             })
             .collect()

@@ -157,6 +157,7 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         Some(n) => Some(port("spec.healthCheckNodePort", n)?),
     };
     let annotations = svc.metadata.annotations.clone().unwrap_or_default();
+    let session_affinity_timeout = session_affinity(&spec)?;
     Ok(Service {
         key,
         type_,
@@ -170,7 +171,44 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         traffic_distribution: spec.traffic_distribution.clone(),
         topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
         topology_aware_hints_annotation: annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS).cloned(),
+        session_affinity_timeout,
     })
+}
+
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
+/// The API server's largest `timeoutSeconds` (one day).
+pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+
+/// `spec.sessionAffinity`: the ClientIP timeout in seconds, or `None`. Refuses what the API server refuses
+/// (ValidateService: an unknown value, a timeout outside 1..=86400, a config without ClientIP).
+fn session_affinity(spec: &core::ServiceSpec) -> Result<Option<u32>, FieldError> {
+    let timeout = spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref());
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => match timeout {
+            Some(_) => Err(err(
+                "spec.sessionAffinityConfig",
+                "must not be set when sessionAffinity is None (set sessionAffinity: ClientIP, or remove it)",
+            )),
+            None => Ok(None),
+        },
+        Some("ClientIP") => match timeout.and_then(|c| c.timeout_seconds) {
+            None => Ok(Some(DEFAULT_AFFINITY_TIMEOUT_S)),
+            Some(t) => u32::try_from(t)
+                .ok()
+                .filter(|t| (1..=MAX_AFFINITY_TIMEOUT_S).contains(t))
+                .map(Some)
+                .ok_or_else(|| {
+                    err(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!("{t} is out of range (1-{MAX_AFFINITY_TIMEOUT_S} seconds)"),
+                    )
+                }),
+        },
+        Some(other) => {
+            Err(err("spec.sessionAffinity", format!("unknown session affinity {other:?} (None or ClientIP)")))
+        }
+    }
 }
 
 /// An EndpointSlice as the semantics read it: only `addresses[0]` of each endpoint (as kube-proxy), and no

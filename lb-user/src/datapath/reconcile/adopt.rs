@@ -20,6 +20,8 @@ pub struct AdoptReport {
     /// frontend is written, and a removed frontend's name goes a grace period after it, so an agent killed in
     /// between leaves one.
     pub orphan_names_removed: usize,
+    /// sessionAffinity member entries of no current generation (a swap cut short), deleted.
+    pub orphan_members_removed: usize,
     /// Frontends whose stored name is not `namespace/name[:port]` (adopted nameless; the first full sync
     /// replaces or removes them).
     pub unnamed: usize,
@@ -39,8 +41,12 @@ impl<W: MapWriter> Reconciler<W> {
                 report.unnamed += 1;
                 ServicePortName::default()
             });
-            let desired =
-                DesiredFrontend { name: Arc::new(name), tiers: rb.tiers.clone(), flags: rb.value.flags };
+            let desired = DesiredFrontend {
+                name: Arc::new(name),
+                tiers: rb.tiers.clone(),
+                flags: rb.value.flags,
+                affinity_timeout_s: rb.value.affinity_timeout_s,
+            };
             self.index(*key, Applied { value: rb.value, desired });
             used.insert(rb.value.svc_id);
             report.frontends += 1;
@@ -51,6 +57,19 @@ impl<W: MapWriter> Reconciler<W> {
             if !live.contains(&(key.svc_id, key.generation)) {
                 self.writer.delete_slot(key)?;
                 report.orphan_slots_removed += 1;
+            }
+        }
+        // Member entries are checked against the generation too, so an orphan is never used; removed all the
+        // same, as their generation's slots were (or the member map would fill).
+        let with_affinity: BTreeSet<(u32, u32)> = current
+            .values()
+            .filter(|rb| rb.value.affinity_timeout_s != 0)
+            .map(|rb| (rb.value.svc_id, rb.value.generation))
+            .collect();
+        for (key, _) in self.writer.members()? {
+            if !with_affinity.contains(&(key.svc_id, key.generation)) {
+                self.writer.delete_member(key)?;
+                report.orphan_members_removed += 1;
             }
         }
         // Every id the maps can name, since any may have been named last (O(--max-services) lookups, once).

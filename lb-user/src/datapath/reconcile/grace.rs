@@ -2,37 +2,43 @@
 //! kernel's grace period is over, then go. See the parent module for why the wait is the kernel's.
 use std::time::{Duration, Instant};
 
-use lb_common::{FrontendValue, SlotKey};
+use lb_common::{Backend, FrontendValue, MemberKey, SlotKey};
 
-use super::Reconciler;
-use crate::datapath::MapWriter;
+use super::{Reconciler, members};
+use crate::datapath::{DesiredFrontend, MapWriter};
 
 /// How long old slots outlive the frontend update that stopped pointing at them when the kernel's grace
 /// period cannot be waited for (`MapWriter::wait_for_readers` failed). Programs finish in microseconds.
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
 
-/// Slots waiting for their grace period to end; `free_id` returns the service id as well.
-#[derive(Clone, Copy, Debug)]
+/// Slots (and the member entries of a frontend with sessionAffinity) waiting for their grace period to end;
+/// `free_id` returns the service id as well.
+#[derive(Clone, Debug)]
 pub(super) struct Buried {
     pub(super) since: Instant,
     svc_id: u32,
     generation: u32,
     count: u32,
+    members: Vec<Backend>,
     free_id: bool,
 }
 
-impl<W: MapWriter> Reconciler<W> {
-    pub(super) fn bury(&mut self, value: FrontendValue, now: Instant, free_id: bool) {
+impl Buried {
+    /// The generation `value` points at, holding what `desired` asked for.
+    pub(super) fn new(value: &FrontendValue, desired: &DesiredFrontend, now: Instant, free_id: bool) -> Self {
         let count = value.tiers.iter().map(|r| u32::from(r.start) + u32::from(r.len)).max().unwrap_or(0);
-        self.graveyard.push_back(Buried {
+        Self {
             since: now,
             svc_id: value.svc_id,
             generation: value.generation,
             count,
+            members: members::of(desired).into_keys().collect(),
             free_id,
-        });
+        }
     }
+}
 
+impl<W: MapWriter> Reconciler<W> {
     /// Step (3): wait for the kernel's grace period (once, if anything was buried) and delete the slots
     /// buried so far, freeing their service ids. Call it periodically, off the sync path; if the wait fails,
     /// what was buried goes by `DEFAULT_GRACE` from its burial instead, measured at `now`.
@@ -47,16 +53,22 @@ impl<W: MapWriter> Reconciler<W> {
                 false
             }
         };
-        while let Some(b) = self.graveyard.front().copied() {
+        while let Some(b) = self.graveyard.front() {
             if !waited && now.duration_since(b.since) < DEFAULT_GRACE {
                 break;
             }
-            self.graveyard.pop_front();
+            let Some(b) = self.graveyard.pop_front() else { break };
             for index in 0..b.count {
                 if let Err(e) =
                     self.writer.delete_slot(SlotKey { svc_id: b.svc_id, generation: b.generation, index })
                 {
                     tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old slot failed");
+                }
+            }
+            for backend in b.members {
+                let key = MemberKey { svc_id: b.svc_id, generation: b.generation, backend };
+                if let Err(e) = self.writer.delete_member(key) {
+                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old member entry failed");
                 }
             }
             if b.free_id {

@@ -251,15 +251,64 @@ mod tests {
         parse_file(Path::new("dir/x.yaml"), text)
     }
 
+    struct Case {
+        name: &'static str,
+        text: String,
+        object: Option<&'static str>,
+        field: Option<&'static str>,
+        message: &'static str,
+    }
+
+    /// Each case's document, after a good one, is reported as the case says; the good one is still read.
+    fn check_bad(cases: impl IntoIterator<Item = Case>) {
+        for c in cases {
+            let text = format!("{GOOD}---\n{}", c.text);
+            let got = one(&text);
+            assert_eq!(got.diagnostics.len(), 1, "{}: {:?}", c.name, got.diagnostics);
+            let d = &got.diagnostics[0];
+            let Origin::File { path, document, object } = &d.origin else { panic!("{}: {d}", c.name) };
+            assert_eq!(path, Path::new("dir/x.yaml"), "{}", c.name);
+            assert_eq!(*document, Some(1), "{}", c.name);
+            assert_eq!(object.as_deref(), c.object, "{}", c.name);
+            assert_eq!(d.field.as_deref(), c.field, "{}: {d}", c.name);
+            assert!(d.message.contains(c.message), "{}: {d}", c.name);
+            assert!(d.to_string().starts_with("dir/x.yaml document 1"), "{d}");
+            assert!(matches!(got.objects.first(), Some(Object::Service(_))), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn bad_session_affinity_is_refused_as_the_api_server_refuses_it() {
+        check_bad([
+            Case {
+                name: "unknown session affinity",
+                text: GOOD.replace("spec:\n", "spec:\n  sessionAffinity: Cookie\n"),
+                object: Some("Service web"),
+                field: Some("spec.sessionAffinity"),
+                message: "unknown session affinity \"Cookie\" (None or ClientIP)",
+            },
+            Case {
+                name: "affinity timeout over a day",
+                text: GOOD.replace(
+                    "spec:\n",
+                    "spec:\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 86401}}\n",
+                ),
+                object: Some("Service web"),
+                field: Some("spec.sessionAffinityConfig.clientIP.timeoutSeconds"),
+                message: "86401 is out of range (1-86400 seconds)",
+            },
+            Case {
+                name: "affinity config without ClientIP",
+                text: GOOD.replace("spec:\n", "spec:\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n"),
+                object: Some("Service web"),
+                field: Some("spec.sessionAffinityConfig"),
+                message: "must not be set when sessionAffinity is None",
+            },
+        ]);
+    }
+
     #[test]
     fn bad_documents_are_reported_with_file_document_and_field() {
-        struct Case {
-            name: &'static str,
-            text: String,
-            object: Option<&'static str>,
-            field: Option<&'static str>,
-            message: &'static str,
-        }
         let cases = [
             Case { name: "malformed YAML", text: "kind: Service\n  bad: [".into(), object: None, field: None, message: "malformed YAML" },
             Case {
@@ -319,20 +368,31 @@ mod tests {
                 message: "does not match addressType IPv4",
             },
         ];
-        for c in cases {
-            let text = format!("{GOOD}---\n{}", c.text);
-            let got = one(&text);
-            assert_eq!(got.diagnostics.len(), 1, "{}: {:?}", c.name, got.diagnostics);
-            let d = &got.diagnostics[0];
-            let Origin::File { path, document, object } = &d.origin else { panic!("{}: {d}", c.name) };
-            assert_eq!(path, Path::new("dir/x.yaml"), "{}", c.name);
-            assert_eq!(*document, Some(1), "{}", c.name);
-            assert_eq!(object.as_deref(), c.object, "{}", c.name);
-            assert_eq!(d.field.as_deref(), c.field, "{}: {d}", c.name);
-            assert!(d.message.contains(c.message), "{}: {d}", c.name);
-            assert!(d.to_string().starts_with("dir/x.yaml document 1"), "{d}");
-            // The good document before it is still read.
-            assert!(matches!(got.objects.first(), Some(Object::Service(_))), "{}", c.name);
+        check_bad(cases);
+    }
+
+    #[test]
+    fn session_affinity_is_read_with_kube_proxys_default_timeout() {
+        let cases = [
+            ("no affinity", "", None),
+            ("None", "  sessionAffinity: None\n", None),
+            ("ClientIP without a config: 3 hours", "  sessionAffinity: ClientIP\n", Some(10_800)),
+            (
+                "ClientIP with a timeout",
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n",
+                Some(60),
+            ),
+            (
+                "ClientIP with an empty clientIP config",
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {}}\n",
+                Some(10_800),
+            ),
+        ];
+        for (name, spec, want) in cases {
+            let got = one(&GOOD.replace("spec:\n", &format!("spec:\n{spec}")));
+            assert!(got.diagnostics.is_empty(), "{name}: {:?}", got.diagnostics);
+            let Some(Object::Service(svc)) = got.objects.first() else { panic!("{name}: {:?}", got.objects) };
+            assert_eq!(svc.session_affinity_timeout, want, "{name}");
         }
     }
 

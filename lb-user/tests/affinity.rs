@@ -1,0 +1,159 @@
+//! In-kernel tests of `sessionAffinity: ClientIP`, decided in the data path: a client (its network namespace;
+//! every client of a `SimCluster` shares one) keeps its backend while it keeps connecting, spreads again
+//! once its timeout has run out since its last connect, loses a backend that leaves or is marked down without
+//! a failed connect, and is held within the tier the topology rules select.
+mod common;
+
+use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
+
+use common::{cluster, eventually, tierlb};
+use lb_testkit::{
+    cluster::SimCluster,
+    manifests::{Ep, Svc, write_service},
+    probe::Report,
+    sandbox::BpfFs,
+};
+
+fn vip() -> SocketAddr {
+    "10.96.0.20:80".parse().unwrap()
+}
+
+/// web on the VIP with sessionAffinity ClientIP (`timeout` s) and a pod on each of `nodes` (10.244.<i+1>.20,
+/// named pod-<node>), all in zone a; `prefer_same_node` adds the PreferSameNode hints.
+fn web(c: &mut SimCluster, nodes: &[&str], timeout: u32, prefer_same_node: bool) -> (Svc, Vec<Ep>) {
+    let eps = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let a = SocketAddr::new(format!("10.244.{}.20", i + 1).parse().unwrap(), 8080);
+            c.add_pod(a, &format!("pod-{node}")).unwrap();
+            let ep = Ep::ready(a.ip(), node).zone("a");
+            if prefer_same_node { ep.prefer_same_node() } else { ep }
+        })
+        .collect();
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.session_affinity_timeout = Some(timeout);
+    if prefer_same_node {
+        svc.traffic_distribution = Some("PreferSameNode".into());
+    }
+    (svc, eps)
+}
+
+/// A cluster with `web` (see there) written and node-1's agent pinning under a bpffs of its own.
+fn start(tag: &str, timeout: u32, prefer_same_node: bool) -> (SimCluster, BpfFs, String, Svc, Vec<Ep>) {
+    let mut c = cluster(tag);
+    let bpffs = BpfFs::new(tag).unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    let (svc, eps) = web(&mut c, &["node-1", "node-2", "node-3"], timeout, prefer_same_node);
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
+    (c, bpffs, pin, svc, eps)
+}
+
+/// A burst of 10 connects from node-1: the one backend they all reached.
+fn burst(c: &SimCluster, what: &str) -> String {
+    only_backend(&c.probe("node-1", vip(), 10, Duration::ZERO).unwrap(), what)
+}
+
+/// `tierlb backend down|up ADDR` (down for a minute).
+fn mark(pin: &str, how: &str, addr: &str) {
+    let mut args = vec!["backend", how, addr, "--bpffs", pin];
+    if how == "down" {
+        args.extend(["--for", "1m"]);
+    }
+    let (ok, _, err) = tierlb(&args);
+    assert!(ok, "{err}");
+}
+
+/// The one backend every connect of `r` reached; fails on a failed connect or a second backend.
+fn only_backend(r: &Report, what: &str) -> String {
+    assert_eq!(r.failures(), 0, "{what}: {:?}", r.errors());
+    let backends = r.by_backend();
+    assert_eq!(backends.len(), 1, "{what}: connects spread over {backends:?}");
+    backends.into_keys().next().unwrap()
+}
+
+fn frontend_status(pin: &str) -> serde_json::Value {
+    let (ok, out, err) = tierlb(&["status", "-o", "json", "--bpffs", pin]);
+    assert!(ok, "{err}");
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    st[0]["frontends"][0].clone()
+}
+
+#[test]
+fn a_client_keeps_its_backend_while_it_connects_and_spreads_again_once_the_timeout_ran_out() {
+    let (c, _bpffs, pin, _, _) = start("aff-timeout", 1, false);
+
+    // The timeout runs from the last connect: a connect every 0.4 s for 3.2 s never lets it (1 s) run out.
+    let r = c.probe("node-1", vip(), 9, Duration::from_millis(400)).unwrap();
+    only_backend(&r, "connects 0.4 s apart with a 1 s timeout");
+
+    // Bursts 1.3 s apart: each burst sticks to one backend, and the bursts spread (with 3 backends, 10 bursts
+    // all on one backend would happen with probability 3^-9).
+    let mut chosen = BTreeSet::new();
+    for round in 0..10 {
+        std::thread::sleep(Duration::from_millis(1300));
+        let r = c.probe("node-1", vip(), 20, Duration::ZERO).unwrap();
+        chosen.insert(only_backend(&r, &format!("burst {round}")));
+    }
+    assert!(chosen.len() >= 2, "10 bursts after the timeout all went to {chosen:?}");
+
+    let f = frontend_status(&pin);
+    assert_eq!(f["session_affinity"]["timeout_seconds"], 1, "{f}");
+    assert_eq!(f["session_affinity"]["clients"], 1, "one client (the cluster's netns) remembered: {f}");
+    // Every connect but the first of each burst (and of the paced run) went to the remembered backend.
+    let sticky = f["connections"]["affinity"].as_u64().unwrap();
+    assert_eq!(sticky, 8 + 10 * 19, "{f}");
+    let (_, table, _) = tierlb(&["status", "--bpffs", &pin]);
+    assert!(table.contains("sessionAffinity ClientIP 1 s: 1 clients remembered"), "{table}");
+}
+
+#[test]
+fn the_sticky_backend_marked_down_or_leaving_costs_no_failed_connect() {
+    let (c, _bpffs, pin, svc, eps) = start("aff-leave", 600, false);
+    let first = burst(&c, "first burst");
+    let addr_of = |pod: &str| {
+        let i = ["pod-node-1", "pod-node-2", "pod-node-3"].iter().position(|p| *p == pod).unwrap();
+        format!("10.244.{}.20:8080", i + 1)
+    };
+
+    // Marked down: the client moves to another backend at once and sticks to it.
+    mark(&pin, "down", &addr_of(&first));
+    let second = burst(&c, "while the sticky backend is marked down");
+    assert_ne!(second, first);
+    // The mark lifted: the client stays where it is now (its entry names a live member).
+    mark(&pin, "up", &addr_of(&first));
+    assert_eq!(burst(&c, "after the mark was lifted"), second);
+
+    // The sticky backend leaves the EndpointSlice while the client connects every 5 ms: no connect fails.
+    let probe = c.start_probe("node-1", vip(), 300, Duration::from_millis(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = c.syncs_all();
+    let kept: Vec<Ep> =
+        eps.iter().filter(|e| addr_of(&second) != format!("{}:8080", e.ip)).cloned().collect();
+    write_service(c.manifests.path(), &svc, &kept).unwrap();
+    c.wait_synced(&before).unwrap();
+    let r = probe.wait().unwrap();
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    let third = r.attempts.last().and_then(|a| a.backend.clone()).unwrap();
+    assert_ne!(third, second, "the departed backend is not used: {:?}", r.by_backend());
+    assert_eq!(r.by_backend().len(), 2, "one backend before, one after: {:?}", r.by_backend());
+    assert_eq!(burst(&c, "after the backend left"), third);
+}
+
+#[test]
+fn affinity_holds_within_the_tier_topology_selects() {
+    let (c, _bpffs, pin, _, _) = start("aff-tier", 600, true);
+    assert_eq!(burst(&c, "node tier"), "pod-node-1");
+
+    // The node tier's backend is marked down: the zone tier serves, and the client sticks within it.
+    mark(&pin, "down", "10.244.1.20:8080");
+    let fallback = burst(&c, "zone tier");
+    assert_ne!(fallback, "pod-node-1");
+    // Back up: topology comes first, so the client returns to the node tier although its entry names a live
+    // zone backend.
+    mark(&pin, "up", "10.244.1.20:8080");
+    assert!(eventually(2, || burst(&c, "node tier again") == "pod-node-1"));
+    let f = frontend_status(&pin);
+    assert_eq!(f["connections"]["affinity"].as_u64().unwrap(), 9 + 9 + 9, "{f}");
+}
