@@ -13,6 +13,7 @@ use tierlb::{
 };
 
 mod controller_hints;
+mod external;
 mod lints;
 mod rules;
 mod scenarios;
