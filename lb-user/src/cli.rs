@@ -88,8 +88,8 @@ pub struct NodeArgs {
     pub nodeport_addresses: Option<crate::external::NodePortAddresses>,
     /// Translate only the externalIPs inside these comma-separated CIDRs (the others are listed as not
     /// translated); default: every externalIP, as kube-proxy.
-    #[arg(long, value_name = "CIDRS", value_parser = crate::external::parse_external_ip_cidrs)]
-    pub external_ip_cidrs: Option<Vec<crate::external::Cidr>>,
+    #[arg(long, value_name = "CIDRS")]
+    pub external_ip_cidrs: Option<crate::external::CidrList>,
 }
 
 impl NodeArgs {
@@ -97,7 +97,7 @@ impl NodeArgs {
     pub fn external(&self) -> crate::external::ExternalConfig {
         crate::external::ExternalConfig {
             node_port_addresses: self.nodeport_addresses.clone().unwrap_or_default(),
-            external_ip_cidrs: self.external_ip_cidrs.clone(),
+            external_ip_cidrs: self.external_ip_cidrs.clone().map(|l| l.0),
         }
     }
 

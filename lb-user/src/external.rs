@@ -103,9 +103,15 @@ impl FromStr for NodePortAddresses {
     }
 }
 
-/// The `--external-ip-cidrs` value: `None` is no limit (kube-proxy has none).
-pub fn parse_external_ip_cidrs(s: &str) -> Result<Vec<Cidr>, BadCidr> {
-    cidr_list(s)
+/// Comma-separated CIDRs as one flag value (`--external-ip-cidrs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CidrList(pub Vec<Cidr>);
+
+impl FromStr for CidrList {
+    type Err = BadCidr;
+    fn from_str(s: &str) -> Result<Self, BadCidr> {
+        cidr_list(s).map(Self)
+    }
 }
 
 /// What the agent, `plan` and `explain` are told about external addresses.

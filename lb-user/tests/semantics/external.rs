@@ -124,33 +124,33 @@ fn connects_made_on_the_node_get_the_cluster_set_whatever_the_traffic_policies()
 
 #[test]
 fn external_frontends_are_node_ports_on_node_addresses_vip_mode_ingress_ips_and_allowed_external_ips() {
-    let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
-    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-    let mut s = reachable(Policy::Cluster, Policy::Cluster);
-    s.type_ = ServiceType::LoadBalancer;
-    s.load_balancer_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
-    s.load_balancer_proxy_ips = vec![ip("192.0.2.20")];
-    s.external_ips = vec![ip("198.51.100.7"), ip("203.0.113.9"), ip("192.0.2.10")];
-    let m = model(s, &[e("10.2.0.1", "n2")]);
-    let n = NodeInfo {
+    let sock = |text: &str| text.parse::<SocketAddr>().unwrap();
+    let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+    let mut service = reachable(Policy::Cluster, Policy::Cluster);
+    service.type_ = ServiceType::LoadBalancer;
+    service.load_balancer_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
+    service.load_balancer_proxy_ips = vec![ip("192.0.2.20")];
+    service.external_ips = vec![ip("198.51.100.7"), ip("203.0.113.9"), ip("192.0.2.10")];
+    let the_model = model(service, &[e("10.2.0.1", "n2")]);
+    let the_node = NodeInfo {
         node_port_addresses: vec![ip("10.0.0.1"), ip("172.16.0.1"), ip("fd00::1")],
         external_ip_cidrs: Some(vec!["198.51.100.0/24".parse::<Cidr>().unwrap()]),
         ..node("n1", None)
     };
-    let p = plan::plan(&m, &n);
-    let x = p.services[0].external.as_ref().unwrap();
-    let got: Vec<(ExternalKind, SocketAddr)> = x.frontends.iter().map(|f| (f.kind, f.addr)).collect();
+    let planned = plan::plan(&the_model, &the_node);
+    let ext = planned.services[0].external.as_ref().unwrap();
+    let got: Vec<(ExternalKind, SocketAddr)> = ext.frontends.iter().map(|f| (f.kind, f.addr)).collect();
     assert_eq!(
         got,
         [
-            (ExternalKind::NodePort, sa("10.0.0.1:30080")),
-            (ExternalKind::NodePort, sa("172.16.0.1:30080")),
-            (ExternalKind::LoadBalancer, sa("192.0.2.10:80")),
-            (ExternalKind::ExternalIp, sa("198.51.100.7:80")),
+            (ExternalKind::NodePort, sock("10.0.0.1:30080")),
+            (ExternalKind::NodePort, sock("172.16.0.1:30080")),
+            (ExternalKind::LoadBalancer, sock("192.0.2.10:80")),
+            (ExternalKind::ExternalIp, sock("198.51.100.7:80")),
         ]
     );
     let skipped: Vec<(IpAddr, &NotTranslatedReason)> =
-        x.not_translated.iter().map(|n| (n.ip, &n.reason)).collect();
+        ext.not_translated.iter().map(|t| (t.ip, &t.reason)).collect();
     assert_eq!(skipped.len(), 3, "{skipped:?}");
     assert!(
         matches!(skipped[0], (a, NotTranslatedReason::OutsideExternalIpCidrs { .. }) if a == ip("203.0.113.9"))
@@ -160,7 +160,7 @@ fn external_frontends_are_node_ports_on_node_addresses_vip_mode_ingress_ips_and_
         "an externalIP outside the CIDRs is listed even when it is also the ingress IP (translated as that)"
     );
     assert_eq!(skipped[2], (ip("192.0.2.20"), &NotTranslatedReason::IpModeProxy));
-    let text = tierlb::explain::explain(&m, &n, &ObjKey::new("default", "web")).unwrap();
+    let text = tierlb::explain::explain(&the_model, &the_node, &ObjKey::new("default", "web")).unwrap();
     for want in [
         "node port 10.0.0.1:30080: translated",
         "load-balancer IP 192.0.2.20: NOT translated, ipMode Proxy",
