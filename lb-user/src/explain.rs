@@ -210,5 +210,11 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
          handles it, tierlb never sees it):",
         ext.from_outside.policy.as_str()
     );
-    traffic_text(out, &ext.from_outside, pp, node);
+    let outside = &ext.from_outside;
+    let empty = match outside.when_empty {
+        Some(WhenEmpty::Drop) => " (none local: kube-proxy drops it)",
+        Some(WhenEmpty::Reject) => " (kube-proxy rejects it)",
+        None => "",
+    };
+    let _ = writeln!(out, "    endpoints: {}{empty}", list(&outside.endpoints));
 }
