@@ -410,3 +410,56 @@ impl AgentBox {
         self.child.stop(Duration::from_secs(5))
     }
 }
+
+/// Everything a test needs to run the boxed agent on one node: the rendered DaemonSet container, the node,
+/// the child cgroup and private bpffs that stand in for the node's, the manifests directory and the agent's
+/// log (inside the manifests directory, hidden, so the loader skips it).
+pub struct BoxedNode {
+    /// The DaemonSet's container, rendered from `deploy/`.
+    pub container: Container,
+    /// The node's network namespace and pods.
+    pub node: Node,
+    /// The cgroup the agent attaches to; pods' processes join it.
+    pub cgroup: crate::sandbox::Cgroup,
+    /// The node's /sys/fs/bpf.
+    pub bpffs: crate::sandbox::BpfFs,
+    /// The agent's `--manifests`.
+    pub manifests: TempDir,
+    /// The agent's output.
+    pub log: PathBuf,
+    tierlb: PathBuf,
+}
+
+impl BoxedNode {
+    /// A node for `tierlb` with the DaemonSet of `deploy_dir`; needs root.
+    pub fn new(tag: &str, tierlb: &Path, deploy_dir: &Path) -> anyhow::Result<Self> {
+        anyhow::ensure!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+        let manifests = TempDir::new(tag)?;
+        Ok(Self {
+            container: Container::render(deploy_dir)?,
+            node: Node::new(tag)?,
+            cgroup: crate::sandbox::Cgroup::new(tag)?,
+            bpffs: crate::sandbox::BpfFs::new(tag)?,
+            log: manifests.path().join(".agent.log"),
+            manifests,
+            tierlb: tierlb.to_owned(),
+        })
+    }
+
+    /// Start the agent as the DaemonSet runs it on `node`, with `extra` flags; returns once it is ready.
+    pub fn start_agent(&self, node: &str, extra: &[&str]) -> anyhow::Result<AgentBox> {
+        let from = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
+        let mut args = AgentBox::agent_args(&self.container, node, self.cgroup.path())?;
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let paths = BoxPaths {
+            tierlb: &self.tierlb,
+            manifests: self.manifests.path(),
+            cgroup: self.cgroup.path(),
+            bpffs: self.bpffs.path(),
+            log: &self.log,
+        };
+        let mut agent = AgentBox::start(&self.container, &self.node, &paths, &args)?;
+        agent.wait_for(&self.log, from, "tierlb agent ready", Duration::from_secs(30))?;
+        Ok(agent)
+    }
+}

@@ -81,6 +81,30 @@ pub struct NodeArgs {
     /// The node's zone; default: the Node object's topology.kubernetes.io/zone label in the source.
     #[arg(long)]
     pub zone: Option<String>,
+    /// Where NodePorts are translated, kube-proxy's flag: comma-separated CIDRs selecting among this host's
+    /// interface addresses (a family with no CIDR: all of its addresses), or `primary` (the node's first
+    /// InternalIP per family). Default: the InternalIP and ExternalIP addresses of the Node object.
+    #[arg(long, value_name = "CIDRS|primary")]
+    pub nodeport_addresses: Option<crate::external::NodePortAddresses>,
+    /// Translate only the externalIPs inside these comma-separated CIDRs (the others are listed as not
+    /// translated); default: every externalIP, as kube-proxy.
+    #[arg(long, value_name = "CIDRS")]
+    pub external_ip_cidrs: Option<crate::external::CidrList>,
+}
+
+impl NodeArgs {
+    /// The external address settings the flags ask for.
+    pub fn external(&self) -> crate::external::ExternalConfig {
+        crate::external::ExternalConfig {
+            node_port_addresses: self.nodeport_addresses.clone().unwrap_or_default(),
+            external_ip_cidrs: self.external_ip_cidrs.clone().map(|l| l.0),
+        }
+    }
+
+    /// The node to plan for, from the flags and the model.
+    pub fn resolve(&self, model: &crate::model::Model) -> NodeInfo {
+        NodeInfo::resolve_with(&self.node, self.zone.as_deref(), model, &self.external())
+    }
 }
 
 /// `tierlb agent`.
@@ -154,6 +178,7 @@ impl AgentArgs {
         crate::agent::AgentOptions {
             node: self.node.node.clone(),
             zone: self.node.zone.clone(),
+            external: self.node.external(),
             source: match &self.manifests {
                 Some(dir) => crate::agent::Source::Manifests(dir.clone()),
                 None => crate::agent::Source::Kube,
@@ -304,7 +329,7 @@ pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
 /// `tierlb explain`: the explanation text.
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
     let model = load_for_cli(&args.manifests)?.model;
-    let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
+    let node = args.node.resolve(&model);
     crate::explain::explain(&model, &node, &args.service).ok_or_else(|| {
         anyhow::anyhow!(
             "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
@@ -331,7 +356,7 @@ pub struct PlanOutput {
 /// counted, so that the command can exit non-zero after printing the plan.
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
     let CliInput { model, errors } = load_for_cli(&args.manifests)?;
-    let node = NodeInfo::resolve(&args.node.node, args.node.zone.as_deref(), &model);
+    let node = args.node.resolve(&model);
     let p = plan::plan(&model, &node);
     let text = match args.output {
         Output::Json => serde_json::to_string_pretty(&p)? + "\n",

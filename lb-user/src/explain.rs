@@ -5,6 +5,7 @@ use std::{fmt::Write as _, net::SocketAddr};
 use crate::{
     hints::{self, HintMode},
     model::{Model, NodeInfo, ObjKey, Policy},
+    plan::ExternalPlan,
     plan::{self, HintReason, PortPlan, SelectedTier, TrafficPlan, WhenEmpty},
 };
 
@@ -181,12 +182,47 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
         let _ = writeln!(out, "  internal traffic (ClusterIP):");
         traffic_text(&mut out, &pp.internal, pp, node);
         if let Some(ext) = &pp.external {
-            let _ = writeln!(out, "  external traffic (node port, load-balancer or external IPs):");
-            traffic_text(&mut out, ext, pp, node);
+            external_text(&mut out, ext, pp, node);
         }
         for w in &pp.warnings {
             let _ = writeln!(out, "  warning: {w}");
         }
     }
     Some(out)
+}
+
+/// External destinations: which are translated here and which not (why), the set of connects made on the
+/// node (pods and host alike, kube-proxy's short-circuit), and, for comparison, the set kube-proxy gives
+/// traffic from outside, which tierlb does not see.
+fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &NodeInfo) {
+    let _ = writeln!(out, "  external destinations (node ports, load-balancer IPs, external IPs):");
+    if ext.frontends.is_empty() {
+        let _ = writeln!(out, "    none translated on this node");
+    }
+    for f in &ext.frontends {
+        let _ =
+            writeln!(out, "    {} {}: translated for connects made on this node", f.kind.as_str(), f.addr);
+    }
+    for n in &ext.not_translated {
+        let _ = writeln!(out, "    {} {}: NOT translated, {}", n.kind.as_str(), n.ip, n.text());
+    }
+    let _ = writeln!(
+        out,
+        "  connects to them from pods and from the node's own processes (kube-proxy short-circuits both to the \
+         cluster-policy endpoints, whatever the traffic policies):"
+    );
+    traffic_text(out, &ext.from_node, pp, node);
+    let _ = writeln!(
+        out,
+        "  traffic arriving from outside the node (externalTrafficPolicy {}; kube-proxy or another data plane \
+         handles it, tierlb never sees it):",
+        ext.from_outside.policy.as_str()
+    );
+    let outside = &ext.from_outside;
+    let empty = match outside.when_empty {
+        Some(WhenEmpty::Drop) => " (none local: kube-proxy drops it)",
+        Some(WhenEmpty::Reject) => " (kube-proxy rejects it)",
+        None => "",
+    };
+    let _ = writeln!(out, "    endpoints: {}{empty}", list(&outside.endpoints));
 }

@@ -116,7 +116,7 @@ pub fn skew_warning(model: &Model, svc: &Service, port: &ServicePort, family: Fa
     {
         return None;
     }
-    let probe = NodeInfo { name: String::new(), zone: None };
+    let probe = NodeInfo::new(String::new(), None);
     let eps = plan::port_endpoints(model.slices_of(&svc.key), port, family, &probe.name);
     let ready = eps.iter().filter(|e| e.endpoint.is_ready()).count();
     if ready == 0 || ready >= model.nodes.len() {

@@ -11,6 +11,9 @@ use std::{
 
 use serde::Serialize;
 
+mod external;
+pub use external::{ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason};
+
 use crate::model::{
     AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
     ServicePort, ServicePortName,
@@ -176,8 +179,9 @@ pub struct PortPlan {
     pub topology: TopologyDecision,
     /// ClusterIP traffic.
     pub internal: TrafficPlan,
-    /// Node port, load-balancer and external IP traffic (when the port is externally reachable).
-    pub external: Option<TrafficPlan>,
+    /// Node port, load-balancer and external IP traffic (when the port is externally reachable): its
+    /// frontends on this node and the sets of connects made on the node and of traffic from outside it.
+    pub external: Option<ExternalPlan>,
     /// `sessionAffinity: ClientIP`: a client keeps its backend within the tier the rules select.
     pub session_affinity: Option<SessionAffinity>,
     /// Lint warnings (only from `plan`, not `plan_service`).
@@ -445,9 +449,7 @@ fn plan_port<'a>(
     let has_any = has_any_endpoints(&endpoints);
     let topology = decide_topology(&endpoints, node);
     let internal = traffic(svc.internal_policy, &endpoints, node, &topology, has_any);
-    let external = svc
-        .externally_reachable(port)
-        .then(|| traffic(svc.external_policy, &endpoints, node, &topology, has_any));
+    let external = external::plan(svc, port, family, node, &endpoints, &topology, has_any);
     let ready = endpoints.iter().filter(|e| e.endpoint.is_ready()).count();
     let counts = EndpointCounts {
         total: endpoints.len(),
@@ -494,19 +496,35 @@ pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
     Plan { node: node.name.clone(), zone: node.zone.clone(), services }
 }
 
+/// One Service's claim on a frontend (address, port, protocol). Ordered so that the smallest is the one
+/// programmed: a cluster IP before an external address, then namespace/name order.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Claimant {
+    /// The claim is for a node port, load-balancer IP or externalIP. A cluster IP is allocated by the API
+    /// server, an externalIP is whatever a Service's author writes (CVE-2020-8554): it never takes a
+    /// frontend from a cluster IP, whatever the names.
+    pub external: bool,
+    /// The claiming Service.
+    pub service: ObjKey,
+}
+
 /// Of Services claiming one VIP, port and protocol (manifests can say that; the API server's allocator never
-/// gives one cluster IP to two Services), the one that is programmed: the first in namespace/name order. A
-/// rule anyone can apply by reading the names, that does not depend on which object arrived first (a
-/// restarted agent picks the same one); the others are programmed when it leaves the VIP.
-pub fn vip_winner<'a>(claimants: impl IntoIterator<Item = &'a ObjKey>) -> Option<&'a ObjKey> {
+/// gives one cluster IP to two Services, but externalIPs and ingress IPs can be anything), the one that is
+/// programmed: a cluster IP's claim first, then the first in namespace/name order. A rule anyone can apply by
+/// reading the objects, that does not depend on which arrived first (a restarted agent picks the same one);
+/// the others are programmed when it leaves the frontend.
+pub fn vip_winner<'a>(claimants: impl IntoIterator<Item = &'a Claimant>) -> Option<&'a Claimant> {
     claimants.into_iter().min()
 }
 
 /// What `plan` and `explain` say of a VIP:port claimed by several Services, on each of them.
-pub fn vip_conflict_text(vip: SocketAddr, protocol: &str, claimants: &[&ObjKey], this: &ObjKey) -> String {
-    let winner = vip_winner(claimants.iter().copied()).unwrap_or(this);
-    let others: Vec<String> = claimants.iter().filter(|k| **k != this).map(ToString::to_string).collect();
-    let rule = "of Services on one VIP:port, the first in namespace/name order is programmed";
+pub fn vip_conflict_text(vip: SocketAddr, protocol: &str, claimants: &[&Claimant], this: &ObjKey) -> String {
+    let winner = vip_winner(claimants.iter().copied()).map_or(this, |c| &c.service);
+    let mut others: Vec<String> =
+        claimants.iter().filter(|c| c.service != *this).map(|c| c.service.to_string()).collect();
+    others.dedup();
+    let rule = "of Services on one VIP:port, a cluster IP wins over an external address, then the first in \
+                namespace/name order is programmed";
     if winner == this {
         format!("{vip}/{protocol} is also claimed by {}: {this} is programmed ({rule})", others.join(", "))
     } else {
@@ -517,23 +535,39 @@ pub fn vip_conflict_text(vip: SocketAddr, protocol: &str, claimants: &[&ObjKey],
     }
 }
 
+/// The frontends a port plan claims: its cluster IPs, then its external destinations (an address claimed
+/// both ways by the same port counts as a cluster IP, as the lowering programs it).
+pub fn claims_of(p: &PortPlan) -> Vec<(SocketAddr, bool)> {
+    let mut out: Vec<(SocketAddr, bool)> =
+        p.cluster_ips.iter().map(|ip| (SocketAddr::new(*ip, p.port), false)).collect();
+    for f in p.external.iter().flat_map(|x| &x.frontends) {
+        if !out.iter().any(|(a, _)| *a == f.addr) {
+            out.push((f.addr, true));
+        }
+    }
+    out
+}
+
 /// Add `vip_conflict_text` to every port plan whose VIP:port another Service claims too.
 fn warn_vip_conflicts(services: &mut [PortPlan]) {
-    let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<ObjKey>> = BTreeMap::new();
+    let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<Claimant>> = BTreeMap::new();
     for p in services.iter() {
-        for ip in &p.cluster_ips {
-            let who = claims.entry((SocketAddr::new(*ip, p.port), p.protocol)).or_default();
-            if !who.contains(&p.name.service) {
-                who.push(p.name.service.clone());
+        for (addr, external) in claims_of(p) {
+            let who = claims.entry((addr, p.protocol)).or_default();
+            let c = Claimant { external, service: p.name.service.clone() };
+            if !who.contains(&c) {
+                who.push(c);
             }
         }
     }
     for p in services.iter_mut() {
-        for ip in &p.cluster_ips {
-            let vip = SocketAddr::new(*ip, p.port);
-            let Some(who) = claims.get(&(vip, p.protocol)).filter(|w| w.len() > 1) else { continue };
-            let who: Vec<&ObjKey> = who.iter().collect();
-            p.warnings.push(vip_conflict_text(vip, p.protocol.as_str(), &who, &p.name.service));
+        for (addr, _) in claims_of(p) {
+            let Some(who) = claims.get(&(addr, p.protocol)) else { continue };
+            if who.iter().all(|c| c.service == p.name.service) {
+                continue;
+            }
+            let who: Vec<&Claimant> = who.iter().collect();
+            p.warnings.push(vip_conflict_text(addr, p.protocol.as_str(), &who, &p.name.service));
         }
     }
 }

@@ -210,7 +210,12 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     for n in &sc.nodes {
         m.nodes.insert(
             n.name.clone(),
-            Node { name: n.name.clone(), zone: n.zone.clone(), allocatable_cpu_millis: Some(n.cpu) },
+            Node {
+                name: n.name.clone(),
+                zone: n.zone.clone(),
+                allocatable_cpu_millis: Some(n.cpu),
+                addresses: Vec::new(),
+            },
         );
     }
     let key = ObjKey::new("study", "svc");
@@ -380,7 +385,7 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint]) -> Vec<ModelResult> {
             }
             for n in &sc.nodes {
                 let w = if total > 0.0 { n.clients / total } else { 0.0 };
-                let info = NodeInfo { name: n.name.clone(), zone: n.zone.clone() };
+                let info = NodeInfo::new(n.name.clone(), n.zone.clone());
                 let (set, hangs) = choose(model, &m, &info, &down);
                 if set.is_empty() {
                     if hangs {

@@ -7,49 +7,66 @@ use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL};
 
 use crate::{
     datapath::{Desired, DesiredFrontend, addr},
-    model::{Policy, Service},
-    plan::{PortPlan, WhenEmpty},
+    model::{Policy, Service, ServicePortName},
+    plan::{PortPlan, TrafficPlan, WhenEmpty},
     server::ServiceHealth,
 };
 
 /// The frontends some planned Service ports ask for: one per cluster IP of each port, with the tiers of its
-/// internal (ClusterIP) traffic. A later port wins a shared VIP:port.
+/// internal (ClusterIP) traffic, and one per external destination (node address x nodePort, load-balancer
+/// IP, externalIP), with the tiers of connects made on the node (`ExternalPlan::from_node`, which pods
+/// share). A later port wins a shared VIP:port; a cluster IP wins over an external address of the same
+/// Service.
 pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
     let mut out = Desired::new();
     for p in ports {
         let proto = p.protocol.number();
-        let t = &p.internal;
-        let convert = |v: &[SocketAddr]| v.iter().map(|a| addr::backend(*a, proto)).collect::<Vec<_>>();
-        let tiers = [convert(&t.tiers.node), convert(&t.tiers.zone), convert(&t.tiers.cluster)];
-        let mut flags = 0;
-        if t.policy == Policy::Local {
-            flags |= FLAG_POLICY_LOCAL;
-        }
-        // Which failure applies once every backend the tiers hold is gone or marked down: kube-proxy's DROP
-        // when a Local policy finds endpoints only elsewhere, REJECT otherwise (the plan decided which).
-        if t.when_all_down == WhenEmpty::Drop {
-            flags |= FLAG_EMPTY_IS_DROP;
-        }
+        let affinity = p.session_affinity.map_or(0, |a| a.timeout_seconds);
         let name = Arc::new(p.name.clone());
         for ip in &p.cluster_ips {
-            out.insert(
-                addr::frontend_key(*ip, p.port, proto),
-                DesiredFrontend {
-                    name: name.clone(),
-                    tiers: tiers.clone(),
-                    flags,
-                    affinity_timeout_s: p.session_affinity.map_or(0, |a| a.timeout_seconds),
-                },
-            );
+            out.insert(addr::frontend_key(*ip, p.port, proto), desired(&name, &p.internal, proto, affinity));
+        }
+    }
+    for p in ports {
+        let Some(ext) = &p.external else { continue };
+        let proto = p.protocol.number();
+        let affinity = p.session_affinity.map_or(0, |a| a.timeout_seconds);
+        let name = Arc::new(p.name.clone());
+        for f in &ext.frontends {
+            let key = addr::frontend_key(f.addr.ip(), f.addr.port(), proto);
+            out.entry(key).or_insert_with(|| desired(&name, &ext.from_node, proto, affinity));
         }
     }
     out
+}
+
+/// One frontend's map contents for traffic planned as `t`, with sessionAffinity for `affinity_timeout_s`
+/// seconds (0: none).
+fn desired(
+    name: &Arc<ServicePortName>,
+    t: &TrafficPlan,
+    proto: u8,
+    affinity_timeout_s: u32,
+) -> DesiredFrontend {
+    let convert = |v: &[SocketAddr]| v.iter().map(|a| addr::backend(*a, proto)).collect::<Vec<_>>();
+    let tiers = [convert(&t.tiers.node), convert(&t.tiers.zone), convert(&t.tiers.cluster)];
+    let mut flags = 0;
+    if t.policy == Policy::Local {
+        flags |= FLAG_POLICY_LOCAL;
+    }
+    // Which failure applies once every backend the tiers hold is gone or marked down: kube-proxy's DROP
+    // when a Local policy finds endpoints only elsewhere, REJECT otherwise (the plan decided which).
+    if t.when_all_down == WhenEmpty::Drop {
+        flags |= FLAG_EMPTY_IS_DROP;
+    }
+    DesiredFrontend { name: name.clone(), tiers, flags, affinity_timeout_s }
 }
 
 /// kube-proxy's service health server data: for a Service with externalTrafficPolicy Local and a
 /// `healthCheckNodePort`, how many local endpoints the external traffic of one port has on this node.
 pub(super) fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHealth)> {
     let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { return None };
+    let ext = &ext.from_outside;
     if ext.policy != Policy::Local {
         return None;
     }

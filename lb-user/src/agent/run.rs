@@ -48,6 +48,8 @@ pub struct AgentOptions {
     pub node: String,
     /// This node's zone; `None`: the Node object's label.
     pub zone: Option<String>,
+    /// `--nodeport-addresses` and `--external-ip-cidrs`.
+    pub external: crate::external::ExternalConfig,
     /// Where Services, EndpointSlices and Nodes come from.
     pub source: Source,
     /// The cgroup2 directory to attach to; `None`: the cgroup2 root.
@@ -295,7 +297,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         None => None,
     };
     let Loaded { mut programs, maps } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
-    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps);
+    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
+        .with_external(opts.external.clone());
     if pin_dir.is_some() {
         adopt(&mut core)?;
     }

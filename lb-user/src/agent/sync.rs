@@ -9,7 +9,7 @@ use std::{
 use lb_common::FrontendKey;
 
 use super::{
-    claims::Claims,
+    claims::{self, Claims},
     lower,
     retry::{Retries, Tried},
     tracker::{ChangeTracker, Touched},
@@ -19,6 +19,7 @@ use crate::{
         ApplyError, Desired, MapWriter, Reconciler, addr,
         marks::{self, SweepReport},
     },
+    external::ExternalConfig,
     hints,
     model::{EndpointSlice, NodeInfo, ObjKey},
     plan,
@@ -77,6 +78,8 @@ pub struct SyncReport {
 pub struct AgentCore<W: MapWriter> {
     node_name: String,
     zone_flag: Option<String>,
+    /// `--nodeport-addresses` and `--external-ip-cidrs`, resolved into the node at every sync.
+    external: ExternalConfig,
     source: Box<dyn ModelSource>,
     tracker: ChangeTracker,
     reconciler: Reconciler<W>,
@@ -108,6 +111,7 @@ impl<W: MapWriter> AgentCore<W> {
         Self {
             node_name: node_name.into(),
             zone_flag,
+            external: ExternalConfig::default(),
             source,
             tracker: ChangeTracker::default(),
             reconciler: Reconciler::new(writer),
@@ -119,6 +123,12 @@ impl<W: MapWriter> AgentCore<W> {
             retries: Retries::default(),
             claims: Claims::default(),
         }
+    }
+
+    /// Use `external` for NodePort addresses and externalIP limits (default: Node addresses, no limit).
+    #[must_use]
+    pub fn with_external(self, external: ExternalConfig) -> Self {
+        Self { external, ..self }
     }
 
     /// The reconciler (and through it the maps).
@@ -138,7 +148,8 @@ impl<W: MapWriter> AgentCore<W> {
         let started = Instant::now();
         let refresh = self.source.refresh()?;
         let touched = self.tracker.apply(refresh.changes);
-        let node = NodeInfo::resolve(&self.node_name, self.zone_flag.as_deref(), self.tracker.model());
+        let (name, zone) = (&self.node_name, self.zone_flag.as_deref());
+        let node = NodeInfo::resolve_with(name, zone, self.tracker.model(), &self.external);
         let mut report = self.plan_and_apply(touched, node, now);
         report.diagnostics = refresh.diagnostics;
         report.stale = refresh.stale;
@@ -167,7 +178,7 @@ impl<W: MapWriter> AgentCore<W> {
                 keys.extend(self.retries.due(now));
                 let mut planned = self.plan_services(keys.iter(), &node, &BTreeSet::new(), &mut newly_filled);
                 for (svc, mine) in &planned {
-                    conflicted.extend(self.claims.set(svc, mine.keys().copied()));
+                    conflicted.extend(self.claims.set(svc, claims::claimed(self.tracker.model(), svc, mine)));
                 }
                 // A frontend whose winner changed to a Service not planned now (the old winner left it): plan
                 // that Service too, so its frontend is programmed.
@@ -193,7 +204,7 @@ impl<W: MapWriter> AgentCore<W> {
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
                 let planned = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
                 for (svc, mine) in &planned {
-                    conflicted.extend(self.claims.set(svc, mine.keys().copied()));
+                    conflicted.extend(self.claims.set(svc, claims::claimed(self.tracker.model(), svc, mine)));
                 }
                 let desired = self.winners(planned);
                 (None, self.reconciler.apply(&desired, now))
@@ -216,8 +227,8 @@ impl<W: MapWriter> AgentCore<W> {
             .filter(|(k, _)| conflicted.contains(k))
             .map(|(frontend, who)| VipConflict {
                 frontend,
-                winner: who[0].clone(),
-                losers: who[1..].iter().map(|k| (*k).clone()).collect(),
+                winner: who[0].service.clone(),
+                losers: who[1..].iter().map(|c| c.service.clone()).collect(),
             })
             .collect();
         SyncReport {
@@ -266,10 +277,10 @@ impl<W: MapWriter> AgentCore<W> {
         for (key, who) in self.claims.conflicts() {
             let vip = addr::frontend_addr(&key);
             let proto = crate::status::proto_name(key.proto);
-            for loser in &who[1..] {
+            for loser in who[1..].iter().map(|c| &c.service) {
                 let text = plan::vip_conflict_text(vip, proto, &who, loser);
-                let u = out.entry((*loser).clone()).or_insert_with(|| Unprogrammed {
-                    service: (*loser).clone(),
+                let u = out.entry(loser.clone()).or_insert_with(|| Unprogrammed {
+                    service: loser.clone(),
                     reasons: Vec::new(),
                     since: None,
                     attempts: 0,

@@ -201,7 +201,8 @@ fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
             .flat_map(|s| s.warnings.clone())
             .collect::<Vec<_>>()
     };
-    let rule = "(of Services on one VIP:port, the first in namespace/name order is programmed)";
+    let rule = "(of Services on one VIP:port, a cluster IP wins over an external address, then the first in \
+                namespace/name order is programmed)";
     assert_eq!(
         warnings("a"),
         [format!("10.96.0.10:80/TCP is also claimed by default/b: default/a is programmed {rule}")]

@@ -142,8 +142,12 @@ pub struct Service {
     pub external_policy: Policy,
     /// `spec.externalIPs`.
     pub external_ips: Vec<IpAddr>,
-    /// `status.loadBalancer.ingress[].ip`.
+    /// `status.loadBalancer.ingress[].ip` whose `ipMode` is `VIP` or unset: kube-proxy's `LoadBalancerVIPs`
+    /// (pkg/proxy/servicePort.go `newBaseServiceInfo`, `proxyutil.IsVIPMode`), the ones it captures.
     pub load_balancer_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` with `ipMode: Proxy`: the load balancer proxies to the nodes, so
+    /// kube-proxy leaves the address alone (traffic to it must reach the load balancer) and so does tierlb.
+    pub load_balancer_proxy_ips: Vec<IpAddr>,
     /// `spec.healthCheckNodePort` (externalTrafficPolicy Local on a LoadBalancer Service).
     pub health_check_node_port: Option<u16>,
     /// `spec.trafficDistribution` as written (unknown values are kept so they can be linted).
@@ -270,6 +274,26 @@ pub struct Node {
     pub zone: Option<String>,
     /// Allocatable CPU in millicores (used by the `topology-mode: Auto` hint emulation).
     pub allocatable_cpu_millis: Option<u64>,
+    /// `status.addresses` of type `InternalIP` and `ExternalIP` that parse as IPs, in their order.
+    pub addresses: Vec<NodeAddress>,
+}
+
+/// The kind of a Node address tierlb reads (`status.addresses[].type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum NodeAddressKind {
+    /// `InternalIP`.
+    InternalIP,
+    /// `ExternalIP`.
+    ExternalIP,
+}
+
+/// One of a Node's `status.addresses`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeAddress {
+    /// Its type.
+    pub kind: NodeAddressKind,
+    /// The address.
+    pub ip: IpAddr,
 }
 
 /// Everything the sources know, keyed for deterministic iteration.
@@ -390,16 +414,41 @@ pub struct NodeInfo {
     pub name: String,
     /// Its zone, if it has one.
     pub zone: Option<String>,
+    /// The addresses its NodePorts are translated on (`external::node_port_addresses`).
+    pub node_port_addresses: Vec<IpAddr>,
+    /// `--external-ip-cidrs`: externalIPs outside them are not translated (`None`: no limit).
+    pub external_ip_cidrs: Option<Vec<crate::external::Cidr>>,
 }
 
 impl NodeInfo {
-    /// `--zone` wins; else the Node object's zone label; else none.
+    /// A node with no external address settings: no NodePort address, every externalIP allowed.
+    pub fn new(name: impl Into<String>, zone: Option<String>) -> Self {
+        Self { name: name.into(), zone, node_port_addresses: Vec::new(), external_ip_cidrs: None }
+    }
+
+    /// `--zone` wins; else the Node object's zone label; else none. NodePorts on the Node object's addresses,
+    /// every externalIP translated (the defaults of `ExternalConfig`).
     pub fn resolve(name: &str, zone_flag: Option<&str>, model: &Model) -> Self {
+        Self::resolve_with(name, zone_flag, model, &crate::external::ExternalConfig::default())
+    }
+
+    /// `resolve` with the external address settings of `cfg` (which may read this host's interfaces).
+    pub fn resolve_with(
+        name: &str,
+        zone_flag: Option<&str>,
+        model: &Model,
+        cfg: &crate::external::ExternalConfig,
+    ) -> Self {
         let zone = zone_flag
             .map(str::to_owned)
             .or_else(|| model.nodes.get(name).and_then(|n| n.zone.clone()))
             .filter(|z| !z.is_empty());
-        Self { name: name.to_owned(), zone }
+        Self {
+            name: name.to_owned(),
+            zone,
+            node_port_addresses: crate::external::resolve_node_ports(cfg, name, model),
+            external_ip_cidrs: cfg.external_ip_cidrs.clone(),
+        }
     }
 }
 

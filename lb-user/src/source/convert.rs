@@ -10,8 +10,8 @@ use k8s_openapi::{
 
 use super::validate;
 use crate::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, ObjKey, ObjectId, Policy, Protocol,
-    Service, ServicePort, ServiceType, SlicePort,
+    AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, NodeAddress, NodeAddressKind, ObjKey,
+    ObjectId, Policy, Protocol, Service, ServicePort, ServiceType, SlicePort,
 };
 
 /// EndpointSlice label naming the Service it belongs to (same namespace).
@@ -145,11 +145,21 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
         external_ips.push(ip(&format!("spec.externalIPs[{i}]"), raw)?);
     }
-    let mut load_balancer_ips = Vec::new();
+    let (mut load_balancer_ips, mut load_balancer_proxy_ips) = (Vec::new(), Vec::new());
     let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        if let Some(raw) = &ing.ip {
-            load_balancer_ips.push(ip(&format!("status.loadBalancer.ingress[{i}].ip"), raw)?);
+        let Some(raw) = &ing.ip else { continue };
+        let addr = ip(&format!("status.loadBalancer.ingress[{i}].ip"), raw)?;
+        // kube-proxy's `IsVIPMode` (pkg/proxy/util): unset or `VIP` is captured, `Proxy` is not.
+        match ing.ip_mode.as_deref() {
+            None | Some("VIP") => load_balancer_ips.push(addr),
+            Some("Proxy") => load_balancer_proxy_ips.push(addr),
+            Some(other) => {
+                return Err(err(
+                    format!("status.loadBalancer.ingress[{i}].ipMode"),
+                    format!("unknown ipMode {other:?} (VIP or Proxy)"),
+                ));
+            }
         }
     }
     let health_check_node_port = match spec.health_check_node_port {
@@ -167,6 +177,7 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         external_policy: policy("spec.externalTrafficPolicy", spec.external_traffic_policy.as_deref())?,
         external_ips,
         load_balancer_ips,
+        load_balancer_proxy_ips,
         health_check_node_port,
         traffic_distribution: spec.traffic_distribution.clone(),
         topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
@@ -291,5 +302,20 @@ fn convert_node(node: &core::Node) -> Result<Node, FieldError> {
         None => None,
         Some(q) => Some(validate::quantity::cpu_millis(&q.0).map_err(|m| err("status.allocatable.cpu", m))?),
     };
-    Ok(Node { name, zone, allocatable_cpu_millis })
+    // Addresses that do not parse are skipped, as kube-proxy's `GetNodeHostIPs` (pkg/util/node) skips what
+    // `ParseIPSloppy` refuses: the API server does not validate them as IPs.
+    let addresses = node
+        .status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter_map(|a| {
+            let kind = match a.type_.as_str() {
+                "InternalIP" => NodeAddressKind::InternalIP,
+                "ExternalIP" => NodeAddressKind::ExternalIP,
+                _ => return None,
+            };
+            Some(NodeAddress { kind, ip: a.address.parse().ok()? })
+        })
+        .collect();
+    Ok(Node { name, zone, allocatable_cpu_millis, addresses })
 }

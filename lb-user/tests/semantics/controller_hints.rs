@@ -82,7 +82,12 @@ fn auto_model(nodes: &[(&str, Option<&str>, Option<u64>)], eps: &[E]) -> (Model,
     for (n, z, cpu) in nodes {
         m.nodes.insert(
             (*n).into(),
-            Node { name: (*n).into(), zone: z.map(str::to_owned), allocatable_cpu_millis: *cpu },
+            Node {
+                name: (*n).into(),
+                zone: z.map(str::to_owned),
+                allocatable_cpu_millis: *cpu,
+                ..Node::default()
+            },
         );
     }
     (m, s)

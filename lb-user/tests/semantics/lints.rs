@@ -104,7 +104,7 @@ mod props {
             let p = plan::plan(&m, &n);
             for sp in &p.services {
                 let usable: Vec<IpAddr> = eps.iter().map(E::build).filter(|e| e.is_ready() || (e.is_serving() && e.is_terminating())).filter_map(|e| e.address).collect();
-                for t in [&sp.internal].into_iter().chain(sp.external.as_ref()) {
+                for t in [&sp.internal].into_iter().chain(sp.external.as_ref().map(|x| &x.from_outside)) {
                     for ep in t.endpoints.iter().chain(&t.tiers.node).chain(&t.tiers.zone).chain(&t.tiers.cluster) {
                         prop_assert!(usable.contains(&ep.ip()), "{ep} is not a usable endpoint");
                         prop_assert_eq!(ep.port(), 8080);

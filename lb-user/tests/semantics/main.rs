@@ -13,6 +13,7 @@ use tierlb::{
 };
 
 mod controller_hints;
+mod external;
 mod lints;
 mod rules;
 mod scenarios;
@@ -128,7 +129,7 @@ fn model(svc: Service, eps: &[E]) -> Model {
 }
 
 fn node(name: &str, zone: Option<&str>) -> NodeInfo {
-    NodeInfo { name: name.into(), zone: zone.map(str::to_owned) }
+    NodeInfo::new(name, zone.map(str::to_owned))
 }
 
 fn ips(v: &[SocketAddr]) -> Vec<String> {

@@ -247,11 +247,11 @@ fn external_policy_local_applies_only_to_externally_reachable_ports() {
         let m = model(c.svc, &eps);
         let p = plan::plan(&m, &node("n2", None));
         let s = &p.services[0];
-        assert_eq!(s.external.as_ref().map(|t| t.selected_tier), c.external, "{}", c.name);
+        assert_eq!(s.external.as_ref().map(|t| t.from_outside.selected_tier), c.external, "{}", c.name);
         // Internal traffic keeps its own (Cluster) policy whatever ETP says.
         assert_eq!(s.internal.selected_tier, SelectedTier::Cluster, "{}", c.name);
         if let Some(x) = &s.external {
-            assert_eq!(ips(&x.endpoints), ["10.0.0.2"], "{}", c.name);
+            assert_eq!(ips(&x.from_outside.endpoints), ["10.0.0.2"], "{}", c.name);
         }
     }
 }

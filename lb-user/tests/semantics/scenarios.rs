@@ -79,7 +79,10 @@ fn story_model() -> Model {
     // The PDF-resume service: two replicas (n1, n3) on three nodes, one zone, no zone label.
     let mut m = model(psn(), &[e("10.0.0.1", "n1").psn(), e("10.0.0.3", "n3").psn()]);
     for n in ["n1", "n2", "n3"] {
-        m.nodes.insert(n.into(), Node { name: n.into(), zone: None, allocatable_cpu_millis: Some(4000) });
+        m.nodes.insert(
+            n.into(),
+            Node { name: n.into(), zone: None, allocatable_cpu_millis: Some(4000), ..Node::default() },
+        );
     }
     m
 }

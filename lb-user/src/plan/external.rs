@@ -1,0 +1,177 @@
+//! External destinations of a Service port (kube-proxy's word: NodePorts, load-balancer ingress IPs and
+//! externalIPs) for the connects made on this node, which are the only ones a socket-level balancer sees.
+//!
+//! kube-proxy 1.35 sends every external destination to the Service's EXT chain (`syncProxyRules` in
+//! pkg/proxy/iptables/proxier.go and pkg/proxy/nftables/proxier.go). Under externalTrafficPolicy Cluster that
+//! chain goes to the cluster-policy chain for everyone. Under Local it first short-circuits two kinds of
+//! traffic to the cluster-policy chain ("pod traffic for ... external destinations" /
+//! "short-circuit pod traffic", matched by the local-traffic detector; "route LOCAL traffic for ... external
+//! destinations" / "short-circuit local traffic", `--src-type LOCAL` / `fib saddr type local`: the node's own
+//! processes), and only what is left, traffic from outside the node, goes to the Local-policy chain. The
+//! comment there: pod traffic "is subject to neither form of traffic policy, which simulates going up-and-out
+//! to an external load-balancer and coming back in". So connects made on the node, from pods and from the
+//! host alike, get kube-proxy's cluster set (`clusterEndpoints` of `CategorizeEndpoints`, topology applied)
+//! whatever the two policies say; the internal policy does not apply to external destinations.
+//!
+//! One kube-proxy configuration differs: with no local-traffic detector (`--detect-local-mode ClusterCIDR`
+//! without `--cluster-cidr`), pod traffic is not short-circuited and falls through to the external policy's
+//! set. tierlb follows the configured cluster (a detector is what every installer sets up) and documents it.
+use std::net::{IpAddr, SocketAddr};
+
+use serde::Serialize;
+
+use super::{PortEndpoint, TopologyDecision, TrafficPlan, traffic};
+use crate::{
+    external::Cidr,
+    model::{Family, NodeInfo, Policy, Service, ServicePort},
+};
+
+/// Which kind of external destination a frontend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExternalKind {
+    /// A node address and the port's `nodePort`.
+    NodePort,
+    /// A `status.loadBalancer.ingress[].ip` and the port.
+    LoadBalancer,
+    /// A `spec.externalIPs` entry and the port.
+    ExternalIp,
+}
+
+impl ExternalKind {
+    /// How `explain` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NodePort => "node port",
+            Self::LoadBalancer => "load-balancer IP",
+            Self::ExternalIp => "external IP",
+        }
+    }
+}
+
+/// One external destination tierlb translates on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ExternalFrontend {
+    /// Its kind.
+    pub kind: ExternalKind,
+    /// The address and port a client connects to.
+    pub addr: SocketAddr,
+}
+
+/// Why an address of the Service is not translated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "reason")]
+pub enum NotTranslatedReason {
+    /// `ipMode: Proxy`: the load balancer proxies to the nodes, so traffic to the address must reach it
+    /// (kube-proxy's `IsVIPMode` skips it too).
+    IpModeProxy,
+    /// The externalIP is outside `--external-ip-cidrs`.
+    OutsideExternalIpCidrs {
+        /// The allowed CIDRs.
+        cidrs: Vec<Cidr>,
+    },
+}
+
+/// An address of the Service that tierlb leaves alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NotTranslated {
+    /// Its kind.
+    pub kind: ExternalKind,
+    /// The address.
+    pub ip: IpAddr,
+    /// Why.
+    #[serde(flatten)]
+    pub reason: NotTranslatedReason,
+}
+
+impl NotTranslated {
+    /// The reason in words, for `explain`.
+    pub fn text(&self) -> String {
+        match &self.reason {
+            NotTranslatedReason::IpModeProxy => {
+                "ipMode Proxy: the load balancer proxies to the nodes, so connects must reach it (kube-proxy skips it too)"
+                    .to_owned()
+            }
+            NotTranslatedReason::OutsideExternalIpCidrs { cidrs } => {
+                let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
+                format!("outside --external-ip-cidrs ({})", list.join(", "))
+            }
+        }
+    }
+}
+
+/// Node port, load-balancer and external-IP traffic of one port in one family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExternalPlan {
+    /// The destinations translated on this node.
+    pub frontends: Vec<ExternalFrontend>,
+    /// The Service's addresses in this family that are not, and why.
+    pub not_translated: Vec<NotTranslated>,
+    /// Connects from pods on this node: kube-proxy's "short-circuit pod traffic", the cluster set.
+    pub from_pods: TrafficPlan,
+    /// Connects from the node's own processes (host network namespace): kube-proxy's "short-circuit local
+    /// traffic", the cluster set. The same as `from_pods`, so the data path needs no way to tell them apart.
+    pub from_node: TrafficPlan,
+    /// Traffic arriving from outside the node, under externalTrafficPolicy: what kube-proxy (or another data
+    /// plane) does with it. tierlb never sees it (see deploy/README.md); it is the health check node port's
+    /// count and shown for comparison.
+    pub from_outside: TrafficPlan,
+}
+
+/// The external plan of `port` in `family`, `None` when kube-proxy's `ExternallyAccessible` is false.
+pub(super) fn plan(
+    svc: &Service,
+    port: &ServicePort,
+    family: Family,
+    node: &NodeInfo,
+    endpoints: &[PortEndpoint],
+    topology: &TopologyDecision,
+    has_any: bool,
+) -> Option<ExternalPlan> {
+    if !svc.externally_reachable(port) {
+        return None;
+    }
+    let of_family = |ip: &&IpAddr| Family::of(ip) == family;
+    let mut frontends: Vec<ExternalFrontend> = Vec::new();
+    let mut add = |kind, ip: IpAddr, number: u16| {
+        let addr = SocketAddr::new(ip, number);
+        // One address may be listed twice (an externalIP that is also the ingress IP): the first kind wins.
+        if !frontends.iter().any(|f| f.addr == addr) {
+            frontends.push(ExternalFrontend { kind, addr });
+        }
+    };
+    if let Some(np) = port.node_port {
+        for ip in node.node_port_addresses.iter().filter(of_family) {
+            add(ExternalKind::NodePort, *ip, np);
+        }
+    }
+    for ip in svc.load_balancer_ips.iter().filter(of_family) {
+        add(ExternalKind::LoadBalancer, *ip, port.port);
+    }
+    let mut not_translated = Vec::new();
+    for ip in svc.external_ips.iter().filter(of_family) {
+        match &node.external_ip_cidrs {
+            Some(cidrs) if !cidrs.iter().any(|c| c.contains(ip)) => not_translated.push(NotTranslated {
+                kind: ExternalKind::ExternalIp,
+                ip: *ip,
+                reason: NotTranslatedReason::OutsideExternalIpCidrs { cidrs: cidrs.clone() },
+            }),
+            _ => add(ExternalKind::ExternalIp, *ip, port.port),
+        }
+    }
+    for ip in svc.load_balancer_proxy_ips.iter().filter(of_family) {
+        not_translated.push(NotTranslated {
+            kind: ExternalKind::LoadBalancer,
+            ip: *ip,
+            reason: NotTranslatedReason::IpModeProxy,
+        });
+    }
+    let on_node = traffic(Policy::Cluster, endpoints, node, topology, has_any);
+    Some(ExternalPlan {
+        frontends,
+        not_translated,
+        from_pods: on_node.clone(),
+        from_node: on_node,
+        from_outside: traffic(svc.external_policy, endpoints, node, topology, has_any),
+    })
+}

@@ -1,0 +1,154 @@
+//! External destinations from the node, in the kernel, with the agent run as `deploy/` runs it (see
+//! `lb_testkit::deployed`): a pod in its own network namespace and a process of the node itself (the node's
+//! namespace, which the test created and the agent's DaemonSet shares with `hostNetwork`) connect to the
+//! node's InternalIP:nodePort, a load-balancer ingress IP and an externalIP. Without tierlb these fail (no
+//! listener on the node's address: ECONNREFUSED; no route for the others: unreachable). Every address lives
+//! in namespaces the test made: the node's InternalIP on the node namespace's `lo`, TEST-NET addresses that
+//! no route leads out of.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use lb_testkit::{
+    deployed::{AgentBox, BoxedNode},
+    manifests::{Ep, Svc, to_yaml, write_atomic},
+    probe::Report,
+    sandbox::{NamedServer, NetNs, confine},
+};
+use serde_json::json;
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+const NODE_IP: &str = "10.0.0.1";
+const NODE_PORT: &str = "10.0.0.1:30080";
+const CLUSTER_IP: &str = "10.96.0.10:80";
+const LB_IP: &str = "192.0.2.10:80";
+const PROXY_IP: &str = "192.0.2.20:80";
+const EXTERNAL_IP: &str = "198.51.100.7:80";
+const OUTSIDE_CIDRS: &str = "203.0.113.9:80";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn lab() -> PathBuf {
+    lb_testkit::workspace_bin("tierlb-lab", "lb-lab")
+}
+
+/// The node (node-1), its web pods (one on node-1, one said to be on node-2 by the EndpointSlice), a client
+/// pod, and a LoadBalancer Service with externalTrafficPolicy Local and internalTrafficPolicy Local.
+struct Lab {
+    boxed: BoxedNode,
+    client: NetNs,
+    _pods: Vec<(NetNs, NamedServer)>,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Self {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let mut boxed = BoxedNode::new(tag, Path::new(TIERLB), &deploy).unwrap();
+        boxed.node.netns.add_address(ip(NODE_IP)).unwrap();
+        let mut pods = Vec::new();
+        for (addr, name) in [("10.244.1.10", "web-node-1"), ("10.244.2.10", "web-node-2")] {
+            let ns = boxed.node.add_pod(name, ip(addr)).unwrap();
+            let server = NamedServer::start(&lab(), &ns, SocketAddr::new(ip(addr), 8080), name).unwrap();
+            pods.push((ns, server));
+        }
+        let client = boxed.node.add_pod("client", ip("10.244.1.100")).unwrap();
+        let svc =
+            Svc { internal_traffic_policy: Some("Local"), ..Svc::new("web", ip("10.96.0.10"), 80, 8080) };
+        let mut service = svc.service();
+        service["spec"]["type"] = json!("LoadBalancer");
+        service["spec"]["externalTrafficPolicy"] = json!("Local");
+        service["spec"]["ports"][0]["nodePort"] = json!(30080);
+        service["spec"]["externalIPs"] = json!(["198.51.100.7", "203.0.113.9"]);
+        service["status"] = json!({"loadBalancer": {"ingress": [
+            {"ip": "192.0.2.10", "ipMode": "VIP"},
+            {"ip": "192.0.2.20", "ipMode": "Proxy"},
+        ]}});
+        let node_1 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP},
+                                     {"type": "Hostname", "address": "node-1"}]}});
+        let mut docs = vec![service, node_1];
+        docs.extend(
+            svc.slices(&[Ep::ready(ip("10.244.1.10"), "node-1"), Ep::ready(ip("10.244.2.10"), "node-2")]),
+        );
+        write_atomic(boxed.manifests.path(), "web.yaml", &to_yaml(&docs)).unwrap();
+        Self { boxed, client, _pods: pods }
+    }
+
+    fn start_agent(&self, extra: &[&str]) -> AgentBox {
+        self.boxed.start_agent("node-1", extra).unwrap()
+    }
+
+    /// `count` requests to `target` from a process in `netns` and the agent's cgroup.
+    fn probe(&self, netns: &NetNs, target: &str, count: usize) -> Report {
+        let mut cmd = Command::new(lab());
+        let count = count.to_string();
+        cmd.args(["probe", "--target", target, "--count", &count, "--interval-ms", "0"]);
+        cmd.stdout(Stdio::piped()).stdin(Stdio::null());
+        confine(&mut cmd, Some(&self.boxed.cgroup), Some(netns)).unwrap();
+        let out = cmd.spawn().unwrap().wait_with_output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("agent log:\n{}", std::fs::read_to_string(&self.boxed.log).unwrap_or_default());
+        }
+    }
+}
+
+/// Both backends answered, nothing failed, and getpeername() showed the address asked for.
+fn assert_cluster_set(r: &Report, what: &str) {
+    assert_eq!(r.failures(), 0, "{what}: {:?}", r.errors());
+    let by = r.by_backend();
+    assert!(by.get("web-node-1") > Some(&0) && by.get("web-node-2") > Some(&0), "{what}: {by:?}");
+    assert!(r.attempts.iter().all(|a| a.peer.as_deref() == Some(r.target.as_str())), "{what}: peer");
+}
+
+#[test]
+fn pods_and_node_processes_reach_node_ports_load_balancer_and_external_ips_with_the_cluster_set() {
+    let lab = Lab::new("external");
+    // Before any agent: what a pod gets today without kube-proxy.
+    for target in [NODE_PORT, LB_IP, EXTERNAL_IP] {
+        let r = lab.probe(&lab.client, target, 1);
+        assert_eq!(r.failures(), 1, "{target} without the agent: {:?}", r.by_backend());
+        eprintln!("{target} without tierlb: {:?}", r.errors());
+    }
+    let _agent = lab.start_agent(&["--external-ip-cidrs=198.51.100.0/24"]);
+    let n = 60;
+    // The ClusterIP follows internalTrafficPolicy Local: the local pod only.
+    let r = lab.probe(&lab.client, CLUSTER_IP, n);
+    assert_eq!((r.failures(), r.count("web-node-1")), (0, n), "ClusterIP from the pod: {:?}", r.by_backend());
+    // External destinations, from the pod and from the node's own namespace: kube-proxy's short-circuit to
+    // the cluster-policy endpoints, so web-node-2 answers too (ETP Local from outside would not send it).
+    for (who, netns) in [("pod", &lab.client), ("node", &lab.boxed.node.netns)] {
+        for target in [NODE_PORT, LB_IP, EXTERNAL_IP] {
+            let r = lab.probe(netns, target, n);
+            eprintln!("{who} -> {target}: {:?}", r.by_backend());
+            assert_cluster_set(&r, &format!("{who} -> {target}"));
+        }
+    }
+    // Not translated: an ipMode Proxy ingress IP, and an externalIP outside --external-ip-cidrs.
+    for target in [PROXY_IP, OUTSIDE_CIDRS] {
+        let r = lab.probe(&lab.client, target, 3);
+        assert_eq!(r.failures(), 3, "{target} is not translated: {:?}", r.by_backend());
+    }
+}
+
+#[test]
+fn nodeport_addresses_cidrs_select_the_nodes_interface_addresses() {
+    let lab = Lab::new("nodeport-cidrs");
+    // An address of the node namespace that is not in the Node object: only the CIDR mode finds it.
+    lab.boxed.node.netns.add_address(ip("172.16.5.5")).unwrap();
+    let _agent = lab.start_agent(&["--nodeport-addresses=172.16.0.0/12"]);
+    let r = lab.probe(&lab.client, "172.16.5.5:30080", 40);
+    assert_cluster_set(&r, "pod -> 172.16.5.5:30080");
+    // The Node object's InternalIP is outside the CIDRs: not a NodePort address now.
+    let r = lab.probe(&lab.client, NODE_PORT, 2);
+    assert_eq!(r.failures(), 2, "{NODE_PORT} outside --nodeport-addresses: {:?}", r.by_backend());
+}

@@ -1,0 +1,203 @@
+//! External destinations (NodePorts, load-balancer IPs, externalIPs) for connects made on the node, as
+//! kube-proxy 1.35's EXT chain routes them (`syncProxyRules`, pkg/proxy/iptables/proxier.go and
+//! pkg/proxy/nftables/proxier.go): pods ("short-circuit pod traffic") and the node's own processes
+//! ("short-circuit local traffic") both go to the cluster-policy endpoints; only traffic from outside the node
+//! follows externalTrafficPolicy.
+use tierlb::{
+    external::Cidr,
+    plan::{ExternalKind, NotTranslatedReason},
+};
+
+use super::*;
+
+fn reachable(etp: Policy, itp: Policy) -> Service {
+    let mut s = Service { internal_policy: itp, external_policy: etp, ..svc() };
+    s.type_ = ServiceType::NodePort;
+    s.ports[0].node_port = Some(30080);
+    s
+}
+
+fn on_node(name: &str, zone: Option<&str>) -> NodeInfo {
+    NodeInfo { node_port_addresses: vec!["10.0.0.1".parse().unwrap()], ..node(name, zone) }
+}
+
+#[test]
+fn connects_made_on_the_node_get_the_cluster_set_whatever_the_traffic_policies() {
+    struct X {
+        name: &'static str,
+        etp: Policy,
+        itp: Policy,
+        eps: Vec<E>,
+        internal: &'static [&'static str],
+        on_node: &'static [&'static str],
+        on_node_tier: SelectedTier,
+        outside: &'static [&'static str],
+        outside_when_empty: Option<WhenEmpty>,
+    }
+    let both = || vec![e("10.1.0.1", "n1").zone("a"), e("10.2.0.1", "n2").zone("b")];
+    let cases = [
+        X {
+            name: "Cluster/Cluster: everyone the cluster set",
+            etp: Policy::Cluster,
+            itp: Policy::Cluster,
+            eps: both(),
+            internal: &["10.1.0.1", "10.2.0.1"],
+            on_node: &["10.1.0.1", "10.2.0.1"],
+            on_node_tier: SelectedTier::Cluster,
+            outside: &["10.1.0.1", "10.2.0.1"],
+            outside_when_empty: None,
+        },
+        X {
+            name: "ETP Local: from outside the local set, on the node short-circuited to the cluster set",
+            etp: Policy::Local,
+            itp: Policy::Cluster,
+            eps: both(),
+            internal: &["10.1.0.1", "10.2.0.1"],
+            on_node: &["10.1.0.1", "10.2.0.1"],
+            on_node_tier: SelectedTier::Cluster,
+            outside: &["10.1.0.1"],
+            outside_when_empty: None,
+        },
+        X {
+            name: "ETP Local + ITP Local: the internal policy does not apply to external destinations",
+            etp: Policy::Local,
+            itp: Policy::Local,
+            eps: both(),
+            internal: &["10.1.0.1"],
+            on_node: &["10.1.0.1", "10.2.0.1"],
+            on_node_tier: SelectedTier::Cluster,
+            outside: &["10.1.0.1"],
+            outside_when_empty: None,
+        },
+        X {
+            name: "ETP Local, no local endpoint: outside traffic dropped, connects on the node still served",
+            etp: Policy::Local,
+            itp: Policy::Cluster,
+            eps: vec![e("10.2.0.1", "n2")],
+            internal: &["10.2.0.1"],
+            on_node: &["10.2.0.1"],
+            on_node_tier: SelectedTier::Cluster,
+            outside: &[],
+            outside_when_empty: Some(WhenEmpty::Drop),
+        },
+        X {
+            name: "ITP Local, ETP Cluster: ClusterIP local only, external destinations the cluster set",
+            etp: Policy::Cluster,
+            itp: Policy::Local,
+            eps: both(),
+            internal: &["10.1.0.1"],
+            on_node: &["10.1.0.1", "10.2.0.1"],
+            on_node_tier: SelectedTier::Cluster,
+            outside: &["10.1.0.1", "10.2.0.1"],
+            outside_when_empty: None,
+        },
+        X {
+            name: "topology applies to connects on the node as to the cluster set (clusterEndpoints)",
+            etp: Policy::Local,
+            itp: Policy::Local,
+            eps: vec![
+                e("10.1.0.1", "n1").zone("a").zones(&["a"]),
+                e("10.3.0.1", "n3").zone("a").zones(&["a"]),
+                e("10.2.0.1", "n2").zone("b").zones(&["b"]),
+            ],
+            internal: &["10.1.0.1"],
+            on_node: &["10.1.0.1", "10.3.0.1"],
+            on_node_tier: SelectedTier::Zone,
+            outside: &["10.1.0.1"],
+            outside_when_empty: None,
+        },
+    ];
+    for c in cases {
+        let m = model(reachable(c.etp, c.itp), &c.eps);
+        let p = plan::plan(&m, &on_node("n1", Some("a")));
+        let s = &p.services[0];
+        let x = s.external.as_ref().expect("a nodePort makes the port externally reachable");
+        assert_eq!(ips(&s.internal.endpoints), c.internal, "{}: internal", c.name);
+        assert_eq!(x.from_pods, x.from_node, "{}: pods and the node's processes alike", c.name);
+        assert_eq!(ips(&x.from_node.endpoints), c.on_node, "{}: on the node", c.name);
+        assert_eq!(x.from_node.selected_tier, c.on_node_tier, "{}", c.name);
+        assert_eq!(x.from_node.policy, Policy::Cluster, "{}", c.name);
+        assert_eq!(ips(&x.from_outside.endpoints), c.outside, "{}: from outside", c.name);
+        assert_eq!(x.from_outside.when_empty, c.outside_when_empty, "{}", c.name);
+    }
+}
+
+#[test]
+fn external_frontends_are_node_ports_on_node_addresses_vip_mode_ingress_ips_and_allowed_external_ips() {
+    let sock = |text: &str| text.parse::<SocketAddr>().unwrap();
+    let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+    let mut service = reachable(Policy::Cluster, Policy::Cluster);
+    service.type_ = ServiceType::LoadBalancer;
+    service.load_balancer_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
+    service.load_balancer_proxy_ips = vec![ip("192.0.2.20")];
+    service.external_ips = vec![ip("198.51.100.7"), ip("203.0.113.9"), ip("192.0.2.10")];
+    let the_model = model(service, &[e("10.2.0.1", "n2")]);
+    let the_node = NodeInfo {
+        node_port_addresses: vec![ip("10.0.0.1"), ip("172.16.0.1"), ip("fd00::1")],
+        external_ip_cidrs: Some(vec!["198.51.100.0/24".parse::<Cidr>().unwrap()]),
+        ..node("n1", None)
+    };
+    let planned = plan::plan(&the_model, &the_node);
+    let ext = planned.services[0].external.as_ref().unwrap();
+    let got: Vec<(ExternalKind, SocketAddr)> = ext.frontends.iter().map(|f| (f.kind, f.addr)).collect();
+    assert_eq!(
+        got,
+        [
+            (ExternalKind::NodePort, sock("10.0.0.1:30080")),
+            (ExternalKind::NodePort, sock("172.16.0.1:30080")),
+            (ExternalKind::LoadBalancer, sock("192.0.2.10:80")),
+            (ExternalKind::ExternalIp, sock("198.51.100.7:80")),
+        ]
+    );
+    let skipped: Vec<(IpAddr, &NotTranslatedReason)> =
+        ext.not_translated.iter().map(|t| (t.ip, &t.reason)).collect();
+    assert_eq!(skipped.len(), 3, "{skipped:?}");
+    assert!(
+        matches!(skipped[0], (a, NotTranslatedReason::OutsideExternalIpCidrs { .. }) if a == ip("203.0.113.9"))
+    );
+    assert!(
+        matches!(skipped[1], (a, NotTranslatedReason::OutsideExternalIpCidrs { .. }) if a == ip("192.0.2.10")),
+        "an externalIP outside the CIDRs is listed even when it is also the ingress IP (translated as that)"
+    );
+    assert_eq!(skipped[2], (ip("192.0.2.20"), &NotTranslatedReason::IpModeProxy));
+    let text = tierlb::explain::explain(&the_model, &the_node, &ObjKey::new("default", "web")).unwrap();
+    for want in [
+        "node port 10.0.0.1:30080: translated",
+        "load-balancer IP 192.0.2.20: NOT translated, ipMode Proxy",
+        "external IP 203.0.113.9: NOT translated, outside --external-ip-cidrs (198.51.100.0/24)",
+        "from pods and from the node's own processes",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+}
+
+#[test]
+fn only_proxy_mode_ingress_ips_do_not_make_a_port_externally_reachable() {
+    // kube-proxy's ExternallyAccessible counts LoadBalancerVIPs, which leave out ipMode Proxy.
+    let mut s = svc();
+    s.load_balancer_proxy_ips = vec!["192.0.2.20".parse().unwrap()];
+    let p = plan::plan(&model(s, &[e("10.2.0.1", "n2")]), &on_node("n1", None));
+    assert!(p.services[0].external.is_none());
+}
+
+#[test]
+fn an_external_ip_on_another_services_cluster_ip_is_not_programmed_whatever_the_names() {
+    let mut m = model(svc(), &[e("10.2.0.1", "n2")]);
+    // "aaa/evil" sorts before "default/web" and lists web's cluster IP as an externalIP (CVE-2020-8554).
+    let evil = Service {
+        key: ObjKey::new("aaa", "evil"),
+        cluster_ips: vec!["10.96.0.66".parse().unwrap()],
+        external_ips: vec!["10.96.0.10".parse().unwrap()],
+        ..svc()
+    };
+    m.services.insert(evil.key.clone(), evil);
+    let p = plan::plan(&m, &on_node("n1", None));
+    let warning =
+        |ns: &str| p.services.iter().find(|s| s.name.service.namespace == ns).unwrap().warnings.join("\n");
+    assert!(
+        warning("aaa").contains("aaa/evil is NOT programmed there until default/web leaves it"),
+        "{}",
+        warning("aaa")
+    );
+    assert!(warning("default").contains("default/web is programmed"), "{}", warning("default"));
+}
