@@ -116,51 +116,25 @@ pub fn choose<B: Copy + Default>(
     Choice::Empty
 }
 
-/// The first tier holding any slot, in the data path's order (node, zone, cluster); `None` if all are empty.
-#[inline(always)]
-#[must_use]
-pub fn first_nonempty_tier(fe: &FrontendValue) -> Option<usize> {
-    if fe.tiers[TIER_NODE].len != 0 {
-        Some(TIER_NODE)
-    } else if fe.tiers[TIER_ZONE].len != 0 {
-        Some(TIER_ZONE)
-    } else if fe.tiers[TIER_CLUSTER].len != 0 {
-        Some(TIER_CLUSTER)
-    } else {
-        None
-    }
-}
-
-/// `choose` for a frontend with sessionAffinity, given the client's remembered backend `sticky` (its affinity
-/// entry is fresh, the backend is not marked down and is a member of the frontend's current generation: the
-/// caller checked) with its member entry. Topology
-/// comes first: the sticky backend is taken only if it is in the tier the rules select now (the first tier
-/// holding a live backend), and then without a random draw; otherwise the normal choice. The second value
-/// says whether the sticky backend was taken (else the caller replaces the entry with the new choice).
+/// sessionAffinity on top of `choose`: given its `choice` and the client's remembered backend `sticky` (its
+/// affinity entry is fresh, the backend is not marked down and is a member of the frontend's current
+/// generation: the caller checked) with its member entry, take the sticky backend if it is in the tier the
+/// choice came from, which is the tier the topology rules select now (the first holding a live backend). Else
+/// the choice stands. The second value says whether the sticky backend was taken (else the caller replaces
+/// the entry with the choice).
 ///
-/// Cheap in the common case: the sticky backend sits in the first non-empty tier, and being live, that tier
-/// is the one selected (no slot is looked up). Only when it sits in a later tier (its client fell back while
-/// the earlier tiers were down) does the normal choice run, to learn whether they still are.
+/// Topology comes first: a client that fell back to a later tier while the earlier ones were down returns to
+/// the first as soon as it has a live backend again. Run after `choose`, not instead of it: the data path then
+/// holds one copy of the choice, whose cost the verifier explores once (an affinity path with its own choice
+/// multiplied the verification time by ten), at the price of one slot lookup the sticky backend makes moot.
 #[inline(always)]
-pub fn choose_sticky<B: Copy + Default>(
-    fe: &FrontendValue,
-    sticky: Option<(B, MemberValue)>,
-    lookup: impl FnMut(u32) -> Slot<B>,
-    random: impl FnMut() -> u32,
-) -> (Choice<B>, bool) {
-    if let Some((backend, member)) = sticky
-        && let Some(tier) = first_nonempty_tier(fe)
-        && member.in_tier(tier)
-    {
-        return (Choice::Backend { tier, backend }, true);
+pub fn keep_sticky<B: Copy>(choice: Choice<B>, sticky: Option<(B, MemberValue)>) -> (Choice<B>, bool) {
+    match (choice, sticky) {
+        (Choice::Backend { tier, .. }, Some((backend, member))) if member.in_tier(tier) => {
+            (Choice::Backend { tier, backend }, true)
+        }
+        _ => (choice, false),
     }
-    let choice = choose(fe, lookup, random);
-    if let (Some((backend, member)), Choice::Backend { tier, .. }) = (sticky, choice)
-        && member.in_tier(tier)
-    {
-        return (Choice::Backend { tier, backend }, true);
-    }
-    (choice, false)
 }
 
 /// Reservoir-sample one live slot among up to `TIER_SCAN` slots of `range`, from a random offset; returns its
@@ -466,9 +440,8 @@ mod tests {
         let mut rng = Lcg(5);
         for c in cases {
             for _ in 0..30 {
-                let (got, used) = choose_sticky(
+                let chosen = choose(
                     &f,
-                    c.sticky,
                     |i| match slots.get(i as usize) {
                         None => Slot::Missing,
                         Some(&b) if c.down.contains(&b) => Slot::Down(b),
@@ -476,6 +449,7 @@ mod tests {
                     },
                     || rng.next(),
                 );
+                let (got, used) = keep_sticky(chosen, c.sticky);
                 let Choice::Backend { tier, backend } = got else { panic!("{}: {got:?}", c.name) };
                 assert_eq!(Some(tier), c.want.0, "{}", c.name);
                 if let Some(b) = c.want.1 {

@@ -465,8 +465,7 @@ pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
 
 mod choice;
 pub use choice::{
-    Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, choose_sticky, first_live_tier, first_nonempty_tier,
-    scan_tier,
+    Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, keep_sticky, scan_tier,
 };
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! sessionAffinity ClientIP, decided in the kernel: a client (its network namespace) that connected to a
 //! frontend with affinity gets the same backend again while its entry is fresh (the timeout runs from its
 //! last connect), the backend is a member of the frontend's current generation and not marked down, and it
-//! sits in the tier the topology rules select (`lb_common::choose_sticky`). Otherwise the normal choice runs
+//! sits in the tier the topology rules select (`lb_common::keep_sticky`). Otherwise the normal choice runs
 //! and the entry is replaced: a backend that left or went down never fails a connect.
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 

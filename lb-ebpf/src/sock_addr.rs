@@ -15,7 +15,7 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_AFFINITY, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
     ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    FrontendValue, GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, choose_sticky, counter_index,
+    FrontendValue, GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index, keep_sticky,
 };
 
 use crate::{
@@ -200,15 +200,17 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     };
     // SAFETY: helper without preconditions.
     let random = || unsafe { bpf_get_prandom_u32() };
-    let (choice, recalled) = if fe.affinity_timeout_s == 0 {
-        (choose(&fe, lookup, random), None)
-    } else {
+    let mut choice = choose(&fe, lookup, random);
+    let mut recalled = None;
+    // sessionAffinity after the choice, not instead of it: see `keep_sticky`.
+    if fe.affinity_timeout_s != 0 && matches!(choice, lb_common::Choice::Backend { .. }) {
         // SAFETY: helper without preconditions.
         let now_ns = unsafe { bpf_ktime_get_boot_ns() };
-        let recalled = affinity::recall(ctx, &fe, key, now_ns, |b, now| is_down(b, || now));
-        let (choice, taken) = choose_sticky(&fe, recalled.sticky, lookup, random);
-        (choice, Some((recalled, taken)))
-    };
+        let r = affinity::recall(ctx, &fe, key, now_ns, |b, now| is_down(b, || now));
+        let taken;
+        (choice, taken) = keep_sticky(choice, r.sticky);
+        recalled = Some((r, taken));
+    }
     match choice {
         lb_common::Choice::Backend { tier, backend } => {
             write_addr(sa, v6, dst.mapped, backend.addr, backend.port);

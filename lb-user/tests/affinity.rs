@@ -157,3 +157,35 @@ fn affinity_holds_within_the_tier_topology_selects() {
     let f = frontend_status(&pin);
     assert_eq!(f["connections"]["affinity"].as_u64().unwrap(), 9 + 9 + 9, "{f}");
 }
+
+#[test]
+fn udp_clients_stick_too_through_sendmsg_and_connect_in_both_families() {
+    for (family, vip, pods) in [
+        ("IPv4", "10.96.0.54", ["10.244.1.54", "10.244.2.54", "10.244.3.54"]),
+        ("IPv6", "fd00:96::54", ["fd00:244:1::54", "fd00:244:2::54", "fd00:244:3::54"]),
+    ] {
+        let mut c = cluster("aff-udp");
+        let vip = SocketAddr::new(vip.parse().unwrap(), 53);
+        let mut eps = Vec::new();
+        for (i, pod) in pods.iter().enumerate() {
+            let ip: std::net::IpAddr = pod.parse().unwrap();
+            // Each resolver answers with its own address, so the answer names the backend.
+            c.add_dns_pod(SocketAddr::new(ip, 53), ip).unwrap();
+            eps.push(Ep::ready(ip, &format!("node-{}", i + 1)));
+        }
+        let mut svc = Svc::new("kube-dns", vip.ip(), 53, 53);
+        svc.protocol = "UDP";
+        svc.session_affinity_timeout = Some(600);
+        write_service(c.manifests.path(), &svc, &eps).unwrap();
+        c.add_node("node-1", &[]).unwrap();
+        // Each lookup is a new socket: unconnected (sendmsg), then connected (connect), 20 each.
+        let mut answers = BTreeSet::new();
+        for connected in [false, true] {
+            for l in c.dns("node-1", vip, 20, connected).unwrap() {
+                assert_eq!(l.error, None, "{family} connected={connected}: {l:?}");
+                answers.insert(l.answer.unwrap());
+            }
+        }
+        assert_eq!(answers.len(), 1, "{family}: 40 lookups from one client spread over {answers:?}");
+    }
+}
