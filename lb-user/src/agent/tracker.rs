@@ -54,7 +54,7 @@ impl ChangeTracker {
     fn remove(&mut self, o: &Object, touched: &mut BTreeSet<ObjKey>) -> bool {
         match o {
             Object::Service(s) => {
-                self.model.services.remove(&s.key);
+                self.model.remove_service(&s.key);
                 touched.insert(s.key.clone());
             }
             Object::EndpointSlice(s) => {
@@ -76,7 +76,7 @@ impl ChangeTracker {
         match o {
             Object::Service(s) => {
                 touched.insert(s.key.clone());
-                self.model.services.insert(s.key.clone(), s);
+                self.model.put_service(s);
             }
             Object::EndpointSlice(s) => {
                 touched.extend(s.owner());

@@ -1,5 +1,5 @@
-//! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces) and this
-//! node's Node object, with backoff.
+//! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces, without
+//! those kube-proxy's label selector leaves out: `ProxyLabel`) and this node's Node object, with backoff.
 //!
 //! Each watch task hands its events, in order, to the source through a channel and wakes the agent; a
 //! refresh converts only the objects those events name, and hands over only what that changed (after the
@@ -32,7 +32,7 @@ use tokio::{
 };
 
 use super::{Changes, Diagnostic, ModelSource, Object, Origin, Refresh, Severity, convert};
-use crate::model::{Kind, Model, ObjectId};
+use crate::model::{Kind, Model, ObjectId, ProxyLabel};
 
 /// Access the agent needs, as (API group, resource, verbs).
 pub const NEEDED: [(&str, &str, &[&str]); 3] = [
@@ -255,9 +255,13 @@ impl KubeSource {
         check_access(&client).await?;
         let deadline = tokio::time::Instant::now() + ready_timeout;
         let (tx, events) = mpsc::unbounded_channel();
+        // kube-proxy's label filter, server-side, on the Services and EndpointSlices (not the Node), as its
+        // informer factory applies it: the API server never sends what another proxy is meant to program, and
+        // sends a Delete when an object gains one of the labels.
+        let not_for_other_proxies = watcher::Config::default().labels(&ProxyLabel::label_selector());
         let (t1, services) = spawn_watch(
             Api::<core::Service>::all(client.clone()),
-            watcher::Config::default(),
+            not_for_other_proxies.clone(),
             Kind::Service,
             |o| Raw::Service(Box::new(o)),
             tx.clone(),
@@ -265,7 +269,7 @@ impl KubeSource {
         );
         let (t2, slices) = spawn_watch(
             Api::<discovery::EndpointSlice>::all(client.clone()),
-            watcher::Config::default(),
+            not_for_other_proxies,
             Kind::EndpointSlice,
             |o| Raw::EndpointSlice(Box::new(o)),
             tx.clone(),

@@ -87,9 +87,7 @@ impl Object {
     /// Put it into `model`, replacing an object with the same id.
     pub fn insert_into(self, model: &mut Model) {
         match self {
-            Self::Service(s) => {
-                model.services.insert(s.key.clone(), s);
-            }
+            Self::Service(s) => model.put_service(s),
             Self::EndpointSlice(s) => {
                 model.slices.insert_shared(s.key.clone(), s);
             }

@@ -16,6 +16,7 @@ mod controller_hints;
 mod lints;
 mod rules;
 mod scenarios;
+mod skipped;
 
 // ---------- builders ----------
 
@@ -116,6 +117,8 @@ fn slice(name: &str, family: AddressType, port: u16, eps: &[E]) -> EndpointSlice
         address_type: family,
         ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
         endpoints: eps.iter().map(E::build).collect(),
+        not_proxied: None,
+        last_change_trigger_time: None,
     }
 }
 
