@@ -22,6 +22,9 @@ use crate::{
     model::ServicePortName,
 };
 
+mod kube_proxy;
+pub use kube_proxy::KubeProxyStats;
+
 type Labels = Vec<(String, String)>;
 
 /// The counters of one service id, summed over CPUs, indexed by `COUNTER_*`.
@@ -102,6 +105,8 @@ pub struct AgentStats {
     pub services_unprogrammed: Gauge,
     /// Backend marks the agent deleted because their backend left every Service.
     pub marks_cleared: Counter,
+    /// kube-proxy's metric families, for its dashboards and alerts.
+    pub kube_proxy: KubeProxyStats,
 }
 
 impl Default for AgentStats {
@@ -118,6 +123,7 @@ impl Default for AgentStats {
             udp_sockets_unreached: Counter::default(),
             services_unprogrammed: Gauge::default(),
             marks_cleared: Counter::default(),
+            kube_proxy: KubeProxyStats::default(),
         }
     }
 }
@@ -134,12 +140,14 @@ fn gauge(entries: usize) -> i64 {
 }
 
 /// The whole exposition, OpenMetrics text: the labels from `snap`, the counts from `counters` (`None`: no
-/// per-Service counters), the statistics from `stats`.
+/// per-Service counters), the statistics from `stats`; the `tierlb_*` families, then kube-proxy's
+/// (`kubeproxy_*`).
 pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn ReadCounters>) -> String {
-    let mut reg = Registry::with_prefix("tierlb");
-    let conns = counter_family(&mut reg, "connections", "Connects translated, by Service, frontend and tier");
+    let mut root = Registry::default();
+    let reg = root.sub_registry_with_prefix("tierlb");
+    let conns = counter_family(reg, "connections", "Connects translated, by Service, frontend and tier");
     let refused =
-        counter_family(&mut reg, "connections_refused", "Connects failed fast because no backend was usable");
+        counter_family(reg, "connections_refused", "Connects failed fast because no backend was usable");
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
     let unrecorded = Counter::<u64>::default();
@@ -219,8 +227,9 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         "Backend marks deleted because their backend left every Service",
         stats.marks_cleared.clone(),
     );
+    stats.kube_proxy.register(root.sub_registry_with_prefix("kubeproxy"));
     let mut out = String::new();
-    encode(&mut out, &reg).expect("writing to a String cannot fail");
+    encode(&mut out, &root).expect("writing to a String cannot fail");
     out
 }
 

@@ -317,7 +317,15 @@ async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
 
     let changed = slice("31", &[("10.244.3.3", "node-1")]);
     deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": changed})).await;
+    // Received, not taken yet: kube-proxy's `endpoint_changes_pending` reads 1 until the refresh.
+    let pending = source.pending().expect("the API server source has a queue");
+    let queued = |p: &tierlb::source::PendingChanges| {
+        use std::sync::atomic::Ordering::Relaxed;
+        (p.services.load(Relaxed), p.endpoint_slices.load(Relaxed))
+    };
+    assert_eq!(queued(&pending), (0, 1));
     let r = source.refresh().unwrap();
+    assert_eq!(queued(&pending), (0, 0));
     let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
     assert!(removed.is_empty());
     match upserted.as_slice() {

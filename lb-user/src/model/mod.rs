@@ -399,6 +399,11 @@ impl Slices {
         self.by_key.get(key).map(|s| &**s)
     }
 
+    /// One slice by key, shared.
+    pub fn get_shared(&self, key: &ObjKey) -> Option<Arc<EndpointSlice>> {
+        self.by_key.get(key).cloned()
+    }
+
     /// Every slice, in key order.
     pub fn values(&self) -> impl Iterator<Item = &EndpointSlice> {
         self.by_key.values().map(|s| &**s)
