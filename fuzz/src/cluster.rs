@@ -181,6 +181,8 @@ impl Cluster {
                         address_type: if sl.v6 { AddressType::IPv6 } else { AddressType::IPv4 },
                         ports: sports,
                         endpoints,
+                        not_proxied: None,
+                        last_change_trigger_time: None,
                     },
                 );
             }

@@ -416,6 +416,12 @@ pub fn plan_table(p: &Plan) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    if !p.skipped.is_empty() {
+        out.push_str("\nnot programmed:\n");
+        for s in &p.skipped {
+            let _ = writeln!(out, "  {s}");
+        }
+    }
     out
 }
 

@@ -134,10 +134,14 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInf
 
 /// The explanation for one Service on one node, or `None` if the model has no such Service.
 pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
-    let svc = model.services.get(key)?;
+    let svc = model.services.get(key).or_else(|| model.skipped.get(key))?;
     let mut out = String::new();
     let zone = node.zone.as_deref().unwrap_or("<none>");
     let _ = writeln!(out, "Service {key} on node {} (zone {zone})", node.name);
+    if let Some(label) = &svc.not_proxied {
+        let _ = writeln!(out, "  not programmed: {label}");
+        return Some(out);
+    }
     let td = svc.traffic_distribution.as_deref().unwrap_or("<unset>");
     let _ = writeln!(
         out,
@@ -187,6 +191,17 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
         for w in &pp.warnings {
             let _ = writeln!(out, "  warning: {w}");
         }
+    }
+    for s in p.skipped.iter().filter(|s| &s.service == key) {
+        let Some(port) = &s.port else { continue };
+        let name = if port.port_name.is_empty() { String::new() } else { format!(" {}", port.port_name) };
+        let _ = writeln!(
+            out,
+            "\n  port{name} {}/{}: not programmed: {}",
+            port.port,
+            port.protocol.as_str(),
+            s.message
+        );
     }
     Some(out)
 }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod plan;
 pub mod server;
+pub mod skipped;
 pub mod source;
 pub mod status;
 pub mod study;

@@ -22,6 +22,9 @@ use crate::{
     model::ServicePortName,
 };
 
+mod kube_proxy;
+pub use kube_proxy::KubeProxyStats;
+
 type Labels = Vec<(String, String)>;
 
 /// The counters of one service id, summed over CPUs, indexed by `COUNTER_*`.
@@ -109,6 +112,8 @@ pub struct AgentStats {
     pub services_unprogrammed: Gauge,
     /// Backend marks the agent deleted because their backend left every Service.
     pub marks_cleared: Counter,
+    /// kube-proxy's metric families, for its dashboards and alerts.
+    pub kube_proxy: KubeProxyStats,
 }
 
 impl Default for AgentStats {
@@ -125,6 +130,7 @@ impl Default for AgentStats {
             udp_sockets_unreached: Counter::default(),
             services_unprogrammed: Gauge::default(),
             marks_cleared: Counter::default(),
+            kube_proxy: KubeProxyStats::default(),
         }
     }
 }
@@ -141,14 +147,16 @@ fn gauge(entries: usize) -> i64 {
 }
 
 /// The whole exposition, OpenMetrics text: the labels from `snap`, the counts from `counters` (`None`: no
-/// per-Service counters), the statistics from `stats`.
+/// per-Service counters), the statistics from `stats`; the `tierlb_*` families, then kube-proxy's
+/// (`kubeproxy_*`).
 pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn ReadCounters>) -> String {
-    let mut reg = Registry::with_prefix("tierlb");
-    let conns = counter_family(&mut reg, "connections", "Connects translated, by Service, frontend and tier");
+    let mut root = Registry::default();
+    let reg = root.sub_registry_with_prefix("tierlb");
+    let conns = counter_family(reg, "connections", "Connects translated, by Service, frontend and tier");
     let refused =
-        counter_family(&mut reg, "connections_refused", "Connects failed fast because no backend was usable");
+        counter_family(reg, "connections_refused", "Connects failed fast because no backend was usable");
     let sticky = counter_family(
-        &mut reg,
+        reg,
         "connections_affinity",
         "Connects that went to the client's sessionAffinity backend (also counted by tier), by frontend",
     );
@@ -234,8 +242,9 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         "Backend marks deleted because their backend left every Service",
         stats.marks_cleared.clone(),
     );
+    stats.kube_proxy.register(root.sub_registry_with_prefix("kubeproxy"));
     let mut out = String::new();
-    encode(&mut out, &reg).expect("writing to a String cannot fail");
+    encode(&mut out, &root).expect("writing to a String cannot fail");
     out
 }
 

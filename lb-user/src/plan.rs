@@ -210,6 +210,8 @@ pub struct Plan {
     pub zone: Option<String>,
     /// One entry per Service port and family.
     pub services: Vec<PortPlan>,
+    /// What is not programmed, and why (labelled Services, SCTP ports): `skipped::skipped`.
+    pub skipped: Vec<crate::skipped::Skipped>,
 }
 
 /// One endpoint of a Service port after merging slices: its address and what kube-proxy knows of it.
@@ -418,7 +420,7 @@ fn families(svc: &Service) -> Vec<Family> {
 pub fn plan_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeInfo) -> Vec<PortPlan> {
     let mut out = Vec::new();
     for family in families(svc) {
-        for port in &svc.ports {
+        for port in svc.ports.iter().filter(|p| p.protocol.translated()) {
             out.push(plan_port(slices.iter().copied(), svc, port, family, node).0);
         }
     }
@@ -484,7 +486,8 @@ pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
     let mut services = Vec::new();
     for svc in model.services.values() {
         for family in families(svc) {
-            for port in &svc.ports {
+            // Ports of a protocol tierlb does not translate are listed in `skipped` instead.
+            for port in svc.ports.iter().filter(|p| p.protocol.translated()) {
                 let (mut p, eps) = plan_port(model.slices_of(&svc.key), svc, port, family, node);
                 p.warnings = crate::lint::port_warnings(svc, &eps, node);
                 p.warnings.extend(crate::lint::skew_warning(model, svc, port, family));
@@ -493,7 +496,12 @@ pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
         }
     }
     warn_vip_conflicts(&mut services);
-    Plan { node: node.name.clone(), zone: node.zone.clone(), services }
+    Plan {
+        node: node.name.clone(),
+        zone: node.zone.clone(),
+        services,
+        skipped: crate::skipped::skipped(model),
+    }
 }
 
 /// One Service's claim on a frontend (address, port, protocol). Ordered so that the smallest is the one

@@ -251,6 +251,8 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         address_type: AddressType::IPv4,
         ports: vec![SlicePort { name: String::new(), port: 8080, protocol: Protocol::Tcp }],
         endpoints: eps.iter().map(endpoint).collect(),
+        not_proxied: None,
+        last_change_trigger_time: None,
     };
     // Endpoints without explicit hints get the controller's (then the explicit ones are put back).
     let mut controller = vec![slice.clone()];

@@ -60,6 +60,8 @@ struct Script {
     watch_rvs: BTreeMap<&'static str, Vec<String>>,
     /// Watches left open, waiting for `release`.
     hanging: BTreeMap<&'static str, Vec<tower_test::mock::SendResponse<Response<Body>>>>,
+    /// labelSelector query parameter (decoded) of each request, per resource, as ("list" or "watch", selector).
+    selectors: BTreeMap<&'static str, Vec<(&'static str, Option<String>)>>,
 }
 
 fn ndjson(events: Vec<Value>) -> Body {
@@ -97,6 +99,33 @@ fn query(uri: &http::Uri, key: &str) -> Option<String> {
     uri.query()?.split('&').find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_owned))
 }
 
+/// A query parameter's value as the client meant it (`%21` -> `!`, ...).
+fn decoded(raw: &str) -> String {
+    let mut out = Vec::new();
+    let mut bytes = raw.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex: String = bytes.by_ref().take(2).map(char::from).collect();
+                out.push(u8::from_str_radix(&hex, 16).unwrap());
+            }
+            b'+' => out.push(b' '),
+            _ => out.push(b),
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// What an API server's label selector keeps: only the `!key` (DoesNotExist) requirements are understood,
+/// which is all kube-proxy's selector has (anything else fails the test).
+fn selected(selector: Option<&str>, item: &Value) -> bool {
+    let Some(selector) = selector else { return true };
+    selector.split(',').all(|req| {
+        let key = req.strip_prefix('!').unwrap_or_else(|| panic!("unexpected requirement {req:?}"));
+        item["metadata"]["labels"].get(key).is_none()
+    })
+}
+
 async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
     while let Some((req, send)) = handle.next_request().await {
         let uri = req.uri().clone();
@@ -114,7 +143,11 @@ async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
             continue;
         }
         let resource = resource_of(&path);
-        if query(&uri, "watch").as_deref() == Some("true") {
+        let selector = query(&uri, "labelSelector").map(|s| decoded(&s));
+        let watch = query(&uri, "watch").as_deref() == Some("true");
+        let verb = if watch { "watch" } else { "list" };
+        script.lock().unwrap().selectors.entry(resource).or_default().push((verb, selector.clone()));
+        if watch {
             let mut s = script.lock().unwrap();
             s.watch_rvs.entry(resource).or_default().push(query(&uri, "resourceVersion").unwrap_or_default());
             match s.watches.get_mut(resource).and_then(VecDeque::pop_front) {
@@ -124,6 +157,8 @@ async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
             continue;
         }
         let (list, rv) = script.lock().unwrap().lists[resource].clone();
+        let list: Vec<Value> =
+            list.as_array().unwrap().iter().filter(|i| selected(selector.as_deref(), i)).cloned().collect();
         let list =
             json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": list});
         send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
@@ -282,7 +317,15 @@ async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
 
     let changed = slice("31", &[("10.244.3.3", "node-1")]);
     deliver(&script, &mut rx, json!({"type": "MODIFIED", "object": changed})).await;
+    // Received, not taken yet: kube-proxy's `endpoint_changes_pending` reads 1 until the refresh.
+    let pending = source.pending().expect("the API server source has a queue");
+    let queued = |p: &tierlb::source::PendingChanges| {
+        use std::sync::atomic::Ordering::Relaxed;
+        (p.services.load(Relaxed), p.endpoint_slices.load(Relaxed))
+    };
+    assert_eq!(queued(&pending), (0, 1));
     let r = source.refresh().unwrap();
+    assert_eq!(queued(&pending), (0, 0));
     let Changes::Objects { removed, upserted } = r.changes else { panic!("a difference, not a new model") };
     assert!(removed.is_empty());
     match upserted.as_slice() {
@@ -358,5 +401,52 @@ async fn one_watch_event_hands_over_one_object_and_a_relist_removes_what_it_no_l
     let sc = script.clone();
     wait_for(move || sc.lock().unwrap().watch_rvs["endpointslices"].last().map(String::as_str) == Some("40"))
         .await;
+    server.abort();
+}
+
+#[tokio::test]
+async fn kube_proxys_label_selector_is_sent_on_every_service_and_slice_list_and_watch() {
+    let mut s = script();
+    // Two more Services and a slice the server holds, each with a label kube-proxy's selector leaves out.
+    let mut router = service();
+    router["metadata"]["name"] = json!("routed");
+    router["metadata"]["labels"] = json!({"service.kubernetes.io/service-proxy-name": "kube-router"});
+    let mut marked = service();
+    marked["metadata"]["name"] = json!("marked");
+    marked["metadata"]["labels"] = json!({"service.kubernetes.io/headless": ""});
+    s.lists.insert("services", (json!([service(), router, marked]), "10"));
+    let mut headless = named_slice("web-headless", "20", &[("10.244.7.7", "node-1")]);
+    headless["metadata"]["labels"]["service.kubernetes.io/headless"] = json!("");
+    s.lists.insert("endpointslices", (json!([slice("20", &[("10.244.1.5", "node-1")]), headless]), "20"));
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, _rx, server) = started(&script).await;
+    let mut tracker = ChangeTracker::default();
+    assert!(follow(&mut source, &mut tracker).0.is_empty());
+    let m = tracker.model();
+    assert_eq!(m.services.keys().collect::<Vec<_>>(), [&ObjKey::new("shop", "web")]);
+    assert_eq!(m.slices.values().map(|s| s.key.name.as_str()).collect::<Vec<_>>(), ["web-1"]);
+
+    let want = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
+    let sc = script.clone();
+    wait_for(move || {
+        let s = sc.lock().unwrap();
+        ["services", "endpointslices"]
+            .iter()
+            .all(|r| s.selectors.get(r).is_some_and(|v| v.iter().any(|(verb, _)| *verb == "watch")))
+    })
+    .await;
+    let s = script.lock().unwrap();
+    for resource in ["services", "endpointslices"] {
+        let seen = &s.selectors[resource];
+        for verb in ["list", "watch"] {
+            assert!(seen.iter().any(|(v, _)| *v == verb), "{resource}: no {verb} in {seen:?}");
+        }
+        for (verb, selector) in seen {
+            assert_eq!(selector.as_deref(), Some(want), "{resource} {verb}");
+        }
+    }
+    // The Node watch is kube-proxy's other informer factory: no label selector.
+    assert!(s.selectors["nodes"].iter().all(|(_, sel)| sel.is_none()), "{:?}", s.selectors["nodes"]);
+    drop(s);
     server.abort();
 }

@@ -4,8 +4,9 @@
 //! - `sync`: one sync without kernel or runtime (`AgentCore`), tested against in-memory maps;
 //! - `claims`: which Service programs a VIP:port several claim (the first in namespace/name order);
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
+//! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
-//! - `report`: what a sync logs;
+//! - `report`: what a sync did, and what it logs;
 //! - `run`: the process (source, programs, servers, signal handling).
 //!
 //! Ordering rules of `run`, relied on by operators and tests:
@@ -26,6 +27,7 @@
 //!    frontends (before the next source change is read); expired marks on the tick, once a second.
 mod claims;
 mod lower;
+mod no_local;
 mod report;
 mod retry;
 mod run;
@@ -34,7 +36,9 @@ mod sync;
 mod tests;
 mod tracker;
 
+pub use no_local::{NoLocalCounts, Traffic};
+pub use report::{SyncReport, VipConflict};
 pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};
 pub use run::{AgentOptions, Source, run};
-pub use sync::{AgentCore, SyncReport, VipConflict};
-pub use tracker::{ChangeTracker, Touched};
+pub use sync::AgentCore;
+pub use tracker::{ChangeTracker, Taken, Touched};

@@ -1,10 +1,67 @@
-//! What the agent says about a sync and a socket-destruction pass: structured `tracing` events, one line per
-//! problem and one `synced` line per sync (tests and operators wait for it).
-use super::SyncReport;
+//! What a sync did (`SyncReport`), and what the agent says about it and about a socket-destruction pass:
+//! structured `tracing` events, one line per problem and one `synced` line per sync (tests and operators wait
+//! for it).
+use std::{collections::BTreeMap, time::Duration};
+
+use lb_common::FrontendKey;
+
+use super::{no_local::NoLocalCounts, tracker::Taken};
 use crate::{
-    datapath::{addr, destroy::DestroyReport, marks::SweepReport},
-    source::{Origin, Severity},
+    datapath::{ApplyError, addr, destroy::DestroyReport, marks::SweepReport},
+    model::{NodeInfo, ObjKey},
+    server::ServiceHealth,
+    source::{Diagnostic, Origin, Severity},
 };
+
+/// A frontend (VIP, port, protocol) several Services claim: the one programmed, then the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VipConflict {
+    /// The frontend.
+    pub frontend: FrontendKey,
+    /// The Service programmed there (`plan::vip_winner`).
+    pub winner: ObjKey,
+    /// The Services not programmed there until the winner leaves it.
+    pub losers: Vec<ObjKey>,
+}
+
+/// What one sync did, for logs, metrics and tests.
+#[derive(Debug, Default)]
+pub struct SyncReport {
+    /// The node planned for (its zone as resolved now).
+    pub node: Option<NodeInfo>,
+    /// Frontends the plan wants in total (a VIP:port several Services claim counts once).
+    pub frontends: usize,
+    /// Frontends written for the first time.
+    pub added: usize,
+    /// Frontends swapped to a new generation.
+    pub updated: usize,
+    /// Frontends deleted.
+    pub removed: usize,
+    /// Services planned in this sync: those a change touched, or all of them.
+    pub replanned: usize,
+    /// Frontends that could not be applied (they keep their previous state; retried with backoff, see
+    /// `retry`).
+    pub errors: Vec<ApplyError>,
+    /// VIP:port conflicts this sync started or changed (each is reported when its claimants change).
+    pub conflicts: Vec<VipConflict>,
+    /// Every problem the input has now.
+    pub diagnostics: Vec<Diagnostic>,
+    /// Inputs (files, API objects) whose objects come from their last good version.
+    pub stale: Vec<Origin>,
+    /// How many Services' slices carried no hints and got the controller's (the set:
+    /// `AgentCore::hints_filled`).
+    pub hints_filled: usize,
+    /// Those of them not reported by an earlier sync.
+    pub hints_newly_filled: Vec<ObjKey>,
+    /// `healthCheckNodePort` -> the Service's local endpoints (Services with externalTrafficPolicy Local).
+    pub health_ports: BTreeMap<u16, ServiceHealth>,
+    /// How long the sync took.
+    pub duration: Duration,
+    /// What the source's changes brought in (kube-proxy's change counts and trigger times).
+    pub taken: Taken,
+    /// Planned Service ports with a Local policy and no local endpoint, after the sync.
+    pub no_local: NoLocalCounts,
+}
 
 /// Log one sync: input problems, frontends that failed to apply, VIP:port conflicts, Services that got the
 /// controller's hints, then the `synced` summary.

@@ -132,6 +132,17 @@ fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &
     h.unprogrammed = unprogrammed;
     stats.syncs.inc();
     stats.sync_duration.observe(r.duration.as_secs_f64());
+    // kube-proxy's families (metrics::kube_proxy says what each measures here): the maps are written now.
+    let kp = &stats.kube_proxy;
+    let now = std::time::SystemTime::now();
+    kp.synced(r.duration, now, r.errors.is_empty());
+    kp.changes(r.taken.services, r.taken.endpoint_slices);
+    if r.errors.is_empty() {
+        kp.programmed(&r.taken.triggers, now);
+    }
+    for (family, traffic, count) in r.no_local.iter() {
+        kp.no_local_endpoints(family, traffic.as_str(), count);
+    }
     stats.apply_errors.inc_by(r.errors.len() as u64);
     let errors = r.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
     stats.reload_errors.inc_by(errors as u64);
@@ -292,6 +303,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
     let source_name = source.describe();
+    let pending = source.pending();
     let pin_dir = match &opts.bpffs {
         Some(base) => Some(pins::prepare(base, opts.instance.as_deref().unwrap_or(&opts.node))?),
         None => None,
@@ -304,6 +316,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
     let mut stats = AgentStats::default();
+    stats.kube_proxy.pending = pending;
     let snapshots = watch::Sender::new(Arc::new(Snapshot::of(core.reconciler(), opts.capacities.slots)));
     let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats, core.reconciler().writer()));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.

@@ -3,20 +3,20 @@
 //! whole agent logic runs in unit tests against the in-memory maps.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
-use lb_common::FrontendKey;
-
 use super::{
+    SyncReport, VipConflict,
     claims::{self, Claims},
     lower,
+    no_local::NoLocal,
     retry::{Retries, Tried},
     tracker::{ChangeTracker, Touched},
 };
 use crate::{
     datapath::{
-        ApplyError, Desired, MapWriter, Reconciler, addr,
+        Desired, MapWriter, Reconciler, addr,
         marks::{self, SweepReport},
     },
     external::ExternalConfig,
@@ -24,54 +24,8 @@ use crate::{
     model::{EndpointSlice, NodeInfo, ObjKey},
     plan,
     server::{ServiceHealth, Unprogrammed},
-    source::{Diagnostic, ModelSource, Origin},
+    source::ModelSource,
 };
-
-/// A frontend (VIP, port, protocol) several Services claim: the one programmed, then the others.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VipConflict {
-    /// The frontend.
-    pub frontend: FrontendKey,
-    /// The Service programmed there (`plan::vip_winner`).
-    pub winner: ObjKey,
-    /// The Services not programmed there until the winner leaves it.
-    pub losers: Vec<ObjKey>,
-}
-
-/// What one sync did, for logs, metrics and tests.
-#[derive(Debug, Default)]
-pub struct SyncReport {
-    /// The node planned for (its zone as resolved now).
-    pub node: Option<NodeInfo>,
-    /// Frontends the plan wants in total (a VIP:port several Services claim counts once).
-    pub frontends: usize,
-    /// Frontends written for the first time.
-    pub added: usize,
-    /// Frontends swapped to a new generation.
-    pub updated: usize,
-    /// Frontends deleted.
-    pub removed: usize,
-    /// Services planned in this sync: those a change touched, or all of them.
-    pub replanned: usize,
-    /// Frontends that could not be applied (they keep their previous state; retried with backoff, see
-    /// `retry`).
-    pub errors: Vec<ApplyError>,
-    /// VIP:port conflicts this sync started or changed (each is reported when its claimants change).
-    pub conflicts: Vec<VipConflict>,
-    /// Every problem the input has now.
-    pub diagnostics: Vec<Diagnostic>,
-    /// Inputs (files, API objects) whose objects come from their last good version.
-    pub stale: Vec<Origin>,
-    /// How many Services' slices carried no hints and got the controller's (the set:
-    /// `AgentCore::hints_filled`).
-    pub hints_filled: usize,
-    /// Those of them not reported by an earlier sync.
-    pub hints_newly_filled: Vec<ObjKey>,
-    /// `healthCheckNodePort` -> the Service's local endpoints (Services with externalTrafficPolicy Local).
-    pub health_ports: BTreeMap<u16, ServiceHealth>,
-    /// How long the sync took.
-    pub duration: Duration,
-}
 
 /// The agent's logic without the kernel or the async runtime: refresh the source and apply the plan of what
 /// changed.
@@ -97,6 +51,8 @@ pub struct AgentCore<W: MapWriter> {
     retries: Retries,
     /// Which Service programs a frontend several claim.
     claims: Claims,
+    /// Service ports kube-proxy would DROP for want of a local endpoint, per Service.
+    no_local: NoLocal,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -122,6 +78,7 @@ impl<W: MapWriter> AgentCore<W> {
             health: BTreeMap::new(),
             retries: Retries::default(),
             claims: Claims::default(),
+            no_local: NoLocal::default(),
         }
     }
 
@@ -151,6 +108,7 @@ impl<W: MapWriter> AgentCore<W> {
         let (name, zone) = (&self.node_name, self.zone_flag.as_deref());
         let node = NodeInfo::resolve_with(name, zone, self.tracker.model(), &self.external);
         let mut report = self.plan_and_apply(touched, node, now);
+        report.taken = self.tracker.taken().clone();
         report.diagnostics = refresh.diagnostics;
         report.stale = refresh.stale;
         report.duration = started.elapsed();
@@ -199,6 +157,7 @@ impl<W: MapWriter> AgentCore<W> {
                 self.planned.clear();
                 self.frontends = 0;
                 self.health.clear();
+                self.no_local.clear();
                 self.claims.clear();
                 let reported = std::mem::take(&mut self.hints_filled);
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
@@ -243,6 +202,7 @@ impl<W: MapWriter> AgentCore<W> {
             hints_filled: self.hints_filled.len(),
             hints_newly_filled: newly_filled,
             health_ports,
+            no_local: self.no_local.total(),
             ..SyncReport::default()
         }
     }
@@ -342,6 +302,7 @@ impl<W: MapWriter> AgentCore<W> {
             }
             let was_filled = self.hints_filled.remove(key) || reported.contains(key);
             self.health.remove(key);
+            self.no_local.remove(key);
             let Some(svc) = model.services.get(key) else {
                 desired.insert(key.clone(), Desired::new());
                 continue;
@@ -352,6 +313,7 @@ impl<W: MapWriter> AgentCore<W> {
                 None => model.slices_of(key).collect(),
             };
             let plans = plan::plan_service(svc, &slices, node);
+            self.no_local.set(key, &plans);
             for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
                 let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
                 seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
@@ -401,7 +363,9 @@ mod tests {
     }
 
     /// What the data path sees, without service ids and generations: frontend -> (label, tiers, flags).
-    fn maps(c: &AgentCore<FakeMaps>) -> BTreeMap<FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
+    fn maps(
+        c: &AgentCore<FakeMaps>,
+    ) -> BTreeMap<lb_common::FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
         let w = c.reconciler().writer();
         datapath::read_back(w)
             .unwrap()

@@ -9,7 +9,7 @@ use std::{
 };
 
 use lb_testkit::{
-    manifests::{Ep, Svc, write_service},
+    manifests::{Ep, Svc, to_yaml, write_atomic, write_service},
     sandbox::TempDir,
 };
 
@@ -217,4 +217,55 @@ fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
     assert!(warnings("c").is_empty(), "another port of the VIP is no conflict");
     let text = crate::explain::explain(&model, &node, &ObjKey::new("default", "b")).unwrap();
     assert!(text.contains("warning: 10.96.0.10:80/TCP is also claimed by default/a"), "{text}");
+}
+
+/// A Service and its slices, each carrying `labels` (the EndpointSlice controller copies a Service's labels
+/// to its slices).
+fn write_labelled(dir: &Path, svc: &Svc, labels: &serde_json::Value) {
+    let mut docs = vec![svc.service()];
+    docs.extend(svc.slices(&eps(&["10.0.0.1"])));
+    for d in &mut docs {
+        let meta = d["metadata"].as_object_mut().unwrap();
+        let l = meta.entry("labels").or_insert_with(|| serde_json::json!({}));
+        for (k, v) in labels.as_object().unwrap() {
+            l[k] = v.clone();
+        }
+    }
+    write_atomic(dir, &format!("{}.yaml", svc.name), &to_yaml(&docs)).unwrap();
+}
+
+#[test]
+fn a_service_meant_for_another_proxy_or_on_sctp_is_not_programmed_and_follows_its_label() {
+    let tmp = TempDir::new("agent-proxy-label").unwrap();
+    let dir = tmp.path();
+    let none = serde_json::json!({});
+    let other_proxy = serde_json::json!({"service.kubernetes.io/service-proxy-name": "kube-router"});
+    write_labelled(dir, &Svc::new("web", ip("10.96.0.10"), 80, 8080), &none);
+    write_labelled(dir, &Svc::new("routed", ip("10.96.0.20"), 80, 8080), &other_proxy);
+    let mut sctp = Svc::new("diameter", ip("10.96.0.30"), 3868, 3868);
+    sctp.protocol = "SCTP";
+    write_labelled(dir, &sctp, &none);
+    let mut a = agent(dir, 64);
+    let t0 = Instant::now();
+    a.sync(t0).unwrap();
+    let only = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    };
+    assert_eq!(programmed(&a), only(&[("10.96.0.10:80", "default/web:main")]));
+    // The label goes: the Service is programmed. It comes back, or the other label appears: it leaves.
+    write_labelled(dir, &Svc::new("routed", ip("10.96.0.20"), 80, 8080), &none);
+    let r = a.sync(t0).unwrap();
+    assert_eq!((r.added, r.removed), (1, 0));
+    assert_eq!(
+        programmed(&a),
+        only(&[("10.96.0.10:80", "default/web:main"), ("10.96.0.20:80", "default/routed:main")])
+    );
+    write_labelled(
+        dir,
+        &Svc::new("web", ip("10.96.0.10"), 80, 8080),
+        &serde_json::json!({"service.kubernetes.io/headless": ""}),
+    );
+    let r = a.sync(t0).unwrap();
+    assert_eq!((r.added, r.removed), (0, 1));
+    assert_eq!(programmed(&a), only(&[("10.96.0.20:80", "default/routed:main")]));
 }

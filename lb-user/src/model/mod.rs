@@ -9,7 +9,9 @@ use std::{
 use serde::Serialize;
 
 mod ids;
+mod proxy_label;
 pub use ids::{Kind, ObjKey, ObjectId, ParseNameError, ServicePortName};
+pub use proxy_label::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ProxyLabel};
 
 /// A Service or EndpointSlice port's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -20,7 +22,7 @@ pub enum Protocol {
     /// UDP.
     #[serde(rename = "UDP")]
     Udp,
-    /// SCTP (planned and listed, but the socket hooks translate TCP and UDP only).
+    /// SCTP (parsed, but not translated: see `translated`).
     #[serde(rename = "SCTP")]
     Sctp,
 }
@@ -42,6 +44,12 @@ impl Protocol {
             Self::Udp => lb_common::PROTO_UDP,
             Self::Sctp => lb_common::PROTO_SCTP,
         }
+    }
+    /// Whether tierlb programs ports of this protocol. SCTP is not: no test has shown an SCTP connect through
+    /// a VIP (the kernels tierlb is tested on are built without SCTP), so its ports are listed as not handled
+    /// (`plan`, `explain`) rather than written to maps nobody checked the kernel reads for SCTP.
+    pub fn translated(self) -> bool {
+        !matches!(self, Self::Sctp)
     }
     /// The Kubernetes spelling.
     pub fn as_str(self) -> &'static str {
@@ -159,6 +167,8 @@ pub struct Service {
     /// `spec.sessionAffinity: ClientIP`: its `sessionAffinityConfig.clientIP.timeoutSeconds` (default 10800);
     /// `None` for no affinity.
     pub session_affinity_timeout: Option<u32>,
+    /// The label that makes kube-proxy skip it (the model keeps such a Service apart: `Model::skipped`).
+    pub not_proxied: Option<ProxyLabel>,
 }
 
 impl Service {
@@ -256,6 +266,11 @@ pub struct EndpointSlice {
     pub ports: Vec<SlicePort>,
     /// Its endpoints.
     pub endpoints: Vec<Endpoint>,
+    /// The label that makes kube-proxy skip it (`Slices` does not keep such a slice).
+    pub not_proxied: Option<ProxyLabel>,
+    /// Annotation `endpoints.kubernetes.io/last-change-trigger-time`: when the change this version carries
+    /// happened (a pod became ready, ...), the start of kube-proxy's network programming latency.
+    pub last_change_trigger_time: Option<std::time::SystemTime>,
 }
 
 impl EndpointSlice {
@@ -299,8 +314,11 @@ pub struct NodeAddress {
 /// Everything the sources know, keyed for deterministic iteration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
-    /// Services by key.
+    /// Services by key (those kube-proxy would program; `put_service` keeps the others apart).
     pub services: BTreeMap<ObjKey, Service>,
+    /// Services whose labels make kube-proxy skip them (`Service::not_proxied`): never planned, listed by
+    /// `plan` and `explain` with the reason.
+    pub skipped: BTreeMap<ObjKey, Service>,
     /// EndpointSlices, indexed by their Service.
     pub slices: Slices,
     /// Nodes by name.
@@ -308,6 +326,23 @@ pub struct Model {
 }
 
 impl Model {
+    /// Add or replace a Service: among `services`, or among `skipped` when a label keeps kube-proxy away (a
+    /// Service that gains or loses the label moves).
+    pub fn put_service(&mut self, s: Service) {
+        let (to, from) = match s.not_proxied {
+            Some(_) => (&mut self.skipped, &mut self.services),
+            None => (&mut self.services, &mut self.skipped),
+        };
+        from.remove(&s.key);
+        to.insert(s.key.clone(), s);
+    }
+
+    /// Remove a Service, programmed or skipped.
+    pub fn remove_service(&mut self, key: &ObjKey) {
+        self.services.remove(key);
+        self.skipped.remove(key);
+    }
+
     /// The EndpointSlices that belong to a Service (same namespace, `kubernetes.io/service-name` label), in
     /// key order.
     pub fn slices_of<'a>(&'a self, svc: &'a ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
@@ -346,8 +381,13 @@ impl Slices {
         self.insert_shared(key, Arc::new(slice))
     }
 
-    /// `insert` for a slice shared with its source.
+    /// `insert` for a slice shared with its source. A slice labelled to keep kube-proxy away
+    /// (`EndpointSlice::not_proxied`) is not kept: it removes the slice stored under `key`, as kube-proxy's
+    /// filtered informer sees a slice that gains the label leave.
     pub fn insert_shared(&mut self, key: ObjKey, slice: Arc<EndpointSlice>) -> Option<Arc<EndpointSlice>> {
+        if slice.not_proxied.is_some() {
+            return self.remove(&key);
+        }
         let owner = slice.owner();
         let previous = self.by_key.insert(key.clone(), slice);
         if let Some(old) = &previous {
@@ -384,6 +424,11 @@ impl Slices {
     /// One slice by key.
     pub fn get(&self, key: &ObjKey) -> Option<&EndpointSlice> {
         self.by_key.get(key).map(|s| &**s)
+    }
+
+    /// One slice by key, shared.
+    pub fn get_shared(&self, key: &ObjKey) -> Option<Arc<EndpointSlice>> {
+        self.by_key.get(key).cloned()
     }
 
     /// Every slice, in key order.
@@ -463,6 +508,8 @@ mod tests {
             address_type: AddressType::IPv4,
             ports: Vec::new(),
             endpoints: Vec::new(),
+            not_proxied: None,
+            last_change_trigger_time: None,
         }
     }
 

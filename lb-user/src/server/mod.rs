@@ -200,7 +200,8 @@ pub struct Unprogrammed {
 /// The agent loop writes it, the health listener reads it.
 pub type SharedHealth = Arc<Mutex<Health>>;
 
-fn rfc3339(t: SystemTime) -> String {
+/// `t` as RFC 3339 in UTC, whole seconds (`2023-11-14T22:13:20Z`), as Kubernetes writes times.
+pub fn rfc3339(t: SystemTime) -> String {
     // Seconds since the epoch formatted as UTC, without pulling in a date crate.
     let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);

@@ -11,7 +11,7 @@ use k8s_openapi::{
 use super::validate;
 use crate::model::{
     AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, NodeAddress, NodeAddressKind, ObjKey,
-    ObjectId, Policy, Protocol, Service, ServicePort, ServiceType, SlicePort,
+    ObjectId, Policy, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort,
 };
 
 /// EndpointSlice label naming the Service it belongs to (same namespace).
@@ -22,6 +22,8 @@ pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
 /// The deprecated form of `ANNOTATION_TOPOLOGY_MODE`, which wins over it.
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+/// EndpointSlice annotation: when the change it carries was triggered (`v1.EndpointsLastChangeTriggerTime`).
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// A field that does not hold what tierlb needs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -183,6 +185,7 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
         topology_aware_hints_annotation: annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS).cloned(),
         session_affinity_timeout,
+        not_proxied: ProxyLabel::of(svc.metadata.labels.as_ref()),
     })
 }
 
@@ -281,7 +284,27 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
         });
     }
     let service_name = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
-    Ok(EndpointSlice { key, service_name, address_type, ports, endpoints })
+    let trigger =
+        slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME));
+    Ok(EndpointSlice {
+        key,
+        service_name,
+        address_type,
+        ports,
+        endpoints,
+        not_proxied: ProxyLabel::of(slice.metadata.labels.as_ref()),
+        last_change_trigger_time: trigger.and_then(|t| trigger_time(t)),
+    })
+}
+
+/// The annotation's time (RFC 3339, as the EndpointSlice controller writes it), parsed as the API server
+/// parses a `metav1.Time`. A value that does not parse is ignored, as kube-proxy's `getLastChangeTriggerTime`
+/// does (it only feeds a latency metric; the slice itself is fine).
+fn trigger_time(value: &str) -> Option<std::time::SystemTime> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let t: Time = serde_json::from_value(serde_json::Value::String(value.to_owned())).ok()?;
+    let nanos = u64::try_from(t.0.as_nanosecond()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(nanos))
 }
 
 /// A Node: its name, zone label and allocatable CPU.

@@ -1,5 +1,5 @@
-//! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces) and this
-//! node's Node object, with backoff.
+//! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces, without
+//! those kube-proxy's label selector leaves out: `ProxyLabel`) and this node's Node object, with backoff.
 //!
 //! Each watch task hands its events, in order, to the source through a channel and wakes the agent; a
 //! refresh converts only the objects those events name, and hands over only what that changed (after the
@@ -12,6 +12,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     pin::pin,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
     time::Duration,
 };
 
@@ -31,8 +35,8 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{Changes, Diagnostic, ModelSource, Object, Origin, Refresh, Severity, convert};
-use crate::model::{Kind, Model, ObjectId};
+use super::{Changes, Diagnostic, ModelSource, Object, Origin, PendingChanges, Refresh, Severity, convert};
+use crate::model::{Kind, Model, ObjectId, ProxyLabel};
 
 /// Access the agent needs, as (API group, resource, verbs).
 pub const NEEDED: [(&str, &str, &[&str]); 3] = [
@@ -162,6 +166,16 @@ enum Delivery {
     ListDone(Kind),
 }
 
+impl Delivery {
+    /// The object an object event carries (none for the list markers).
+    fn object(&self) -> Option<&Raw> {
+        match self {
+            Self::Apply(raw) | Self::Delete(raw) | Self::Listed(raw) => Some(raw),
+            Self::ListStart(_) | Self::ListDone(_) => None,
+        }
+    }
+}
+
 /// The API server as a `ModelSource`: background watchers feed it events; `refresh` turns them into changes.
 pub struct KubeSource {
     /// Events from the watch tasks, in order per kind.
@@ -174,6 +188,8 @@ pub struct KubeSource {
     listing: BTreeMap<Kind, BTreeSet<ObjectId>>,
     /// The first refresh hands over the whole model; later ones only what changed.
     delivered: bool,
+    /// Object events in `events` not yet taken by a refresh, by kind (kube-proxy's `*_changes_pending`).
+    queued: PendingChanges,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -195,8 +211,8 @@ impl Drop for KubeSource {
     }
 }
 
-/// Watch one kind: every event goes to `events` (then `changed` wakes the agent); `listed` fires once the
-/// first list is in `events`.
+/// Watch one kind: every event goes to `events` (then `changed` wakes the agent), each object event counted
+/// in `queued` first; `listed` fires once the first list is in `events`.
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
@@ -204,6 +220,7 @@ fn spawn_watch<K>(
     wrap: fn(K) -> Raw,
     events: mpsc::UnboundedSender<Delivery>,
     changed: mpsc::UnboundedSender<()>,
+    queued: Option<Arc<AtomicI64>>,
 ) -> (JoinHandle<()>, oneshot::Receiver<()>)
 where
     K: kube::Resource<DynamicType = ()>
@@ -232,6 +249,9 @@ where
                 }
             };
             let done = matches!(delivery, Delivery::ListDone(_));
+            if let (Some(q), Some(_)) = (&queued, delivery.object()) {
+                q.fetch_add(1, Ordering::Relaxed);
+            }
             if events.send(delivery).is_err() {
                 return; // the source is gone
             }
@@ -255,21 +275,28 @@ impl KubeSource {
         check_access(&client).await?;
         let deadline = tokio::time::Instant::now() + ready_timeout;
         let (tx, events) = mpsc::unbounded_channel();
+        let queued = PendingChanges::default();
+        // kube-proxy's label filter, server-side, on the Services and EndpointSlices (not the Node), as its
+        // informer factory applies it: the API server never sends what another proxy is meant to program, and
+        // sends a Delete when an object gains one of the labels.
+        let not_for_other_proxies = watcher::Config::default().labels(&ProxyLabel::label_selector());
         let (t1, services) = spawn_watch(
             Api::<core::Service>::all(client.clone()),
-            watcher::Config::default(),
+            not_for_other_proxies.clone(),
             Kind::Service,
             |o| Raw::Service(Box::new(o)),
             tx.clone(),
             changed.clone(),
+            Some(queued.services.clone()),
         );
         let (t2, slices) = spawn_watch(
             Api::<discovery::EndpointSlice>::all(client.clone()),
-            watcher::Config::default(),
+            not_for_other_proxies,
             Kind::EndpointSlice,
             |o| Raw::EndpointSlice(Box::new(o)),
             tx.clone(),
             changed.clone(),
+            Some(queued.endpoint_slices.clone()),
         );
         let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
         let (t3, nodes) = spawn_watch(
@@ -279,6 +306,7 @@ impl KubeSource {
             |o| Raw::Node(Box::new(o)),
             tx,
             changed,
+            None,
         );
         // Built before waiting, so that a failed start stops the watchers (Drop).
         let source = Self {
@@ -287,6 +315,7 @@ impl KubeSource {
             errors: BTreeMap::new(),
             listing: BTreeMap::new(),
             delivered: false,
+            queued,
             tasks: vec![t1, t2, t3],
         };
         for (kind, listed) in [(Kind::Service, services), (Kind::EndpointSlice, slices), (Kind::Node, nodes)]
@@ -312,9 +341,17 @@ impl KubeSource {
     }
 
     /// Take the events delivered since the last call: per object named, its last state (`None`: gone).
-    fn pending(&mut self) -> BTreeMap<ObjectId, Option<Raw>> {
+    fn drain_events(&mut self) -> BTreeMap<ObjectId, Option<Raw>> {
         let mut pending = BTreeMap::new();
         while let Ok(delivery) = self.events.try_recv() {
+            let counter = match delivery.object().map(|raw| raw.id().kind) {
+                Some(Kind::Service) => Some(&self.queued.services),
+                Some(Kind::EndpointSlice) => Some(&self.queued.endpoint_slices),
+                Some(Kind::Node) | None => None,
+            };
+            if let Some(c) = counter {
+                c.fetch_sub(1, Ordering::Relaxed);
+            }
             match delivery {
                 Delivery::Apply(raw) => {
                     pending.insert(raw.id(), Some(raw));
@@ -353,7 +390,7 @@ impl KubeSource {
     fn apply_events(&mut self) -> (Vec<Object>, Vec<Object>) {
         let mut removed = Vec::new();
         let mut upserted = Vec::new();
-        for (id, raw) in self.pending() {
+        for (id, raw) in self.drain_events() {
             let Some(raw) = raw else {
                 self.errors.remove(&id);
                 removed.extend(self.converted.remove(&id).and_then(|c| c.used));
@@ -415,5 +452,9 @@ impl ModelSource for KubeSource {
 
     fn describe(&self) -> String {
         "the API server".into()
+    }
+
+    fn pending(&self) -> Option<PendingChanges> {
+        Some(self.queued.clone())
     }
 }

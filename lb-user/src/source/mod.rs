@@ -27,6 +27,22 @@ pub trait ModelSource: Send {
     fn refresh(&mut self) -> std::io::Result<Refresh>;
     /// For messages: "the API server", "directory /etc/tierlb".
     fn describe(&self) -> String;
+    /// Counters of the changes received and not yet handed over by `refresh`, for kube-proxy's
+    /// `*_changes_pending` metrics; `None` for a source without a queue (a directory is read by the refresh
+    /// its change wakes).
+    fn pending(&self) -> Option<PendingChanges> {
+        None
+    }
+}
+
+/// Changes a source has received and not yet handed over, by kind: shared counters the source keeps and a
+/// scrape reads.
+#[derive(Clone, Debug, Default)]
+pub struct PendingChanges {
+    /// Service events.
+    pub services: Arc<std::sync::atomic::AtomicI64>,
+    /// EndpointSlice events.
+    pub endpoint_slices: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// The result of one refresh.
@@ -87,9 +103,7 @@ impl Object {
     /// Put it into `model`, replacing an object with the same id.
     pub fn insert_into(self, model: &mut Model) {
         match self {
-            Self::Service(s) => {
-                model.services.insert(s.key.clone(), s);
-            }
+            Self::Service(s) => model.put_service(s),
             Self::EndpointSlice(s) => {
                 model.slices.insert_shared(s.key.clone(), s);
             }

@@ -5,6 +5,8 @@ use std::{path::Path, process::Command};
 
 use lb_testkit::cluster::SimCluster;
 
+pub(crate) mod exposition;
+
 /// The `tierlb` binary under test.
 pub(crate) const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
 

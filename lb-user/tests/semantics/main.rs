@@ -17,6 +17,7 @@ mod external;
 mod lints;
 mod rules;
 mod scenarios;
+mod skipped;
 
 // ---------- builders ----------
 
@@ -117,6 +118,8 @@ fn slice(name: &str, family: AddressType, port: u16, eps: &[E]) -> EndpointSlice
         address_type: family,
         ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
         endpoints: eps.iter().map(E::build).collect(),
+        not_proxied: None,
+        last_change_trigger_time: None,
     }
 }
 
