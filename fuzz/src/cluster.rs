@@ -96,6 +96,7 @@ impl Cluster {
                 name: NODES[0].into(),
                 zone: self.node_zone.map(|z| pick(&ZONES, z).to_owned()),
                 allocatable_cpu_millis: Some(4000),
+                ..Node::default()
             },
         );
         for (i, s) in self.services.iter().take(6).enumerate() {
