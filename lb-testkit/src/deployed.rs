@@ -462,4 +462,16 @@ impl BoxedNode {
         agent.wait_for(&self.log, from, "tierlb agent ready", Duration::from_secs(30))?;
         Ok(agent)
     }
+
+    /// `count` requests to `target`, back to back, from a `tierlb-lab probe` in `netns` (a pod's, or the
+    /// node's own) and the agent's cgroup.
+    pub fn probe(&self, netns: &NetNs, target: &str, count: usize) -> anyhow::Result<crate::probe::Report> {
+        let mut cmd = Command::new(crate::workspace_bin("tierlb-lab", "lb-lab"));
+        let count = count.to_string();
+        cmd.args(["probe", "--target", target, "--count", &count, "--interval-ms", "0"]);
+        cmd.stdout(Stdio::piped()).stdin(Stdio::null());
+        confine(&mut cmd, Some(&self.cgroup), Some(netns))?;
+        let out = cmd.spawn()?.wait_with_output()?;
+        serde_json::from_slice(&out.stdout).context("probe output")
+    }
 }

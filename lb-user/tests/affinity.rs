@@ -191,3 +191,52 @@ fn udp_clients_stick_too_through_sendmsg_and_connect_in_both_families() {
         assert_eq!(answers.len(), 1, "{family}: 40 lookups from one client spread over {answers:?}");
     }
 }
+
+/// As `deploy/` runs the agent (`lb_testkit::deployed`), with every pod in its own network namespace: each
+/// pod is a client of its own, and the node's own processes are one more.
+#[test]
+fn as_deployed_each_pod_keeps_its_own_backend() {
+    use lb_testkit::{deployed::BoxedNode, sandbox::NamedServer};
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let binary = std::path::Path::new(common::TIERLB);
+    let mut boxed = BoxedNode::new("aff-deployed", binary, &deploy).unwrap();
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let mut eps = Vec::new();
+    let mut servers = Vec::new();
+    for i in 1..=3 {
+        let ip: std::net::IpAddr = format!("10.244.{i}.30").parse().unwrap();
+        let ns = boxed.node.add_pod(&format!("web-{i}"), ip).unwrap();
+        servers.push((
+            NamedServer::start(&lab, &ns, SocketAddr::new(ip, 8080), &format!("web-{i}")).unwrap(),
+            ns,
+        ));
+        eps.push(Ep::ready(ip, "node-1"));
+    }
+    let clients: Vec<_> = (1..=10)
+        .map(|i| {
+            boxed.node.add_pod(&format!("client-{i}"), format!("10.244.9.{i}").parse().unwrap()).unwrap()
+        })
+        .collect();
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.session_affinity_timeout = Some(600);
+    write_service(boxed.manifests.path(), &svc, &eps).unwrap();
+    let _agent = boxed.start_agent("node-1", &[]).unwrap();
+    let target = vip().to_string();
+    let mut chosen = BTreeSet::new();
+    for (i, ns) in clients.iter().chain([&boxed.node.netns]).enumerate() {
+        let first = only_backend(&boxed.probe(ns, &target, 10).unwrap(), &format!("client {i}"));
+        assert_eq!(only_backend(&boxed.probe(ns, &target, 10).unwrap(), &format!("client {i} again")), first);
+        chosen.insert(first);
+    }
+    // 11 clients choosing among 3 backends at random all chose one with probability 3^-10.
+    assert!(chosen.len() >= 2, "every client got {chosen:?}: the clients are not told apart");
+    eprintln!(
+        "11 clients (10 pods, the node), 20 connects each: each on one backend, together on {chosen:?}"
+    );
+    // The DaemonSet pins under the node's /sys/fs/bpf/tierlb.
+    let pins = boxed.bpffs.path().join("tierlb");
+    let (ok, out, err) = tierlb(&["status", "-o", "json", "--bpffs", pins.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(st[0]["frontends"][0]["session_affinity"]["clients"], 11, "{out}");
+}

@@ -8,14 +8,13 @@
 use std::{
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
 };
 
 use lb_testkit::{
     deployed::{AgentBox, BoxedNode},
     manifests::{Ep, Svc, to_yaml, write_atomic},
     probe::Report,
-    sandbox::{NamedServer, NetNs, confine},
+    sandbox::{NamedServer, NetNs},
 };
 use serde_json::json;
 
@@ -84,13 +83,7 @@ impl Lab {
 
     /// `count` requests to `target` from a process in `netns` and the agent's cgroup.
     fn probe(&self, netns: &NetNs, target: &str, count: usize) -> Report {
-        let mut cmd = Command::new(lab());
-        let count = count.to_string();
-        cmd.args(["probe", "--target", target, "--count", &count, "--interval-ms", "0"]);
-        cmd.stdout(Stdio::piped()).stdin(Stdio::null());
-        confine(&mut cmd, Some(&self.boxed.cgroup), Some(netns)).unwrap();
-        let out = cmd.spawn().unwrap().wait_with_output().unwrap();
-        serde_json::from_slice(&out.stdout).unwrap()
+        self.boxed.probe(netns, target, count).unwrap()
     }
 }
 
