@@ -159,3 +159,32 @@ fn healthy_backends_are_never_held_under_load() {
     assert_eq!(st["health"], serde_json::json!([]), "{st}");
     eprintln!("{total} connects to healthy backends: 0 holds");
 }
+
+#[test]
+fn when_every_backend_is_held_connects_still_go_to_one_the_panic_threshold() {
+    // One pod only, no topology: its tier has nothing else to fall back to.
+    let mut c = cluster("health-panic");
+    let bpffs = BpfFs::new("health-panic").unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    c.add_pod(pod(1), "pod-node-1").unwrap();
+    let svc = Svc::new("web", vip().ip(), 80, 8080);
+    write_service(c.manifests.path(), &svc, &[Ep::ready(pod(1).ip(), "node-1")]).unwrap();
+    c.add_node("node-1", &["--bpffs", &pin, "--health-hold", "1m"]).unwrap();
+    c.stop_pod(pod(1));
+    // K = 3 refused connects hold it.
+    let r = c.probe("node-1", vip(), 3, Duration::ZERO).unwrap();
+    assert_eq!(r.failures(), 3, "{:?}", r.by_backend());
+    let st = status(&pin);
+    assert_eq!(st["health"][0]["state"], "held", "{st}");
+    // Held for a minute, and the only backend: connects are not refused by tierlb, they go to it anyway; the
+    // pod is back, so the first one succeeds and makes it healthy.
+    c.add_pod(pod(1), "pod-node-1").unwrap();
+    let r = c.probe("node-1", vip(), 5, Duration::ZERO).unwrap();
+    assert_eq!((r.failures(), r.count("pod-node-1")), (0, 5), "{:?}", r.errors());
+    let t = &status(&pin)["health_transitions"];
+    assert_eq!(
+        (t["held"].as_u64(), t["panics"].as_u64(), t["healthy"].as_u64()),
+        (Some(1), Some(1), Some(1)),
+        "{t}"
+    );
+}
