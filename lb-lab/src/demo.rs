@@ -340,20 +340,10 @@ fn pdf_resume(c: &mut SimCluster) -> anyhow::Result<bool> {
             traffic_distribution: Some("PreferSameNode".into()),
             ..Default::default()
         },
-        endpoints: pdf_eps
-            .iter()
-            .map(|e| tierlb::study::ScEndpoint {
-                ip: e.ip,
-                node: e.node.clone(),
-                ready: true,
-                terminating: false,
-                down: false,
-                for_nodes: None,
-                for_zones: None,
-                no_hints: false,
-            })
-            .collect(),
+        endpoints: pdf_eps.iter().map(|e| tierlb::study::ScEndpoint::new(e.ip, &e.node)).collect(),
         phases: Vec::new(),
+        requests_per_second: 0.0,
+        health: tierlb::study::HealthParams::default(),
     });
     let kp = &predicted.phases[0].models[0];
     println!("   {:<32} {:>14} {:>14}", "", "pdf-on-node-1", "pdf-on-node-3");
