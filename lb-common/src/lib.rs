@@ -64,6 +64,14 @@ pub const COUNTER_REVERSE_UNRECORDED: u32 = 6;
 /// Connects that went to the client's sessionAffinity backend (an `AFFINITY` entry still valid); also
 /// counted under their tier.
 pub const COUNTER_AFFINITY: u32 = 7;
+/// Global only (`GLOBAL_SVC_ID`, a slot services use for `COUNTER_ZONE`): backends passive health held down
+/// (each hold, including a failed half-open trial's new hold).
+pub const GLOBAL_HEALTH_HOLDS: u32 = 1;
+/// Global only (the slot of `COUNTER_CLUSTER`): held or failing backends a successful connect made healthy.
+pub const GLOBAL_HEALTH_RECOVERIES: u32 = 2;
+/// Global only (the slot of `COUNTER_REJECTED`): connects sent to a held-down backend because every backend
+/// of the first non-empty tier was held (the panic threshold, see `HealthConfig`).
+pub const GLOBAL_HEALTH_PANICS: u32 = 3;
 /// Counter slots per Service in the counter array; the kinds above use all eight.
 pub const COUNTERS_PER_SERVICE: u32 = 8;
 // The data path counts a pick from tier `t` under counter kind `t`.
@@ -121,8 +129,13 @@ pub const MAP_AFFINITY: &str = "AFFINITY";
 /// Backends of the frontends with sessionAffinity: (svc_id, generation, backend) -> tiers, what the data path
 /// checks an affinity entry against.
 pub const MAP_MEMBERS: &str = "MEMBERS";
+/// Passive health: `Backend` -> `Health`, written by the kernel (`sock_ops` and the connect programs); the
+/// agent deletes the entries of backends that left every Service.
+pub const MAP_HEALTH: &str = "HEALTH";
+/// Passive health settings (`HealthConfig`), one entry, written by the agent at start.
+pub const MAP_HEALTH_CONFIG: &str = "HEALTH_CONFIG";
 /// Every map the agent opens by type, in the order the agent pins them.
-pub const MAPS: [&str; 9] = [
+pub const MAPS: [&str; 11] = [
     MAP_FRONTENDS,
     MAP_SLOTS,
     MAP_BACKEND_STATE,
@@ -132,6 +145,8 @@ pub const MAPS: [&str; 9] = [
     MAP_CONNECTED_UDP,
     MAP_AFFINITY,
     MAP_MEMBERS,
+    MAP_HEALTH,
+    MAP_HEALTH_CONFIG,
 ];
 /// Every map that is pinned: `MAPS` and the socket storage (which only the kernel reads, but a restarted agent
 /// must reuse it, or live sockets would lose their reverse state).
@@ -164,6 +179,8 @@ pub const DEFAULT_MAX_AFFINITY: u32 = 65_536;
 pub const SOCK_LRU_RECORD: usize = 8;
 /// `SockState::flags`: the socket has an entry in `MAP_CONNECTED_UDP` (under its cookie and `backend`).
 pub const SOCK_REGISTERED: u32 = 1 << 0;
+/// `SockState::flags`: passive health has counted this socket's connect as failed (once per connect).
+pub const SOCK_HEALTH_REPORTED: u32 = 1 << 1;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
@@ -319,10 +336,96 @@ pub struct SockState {
     pub lru: [Backend; SOCK_LRU_RECORD],
     /// How many of `lru` are set.
     pub lru_len: u32,
-    /// `SOCK_REGISTERED`.
+    /// `SOCK_REGISTERED`, `SOCK_HEALTH_REPORTED`.
     pub flags: u32,
 }
 const _: () = assert!(size_of::<SockState>() == 208);
+
+/// Passive health settings, written by the agent (`--health-failures`, `--health-hold`, `--health-max-hold`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct HealthConfig {
+    /// Consecutive failed connects that hold a backend down; 0 turns passive health off.
+    pub failures: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
+    /// The first hold, in ns; each further hold without a success in between doubles it.
+    pub hold_ns: u64,
+    /// The longest hold, in ns.
+    pub max_hold_ns: u64,
+}
+const _: () = assert!(size_of::<HealthConfig>() == 24);
+
+/// How long a half-open trial connect may take before another connect may try the backend (its SYN's first
+/// retransmission timeout is 1 s; a trial that never reports, its socket closed first, frees the slot then).
+pub const HEALTH_TRIAL_NS: u64 = 3_000_000_000;
+
+/// A backend's passive health, as the kernel keeps it (`MAP_HEALTH`). Times are `CLOCK_BOOTTIME` ns.
+///
+/// States: failing (`failures` < threshold, `held_until_ns` 0): used; held (now < `held_until_ns`): skipped;
+/// half-open (the hold is over): the next connect picked for it is a trial (`trial_until_ns` set), the others
+/// skip it until the trial's outcome; a success deletes nothing but resets the entry to healthy (all zero but
+/// the key), which the agent deletes.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Health {
+    /// The key, repeated: checked before a write through a pointer (the element may have been reused).
+    pub backend: Backend,
+    /// Consecutive failed connects since the last success or hold.
+    pub failures: u32,
+    /// End of the current (or last) hold; 0: never held since the last success.
+    pub held_until_ns: u64,
+    /// Start of the current (or last) hold.
+    pub held_since_ns: u64,
+    /// Half-open: the trial connect in flight may report until then.
+    pub trial_until_ns: u64,
+    /// Holds since the last success (the backoff exponent).
+    pub holds: u32,
+    /// What the last failure was: `HEALTH_REFUSED` or `HEALTH_TIMEOUT`.
+    pub reason: u32,
+}
+const _: () = assert!(size_of::<Health>() == 56);
+
+/// `Health::reason`: the connect was refused (an RST answered the SYN: no process listens).
+pub const HEALTH_REFUSED: u32 = 1;
+/// `Health::reason`: the SYN was not answered within its first retransmission timeout (a dead node, a
+/// blackhole).
+pub const HEALTH_TIMEOUT: u32 = 2;
+
+/// What the connect programs do with a backend, by its health at `now_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthVerdict {
+    /// Use it (healthy, failing below the threshold, or already the trial's: see `Trial`).
+    Use,
+    /// Held down (or half-open with a trial in flight): skip it.
+    Skip,
+    /// Half-open with no trial in flight: usable, and the connect that takes it becomes the trial.
+    Trial,
+}
+
+impl Health {
+    /// The verdict at `now_ns`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn verdict(&self, now_ns: u64) -> HealthVerdict {
+        if self.held_until_ns == 0 {
+            HealthVerdict::Use
+        } else if now_ns < self.held_until_ns || now_ns < self.trial_until_ns {
+            HealthVerdict::Skip
+        } else {
+            HealthVerdict::Trial
+        }
+    }
+
+    /// The hold after `holds` earlier ones without a success: `hold_ns` doubled each time, at most `max_hold_ns`.
+    #[inline(always)]
+    #[must_use]
+    pub const fn hold_for(holds: u32, cfg: &HealthConfig) -> u64 {
+        let shift = if holds > 16 { 16 } else { holds };
+        let hold = cfg.hold_ns << shift;
+        if hold > cfg.max_hold_ns || hold < cfg.hold_ns { cfg.max_hold_ns } else { hold }
+    }
+}
 
 /// Key of an affinity entry: which client asked for which frontend.
 #[repr(C)]
@@ -453,7 +556,9 @@ aya_pod!(
     AffinityKey,
     AffinityValue,
     MemberKey,
-    MemberValue
+    MemberValue,
+    Health,
+    HealthConfig
 );
 
 /// Index of a counter in the per-CPU counter array.
@@ -478,6 +583,27 @@ mod tests {
         assert!(m.is_down_at(100) && m.is_down_at(199));
         assert!(!m.is_down_at(200) && !m.is_down_at(u64::MAX), "expired at until_ns");
         assert!(!BackendState { flags: 0, ..m }.is_down_at(150), "no flag, no mark");
+    }
+
+    #[test]
+    fn health_verdicts_by_time() {
+        let b = Backend::default();
+        let h = |until, trial| Health {
+            backend: b,
+            held_until_ns: until,
+            trial_until_ns: trial,
+            ..Health::default()
+        };
+        let cases = [
+            ("never held: used", h(0, 0), 50, HealthVerdict::Use),
+            ("inside the hold: skipped", h(100, 0), 50, HealthVerdict::Skip),
+            ("the hold is over: this connect is the trial", h(100, 0), 100, HealthVerdict::Trial),
+            ("a trial in flight: skipped", h(100, 200), 150, HealthVerdict::Skip),
+            ("the trial never reported: another trial", h(100, 200), 200, HealthVerdict::Trial),
+        ];
+        for (name, health, now, want) in cases {
+            assert_eq!(health.verdict(now), want, "{name}");
+        }
     }
 
     #[test]

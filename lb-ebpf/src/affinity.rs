@@ -5,64 +5,64 @@
 //! and the entry is replaced: a backend that left or went down never fails a connect.
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
+use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
 use aya_ebpf::{helpers::bpf_get_netns_cookie, programs::SockAddrContext};
-use lb_common::{AffinityKey, AffinityValue, Backend, FrontendKey, FrontendValue, MemberKey, MemberValue};
+use lb_common::{
+    AffinityKey, AffinityValue, Backend, COUNTER_AFFINITY, Choice, FrontendKey, FrontendValue, HealthVerdict,
+    MemberKey, keep_sticky,
+};
 
-use crate::maps::{AFFINITY, MEMBERS};
+use crate::{
+    health,
+    maps::{AFFINITY, MEMBERS},
+    sock_addr::{count, is_down},
+};
 
-/// One client's affinity for one frontend: where its entry is, and the backend it holds if usable.
-pub(crate) struct Recalled {
-    key: AffinityKey,
-    now_ns: u64,
-    /// The entry, if the client has one (fresh or not).
-    entry: Option<*mut AffinityValue>,
-    /// Its backend and member entry, if the entry is fresh and the backend a live member.
-    pub(crate) sticky: Option<(Backend, MemberValue)>,
-}
-
-/// Look the client's entry up and check it (`down` says whether a backend is marked down at a time).
-#[inline(always)]
-pub(crate) fn recall(
+/// sessionAffinity for one connect, after the tier choice: look the client's entry up; keep its backend if
+/// the entry is fresh, the backend is a member of the frontend's current generation in the chosen tier
+/// (`keep_sticky`) and usable (not marked down, not held by passive health when `health` is on), refreshing
+/// the entry's time in place; else remember the chosen backend. Counts the connects that kept their backend
+/// and returns whether this one did. Out of line and written flat: its locals stay off the connect programs'
+/// stack, which the verifier bounds over a call chain (512 bytes).
+#[inline(never)]
+pub(crate) fn apply(
     ctx: &SockAddrContext,
     fe: &FrontendValue,
-    frontend: FrontendKey,
-    now_ns: u64,
-    down: impl Fn(Backend, u64) -> bool,
-) -> Recalled {
-    // SAFETY: the helper takes the program's context, which is what it is given.
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
-    let key = AffinityKey { frontend, _pad: 0, netns_cookie };
-    let entry = AFFINITY.get_ptr_mut(key);
-    let sticky = entry.and_then(|p| {
+    key: &FrontendKey,
+    choice: &mut Choice<Backend>,
+    health: bool,
+) -> bool {
+    let Choice::Backend { backend: chosen, .. } = *choice else { return false };
+    // SAFETY: helpers without preconditions (the cookie helper takes the program's context).
+    let (now_ns, netns_cookie) =
+        unsafe { (bpf_ktime_get_boot_ns(), bpf_get_netns_cookie(ctx.sock_addr.cast())) };
+    let akey = AffinityKey { frontend: *key, _pad: 0, netns_cookie };
+    if let Some(p) = AFFINITY.get_ptr_mut(akey) {
         // SAFETY: an LRU element stays mapped for the program's run (RCU). Its bytes may be rewritten meanwhile
         // (the element reused for another pair): whatever backend is read is checked below against the member
         // map and the marks, so a torn read can only cost the client its stickiness, never a wrong backend.
         let (backend, last_ns) =
             unsafe { (read_volatile(addr_of!((*p).backend)), read_volatile(addr_of!((*p).last_ns))) };
-        let value = AffinityValue { backend, _pad: 0, last_ns };
-        if !value.is_fresh(now_ns, fe.affinity_timeout_s) {
-            return None;
-        }
-        // SAFETY: a plain copy out of a hash value.
+        let fresh = AffinityValue { backend, _pad: 0, last_ns }.is_fresh(now_ns, fe.affinity_timeout_s);
         let member_key = MemberKey { svc_id: fe.svc_id, generation: fe.generation, backend };
-        let member = unsafe { MEMBERS.get(member_key) }.copied()?;
-        if down(backend, now_ns) {
-            return None;
+        // SAFETY: a plain copy out of a hash value.
+        let member = if fresh { unsafe { MEMBERS.get(member_key) }.copied() } else { None };
+        if let Some(member) = member
+            && !is_down(backend, || now_ns)
+            && (!health || health::verdict(backend, || now_ns) == HealthVerdict::Use)
+        {
+            let taken;
+            (*choice, taken) = keep_sticky(*choice, Some((backend, member)));
+            if taken {
+                // SAFETY: as above. One 8-byte store: if the element was reused meanwhile, another pair's entry
+                // lives a little longer, and its backend is checked on use anyway.
+                unsafe { write_volatile(addr_of_mut!((*p).last_ns), now_ns) };
+                count(fe.svc_id, COUNTER_AFFINITY);
+                return true;
+            }
         }
-        Some((backend, member))
-    });
-    Recalled { key, now_ns, entry, sticky }
-}
-
-/// After the choice: refresh the entry's time if its backend was taken, else remember the new backend.
-#[inline(always)]
-pub(crate) fn remember(recalled: &Recalled, backend: Backend, sticky_taken: bool) {
-    if sticky_taken && let Some(p) = recalled.entry {
-        // SAFETY: as in `recall`. One 8-byte store: if the element was reused meanwhile, another pair's entry
-        // lives a little longer, and its backend is checked on use anyway.
-        unsafe { write_volatile(addr_of_mut!((*p).last_ns), recalled.now_ns) };
-        return;
     }
     // Fails only if the LRU cannot find a free element on any CPU (then the client is balanced next time).
-    let _ = AFFINITY.insert(recalled.key, AffinityValue { backend, _pad: 0, last_ns: recalled.now_ns }, 0);
+    let _ = AFFINITY.insert(akey, AffinityValue { backend: chosen, _pad: 0, last_ns: now_ns }, 0);
+    false
 }

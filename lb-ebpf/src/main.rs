@@ -21,6 +21,7 @@
 )]
 
 mod affinity;
+mod health;
 mod maps;
 mod reverse;
 mod sock;

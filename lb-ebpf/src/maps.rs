@@ -1,5 +1,6 @@
-//! The ten maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
-//! `REVERSE`, `CONNECTED_UDP`, `AFFINITY`, `MEMBERS` and the socket storage `SOCKS`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
+//! The twelve maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
+//! `REVERSE`, `CONNECTED_UDP`, `AFFINITY`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG` and the socket storage
+//! `SOCKS`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
@@ -8,14 +9,14 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, DEFAULT_MAX_AFFINITY,
     DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey,
-    FrontendValue, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MemberKey, MemberValue, ReverseKey,
-    ReverseValue, ServiceName, SlotKey, SockState,
+    FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS,
+    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS,
+    MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -134,6 +135,21 @@ named_map!(
     /// its grace period); not preallocated, so its capacity (that of the slot map) costs nothing until used.
     pub(crate) static MEMBERS: HashMap<MemberKey, MemberValue> =
         HashMap::with_max_entries(DEFAULT_MAX_SLOTS, BPF_F_NO_PREALLOC);
+);
+
+named_map!(
+    MAP_HEALTH == "HEALTH",
+    /// Passive health by backend (`Health`), written by the kernel only (`health`); the agent deletes the
+    /// entries of backends that left every Service, and healthy ones. Not preallocated: it holds the backends
+    /// that failed lately, not one per capacity.
+    pub(crate) static HEALTH: HashMap<Backend, Health> =
+        HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, BPF_F_NO_PREALLOC);
+);
+
+named_map!(
+    MAP_HEALTH_CONFIG == "HEALTH_CONFIG",
+    /// Passive health settings, written by the agent at start; all zero (the default) is off.
+    pub(crate) static HEALTH_CONFIG: Array<HealthConfig> = Array::with_max_entries(1, 0);
 );
 
 /// Each socket's own reverse state (`SockState`), freed by the kernel with the socket (`bpf_sk_storage_free`

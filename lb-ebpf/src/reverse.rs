@@ -33,8 +33,10 @@ fn reverse_value(fe: FrontendKey, netns_cookie: u64) -> ReverseValue {
     ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, _pad2: 0, netns_cookie }
 }
 
-/// connect(): record the backend and the frontend in the socket's storage, if they changed.
-#[inline(always)]
+/// connect(): record the backend and the frontend in the socket's storage, if they changed. Out of line (as
+/// `remember_sent`): its locals stay off the connect program's stack, which the verifier bounds over a call
+/// chain (512 bytes).
+#[inline(never)]
 pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     // SAFETY: `SOCKS` is a socket storage map and the context is a sock_addr context (what aya's wrapper
     // reads the socket from); `None` creates the storage zeroed.
@@ -80,7 +82,7 @@ pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: Fr
 
 /// sendmsg() with an address: an LRU entry for (socket, backend), written only if missing or different, and
 /// recorded in the socket's storage for `sock_release`.
-#[inline(always)]
+#[inline(never)]
 pub(crate) fn remember_sent(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     let cookie = cookie(ctx);
     let key = ReverseKey { cookie, backend, _pad: 0 };

@@ -13,13 +13,13 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use lb_common::{
-    Backend, COUNTER_AFFINITY, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED,
-    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey,
-    FrontendValue, GLOBAL_SVC_ID, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index, keep_sticky,
+    Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
+    ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
+    GLOBAL_SVC_ID, HealthVerdict, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
 };
 
 use crate::{
-    affinity,
+    affinity, health,
     maps::{BACKEND_STATE, COUNTERS, FRONTENDS, SLOTS},
     reverse,
 };
@@ -98,30 +98,36 @@ pub(crate) fn count(svc_id: u32, kind: u32) {
     }
 }
 
-/// The frontend at `key`, copied, or `None` if `key` is no Service VIP; `Err` if the element was reused for
-/// another key during both of two copies (see `FRONTENDS` in maps.rs).
-#[inline(always)]
-fn frontend(key: &FrontendKey) -> Option<Result<FrontendValue, ()>> {
+/// Found: `out` holds the frontend at the key.
+const FOUND: u32 = 0;
+/// The address is no Service VIP.
+const NOT_A_VIP: u32 = 1;
+/// The element was reused for another key during both of two copies (see `FRONTENDS` in maps.rs).
+const TORN: u32 = 2;
+
+/// Copy the frontend at `key` into `out` (`FOUND`), or say why not (`NOT_A_VIP`, `TORN`). Out of line, with
+/// an out-parameter: its copies stay off the connect programs' stack, which the verifier bounds over a call
+/// chain (512 bytes).
+#[inline(never)]
+fn frontend(key: &FrontendKey, out: &mut FrontendValue) -> u32 {
     for _ in 0..2 {
-        let p = FRONTENDS.get_ptr(key)?;
+        let Some(p) = FRONTENDS.get_ptr(key) else { return NOT_A_VIP };
         // SAFETY: a hash map value stays mapped for the program's run (RCU); its bytes may change under us,
         // which is what the key check after the copy is for. Volatile reads keep the program order: the key
         // (first in the value, so written first by `alloc_htab_elem`) is read last.
-        let value = unsafe {
-            FrontendValue {
-                svc_id: read_volatile(addr_of!((*p).svc_id)),
-                generation: read_volatile(addr_of!((*p).generation)),
-                tiers: read_volatile(addr_of!((*p).tiers)),
-                flags: read_volatile(addr_of!((*p).flags)),
-                affinity_timeout_s: read_volatile(addr_of!((*p).affinity_timeout_s)),
-                key: read_volatile(addr_of!((*p).key)),
-            }
-        };
-        if value.key == *key {
-            return Some(Ok(value));
+        unsafe {
+            out.svc_id = read_volatile(addr_of!((*p).svc_id));
+            out.generation = read_volatile(addr_of!((*p).generation));
+            out.tiers = read_volatile(addr_of!((*p).tiers));
+            out.flags = read_volatile(addr_of!((*p).flags));
+            out.affinity_timeout_s = read_volatile(addr_of!((*p).affinity_timeout_s));
+            out.key = read_volatile(addr_of!((*p).key));
+        }
+        if out.key == *key {
+            return FOUND;
         }
     }
-    Some(Err(()))
+    TORN
 }
 
 /// The destination (or peer) address of the call: family, words in network order, and whether it came as a
@@ -173,55 +179,71 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     let dst = read_addr(sa, v6);
     let proto = sa.protocol as u8;
     let key = FrontendKey { addr: dst.words, port: sa.user_port as u16, proto, family: dst.family };
-    let fe = match frontend(&key) {
-        None => return ALLOW, // not a Service VIP: leave it alone
-        Some(Ok(fe)) => fe,
-        Some(Err(())) => {
+    let mut fe = FrontendValue::default();
+    match frontend(&key, &mut fe) {
+        FOUND => {}
+        TORN => {
             count(GLOBAL_SVC_ID, COUNTER_FAIL_OPEN);
             return ALLOW;
         }
-    };
+        _ => return ALLOW, // not a Service VIP: leave it alone
+    }
+    // Passive health, if on: backends it holds down are skipped like marked ones (`saw_held` remembers that
+    // one was), and a half-open one taken by this connect becomes the trial (`trial`: the last slot looked up,
+    // which is the one `choose` returns, was half-open). Flags, not backends, to keep the stack small (the
+    // verifier allows 512 bytes over a call chain).
+    let health = health::config().is_some();
+    let mut saw_held = false;
+    let mut trial = false;
     let lookup = |index| {
         let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
         // SAFETY: as above.
-        match unsafe { SLOTS.get(slot) } {
-            None => Slot::Missing,
-            Some(backend) => {
-                let backend: Backend = *backend;
-                // A mark ends on time even with no agent running: the clock is read only when one exists.
-                // SAFETY: helper without preconditions.
-                if is_down(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
-                    Slot::Down(backend)
-                } else {
-                    Slot::Live(backend)
+        let Some(backend) = (unsafe { SLOTS.get(slot) }) else { return Slot::Missing };
+        let backend: Backend = *backend;
+        trial = false;
+        // A mark (or hold) ends on time even with no agent running: the clock is read only when one exists.
+        // SAFETY: helper without preconditions.
+        if is_down(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
+            return Slot::Down(backend);
+        }
+        if health {
+            // SAFETY: as above.
+            match health::verdict(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
+                HealthVerdict::Skip => {
+                    saw_held = true;
+                    return Slot::Down(backend);
                 }
+                HealthVerdict::Trial => trial = true,
+                HealthVerdict::Use => {}
             }
         }
+        Slot::Live(backend)
     };
     // SAFETY: helper without preconditions.
     let random = || unsafe { bpf_get_prandom_u32() };
     let mut choice = choose(&fe, lookup, random);
-    let mut recalled = None;
+    if matches!(choice, lb_common::Choice::Empty) && saw_held {
+        // Every allowed backend is held down or marked: rather than refuse everything on passive evidence,
+        // take a random backend of the first tier unless the operator marked it down (the panic threshold).
+        choice = health::panic_choice(&fe);
+    }
     // sessionAffinity after the choice, not instead of it: see `keep_sticky`.
-    if fe.affinity_timeout_s != 0 && matches!(choice, lb_common::Choice::Backend { .. }) {
+    let sticky = fe.affinity_timeout_s != 0
+        && matches!(choice, lb_common::Choice::Backend { .. })
+        && affinity::apply(ctx, &fe, &key, &mut choice, health);
+    // The trial is the backend `choose` returned, unless affinity replaced it.
+    if let lb_common::Choice::Backend { backend, .. } = choice
+        && trial
+        && !sticky
+    {
         // SAFETY: helper without preconditions.
-        let now_ns = unsafe { bpf_ktime_get_boot_ns() };
-        let r = affinity::recall(ctx, &fe, key, now_ns, |b, now| is_down(b, || now));
-        let taken;
-        (choice, taken) = keep_sticky(choice, r.sticky);
-        recalled = Some((r, taken));
+        health::start_trial(backend, unsafe { bpf_ktime_get_boot_ns() });
     }
     match choice {
         lb_common::Choice::Backend { tier, backend } => {
             write_addr(sa, v6, dst.mapped, backend.addr, backend.port);
             // COUNTER_NODE, COUNTER_ZONE, COUNTER_CLUSTER are 0, 1, 2: the tier index is the counter kind.
             count(fe.svc_id, COUNTER_NODE + tier as u32);
-            if let Some((recalled, taken)) = recalled {
-                if taken {
-                    count(fe.svc_id, COUNTER_AFFINITY);
-                }
-                affinity::remember(&recalled, backend, taken);
-            }
             if connect {
                 reverse::remember_connected(ctx, backend, key);
             } else {
@@ -250,7 +272,7 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
 
 /// Whether `backend` is marked down now (`now` reads the clock, only if it has a mark).
 #[inline(always)]
-fn is_down(backend: Backend, now: impl FnOnce() -> u64) -> bool {
+pub(crate) fn is_down(backend: Backend, now: impl FnOnce() -> u64) -> bool {
     // SAFETY: a plain read of a hash value.
     match unsafe { BACKEND_STATE.get(backend) } {
         Some(state) => state.is_down_at(now()),

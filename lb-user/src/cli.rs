@@ -170,6 +170,16 @@ pub struct AgentArgs {
     /// beyond it the least recently used client is balanced anew on its next connect).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
     pub max_affinity: u32,
+    /// Passive health: consecutive failed connects (refused, or the SYN unanswered for its first
+    /// retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
+    #[arg(long, default_value_t = 3)]
+    pub health_failures: u32,
+    /// Passive health: the first hold (then doubled per hold without a success in between).
+    #[arg(long, default_value = "5s", value_parser = crate::datapath::marks::parse_duration)]
+    pub health_hold: std::time::Duration,
+    /// Passive health: the longest hold.
+    #[arg(long, default_value = "2m", value_parser = crate::datapath::marks::parse_duration)]
+    pub health_max_hold: std::time::Duration,
 }
 
 impl AgentArgs {
@@ -197,6 +207,11 @@ impl AgentArgs {
                 backends: self.max_backends,
                 reverse: self.max_reverse,
                 affinity: self.max_affinity,
+            },
+            health: crate::datapath::health::HealthSettings {
+                failures: self.health_failures,
+                hold: self.health_hold,
+                max_hold: self.health_max_hold,
             },
         }
     }

@@ -141,6 +141,28 @@ fn counter_family(reg: &mut Registry, name: &str, help: &str) -> Family<Labels, 
     f
 }
 
+/// Passive health's program-wide counters (`lb_common::GLOBAL_HEALTH_*`), from the global counters `c`.
+fn register_health(reg: &mut Registry, c: &Counts) {
+    let transitions = counter_family(
+        reg,
+        "backend_health_transitions",
+        "Passive health: backends held down after failed connects (to=held) and made healthy again by a \
+         successful connect (to=healthy), decided in the kernel",
+    );
+    for (to, kind) in
+        [("held", lb_common::GLOBAL_HEALTH_HOLDS), ("healthy", lb_common::GLOBAL_HEALTH_RECOVERIES)]
+    {
+        transitions.get_or_create(&vec![("to".into(), to.into())]).inc_by(c[kind as usize]);
+    }
+    let panics = Counter::<u64>::default();
+    reg.register(
+        "backend_health_panics",
+        "Connects sent to a backend passive health holds down, because every backend of the tier was held",
+        panics.clone(),
+    );
+    panics.inc_by(c[lb_common::GLOBAL_HEALTH_PANICS as usize]);
+}
+
 /// An entry count as a gauge's value; map capacities are u32, so it always fits.
 fn gauge(entries: usize) -> i64 {
     i64::try_from(entries).unwrap_or(i64::MAX)
@@ -193,6 +215,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     if let Some(c) = counters.and_then(|r| r.counters(GLOBAL_SVC_ID)) {
         fail_open.inc_by(c[COUNTER_FAIL_OPEN as usize]);
         unrecorded.inc_by(c[lb_common::COUNTER_REVERSE_UNRECORDED as usize]);
+        register_health(reg, &c);
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
@@ -304,6 +327,9 @@ mod tests {
         let text = encode_text(&Snapshot::of(&rec, 64), &AgentStats::default(), Some(&GlobalKinds));
         assert!(text.contains("tierlb_fail_open_total 5"), "{text}");
         assert!(text.contains("tierlb_reverse_unrecorded_total 6"), "{text}");
+        assert!(text.contains("tierlb_backend_health_transitions_total{to=\"held\"} 1"), "{text}");
+        assert!(text.contains("tierlb_backend_health_transitions_total{to=\"healthy\"} 2"), "{text}");
+        assert!(text.contains("tierlb_backend_health_panics_total 3"), "{text}");
     }
 
     #[test]

@@ -35,6 +35,25 @@ pub struct MarkStatus {
     pub left_seconds: f64,
 }
 
+/// A backend passive health follows (its connects failed lately), as it stands now.
+#[derive(Clone, Debug, Serialize)]
+pub struct HealthStatus {
+    /// The backend's address and port.
+    pub backend: String,
+    /// "failing", "held", "half-open".
+    pub state: crate::datapath::health::HealthState,
+    /// What the last failure was: "refused" (RST) or "timeout" (the SYN unanswered).
+    pub reason: &'static str,
+    /// Failed connects in a row since the last success or hold.
+    pub failures: u32,
+    /// Holds in a row without a success (the hold doubles each time).
+    pub holds: u32,
+    /// Held: seconds since the hold began.
+    pub held_for_seconds: Option<f64>,
+    /// Held: seconds until it ends (then one trial connect).
+    pub left_seconds: Option<f64>,
+}
+
 /// A frontend's connect counters (lb_common's `COUNTER_*`), summed over CPUs.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Counters {
@@ -101,6 +120,47 @@ pub struct Instance {
     pub backends_marked_down: Vec<String>,
     /// Those marks with their age and time left, sorted by backend.
     pub marks: Vec<MarkStatus>,
+    /// Backends passive health follows now (failing, held or half-open), sorted by backend.
+    pub health: Vec<HealthStatus>,
+    /// Holds and recoveries passive health made, and panics (connects sent to a held backend because all of
+    /// the tier's were held), since the maps were made.
+    pub health_transitions: HealthTransitions,
+}
+
+/// Passive health's program-wide counters.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HealthTransitions {
+    /// Backends held down.
+    pub held: u64,
+    /// Held backends a successful connect made healthy.
+    pub healthy: u64,
+    /// Connects sent to a held backend by the panic threshold.
+    pub panics: u64,
+}
+
+/// The backends passive health follows now (not healthy), sorted by backend.
+fn health_status(maps: &impl MapReader, now_ns: u64) -> Result<Vec<HealthStatus>, MapError> {
+    use crate::datapath::health::{HealthState, reason, state};
+    let secs = |ns: u64| Duration::from_nanos(ns).as_secs_f64();
+    let mut out: Vec<HealthStatus> = maps
+        .health()?
+        .into_iter()
+        .filter_map(|(b, h)| {
+            let state = state(&h, now_ns);
+            let held = state == HealthState::Held;
+            (state != HealthState::Healthy).then(|| HealthStatus {
+                backend: addr::backend_addr(&b).to_string(),
+                state,
+                reason: reason(&h),
+                failures: h.failures,
+                holds: h.holds,
+                held_for_seconds: held.then(|| secs(now_ns.saturating_sub(h.held_since_ns))),
+                left_seconds: held.then(|| secs(h.held_until_ns.saturating_sub(now_ns))),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.backend.cmp(&b.backend));
+    Ok(out)
 }
 
 /// "TCP", "UDP" or "SCTP" for a map key's protocol number.
@@ -182,9 +242,16 @@ impl Instance {
             });
         }
         frontends.sort_by(|a, b| (&a.name, &a.frontend).cmp(&(&b.name, &b.frontend)));
-        let fail_open_total = maps.counters(GLOBAL_SVC_ID)?[COUNTER_FAIL_OPEN as usize];
-        let backends_marked_down = down.iter().map(|b| addr::backend_addr(b).to_string()).collect();
         let secs = |ns: u64| Duration::from_nanos(ns).as_secs_f64();
+        let global = maps.counters(GLOBAL_SVC_ID)?;
+        let fail_open_total = global[COUNTER_FAIL_OPEN as usize];
+        let health_transitions = HealthTransitions {
+            held: global[lb_common::GLOBAL_HEALTH_HOLDS as usize],
+            healthy: global[lb_common::GLOBAL_HEALTH_RECOVERIES as usize],
+            panics: global[lb_common::GLOBAL_HEALTH_PANICS as usize],
+        };
+        let health = health_status(maps, now_ns)?;
+        let backends_marked_down = down.iter().map(|b| addr::backend_addr(b).to_string()).collect();
         let marks = marks
             .iter()
             .map(|(b, m)| MarkStatus {
@@ -194,7 +261,15 @@ impl Instance {
                 left_seconds: secs(m.until_ns.saturating_sub(now_ns)),
             })
             .collect();
-        Ok(Self { instance: name.to_owned(), frontends, fail_open_total, backends_marked_down, marks })
+        Ok(Self {
+            instance: name.to_owned(),
+            frontends,
+            fail_open_total,
+            backends_marked_down,
+            marks,
+            health,
+            health_transitions,
+        })
     }
 
     /// The human-readable form: a header line, then one line per frontend.
@@ -216,6 +291,17 @@ impl Instance {
                 human(Duration::from_secs_f64(m.age_seconds)),
                 human(Duration::from_secs_f64(m.left_seconds))
             );
+        }
+        for h in &self.health {
+            let _ = write!(out, "  {} {} by passive health ({}", h.backend, h.state.as_str(), h.reason);
+            if let (Some(age), Some(left)) = (h.held_for_seconds, h.left_seconds) {
+                let d = Duration::from_secs_f64;
+                let _ =
+                    write!(out, ", held {} ago, {} left, hold {}", human(d(age)), human(d(left)), h.holds);
+            } else {
+                let _ = write!(out, ", {} failed in a row", h.failures);
+            }
+            out.push_str(")\n");
         }
         let _ = writeln!(
             out,

@@ -48,6 +48,8 @@ pub struct Row {
     pub result: LoadResult,
     /// BPF run time per connect4 call (kernel.bpf_stats_enabled), tierlb rows only.
     pub bpf_ns_per_run: Option<f64>,
+    /// BPF run time per sock_ops call (passive health, on by default), tierlb rows only.
+    pub sock_ops_ns_per_run: Option<f64>,
 }
 
 /// What a whole run measured.

@@ -29,6 +29,7 @@ pub(super) fn report() -> Report {
             mode,
             result: result(17.0 + extra),
             bpf_ns_per_run: None,
+            sock_ops_ns_per_run: None,
         });
         for (n, t, i, f) in [(1, 17.0, 26.0, 29.0), (10_000, 18.0, 85.0, 24.0)] {
             rows.push(Row {
@@ -37,6 +38,7 @@ pub(super) fn report() -> Report {
                 mode,
                 result: result(t + extra),
                 bpf_ns_per_run: Some(1500.0),
+                sock_ops_ns_per_run: Some(300.0),
             });
             rows.push(Row {
                 path: DataPath::Iptables,
@@ -44,6 +46,7 @@ pub(super) fn report() -> Report {
                 mode,
                 result: result(i + extra),
                 bpf_ns_per_run: None,
+                sock_ops_ns_per_run: None,
             });
             rows.push(Row {
                 path: DataPath::Nftables,
@@ -51,6 +54,7 @@ pub(super) fn report() -> Report {
                 mode,
                 result: result(f + extra),
                 bpf_ns_per_run: None,
+                sock_ops_ns_per_run: None,
             });
         }
     }

@@ -22,7 +22,7 @@ pub fn markdown(r: &Report) -> String {
         let direct = r.row(DataPath::Direct, 0, mode).map(|x| x.result.clone());
         let _ = write!(
             s,
-            "\n## {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct | ops/s / direct | connect4 ns/run | errors |\n|---|---|---|---|---|---|---|---|---|\n",
+            "\n## {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct | ops/s / direct | connect4 ns/run | sock_ops ns/run | errors |\n|---|---|---|---|---|---|---|---|---|---|\n",
             mode.title()
         );
         for path in DataPath::ALL {
@@ -32,13 +32,14 @@ pub fn markdown(r: &Report) -> String {
                 });
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.1} | {:.1} | {:.0} | {rp:.2}x | {rt:.2}x | {} | {} |",
+                    "| {} | {} | {:.1} | {:.1} | {:.0} | {rp:.2}x | {rt:.2}x | {} | {} | {} |",
                     x.path.as_str(),
                     if x.path == DataPath::Direct { "-".into() } else { x.services.to_string() },
                     x.result.p50_us,
                     x.result.p99_us,
                     x.result.per_sec,
                     x.bpf_ns_per_run.map_or_else(|| "-".into(), |n| format!("{n:.0}")),
+                    x.sock_ops_ns_per_run.map_or_else(|| "-".into(), |n| format!("{n:.0}")),
                     x.result.errors
                 );
             }

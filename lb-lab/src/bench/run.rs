@@ -99,14 +99,18 @@ impl Loader<'_> {
     ) -> anyhow::Result<Vec<Row>> {
         let mut rows = Vec::new();
         for mode in LoadMode::ALL {
-            let before = cg.and_then(|_| connect4_stats());
+            let before = cg.map(|_| (prog_stats("connect4"), prog_stats("sock_ops")));
             let result = self.run(cg, target, mode)?;
-            let after = cg.and_then(|_| connect4_stats());
-            let bpf_ns_per_run = match (before, after) {
+            let after = cg.map(|_| (prog_stats("connect4"), prog_stats("sock_ops")));
+            let per_run = |b: Option<(u64, u64)>, a: Option<(u64, u64)>| match (b, a) {
                 (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
                 _ => None,
             };
-            let r = Row { path, services, mode, result, bpf_ns_per_run };
+            let (bpf_ns_per_run, sock_ops_ns_per_run) = match (before, after) {
+                (Some(b), Some(a)) => (per_run(b.0, a.0), per_run(b.1, a.1)),
+                _ => (None, None),
+            };
+            let r = Row { path, services, mode, result, bpf_ns_per_run, sock_ops_ns_per_run };
             eprintln!(
                 "bench: {:<9} {:>6} services  {:<7}  p50 {:>6.1} us  p99 {:>7.1} us  {:>8.0} ops/s  {} errors  {} slow{}",
                 r.path.as_str(),
@@ -118,6 +122,7 @@ impl Loader<'_> {
                 r.result.errors,
                 r.result.slow,
                 r.bpf_ns_per_run.map(|n| format!("  connect4 {n:.0} ns/run")).unwrap_or_default()
+                    + &r.sock_ops_ns_per_run.map(|n| format!("  sock_ops {n:.0} ns/run")).unwrap_or_default()
             );
             rows.push(r);
         }
@@ -125,9 +130,9 @@ impl Loader<'_> {
     }
 }
 
-/// connect4's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
-fn connect4_stats() -> Option<(u64, u64)> {
-    let out = Command::new("bpftool").args(["prog", "show", "name", "connect4", "--json"]).output().ok()?;
+/// A program's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
+fn prog_stats(name: &str) -> Option<(u64, u64)> {
+    let out = Command::new("bpftool").args(["prog", "show", "name", name, "--json"]).output().ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     let items = if v.is_array() { v.as_array()?.clone() } else { vec![v] };
     items

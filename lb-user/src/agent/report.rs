@@ -137,6 +137,27 @@ pub(super) fn log_retry(r: &SyncReport) {
     );
 }
 
+/// Log what passive health did since the last sweep: holds, recoveries, entries of departed backends.
+pub(super) fn log_health(r: &crate::datapath::health::HealthSweep) {
+    use crate::datapath::{addr::backend_addr, health, marks::human};
+    for (b, h) in &r.held {
+        let hold = Duration::from_nanos(h.held_until_ns.saturating_sub(h.held_since_ns));
+        tracing::info!(
+            backend = %backend_addr(b),
+            reason = health::reason(h),
+            hold = %human(hold),
+            holds = h.holds,
+            "backend held down by passive health (its connects failed)"
+        );
+    }
+    for b in &r.recovered {
+        tracing::info!(backend = %backend_addr(b), "backend healthy again (a connect succeeded)");
+    }
+    for b in &r.departed {
+        tracing::info!(backend = %backend_addr(b), "forgot the passive health of a backend that left every Service");
+    }
+}
+
 /// Log the backend marks a sweep deleted.
 pub(super) fn log_sweep(r: &SweepReport) {
     for b in &r.departed {

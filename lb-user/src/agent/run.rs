@@ -1,6 +1,7 @@
 //! The agent process: start the source, load and attach the programs, serve health and metrics, and sync on
 //! every change until SIGINT or SIGTERM. The ordering rules are stated in the module doc of `agent`.
 use std::{
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::Arc,
@@ -15,7 +16,7 @@ use tokio::{
 
 use super::{
     AgentCore, SyncReport,
-    report::{log_destroyed, log_retry, log_sweep, log_sync},
+    report::{log_destroyed, log_health, log_retry, log_sweep, log_sync},
 };
 use crate::{
     datapath::{
@@ -70,6 +71,8 @@ pub struct AgentOptions {
     pub service_health_bind: Option<IpAddr>,
     /// A proc root to search for pods' network namespaces (after /run/netns); `None`: none.
     pub host_proc: Option<PathBuf>,
+    /// Passive health (`--health-failures`, `--health-hold`, `--health-max-hold`).
+    pub health: crate::datapath::health::HealthSettings,
 }
 
 /// Open the source; every change it sees is signalled on `changed`. The returned guard keeps a file watcher
@@ -231,6 +234,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Rule 8: sweeps of the backend marks.
 struct Sweeper {
     last: Instant,
+    /// Backends passive health held at the last sweep, with their hold's start (what the log reports).
+    held: BTreeMap<lb_common::Backend, u64>,
 }
 
 impl Sweeper {
@@ -247,6 +252,10 @@ impl Sweeper {
                 log_sweep(&r);
             }
             Err(e) => tracing::warn!(error = %e, "cannot sweep the backend marks"),
+        }
+        match core.sweep_health(&mut self.held) {
+            Ok(r) => log_health(&r),
+            Err(e) => tracing::warn!(error = %e, "cannot sweep the passive health map"),
         }
     }
 }
@@ -314,6 +323,11 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     if pin_dir.is_some() {
         adopt(&mut core)?;
     }
+    // Before the programs are attached (a restarted agent's flags replace the previous settings at once).
+    core.reconciler_mut()
+        .writer_mut()
+        .set_health_config(opts.health.config())
+        .context("writing the passive health settings")?;
     // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
     let mut stats = AgentStats::default();
     stats.kube_proxy.pending = pending;
@@ -323,7 +337,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
-    let mut sweeper = Sweeper { last: Instant::now() };
+    let mut sweeper = Sweeper { last: Instant::now(), held: BTreeMap::new() };
     sweeper.sweep(&mut core, &stats, true);
     record(&health, &mut stats, &report, &core);
     publish(&snapshots, core.reconciler());

@@ -279,6 +279,29 @@ impl<W: MapWriter> AgentCore<W> {
         marks::sweep(self.reconciler.writer_mut(), |b| held.contains(b), now_ns)
     }
 
+    /// Sweep the passive health map (`health::sweep`): entries of backends no applied frontend holds go.
+    pub fn sweep_health(
+        &mut self,
+        last: &mut BTreeMap<lb_common::Backend, u64>,
+    ) -> Result<crate::datapath::health::HealthSweep, crate::datapath::MapError> {
+        let entries = self.reconciler.writer().health()?;
+        if entries.is_empty() && last.is_empty() {
+            return Ok(crate::datapath::health::HealthSweep::default());
+        }
+        // Only the backends the map holds are looked for (the walk over every applied backend is paid only
+        // while passive health has entries).
+        let wanted: BTreeSet<lb_common::Backend> =
+            entries.iter().map(|(b, _)| *b).chain(last.keys().copied()).collect();
+        let held: BTreeSet<lb_common::Backend> = self
+            .reconciler
+            .applied()
+            .flat_map(|(_, _, d)| d.tiers.iter().flatten())
+            .filter(|b| wanted.contains(b))
+            .copied()
+            .collect();
+        crate::datapath::health::sweep(self.reconciler.writer_mut(), |b| held.contains(b), last)
+    }
+
     /// Services whose slices carry no hints and got the controller's.
     pub fn hints_filled(&self) -> &BTreeSet<ObjKey> {
         &self.hints_filled

@@ -17,7 +17,7 @@ mod maps;
 pub use maps::KernelMaps;
 
 /// The programs in the object, by function name; all are attached to the agent's cgroup. All are
-/// `cgroup/sock_addr` programs but `RELEASE_PROGRAM`.
+/// `cgroup/sock_addr` programs but `RELEASE_PROGRAM` and `HEALTH_PROGRAM`.
 pub const PROGRAMS: &[&str] = &[
     "connect4",
     "connect6",
@@ -28,7 +28,11 @@ pub const PROGRAMS: &[&str] = &[
     "getpeername4",
     "getpeername6",
     RELEASE_PROGRAM,
+    HEALTH_PROGRAM,
 ];
+
+/// The `sock_ops` program: passive health, from the outcome of the TCP connects the others translated.
+pub const HEALTH_PROGRAM: &str = "sock_ops";
 
 /// The `cgroup/sock_release` program: deletes a closed socket's reverse entries outside its own storage.
 pub const RELEASE_PROGRAM: &str = "sock_release";
@@ -254,6 +258,7 @@ impl Loaded {
             let verified = match program(&mut ebpf, name)? {
                 Program::CgroupSockAddr(p) => p.load(),
                 Program::CgroupSock(p) => p.load(),
+                Program::SockOps(p) => p.load(),
                 _ => return Err(wrong_type(name)),
             };
             verified.map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
@@ -290,6 +295,13 @@ impl Programs {
                     FdLink::try_from(p.take_link(id).map_err(taking)?).map_err(linking)?
                 }
                 Program::CgroupSock(p) => {
+                    let id = p.attach(&file, CgroupAttachMode::Single).map_err(attaching)?;
+                    if pin_dir.is_none() {
+                        continue;
+                    }
+                    FdLink::try_from(p.take_link(id).map_err(taking)?).map_err(linking)?
+                }
+                Program::SockOps(p) => {
                     let id = p.attach(&file, CgroupAttachMode::Single).map_err(attaching)?;
                     if pin_dir.is_none() {
                         continue;

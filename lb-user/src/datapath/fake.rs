@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey,
+    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey,
 };
 
 use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
@@ -20,6 +20,8 @@ pub struct FakeMaps {
     connected_udp: BTreeMap<ReverseKey, ReverseValue>,
     members: BTreeMap<MemberKey, MemberValue>,
     affinity: BTreeMap<AffinityKey, AffinityValue>,
+    health: BTreeMap<Backend, Health>,
+    health_config: HealthConfig,
     reader_waits: usize,
     reader_waits_fail: bool,
     max_services: u32,
@@ -47,6 +49,14 @@ impl FakeMaps {
     /// An affinity entry, as the data path writes one.
     pub fn put_affinity(&mut self, key: AffinityKey, value: AffinityValue) {
         self.affinity.insert(key, value);
+    }
+    /// A passive-health entry, as the kernel writes one.
+    pub fn put_health(&mut self, h: Health) {
+        self.health.insert(h.backend, h);
+    }
+    /// The passive health settings written.
+    pub fn health_config(&self) -> HealthConfig {
+        self.health_config
     }
     /// Map updates and deletes so far.
     pub fn writes(&self) -> usize {
@@ -107,6 +117,9 @@ impl MapReader for FakeMaps {
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError> {
         Ok(self.affinity.iter().map(|(k, v)| (*k, *v)).collect())
     }
+    fn health(&self) -> Result<Vec<(Backend, Health)>, MapError> {
+        Ok(self.health.iter().map(|(k, v)| (*k, *v)).collect())
+    }
 }
 
 impl MapWriter for FakeMaps {
@@ -153,6 +166,15 @@ impl MapWriter for FakeMaps {
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError> {
         self.writes += 1;
         self.members.remove(&key);
+        Ok(())
+    }
+    fn delete_health(&mut self, backend: Backend) -> Result<(), MapError> {
+        self.writes += 1;
+        self.health.remove(&backend);
+        Ok(())
+    }
+    fn set_health_config(&mut self, config: HealthConfig) -> Result<(), MapError> {
+        self.health_config = config;
         Ok(())
     }
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {

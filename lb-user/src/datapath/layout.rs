@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use aya::maps::MapData;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_MEMBERS,
-    MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName,
-    SlotKey, SockState,
+    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MemberKey, MemberValue,
+    ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
 };
 
 use super::ebpf::{Capacities, DatapathError};
@@ -28,7 +28,9 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_FRONTENDS => (caps.services, "services", caps.services, same),
         MAP_SLOTS | MAP_MEMBERS => (caps.slots, "slots", caps.slots, same),
         MAP_AFFINITY => (caps.affinity, "affinity", caps.affinity, same),
-        MAP_BACKEND_STATE => (caps.backends, "backends", caps.backends, same),
+        MAP_BACKEND_STATE | MAP_HEALTH => (caps.backends, "backends", caps.backends, same),
+        // One entry, whatever the flags.
+        MAP_HEALTH_CONFIG => (1, "backends", caps.backends, |_| 0),
         MAP_COUNTERS => (
             caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE),
             "services",
@@ -59,6 +61,8 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_SOCKS => (4, size_of::<SockState>() as u32),
             MAP_AFFINITY => (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32),
             MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
+            MAP_HEALTH => (size_of::<Backend>() as u32, size_of::<Health>() as u32),
+            MAP_HEALTH_CONFIG => (4, size_of::<HealthConfig>() as u32),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };

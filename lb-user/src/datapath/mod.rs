@@ -10,6 +10,7 @@ pub mod destroy;
 #[cfg(target_os = "linux")]
 pub mod ebpf;
 pub mod fake;
+pub mod health;
 #[cfg(target_os = "linux")]
 mod layout;
 pub mod marks;
@@ -23,7 +24,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
+    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
 };
 pub use reconcile::{AdoptReport, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
@@ -116,6 +117,8 @@ pub trait MapReader {
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError>;
     /// Every sessionAffinity entry, expired or not (`tierlb status`).
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError>;
+    /// Every passive-health entry the kernel keeps.
+    fn health(&self) -> Result<Vec<(Backend, Health)>, MapError>;
 }
 
 /// Everything the agent (and `tierlb backend`) writes to the maps.
@@ -132,6 +135,10 @@ pub trait MapWriter: MapReader {
     fn put_member(&mut self, key: MemberKey, value: MemberValue) -> Result<(), MapError>;
     /// Delete one member entry (absent is fine).
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError>;
+    /// Delete a backend's passive-health entry (absent is fine).
+    fn delete_health(&mut self, backend: Backend) -> Result<(), MapError>;
+    /// Write the passive health settings the data path reads.
+    fn set_health_config(&mut self, config: HealthConfig) -> Result<(), MapError>;
     /// Write a backend's mark (see `marks::mark_down`). One map write; while the mark lasts the data path
     /// skips the backend from the next connect on.
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError>;

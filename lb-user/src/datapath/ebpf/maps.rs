@@ -3,12 +3,13 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{HashMap, Map, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues},
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS, MAP_MEMBERS, MAP_NAMES,
-    MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey,
+    MemberValue, ReverseKey, ReverseValue, ServiceName, SlotKey,
 };
 
 use super::{Capacities, DatapathError, bpf_err};
@@ -17,7 +18,7 @@ use crate::{
     model::ServicePortName,
 };
 
-/// The nine maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
+/// The eleven maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
 /// read by the kernel only).
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
@@ -29,6 +30,8 @@ pub struct KernelMaps {
     connected_udp: HashMap<MapData, ReverseKey, ReverseValue>,
     affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     members: HashMap<MapData, MemberKey, MemberValue>,
+    health: HashMap<MapData, Backend, Health>,
+    health_config: Array<MapData, HealthConfig>,
     /// What `wait_for_readers` updates (an RCU grace period per update).
     rcu: crate::datapath::rcu::RcuWaiter,
     max_services: u32,
@@ -53,8 +56,19 @@ impl KernelMaps {
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
-        let [frontends, slots, state, counters, names, reverse, connected_udp, affinity, members]: [Map;
-            MAPS.len()] =
+        let [
+            frontends,
+            slots,
+            state,
+            counters,
+            names,
+            reverse,
+            connected_udp,
+            affinity,
+            members,
+            health,
+            health_config,
+        ]: [Map; MAPS.len()] =
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
             HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
@@ -73,6 +87,8 @@ impl KernelMaps {
         let connected_udp = HashMap::try_from(connected_udp).map_err(conv(MAP_CONNECTED_UDP))?;
         let affinity = HashMap::try_from(affinity).map_err(conv(MAP_AFFINITY))?;
         let members = HashMap::try_from(members).map_err(conv(MAP_MEMBERS))?;
+        let health = HashMap::try_from(health).map_err(conv(MAP_HEALTH))?;
+        let health_config = Array::try_from(health_config).map_err(conv(MAP_HEALTH_CONFIG))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
@@ -91,6 +107,8 @@ impl KernelMaps {
             connected_udp,
             affinity,
             members,
+            health,
+            health_config,
             rcu: crate::datapath::rcu::RcuWaiter::new()
                 .map_err(|e| bpf_err("creating the grace-period map", e))?,
             max_services: caps.services,
@@ -226,6 +244,10 @@ impl MapReader for KernelMaps {
         let all = self.affinity.iter().collect::<Result<Vec<_>, _>>();
         all.map_err(sys(MAP_AFFINITY, "affinity", self.caps.affinity))
     }
+    fn health(&self) -> Result<Vec<(Backend, Health)>, MapError> {
+        let all = self.health.iter().collect::<Result<Vec<_>, _>>();
+        all.map_err(sys(MAP_HEALTH, "backends", self.caps.backends))
+    }
 }
 
 impl MapWriter for KernelMaps {
@@ -250,6 +272,13 @@ impl MapWriter for KernelMaps {
     }
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError> {
         absent_ok(self.members.remove(&key)).map(|_| ()).map_err(sys(MAP_MEMBERS, "slots", self.caps.slots))
+    }
+    fn delete_health(&mut self, backend: Backend) -> Result<(), MapError> {
+        let err = sys(MAP_HEALTH, "backends", self.caps.backends);
+        absent_ok(self.health.remove(&backend)).map(|_| ()).map_err(err)
+    }
+    fn set_health_config(&mut self, config: HealthConfig) -> Result<(), MapError> {
+        self.health_config.set(0, config, 0).map_err(sys(MAP_HEALTH_CONFIG, "backends", 1))
     }
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {
         self.state.insert(backend, mark, 0).map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))

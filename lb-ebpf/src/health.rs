@@ -1,0 +1,237 @@
+//! Passive health, decided in the kernel: the `sock_ops` program follows the TCP active opens that connect4/6
+//! translated (their socket storage names the backend) and records each one's outcome for its backend in
+//! `HEALTH`: established is a success, a refused SYN (RST in SYN_SENT) or the SYN's first retransmission
+//! timeout is a failure, counted once per connect. `HealthConfig::failures` consecutive failures hold the
+//! backend down for a time that doubles with each hold without a success in between; when a hold ends, one
+//! connect is let through as a trial (half-open) and its outcome clears or renews the hold. The connect
+//! programs ask `verdict` for every backend they consider.
+//!
+//! Writes go through the element's pointer after checking the key stored in the value: an element can be
+//! reused for another key while a program still holds it (see `FRONTENDS`), and the check narrows that to the
+//! instants between the check and the write. Races between CPUs on one backend's counts lose at most a count.
+use aya_ebpf::{
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_RTO_CB, BPF_SOCK_OPS_RTO_CB_FLAG,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
+        BPF_TCP_SYN_SENT,
+    },
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_boot_ns, generated::bpf_sk_storage_get},
+    macros::sock_ops,
+    programs::SockOpsContext,
+};
+use lb_common::{
+    Backend, Choice, FAMILY_V4, FAMILY_V6, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS,
+    GLOBAL_HEALTH_RECOVERIES, GLOBAL_SVC_ID, HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health,
+    HealthConfig, HealthVerdict, PROTO_TCP, SOCK_HEALTH_REPORTED, SlotKey, SockState, TIER_CLUSTER,
+    TIER_NODE, TIER_ZONE, V4_MAPPED_WORD2, below,
+};
+
+use crate::{
+    maps::{HEALTH, HEALTH_CONFIG, SLOTS, SOCKS},
+    sock_addr::{count, is_down},
+};
+
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+
+/// The settings, if passive health is on.
+#[inline(always)]
+pub(crate) fn config() -> Option<HealthConfig> {
+    let cfg = HEALTH_CONFIG.get(0).copied()?;
+    (cfg.failures != 0).then_some(cfg)
+}
+
+/// What the connect programs do with `backend` (`now` reads the clock, only if it has an entry).
+#[inline(always)]
+pub(crate) fn verdict(backend: Backend, now: impl FnOnce() -> u64) -> HealthVerdict {
+    // SAFETY: a plain read of a hash value; a torn read only misjudges one connect.
+    match unsafe { HEALTH.get(backend) } {
+        Some(h) => h.verdict(now()),
+        None => HealthVerdict::Use,
+    }
+}
+
+/// The connect that took a half-open backend is its trial: the others skip it until the trial reports.
+#[inline(always)]
+pub(crate) fn start_trial(backend: Backend, now_ns: u64) {
+    if let Some(p) = HEALTH.get_ptr_mut(backend) {
+        // SAFETY: a hash value, valid for the program's run; checked to be this backend's before the write.
+        unsafe {
+            if (*p).backend == backend {
+                (*p).trial_until_ns = now_ns + HEALTH_TRIAL_NS;
+            }
+        }
+    }
+}
+
+/// The panic threshold's choice: a random slot of the first non-empty tier, whatever its health, unless the
+/// operator marked it down (then the connect is refused, as with every backend down). Out of line: its
+/// locals stay off the connect programs' stack, which the verifier bounds over a call chain.
+#[inline(never)]
+pub(crate) fn panic_choice(fe: &FrontendValue) -> Choice<Backend> {
+    let tier = if fe.tiers[TIER_NODE].len != 0 {
+        TIER_NODE
+    } else if fe.tiers[TIER_ZONE].len != 0 {
+        TIER_ZONE
+    } else {
+        TIER_CLUSTER
+    };
+    let range = fe.tiers[tier];
+    if range.len == 0 {
+        return Choice::Empty;
+    }
+    // SAFETY: helper without preconditions.
+    let index = u32::from(range.start) + below(unsafe { bpf_get_prandom_u32() }, u32::from(range.len));
+    let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
+    // SAFETY: a plain copy out of a hash value.
+    let Some(backend) = (unsafe { SLOTS.get(slot) }).copied() else { return Choice::Error };
+    // SAFETY: helper without preconditions.
+    if is_down(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
+        return Choice::Empty;
+    }
+    count(GLOBAL_SVC_ID, GLOBAL_HEALTH_PANICS);
+    Choice::Backend { tier, backend }
+}
+
+/// A translated connect to `backend` failed (`reason`: `HEALTH_REFUSED` or `HEALTH_TIMEOUT`).
+#[inline(always)]
+fn failed(backend: Backend, reason: u32, cfg: &HealthConfig, now_ns: u64) {
+    let Some(p) = HEALTH.get_ptr_mut(backend) else {
+        let mut h = Health { backend, failures: 1, reason, ..Health::default() };
+        if cfg.failures <= 1 {
+            hold(&mut h, cfg, now_ns);
+        }
+        // BPF_NOEXIST: another CPU's first failure wins; this one is lost (a count, never a hold's end).
+        let _ = HEALTH.insert(backend, h, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
+        return;
+    };
+    // SAFETY: as in `start_trial`.
+    let h = unsafe { &mut *p };
+    if h.backend != backend {
+        return;
+    }
+    h.reason = reason;
+    if h.held_until_ns != 0 {
+        // Held: a connect begun before the hold changes nothing. Half-open: the trial (or a connect that raced
+        // it) failed: hold again, longer.
+        if now_ns >= h.held_until_ns {
+            hold(h, cfg, now_ns);
+        }
+        return;
+    }
+    h.failures += 1;
+    if h.failures >= cfg.failures {
+        hold(h, cfg, now_ns);
+    }
+}
+
+#[inline(always)]
+fn hold(h: &mut Health, cfg: &HealthConfig, now_ns: u64) {
+    h.held_since_ns = now_ns;
+    h.held_until_ns = now_ns + Health::hold_for(h.holds, cfg);
+    h.trial_until_ns = 0;
+    h.holds += 1;
+    h.failures = 0;
+    count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS);
+}
+
+/// A translated connect to `backend` was established: it is healthy (the agent deletes the reset entry).
+#[inline(always)]
+fn succeeded(backend: Backend) {
+    let Some(p) = HEALTH.get_ptr_mut(backend) else { return };
+    // SAFETY: as in `start_trial`.
+    let h = unsafe { &mut *p };
+    if h.backend != backend || (h.failures == 0 && h.held_until_ns == 0) {
+        return;
+    }
+    if h.held_until_ns != 0 {
+        count(GLOBAL_SVC_ID, GLOBAL_HEALTH_RECOVERIES);
+    }
+    *h = Health { backend, ..Health::default() };
+}
+
+/// The socket's peer as a backend key (a v4-mapped peer of a dual-stack socket is IPv4).
+#[inline(always)]
+fn peer(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<Backend> {
+    // The remote port is in network byte order, but in the upper 16 bits on a little-endian CPU: the kernel
+    // loads `skc_dport` and shifts it left by 16 (`sock_ops_convert_ctx_access`), unlike `user_port` of
+    // sock_addr programs (the low 16 bits). This crate is built for bpfel only.
+    let port = (ops.remote_port >> 16) as u16;
+    match ops.family {
+        AF_INET => {
+            Some(Backend { addr: [ops.remote_ip4, 0, 0, 0], port, proto: PROTO_TCP, family: FAMILY_V4 })
+        }
+        AF_INET6 => {
+            let w = [ops.remote_ip6[0], ops.remote_ip6[1], ops.remote_ip6[2], ops.remote_ip6[3]];
+            Some(if w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_WORD2 {
+                Backend { addr: [w[3], 0, 0, 0], port, proto: PROTO_TCP, family: FAMILY_V4 }
+            } else {
+                Backend { addr: w, port, proto: PROTO_TCP, family: FAMILY_V6 }
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The socket's state, if connect4/6 translated it to its current peer (its storage names that backend).
+#[inline(always)]
+fn translated(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<(&'static mut SockState, Backend)> {
+    // SAFETY: reading the context's socket pointer, which the verifier types as a socket or null.
+    let sk = unsafe { ops.__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return None;
+    }
+    let map = core::ptr::from_ref(&SOCKS).cast_mut().cast();
+    // SAFETY: `map` is the socket storage map (what `SkStorage::as_ptr` returns, which is crate-private), `sk`
+    // a non-null socket; no value, no flags: look up only.
+    let st = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) }.cast::<SockState>();
+    if st.is_null() {
+        return None;
+    }
+    // SAFETY: the socket's storage, valid for the program's run.
+    let st = unsafe { &mut *st };
+    let backend = peer(ops)?;
+    (st.backend == backend).then_some((st, backend))
+}
+
+#[sock_ops]
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn sock_ops(ctx: SockOpsContext) -> u32 {
+    // SAFETY: the kernel passes a valid bpf_sock_ops for the program's whole run.
+    let ops = unsafe { &*ctx.ops };
+    let Some(cfg) = config() else { return 1 };
+    match ops.op {
+        // The SYN is about to leave: follow this connect's state changes and retransmission timeouts, if
+        // tierlb translated it (other sockets never pay for the callbacks).
+        BPF_SOCK_OPS_TCP_CONNECT_CB if translated(ops).is_some() => {
+            let _ = ctx.set_cb_flags((BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG).cast_signed());
+        }
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
+            if let Some((_, backend)) = translated(ops) {
+                succeeded(backend);
+                // Established: no more callbacks for this socket.
+                let _ = ctx.set_cb_flags(0);
+            }
+        }
+        // A retransmission timeout while the SYN is unanswered: a failure (once per connect).
+        BPF_SOCK_OPS_RTO_CB if ops.state == BPF_TCP_SYN_SENT => report(ops, HEALTH_TIMEOUT, &cfg),
+        // SYN_SENT -> CLOSE without having been established: refused (RST), or given up.
+        BPF_SOCK_OPS_STATE_CB if ctx.arg(0) == BPF_TCP_SYN_SENT && ctx.arg(1) == BPF_TCP_CLOSE => {
+            report(ops, HEALTH_REFUSED, &cfg);
+        }
+        _ => {}
+    }
+    1
+}
+
+/// Count a failure of this socket's connect, once.
+#[inline(always)]
+fn report(ops: &aya_ebpf::bindings::bpf_sock_ops, reason: u32, cfg: &HealthConfig) {
+    let Some((st, backend)) = translated(ops) else { return };
+    if st.flags & SOCK_HEALTH_REPORTED != 0 {
+        return;
+    }
+    st.flags |= SOCK_HEALTH_REPORTED;
+    // SAFETY: helper without preconditions.
+    failed(backend, reason, cfg, unsafe { bpf_ktime_get_boot_ns() });
+}

@@ -1,0 +1,198 @@
+//! Passive health as user space sees it: the settings the agent writes (`--health-failures`, `--health-hold`,
+//! `--health-max-hold`), how a `Health` entry reads at a time (`state`), and the agent's sweep of the map the
+//! kernel writes: entries of backends that left every Service go (the EndpointSlice stays the source of
+//! truth: a pod IP reused later starts healthy), healthy entries (reset by a success) go, and each backend
+//! newly held or healthy again is reported for the log.
+use std::{collections::BTreeMap, time::Duration};
+
+use lb_common::{Backend, HEALTH_REFUSED, HEALTH_TIMEOUT, Health, HealthConfig};
+use serde::Serialize;
+
+use super::{MapError, MapWriter};
+
+/// Passive health settings, from the agent's flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HealthSettings {
+    /// Consecutive failed connects that hold a backend down (`--health-failures`); 0 is off.
+    pub failures: u32,
+    /// The first hold (`--health-hold`); each further hold without a success doubles it.
+    pub hold: Duration,
+    /// The longest hold (`--health-max-hold`).
+    pub max_hold: Duration,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        Self { failures: 3, hold: Duration::from_secs(5), max_hold: Duration::from_mins(2) }
+    }
+}
+
+impl HealthSettings {
+    /// The map value the data path reads.
+    pub fn config(&self) -> HealthConfig {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        HealthConfig {
+            failures: self.failures,
+            _pad: 0,
+            hold_ns: ns(self.hold),
+            max_hold_ns: ns(self.max_hold).max(ns(self.hold)),
+        }
+    }
+}
+
+/// Where a backend stands, as `status` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthState {
+    /// Connects failed, fewer than the threshold in a row: still used.
+    Failing,
+    /// Held down: new connects skip it until the hold ends.
+    Held,
+    /// The hold is over: the next connect that picks it is a trial, whose outcome clears or renews the hold.
+    HalfOpen,
+    /// Healthy (an entry reset by a success, which the agent deletes).
+    Healthy,
+}
+
+impl HealthState {
+    /// As `status` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failing => "failing",
+            Self::Held => "held down",
+            Self::HalfOpen => "half-open (next connect is a trial)",
+            Self::Healthy => "healthy",
+        }
+    }
+}
+
+/// What the last failure was.
+pub fn reason(h: &Health) -> &'static str {
+    match h.reason {
+        HEALTH_REFUSED => "refused",
+        HEALTH_TIMEOUT => "timeout",
+        _ => "-",
+    }
+}
+
+/// `h` at `now_ns`.
+pub fn state(h: &Health, now_ns: u64) -> HealthState {
+    if h.held_until_ns == 0 {
+        if h.failures == 0 { HealthState::Healthy } else { HealthState::Failing }
+    } else if now_ns < h.held_until_ns {
+        HealthState::Held
+    } else {
+        HealthState::HalfOpen
+    }
+}
+
+/// What one sweep of the health map did and saw.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HealthSweep {
+    /// Backends held down since the last sweep (or held again), with their entry.
+    pub held: Vec<(Backend, Health)>,
+    /// Backends held at the last sweep that a successful connect made healthy since.
+    pub recovered: Vec<Backend>,
+    /// Entries deleted because their backend left every Service.
+    pub departed: Vec<Backend>,
+}
+
+/// Sweep the health map: delete the entries of backends `in_use` says no Service holds and healthy ones, and
+/// report what changed since `last` (the holds seen at the previous sweep: backend -> hold start), which is
+/// updated.
+pub fn sweep(
+    w: &mut impl MapWriter,
+    in_use: impl Fn(&Backend) -> bool,
+    last: &mut BTreeMap<Backend, u64>,
+) -> Result<HealthSweep, MapError> {
+    let mut out = HealthSweep::default();
+    let mut now_held = BTreeMap::new();
+    for (backend, h) in w.health()? {
+        if !in_use(&backend) {
+            w.delete_health(backend)?;
+            out.departed.push(backend);
+            continue;
+        }
+        if h.held_until_ns != 0 {
+            if last.get(&backend) != Some(&h.held_since_ns) {
+                out.held.push((backend, h));
+            }
+            now_held.insert(backend, h.held_since_ns);
+        } else if h.failures == 0 {
+            // Reset by a success. Read again just before: a failure since then keeps it.
+            if w.health()?.iter().any(|(b, x)| *b == backend && *x == h) {
+                w.delete_health(backend)?;
+            }
+        }
+    }
+    out.recovered = last.keys().filter(|b| !now_held.contains_key(*b) && in_use(b)).copied().collect();
+    *last = now_held;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::datapath::{MapReader as _, addr, fake::FakeMaps};
+
+    fn be(s: &str) -> Backend {
+        addr::backend(s.parse::<SocketAddr>().unwrap(), 6)
+    }
+
+    fn entry(b: Backend, failures: u32, held: Option<(u64, u64)>) -> Health {
+        let (since, until) = held.unwrap_or((0, 0));
+        Health { backend: b, failures, held_since_ns: since, held_until_ns: until, ..Health::default() }
+    }
+
+    #[test]
+    fn health_states_by_time() {
+        let b = be("10.0.0.1:80");
+        let cases = [
+            ("no failure: healthy", entry(b, 0, None), 5, HealthState::Healthy),
+            ("failures below the threshold", entry(b, 2, None), 5, HealthState::Failing),
+            ("inside the hold", entry(b, 0, Some((1, 10))), 5, HealthState::Held),
+            ("the hold is over: half-open", entry(b, 0, Some((1, 10))), 10, HealthState::HalfOpen),
+        ];
+        for (name, h, now, want) in cases {
+            assert_eq!(state(&h, now), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_hold_doubles_up_to_the_cap() {
+        let cfg =
+            HealthSettings { failures: 3, hold: Duration::from_secs(5), max_hold: Duration::from_secs(30) }
+                .config();
+        let holds: Vec<u64> = (0..6).map(|n| Health::hold_for(n, &cfg) / 1_000_000_000).collect();
+        assert_eq!(holds, [5, 10, 20, 30, 30, 30]);
+        assert_eq!(Health::hold_for(u32::MAX, &cfg), cfg.max_hold_ns, "no overflow");
+    }
+
+    #[test]
+    fn the_sweep_deletes_departed_and_healthy_entries_and_reports_transitions() {
+        let mut w = FakeMaps::new(4, 4);
+        let (held, failing, healthy, departed) =
+            (be("10.0.0.1:80"), be("10.0.0.2:80"), be("10.0.0.3:80"), be("10.0.0.4:80"));
+        w.put_health(entry(held, 0, Some((100, 200))));
+        w.put_health(entry(failing, 1, None));
+        w.put_health(entry(healthy, 0, None));
+        w.put_health(entry(departed, 0, Some((100, 200))));
+        let mut last = BTreeMap::new();
+        let r = sweep(&mut w, |b| *b != departed, &mut last).unwrap();
+        assert_eq!(r.held, [(held, entry(held, 0, Some((100, 200))))]);
+        assert_eq!((r.recovered, r.departed), (vec![], vec![departed]));
+        let left: Vec<Backend> = w.health().unwrap().into_iter().map(|(b, _)| b).collect();
+        assert_eq!(left, [held, failing], "healthy and departed entries are deleted");
+        // The same hold is reported once; a success resets it: healthy again.
+        assert!(sweep(&mut w, |_| true, &mut last).unwrap().held.is_empty());
+        w.put_health(entry(held, 0, None));
+        let r = sweep(&mut w, |_| true, &mut last).unwrap();
+        assert_eq!(r.recovered, [held]);
+        // A new hold of the same backend is reported again.
+        w.put_health(entry(failing, 0, Some((300, 400))));
+        let r = sweep(&mut w, |_| true, &mut last).unwrap();
+        assert_eq!(r.held.len(), 1);
+    }
+}

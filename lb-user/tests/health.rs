@@ -1,0 +1,156 @@
+//! In-kernel tests of passive health: the `sock_ops` program sees the outcome of the connects tierlb
+//! translated and holds a backend down after `--health-failures` failures in a row, before any EndpointSlice
+//! says so. A crashed local pod (refused connects) and a blackholed one (SYNs dropped by a rule in the test's
+//! own netns) cost at most K failed connects; a pod that comes back gets traffic again after the hold; healthy
+//! backends under load are never held.
+mod common;
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use common::{cluster, eventually, tierlb};
+use lb_testkit::{
+    cluster::SimCluster,
+    manifests::{Ep, Svc, write_service},
+    sandbox::BpfFs,
+};
+
+fn vip() -> SocketAddr {
+    "10.96.0.40:80".parse().unwrap()
+}
+
+fn pod(i: usize) -> SocketAddr {
+    SocketAddr::new(format!("10.244.{i}.40").parse().unwrap(), 8080)
+}
+
+/// PreferSameNode web with a pod on node-1, node-2 and node-3 (zone a), node-1's agent with `extra` flags.
+fn start(tag: &str, extra: &[&str]) -> (SimCluster, BpfFs, String) {
+    let mut c = cluster(tag);
+    let bpffs = BpfFs::new(tag).unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    let mut eps = Vec::new();
+    for i in 1..=3 {
+        let node = format!("node-{i}");
+        c.add_pod(pod(i), &format!("pod-{node}")).unwrap();
+        eps.push(Ep::ready(pod(i).ip(), &node).zone("a").prefer_same_node());
+    }
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    write_service(c.manifests.path(), &svc, &eps).unwrap();
+    let mut args = vec!["--zone", "a", "--bpffs", &pin];
+    args.extend_from_slice(extra);
+    c.add_node("node-1", &args).unwrap();
+    (c, bpffs, pin)
+}
+
+fn status(pin: &str) -> serde_json::Value {
+    let (ok, out, err) = tierlb(&["status", "-o", "json", "--bpffs", pin]);
+    assert!(ok, "{err}");
+    serde_json::from_str::<serde_json::Value>(&out).unwrap()[0].clone()
+}
+
+/// Connects in order until the first that reached `pod-node-1` after failures; (failed, then the rest).
+fn after_failures(r: &lb_testkit::probe::Report) -> (usize, Vec<String>) {
+    let failed = r.attempts.iter().take_while(|a| a.error.is_some()).count();
+    let rest =
+        r.attempts[failed..].iter().map(|a| a.backend.clone().unwrap_or_else(|| "FAILED".into())).collect();
+    (failed, rest)
+}
+
+#[test]
+fn a_crashed_local_pod_costs_at_most_k_failed_connects_and_gets_traffic_back_after_the_hold() {
+    let (mut c, _bpffs, pin) = start("health-crash", &["--health-hold", "2s"]);
+    let r = c.probe("node-1", vip(), 10, Duration::ZERO).unwrap();
+    assert_eq!(r.count("pod-node-1"), 10, "{:?}", r.by_backend());
+
+    // The local pod's process dies; its EndpointSlice still says ready.
+    c.stop_pod(pod(1));
+    let r = c.probe("node-1", vip(), 200, Duration::ZERO).unwrap();
+    let (failed, rest) = after_failures(&r);
+    assert!((1..=3).contains(&failed), "{failed} failed connects before the hold: {:?}", r.errors());
+    assert!(rest.iter().all(|b| b == "pod-node-2" || b == "pod-node-3"), "then the zone tier only: {rest:?}");
+    eprintln!(
+        "local pod killed: {failed} connects failed (ECONNREFUSED), then {} of {} to the zone tier",
+        rest.len(),
+        r.attempts.len()
+    );
+    let st = status(&pin);
+    let h = &st["health"][0];
+    assert_eq!(
+        (h["backend"].as_str(), h["state"].as_str(), h["reason"].as_str()),
+        (Some("10.244.1.40:8080"), Some("held"), Some("refused")),
+        "{st}"
+    );
+    assert_eq!(st["health_transitions"]["held"], 1, "{st}");
+    let logged = || std::fs::read_to_string(&c.node("node-1").log).unwrap();
+    assert!(eventually(3, || logged().contains("backend held down by passive health")), "{}", logged());
+
+    // The process comes back: after the hold, one trial connect, and the node tier serves again.
+    c.add_pod(pod(1), "pod-node-1").unwrap();
+    let back = Instant::now();
+    let r = c.probe("node-1", vip(), 120, Duration::from_millis(25)).unwrap();
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    let first =
+        r.attempts.iter().find(|a| a.backend.as_deref() == Some("pod-node-1")).expect("traffic returned");
+    assert!(first.t_ms < 2_500.0, "returned {:.0} ms after the pod, hold 2 s", first.t_ms);
+    let last = &r.attempts[r.attempts.len() - 10..];
+    assert!(last.iter().all(|a| a.backend.as_deref() == Some("pod-node-1")), "{:?}", r.by_backend());
+    eprintln!("pod back: node tier again after {:.0} ms (hold 2 s), {:?} since", first.t_ms, back.elapsed());
+    let st = status(&pin);
+    assert_eq!(st["health_transitions"]["healthy"], 1, "{st}");
+    assert!(eventually(3, || status(&pin)["health"] == serde_json::json!([])), "{}", status(&pin));
+}
+
+#[test]
+fn a_blackholed_backend_is_held_after_k_syn_timeouts() {
+    let (c, _bpffs, pin) = start("health-blackhole", &["--health-hold", "30s"]);
+    // Drop every SYN to node-1's pod, inside the cluster's own netns.
+    let rule = format!(
+        "table inet tierlb_test {{\n  chain out {{\n    type filter hook output priority 0;\n    ip daddr {} tcp dport 8080 tcp flags syn drop\n  }}\n}}\n",
+        pod(1).ip()
+    );
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", c.netns.name(), "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(rule.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
+    // Each connect waits at most 1.5 s: its SYN's first retransmission timeout (1 s) counts as a failure.
+    let r = c
+        .start_probe_with_timeout("node-1", vip(), 20, Duration::ZERO, Duration::from_millis(1500))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let (failed, rest) = after_failures(&r);
+    assert!((1..=3).contains(&failed), "{failed} timed out before the hold: {:?}", r.errors());
+    assert!(rest.iter().all(|b| b == "pod-node-2" || b == "pod-node-3"), "{rest:?}");
+    eprintln!("blackholed: {failed} connects timed out, then {} to the zone tier", rest.len());
+    let h = &status(&pin)["health"][0];
+    assert_eq!((h["state"].as_str(), h["reason"].as_str()), (Some("held"), Some("timeout")), "{h}");
+}
+
+#[test]
+fn healthy_backends_are_never_held_under_load() {
+    let (c, _bpffs, pin) = start("health-steady", &[]);
+    // Four clients at once, 25,000 connects each, to three healthy pods (node-1's tier only, by topology).
+    let runs: Vec<_> =
+        (0..4).map(|_| c.start_probe("node-1", vip(), 25_000, Duration::ZERO).unwrap()).collect();
+    let mut total = 0;
+    for run in runs {
+        let r = run.wait().unwrap();
+        assert_eq!(r.failures(), 0, "{:?}", r.errors());
+        total += r.attempts.len();
+    }
+    assert_eq!(total, 100_000);
+    let st = status(&pin);
+    assert_eq!(st["health_transitions"], serde_json::json!({"held": 0, "healthy": 0, "panics": 0}), "{st}");
+    assert_eq!(st["health"], serde_json::json!([]), "{st}");
+    eprintln!("{total} connects to healthy backends: 0 holds");
+}
