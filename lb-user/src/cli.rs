@@ -242,6 +242,13 @@ pub struct ExplainArgs {
     /// Directory of Service, EndpointSlice and Node YAML.
     #[arg(long)]
     pub manifests: PathBuf,
+    /// Also say which of the Service's backends the running agents' data path skips now (held down by
+    /// passive health, or marked down), read from the maps pinned under this directory.
+    #[arg(long)]
+    pub bpffs: Option<PathBuf>,
+    /// With --bpffs: only this agent instance (default: every instance under --bpffs).
+    #[arg(long, requires = "bpffs")]
+    pub instance: Option<String>,
 }
 
 /// `tierlb study`.
@@ -345,13 +352,21 @@ pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
     let model = load_for_cli(&args.manifests)?.model;
     let node = args.node.resolve(&model);
-    crate::explain::explain(&model, &node, &args.service).ok_or_else(|| {
+    let mut out = crate::explain::explain(&model, &node, &args.service).ok_or_else(|| {
         anyhow::anyhow!(
             "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
             args.service,
             args.manifests.display()
         )
-    })
+    })?;
+    if let Some(bpffs) = &args.bpffs {
+        for (name, dir) in pins::instances(bpffs, args.instance.as_deref())? {
+            let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
+            let inst = crate::status::Instance::read(&name, &maps, crate::datapath::marks::boottime_ns())?;
+            out.push_str(&crate::explain::skipped_now(&inst, &args.service));
+        }
+    }
+    Ok(out)
 }
 
 /// `tierlb plan`'s exit status when it printed the plan of the valid objects but some input is invalid (an

@@ -241,3 +241,49 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
     };
     let _ = writeln!(out, "    endpoints: {}{empty}", list(&outside.endpoints));
 }
+
+/// For `explain --bpffs`: the Service's backends that instance `inst`'s data path skips now, and why (held
+/// down by passive health, or marked down by `tierlb backend down`).
+pub fn skipped_now(inst: &crate::status::Instance, key: &ObjKey) -> String {
+    let mut backends: Vec<&str> = inst
+        .frontends
+        .iter()
+        .filter(|f| &f.name.service == key)
+        .flat_map(|f| f.tiers.iter().flatten().map(|b| b.addr.as_str()))
+        .collect();
+    backends.sort_unstable();
+    backends.dedup();
+    let mut out = format!("\n  on instance {} now (its maps):\n", inst.instance);
+    let mut any = false;
+    for h in inst.health.iter().filter(|h| backends.contains(&h.backend.as_str())) {
+        any = true;
+        let _ = write!(
+            out,
+            "    {} {} by passive health (last failure: {}",
+            h.backend,
+            h.state.as_str(),
+            h.reason
+        );
+        match h.left_seconds {
+            Some(left) => {
+                let _ = write!(out, ", {:.1} s left of hold {}", left, h.holds);
+            }
+            None => {
+                let _ = write!(out, ", {} failed connects in a row", h.failures);
+            }
+        }
+        out.push_str(")\n");
+    }
+    for m in inst.marks.iter().filter(|m| backends.contains(&m.backend.as_str())) {
+        any = true;
+        let _ = writeln!(
+            out,
+            "    {} marked down (tierlb backend down), {:.0} s left",
+            m.backend, m.left_seconds
+        );
+    }
+    if !any {
+        out.push_str("    every backend is used (none held down by passive health or marked down)\n");
+    }
+    out
+}

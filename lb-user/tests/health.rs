@@ -84,6 +84,11 @@ fn a_crashed_local_pod_costs_at_most_k_failed_connects_and_gets_traffic_back_aft
         "{st}"
     );
     assert_eq!(st["health_transitions"]["held"], 1, "{st}");
+    let manifests = c.manifests.path().to_str().unwrap().to_owned();
+    let explain = ["explain", "default/web", "--node", "node-1", "--manifests", &manifests, "--bpffs", &pin];
+    let (ok, out, err) = tierlb(&explain);
+    assert!(ok, "{err}");
+    assert!(out.contains("10.244.1.40:8080 held down by passive health (last failure: refused"), "{out}");
     let logged = || std::fs::read_to_string(&c.node("node-1").log).unwrap();
     assert!(eventually(3, || logged().contains("backend held down by passive health")), "{}", logged());
 

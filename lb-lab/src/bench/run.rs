@@ -165,6 +165,9 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
             tierlb::datapath::ebpf::Capacities { services: 60_000, slots: 1_200_000, ..Default::default() };
         let Loaded { mut programs, maps } = Loaded::load(caps, None)?;
         let mut rec = Reconciler::new(maps);
+        // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
+        let health = tierlb::datapath::health::HealthSettings::default().config();
+        tierlb::datapath::MapWriter::set_health_config(rec.writer_mut(), health)?;
         programs.attach(cg.path(), None)?;
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
         for &n in counts {

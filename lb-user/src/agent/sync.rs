@@ -269,14 +269,18 @@ impl<W: MapWriter> AgentCore<W> {
             return marks::sweep(self.reconciler.writer_mut(), |_| true, now_ns);
         }
         let wanted: BTreeSet<lb_common::Backend> = marks.iter().map(|(b, _)| *b).collect();
-        let held: BTreeSet<lb_common::Backend> = self
-            .reconciler
+        let held = self.applied_among(&wanted);
+        marks::sweep(self.reconciler.writer_mut(), |b| held.contains(b), now_ns)
+    }
+
+    /// Those of `wanted` that an applied frontend holds (one walk over every applied backend).
+    fn applied_among(&self, wanted: &BTreeSet<lb_common::Backend>) -> BTreeSet<lb_common::Backend> {
+        self.reconciler
             .applied()
             .flat_map(|(_, _, d)| d.tiers.iter().flatten())
             .filter(|b| wanted.contains(b))
             .copied()
-            .collect();
-        marks::sweep(self.reconciler.writer_mut(), |b| held.contains(b), now_ns)
+            .collect()
     }
 
     /// Sweep the passive health map (`health::sweep`): entries of backends no applied frontend holds go.
@@ -292,13 +296,7 @@ impl<W: MapWriter> AgentCore<W> {
         // while passive health has entries).
         let wanted: BTreeSet<lb_common::Backend> =
             entries.iter().map(|(b, _)| *b).chain(last.keys().copied()).collect();
-        let held: BTreeSet<lb_common::Backend> = self
-            .reconciler
-            .applied()
-            .flat_map(|(_, _, d)| d.tiers.iter().flatten())
-            .filter(|b| wanted.contains(b))
-            .copied()
-            .collect();
+        let held = self.applied_among(&wanted);
         crate::datapath::health::sweep(self.reconciler.writer_mut(), |b| held.contains(b), last)
     }
 

@@ -184,6 +184,39 @@ fn a_mark_is_cleared_when_its_backend_leaves_every_service_and_kept_while_one_ho
 }
 
 #[test]
+fn passive_health_is_forgotten_when_its_backend_leaves_every_service_and_reported_once_per_hold() {
+    let tmp = TempDir::new("agent-health").unwrap();
+    let dir = tmp.path();
+    let web = Svc::new("web", ip("10.96.0.10"), 80, 8080);
+    write_service(dir, &web, &eps(&["10.0.0.1", "10.0.0.2"])).unwrap();
+    let mut a = agent(dir, 64);
+    a.sync(Instant::now()).unwrap();
+    let be = |s: &str| addr::backend(s.parse::<SocketAddr>().unwrap(), 6);
+    // What the kernel wrote: 10.0.0.1 held down, 10.0.0.2 failing.
+    let held = lb_common::Health {
+        backend: be("10.0.0.1:8080"),
+        held_since_ns: 1,
+        held_until_ns: u64::MAX,
+        holds: 1,
+        ..Default::default()
+    };
+    let failing = lb_common::Health { backend: be("10.0.0.2:8080"), failures: 2, ..Default::default() };
+    a.reconciler_mut().writer_mut().put_health(held);
+    a.reconciler_mut().writer_mut().put_health(failing);
+    let mut last = BTreeMap::new();
+    let r = a.sweep_health(&mut last).unwrap();
+    assert_eq!((r.held.len(), r.departed.len()), (1, 0), "{r:?}");
+    assert!(a.sweep_health(&mut last).unwrap().held.is_empty(), "one hold is reported once");
+    // Both leave the Service: the EndpointSlice is the source of truth, their health goes.
+    write_service(dir, &web, &eps(&["10.0.0.3"])).unwrap();
+    a.sync(Instant::now()).unwrap();
+    let r = a.sweep_health(&mut last).unwrap();
+    assert_eq!(r.departed, [be("10.0.0.1:8080"), be("10.0.0.2:8080")]);
+    assert!(r.recovered.is_empty(), "a departed backend is not reported healthy");
+    assert!(a.reconciler().writer().health().unwrap().is_empty());
+}
+
+#[test]
 fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
     let tmp = TempDir::new("plan-vip").unwrap();
     let dir = tmp.path();
