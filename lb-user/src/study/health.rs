@@ -16,9 +16,11 @@
 //! K-th failure to a backend arrives once K connects went to it; a trial once the next connect picking it was
 //! sent (on average after as many connects as the set it is picked from has backends). That is the mean of what
 //! the kernel does, not one random run: a real run's counts are whole and its times jitter around these.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use serde::{Deserialize, Serialize};
+
+use crate::datapath::health::HealthSettings;
 
 /// The SYN's first retransmission timeout (the kernel's `TCP_TIMEOUT_INIT`): when `sock_ops` counts a connect
 /// to a dead node as failed.
@@ -81,15 +83,23 @@ pub struct HealthParams {
 }
 
 impl Default for HealthParams {
+    /// The agent's defaults.
     fn default() -> Self {
-        Self { failures: 3, hold_s: 5.0, max_hold_s: 120.0 }
+        let s = HealthSettings::default();
+        Self { failures: s.failures, hold_s: s.hold.as_secs_f64(), max_hold_s: s.max_hold.as_secs_f64() }
     }
 }
 
 impl HealthParams {
-    /// The hold after `holds` earlier ones without a success: doubled each time, at most `max_hold_s`.
+    /// The hold after `holds` earlier ones without a success, as the kernel computes it (`Health::hold_for`:
+    /// doubled each time, at most the longest hold).
     fn hold_for(&self, holds: u32) -> f64 {
-        (self.hold_s * 2f64.powi(holds.min(16).cast_signed())).min(self.max_hold_s.max(self.hold_s))
+        let settings = HealthSettings {
+            failures: self.failures,
+            hold: Duration::from_secs_f64(self.hold_s),
+            max_hold: Duration::from_secs_f64(self.max_hold_s),
+        };
+        Duration::from_nanos(lb_common::Health::hold_for(holds, &settings.config())).as_secs_f64()
     }
 
     /// The model's name in the table and chart, with K: what it claims depends on it.
