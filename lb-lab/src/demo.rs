@@ -10,6 +10,10 @@
 //! 3. The PDF-resume service: two replicas on three nodes, clients 50/30/20: each replica's measured share
 //!    under PreferSameNode and with trafficDistribution unset, next to the simulator's prediction.
 //! 4. DNS through a Service VIP (UDP), answered by the local resolver with the VIP as the reply's source.
+//! 5. A pod crashes before the EndpointSlice says so (`crash`): passive health in each node's kernel, next to
+//!    the study's prediction and to kube-proxy.
+mod crash;
+
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -17,10 +21,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
 use lb_testkit::{
     cluster::SimCluster,
     manifests::{Ep, Svc, write_service},
     probe::Report,
+    sandbox::BpfFs,
 };
 use tierlb::{
     chart::{Legend, Line, LineChart, PALETTE, line_chart},
@@ -104,12 +110,19 @@ fn roll_phase(c: &mut SimCluster, svc: &Svc, clock: &Elapsed) -> anyhow::Result<
     Ok((reports, windows))
 }
 
-/// What kube-proxy does on that node now, from the plan's `when_empty`.
-fn kube_proxy_verdict(dir: &Path, node: &str) -> String {
-    let Ok(loaded) = ManifestDir::new(dir).load() else { return String::new() };
+/// The `nginx-cache` Service's plan for ClusterIP traffic on `node`, from the manifests as they are now: what
+/// kube-proxy would program there.
+fn cache_plan(dir: &Path, node: &str) -> Option<plan::TrafficPlan> {
+    let loaded = ManifestDir::new(dir).load().ok()?;
     let p = plan::plan(&loaded.model, &NodeInfo::resolve(node, None, &loaded.model));
     let cache = ObjKey::new("default", "nginx-cache");
-    match p.services.iter().find(|s| s.name.service == cache).and_then(|s| s.internal.when_empty) {
+    p.services.into_iter().find(|s| s.name.service == cache).map(|s| s.internal)
+}
+
+/// What kube-proxy does on that node now, from the plan's `when_empty`.
+fn kube_proxy_verdict(dir: &Path, node: &str) -> String {
+    let Some(p) = cache_plan(dir, node) else { return String::new() };
+    match p.when_empty {
         Some(plan::WhenEmpty::Drop) => "kube-proxy: DROP (its clients hang until their timeout)".into(),
         Some(plan::WhenEmpty::Reject) => "kube-proxy: REJECT".into(),
         None => "kube-proxy: still has an endpoint for it".into(),
@@ -224,6 +237,8 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     println!(
         "== tierlb demo: the booking form incident, replayed in a private netns on three simulated nodes"
     );
+    // Declared first, dropped last: the agents pin their maps here and `tierlb status` reads each node's kernel.
+    let bpffs = BpfFs::new("demo")?;
     let mut c = SimCluster::new("demo", tierlb, lab)?;
     for i in 0..3 {
         c.add_pod(SocketAddr::new(pod_ip(i, 0), 8080), &pod_name(i, 0))?;
@@ -232,8 +247,9 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     svc.internal_traffic_policy = Some("Local");
     svc.traffic_distribution = Some("PreferSameNode".into());
     write_service(c.manifests.path(), &svc, &[])?;
+    let pins = bpffs.path().to_str().context("bpffs path")?;
     for n in NODES {
-        c.add_node(n, &[])?;
+        c.add_node(n, &["--bpffs", pins])?;
     }
     clock.say("three agents ready (node-1, node-2, node-3; one zone, no zone label)");
     let mut chart = Vec::new();
@@ -242,7 +258,8 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     let prefer_same_node = prefer_same_node_roll(&mut c, &svc, &clock, &mut chart)?;
     let pdf = pdf_resume(&mut c)?;
     let dns = dns_through_a_vip(&mut c)?;
-    let ok = local && prefer_same_node && pdf && dns;
+    let crashed = crash::pod_crash(&mut c, bpffs.path(), &clock, &mut chart)?;
+    let ok = local && prefer_same_node && pdf && dns && crashed;
 
     std::fs::create_dir_all(out_dir)?;
     let svg = out_dir.join("demo-timeline.svg");
@@ -331,29 +348,15 @@ fn pdf_resume(c: &mut SimCluster) -> anyhow::Result<bool> {
     let predicted = tierlb::study::run(&tierlb::study::Scenario {
         name: "story".into(),
         description: String::new(),
-        nodes: NODES
-            .iter()
-            .zip([50.0, 30.0, 20.0])
-            .map(|(n, w)| tierlb::study::ScNode { name: (*n).into(), zone: None, clients: w, cpu: 4000 })
-            .collect(),
+        nodes: study_nodes([50.0, 30.0, 20.0]),
         service: tierlb::study::ScService {
             traffic_distribution: Some("PreferSameNode".into()),
             ..Default::default()
         },
-        endpoints: pdf_eps
-            .iter()
-            .map(|e| tierlb::study::ScEndpoint {
-                ip: e.ip,
-                node: e.node.clone(),
-                ready: true,
-                terminating: false,
-                down: false,
-                for_nodes: None,
-                for_zones: None,
-                no_hints: false,
-            })
-            .collect(),
+        endpoints: pdf_eps.iter().map(|e| tierlb::study::ScEndpoint::new(e.ip, &e.node)).collect(),
         phases: Vec::new(),
+        requests_per_second: 0.0,
+        health: tierlb::study::HealthParams::default(),
     });
     let kp = &predicted.phases[0].models[0];
     println!("   {:<32} {:>14} {:>14}", "", "pdf-on-node-1", "pdf-on-node-3");
@@ -387,6 +390,15 @@ fn pdf_resume(c: &mut SimCluster) -> anyhow::Result<bool> {
         pass(v3)
     );
     Ok(v3)
+}
+
+/// The demo's nodes as a study scenario's, with these shares of the clients (one zone, unlabelled).
+fn study_nodes(clients: [f64; 3]) -> Vec<tierlb::study::ScNode> {
+    NODES
+        .iter()
+        .zip(clients)
+        .map(|(n, w)| tierlb::study::ScNode { name: (*n).into(), zone: None, clients: w, cpu: 4000 })
+        .collect()
 }
 
 /// Act 4: DNS over UDP through a Service VIP, answered by the node's resolver with the VIP as the source.

@@ -81,6 +81,15 @@ impl SimCluster {
         self.pods.retain(|p| p.addr() != addr);
     }
 
+    /// Crash a pod: SIGKILL its server (no chance to close anything itself); its IP stays and no EndpointSlice
+    /// changes, so connects to it are refused as a crashed pod's are before the control plane notices.
+    pub fn kill_pod(&mut self, addr: SocketAddr) {
+        for p in self.pods.iter().filter(|p| p.addr() == addr) {
+            p.signal(nix::sys::signal::Signal::SIGKILL);
+        }
+        self.pods.retain(|p| p.addr() != addr);
+    }
+
     /// Add a node with its own cgroup and agent; returns once the agent reports ready.
     pub fn add_node(&mut self, name: &str, extra_args: &[&str]) -> anyhow::Result<()> {
         let cgroup = Cgroup::new(name)?;

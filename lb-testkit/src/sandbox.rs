@@ -356,6 +356,11 @@ impl NamedServer {
     pub fn pid(&self) -> u32 {
         self.child.pid()
     }
+
+    /// Send its process a signal (SIGKILL: a crash).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        self.child.signal(sig);
+    }
 }
 
 /// How many BPF programs are attached to the cgroup at `cg`, as `bpftool cgroup show` lists them.

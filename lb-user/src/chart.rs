@@ -237,14 +237,10 @@ pub fn study_chart(r: &StudyResult) -> Result<String, ChartError> {
         .iter()
         .flat_map(|p| {
             p.models.iter().map(move |m| {
-                let model = serde_json::to_value(m.model)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
                 let mut bars: Vec<Bar> =
                     m.shares.iter().map(|(k, v)| Bar { series: k.clone(), value: *v }).collect();
                 bars.push(Bar { series: FAILED_NAME.into(), value: m.failed + m.hang });
-                BarGroup { label: model, section: p.phase.clone(), bars }
+                BarGroup { label: m.label.clone(), section: p.phase.clone(), bars }
             })
         })
         .collect();
@@ -398,11 +394,13 @@ mod tests {
     fn model(model: ProxyModel, shares: &[(&str, f64)], failed: f64) -> ModelResult {
         ModelResult {
             model,
+            label: model.name().to_owned(),
             shares: shares.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<BTreeMap<_, _>>(),
             cross_node: 0.0,
             cross_zone: 0.0,
             failed,
             hang: 0.0,
+            detections: Vec::new(),
         }
     }
 
@@ -411,9 +409,13 @@ mod tests {
         let r = StudyResult {
             scenario: "tiny".into(),
             description: String::new(),
+            requests_per_second: 100.0,
+            health: crate::study::HealthParams::default(),
             phases: vec![
                 PhaseResult {
                     phase: "steady".into(),
+                    duration_s: None,
+                    requests: None,
                     models: vec![
                         model(ProxyModel::KubeProxy, &[("10.0.0.1", 0.65), ("10.0.0.2", 0.35)], 0.0),
                         model(ProxyModel::Tierlb, &[("10.0.0.1", 0.5), ("10.0.0.2", 0.5)], 0.0),
@@ -421,6 +423,8 @@ mod tests {
                 },
                 PhaseResult {
                     phase: "crash".into(),
+                    duration_s: None,
+                    requests: None,
                     models: vec![model(ProxyModel::KubeProxy, &[("10.0.0.2", 0.35)], 0.65)],
                 },
             ],

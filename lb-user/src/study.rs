@@ -2,8 +2,14 @@
 //! share of clients), one Service and its endpoints (readiness, hints, or "what the controller writes"), and
 //! optional phases (a rollout step, a crashed pod the control plane has not noticed yet). For each proxy
 //! model the simulator computes each endpoint's share of requests, cross-node and cross-zone fractions, and
-//! the requests that fail fast or hang.
-use std::{collections::BTreeMap, fmt::Write as _, net::IpAddr};
+//! the requests that fail fast or hang. tierlb's model includes its passive health (`health`): a crashed
+//! endpoint costs each client node that sends to it K failed connects before the node falls back, and a
+//! failed trial each time a hold ends; with a phase's `duration` those are counted against the requests the
+//! phase sends, without one the shares are the steady state after detection.
+pub mod health;
+mod table;
+
+use std::{collections::BTreeMap, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -15,6 +21,8 @@ use crate::{
     },
     plan,
 };
+pub use health::{Crash, Detection, HealthParams};
+pub use table::table;
 
 /// A study scenario, as its YAML file reads (examples/study/).
 #[derive(Clone, Debug, Deserialize)]
@@ -35,6 +43,17 @@ pub struct Scenario {
     /// on its own. Without phases, the scenario is one phase.
     #[serde(default)]
     pub phases: Vec<ScPhase>,
+    /// Requests per second from all clients together (split by the nodes' `clients`): what a phase's
+    /// `duration` turns into a number of requests, and how fast a node's connects reach a crashed endpoint.
+    #[serde(default = "default_rate", rename = "requestsPerSecond")]
+    pub requests_per_second: f64,
+    /// tierlb's passive health settings (the agent's defaults unless given).
+    #[serde(default)]
+    pub health: HealthParams,
+}
+
+fn default_rate() -> f64 {
+    100.0
 }
 
 /// A node of a scenario.
@@ -86,10 +105,11 @@ pub struct ScEndpoint {
     /// `conditions.terminating`.
     #[serde(default)]
     pub terminating: bool,
-    /// The pod is gone but the EndpointSlice does not say so yet (a crash): a proxy that sends to it fails;
-    /// tierlb's data path has it marked down and falls back at once.
+    /// The pod crashed but the EndpointSlice does not say so yet: `process` (connects refused) or `node`
+    /// (connects hang); `none` by default. A proxy that sends to it loses those requests; tierlb's passive
+    /// health learns it per node after K failed connects.
     #[serde(default)]
-    pub down: bool,
+    pub crash: Crash,
     /// Hints as written; absent: what the EndpointSlice controller writes for the Service.
     #[serde(default)]
     pub for_nodes: Option<Vec<String>>,
@@ -105,15 +125,40 @@ fn yes() -> bool {
     true
 }
 
+impl ScEndpoint {
+    /// A ready endpoint on `node`, running, with the controller's hints.
+    pub fn new(ip: IpAddr, node: &str) -> Self {
+        Self {
+            ip,
+            node: node.to_owned(),
+            ready: true,
+            terminating: false,
+            crash: Crash::Running,
+            for_nodes: None,
+            for_zones: None,
+            no_hints: false,
+        }
+    }
+}
+
 /// A step after the initial state, studied on its own.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScPhase {
     /// Names the phase in the table and chart.
     pub name: String,
+    /// How long the phase lasts (a duration: `30s`, `2m`), e.g. until a crashed pod's readiness probe fails
+    /// and the EndpointSlice says so. With it, tierlb's failed connects before detection and its failed trials
+    /// are counted against the phase's requests; without it the shares are the steady state after detection.
+    #[serde(default, deserialize_with = "opt_duration_s")]
+    pub duration: Option<f64>,
     /// Endpoint changes by IP.
     #[serde(default)]
     pub set: Vec<ScChange>,
+}
+
+fn opt_duration_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    health::duration_s(d).map(Some)
 }
 
 /// A phase's change to one endpoint: each field given replaces the endpoint's.
@@ -128,9 +173,9 @@ pub struct ScChange {
     /// New [`ScEndpoint::terminating`].
     #[serde(default)]
     pub terminating: Option<bool>,
-    /// New [`ScEndpoint::down`].
+    /// New [`ScEndpoint::crash`].
     #[serde(default)]
-    pub down: Option<bool>,
+    pub crash: Option<Crash>,
     /// New node hints.
     #[serde(default)]
     pub for_nodes: Option<Vec<String>>,
@@ -145,7 +190,8 @@ pub struct ScChange {
 pub enum ProxyModel {
     /// kube-proxy 1.35 (the plan module): hints with the all-endpoints rule; no knowledge of crashed pods.
     KubeProxy,
-    /// The same rules, plus the data path's instant fallback past backends marked down.
+    /// The same rules, with the data path's fallback through the tiers when passive health holds a crashed
+    /// backend down (after K failed connects from the node, see `health`).
     Tierlb,
     /// Reads only forZones (Cilium before 1.20, other kube-proxy replacements).
     ZoneOnly,
@@ -154,6 +200,19 @@ pub enum ProxyModel {
     NodeName,
     /// Uses node and zone hints without the all-endpoints rule (Calico's trafficDistribution path).
     NoSafeguard,
+}
+
+impl ProxyModel {
+    /// Its name in tables and charts (as its JSON value).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::KubeProxy => "kube-proxy",
+            Self::Tierlb => "tierlb",
+            Self::ZoneOnly => "zone-only",
+            Self::NodeName => "node-name",
+            Self::NoSafeguard => "no-safeguard",
+        }
+    }
 }
 
 /// Every model, in the order results list them.
@@ -170,6 +229,8 @@ pub const MODELS: [ProxyModel; 5] = [
 pub struct ModelResult {
     /// The proxy model.
     pub model: ProxyModel,
+    /// Its name with what the claim depends on (tierlb: K).
+    pub label: String,
     /// Share of all requests per endpoint IP.
     pub shares: BTreeMap<String, f64>,
     /// Share of all requests that reach an endpoint on another node than the client's.
@@ -178,8 +239,11 @@ pub struct ModelResult {
     pub cross_zone: f64,
     /// Requests that fail at once (refused).
     pub failed: f64,
-    /// Requests that hang until the client's timeout (dropped, or sent to a dead pod).
+    /// Requests that hang until the client's timeout (dropped, or sent to a dead node).
     pub hang: f64,
+    /// tierlb: what passive health cost on each client node, per crashed endpoint it sent to.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub detections: Vec<Detection>,
 }
 
 /// Every model's result for one phase.
@@ -187,6 +251,10 @@ pub struct ModelResult {
 pub struct PhaseResult {
     /// "initial", or the phase's name.
     pub phase: String,
+    /// The phase's duration in seconds, if it has one.
+    pub duration_s: Option<f64>,
+    /// The requests the phase sends (`requestsPerSecond` times the duration), if it has a duration.
+    pub requests: Option<f64>,
     /// One result per model, in the order of `MODELS`.
     pub models: Vec<ModelResult>,
 }
@@ -198,6 +266,10 @@ pub struct StudyResult {
     pub scenario: String,
     /// The scenario's description.
     pub description: String,
+    /// Requests per second from all clients.
+    pub requests_per_second: f64,
+    /// tierlb's passive health settings the study assumed.
+    pub health: HealthParams,
     /// The initial state, then each phase in order.
     pub phases: Vec<PhaseResult>,
 }
@@ -271,9 +343,17 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     m
 }
 
-/// Which endpoints a proxy model sends a client on `node` to (empty: none; `hang` says whether the
-/// request then hangs rather than failing fast).
-fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Vec<IpAddr>, bool) {
+/// How a proxy model routes a client on a node.
+enum Route {
+    /// Uniformly to these endpoints, whatever their health (empty: none; `hang_if_empty` says whether the
+    /// request then hangs rather than failing fast).
+    Set { ips: Vec<IpAddr>, hang_if_empty: bool },
+    /// tierlb: through the data path's tiers (node, zone, cluster), with passive health (`health::simulate`).
+    Tiers([Vec<IpAddr>; 3]),
+}
+
+/// How a proxy model routes a client on `node`.
+fn choose(model: ProxyModel, m: &Model, node: &NodeInfo) -> Route {
     let svc = m.services.values().next().expect("one Service");
     let port = &svc.ports[0];
     let p = plan::port_plan(m, svc, port, Family::V4, node);
@@ -291,23 +371,20 @@ fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Ve
     let hang_if_dropped = p.internal.when_empty == Some(plan::WhenEmpty::Drop);
     // Under a Local policy every proxy modelled here uses kube-proxy's local set (ready, else serving and
     // terminating local endpoints) and drops when it is empty; only tierlb fails fast instead.
+    let set = |ips: Vec<IpAddr>, hang_if_empty: bool| Route::Set { ips, hang_if_empty };
     if svc.internal_policy == Policy::Local && model != ProxyModel::Tierlb {
-        return (p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped);
+        return set(p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped);
     }
     match model {
         ProxyModel::KubeProxy => {
-            (p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped)
+            set(p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped)
         }
         ProxyModel::Tierlb => {
-            // The data path's rule: the first tier with a backend not marked down, uniform among its live ones.
-            let tiers = p.internal.tiers.as_array();
-            let live = |a: &std::net::SocketAddr| !down.contains(&a.ip());
-            let first_live = lb_common::first_live_tier(tiers, live)
-                .map(|t| tiers[t].iter().filter(|a| live(a)).map(std::net::SocketAddr::ip).collect())
-                .unwrap_or_default();
-            (first_live, false)
+            let ips = |t: &[std::net::SocketAddr]| t.iter().map(std::net::SocketAddr::ip).collect();
+            let [node, zone, cluster] = p.internal.tiers.as_array();
+            Route::Tiers([ips(node), ips(zone), ips(cluster)])
         }
-        ProxyModel::ZoneOnly => (
+        ProxyModel::ZoneOnly => set(
             if svc.internal_policy == Policy::Local {
                 ips(eps.iter().filter(|e| e.local && e.endpoint.is_ready()).collect())
             } else {
@@ -318,11 +395,11 @@ fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Ve
         ProxyModel::NodeName => {
             let local: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(|e| e.local).collect();
             let prefer_node = svc.traffic_distribution.as_deref() == Some(hints::PREFER_SAME_NODE);
-            if prefer_node && !local.is_empty() { (ips(local), false) } else { (zone_only(), false) }
+            if prefer_node && !local.is_empty() { set(ips(local), false) } else { set(zone_only(), false) }
         }
         ProxyModel::NoSafeguard => {
             if svc.internal_policy == Policy::Local {
-                return (
+                return set(
                     ips(eps.iter().filter(|e| e.local && e.endpoint.is_ready()).collect()),
                     hang_if_dropped,
                 );
@@ -330,14 +407,14 @@ fn choose(model: ProxyModel, m: &Model, node: &NodeInfo, down: &[IpAddr]) -> (Ve
             let for_node: Vec<&plan::PortEndpoint> =
                 ready.iter().copied().filter(|e| e.endpoint.node_hints().contains(&node.name)).collect();
             let for_zone: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(in_zone).collect();
-            let set = if !for_node.is_empty() {
+            let chosen = if !for_node.is_empty() {
                 for_node
             } else if !for_zone.is_empty() {
                 for_zone
             } else {
                 ready.clone()
             };
-            (ips(set), false)
+            set(ips(chosen), false)
         }
     }
 }
@@ -351,8 +428,8 @@ fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
             if let Some(v) = c.terminating {
                 e.terminating = v;
             }
-            if let Some(v) = c.down {
-                e.down = v;
+            if let Some(v) = c.crash {
+                e.crash = v;
             }
             if c.for_nodes.is_some() {
                 e.for_nodes.clone_from(&c.for_nodes);
@@ -364,11 +441,28 @@ fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
     }
 }
 
-/// Study one set of endpoints under every model.
-pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint]) -> Vec<ModelResult> {
+/// One node's flow under a model that sends uniformly to `ips` (crashed endpoints lose their requests).
+fn set_flow(ips: &[IpAddr], hang_if_empty: bool, crashed: &BTreeMap<IpAddr, Crash>) -> health::Flow {
+    let mut f = health::Flow::default();
+    if ips.is_empty() {
+        if hang_if_empty {
+            f.hang = 1.0;
+        } else {
+            f.failed = 1.0;
+        }
+    }
+    for ip in ips {
+        f.send(*ip, crashed.get(ip).copied().unwrap_or_default(), 1.0 / ips.len() as f64);
+    }
+    f
+}
+
+/// Study one set of endpoints under every model; `duration` is the phase's, in seconds.
+pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint], duration: Option<f64>) -> Vec<ModelResult> {
     let m = model_of(sc, eps);
     let total: f64 = sc.nodes.iter().map(|n| n.clients).sum();
-    let down: Vec<IpAddr> = eps.iter().filter(|e| e.down).map(|e| e.ip).collect();
+    let crashed: BTreeMap<IpAddr, Crash> =
+        eps.iter().filter(|e| e.crash.crashed()).map(|e| (e.ip, e.crash)).collect();
     let node_of = |ip: &IpAddr| eps.iter().find(|e| e.ip == *ip).map(|e| e.node.clone()).unwrap_or_default();
     let zone_of = |node: &str| sc.nodes.iter().find(|n| n.name == node).and_then(|n| n.zone.clone());
     MODELS
@@ -376,37 +470,35 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint]) -> Vec<ModelResult> {
         .map(|&model| {
             let mut r = ModelResult {
                 model,
-                shares: BTreeMap::new(),
+                label: if model == ProxyModel::Tierlb { sc.health.label() } else { model.name().to_owned() },
+                shares: eps.iter().map(|e| (e.ip.to_string(), 0.0)).collect(),
                 cross_node: 0.0,
                 cross_zone: 0.0,
                 failed: 0.0,
                 hang: 0.0,
+                detections: Vec::new(),
             };
-            for e in eps {
-                r.shares.insert(e.ip.to_string(), 0.0);
-            }
             for n in &sc.nodes {
                 let w = if total > 0.0 { n.clients / total } else { 0.0 };
                 let info = NodeInfo::new(n.name.clone(), n.zone.clone());
-                let (set, hangs) = choose(model, &m, &info, &down);
-                if set.is_empty() {
-                    if hangs {
-                        r.hang += w;
-                    } else {
-                        r.failed += w;
-                    }
-                    continue;
-                }
-                let each = w / set.len() as f64;
-                for ip in &set {
-                    if down.contains(ip) {
-                        // A crashed pod: the connect is refused by the node, or hangs if the node is gone;
-                        // counted as failed.
-                        r.failed += each;
-                        continue;
-                    }
+                let flow = match choose(model, &m, &info) {
+                    Route::Set { ips, hang_if_empty } => set_flow(&ips, hang_if_empty, &crashed),
+                    Route::Tiers(tiers) => health::simulate(
+                        &n.name,
+                        &tiers,
+                        &crashed,
+                        &sc.health,
+                        sc.requests_per_second * w,
+                        duration,
+                    ),
+                };
+                r.failed += w * flow.failed;
+                r.hang += w * flow.hang;
+                r.detections.extend(flow.detections);
+                for (ip, f) in flow.ok {
+                    let each = w * f;
                     *r.shares.entry(ip.to_string()).or_default() += each;
-                    let en = node_of(ip);
+                    let en = node_of(&ip);
                     if en != n.name {
                         r.cross_node += each;
                     }
@@ -424,14 +516,25 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint]) -> Vec<ModelResult> {
 
 /// Study the initial state, then each phase applied on top of the previous ones.
 pub fn run(sc: &Scenario) -> StudyResult {
-    let mut phases = Vec::new();
+    let result = |phase: String, duration: Option<f64>, eps: &[ScEndpoint]| PhaseResult {
+        phase,
+        duration_s: duration,
+        requests: duration.map(|d| d * sc.requests_per_second),
+        models: study_phase(sc, eps, duration),
+    };
     let mut eps = sc.endpoints.clone();
-    phases.push(PhaseResult { phase: "initial".into(), models: study_phase(sc, &eps) });
+    let mut phases = vec![result("initial".into(), None, &eps)];
     for p in &sc.phases {
         apply_phase(&mut eps, p);
-        phases.push(PhaseResult { phase: p.name.clone(), models: study_phase(sc, &eps) });
+        phases.push(result(p.name.clone(), p.duration, &eps));
     }
-    StudyResult { scenario: sc.name.clone(), description: sc.description.clone(), phases }
+    StudyResult {
+        scenario: sc.name.clone(),
+        description: sc.description.clone(),
+        requests_per_second: sc.requests_per_second,
+        health: sc.health,
+        phases,
+    }
 }
 
 /// Read a scenario file; an error names the file and the field.
@@ -440,41 +543,4 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<Scenario> {
     let de = serde_yaml::Deserializer::from_str(&text);
     serde_path_to_error::deserialize(de)
         .map_err(|e| anyhow::anyhow!("{}: field {}: {}", path.display(), e.path(), e.inner()))
-}
-
-fn pct(v: f64) -> String {
-    format!("{:.0}%", v * 100.0)
-}
-
-/// The human-readable form: per phase, one row per model.
-pub fn table(r: &StudyResult) -> String {
-    let mut out = format!("scenario {}: {}\n", r.scenario, r.description);
-    for p in &r.phases {
-        let _ = writeln!(out, "\n  phase {}", p.phase);
-        let ips: Vec<&String> = p.models[0].shares.keys().collect();
-        let _ = write!(out, "  {:<13}", "MODEL");
-        for ip in &ips {
-            let _ = write!(out, " {ip:>12}");
-        }
-        let _ = writeln!(out, " {:>10} {:>10} {:>7} {:>6}", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG");
-        for m in &p.models {
-            let name = serde_json::to_value(m.model)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
-            let _ = write!(out, "  {name:<13}");
-            for ip in &ips {
-                let _ = write!(out, " {:>12}", pct(m.shares[*ip]));
-            }
-            let _ = writeln!(
-                out,
-                " {:>10} {:>10} {:>7} {:>6}",
-                pct(m.cross_node),
-                pct(m.cross_zone),
-                pct(m.failed),
-                pct(m.hang)
-            );
-        }
-    }
-    out
 }

@@ -57,9 +57,9 @@ fn the_models_differ_where_the_study_says() {
     assert!((kp.shares["10.244.1.21"] - 0.65).abs() < 1e-9 && (kp.shares["10.244.3.21"] - 0.35).abs() < 1e-9);
     // Zone-only proxies ignore forNodes: 50/50.
     assert!((get(&story, 0, ProxyModel::ZoneOnly).shares["10.244.1.21"] - 0.5).abs() < 1e-9);
-    // A crashed pod the control plane has not noticed: kube-proxy keeps sending node-1's clients to it.
+    // A crashed pod the control plane has not noticed: kube-proxy keeps sending node-1's clients to it, and
+    // node-2's half the time (tierlb's share is in the passive health tests below).
     assert!((get(&story, 1, ProxyModel::KubeProxy).failed - 0.65).abs() < 1e-9);
-    assert_eq!(get(&story, 1, ProxyModel::Tierlb).failed, 0.0);
 
     let roll = run("local-policy-roll");
     let last = roll.phases.len() - 1;
@@ -77,6 +77,127 @@ fn the_models_differ_where_the_study_says() {
 
     let lag = run("hints-lag");
     assert!(get(&lag, 0, ProxyModel::KubeProxy).cross_node > get(&lag, 1, ProxyModel::KubeProxy).cross_node);
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+/// (node, failed before the hold, held at, failed trials) of tierlb's detections.
+fn detections(m: &study::ModelResult) -> Vec<(&str, f64, Option<f64>, u32)> {
+    m.detections
+        .iter()
+        .map(|d| (d.node.as_str(), d.failed_before_hold, d.held_at_s, d.failed_trials))
+        .collect()
+}
+
+fn same_detections(got: &[(&str, f64, Option<f64>, u32)], want: &[(&str, f64, f64, u32)]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| g.0 == w.0 && close(g.1, w.1) && g.2.is_some_and(|t| close(t, w.2)) && g.3 == w.3)
+}
+
+#[test]
+fn a_crashed_process_costs_tierlb_k_refused_connects_per_client_node_and_a_failed_trial_per_hold() {
+    // story: 100 requests/s for 30 s (3000), node-1 50/s, node-2 30/s, node-3 20/s; K=3, holds 5 s, 10 s, 20 s.
+    // node-1 sends all to its own pod (node tier): refused at 0, 0.02, 0.04 -> the 3rd at 0.06 s holds it;
+    // trials when holds end: 5.06 + 0.02 = 5.08 s, then 15.08 + 0.02 = 15.10 s; the next hold ends at 35.10.
+    // node-2 has no topology (cluster set, 15/s to each pod): 3rd refused at 0.2 s; trials at 5.2 + 1/15 and
+    // 15.27 + 1/15 s. node-3 never sends to node-1's pod. Lost: 2 x (3 + 2) = 10 of 3000.
+    let story = run("story");
+    let t = get(&story, 1, ProxyModel::Tierlb);
+    assert_eq!(t.label, "tierlb (passive health, K=3)");
+    assert!(close(t.failed, 10.0 / 3000.0) && t.hang == 0.0, "{t:?}");
+    assert!(close(t.shares["10.244.3.21"], 2990.0 / 3000.0), "{t:?}");
+    // Off-node: node-1's 1500 - 5 and node-2's 900 - 5, all to node-3's pod.
+    assert!(close(t.cross_node, 2390.0 / 3000.0), "{t:?}");
+    let d = detections(t);
+    assert!(same_detections(&d, &[("node-1", 3.0, 0.06, 2), ("node-2", 3.0, 0.2, 2)]), "{d:?}");
+    assert_eq!(story.phases[1].requests, Some(3000.0));
+    let text = study::table(&story);
+    assert!(
+        text.contains("K=3") && text.contains("0.3%") && text.contains("node-2: 3 connects failed"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_lost_node_hangs_the_connects_sent_until_the_syn_timeout_reports_the_kth() {
+    // node-lost: 60 requests/s for 40 s (2400), node-1 and node-2 30/s each, 10/s to each of three pods.
+    // The 3rd connect to node-3's pod leaves at 0.3 s and is reported at 1.3 s: 13 connects hung meanwhile.
+    // Holds 5, 10, 20 s, each trial 0.1 s after the hold ends and reported 1 s later: trials at 6.4, 17.5 and
+    // 38.6 s (the next hold starts at 39.6). Hung: 2 x (13 + 3) = 32 of 2400.
+    let lost = run("node-lost");
+    let t = get(&lost, 1, ProxyModel::Tierlb);
+    assert!(close(t.hang, 32.0 / 2400.0) && t.failed == 0.0, "{t:?}");
+    assert!(close(t.shares["10.244.1.7"], (2400.0 - 32.0) / 2.0 / 2400.0), "{t:?}");
+    let d = detections(t);
+    assert!(same_detections(&d, &[("node-1", 13.0, 1.3, 3), ("node-2", 13.0, 1.3, 3)]), "{d:?}");
+    // Everybody else keeps sending a third of the requests into the void until the node is NotReady.
+    for m in [ProxyModel::KubeProxy, ProxyModel::ZoneOnly, ProxyModel::NodeName, ProxyModel::NoSafeguard] {
+        let r = get(&lost, 1, m);
+        assert!(close(r.hang, 1.0 / 3.0) && r.failed == 0.0, "{m:?}: {r:?}");
+    }
+}
+
+#[test]
+fn without_a_duration_the_shares_are_after_detection_and_the_cost_is_reported_apart() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/study/story.yaml");
+    let mut sc = study::load(&path).unwrap();
+    sc.phases[0].duration = None;
+    let r = study::run(&sc);
+    let t = get(&r, 1, ProxyModel::Tierlb);
+    assert!(t.failed == 0.0 && close(t.shares["10.244.3.21"], 1.0), "{t:?}");
+    let d = detections(t);
+    assert!(same_detections(&d, &[("node-1", 3.0, 0.06, 0), ("node-2", 3.0, 0.2, 0)]), "{d:?}");
+    assert_eq!(r.phases[1].requests, None);
+    assert!(study::table(&r).contains("the phase has no duration"));
+}
+
+#[test]
+fn holds_stop_doubling_at_the_max_hold() {
+    // story with holds capped at 5 s: node-1's trials at 5.08, 10.10, 15.12, 20.14, 25.16 s (each 0.02 s after
+    // the hold ends); node-2's at 5.2 + 1/15 and then every 5 + 1/15 s: 25.53 s is its 5th. Lost 2 x (3 + 5).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/study/story.yaml");
+    let text = std::fs::read_to_string(path).unwrap() + "health: {hold: 5s, maxHold: 5s}\n";
+    let r = study::run(&serde_yaml::from_str(&text).unwrap());
+    assert_eq!((r.health.failures, r.health.hold_s, r.health.max_hold_s), (3, 5.0, 5.0));
+    let t = get(&r, 1, ProxyModel::Tierlb);
+    let d = detections(t);
+    assert!(same_detections(&d, &[("node-1", 3.0, 0.06, 5), ("node-2", 3.0, 0.2, 5)]), "{d:?}");
+    assert!(close(t.failed, 16.0 / 3000.0), "{t:?}");
+}
+
+#[test]
+fn with_passive_health_off_tierlb_loses_what_kube_proxy_loses() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/study/story.yaml");
+    let mut sc = study::load(&path).unwrap();
+    sc.health.failures = 0;
+    let r = study::run(&sc);
+    let t = get(&r, 1, ProxyModel::Tierlb);
+    assert_eq!(t.label, "tierlb (passive health off)");
+    // node-1's half to its dead pod, node-2's 30% split over both pods.
+    assert!(close(t.failed, 0.65) && t.detections.is_empty(), "{t:?}");
+}
+
+#[test]
+fn under_a_local_policy_the_panic_threshold_keeps_sending_to_the_held_local_pod() {
+    // Local policy: node-1's only tier is its own pod. Once held, every backend of every tier is held, so the
+    // connects go to it anyway (and fail): passive health cannot save node-1's clients, and tierlb says so.
+    // 20 requests/s (10/s per node) for 10 s: held at 0.3 s, trial at 5.3 + 0.1 s, next hold ends at 15.4 s.
+    let yaml = "name: local\nnodes: [{name: n1, clients: 1}, {name: n2, clients: 1}]\n\
+        service: {internalTrafficPolicy: Local}\n\
+        endpoints: [{ip: 10.0.1.1, node: n1}, {ip: 10.0.2.1, node: n2}]\nrequestsPerSecond: 20\n\
+        phases: [{name: crash, duration: 10s, set: [{ip: 10.0.1.1, crash: process}]}]\n";
+    let sc: study::Scenario = serde_yaml::from_str(yaml).unwrap();
+    let r = study::run(&sc);
+    let t = get(&r, 1, ProxyModel::Tierlb);
+    assert!(close(t.failed, 0.5) && close(t.shares["10.0.2.1"], 0.5), "{t:?}");
+    let d = detections(t);
+    assert!(same_detections(&d, &[("n1", 3.0, 0.3, 1)]), "{d:?}");
+    assert!(close(get(&r, 1, ProxyModel::KubeProxy).failed, 0.5));
 }
 
 /// Build the scenario's cluster for real (one agent per node, one pod per endpoint), send each node's share

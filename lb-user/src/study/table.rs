@@ -1,0 +1,89 @@
+//! `tierlb study`'s table: per phase one row per model, then what passive health cost tierlb on each node.
+use std::fmt::Write as _;
+
+use super::{Crash, ModelResult, PhaseResult, StudyResult};
+
+/// A share as the table prints it: whole percents, with one decimal below 1% so that a few lost requests
+/// do not read as none.
+fn pct(v: f64) -> String {
+    if v > 0.0 && v < 0.01 { format!("{:.1}%", v * 100.0) } else { format!("{:.0}%", v * 100.0) }
+}
+
+/// A number of requests from the fluid model: whole when it is, else one decimal.
+fn count(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-6 { format!("{v:.0}") } else { format!("{v:.1}") }
+}
+
+/// What tierlb's passive health cost in a phase, one line per (client node, crashed endpoint).
+fn detections_text(out: &mut String, p: &PhaseResult, m: &ModelResult) {
+    let mut crashed: Vec<(&str, Crash)> =
+        m.detections.iter().map(|d| (d.backend.as_str(), d.crash)).collect();
+    crashed.dedup();
+    for (ip, crash) in crashed {
+        let _ = writeln!(out, "  {}: {ip} {}", m.label, crash.describe());
+        for d in m.detections.iter().filter(|d| d.backend == ip) {
+            let lost = if crash.hangs() { "hung" } else { "failed" };
+            let held = d.held_at_s.map_or_else(
+                || "not held within the phase".to_owned(),
+                |t| format!("held down at {t:.2} s (its connects fall back from then on)"),
+            );
+            let _ = write!(out, "    {}: {} connects {lost}, {held}", d.node, count(d.failed_before_hold));
+            match p.duration_s {
+                Some(s) => {
+                    let _ = writeln!(
+                        out,
+                        ", {} failed trial{} as holds ended in {s:.0} s",
+                        d.failed_trials,
+                        if d.failed_trials == 1 { "" } else { "s" },
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, " (the phase has no duration: the row above is after detection)");
+                }
+            }
+        }
+    }
+}
+
+/// The human-readable form: per phase, one row per model, and what passive health cost tierlb.
+pub fn table(r: &StudyResult) -> String {
+    let mut out = format!("scenario {}: {}\n", r.scenario, r.description);
+    let _ = writeln!(
+        out,
+        "tierlb's passive health (per node): K={} failed connects in a row hold a backend down for {:.0} s \
+         (doubling to {:.0} s); {:.0} requests/s from all clients",
+        r.health.failures, r.health.hold_s, r.health.max_hold_s, r.requests_per_second
+    );
+    let width = r.phases.iter().flat_map(|p| p.models.iter().map(|m| m.label.len())).max().unwrap_or(5);
+    for p in &r.phases {
+        let _ = write!(out, "\n  phase {}", p.phase);
+        if let (Some(d), Some(n)) = (p.duration_s, p.requests) {
+            let _ = write!(out, " ({d:.0} s, {} requests)", count(n));
+        }
+        out.push('\n');
+        let ips: Vec<&String> = p.models[0].shares.keys().collect();
+        let _ = write!(out, "  {:<width$}", "MODEL");
+        for ip in &ips {
+            let _ = write!(out, " {ip:>12}");
+        }
+        let _ = writeln!(out, " {:>10} {:>10} {:>7} {:>6}", "CROSS-NODE", "CROSS-ZONE", "FAILED", "HANG");
+        for m in &p.models {
+            let _ = write!(out, "  {:<width$}", m.label);
+            for ip in &ips {
+                let _ = write!(out, " {:>12}", pct(m.shares[*ip]));
+            }
+            let _ = writeln!(
+                out,
+                " {:>10} {:>10} {:>7} {:>6}",
+                pct(m.cross_node),
+                pct(m.cross_zone),
+                pct(m.failed),
+                pct(m.hang)
+            );
+        }
+        for m in p.models.iter().filter(|m| !m.detections.is_empty()) {
+            detections_text(&mut out, p, m);
+        }
+    }
+    out
+}
