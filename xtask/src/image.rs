@@ -14,7 +14,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use flate2::Compression;
 
-use crate::util::{self, output};
+use crate::{
+    setup,
+    util::{self, output},
+};
 
 /// Where the binary is in the image; the DaemonSet gives only `args`, so this is what runs.
 const ENTRYPOINT: &str = "/usr/bin/tierlb";
@@ -102,6 +105,8 @@ impl Meta {
 }
 
 pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
+    // The build needs bpf-linker, rust-src and LLVM (the BPF object is in the binary); nothing else is used.
+    setup::run(&setup::Options::default())?;
     let binary = build_tierlb(o.debug)?;
     let meta = Meta::from_git();
     if meta.dirty {

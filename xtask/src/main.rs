@@ -31,8 +31,8 @@ enum Command {
     Test(test::Options),
     /// The long chaos run: the agent SIGKILLed at random during 1,000 manifest edits while clients connect.
     Chaos(chaos::Options),
-    /// Build the agent's container image (release, FROM scratch) as an OCI archive under target/image/, then
-    /// unpack it and run its entrypoint in a chroot.
+    /// Setup, then build the agent's container image (release, FROM scratch) as an OCI archive under
+    /// target/image/, then unpack it and run its entrypoint in a chroot.
     Image(image::Options),
     /// Setup, build, and run the three-node demo in a private network namespace.
     Demo(demo::Options),
