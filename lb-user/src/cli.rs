@@ -16,7 +16,8 @@ use crate::{
 #[derive(Parser, Debug)]
 #[command(
     name = "tierlb",
-    version,
+    // The commit comes from build.rs ("unknown" for a build outside git); the image's tags name both.
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TIERLB_GIT_COMMIT"), ")"),
     about = "Topology-aware eBPF socket load balancer for Kubernetes Services",
     long_about = None
 )]

@@ -18,5 +18,5 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<PathBuf> {
         cmd.arg("--release");
     }
     util::run(&mut cmd)?;
-    Ok(util::root().join("target").join(if o.debug { "debug" } else { "release" }))
+    Ok(util::target_dir().join(if o.debug { "debug" } else { "release" }))
 }

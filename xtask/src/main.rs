@@ -1,4 +1,4 @@
-//! Repository tooling: `cargo xtask setup | build | test | chaos | demo | bench | fuzz`, one module per
+//! Repository tooling: `cargo xtask setup | build | test | chaos | image | demo | bench | fuzz`, one module per
 //! subcommand (an
 //! `Options` struct and a `run` function each), plus `util` for running commands with the BPF build's
 //! environment.
@@ -7,6 +7,7 @@ mod build;
 mod chaos;
 mod demo;
 mod fuzz;
+mod image;
 mod setup;
 mod test;
 mod util;
@@ -30,6 +31,9 @@ enum Command {
     Test(test::Options),
     /// The long chaos run: the agent SIGKILLed at random during 1,000 manifest edits while clients connect.
     Chaos(chaos::Options),
+    /// Setup, then build the agent's container image (release, FROM scratch) as an OCI archive under
+    /// target/image/, then unpack it and run its entrypoint in a chroot.
+    Image(image::Options),
     /// Setup, build, and run the three-node demo in a private network namespace.
     Demo(demo::Options),
     /// Setup, build, and benchmark connect() through tierlb, iptables and nftables (see BENCHMARKS.md).
@@ -44,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         Command::Build(o) => build::run(&o).map(|_| ()),
         Command::Test(o) => test::run(&o),
         Command::Chaos(o) => chaos::run(&o),
+        Command::Image(o) => image::run(&o),
         Command::Demo(o) => demo::run(&o),
         Command::Bench(o) => bench::run(&o),
         Command::Fuzz(o) => setup::run(&setup::Options::default()).and_then(|()| fuzz::run(&o)),

@@ -1,7 +1,7 @@
 //! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target),
-//! a short run of each fuzz target, then every test (unit, semantics, in-kernel) under nextest, whose summary
+//! a short run of each fuzz target, the container image's check, then every test (unit, semantics, in-kernel) under nextest, whose summary
 //! line ends the output.
-use crate::{fuzz, setup, util};
+use crate::{fuzz, image, setup, util};
 
 /// Seconds per fuzz target in `cargo xtask test` (`cargo xtask fuzz` runs them longer).
 const FUZZ_SECONDS: u64 = 15;
@@ -14,6 +14,9 @@ pub(crate) struct Options {
     /// Skip the short fuzz runs.
     #[arg(long)]
     pub no_fuzz: bool,
+    /// Skip the container image's check.
+    #[arg(long)]
+    pub no_image: bool,
     /// Extra arguments for `cargo nextest run` (e.g. a test name filter).
     #[arg(last = true)]
     pub nextest_args: Vec<String>,
@@ -52,5 +55,10 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     // The in-kernel tests of lb-user run the lab's client binary, which cargo builds only for lb-lab's own
     // tests: build every binary first (debug, as nextest does).
     util::run(util::cargo().args(["build", "--bins"]))?;
+    // The container image's check on the debug binary just built (a few seconds; the release image's layout
+    // is the same code): unpacked, its entrypoint run in a chroot.
+    if !o.no_image {
+        image::check_debug()?;
+    }
     util::run(util::cargo().args(["nextest", "run", "--no-fail-fast"]).args(&o.nextest_args))
 }

@@ -11,6 +11,11 @@ pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace").to_owned()
 }
 
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace root) or `target/`.
+pub(crate) fn target_dir() -> PathBuf {
+    root().join(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()))
+}
+
 /// A cargo command at the workspace root with what the BPF build needs: `RUSTC_BOOTSTRAP=1` lets the stable
 /// toolchain use `-Z build-std=core` (no nightly can be installed here), see ../shared/TOOLCHAIN.md.
 pub(crate) fn cargo() -> Command {
