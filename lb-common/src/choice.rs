@@ -60,6 +60,22 @@ pub fn first_live_tier<B>(tiers: [&[B]; TIER_COUNT], mut live: impl FnMut(&B) ->
     tiers.iter().position(|tier| tier.iter().any(&mut live))
 }
 
+/// The first tier holding any slot, in the data path's order (node, zone, cluster); `None` if all are empty.
+/// Where `choose` draws first, and where the panic threshold of passive health draws from.
+#[inline(always)]
+#[must_use]
+pub fn first_nonempty_tier(fe: &FrontendValue) -> Option<usize> {
+    if fe.tiers[TIER_NODE].len != 0 {
+        Some(TIER_NODE)
+    } else if fe.tiers[TIER_ZONE].len != 0 {
+        Some(TIER_ZONE)
+    } else if fe.tiers[TIER_CLUSTER].len != 0 {
+        Some(TIER_CLUSTER)
+    } else {
+        None
+    }
+}
+
 /// The tier choice the data path makes on every connect, written once for BPF and host tests.
 ///
 /// The tier is the one `first_live_tier` names (node, zone, cluster: the first holding a live backend; the
@@ -77,16 +93,8 @@ pub fn choose<B: Copy + Default>(
     mut lookup: impl FnMut(u32) -> Slot<B>,
     mut random: impl FnMut() -> u32,
 ) -> Choice<B> {
-    let [node, zone, cluster] = fe.tiers;
-    let (first, first_tier) = if node.len != 0 {
-        (node, TIER_NODE)
-    } else if zone.len != 0 {
-        (zone, TIER_ZONE)
-    } else if cluster.len != 0 {
-        (cluster, TIER_CLUSTER)
-    } else {
-        return Choice::Empty;
-    };
+    let Some(first_tier) = first_nonempty_tier(fe) else { return Choice::Empty };
+    let first = fe.tiers[first_tier];
     match lookup(u32::from(first.start) + below(random(), u32::from(first.len))) {
         Slot::Live(backend) => {
             return Choice::Backend { tier: first_tier, backend };

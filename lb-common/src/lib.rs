@@ -485,7 +485,8 @@ pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
 mod choice;
 mod health;
 pub use choice::{
-    Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, keep_sticky, scan_tier,
+    Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
+    scan_tier,
 };
 pub use health::{HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict};
 

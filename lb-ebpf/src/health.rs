@@ -22,8 +22,8 @@ use aya_ebpf::{
 use lb_common::{
     Backend, Choice, FAMILY_V4, FAMILY_V6, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS,
     GLOBAL_HEALTH_RECOVERIES, GLOBAL_SVC_ID, HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health,
-    HealthConfig, HealthVerdict, PROTO_TCP, SOCK_HEALTH_REPORTED, SlotKey, SockState, TIER_CLUSTER,
-    TIER_NODE, TIER_ZONE, V4_MAPPED_WORD2, below,
+    HealthConfig, HealthVerdict, PROTO_TCP, SOCK_HEALTH_REPORTED, SlotKey, SockState, V4_MAPPED_WORD2, below,
+    first_nonempty_tier,
 };
 
 use crate::{
@@ -69,17 +69,8 @@ pub(crate) fn start_trial(backend: Backend, now_ns: u64) {
 /// locals stay off the connect programs' stack, which the verifier bounds over a call chain.
 #[inline(never)]
 pub(crate) fn panic_choice(fe: &FrontendValue) -> Choice<Backend> {
-    let tier = if fe.tiers[TIER_NODE].len != 0 {
-        TIER_NODE
-    } else if fe.tiers[TIER_ZONE].len != 0 {
-        TIER_ZONE
-    } else {
-        TIER_CLUSTER
-    };
+    let Some(tier) = first_nonempty_tier(fe) else { return Choice::Empty };
     let range = fe.tiers[tier];
-    if range.len == 0 {
-        return Choice::Empty;
-    }
     // SAFETY: helper without preconditions.
     let index = u32::from(range.start) + below(unsafe { bpf_get_prandom_u32() }, u32::from(range.len));
     let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
@@ -199,6 +190,16 @@ fn translated(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<(&'static mut So
 fn sock_ops(ctx: SockOpsContext) -> u32 {
     // SAFETY: the kernel passes a valid bpf_sock_ops for the program's whole run.
     let ops = unsafe { &*ctx.ops };
+    // Most callbacks (RTT, window, ECN, ...) are none of ours: leave before reading the settings.
+    if !matches!(
+        ops.op,
+        BPF_SOCK_OPS_TCP_CONNECT_CB
+            | BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+            | BPF_SOCK_OPS_RTO_CB
+            | BPF_SOCK_OPS_STATE_CB
+    ) {
+        return 1;
+    }
     let Some(cfg) = config() else { return 1 };
     match ops.op {
         // The SYN is about to leave: follow this connect's state changes and retransmission timeouts, if
@@ -206,12 +207,14 @@ fn sock_ops(ctx: SockOpsContext) -> u32 {
         BPF_SOCK_OPS_TCP_CONNECT_CB if translated(ops).is_some() => {
             let _ = ctx.set_cb_flags((BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG).cast_signed());
         }
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
-            if let Some((_, backend)) = translated(ops) {
+        // Established (this callback comes for every active open): a translated connect is one whose callbacks
+        // were asked for at TCP_CONNECT_CB, so the flags say so without a storage lookup.
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB if ops.bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG != 0 => {
+            if let Some(backend) = peer(ops) {
                 succeeded(backend);
-                // Established: no more callbacks for this socket.
-                let _ = ctx.set_cb_flags(0);
             }
+            // No more callbacks for this socket.
+            let _ = ctx.set_cb_flags(0);
         }
         // A retransmission timeout while the SYN is unanswered: a failure (once per connect).
         BPF_SOCK_OPS_RTO_CB if ops.state == BPF_TCP_SYN_SENT => report(ops, HEALTH_TIMEOUT, &cfg),

@@ -15,7 +15,7 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
     ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
-    GLOBAL_SVC_ID, HealthVerdict, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
+    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
 };
 
 use crate::{
@@ -188,11 +188,12 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
         }
         _ => return ALLOW, // not a Service VIP: leave it alone
     }
-    // Passive health, if on: backends it holds down are skipped like marked ones (`saw_held` remembers that
-    // one was), and a half-open one taken by this connect becomes the trial (`trial`: the last slot looked up,
-    // which is the one `choose` returns, was half-open). Flags, not backends, to keep the stack small (the
-    // verifier allows 512 bytes over a call chain).
-    let health = health::config().is_some();
+    // Passive health, if on, for TCP (the only protocol `sock_ops` learns about: UDP backends never have an
+    // entry, so their connects skip the lookup): backends it holds down are skipped like marked ones
+    // (`saw_held` remembers that one was), and a half-open one taken by this connect becomes the trial
+    // (`trial`: the last slot looked up, which is the one `choose` returns, was half-open). Flags, not
+    // backends, to keep the stack small (the verifier allows 512 bytes over a call chain).
+    let health = proto == PROTO_TCP && health::config().is_some();
     let mut saw_held = false;
     let mut trial = false;
     let lookup = |index| {
