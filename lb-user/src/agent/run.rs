@@ -239,8 +239,9 @@ struct Sweeper {
 }
 
 impl Sweeper {
-    /// After frontends changed (`changed`): delete expired backend marks and marks of backends that left
-    /// every Service. Otherwise, once the last sweep is `SWEEP_EVERY` old: expired marks only.
+    /// After frontends changed (`changed`): delete expired backend marks and marks and passive health of
+    /// backends that left every Service. Otherwise, once the last sweep is `SWEEP_EVERY` old: expired marks
+    /// and healthy entries only (and report new holds and recoveries).
     fn sweep(&mut self, core: &mut AgentCore<KernelMaps>, stats: &AgentStats, changed: bool) {
         if !changed && self.last.elapsed() < SWEEP_EVERY {
             return;
@@ -253,7 +254,7 @@ impl Sweeper {
             }
             Err(e) => tracing::warn!(error = %e, "cannot sweep the backend marks"),
         }
-        match core.sweep_health(&mut self.held) {
+        match core.sweep_health(&mut self.held, changed) {
             Ok(r) => log_health(&r),
             Err(e) => tracing::warn!(error = %e, "cannot sweep the passive health map"),
         }

@@ -283,21 +283,25 @@ impl<W: MapWriter> AgentCore<W> {
             .collect()
     }
 
-    /// Sweep the passive health map (`health::sweep`): entries of backends no applied frontend holds go.
+    /// Sweep the passive health map (`health::sweep`): healthy entries go and, with `departed`, entries of
+    /// backends no applied frontend holds (as for marks, only a sync that changed frontends can make one
+    /// depart, so the walk over every applied backend is paid only then, and only while entries exist).
     pub fn sweep_health(
         &mut self,
         last: &mut BTreeMap<lb_common::Backend, u64>,
+        departed: bool,
     ) -> Result<crate::datapath::health::HealthSweep, crate::datapath::MapError> {
         let entries = self.reconciler.writer().health()?;
         if entries.is_empty() && last.is_empty() {
             return Ok(crate::datapath::health::HealthSweep::default());
         }
-        // Only the backends the map holds are looked for (the walk over every applied backend is paid only
-        // while passive health has entries).
-        let wanted: BTreeSet<lb_common::Backend> =
-            entries.iter().map(|(b, _)| *b).chain(last.keys().copied()).collect();
-        let held = self.applied_among(&wanted);
-        crate::datapath::health::sweep(self.reconciler.writer_mut(), |b| held.contains(b), last)
+        let held = departed.then(|| {
+            let wanted: BTreeSet<lb_common::Backend> =
+                entries.iter().map(|(b, _)| *b).chain(last.keys().copied()).collect();
+            self.applied_among(&wanted)
+        });
+        let in_use = |b: &lb_common::Backend| held.as_ref().is_none_or(|h| h.contains(b));
+        crate::datapath::health::sweep(self.reconciler.writer_mut(), entries, in_use, last)
     }
 
     /// Services whose slices carry no hints and got the controller's.

@@ -204,13 +204,13 @@ fn passive_health_is_forgotten_when_its_backend_leaves_every_service_and_reporte
     a.reconciler_mut().writer_mut().put_health(held);
     a.reconciler_mut().writer_mut().put_health(failing);
     let mut last = BTreeMap::new();
-    let r = a.sweep_health(&mut last).unwrap();
+    let r = a.sweep_health(&mut last, true).unwrap();
     assert_eq!((r.held.len(), r.departed.len()), (1, 0), "{r:?}");
-    assert!(a.sweep_health(&mut last).unwrap().held.is_empty(), "one hold is reported once");
+    assert!(a.sweep_health(&mut last, true).unwrap().held.is_empty(), "one hold is reported once");
     // Both leave the Service: the EndpointSlice is the source of truth, their health goes.
     write_service(dir, &web, &eps(&["10.0.0.3"])).unwrap();
     a.sync(Instant::now()).unwrap();
-    let r = a.sweep_health(&mut last).unwrap();
+    let r = a.sweep_health(&mut last, true).unwrap();
     assert_eq!(r.departed, [be("10.0.0.1:8080"), be("10.0.0.2:8080")]);
     assert!(r.recovered.is_empty(), "a departed backend is not reported healthy");
     assert!(a.reconciler().writer().health().unwrap().is_empty());

@@ -120,6 +120,9 @@ impl MapReader for FakeMaps {
     fn health(&self) -> Result<Vec<(Backend, Health)>, MapError> {
         Ok(self.health.iter().map(|(k, v)| (*k, *v)).collect())
     }
+    fn backend_health(&self, backend: Backend) -> Result<Option<Health>, MapError> {
+        Ok(self.health.get(&backend).copied())
+    }
 }
 
 impl MapWriter for FakeMaps {

@@ -97,17 +97,18 @@ pub struct HealthSweep {
     pub departed: Vec<Backend>,
 }
 
-/// Sweep the health map: delete the entries of backends `in_use` says no Service holds and healthy ones, and
-/// report what changed since `last` (the holds seen at the previous sweep: backend -> hold start), which is
-/// updated.
+/// Sweep the health map, whose `entries` were just read: delete the entries of backends `in_use` says no
+/// Service holds and healthy ones, and report what changed since `last` (the holds seen at the previous
+/// sweep: backend -> hold start), which is updated.
 pub fn sweep(
     w: &mut impl MapWriter,
+    entries: Vec<(Backend, Health)>,
     in_use: impl Fn(&Backend) -> bool,
     last: &mut BTreeMap<Backend, u64>,
 ) -> Result<HealthSweep, MapError> {
     let mut out = HealthSweep::default();
     let mut now_held = BTreeMap::new();
-    for (backend, h) in w.health()? {
+    for (backend, h) in entries {
         if !in_use(&backend) {
             w.delete_health(backend)?;
             out.departed.push(backend);
@@ -120,7 +121,7 @@ pub fn sweep(
             now_held.insert(backend, h.held_since_ns);
         } else if h.failures == 0 {
             // Reset by a success. Read again just before: a failure since then keeps it.
-            if w.health()?.iter().any(|(b, x)| *b == backend && *x == h) {
+            if w.backend_health(backend)? == Some(h) {
                 w.delete_health(backend)?;
             }
         }
@@ -144,6 +145,15 @@ mod tests {
     fn entry(b: Backend, failures: u32, held: Option<(u64, u64)>) -> Health {
         let (since, until) = held.unwrap_or((0, 0));
         Health { backend: b, failures, held_since_ns: since, held_until_ns: until, ..Health::default() }
+    }
+
+    fn sweep_all(
+        w: &mut FakeMaps,
+        in_use: impl Fn(&Backend) -> bool,
+        last: &mut BTreeMap<Backend, u64>,
+    ) -> Result<HealthSweep, MapError> {
+        let entries = w.health()?;
+        sweep(w, entries, in_use, last)
     }
 
     #[test]
@@ -180,19 +190,19 @@ mod tests {
         w.put_health(entry(healthy, 0, None));
         w.put_health(entry(departed, 0, Some((100, 200))));
         let mut last = BTreeMap::new();
-        let r = sweep(&mut w, |b| *b != departed, &mut last).unwrap();
+        let r = sweep_all(&mut w, |b| *b != departed, &mut last).unwrap();
         assert_eq!(r.held, [(held, entry(held, 0, Some((100, 200))))]);
         assert_eq!((r.recovered, r.departed), (vec![], vec![departed]));
         let left: Vec<Backend> = w.health().unwrap().into_iter().map(|(b, _)| b).collect();
         assert_eq!(left, [held, failing], "healthy and departed entries are deleted");
         // The same hold is reported once; a success resets it: healthy again.
-        assert!(sweep(&mut w, |_| true, &mut last).unwrap().held.is_empty());
+        assert!(sweep_all(&mut w, |_| true, &mut last).unwrap().held.is_empty());
         w.put_health(entry(held, 0, None));
-        let r = sweep(&mut w, |_| true, &mut last).unwrap();
+        let r = sweep_all(&mut w, |_| true, &mut last).unwrap();
         assert_eq!(r.recovered, [held]);
         // A new hold of the same backend is reported again.
         w.put_health(entry(failing, 0, Some((300, 400))));
-        let r = sweep(&mut w, |_| true, &mut last).unwrap();
+        let r = sweep_all(&mut w, |_| true, &mut last).unwrap();
         assert_eq!(r.held.len(), 1);
     }
 }

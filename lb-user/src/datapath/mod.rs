@@ -119,6 +119,8 @@ pub trait MapReader {
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError>;
     /// Every passive-health entry the kernel keeps.
     fn health(&self) -> Result<Vec<(Backend, Health)>, MapError>;
+    /// One backend's passive-health entry, if it has one.
+    fn backend_health(&self, backend: Backend) -> Result<Option<Health>, MapError>;
 }
 
 /// Everything the agent (and `tierlb backend`) writes to the maps.

@@ -248,6 +248,9 @@ impl MapReader for KernelMaps {
         let all = self.health.iter().collect::<Result<Vec<_>, _>>();
         all.map_err(sys(MAP_HEALTH, "backends", self.caps.backends))
     }
+    fn backend_health(&self, backend: Backend) -> Result<Option<Health>, MapError> {
+        absent_ok(self.health.get(&backend, 0)).map_err(sys(MAP_HEALTH, "backends", self.caps.backends))
+    }
 }
 
 impl MapWriter for KernelMaps {
