@@ -176,10 +176,10 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = 3)]
     pub health_failures: u32,
     /// Passive health: the first hold (then doubled per hold without a success in between).
-    #[arg(long, default_value = "5s", value_parser = crate::datapath::marks::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = crate::datapath::health::parse_hold)]
     pub health_hold: std::time::Duration,
     /// Passive health: the longest hold.
-    #[arg(long, default_value = "2m", value_parser = crate::datapath::marks::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = crate::datapath::health::parse_hold)]
     pub health_max_hold: std::time::Duration,
 }
 

@@ -163,8 +163,8 @@ fn register_health(reg: &mut Registry, c: &Counts) {
     panics.inc_by(c[lb_common::GLOBAL_HEALTH_PANICS as usize]);
 }
 
-/// An entry count as a gauge's value; map capacities are u32, so it always fits.
-fn gauge(entries: usize) -> i64 {
+/// A count as a gauge's value (counts of map entries, Services, ports: far below `i64::MAX`).
+pub(crate) fn gauge(entries: usize) -> i64 {
     i64::try_from(entries).unwrap_or(i64::MAX)
 }
 

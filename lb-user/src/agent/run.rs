@@ -128,7 +128,7 @@ async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpLis
 /// After a sync (or a retry): health is fresh again and names what is not programmed, statistics counted.
 fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &AgentCore<KernelMaps>) {
     let unprogrammed = core.unprogrammed();
-    stats.services_unprogrammed.set(i64::try_from(unprogrammed.len()).unwrap_or(i64::MAX));
+    stats.services_unprogrammed.set(crate::metrics::gauge(unprogrammed.len()));
     let mut h = health.lock().expect("health lock");
     h.last_updated = Some(std::time::SystemTime::now());
     h.pending_since = None;

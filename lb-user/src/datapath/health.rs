@@ -40,6 +40,18 @@ impl HealthSettings {
     }
 }
 
+/// A passive-health hold as `--health-hold` and `--health-max-hold` give it (`marks::parse_span`); zero is
+/// refused (no hold is what `--health-failures 0` asks for).
+pub fn parse_hold(s: &str) -> Result<Duration, String> {
+    let d = super::marks::parse_span(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?}: a hold must last some time (to turn passive health off: --health-failures 0)"
+        ));
+    }
+    Ok(d)
+}
+
 /// Where a backend stands, as `status` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -168,6 +180,14 @@ mod tests {
         for (name, h, now, want) in cases {
             assert_eq!(state(&h, now), want, "{name}");
         }
+    }
+
+    #[test]
+    fn holds_parse_as_durations_without_the_limits_of_a_mark() {
+        assert_eq!(parse_hold("48h"), Ok(Duration::from_hours(48)), "a mark's 24 h limit is not a hold's");
+        let zero = parse_hold("0s").unwrap_err();
+        assert!(zero.contains("--health-failures 0"), "{zero}");
+        assert!(parse_hold("5").unwrap_err().contains("is not a duration"));
     }
 
     #[test]

@@ -26,9 +26,9 @@ pub fn boottime_ns() -> u64 {
     ts.tv_sec.cast_unsigned().saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec.cast_unsigned())
 }
 
-/// A mark's length as `--for` gives it: a number and a unit (`ms`, `s`, `m`, `h`), repeated (`1h30m`).
-/// Refused: zero, more than `MAX_MARK`, and anything else that is not such a duration.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+/// A duration as the CLI writes it: a number and a unit (`ms`, `s`, `m`, `h`), repeated (`1h30m`); anything
+/// else is refused. Zero is a duration here: what it means is the caller's to judge.
+pub fn parse_span(s: &str) -> Result<Duration, String> {
     let bad =
         || format!("{s:?} is not a duration: write a number and a unit (ms, s, m, h), as 90s, 10m or 1h30m");
     let mut total = Duration::ZERO;
@@ -51,6 +51,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         total = total.saturating_add(part);
         rest = &rest[unit_len..];
     }
+    Ok(total)
+}
+
+/// A mark's length as `--for` gives it (`parse_span`). Refused besides: zero and more than `MAX_MARK`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let total = parse_span(s)?;
     if total.is_zero() {
         return Err(format!(
             "{s:?}: a mark must last some time (to mark a backend up again: `tierlb backend up ADDR`)"

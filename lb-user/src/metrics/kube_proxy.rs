@@ -123,7 +123,7 @@ impl KubeProxyStats {
     pub fn no_local_endpoints(&self, f: IpFamily, traffic_policy: &str, count: usize) {
         let labels =
             vec![("traffic_policy".into(), traffic_policy.into()), ("ip_family".into(), f.as_str().into())];
-        self.no_local.get_or_create(&labels).set(i64::try_from(count).unwrap_or(i64::MAX));
+        self.no_local.get_or_create(&labels).set(super::gauge(count));
     }
 
     /// Register every family in `reg` (whose prefix is `kubeproxy`), with kube-proxy's help texts.
