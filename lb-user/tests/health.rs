@@ -188,3 +188,43 @@ fn when_every_backend_is_held_connects_still_go_to_one_the_panic_threshold() {
         "{t}"
     );
 }
+
+/// As `deploy/` runs the agent (`lb_testkit::deployed`: its capabilities, read-only root, pods in network
+/// namespaces of their own behind veth pairs): a pod's connects to a killed local pod are refused K times,
+/// then passive health holds it and they go to the other endpoint.
+#[test]
+fn as_deployed_a_killed_pod_is_held_after_k_refused_connects() {
+    use lb_testkit::{deployed::BoxedNode, sandbox::NamedServer};
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut boxed = BoxedNode::new("health-deployed", std::path::Path::new(common::TIERLB), &deploy).unwrap();
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let (mut servers, mut pods, mut eps) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, node) in [(1, "node-1"), (2, "node-2")] {
+        let ip: std::net::IpAddr = format!("10.244.{i}.41").parse().unwrap();
+        let ns = boxed.node.add_pod(&format!("web-{i}"), ip).unwrap();
+        servers.push(NamedServer::start(&lab, &ns, SocketAddr::new(ip, 8080), &format!("web-{i}")).unwrap());
+        pods.push(ns);
+        eps.push(Ep::ready(ip, node).zone("a").prefer_same_node());
+    }
+    let client = boxed.node.add_pod("client", "10.244.9.41".parse().unwrap()).unwrap();
+    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+    svc.traffic_distribution = Some("PreferSameNode".into());
+    write_service(boxed.manifests.path(), &svc, &eps).unwrap();
+    let _agent = boxed.start_agent("node-1", &["--health-hold=1m"]).unwrap();
+    let target = vip().to_string();
+    assert_eq!(boxed.probe(&client, &target, 5).unwrap().count("web-1"), 5);
+    // The local pod's process ends (its network namespace stays: connects to it are refused).
+    drop(servers.remove(0));
+    let r = boxed.probe(&client, &target, 20).unwrap();
+    let (failed, rest) = after_failures(&r);
+    assert!((1..=3).contains(&failed), "{failed} refused before the hold: {:?}", r.errors());
+    assert!(rest.iter().all(|b| b == "web-2"), "then the other endpoint only: {rest:?}");
+    let pins = boxed.bpffs.path().join("tierlb");
+    let st = status(pins.to_str().unwrap());
+    assert_eq!(
+        (st["health"][0]["state"].as_str(), st["health"][0]["reason"].as_str()),
+        (Some("held"), Some("refused")),
+        "{st}"
+    );
+    eprintln!("as deployed: {failed} refused, then {} to web-2", rest.len());
+}
