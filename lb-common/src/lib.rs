@@ -70,7 +70,8 @@ pub const GLOBAL_HEALTH_HOLDS: u32 = 1;
 /// Global only (the slot of `COUNTER_CLUSTER`): held or failing backends a successful connect made healthy.
 pub const GLOBAL_HEALTH_RECOVERIES: u32 = 2;
 /// Global only (the slot of `COUNTER_REJECTED`): connects sent to a held-down backend because every backend
-/// of the first non-empty tier was held (the panic threshold, see `HealthConfig`).
+/// of every tier was held or marked, at least one held (the panic threshold: a random backend of the first
+/// non-empty tier, unless marked).
 pub const GLOBAL_HEALTH_PANICS: u32 = 3;
 /// Counter slots per Service in the counter array; the kinds above use all eight.
 pub const COUNTERS_PER_SERVICE: u32 = 8;

@@ -243,8 +243,8 @@ pub struct ExplainArgs {
     /// Directory of Service, EndpointSlice and Node YAML.
     #[arg(long)]
     pub manifests: PathBuf,
-    /// Also say which of the Service's backends the running agents' data path skips now (held down by
-    /// passive health, or marked down), read from the maps pinned under this directory.
+    /// Also name the Service's backends the running agents' passive health follows (held down, half-open or
+    /// failing) or that are marked down, read from the maps pinned under this directory.
     #[arg(long)]
     pub bpffs: Option<PathBuf>,
     /// With --bpffs: only this agent instance (default: every instance under --bpffs).

@@ -242,8 +242,8 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
     let _ = writeln!(out, "    endpoints: {}{empty}", list(&outside.endpoints));
 }
 
-/// For `explain --bpffs`: the Service's backends that instance `inst`'s data path skips now, and why (held
-/// down by passive health, or marked down by `tierlb backend down`).
+/// For `explain --bpffs`: the Service's backends that instance `inst`'s passive health follows now (held
+/// down and skipped, half-open, or failing but still used) and those marked down by `tierlb backend down`.
 pub fn skipped_now(inst: &crate::status::Instance, key: &ObjKey) -> String {
     let mut backends: Vec<&str> = inst
         .frontends

@@ -92,9 +92,9 @@ impl Snapshot {
 /// are atomics behind an `Arc`): the loop counts into one, the metrics server encodes another.
 #[derive(Clone)]
 pub struct AgentStats {
-    /// Seconds each sync took (reload, plan, apply).
+    /// Seconds each sync took (reload, plan, apply), and each retry of Services that failed (plan, apply).
     pub sync_duration: Histogram,
-    /// Syncs done.
+    /// Syncs done, and retries.
     pub syncs: Counter,
     /// Frontends that could not be written (map full, ...), summed over syncs.
     pub apply_errors: Counter,
@@ -107,8 +107,8 @@ pub struct AgentStats {
     /// Connected UDP sockets (from the data path's registry) the agent could not reach: their network
     /// namespace was not found (the pod is gone, or its namespace is not visible to the agent).
     pub udp_sockets_unreached: Counter,
-    /// Services with at least one frontend the data path does not translate now: they failed to apply (and
-    /// wait for a retry), or another Service holds their VIP:port.
+    /// Services with at least one frontend not programmed as planned: it failed to apply (it keeps its previous
+    /// state, none if new, and waits for a retry), or another Service holds its VIP:port.
     pub services_unprogrammed: Gauge,
     /// Backend marks the agent deleted because their backend left every Service.
     pub marks_cleared: Counter,
@@ -233,10 +233,10 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         .set(i64::from(snap.slot_capacity));
     reg.register(
         "sync_duration_seconds",
-        "Time to reload the source, plan and apply",
+        "Time to reload the source, plan and apply (and to plan and apply a retry of failed Services)",
         stats.sync_duration.clone(),
     );
-    reg.register("syncs", "Syncs done", stats.syncs.clone());
+    reg.register("syncs", "Syncs done, retries of failed Services included", stats.syncs.clone());
     reg.register("apply_errors", "Frontends that could not be written", stats.apply_errors.clone());
     reg.register("reload_errors", "Manifest documents that could not be read", stats.reload_errors.clone());
     reg.register(
@@ -256,8 +256,8 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     );
     reg.register(
         "services_unprogrammed",
-        "Services with a frontend the data path does not translate (failed to apply, or VIP:port held by another \
-         Service); /healthz names them",
+        "Services with a frontend not programmed as planned (failed to apply: previous state kept, none if new; \
+         or VIP:port held by another Service); /healthz names them",
         stats.services_unprogrammed.clone(),
     );
     reg.register(

@@ -525,14 +525,17 @@ pub fn vip_winner<'a>(claimants: impl IntoIterator<Item = &'a Claimant>) -> Opti
     claimants.into_iter().min()
 }
 
+/// Which of several Services claiming one VIP:port is programmed, in words (`plan`, `explain`, the agent's log).
+pub const VIP_RULE: &str = "of Services on one VIP:port, a cluster IP wins over an external address, then the first in namespace/name \
+     order is programmed";
+
 /// What `plan` and `explain` say of a VIP:port claimed by several Services, on each of them.
 pub fn vip_conflict_text(vip: SocketAddr, protocol: &str, claimants: &[&Claimant], this: &ObjKey) -> String {
     let winner = vip_winner(claimants.iter().copied()).map_or(this, |c| &c.service);
     let mut others: Vec<String> =
         claimants.iter().filter(|c| c.service != *this).map(|c| c.service.to_string()).collect();
     others.dedup();
-    let rule = "of Services on one VIP:port, a cluster IP wins over an external address, then the first in \
-                namespace/name order is programmed";
+    let rule = VIP_RULE;
     if winner == this {
         format!("{vip}/{protocol} is also claimed by {}: {this} is programmed ({rule})", others.join(", "))
     } else {

@@ -209,9 +209,10 @@ fn compare(c: &SimCluster, run: &Run, seen: &[NodeSeen]) {
     let endpoints = cache_plan(c.manifests.path(), NODES[0]).map(|p| p.endpoints).unwrap_or_default();
     println!(
         "   kube-proxy: node-1's endpoints are [{}], the dead pod, from an EndpointSlice that still says ready; it \
-         keeps sending node-1's traffic there until the EndpointSlice changes (the readiness probe's \
-         failureThreshold x periodSeconds, 30 s by default): all {} node-1 requests sent while the process was \
-         down would have failed (the study's kube-proxy model: {:.0} of {requests:.0})",
+         keeps sending node-1's traffic there until the EndpointSlice changes (for a container that exits, once \
+         the kubelet has seen it and the controller has written the slice, seconds; for a process that hangs, \
+         once its readiness probe fails, failureThreshold x periodSeconds, 30 s by default): all {} node-1 \
+         requests sent while the process was down would have failed (the study's kube-proxy model: {:.0} of {requests:.0})",
         endpoints.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
         seen[0].while_down,
         lost(model(ProxyModel::KubeProxy)),

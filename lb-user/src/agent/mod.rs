@@ -2,7 +2,8 @@
 //!
 //! - `tracker`: the model, and which Services a change touches (kube-proxy's change trackers);
 //! - `sync`: one sync without kernel or runtime (`AgentCore`), tested against in-memory maps;
-//! - `claims`: which Service programs a VIP:port several claim (the first in namespace/name order);
+//! - `claims`: which Service programs a VIP:port several claim (`plan::VIP_RULE`: a cluster IP over an
+//!   external address, then the first in namespace/name order);
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);

@@ -105,7 +105,7 @@ pub(super) fn log_sync(r: &SyncReport) {
 /// Frontends that failed to apply (retried with backoff) and VIP:port conflicts.
 fn log_apply_problems(r: &SyncReport) {
     for e in &r.errors {
-        tracing::error!(service = %e.name, "{e} (left untranslated; tried again with backoff)");
+        tracing::error!(service = %e.name, "{e} (the frontend keeps its previous state, none if it is new; tried again with backoff)");
     }
     for c in &r.conflicts {
         let losers: Vec<String> = c.losers.iter().map(ToString::to_string).collect();
@@ -114,11 +114,12 @@ fn log_apply_problems(r: &SyncReport) {
             protocol = crate::status::proto_name(c.frontend.proto),
             winner = %c.winner,
             losers = %losers.join(","),
-            "Services {} and {} claim one VIP:port: {} is programmed (the first in namespace/name order); the \
-             others are programmed when it leaves",
+            "Services {} and {} claim one VIP:port: {} is programmed ({}); the others are programmed when it \
+             leaves",
             c.winner,
             losers.join(", "),
-            c.winner
+            c.winner,
+            crate::plan::VIP_RULE
         );
     }
 }

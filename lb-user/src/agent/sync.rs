@@ -216,8 +216,8 @@ impl<W: MapWriter> AgentCore<W> {
         out
     }
 
-    /// The Services the data path does not translate (some or all of their frontends), with the reasons:
-    /// those that failed to apply, and those whose VIP:port another Service holds.
+    /// The Services with frontends not programmed as planned, with the reasons: those that failed to apply
+    /// (they keep their previous state, none if new), and those whose VIP:port another Service holds.
     pub fn unprogrammed(&self) -> Vec<Unprogrammed> {
         let mut out: BTreeMap<ObjKey, Unprogrammed> = self
             .retries

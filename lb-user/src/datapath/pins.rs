@@ -4,7 +4,7 @@
 //!
 //! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::PINNED_MAPS` (the maps and the socket
 //! storage), `BPFFS/<instance>/link_<program>` for each attached program (`ebpf::PROGRAMS`, the eight
-//! sock_addr programs and `sock_release`).
+//! sock_addr programs, `sock_release` and `sock_ops`).
 use std::path::{Path, PathBuf};
 
 use lb_common::{MAP_FRONTENDS, PINNED_MAPS};

@@ -178,11 +178,12 @@ pub struct Health {
     pub last_updated: Option<SystemTime>,
     /// Since when a change has been waiting to be applied (none: nothing pending).
     pub pending_since: Option<Instant>,
-    /// Services the data path does not translate now, with the reason.
+    /// Services with frontends not programmed as planned now (failed: previous state kept, none if new; or
+    /// held by another Service), with the reason.
     pub unprogrammed: Vec<Unprogrammed>,
 }
 
-/// A Service (or some of its frontends) the data path does not translate, as `/healthz` names it.
+/// A Service (or some of its frontends) not programmed as planned, as `/healthz` names it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Unprogrammed {
     /// The Service.
