@@ -117,13 +117,15 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
 /// programs never touch it.
 pub const MAP_NAMES: &str = "SVC_NAMES";
-/// Reverse translation of unconnected UDP: (socket cookie, backend) -> VIP, for recvmsg. An LRU.
+/// Reverse translation of TCP connects and unconnected UDP sends: (socket cookie, backend) -> VIP, for
+/// getpeername and recvmsg. An LRU; `sock_release` deletes a closing socket's entries.
 pub const MAP_REVERSE: &str = "REVERSE";
 /// Connected UDP sockets by (socket cookie, backend) -> VIP and network namespace: the sockets the agent
 /// destroys when their backend leaves (user space cannot enumerate socket storage). Entries go with their
 /// socket (`sock_release`).
 pub const MAP_CONNECTED_UDP: &str = "CONNECTED_UDP";
-/// Socket-local storage (`SockState`): the reverse state of connected sockets, freed with the socket.
+/// Socket-local storage (`SockState`): the reverse state of connected UDP sockets, and the record of a UDP
+/// socket's `REVERSE` entries for `sock_release`; freed with the socket.
 pub const MAP_SOCKS: &str = "SOCKS";
 /// sessionAffinity ClientIP: (frontend, client network namespace) -> (backend, last use). An LRU.
 pub const MAP_AFFINITY: &str = "AFFINITY";
@@ -168,7 +170,7 @@ pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
 pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
 /// Default entries of the backend-state map: how many backends can be marked down at once.
 pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
-/// Default entries of the reverse map of unconnected UDP (an LRU: beyond this the oldest translations are
+/// Default entries of the reverse map of TCP sockets and unconnected UDP (an LRU: beyond this the oldest translations are
 /// forgotten); also the most connected UDP sockets tracked at once for destruction (`MAP_CONNECTED_UDP`).
 pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 /// Default entries of the sessionAffinity LRU: how many (frontend, client) pairs are remembered at once; beyond
@@ -180,8 +182,8 @@ pub const DEFAULT_MAX_AFFINITY: u32 = 65_536;
 pub const SOCK_LRU_RECORD: usize = 8;
 /// `SockState::flags`: the socket has an entry in `MAP_CONNECTED_UDP` (under its cookie and `backend`).
 pub const SOCK_REGISTERED: u32 = 1 << 0;
-/// `SockState::flags`: passive health has counted this socket's connect as failed (once per connect).
-pub const SOCK_HEALTH_REPORTED: u32 = 1 << 1;
+/// `ReverseValue::flags`: passive health has counted this TCP socket's connect as failed (once per connect).
+pub const REVERSE_HEALTH_REPORTED: u32 = 1 << 0;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
@@ -317,8 +319,8 @@ pub struct ReverseValue {
     pub family: u8,
     /// Explicit padding, always 0.
     pub _pad: u8,
-    /// Explicit padding before the 8-aligned cookie, always 0.
-    pub _pad2: u32,
+    /// `REVERSE_HEALTH_REPORTED`; 0 when written.
+    pub flags: u32,
     /// The socket's network namespace (`bpf_get_netns_cookie`), recorded for UDP only; 0 otherwise.
     pub netns_cookie: u64,
 }
@@ -328,7 +330,7 @@ const _: () = assert!(size_of::<ReverseValue>() == 32);
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
 pub struct SockState {
-    /// The backend a connect() chose (TCP, connected UDP); all zero if the socket never connected to a VIP.
+    /// The backend a UDP connect() chose; all zero if the socket never connected to a VIP.
     pub backend: Backend,
     /// The frontend that connect() asked for: recvmsg and getpeername show its VIP and port.
     pub frontend: FrontendKey,
@@ -337,7 +339,7 @@ pub struct SockState {
     pub lru: [Backend; SOCK_LRU_RECORD],
     /// How many of `lru` are set.
     pub lru_len: u32,
-    /// `SOCK_REGISTERED`, `SOCK_HEALTH_REPORTED`.
+    /// `SOCK_REGISTERED`.
     pub flags: u32,
 }
 const _: () = assert!(size_of::<SockState>() == 208);

@@ -1,5 +1,5 @@
 //! Passive health, decided in the kernel: the `sock_ops` program follows the TCP active opens that connect4/6
-//! translated (their socket storage names the backend) and records each one's outcome for its backend in
+//! translated (their `REVERSE` entry names the backend) and records each one's outcome for its backend in
 //! `HEALTH`: established is a success, a refused SYN (RST in SYN_SENT) or the SYN's first retransmission
 //! timeout is a failure, counted once per connect. `HealthConfig::failures` consecutive failures hold the
 //! backend down for a time that doubles with each hold without a success in between; when a hold ends, one
@@ -15,24 +15,21 @@ use aya_ebpf::{
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
         BPF_TCP_SYN_SENT,
     },
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_boot_ns, generated::bpf_sk_storage_get},
+    helpers::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_boot_ns},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use lb_common::{
-    Backend, Choice, FAMILY_V4, FAMILY_V6, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS,
-    GLOBAL_HEALTH_RECOVERIES, GLOBAL_SVC_ID, HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health,
-    HealthConfig, HealthVerdict, PROTO_TCP, SOCK_HEALTH_REPORTED, SlotKey, SockState, V4_MAPPED_WORD2, below,
-    first_nonempty_tier,
+    Backend, Choice, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS, GLOBAL_HEALTH_RECOVERIES,
+    GLOBAL_SVC_ID, HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict,
+    PROTO_TCP, REVERSE_HEALTH_REPORTED, ReverseKey, ReverseValue, SlotKey, below, first_nonempty_tier,
 };
 
 use crate::{
-    maps::{HEALTH, HEALTH_CONFIG, SLOTS, SOCKS},
+    maps::{HEALTH, HEALTH_CONFIG, REVERSE, SLOTS},
+    reverse::peer_backend,
     sock_addr::{count, is_down},
 };
-
-const AF_INET: u32 = 2;
-const AF_INET6: u32 = 10;
 
 /// The settings, if passive health is on.
 #[inline(always)]
@@ -46,8 +43,9 @@ pub(crate) fn config() -> Option<HealthConfig> {
 pub(crate) fn verdict(backend: Backend, now: impl FnOnce() -> u64) -> HealthVerdict {
     // SAFETY: a plain read of a hash value; a torn read only misjudges one connect.
     match unsafe { HEALTH.get(backend) } {
-        Some(h) => h.verdict(now()),
-        None => HealthVerdict::Use,
+        // Most entries are reset ones (a success after a failure) the agent has not yet deleted: no clock.
+        Some(h) if h.held_until_ns != 0 => h.verdict(now()),
+        _ => HealthVerdict::Use,
     }
 }
 
@@ -148,41 +146,23 @@ fn peer(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<Backend> {
     // loads `skc_dport` and shifts it left by 16 (`sock_ops_convert_ctx_access`), unlike `user_port` of
     // sock_addr programs (the low 16 bits). This crate is built for bpfel only.
     let port = (ops.remote_port >> 16) as u16;
-    match ops.family {
-        AF_INET => {
-            Some(Backend { addr: [ops.remote_ip4, 0, 0, 0], port, proto: PROTO_TCP, family: FAMILY_V4 })
-        }
-        AF_INET6 => {
-            let w = [ops.remote_ip6[0], ops.remote_ip6[1], ops.remote_ip6[2], ops.remote_ip6[3]];
-            Some(if w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_WORD2 {
-                Backend { addr: [w[3], 0, 0, 0], port, proto: PROTO_TCP, family: FAMILY_V4 }
-            } else {
-                Backend { addr: w, port, proto: PROTO_TCP, family: FAMILY_V6 }
-            })
-        }
-        _ => None,
-    }
+    let ip6 = [ops.remote_ip6[0], ops.remote_ip6[1], ops.remote_ip6[2], ops.remote_ip6[3]];
+    peer_backend(ops.family, ops.remote_ip4, ip6, port, PROTO_TCP)
 }
 
-/// The socket's state, if connect4/6 translated it to its current peer (its storage names that backend).
+/// The socket's reverse entry and backend, if connect4/6 translated it to its current peer (the `REVERSE` LRU
+/// has (its cookie, that backend)).
 #[inline(always)]
-fn translated(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<(&'static mut SockState, Backend)> {
-    // SAFETY: reading the context's socket pointer, which the verifier types as a socket or null.
-    let sk = unsafe { ops.__bindgen_anon_2.sk };
-    if sk.is_null() {
-        return None;
-    }
-    let map = core::ptr::from_ref(&SOCKS).cast_mut().cast();
-    // SAFETY: `map` is the socket storage map (what `SkStorage::as_ptr` returns, which is crate-private), `sk`
-    // a non-null socket; no value, no flags: look up only.
-    let st = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) }.cast::<SockState>();
-    if st.is_null() {
-        return None;
-    }
-    // SAFETY: the socket's storage, valid for the program's run.
-    let st = unsafe { &mut *st };
+fn translated(ctx: &SockOpsContext) -> Option<(&'static mut ReverseValue, Backend)> {
+    // SAFETY: the kernel passes a valid bpf_sock_ops for the program's whole run.
+    let ops = unsafe { &*ctx.ops };
     let backend = peer(ops)?;
-    (st.backend == backend).then_some((st, backend))
+    // SAFETY: `bpf_get_socket_cookie_sock_ops` takes the sock_ops context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    let p = REVERSE.get_ptr_mut(ReverseKey { cookie, backend, _pad: 0 })?;
+    // SAFETY: an LRU value, valid for the program's run; if the element is reused for another socket
+    // meanwhile, the flag written lands on that socket's entry (it would then not count one failure).
+    Some((unsafe { &mut *p }, backend))
 }
 
 #[sock_ops]
@@ -204,11 +184,11 @@ fn sock_ops(ctx: SockOpsContext) -> u32 {
     match ops.op {
         // The SYN is about to leave: follow this connect's state changes and retransmission timeouts, if
         // tierlb translated it (other sockets never pay for the callbacks).
-        BPF_SOCK_OPS_TCP_CONNECT_CB if translated(ops).is_some() => {
+        BPF_SOCK_OPS_TCP_CONNECT_CB if translated(&ctx).is_some() => {
             let _ = ctx.set_cb_flags((BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RTO_CB_FLAG).cast_signed());
         }
         // Established (this callback comes for every active open): a translated connect is one whose callbacks
-        // were asked for at TCP_CONNECT_CB, so the flags say so without a storage lookup.
+        // were asked for at TCP_CONNECT_CB, so the flags say so without a map lookup.
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB if ops.bpf_sock_ops_cb_flags & BPF_SOCK_OPS_STATE_CB_FLAG != 0 => {
             if let Some(backend) = peer(ops) {
                 succeeded(backend);
@@ -217,10 +197,10 @@ fn sock_ops(ctx: SockOpsContext) -> u32 {
             let _ = ctx.set_cb_flags(0);
         }
         // A retransmission timeout while the SYN is unanswered: a failure (once per connect).
-        BPF_SOCK_OPS_RTO_CB if ops.state == BPF_TCP_SYN_SENT => report(ops, HEALTH_TIMEOUT, &cfg),
+        BPF_SOCK_OPS_RTO_CB if ops.state == BPF_TCP_SYN_SENT => report(&ctx, HEALTH_TIMEOUT, &cfg),
         // SYN_SENT -> CLOSE without having been established: refused (RST), or given up.
         BPF_SOCK_OPS_STATE_CB if ctx.arg(0) == BPF_TCP_SYN_SENT && ctx.arg(1) == BPF_TCP_CLOSE => {
-            report(ops, HEALTH_REFUSED, &cfg);
+            report(&ctx, HEALTH_REFUSED, &cfg);
         }
         _ => {}
     }
@@ -229,12 +209,12 @@ fn sock_ops(ctx: SockOpsContext) -> u32 {
 
 /// Count a failure of this socket's connect, once.
 #[inline(always)]
-fn report(ops: &aya_ebpf::bindings::bpf_sock_ops, reason: u32, cfg: &HealthConfig) {
-    let Some((st, backend)) = translated(ops) else { return };
-    if st.flags & SOCK_HEALTH_REPORTED != 0 {
+fn report(ctx: &SockOpsContext, reason: u32, cfg: &HealthConfig) {
+    let Some((rev, backend)) = translated(ctx) else { return };
+    if rev.flags & REVERSE_HEALTH_REPORTED != 0 {
         return;
     }
-    st.flags |= SOCK_HEALTH_REPORTED;
+    rev.flags |= REVERSE_HEALTH_REPORTED;
     // SAFETY: helper without preconditions.
     failed(backend, reason, cfg, unsafe { bpf_ktime_get_boot_ns() });
 }

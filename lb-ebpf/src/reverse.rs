@@ -1,26 +1,34 @@
 //! Reverse state: which VIP a socket asked for, so that recvmsg (a reply's source) and getpeername show the
 //! VIP, not the backend. It lives exactly as long as the socket:
 //!
-//! - A connected socket (TCP, connected UDP: connect4/connect6) keeps it in its own storage (`SOCKS`), which
-//!   the kernel frees with the socket. Written only when it changes (a reconnect to another VIP or backend).
+//! - A TCP socket (connect4/connect6) gets one entry in the `REVERSE` LRU, keyed by (socket cookie, backend),
+//!   which `sock_release` deletes when the socket closes (its peer is that backend). Not socket storage: the
+//!   first `bpf_sk_storage_get` with the create flag allocates and charges the socket's storage (two slab
+//!   allocations), about three quarters of connect4's cost when it did (perf, BENCHMARKS.md); an LRU update
+//!   takes a preallocated element.
+//! - A connected UDP socket keeps it in its own storage (`SOCKS`), which the kernel frees with the socket,
+//!   written only when it changes (a reconnect to another VIP or backend), and is registered in
+//!   `CONNECTED_UDP` for the agent's socket destruction (which must find the backend it left on a reconnect).
 //! - An unconnected UDP socket (sendmsg4/sendmsg6, run only when the call carries an address) may talk to
-//!   many VIPs, one entry per backend: those go to the `REVERSE` LRU, keyed by (socket cookie, backend),
-//!   written only when missing or different, and recorded in the socket's storage so that `sock_release`
-//!   deletes them with the socket (`SOCK_LRU_RECORD` of them; beyond that the LRU's eviction).
-//! - A connected UDP socket is also registered in `CONNECTED_UDP`, for the agent's socket destruction.
+//!   many VIPs, one entry per backend: those go to the `REVERSE` LRU too, written only when missing or
+//!   different, and recorded in the socket's storage so that `sock_release` deletes them with the socket
+//!   (`SOCK_LRU_RECORD` of them; beyond that the LRU's eviction).
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
     programs::SockAddrContext,
 };
 use lb_common::{
-    Backend, COUNTER_REVERSE_UNRECORDED, FrontendKey, GLOBAL_SVC_ID, PROTO_UDP, ReverseKey, ReverseValue,
-    SOCK_LRU_RECORD, SOCK_REGISTERED,
+    Backend, COUNTER_REVERSE_UNRECORDED, FAMILY_V4, FAMILY_V6, FrontendKey, GLOBAL_SVC_ID, PROTO_TCP,
+    ReverseKey, ReverseValue, SOCK_LRU_RECORD, SOCK_REGISTERED, V4_MAPPED_WORD2,
 };
 
 use crate::{
     maps::{CONNECTED_UDP, REVERSE, SOCKS},
     sock_addr::count,
 };
+
+pub(crate) const AF_INET: u32 = 2;
+pub(crate) const AF_INET6: u32 = 10;
 
 #[inline(always)]
 fn cookie(ctx: &SockAddrContext) -> u64 {
@@ -30,14 +38,37 @@ fn cookie(ctx: &SockAddrContext) -> u64 {
 
 #[inline(always)]
 fn reverse_value(fe: FrontendKey, netns_cookie: u64) -> ReverseValue {
-    ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, _pad2: 0, netns_cookie }
+    ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, flags: 0, netns_cookie }
 }
 
-/// connect(): record the backend and the frontend in the socket's storage, if they changed. Out of line (as
-/// `remember_sent`): its locals stay off the connect program's stack, which the verifier bounds over a call
-/// chain (512 bytes).
+/// The backend a socket's peer address names: `family` is the socket's (`AF_INET`, `AF_INET6`), `ip6` its
+/// peer as four network-order words; a v4-mapped peer of a dual-stack socket is IPv4, as connect6 keys it.
+#[inline(always)]
+pub(crate) fn peer_backend(family: u32, ip4: u32, ip6: [u32; 4], port: u16, proto: u8) -> Option<Backend> {
+    match family {
+        AF_INET => Some(Backend { addr: [ip4, 0, 0, 0], port, proto, family: FAMILY_V4 }),
+        AF_INET6 if ip6[0] == 0 && ip6[1] == 0 && ip6[2] == V4_MAPPED_WORD2 => {
+            Some(Backend { addr: [ip6[3], 0, 0, 0], port, proto, family: FAMILY_V4 })
+        }
+        AF_INET6 => Some(Backend { addr: ip6, port, proto, family: FAMILY_V6 }),
+        _ => None,
+    }
+}
+
+/// connect(): a TCP socket's (cookie, backend) -> VIP in the LRU; a UDP socket's backend and frontend in its
+/// storage, if they changed. Out of line (as `remember_sent`): its locals stay off the connect program's
+/// stack, which the verifier bounds over a call chain (512 bytes).
 #[inline(never)]
 pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
+    if backend.proto == PROTO_TCP {
+        // A TCP socket connects once (a second connect() finds it connected and never reaches this hook), so
+        // the entry is new: written without looking it up first. An LRU never fails for lack of room.
+        let key = ReverseKey { cookie: cookie(ctx), backend, _pad: 0 };
+        if REVERSE.insert(key, reverse_value(fe, 0), 0).is_err() {
+            count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+        }
+        return;
+    }
     // SAFETY: `SOCKS` is a socket storage map and the context is a sock_addr context (what aya's wrapper
     // reads the socket from); `None` creates the storage zeroed.
     let st = unsafe { SOCKS.get_or_insert_ptr_mut(ctx, None) };
@@ -56,18 +87,11 @@ pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: Fr
     let old = st.backend;
     st.backend = backend;
     st.frontend = fe;
-    let registered = st.flags & SOCK_REGISTERED != 0;
-    if !registered && backend.proto != PROTO_UDP {
-        return;
-    }
     // Only the agent's destruction of connected UDP sockets reads the registry (and the namespace).
     let cookie = cookie(ctx);
-    if registered && old != backend {
+    if st.flags & SOCK_REGISTERED != 0 && old != backend {
         let _ = CONNECTED_UDP.remove(ReverseKey { cookie, backend: old, _pad: 0 });
         st.flags &= !SOCK_REGISTERED;
-    }
-    if backend.proto != PROTO_UDP {
-        return;
     }
     // SAFETY: as `cookie`.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
@@ -125,16 +149,18 @@ pub(crate) fn remember_sent(ctx: &SockAddrContext, backend: Backend, fe: Fronten
     }
 }
 
-/// recvmsg() and getpeername(): the frontend the socket asked for when it talked to `backend`: the socket's
+/// recvmsg() and getpeername(): the frontend the socket asked for when it talked to `backend`: a UDP socket's
 /// storage if it is connected to that backend, else the LRU.
 #[inline(always)]
 pub(crate) fn recall(ctx: &SockAddrContext, backend: Backend) -> Option<FrontendKey> {
-    // SAFETY: as in `remember_connected`; without the create flag a socket with no storage gets null.
-    let st = unsafe { SOCKS.get_ptr_mut(ctx) };
-    // SAFETY: non-null storage of this socket, read only.
-    if !st.is_null() && unsafe { (*st).backend } == backend {
-        // SAFETY: as above.
-        return Some(unsafe { (*st).frontend });
+    if backend.proto != PROTO_TCP {
+        // SAFETY: as in `remember_connected`; without the create flag a socket with no storage gets null.
+        let st = unsafe { SOCKS.get_ptr_mut(ctx) };
+        // SAFETY: non-null storage of this socket, read only.
+        if !st.is_null() && unsafe { (*st).backend } == backend {
+            // SAFETY: as above.
+            return Some(unsafe { (*st).frontend });
+        }
     }
     let key = ReverseKey { cookie: cookie(ctx), backend, _pad: 0 };
     // SAFETY: we only copy out of the value.

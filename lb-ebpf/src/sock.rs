@@ -1,17 +1,22 @@
 //! `sock_release`: a socket's reverse entries outside its own storage go with it.
 //!
 //! The kernel runs `cgroup/sock_release` from `inet_release` (every IPv4/IPv6 socket of the cgroup, on its
-//! last close), before `__sk_destruct` frees the socket's storage, so the storage still tells which
-//! `REVERSE` entries (sendmsg) and which `CONNECTED_UDP` registration (connect) the socket made. A socket
-//! without storage (it never talked to a VIP) costs one helper call.
+//! last close) before the protocol's close, so a TCP socket still has its peer, the backend its `REVERSE`
+//! entry is keyed by (one delete, a miss for a socket connect4/6 did not translate); and before
+//! `__sk_destruct` frees a UDP socket's storage, which still tells which `REVERSE` entries (sendmsg) and
+//! which `CONNECTED_UDP` registration (connect) the socket made. A UDP socket without storage (it never
+//! talked to a VIP) costs one helper call.
 use aya_ebpf::{
     helpers::generated::{bpf_get_socket_cookie, bpf_sk_storage_get},
     macros::cgroup_sock,
     programs::SockContext,
 };
-use lb_common::{ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockState};
+use lb_common::{PROTO_TCP, ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockState};
 
-use crate::maps::{CONNECTED_UDP, REVERSE, SOCKS};
+use crate::{
+    maps::{CONNECTED_UDP, REVERSE, SOCKS},
+    reverse::peer_backend,
+};
 
 /// The socket's release cannot be refused; 1 is the only value the verifier accepts here as "proceed".
 const PROCEED: i32 = 1;
@@ -22,6 +27,19 @@ fn sock_release(ctx: SockContext) -> i32 {
     // aya's `SkStorage` getters take a sock_addr context only; in a cgroup_sock program the helper takes the
     // context itself (`bpf_sk_storage_get_cg_sock_proto`: arg2 is ARG_PTR_TO_CTX, "context is struct
     // sock"). The map pointer is the static's address, as `SkStorage::as_ptr` (crate-private) returns.
+    // SAFETY: the kernel passes a valid bpf_sock for the program's whole run.
+    let sk = unsafe { &*ctx.sock };
+    if sk.protocol == u32::from(PROTO_TCP) {
+        // A TCP socket that closes after a RST or a failed connect keeps its peer address; one that never
+        // connected has none (family's address all zero) and misses.
+        let ip6 = [sk.dst_ip6[0], sk.dst_ip6[1], sk.dst_ip6[2], sk.dst_ip6[3]];
+        if let Some(backend) = peer_backend(sk.family, sk.dst_ip4, ip6, sk.dst_port, PROTO_TCP) {
+            // SAFETY: `bpf_get_socket_cookie_sock_proto` takes the cgroup_sock context.
+            let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
+            let _ = REVERSE.remove(ReverseKey { cookie, backend, _pad: 0 });
+        }
+        return PROCEED;
+    }
     let map = core::ptr::from_ref(&SOCKS).cast_mut().cast();
     // SAFETY: a valid map and this program's context; flags 0: look up, never create.
     let st =

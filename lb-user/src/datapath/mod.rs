@@ -164,7 +164,7 @@ pub trait MapWriter: MapReader {
 /// Reverse entries outside socket storage, read from the maps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReverseOccupancy {
-    /// Entries in the unconnected-UDP LRU (`REVERSE`; its capacity is `--max-reverse`).
+    /// Entries in the reverse LRU (TCP sockets, unconnected UDP) (`REVERSE`; its capacity is `--max-reverse`).
     pub lru: usize,
     /// Connected UDP sockets registered for destruction (`CONNECTED_UDP`).
     pub connected_udp: usize,
