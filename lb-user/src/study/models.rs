@@ -10,7 +10,7 @@
 //! hints only with the deprecated `topology-aware-hints` annotation and 3.31.0-3.31.4 ignored hints
 //! (`felix/bpf/proxy/syncer.go` passed no annotation); Calico's iptables and nftables data planes leave
 //! Services to kube-proxy (the kube-proxy model).
-use std::net::IpAddr;
+use std::{fmt::Write as _, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -190,8 +190,9 @@ pub fn models_text() -> String {
     let mut out = String::new();
     for m in MODELS {
         let i = m.info();
-        out += &format!(
-            "{}: {}\n  rule: {}\n  empty set: {}\n  source: {}\n",
+        let _ = writeln!(
+            out,
+            "{}: {}\n  rule: {}\n  empty set: {}\n  source: {}",
             i.name, i.stands_for, i.rule, i.when_empty, i.source
         );
     }
@@ -257,8 +258,8 @@ pub fn route(model: ProxyModel, m: &Model, node: &NodeInfo, cilium: CiliumSettin
             let addrs =
                 |v: &[std::net::SocketAddr]| v.iter().map(std::net::SocketAddr::ip).collect::<Vec<_>>();
             if model == ProxyModel::Tierlb {
-                let [n, z, c] = p.internal.tiers.as_array();
-                return Route::Tiers([addrs(n), addrs(z), addrs(c)]);
+                let [node_tier, zone_tier, cluster_tier] = p.internal.tiers.as_array();
+                return Route::Tiers([addrs(node_tier), addrs(zone_tier), addrs(cluster_tier)]);
             }
             let empty = if p.internal.when_empty == Some(plan::WhenEmpty::Drop) {
                 Empty::Hang
