@@ -357,6 +357,7 @@ fn pdf_resume(c: &mut SimCluster) -> anyhow::Result<bool> {
         phases: Vec::new(),
         requests_per_second: 0.0,
         health: tierlb::study::HealthParams::default(),
+        cilium: tierlb::study::CiliumSettings::default(),
     });
     let kp = &predicted.phases[0].models[0];
     println!("   {:<32} {:>14} {:>14}", "", "pdf-on-node-1", "pdf-on-node-3");

@@ -257,7 +257,12 @@ pub struct ExplainArgs {
 #[derive(clap::Args, Debug)]
 pub struct StudyArgs {
     /// A scenario file (YAML); see examples/study/.
-    pub scenario: PathBuf,
+    #[arg(required_unless_present = "models")]
+    pub scenario: Option<PathBuf>,
+    /// Print each proxy model instead: what it stands for (proxy and versions), its rule, what a client
+    /// meets when its set is empty, and the code it was read from.
+    #[arg(long, conflicts_with_all = ["chart", "scenario"])]
+    pub models: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -534,7 +539,16 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
 
 /// `tierlb study`: the table or JSON, and the chart when asked.
 pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
-    let sc = crate::study::load(&args.scenario)?;
+    let Some(scenario) = args.scenario.as_ref().filter(|_| !args.models) else {
+        return Ok(match args.output {
+            Output::Json => {
+                let all: Vec<_> = crate::study::MODELS.iter().map(|m| m.info()).collect();
+                serde_json::to_string_pretty(&all)? + "\n"
+            }
+            Output::Table => crate::study::models_text(),
+        });
+    };
+    let sc = crate::study::load(scenario)?;
     let r = crate::study::run(&sc);
     if let Some(path) = &args.chart {
         std::fs::write(path, crate::chart::study_chart(&r)?)

@@ -7,6 +7,7 @@
 //! failed trial each time a hold ends; with a phase's `duration` those are counted against the requests the
 //! phase sends, without one the shares are the steady state after detection.
 pub mod health;
+pub mod models;
 mod table;
 
 use std::{collections::BTreeMap, net::IpAddr};
@@ -16,12 +17,13 @@ use serde::{Deserialize, Serialize};
 use crate::{
     hints,
     model::{
-        AddressType, Conditions, Endpoint, EndpointSlice, Family, Model, Node, NodeInfo, ObjKey, Policy,
-        Protocol, Service, ServicePort, SlicePort,
+        AddressType, Conditions, Endpoint, EndpointSlice, Model, Node, NodeInfo, ObjKey, Policy, Protocol,
+        Service, ServicePort, SlicePort,
     },
-    plan,
 };
 pub use health::{Crash, Detection, HealthParams};
+pub use models::{CiliumSettings, MODELS, ModelInfo, ProxyModel, models_text};
+use models::{Empty, Route};
 pub use table::table;
 
 /// A study scenario, as its YAML file reads (examples/study/).
@@ -50,6 +52,9 @@ pub struct Scenario {
     /// tierlb's passive health settings (the agent's defaults unless given).
     #[serde(default)]
     pub health: HealthParams,
+    /// Cilium's settings the Cilium models depend on (`serviceTopology` on unless given).
+    #[serde(default)]
+    pub cilium: CiliumSettings,
 }
 
 fn default_rate() -> f64 {
@@ -184,46 +189,6 @@ pub struct ScChange {
     pub for_zones: Option<Vec<String>>,
 }
 
-/// The proxies compared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProxyModel {
-    /// kube-proxy 1.35 (the plan module): hints with the all-endpoints rule; no knowledge of crashed pods.
-    KubeProxy,
-    /// The same rules, with the data path's fallback through the tiers when passive health holds a crashed
-    /// backend down (after K failed connects from the node, see `health`).
-    Tierlb,
-    /// Reads only forZones (Cilium before 1.20, other kube-proxy replacements).
-    ZoneOnly,
-    /// Prefers endpoints whose nodeName is the client's node under PreferSameNode, no hints needed (Cilium
-    /// 1.20 style); otherwise zone hints.
-    NodeName,
-    /// Uses node and zone hints without the all-endpoints rule (Calico's trafficDistribution path).
-    NoSafeguard,
-}
-
-impl ProxyModel {
-    /// Its name in tables and charts (as its JSON value).
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::KubeProxy => "kube-proxy",
-            Self::Tierlb => "tierlb",
-            Self::ZoneOnly => "zone-only",
-            Self::NodeName => "node-name",
-            Self::NoSafeguard => "no-safeguard",
-        }
-    }
-}
-
-/// Every model, in the order results list them.
-pub const MODELS: [ProxyModel; 5] = [
-    ProxyModel::KubeProxy,
-    ProxyModel::Tierlb,
-    ProxyModel::ZoneOnly,
-    ProxyModel::NodeName,
-    ProxyModel::NoSafeguard,
-];
-
 /// How one proxy model routes one phase; the shares, failed and hang add up to 1.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelResult {
@@ -343,82 +308,6 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     m
 }
 
-/// How a proxy model routes a client on a node.
-enum Route {
-    /// Uniformly to these endpoints, whatever their health (empty: none; `hang_if_empty` says whether the
-    /// request then hangs rather than failing fast).
-    Set { ips: Vec<IpAddr>, hang_if_empty: bool },
-    /// tierlb: through the data path's tiers (node, zone, cluster), with passive health (`health::simulate`).
-    Tiers([Vec<IpAddr>; 3]),
-}
-
-/// How a proxy model routes a client on `node`.
-fn choose(model: ProxyModel, m: &Model, node: &NodeInfo) -> Route {
-    let svc = m.services.values().next().expect("one Service");
-    let port = &svc.ports[0];
-    let p = plan::port_plan(m, svc, port, Family::V4, node);
-    let eps = plan::port_endpoints(m.slices_of(&svc.key), port, Family::V4, &node.name);
-    let ready: Vec<&plan::PortEndpoint> = eps.iter().filter(|e| e.endpoint.is_ready()).collect();
-    let ips = |v: Vec<&plan::PortEndpoint>| v.iter().map(|e| e.addr.ip()).collect::<Vec<_>>();
-    let zone = node.zone.as_deref();
-    let in_zone =
-        |e: &&plan::PortEndpoint| zone.is_some_and(|z| e.endpoint.zone_hints().iter().any(|h| h == z));
-    let zone_only = || {
-        let all = !ready.is_empty() && ready.iter().all(|e| !e.endpoint.zone_hints().is_empty());
-        let mine: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(in_zone).collect();
-        if all && !mine.is_empty() { ips(mine) } else { ips(ready.clone()) }
-    };
-    let hang_if_dropped = p.internal.when_empty == Some(plan::WhenEmpty::Drop);
-    // Under a Local policy every proxy modelled here uses kube-proxy's local set (ready, else serving and
-    // terminating local endpoints) and drops when it is empty; only tierlb fails fast instead.
-    let set = |ips: Vec<IpAddr>, hang_if_empty: bool| Route::Set { ips, hang_if_empty };
-    if svc.internal_policy == Policy::Local && model != ProxyModel::Tierlb {
-        return set(p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped);
-    }
-    match model {
-        ProxyModel::KubeProxy => {
-            set(p.internal.endpoints.iter().map(std::net::SocketAddr::ip).collect(), hang_if_dropped)
-        }
-        ProxyModel::Tierlb => {
-            let ips = |t: &[std::net::SocketAddr]| t.iter().map(std::net::SocketAddr::ip).collect();
-            let [node, zone, cluster] = p.internal.tiers.as_array();
-            Route::Tiers([ips(node), ips(zone), ips(cluster)])
-        }
-        ProxyModel::ZoneOnly => set(
-            if svc.internal_policy == Policy::Local {
-                ips(eps.iter().filter(|e| e.local && e.endpoint.is_ready()).collect())
-            } else {
-                zone_only()
-            },
-            hang_if_dropped,
-        ),
-        ProxyModel::NodeName => {
-            let local: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(|e| e.local).collect();
-            let prefer_node = svc.traffic_distribution.as_deref() == Some(hints::PREFER_SAME_NODE);
-            if prefer_node && !local.is_empty() { set(ips(local), false) } else { set(zone_only(), false) }
-        }
-        ProxyModel::NoSafeguard => {
-            if svc.internal_policy == Policy::Local {
-                return set(
-                    ips(eps.iter().filter(|e| e.local && e.endpoint.is_ready()).collect()),
-                    hang_if_dropped,
-                );
-            }
-            let for_node: Vec<&plan::PortEndpoint> =
-                ready.iter().copied().filter(|e| e.endpoint.node_hints().contains(&node.name)).collect();
-            let for_zone: Vec<&plan::PortEndpoint> = ready.iter().copied().filter(in_zone).collect();
-            let chosen = if !for_node.is_empty() {
-                for_node
-            } else if !for_zone.is_empty() {
-                for_zone
-            } else {
-                ready.clone()
-            };
-            set(ips(chosen), false)
-        }
-    }
-}
-
 fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
     for c in &phase.set {
         if let Some(e) = eps.iter_mut().find(|e| e.ip == c.ip) {
@@ -442,19 +331,30 @@ fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
 }
 
 /// One node's flow under a model that sends uniformly to `ips` (crashed endpoints lose their requests).
-fn set_flow(ips: &[IpAddr], hang_if_empty: bool, crashed: &BTreeMap<IpAddr, Crash>) -> health::Flow {
+fn set_flow(ips: &[IpAddr], empty: Empty, crashed: &BTreeMap<IpAddr, Crash>) -> health::Flow {
     let mut f = health::Flow::default();
     if ips.is_empty() {
-        if hang_if_empty {
-            f.hang = 1.0;
-        } else {
-            f.failed = 1.0;
+        match empty {
+            Empty::Hang => f.hang = 1.0,
+            Empty::Refused => f.failed = 1.0,
         }
     }
     for ip in ips {
         f.send(*ip, crashed.get(ip).copied().unwrap_or_default(), 1.0 / ips.len() as f64);
     }
     f
+}
+
+/// A model's name in the table and chart, with what its figures depend on: tierlb's K, Cilium's
+/// `serviceTopology`.
+fn label(model: ProxyModel, sc: &Scenario) -> String {
+    match model {
+        ProxyModel::Tierlb => sc.health.label(),
+        ProxyModel::Cilium117 | ProxyModel::Cilium118 | ProxyModel::Cilium120 => {
+            format!("{} (serviceTopology={})", model.name(), sc.cilium.service_topology)
+        }
+        ProxyModel::KubeProxy | ProxyModel::CalicoEbpf332 => model.name().to_owned(),
+    }
 }
 
 /// Study one set of endpoints under every model; `duration` is the phase's, in seconds.
@@ -470,7 +370,7 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint], duration: Option<f64>) -> 
         .map(|&model| {
             let mut r = ModelResult {
                 model,
-                label: if model == ProxyModel::Tierlb { sc.health.label() } else { model.name().to_owned() },
+                label: label(model, sc),
                 shares: eps.iter().map(|e| (e.ip.to_string(), 0.0)).collect(),
                 cross_node: 0.0,
                 cross_zone: 0.0,
@@ -481,8 +381,8 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint], duration: Option<f64>) -> 
             for n in &sc.nodes {
                 let w = if total > 0.0 { n.clients / total } else { 0.0 };
                 let info = NodeInfo::new(n.name.clone(), n.zone.clone());
-                let flow = match choose(model, &m, &info) {
-                    Route::Set { ips, hang_if_empty } => set_flow(&ips, hang_if_empty, &crashed),
+                let flow = match models::route(model, &m, &info, sc.cilium) {
+                    Route::Set { ips, empty } => set_flow(&ips, empty, &crashed),
                     Route::Tiers(tiers) => health::simulate(
                         &n.name,
                         &tiers,

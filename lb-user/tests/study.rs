@@ -1,5 +1,8 @@
-//! `tierlb study`: every shipped scenario runs, the models differ where they should, and (in the kernel)
-//! tierlb's measured shares match the simulator's prediction.
+//! `tierlb study`: every shipped scenario runs, each model's shares in every shipped scenario and phase are
+//! the ones computed by hand from the proxy's rule (tests/study/expected.rs), passive health costs what the
+//! kernel's rules say, and (in the kernel) tierlb's measured shares match the simulator's prediction.
+#[path = "study/expected.rs"]
+mod expected;
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
@@ -47,36 +50,109 @@ fn every_shipped_scenario_runs_and_accounts_for_every_request() {
 }
 
 #[test]
-#[expect(
-    clippy::float_cmp,
-    reason = "exact values: nothing fails or hangs, and one node of four is exactly 1/4"
-)]
-fn the_models_differ_where_the_study_says() {
-    let story = run("story");
-    let kp = get(&story, 0, ProxyModel::KubeProxy);
-    assert!((kp.shares["10.244.1.21"] - 0.65).abs() < 1e-9 && (kp.shares["10.244.3.21"] - 0.35).abs() < 1e-9);
-    // Zone-only proxies ignore forNodes: 50/50.
-    assert!((get(&story, 0, ProxyModel::ZoneOnly).shares["10.244.1.21"] - 0.5).abs() < 1e-9);
-    // A crashed pod the control plane has not noticed: kube-proxy keeps sending node-1's clients to it, and
-    // node-2's half the time (tierlb's share is in the passive health tests below).
-    assert!((get(&story, 1, ProxyModel::KubeProxy).failed - 0.65).abs() < 1e-9);
+fn every_model_routes_every_shipped_scenario_as_computed_by_hand() {
+    let table = expected::all();
+    let mut names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+    names.sort_unstable();
+    let files: Vec<String> =
+        scenarios().iter().map(|f| f.file_stem().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, files, "every shipped scenario has hand-written expectations, and only those");
+    for (name, phases) in table {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/study/{name}.yaml"));
+        let sc = study::load(&path).unwrap();
+        let r = study::run(&sc);
+        assert_eq!(r.phases.len(), phases.len(), "{name}: phases");
+        for (p, rows) in r.phases.iter().zip(&phases) {
+            let models: Vec<ProxyModel> = rows.iter().map(|w| w.model).collect();
+            assert_eq!(models, study::MODELS, "{name} {}: one row per model, in order", p.phase);
+            for w in rows {
+                let got = get(&r, r.phases.iter().position(|x| x.phase == p.phase).unwrap(), w.model);
+                let at = format!("{name} / {} / {}", p.phase, w.model.name());
+                assert_eq!(w.shares.len(), sc.endpoints.len(), "{at}: one share per endpoint");
+                for (e, want) in sc.endpoints.iter().zip(w.shares) {
+                    let have = got.shares[&e.ip.to_string()];
+                    assert!(close(have, *want), "{at}: {} has {have}, expected {want}", e.ip);
+                }
+                for (what, have, want) in [
+                    ("cross-node", got.cross_node, w.cross_node),
+                    ("cross-zone", got.cross_zone, w.cross_zone),
+                    ("failed", got.failed, w.failed),
+                    ("hang", got.hang, w.hang),
+                ] {
+                    assert!(close(have, want), "{at}: {what} is {have}, expected {want}");
+                }
+            }
+        }
+    }
+}
 
-    let roll = run("local-policy-roll");
-    let last = roll.phases.len() - 1;
-    assert!(
-        (get(&roll, last, ProxyModel::KubeProxy).hang - 1.0 / 3.0).abs() < 1e-9,
-        "kube-proxy drops: clients hang"
+#[test]
+fn the_cilium_labels_say_whether_service_topology_was_on() {
+    let on = run("multizone");
+    let off = run("service-topology-off");
+    for m in [ProxyModel::Cilium117, ProxyModel::Cilium118, ProxyModel::Cilium120] {
+        assert_eq!(get(&on, 0, m).label, format!("{} (serviceTopology=true)", m.name()));
+        assert_eq!(get(&off, 0, m).label, format!("{} (serviceTopology=false)", m.name()));
+    }
+    assert_eq!(get(&on, 0, ProxyModel::CalicoEbpf332).label, "calico-ebpf-3.32");
+    assert_eq!(get(&on, 0, ProxyModel::KubeProxy).label, "kube-proxy-1.35");
+    let json = serde_json::to_value(&on).unwrap();
+    let names: Vec<&str> = json["phases"][0]["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["model"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["kube-proxy-1.35", "tierlb", "cilium-1.17", "cilium-1.18", "cilium-1.20", "calico-ebpf-3.32"]
     );
-    assert!((get(&roll, last, ProxyModel::Tierlb).failed - 1.0 / 3.0).abs() < 1e-9, "tierlb fails fast");
-    assert_eq!(get(&roll, last, ProxyModel::Tierlb).hang, 0.0);
+}
 
-    let half = run("upgraded-halfway");
-    let ns = get(&half, 0, ProxyModel::NoSafeguard);
-    assert!((ns.shares["10.244.1.5"] - 0.375).abs() < 1e-9, "without the all-endpoints rule: skew {ns:?}");
-    assert_eq!(get(&half, 0, ProxyModel::KubeProxy).shares["10.244.1.5"], 0.25);
-
-    let lag = run("hints-lag");
-    assert!(get(&lag, 0, ProxyModel::KubeProxy).cross_node > get(&lag, 1, ProxyModel::KubeProxy).cross_node);
+#[test]
+fn study_models_prints_each_models_versions_rule_empty_set_and_source() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
+        .args(["study", "--models"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    // One block per model: its first line unindented, then its indented lines.
+    let mut blocks: Vec<String> = Vec::new();
+    for line in text.lines() {
+        match blocks.last_mut() {
+            Some(b) if line.starts_with("  ") => {
+                b.push('\n');
+                b.push_str(line);
+            }
+            _ => blocks.push(line.to_owned()),
+        }
+    }
+    let want = [
+        ("kube-proxy-1.35", "pkg/proxy/topology.go"),
+        ("tierlb", "first_live_tier"),
+        ("cilium-1.17", "pkg/k8s/service_cache.go"),
+        ("cilium-1.18", "cilium#41022"),
+        ("cilium-1.20", "cilium#44771"),
+        ("calico-ebpf-3.32", "projectcalico#11751"),
+    ];
+    assert_eq!(blocks.len(), want.len(), "{text}");
+    for ((name, source), block) in want.iter().zip(&blocks) {
+        assert!(block.starts_with(&format!("{name}: ")), "{block}");
+        for part in ["\n  rule: ", "\n  empty set: ", "\n  source: "] {
+            assert!(block.contains(part), "{name} lacks {part:?}: {block}");
+        }
+        assert!(block.split("\n  source: ").nth(1).unwrap().contains(source), "{name}: {block}");
+    }
+    assert!(text.contains("empty set: refused: EHOSTUNREACH"), "{text}");
+    assert!(text.contains("hang (DROP)"), "{text}");
+    let json = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
+        .args(["study", "--models", "-o", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), study::MODELS.len());
+    assert!(v.as_array().unwrap().iter().all(|m| m["source"].as_str().is_some_and(|s| !s.is_empty())));
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -136,7 +212,13 @@ fn a_lost_node_hangs_the_connects_sent_until_the_syn_timeout_reports_the_kth() {
     let d = detections(t);
     assert!(same_detections(&d, &[("node-1", 13.0, 1.3, 3), ("node-2", 13.0, 1.3, 3)]), "{d:?}");
     // Everybody else keeps sending a third of the requests into the void until the node is NotReady.
-    for m in [ProxyModel::KubeProxy, ProxyModel::ZoneOnly, ProxyModel::NodeName, ProxyModel::NoSafeguard] {
+    for m in [
+        ProxyModel::KubeProxy,
+        ProxyModel::Cilium117,
+        ProxyModel::Cilium118,
+        ProxyModel::Cilium120,
+        ProxyModel::CalicoEbpf332,
+    ] {
         let r = get(&lost, 1, m);
         assert!(close(r.hang, 1.0 / 3.0) && r.failed == 0.0, "{m:?}: {r:?}");
     }

@@ -98,6 +98,7 @@ fn predict(down_s: f64, dead: SocketAddr) -> study::StudyResult {
         }],
         requests_per_second: NODES.len() as f64 / INTERVAL.as_secs_f64(),
         health: HealthParams::default(),
+        cilium: study::CiliumSettings::default(),
     })
 }
 
