@@ -25,6 +25,7 @@ fn main() -> ExitCode {
         }
         Command::Agent(a) => {
             let opts = a.options();
+            tierlb::agent::memory::limit_arenas();
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()

@@ -81,19 +81,34 @@ impl Report {
 /// The control-plane figures of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct ControlPlane {
-    /// Programming the Service maps directly at 10,000 Services (absent if the run had no such count).
-    pub maps: Option<MapWrites>,
+    /// Programming the Service maps directly, at each Service count of the run from 10,000 up.
+    pub maps: Vec<MapWrites>,
     /// The Service maps' memory at the largest count.
     pub map_memory: MapMemory,
-    /// The agent's own figures (absent if they could not be taken; the run said why on stderr).
-    pub agent: Option<AgentFigures>,
+    /// The agent's own figures, per source and Service count (those that could not be taken are missing; the
+    /// run said why on stderr).
+    pub agent: Vec<AgentFigures>,
     /// Each rule set's load at each Service count, in the order they ran.
     pub rule_loads: Vec<RuleLoad>,
 }
 
-/// Writing 10,000 Services x 10 endpoints into the maps, through the reconciler.
+impl ControlPlane {
+    /// The map writes at `services` Services.
+    pub fn maps_at(&self, services: usize) -> Option<&MapWrites> {
+        self.maps.iter().find(|m| m.services == services)
+    }
+
+    /// The agent's figures with `source` at `services` Services.
+    pub fn agent_at(&self, source: AgentSource, services: usize) -> Option<&AgentFigures> {
+        self.agent.iter().find(|a| a.source == source && a.services == services)
+    }
+}
+
+/// Writing N Services x 10 endpoints into the maps, through the reconciler.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct MapWrites {
+    /// Services written.
+    pub services: usize,
     /// All of them, from scratch.
     pub program: Duration,
     /// One EndpointSlice change: the changed Service's new slots and its frontend swap.
@@ -109,14 +124,41 @@ pub struct MapMemory {
     pub bytes: u64,
 }
 
-/// The agent with 10,000 Services x 10 endpoints from manifests.
+/// Where the agent read the Services from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentSource {
+    /// `--manifests DIR`: YAML files, 100 Services each.
+    Manifests,
+    /// `--kube` against the bench's API-server stand-in (chunked lists, watch streams, bookmarks).
+    Kube,
+}
+
+impl AgentSource {
+    /// Both, in table order.
+    pub const ALL: [Self; 2] = [Self::Manifests, Self::Kube];
+
+    /// The source's name in tables and charts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Manifests => "manifests",
+            Self::Kube => "kube",
+        }
+    }
+}
+
+/// The agent with N Services x 10 endpoints from one source.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct AgentFigures {
-    /// From start to ready (parse the manifest files, plan, load, program).
+    /// The source.
+    pub source: AgentSource,
+    /// Services (each with one EndpointSlice of 10 endpoints).
+    pub services: usize,
+    /// From start to ready (read the source, plan, load, program).
     pub ready: Duration,
     /// One EndpointSlice edit, from reading the change to maps written: the agent's own `took_us`.
     pub edit_took: Spread,
-    /// The same edits from the file write to the agent's `synced` log line.
+    /// The same edits from the change (file written, watch event sent) to the agent's `synced` log line.
     pub edit_wall: Spread,
     /// Resident set size after the edits (VmRSS).
     pub rss_bytes: u64,

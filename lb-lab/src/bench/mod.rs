@@ -6,6 +6,8 @@
 //! talks to; `workloads` what is measured (the Service maps, the kube-proxy-style rule sets, the agent's
 //! manifests); `run` the run ([`run`]); `figures` what it measured, as data ([`Report`]); `report` renders
 //! BENCHMARKS.md ([`markdown`]) and `charts` the charts beside it ([`charts`]).
+mod agent;
+mod apiserver;
 mod charts;
 mod figures;
 #[cfg(test)]
@@ -17,7 +19,8 @@ mod workloads;
 
 pub use charts::charts;
 pub use figures::{
-    AgentFigures, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread,
+    AgentFigures, AgentSource, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad,
+    Spread,
 };
 pub use load::{LoadMode, LoadResult, RR_BYTES, load};
 pub use report::markdown;

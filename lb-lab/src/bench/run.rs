@@ -11,18 +11,14 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use lb_common::{Backend, FrontendKey, FrontendValue, SlotKey};
-use lb_testkit::{
-    manifests,
-    sandbox::{Cgroup, Child, NetNs, TempDir, confine},
-};
+use lb_testkit::sandbox::{Cgroup, NetNs, confine};
 use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 
 use super::{
-    figures::{
-        AgentFigures, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad, Spread,
-    },
+    agent::agent_runs,
+    figures::{ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad},
     load::{BACKEND, LoadMode, LoadResult, Sink},
-    workloads::{EDITED, EDITED_FILE, RULE_SETS, desired, service_yaml, target, vip, write_agent_manifests},
+    workloads::{EDITED, RULE_SETS, desired, target, vip},
 };
 
 /// Feed `input` to `cmd` and time it; `Ok(None)` if it did not finish within `limit` (it is then killed).
@@ -51,7 +47,7 @@ fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Opti
 }
 
 /// How long a rule set may take to load before the row is reported as not loaded.
-const LOAD_LIMIT: Duration = Duration::from_mins(10);
+const LOAD_LIMIT: Duration = Duration::from_mins(3);
 
 /// A hash map entry is its key and value plus about this many bytes of the kernel's element header.
 const HASH_OVERHEAD: usize = 16;
@@ -144,7 +140,7 @@ fn prog_stats(name: &str) -> Option<(u64, u64)> {
 
 /// Run the whole benchmark. `quick`: fewer Service counts and shorter runs.
 pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
-    let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000] };
+    let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000, 100_000] };
     let per = 10;
     let ns = NetNs::new("bench")?;
     let loader = Loader { lab, ns: &ns, threads: 2, secs: if quick { 1.5 } else { 4.0 } };
@@ -157,12 +153,12 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
     let mut rows = loader.rows(DataPath::Direct, 0, None, backend)?;
 
     // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
-    let mut map_writes = None;
+    let mut map_writes = Vec::new();
     let map_memory;
     {
         let cg = Cgroup::new("bench")?;
         let caps =
-            tierlb::datapath::ebpf::Capacities { services: 60_000, slots: 1_200_000, ..Default::default() };
+            tierlb::datapath::ebpf::Capacities { services: 120_000, slots: 1_200_000, ..Default::default() };
         let Loaded { mut programs, maps } = Loaded::load(caps, None)?;
         let mut rec = Reconciler::new(maps);
         // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
@@ -172,13 +168,18 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
         for &n in counts {
             let d = desired(n, per);
+            if n >= 10_000 {
+                // From scratch: the maps emptied first, then every Service written.
+                rec.apply(&Desired::default(), Instant::now());
+            }
             let t0 = Instant::now();
             let rep = rec.apply(&d, Instant::now());
             anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
             let took = t0.elapsed();
-            if n == 10_000 {
-                map_writes =
-                    Some(MapWrites { program: took, one_change: one_change_in_the_maps(&mut rec, &d)? });
+            if n >= 10_000 {
+                let one_change = one_change_in_the_maps(&mut rec, &d)?;
+                eprintln!("bench: maps {n} services: programmed in {took:.2?}, one change {one_change:.2?}");
+                map_writes.push(MapWrites { services: n, program: took, one_change });
             }
             rows.extend(loader.rows(
                 DataPath::Tierlb,
@@ -196,8 +197,8 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         drop(programs);
     }
 
-    // The agent itself with 10,000 Services from manifests: time to ready, one change, RSS.
-    let agent = agent_figures(tierlb, per).inspect_err(|e| eprintln!("bench: agent figures: {e:#}")).ok();
+    // The agent itself, from manifests and from the API server: time to ready, one change, RSS.
+    let agent = agent_runs(tierlb, counts, per);
     let mut rule_loads = Vec::new();
 
     for set in &RULE_SETS {
@@ -261,77 +262,4 @@ fn one_change_in_the_maps(
     anyhow::ensure!(rep.updated == 1 && rep.errors.is_empty(), "one change: {rep:?}");
     rec.apply(d, Instant::now());
     Ok(took)
-}
-
-/// The agent with 10,000 Services from manifests: time to ready, 20 single EndpointSlice edits (an
-/// endpoint leaves, then comes back), and its RSS after them.
-fn agent_figures(tierlb: &Path, per: usize) -> anyhow::Result<AgentFigures> {
-    let dir = TempDir::new("bench-agent")?;
-    write_agent_manifests(dir.path(), per)?;
-    let cg = Cgroup::new("bench-agent")?;
-    let log = dir.path().join(".agent.log");
-    let t0 = Instant::now();
-    let mut child = Child::spawn(
-        Command::new(tierlb)
-            .args(["agent", "--node", "node-1", "--log-format", "json", "--manifests"])
-            .arg(dir.path())
-            .arg("--cgroup")
-            .arg(cg.path())
-            .args(["--healthz-addr", "off", "--metrics-addr", "off", "--service-health-bind", "off"])
-            .env("NO_COLOR", "1")
-            .stderr(std::fs::File::create(&log)?),
-    )?;
-    let synced = || -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["fields"]["message"] == "synced")
-            .map(|v| v["fields"].clone())
-            .collect()
-    };
-    while !std::fs::read_to_string(&log).unwrap_or_default().contains("tierlb agent ready") {
-        if t0.elapsed() > Duration::from_mins(2) || matches!(child.inner().try_wait(), Ok(Some(_))) {
-            bail!("agent did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let ready = t0.elapsed();
-    // One EndpointSlice edit at a time: an endpoint leaves, then comes back.
-    let mut took_us = Vec::new();
-    let mut wall_ms = Vec::new();
-    for k in 0..20 {
-        let before = synced().len();
-        let t = Instant::now();
-        manifests::write_atomic(
-            dir.path(),
-            EDITED_FILE,
-            &service_yaml(EDITED, if k % 2 == 0 { per - 1 } else { per }, per),
-        )?;
-        let line = loop {
-            if let Some(v) = synced().get(before) {
-                break v.clone();
-            }
-            anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "the agent did not sync edit {k}");
-            std::thread::sleep(Duration::from_micros(500));
-        };
-        wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
-        anyhow::ensure!(line["replanned"] == 1 && line["updated"] == 1, "edit {k}: {line}");
-        took_us.push(line["took_us"].as_f64().context("took_us")?);
-    }
-    let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
-    // "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix(" kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no VmRSS in the agent's status: {status}"))?;
-    drop(child);
-    Ok(AgentFigures {
-        ready,
-        edit_took: Spread::of(took_us.iter().map(|us| us / 1e3).collect()),
-        edit_wall: Spread::of(wall_ms),
-        rss_bytes: rss_kib * 1024,
-    })
 }

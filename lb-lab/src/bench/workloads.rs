@@ -145,12 +145,15 @@ pub(super) const RULE_SETS: [RuleSet; 2] = [
 /// own: a changed EndpointSlice is one object).
 pub(super) const EDITED: usize = 1234;
 
-/// The agent figures' manifests: 100 files of 100 Services, and the edited one alone in [`EDITED_FILE`].
-pub(super) fn write_agent_manifests(dir: &Path, per: usize) -> anyhow::Result<()> {
-    for f in 0..100 {
-        let text: Vec<String> =
-            (f * 100..(f + 1) * 100).filter(|i| *i != EDITED).map(|i| service_yaml(i, per, per)).collect();
-        std::fs::write(dir.join(format!("services-{f:03}.yaml")), text.join("---\n"))?;
+/// The agent figures' manifests for `services` Services: files of 100 Services, and the edited one alone in
+/// [`EDITED_FILE`].
+pub(super) fn write_agent_manifests(dir: &Path, services: usize, per: usize) -> anyhow::Result<()> {
+    for f in 0..services.div_ceil(100) {
+        let text: Vec<String> = (f * 100..((f + 1) * 100).min(services))
+            .filter(|i| *i != EDITED)
+            .map(|i| manifests::to_yaml(&service_docs(i, per, per)))
+            .collect();
+        std::fs::write(dir.join(format!("services-{f:04}.yaml")), text.join("---\n"))?;
     }
     manifests::write_atomic(dir, EDITED_FILE, &service_yaml(EDITED, per, per))?;
     Ok(())
@@ -159,8 +162,8 @@ pub(super) fn write_agent_manifests(dir: &Path, per: usize) -> anyhow::Result<()
 /// The file that holds only the edited Service.
 pub(super) const EDITED_FILE: &str = "edited.yaml";
 
-/// Service `i` with `endpoints` of its `per` endpoints, as YAML (the Service and its EndpointSlices).
-pub(super) fn service_yaml(i: usize, endpoints: usize, per: usize) -> String {
+/// Service `i` with `endpoints` of its `per` endpoints: the Service and its EndpointSlices.
+pub(super) fn service_docs(i: usize, endpoints: usize, per: usize) -> Vec<serde_json::Value> {
     let svc = manifests::Svc::new(&format!("svc-{i}"), IpAddr::V4(vip(i)), 80, 8080);
     let eps: Vec<_> = (0..endpoints)
         .map(|e| {
@@ -172,5 +175,10 @@ pub(super) fn service_yaml(i: usize, endpoints: usize, per: usize) -> String {
         .collect();
     let mut docs = vec![svc.service()];
     docs.extend(svc.slices(&eps));
-    manifests::to_yaml(&docs)
+    docs
+}
+
+/// [`service_docs`] as YAML.
+pub(super) fn service_yaml(i: usize, endpoints: usize, per: usize) -> String {
+    manifests::to_yaml(&service_docs(i, endpoints, per))
 }

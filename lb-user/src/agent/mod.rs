@@ -28,6 +28,7 @@
 //!    frontends (before the next source change is read); expired marks on the tick, once a second.
 mod claims;
 mod lower;
+pub mod memory;
 mod no_local;
 mod report;
 mod retry;

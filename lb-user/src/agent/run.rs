@@ -15,7 +15,7 @@ use tokio::{
 };
 
 use super::{
-    AgentCore, SyncReport,
+    AgentCore, SyncReport, memory,
     report::{log_destroyed, log_health, log_retry, log_sweep, log_sync},
 };
 use crate::{
@@ -306,10 +306,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
         None => None,
     };
-    let metrics_listener = match opts.metrics_addr {
-        Some(a) => Some(bind(a, "--metrics-addr").await?),
-        None => None,
-    };
+    let metrics_listener =
+        if let Some(a) = opts.metrics_addr { Some(bind(a, "--metrics-addr").await?) } else { None };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
     let source_name = source.describe();
@@ -336,6 +334,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats, core.reconciler().writer()));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
+    memory::trim_after(&report);
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
     let mut sweeper = Sweeper { last: Instant::now(), held: BTreeMap::new() };
@@ -371,6 +370,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                         }
                         record(&health, &mut stats, &r, &core);
                         snapshot_stale |= r.added + r.updated + r.removed > 0;
+                        memory::trim_after(&r);
                         log_sync(&r);
                     }
                     Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),

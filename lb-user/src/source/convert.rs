@@ -24,6 +24,9 @@ pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode"
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// EndpointSlice annotation: when the change it carries was triggered (`v1.EndpointsLastChangeTriggerTime`).
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Every annotation `convert` reads (the kube source drops the others from objects it receives).
+pub const ANNOTATIONS_READ: [&str; 3] =
+    [ANNOTATION_TOPOLOGY_MODE, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
 
 /// A field that does not hold what tierlb needs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

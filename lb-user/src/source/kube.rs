@@ -151,6 +151,20 @@ impl Raw {
     }
 }
 
+/// Drop what tierlb never reads from an object's metadata before it waits in the channel: managedFields (often
+/// the largest part of an object) and the annotations other than the ones `convert` reads (a
+/// `kubectl.kubernetes.io/last-applied-configuration` repeats the whole spec). As kube-runtime's store
+/// transforms do; here in the watch task, since the source keeps no store.
+fn strip(meta: &mut kube::api::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(a) = &mut meta.annotations {
+        a.retain(|k, _| convert::ANNOTATIONS_READ.contains(&k.as_str()));
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
 /// One watcher event, as a watch task hands it to the source (kube-rs `watcher::Event` with its kind).
 #[derive(Debug)]
 enum Delivery {
@@ -284,7 +298,10 @@ impl KubeSource {
             Api::<core::Service>::all(client.clone()),
             not_for_other_proxies.clone(),
             Kind::Service,
-            |o| Raw::Service(Box::new(o)),
+            |mut o| {
+                strip(&mut o.metadata);
+                Raw::Service(Box::new(o))
+            },
             tx.clone(),
             changed.clone(),
             Some(queued.services.clone()),
@@ -293,7 +310,10 @@ impl KubeSource {
             Api::<discovery::EndpointSlice>::all(client.clone()),
             not_for_other_proxies,
             Kind::EndpointSlice,
-            |o| Raw::EndpointSlice(Box::new(o)),
+            |mut o| {
+                strip(&mut o.metadata);
+                Raw::EndpointSlice(Box::new(o))
+            },
             tx.clone(),
             changed.clone(),
             Some(queued.endpoint_slices.clone()),
@@ -303,7 +323,10 @@ impl KubeSource {
             Api::<core::Node>::all(client),
             node_cfg,
             Kind::Node,
-            |o| Raw::Node(Box::new(o)),
+            |mut o| {
+                strip(&mut o.metadata);
+                Raw::Node(Box::new(o))
+            },
             tx,
             changed,
             None,

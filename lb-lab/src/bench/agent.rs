@@ -1,0 +1,196 @@
+//! The agent's own figures, as it runs on a node: start to ready, one EndpointSlice edit at a time, and its
+//! memory, with N Services x 10 endpoints read from manifest files or from the API server (the bench's
+//! stand-in, [`ApiServer`]).
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use lb_testkit::{
+    manifests,
+    sandbox::{Cgroup, Child, TempDir},
+};
+
+use super::{
+    apiserver::ApiServer,
+    figures::{AgentFigures, AgentSource, Spread},
+    workloads::{EDITED, EDITED_FILE, service_docs, service_yaml, write_agent_manifests},
+};
+
+/// Edits measured per run: an endpoint leaves, then comes back.
+const EDITS: usize = 20;
+
+/// How the edits reach the agent.
+enum Feed {
+    Files(TempDir),
+    Api(ApiServer, TempDir),
+}
+
+impl Feed {
+    fn start(source: AgentSource, services: usize, per: usize) -> anyhow::Result<Self> {
+        match source {
+            AgentSource::Manifests => {
+                let dir = TempDir::new("bench-agent")?;
+                write_agent_manifests(dir.path(), services, per)?;
+                Ok(Self::Files(dir))
+            }
+            AgentSource::Kube => {
+                let (mut svcs, mut slices) = (Vec::with_capacity(services), Vec::with_capacity(services));
+                for i in 0..services {
+                    let mut docs = service_docs(i, per, per).into_iter();
+                    svcs.extend(docs.next());
+                    slices.extend(docs);
+                }
+                let api = ApiServer::start(svcs, slices, vec![manifests::node("node-1", None)])?;
+                let dir = TempDir::new("bench-agent-kube")?;
+                std::fs::write(dir.path().join("kubeconfig"), api.kubeconfig())?;
+                Ok(Self::Api(api, dir))
+            }
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        match self {
+            Self::Files(d) | Self::Api(_, d) => d.path(),
+        }
+    }
+
+    fn source_args(&self, cmd: &mut Command) {
+        match self {
+            Self::Files(d) => cmd.arg("--manifests").arg(d.path()),
+            Self::Api(_, d) => cmd.arg("--kube").env("KUBECONFIG", d.path().join("kubeconfig")),
+        };
+    }
+
+    /// The edited Service's EndpointSlice with `endpoints` of its `per` endpoints.
+    fn edit(&self, endpoints: usize, per: usize) -> anyhow::Result<()> {
+        match self {
+            Self::Files(d) => {
+                manifests::write_atomic(d.path(), EDITED_FILE, &service_yaml(EDITED, endpoints, per))?;
+            }
+            Self::Api(api, _) => {
+                let slice = service_docs(EDITED, endpoints, per).into_iter().nth(1).context("a slice")?;
+                api.modify_slice(slice);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The agent reading `services` Services x `per` endpoints from `source`: time to ready, [`EDITS`] single
+/// EndpointSlice edits, and its RSS after them.
+fn agent_figures(
+    tierlb: &Path,
+    source: AgentSource,
+    services: usize,
+    per: usize,
+) -> anyhow::Result<AgentFigures> {
+    let feed = Feed::start(source, services, per)?;
+    let cg = Cgroup::new("bench-agent")?;
+    let log = feed.dir().join(".agent.log");
+    let mut cmd = Command::new(tierlb);
+    cmd.args(["agent", "--node", "node-1", "--log-format", "json"]);
+    feed.source_args(&mut cmd);
+    if services * per > lb_common::DEFAULT_MAX_SLOTS as usize * 3 / 4 {
+        // Past the default capacities (65,536 Services, 1,048,576 slots): sized as an operator would.
+        let (svcs, slots) = ((services + services / 5).to_string(), (services * per * 6 / 5).to_string());
+        cmd.args(["--max-services", &svcs, "--max-slots", &slots, "--max-backends", &slots]);
+    }
+    cmd.arg("--cgroup")
+        .arg(cg.path())
+        .args(["--healthz-addr", "off", "--metrics-addr", "off", "--service-health-bind", "off"])
+        .env("NO_COLOR", "1")
+        .stderr(std::fs::File::create(&log)?);
+    let t0 = Instant::now();
+    let mut child = Child::spawn(&mut cmd)?;
+    let synced = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["fields"]["message"] == "synced")
+            .map(|v| v["fields"].clone())
+            .collect()
+    };
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("tierlb agent ready") {
+        if t0.elapsed() > Duration::from_mins(3) || matches!(child.inner().try_wait(), Ok(Some(_))) {
+            bail!("agent did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ready = t0.elapsed();
+    // Let the start settle (a source may sync more than once while its watches start) before editing.
+    let mut seen = synced().len();
+    let mut quiet = Instant::now();
+    while quiet.elapsed() < Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = synced().len();
+        if now != seen {
+            (seen, quiet) = (now, Instant::now());
+        }
+    }
+    let mut took_us = Vec::new();
+    let mut wall_ms = Vec::new();
+    for k in 0..EDITS {
+        let before = synced().len();
+        let t = Instant::now();
+        feed.edit(if k % 2 == 0 { per - 1 } else { per }, per)?;
+        let line = loop {
+            if let Some(v) = synced().get(before) {
+                break v.clone();
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(10), "the agent did not sync edit {k}");
+            std::thread::sleep(Duration::from_micros(500));
+        };
+        wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        anyhow::ensure!(line["replanned"] == 1 && line["updated"] == 1, "edit {k}: {line}");
+        took_us.push(line["took_us"].as_f64().context("took_us")?);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
+    // "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix(" kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no VmRSS in the agent's status: {status}"))?;
+    drop(child);
+    if let Feed::Api(api, _) = &feed {
+        let unknown = api.unknown.load(std::sync::atomic::Ordering::Relaxed);
+        anyhow::ensure!(unknown == 0, "the agent made {unknown} requests the stand-in does not serve");
+    }
+    let figures = AgentFigures {
+        source,
+        services,
+        ready,
+        edit_took: Spread::of(took_us.iter().map(|us| us / 1e3).collect()),
+        edit_wall: Spread::of(wall_ms),
+        rss_bytes: rss_kib * 1024,
+    };
+    eprintln!(
+        "bench: agent ({}) {services} services: ready {:.2} s, one edit median {:.3} ms (wall {:.1} ms), RSS {} MiB",
+        source.as_str(),
+        ready.as_secs_f64(),
+        figures.edit_took.median_ms,
+        figures.edit_wall.median_ms,
+        figures.rss_bytes >> 20
+    );
+    Ok(figures)
+}
+
+/// The agent's figures from each source at 10,000 and 100,000 Services (those of `counts`); a run that fails
+/// is left out, with the reason on stderr.
+pub(super) fn agent_runs(tierlb: &Path, counts: &[usize], per: usize) -> Vec<AgentFigures> {
+    let mut agent = Vec::new();
+    for &n in counts.iter().filter(|n| **n == 10_000 || **n == 100_000) {
+        for source in AgentSource::ALL {
+            match agent_figures(tierlb, source, n, per) {
+                Ok(a) => agent.push(a),
+                Err(e) => eprintln!("bench: agent figures ({}, {n} services): {e:#}", source.as_str()),
+            }
+        }
+    }
+    agent
+}
