@@ -184,6 +184,13 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     );
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
+    let trace_lost = Counter::<u64>::default();
+    reg.register(
+        "trace_events_lost",
+        "Trace events the data path could not queue, the ring buffer full (`tierlb trace` fell behind or was \
+         stopped)",
+        trace_lost.clone(),
+    );
     let unrecorded = Counter::<u64>::default();
     reg.register(
         "reverse_unrecorded",
@@ -215,6 +222,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     if let Some(c) = counters.and_then(|r| r.counters(GLOBAL_SVC_ID)) {
         fail_open.inc_by(c[COUNTER_FAIL_OPEN as usize]);
         unrecorded.inc_by(c[lb_common::COUNTER_REVERSE_UNRECORDED as usize]);
+        trace_lost.inc_by(c[lb_common::GLOBAL_TRACE_LOST as usize]);
         register_health(reg, &c);
     }
     let entries = Family::<Labels, Gauge>::default();
@@ -312,7 +320,7 @@ mod tests {
         }
     }
 
-    /// The program-wide counters hold their kind's index (fail-open 5, unrecorded reverse entries 6).
+    /// The program-wide counters hold their kind's index (fail-open 5, unrecorded reverse entries 6, ...).
     struct GlobalKinds;
 
     impl ReadCounters for GlobalKinds {
@@ -327,6 +335,7 @@ mod tests {
         let text = encode_text(&Snapshot::of(&rec, 64), &AgentStats::default(), Some(&GlobalKinds));
         assert!(text.contains("tierlb_fail_open_total 5"), "{text}");
         assert!(text.contains("tierlb_reverse_unrecorded_total 6"), "{text}");
+        assert!(text.contains("tierlb_trace_events_lost_total 4"), "{text}");
         assert!(text.contains("tierlb_backend_health_transitions_total{to=\"held\"} 1"), "{text}");
         assert!(text.contains("tierlb_backend_health_transitions_total{to=\"healthy\"} 2"), "{text}");
         assert!(text.contains("tierlb_backend_health_panics_total 3"), "{text}");
