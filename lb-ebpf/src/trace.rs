@@ -47,7 +47,7 @@ pub(crate) fn decision(
 ) {
     let Some(control) = TRACE_CONTROL.get(0) else { return };
     // SAFETY: a plain read of a hash value.
-    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(&fe.svc_id) }.is_none() {
+    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(fe.svc_id) }.is_none() {
         return;
     }
     let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else {

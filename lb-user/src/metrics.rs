@@ -163,6 +163,17 @@ fn register_health(reg: &mut Registry, c: &Counts) {
     panics.inc_by(c[lb_common::GLOBAL_HEALTH_PANICS as usize]);
 }
 
+fn register_trace(reg: &mut Registry, c: &Counts) {
+    let lost = Counter::<u64>::default();
+    reg.register(
+        "trace_events_lost",
+        "Trace events the data path could not queue, the ring buffer full (`tierlb trace` fell behind or was \
+         stopped)",
+        lost.clone(),
+    );
+    lost.inc_by(c[lb_common::GLOBAL_TRACE_LOST as usize]);
+}
+
 /// A count as a gauge's value (counts of map entries, Services, ports: far below `i64::MAX`).
 pub(crate) fn gauge(entries: usize) -> i64 {
     i64::try_from(entries).unwrap_or(i64::MAX)
@@ -184,13 +195,6 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     );
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
-    let trace_lost = Counter::<u64>::default();
-    reg.register(
-        "trace_events_lost",
-        "Trace events the data path could not queue, the ring buffer full (`tierlb trace` fell behind or was \
-         stopped)",
-        trace_lost.clone(),
-    );
     let unrecorded = Counter::<u64>::default();
     reg.register(
         "reverse_unrecorded",
@@ -222,8 +226,8 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     if let Some(c) = counters.and_then(|r| r.counters(GLOBAL_SVC_ID)) {
         fail_open.inc_by(c[COUNTER_FAIL_OPEN as usize]);
         unrecorded.inc_by(c[lb_common::COUNTER_REVERSE_UNRECORDED as usize]);
-        trace_lost.inc_by(c[lb_common::GLOBAL_TRACE_LOST as usize]);
         register_health(reg, &c);
+        register_trace(reg, &c);
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());

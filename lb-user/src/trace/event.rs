@@ -241,27 +241,13 @@ fn comm(bytes: &[u8; 16]) -> String {
     String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
-/// Nanoseconds since the Unix epoch as RFC 3339 UTC with microseconds (`2026-01-02T03:04:05.678901Z`).
+/// Nanoseconds since the Unix epoch as RFC 3339 UTC with microseconds (`2026-01-02T03:04:05.678901Z`): the
+/// server's seconds (`server::rfc3339`), and the microseconds a trace needs.
 pub fn rfc3339(unix_ns: i128) -> String {
-    let secs = unix_ns.div_euclid(1_000_000_000);
-    let micros = unix_ns.rem_euclid(1_000_000_000) / 1000;
-    let (days, sod) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days: the proleptic Gregorian date of a day count.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i128::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        sod / 3600,
-        sod % 3600 / 60,
-        sod % 60
-    )
+    let ns = u64::try_from(unix_ns).unwrap_or(0);
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
+    let secs = crate::server::rfc3339(t);
+    format!("{}.{:06}Z", secs.trim_end_matches('Z'), ns % 1_000_000_000 / 1000)
 }
 
 #[cfg(test)]
@@ -284,7 +270,7 @@ mod tests {
     #[test]
     fn each_decision_is_named_by_one_rule() {
         let refused = |errno: i32, first_tier: usize| TraceEvent {
-            errno: errno as u8,
+            errno: u8::try_from(errno).unwrap(),
             first_tier: first_tier as u32,
             ..ev(OUTCOME_REFUSED, 0, 0, 0)
         };

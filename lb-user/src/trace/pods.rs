@@ -120,7 +120,7 @@ impl Resolver {
         if let Some(p) = self.paths.get(&id) {
             return Some(p.clone());
         }
-        if let Some(p) = self.from_proc(id, pid) {
+        if let Some(p) = self.via_proc(id, pid) {
             self.paths.insert(id, p.clone());
             return Some(p);
         }
@@ -132,7 +132,7 @@ impl Resolver {
     }
 
     /// `/proc/PID/cgroup`'s cgroup2 line (`0::/path`), if that directory has inode `id`.
-    fn from_proc(&self, id: u64, pid: u32) -> Option<PathBuf> {
+    fn via_proc(&self, id: u64, pid: u32) -> Option<PathBuf> {
         let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
         let path = self.root.join(rel.trim_start_matches('/'));
