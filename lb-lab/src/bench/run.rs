@@ -142,8 +142,57 @@ fn prog_stats(name: &str) -> Option<(u64, u64)> {
         .max_by_key(|x| x.1)
 }
 
-/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs.
-pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
+/// `bench --trace`: the data path's maps pinned on a private bpffs, where `tierlb trace` finds them.
+struct Tracing {
+    bpffs: lb_testkit::sandbox::BpfFs,
+    pins: std::path::PathBuf,
+}
+
+/// A running `tierlb trace -o json` whose events go to /dev/null; ended on drop, printing its summary (events,
+/// missed).
+struct Tracer {
+    child: Child,
+    dir: TempDir,
+}
+
+impl Tracing {
+    fn new() -> anyhow::Result<Self> {
+        let bpffs = lb_testkit::sandbox::BpfFs::new("bench")?;
+        let pins = bpffs.path().join("bench");
+        std::fs::create_dir_all(&pins)?;
+        Ok(Self { bpffs, pins })
+    }
+
+    fn pins(&self) -> &Path {
+        &self.pins
+    }
+
+    /// Tracing on, with a consumer, until the `Tracer` is dropped.
+    fn start(&self, tierlb: &Path) -> anyhow::Result<Tracer> {
+        let dir = TempDir::new("bench-trace")?;
+        let log = dir.path().join("trace.err");
+        let mut cmd = Command::new(tierlb);
+        cmd.args(["trace", "-o", "json", "--bpffs"])
+            .arg(self.bpffs.path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?);
+        let mut child = Child::spawn(&mut cmd)?;
+        child.wait_for_log(&log, 0, "tierlb trace: tracing", Duration::from_secs(10))?;
+        Ok(Tracer { child, dir })
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        self.child.stop(Duration::from_secs(5));
+        let summary = std::fs::read_to_string(self.dir.path().join("trace.err")).unwrap_or_default();
+        eprintln!("bench: tracing on for the tierlb rows: {}", summary.lines().last().unwrap_or_default());
+    }
+}
+
+/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs. `trace`: the tierlb rows run with
+/// `tierlb trace` consuming every decision (connect4's cost with tracing on).
+pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Result<Report> {
     let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000] };
     let per = 10;
     let ns = NetNs::new("bench")?;
@@ -163,12 +212,14 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         let cg = Cgroup::new("bench")?;
         let caps =
             tierlb::datapath::ebpf::Capacities { services: 60_000, slots: 1_200_000, ..Default::default() };
-        let Loaded { mut programs, maps } = Loaded::load(caps, None)?;
+        let tracing = trace.then(Tracing::new).transpose()?;
+        let Loaded { mut programs, maps } = Loaded::load(caps, tracing.as_ref().map(Tracing::pins))?;
         let mut rec = Reconciler::new(maps);
         // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
         let health = tierlb::datapath::health::HealthSettings::default().config();
         tierlb::datapath::MapWriter::set_health_config(rec.writer_mut(), health)?;
         programs.attach(cg.path(), None)?;
+        let _tracer = tracing.as_ref().map(|t| t.start(tierlb)).transpose()?;
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
         for &n in counts {
             let d = desired(n, per);
