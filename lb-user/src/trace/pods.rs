@@ -91,6 +91,9 @@ pub struct Resolver {
     pod_logs: PathBuf,
     paths: HashMap<u64, PathBuf>,
     pods: HashMap<String, ObjKey>,
+    /// Clients fully resolved (a pod with its name, or a cgroup that is no pod's), by cgroup id: the common
+    /// case costs one lookup per event.
+    clients: HashMap<u64, Client>,
     walked_cgroups: Option<Instant>,
     walked_pods: Option<Instant>,
 }
@@ -103,6 +106,7 @@ impl Resolver {
             pod_logs,
             paths: HashMap::new(),
             pods: HashMap::new(),
+            clients: HashMap::new(),
             walked_cgroups: None,
             walked_pods: None,
         }
@@ -110,10 +114,18 @@ impl Resolver {
 
     /// The client of cgroup `id`, whose process `pid` made the call (it may have exited since).
     pub fn client(&mut self, id: u64, pid: u32) -> Client {
+        if let Some(c) = self.clients.get(&id) {
+            return c.clone();
+        }
         let cgroup = self.path(id, pid);
         let pod_uid = cgroup.as_deref().and_then(|p| pod_uid(&p.to_string_lossy()));
         let pod = pod_uid.as_ref().and_then(|uid| self.pod(uid));
-        Client { cgroup, pod, pod_uid }
+        let client = Client { cgroup, pod, pod_uid };
+        // What is missing may turn up later (a new cgroup, a pod's log directory not made yet): asked again.
+        if client.cgroup.is_some() && client.pod.is_some() == client.pod_uid.is_some() {
+            self.clients.insert(id, client.clone());
+        }
+        client
     }
 
     fn path(&mut self, id: u64, pid: u32) -> Option<PathBuf> {
