@@ -73,6 +73,8 @@ pub const GLOBAL_HEALTH_RECOVERIES: u32 = 2;
 /// of every tier was held or marked, at least one held (the panic threshold: a random backend of the first
 /// non-empty tier, unless marked).
 pub const GLOBAL_HEALTH_PANICS: u32 = 3;
+// Global only, the slot of `COUNTER_DROPPED`: trace events lost to a full ring buffer (`GLOBAL_TRACE_LOST`,
+// in trace.rs).
 /// Counter slots per Service in the counter array; the kinds above use all eight.
 pub const COUNTERS_PER_SERVICE: u32 = 8;
 // The data path counts a pick from tier `t` under counter kind `t`.
@@ -151,13 +153,16 @@ pub const MAPS: [&str; 11] = [
     MAP_HEALTH,
     MAP_HEALTH_CONFIG,
 ];
-/// Every map that is pinned: `MAPS` and the socket storage (which only the kernel reads, but a restarted agent
-/// must reuse it, or live sockets would lose their reverse state).
-pub const PINNED_MAPS: [&str; MAPS.len() + 1] = {
-    let mut out = [MAP_SOCKS; MAPS.len() + 1];
+/// Maps the agent creates and pins but never opens: the socket storage (which only the kernel reads, but a
+/// restarted agent must reuse it, or live sockets would lose their reverse state) and the trace maps (which
+/// `tierlb trace` opens from the pins; the agent reads the lost-event count from `MAP_COUNTERS`).
+pub const PINNED_ONLY: [&str; 4] = [MAP_SOCKS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
+/// Every map that is pinned: `MAPS`, then `PINNED_ONLY`.
+pub const PINNED_MAPS: [&str; MAPS.len() + PINNED_ONLY.len()] = {
+    let mut out = [MAP_SOCKS; MAPS.len() + PINNED_ONLY.len()];
     let mut i = 0;
-    while i < MAPS.len() {
-        out[i] = MAPS[i];
+    while i < out.len() {
+        out[i] = if i < MAPS.len() { MAPS[i] } else { PINNED_ONLY[i - MAPS.len()] };
         i += 1;
     }
     out
@@ -475,7 +480,9 @@ aya_pod!(
     MemberKey,
     MemberValue,
     Health,
-    HealthConfig
+    HealthConfig,
+    TraceControl,
+    TraceEvent
 );
 
 /// Index of a counter in the per-CPU counter array.
@@ -487,11 +494,18 @@ pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
 
 mod choice;
 mod health;
+mod trace;
 pub use choice::{
     Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
     scan_tier,
 };
 pub use health::{HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict};
+pub use trace::{
+    GLOBAL_TRACE_LOST, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, OUTCOME_FAIL_OPEN,
+    OUTCOME_REFUSED, OUTCOME_TRANSLATED, TRACE_AFFINITY, TRACE_ALL, TRACE_CONNECT, TRACE_HELD,
+    TRACE_MAX_SERVICES, TRACE_OFF, TRACE_PANIC, TRACE_RING_BYTES, TRACE_SELECTED, TRACE_SKIPPED_SHIFT,
+    TRACE_TORN, TRACE_TRIAL, TRACE_V6, TraceControl, TraceEvent, trace_info,
+};
 
 #[cfg(test)]
 mod tests {

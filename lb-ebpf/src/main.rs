@@ -26,6 +26,7 @@ mod maps;
 mod reverse;
 mod sock;
 mod sock_addr;
+mod trace;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -1,6 +1,6 @@
-//! The twelve maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
-//! `REVERSE`, `CONNECTED_UDP`, `AFFINITY`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG` and the socket storage
-//! `SOCKS`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
+//! The fifteen maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
+//! `REVERSE`, `CONNECTED_UDP`, `AFFINITY`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG`, the socket storage
+//! `SOCKS`, and the trace maps `TRACE_EVENTS`, `TRACE_CONTROL`, `TRACE_SERVICES`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
@@ -9,14 +9,15 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, DEFAULT_MAX_AFFINITY,
     DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey,
     FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS,
     MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS,
-    MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
+    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, ReverseKey,
+    ReverseValue, ServiceName, SlotKey, SockState, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -150,6 +151,27 @@ named_map!(
     MAP_HEALTH_CONFIG == "HEALTH_CONFIG",
     /// Passive health settings, written by the agent at start; all zero (the default) is off.
     pub(crate) static HEALTH_CONFIG: Array<HealthConfig> = Array::with_max_entries(1, 0);
+);
+
+named_map!(
+    MAP_TRACE_EVENTS == "TRACE_EVENTS",
+    /// Decision events for `tierlb trace` (`TraceEvent`), reserved and written in place (`trace::decision`).
+    /// A ring buffer rather than a perf buffer: one buffer shared by the CPUs keeps events in order and its
+    /// memory is one allocation, and a failed reserve tells the program an event is lost, which it counts.
+    pub(crate) static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
+);
+
+named_map!(
+    MAP_TRACE_CONTROL == "TRACE_CONTROL",
+    /// The trace switch (`TraceControl`), set by `tierlb trace`: all zero (off) costs the connect programs
+    /// this one array lookup.
+    pub(crate) static TRACE_CONTROL: Array<TraceControl> = Array::with_max_entries(1, 0);
+);
+
+named_map!(
+    MAP_TRACE_SERVICES == "TRACE_SERVICES",
+    /// svc_id -> 1 for a trace filtered by Service or VIP (`TRACE_SELECTED`); read only while one runs.
+    pub(crate) static TRACE_SERVICES: HashMap<u32, u32> = HashMap::with_max_entries(TRACE_MAX_SERVICES, 0);
 );
 
 /// Each socket's own reverse state (`SockState`), freed by the kernel with the socket (`bpf_sk_storage_free`

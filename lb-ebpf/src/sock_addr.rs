@@ -16,13 +16,14 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
     ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
-    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, SlotKey, V4_MAPPED_WORD2, choose, counter_index,
+    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, SlotKey, TRACE_TORN, V4_MAPPED_WORD2, choose,
+    counter_index, trace_info,
 };
 
 use crate::{
     affinity, health,
     maps::{BACKEND_STATE, COUNTERS, FRONTENDS, SLOTS},
-    reverse,
+    reverse, trace,
 };
 
 /// Let the call proceed (possibly rewritten).
@@ -189,6 +190,12 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
         FOUND => unsafe { slot.assume_init_ref() },
         TORN => {
             count(GLOBAL_SVC_ID, COUNTER_FAIL_OPEN);
+            if trace::on() {
+                let hook = trace_info(v6, connect, false, false, false, false, 0);
+                // SAFETY: `frontend` wrote every field (of a torn copy: the event says so).
+                let torn = unsafe { slot.assume_init_ref() };
+                trace::decision(ctx, &key, torn, &lb_common::Choice::Error, hook | TRACE_TORN);
+            }
             return ALLOW;
         }
         _ => return ALLOW, // not a Service VIP: leave it alone
@@ -227,7 +234,18 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     };
     // SAFETY: helper without preconditions.
     let random = || unsafe { bpf_get_prandom_u32() };
+    // Slots met whose backend was down or held, for `trace` (a counter, no map access).
+    let mut downs = 0u32;
+    let lookup = {
+        let (mut lookup, downs) = (lookup, &mut downs);
+        move |index| {
+            let slot = lookup(index);
+            *downs += u32::from(matches!(slot, Slot::Down(_)));
+            slot
+        }
+    };
     let mut choice = choose(fe, lookup, random);
+    let none_live = matches!(choice, lb_common::Choice::Empty);
     if matches!(choice, lb_common::Choice::Empty) && saw_held {
         // Every allowed backend is held down or marked: rather than refuse everything on passive evidence,
         // take a random backend of the first tier unless the operator marked it down (the panic threshold).
@@ -244,6 +262,11 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     {
         // SAFETY: helper without preconditions.
         health::start_trial(backend, unsafe { bpf_ktime_get_boot_ns() });
+    }
+    if trace::on() {
+        let panic = none_live && matches!(choice, lb_common::Choice::Backend { .. });
+        let info = trace_info(v6, connect, sticky, trial && !sticky, panic, saw_held, downs);
+        trace::decision(ctx, &key, fe, &choice, info);
     }
     match choice {
         lb_common::Choice::Backend { tier, backend } => {

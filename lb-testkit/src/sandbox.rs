@@ -129,6 +129,8 @@ impl Drop for NetNs {
 /// A child cgroup under the cgroup2 mount, removed on drop (after its processes are gone).
 pub struct Cgroup {
     path: PathBuf,
+    /// Directories made above `path` by `nested`, deepest first: removed after it.
+    above: Vec<PathBuf>,
 }
 
 impl Cgroup {
@@ -137,7 +139,24 @@ impl Cgroup {
         let root = cgroup2_root()?;
         let path = root.join(unique(tag));
         std::fs::create_dir(&path).with_context(|| format!("creating cgroup {}", path.display()))?;
-        Ok(Self { path })
+        Ok(Self { path, above: Vec::new() })
+    }
+
+    /// A cgroup at `rel` (several levels, e.g. the kubelet's `kubepods/burstable/pod<uid>/<container>`)
+    /// below `parent`, which must outlive it; every level made here is removed on drop, deepest first.
+    pub fn nested(parent: &Cgroup, rel: &str) -> anyhow::Result<Self> {
+        let mut made = Vec::new();
+        let mut dir = parent.path.clone();
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            dir.push(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
+                made.push(dir.clone());
+            }
+        }
+        let path = made.pop().context("the nested cgroup exists already")?;
+        made.reverse();
+        Ok(Self { path, above: made })
     }
 
     /// Its directory in the cgroup2 mount (where programs attach and `cgroup.procs` is).
@@ -160,6 +179,9 @@ impl Drop for Cgroup {
         // The processes we put here are our children; they are ended by their own guards. Wait for them.
         for _ in 0..200 {
             if std::fs::remove_dir(&self.path).is_ok() || !self.path.exists() {
+                for dir in &self.above {
+                    let _ = std::fs::remove_dir(dir);
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));

@@ -1,4 +1,4 @@
-//! Command line: `tierlb agent | plan | explain | study | status | backend` (clap), and the one-shot
+//! Command line: `tierlb agent | plan | explain | study | status | backend | trace` (clap), and the one-shot
 //! commands' bodies. The agent itself lives in `agent`; this module only maps flags to its options.
 use std::{fmt::Write as _, net::SocketAddr, path::PathBuf};
 
@@ -71,6 +71,9 @@ pub enum Command {
     /// Mark a backend down for a while (new connects skip it at once and fall back to the next tier) or up
     /// again.
     Backend(BackendArgs),
+    /// Stream every translation decision of running agents from the kernel, one event per connect or
+    /// sendmsg to a Service VIP: who asked, which backend and tier it got and why, or why it was refused.
+    Trace(crate::trace::TraceArgs),
 }
 
 /// The node a command plans for.
@@ -294,7 +297,7 @@ pub struct BackendArgs {
     pub instance: Option<String>,
 }
 
-/// Where `status` and `backend` look for agents' pins by default.
+/// Where `status`, `backend` and `trace` look for agents' pins by default.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
 
 /// `tierlb status`.

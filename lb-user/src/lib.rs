@@ -19,3 +19,4 @@ pub mod skipped;
 pub mod source;
 pub mod status;
 pub mod study;
+pub mod trace;

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
         Command::Status(s) => tierlb::cli::run_status(s).map(Some),
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),
         Command::Backend(b) => tierlb::cli::run_backend(b).map(Some),
+        Command::Trace(t) => tierlb::trace::run(t).map(|()| None),
     };
     match result {
         Ok(out) => {

@@ -163,6 +163,17 @@ fn register_health(reg: &mut Registry, c: &Counts) {
     panics.inc_by(c[lb_common::GLOBAL_HEALTH_PANICS as usize]);
 }
 
+fn register_trace(reg: &mut Registry, c: &Counts) {
+    let lost = Counter::<u64>::default();
+    reg.register(
+        "trace_events_lost",
+        "Trace events the data path could not queue, the ring buffer full (`tierlb trace` fell behind or was \
+         stopped)",
+        lost.clone(),
+    );
+    lost.inc_by(c[lb_common::GLOBAL_TRACE_LOST as usize]);
+}
+
 /// A count as a gauge's value (counts of map entries, Services, ports: far below `i64::MAX`).
 pub(crate) fn gauge(entries: usize) -> i64 {
     i64::try_from(entries).unwrap_or(i64::MAX)
@@ -216,6 +227,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         fail_open.inc_by(c[COUNTER_FAIL_OPEN as usize]);
         unrecorded.inc_by(c[lb_common::COUNTER_REVERSE_UNRECORDED as usize]);
         register_health(reg, &c);
+        register_trace(reg, &c);
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
@@ -312,7 +324,7 @@ mod tests {
         }
     }
 
-    /// The program-wide counters hold their kind's index (fail-open 5, unrecorded reverse entries 6).
+    /// The program-wide counters hold their kind's index (fail-open 5, unrecorded reverse entries 6, ...).
     struct GlobalKinds;
 
     impl ReadCounters for GlobalKinds {
@@ -327,6 +339,7 @@ mod tests {
         let text = encode_text(&Snapshot::of(&rec, 64), &AgentStats::default(), Some(&GlobalKinds));
         assert!(text.contains("tierlb_fail_open_total 5"), "{text}");
         assert!(text.contains("tierlb_reverse_unrecorded_total 6"), "{text}");
+        assert!(text.contains("tierlb_trace_events_lost_total 4"), "{text}");
         assert!(text.contains("tierlb_backend_health_transitions_total{to=\"held\"} 1"), "{text}");
         assert!(text.contains("tierlb_backend_health_transitions_total{to=\"healthy\"} 2"), "{text}");
         assert!(text.contains("tierlb_backend_health_panics_total 3"), "{text}");

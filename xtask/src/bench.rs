@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--report]`: setup, release build, then the lab's benchmark.
+//! `cargo xtask bench [--quick] [--report] [--trace]`: setup, release build, then the lab's benchmark.
 use std::process::Command;
 
 use crate::{build, setup, util};
@@ -11,6 +11,9 @@ pub(crate) struct Options {
     /// Regenerate BENCHMARKS.md and the charts in bench/ at the repository root.
     #[arg(long)]
     pub report: bool,
+    /// The tierlb rows with `tierlb trace` consuming every decision (connect4's cost with tracing on).
+    #[arg(long)]
+    pub trace: bool,
 }
 
 pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
@@ -26,6 +29,9 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     }
     if o.report {
         cmd.arg("--report").arg(util::root());
+    }
+    if o.trace {
+        cmd.arg("--trace");
     }
     util::run(&mut cmd)
 }

@@ -15,6 +15,7 @@ mod fixture;
 mod load;
 mod report;
 mod run;
+mod tracing;
 mod workloads;
 
 pub use charts::charts;

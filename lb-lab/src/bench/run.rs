@@ -18,6 +18,7 @@ use super::{
     agent::agent_runs,
     figures::{ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad},
     load::{BACKEND, LoadMode, LoadResult, Sink},
+    tracing::Tracing,
     workloads::{EDITED, RULE_SETS, desired, target, vip},
 };
 
@@ -138,8 +139,9 @@ fn prog_stats(name: &str) -> Option<(u64, u64)> {
         .max_by_key(|x| x.1)
 }
 
-/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs.
-pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
+/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs. `trace`: the tierlb rows run with
+/// `tierlb trace` consuming every decision (connect4's cost with tracing on).
+pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Result<Report> {
     let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000, 100_000] };
     let per = 10;
     let ns = NetNs::new("bench")?;
@@ -159,12 +161,14 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool) -> anyhow::Result<Report> {
         let cg = Cgroup::new("bench")?;
         let caps =
             tierlb::datapath::ebpf::Capacities { services: 120_000, slots: 1_200_000, ..Default::default() };
-        let Loaded { mut programs, maps } = Loaded::load(caps, None)?;
+        let tracing = trace.then(Tracing::new).transpose()?;
+        let Loaded { mut programs, maps } = Loaded::load(caps, tracing.as_ref().map(Tracing::pins))?;
         let mut rec = Reconciler::new(maps);
         // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
         let health = tierlb::datapath::health::HealthSettings::default().config();
         tierlb::datapath::MapWriter::set_health_config(rec.writer_mut(), health)?;
         programs.attach(cg.path(), None)?;
+        let _tracer = tracing.as_ref().map(|t| t.start(tierlb)).transpose()?;
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
         for &n in counts {
             let d = desired(n, per);

@@ -100,6 +100,9 @@ enum Cmd {
         report: Option<PathBuf>,
         #[arg(long)]
         tierlb: Option<PathBuf>,
+        /// Run the tierlb rows with `tierlb trace` consuming every decision (connect4's cost, tracing on).
+        #[arg(long)]
+        trace: bool,
     },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
     Demo {
@@ -185,10 +188,10 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("result serialises"));
             ExitCode::SUCCESS
         }
-        Cmd::Bench { quick, report, tierlb } => {
+        Cmd::Bench { quick, report, tierlb, trace } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match lb_lab::bench::run(&me, &tierlb, quick) {
+            match lb_lab::bench::run(&me, &tierlb, quick, trace) {
                 Ok(r) => {
                     let md = lb_lab::bench::markdown(&r);
                     print!("{md}");

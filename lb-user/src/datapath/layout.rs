@@ -6,8 +6,9 @@ use aya::maps::MapData;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MemberKey, MemberValue,
-    ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_TRACE_CONTROL,
+    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName,
+    SlotKey, SockState, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::ebpf::{Capacities, DatapathError};
@@ -21,6 +22,9 @@ pub(super) struct MapSize {
     value: u32,
     value_of: fn(u32) -> u32,
 }
+
+/// `MapSize::flag` of a map no flag sizes.
+const FIXED: &str = "";
 
 pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
     let same = |n: u32| n;
@@ -40,6 +44,11 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_REVERSE | MAP_CONNECTED_UDP => (caps.reverse, "reverse", caps.reverse, same),
         // Socket storage has no capacity of its own (max_entries must be 0): it grows with the sockets.
         MAP_SOCKS => (0, "reverse", caps.reverse, |_| 0),
+        // The trace maps have fixed sizes (a ring buffer's max_entries is its size in bytes) that no flag
+        // changes (`FIXED`): a pin of another size is another version's layout.
+        MAP_TRACE_EVENTS => (TRACE_RING_BYTES, FIXED, 0, |_| 0),
+        MAP_TRACE_CONTROL => (1, FIXED, 0, |_| 0),
+        MAP_TRACE_SERVICES => (TRACE_MAX_SERVICES, FIXED, 0, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }
@@ -63,6 +72,9 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
             MAP_HEALTH => (size_of::<Backend>() as u32, size_of::<Health>() as u32),
             MAP_HEALTH_CONFIG => (4, size_of::<HealthConfig>() as u32),
+            MAP_TRACE_EVENTS => (0, 0),
+            MAP_TRACE_CONTROL => (4, size_of::<TraceControl>() as u32),
+            MAP_TRACE_SERVICES => (4, 4),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };
@@ -82,6 +94,9 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             return Err(DatapathError::Incompatible { path: path.clone() });
         }
         let size = map_size(name, caps);
+        if info.max_entries() != size.entries && size.flag == FIXED {
+            return Err(DatapathError::Incompatible { path: path.clone() });
+        }
         if info.max_entries() != size.entries {
             return Err(DatapathError::Capacity {
                 path: path.clone(),

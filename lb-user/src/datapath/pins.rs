@@ -1,10 +1,10 @@
 //! Pinning: where an agent instance keeps its maps and program links on a bpffs, so that they outlive the
-//! agent (a restarted agent adopts them; `tierlb status` and `tierlb backend` open them), and how they are
-//! found and removed again.
+//! agent (a restarted agent adopts them; `tierlb status`, `tierlb backend` and `tierlb trace` open them),
+//! and how they are found and removed again.
 //!
-//! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::PINNED_MAPS` (the maps and the socket
-//! storage), `BPFFS/<instance>/link_<program>` for each attached program (`ebpf::PROGRAMS`, the eight
-//! sock_addr programs, `sock_release` and `sock_ops`).
+//! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::PINNED_MAPS` (the maps, the socket storage
+//! and the trace maps), `BPFFS/<instance>/link_<program>` for each attached program (`ebpf::PROGRAMS`, the
+//! eight sock_addr programs, `sock_release` and `sock_ops`).
 use std::path::{Path, PathBuf};
 
 use lb_common::{MAP_FRONTENDS, PINNED_MAPS};

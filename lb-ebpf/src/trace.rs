@@ -1,0 +1,89 @@
+//! `tierlb trace`: one event per decision of connect4/6 and sendmsg4/6 for a Service VIP, in the
+//! `TRACE_EVENTS` ring buffer, while the trace command has `TRACE_CONTROL` on.
+//!
+//! Free when off: `on` is one array lookup (which the JIT inlines), and everything else is out of line in
+//! `decision`, so the connect programs neither run nor hold on their stack anything of this unless a trace
+//! runs. The event is reserved in the ring buffer and written in place, never built on the stack: the
+//! connect programs are close to the verifier's 512-byte bound over a call chain.
+use core::ptr::addr_of_mut;
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_pid_tgid, bpf_get_netns_cookie, bpf_get_socket_cookie,
+        bpf_ktime_get_boot_ns, generated::bpf_get_current_comm,
+    },
+    programs::SockAddrContext,
+};
+use lb_common::{
+    Backend, Choice, ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FLAG_EMPTY_IS_DROP, FrontendKey,
+    FrontendValue, GLOBAL_SVC_ID, GLOBAL_TRACE_LOST, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED, OUTCOME_TRANSLATED,
+    TIER_COUNT, TRACE_OFF, TRACE_SELECTED, TraceEvent, first_nonempty_tier,
+};
+
+use crate::{
+    maps::{TRACE_CONTROL, TRACE_EVENTS, TRACE_SERVICES},
+    sock_addr::count,
+};
+
+/// Whether a trace runs: the one lookup the connect programs pay when none does.
+#[inline(always)]
+pub(crate) fn on() -> bool {
+    TRACE_CONTROL.get(0).is_some_and(|c| c.mode != TRACE_OFF)
+}
+
+/// Record one decision: `choice` for the frontend `key` (`fe`), with `info` (`lb_common::trace_info`, or
+/// `TRACE_TORN` and the hook bits). A frontend a filtered trace did not select is left out; a full ring
+/// buffer counts the event as lost (`GLOBAL_TRACE_LOST`).
+///
+/// Out of line, with its arguments by reference: its locals and the helpers' scratch stay off the connect
+/// programs' stack.
+#[inline(never)]
+pub(crate) fn decision(
+    ctx: &SockAddrContext,
+    key: &FrontendKey,
+    fe: &FrontendValue,
+    choice: &Choice<Backend>,
+    info: u32,
+) {
+    let Some(control) = TRACE_CONTROL.get(0) else { return };
+    // SAFETY: a plain read of a hash value.
+    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(fe.svc_id) }.is_none() {
+        return;
+    }
+    let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else {
+        count(GLOBAL_SVC_ID, GLOBAL_TRACE_LOST);
+        return;
+    };
+    let e = entry.as_mut_ptr();
+    let (outcome, tier, errno, backend) = match *choice {
+        Choice::Backend { tier, backend } => (OUTCOME_TRANSLATED, tier as u8, 0, backend),
+        Choice::Empty if fe.flags & FLAG_EMPTY_IS_DROP != 0 => {
+            (OUTCOME_REFUSED, 0, ERRNO_NO_LOCAL_ENDPOINT as u8, Backend::default())
+        }
+        Choice::Empty => (OUTCOME_REFUSED, 0, ERRNO_NO_ENDPOINTS as u8, Backend::default()),
+        Choice::Error => (OUTCOME_FAIL_OPEN, 0, 0, Backend::default()),
+    };
+    // SAFETY: `e` points at a reserved, 8-aligned ring buffer record of `size_of::<TraceEvent>()` bytes, ours
+    // until submitted; every field is written (the record is not zeroed) through raw field pointers, as the
+    // memory is uninitialised. The helpers take the program's context or nothing; bpf_get_current_comm writes
+    // at most 16 bytes, the size of `comm`.
+    unsafe {
+        addr_of_mut!((*e).time_ns).write(bpf_ktime_get_boot_ns());
+        addr_of_mut!((*e).cookie).write(bpf_get_socket_cookie(ctx.sock_addr.cast()));
+        addr_of_mut!((*e).netns_cookie).write(bpf_get_netns_cookie(ctx.sock_addr.cast()));
+        addr_of_mut!((*e).cgroup_id).write(bpf_get_current_cgroup_id());
+        addr_of_mut!((*e).frontend).write(*key);
+        addr_of_mut!((*e).backend).write(backend);
+        addr_of_mut!((*e).svc_id).write(fe.svc_id);
+        addr_of_mut!((*e).pid).write((bpf_get_current_pid_tgid() >> 32) as u32);
+        bpf_get_current_comm(addr_of_mut!((*e).comm).cast(), 16);
+        addr_of_mut!((*e).outcome).write(outcome);
+        addr_of_mut!((*e).tier).write(tier);
+        addr_of_mut!((*e).errno).write(errno);
+        addr_of_mut!((*e)._pad).write(0);
+        addr_of_mut!((*e).frontend_flags).write(fe.flags);
+        addr_of_mut!((*e).info).write(info);
+        addr_of_mut!((*e).first_tier).write(first_nonempty_tier(fe).unwrap_or(TIER_COUNT) as u32);
+    }
+    entry.submit(0);
+}
