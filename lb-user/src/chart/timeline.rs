@@ -24,7 +24,7 @@ pub struct Series {
     pub dashed: bool,
 }
 
-/// A span of time shaded in a row, its label written in it.
+/// A span of time shaded in a row, its label over it.
 #[derive(Clone, Debug)]
 pub struct Span {
     /// Its start, in the x axis' unit.
@@ -86,7 +86,9 @@ pub struct Timeline {
 const PANEL_W: i32 = 330;
 const GAP: i32 = 30;
 const ROW_H: i32 = 84;
-const ROW_GAP: i32 = 12;
+const ROW_GAP: i32 = 22;
+/// Between a row's frame and its 0% and 100%, so that a line at either end stays clear of the frame.
+const PAD: i32 = 5;
 /// How high a mark's tick stands on the row's floor.
 const MARK_H: i32 = 12;
 /// The shading of a span.
@@ -114,7 +116,8 @@ pub fn timeline_chart(t: &Timeline) -> Result<String, ChartError> {
         heads.iter().map(|(a, b)| px(a.len()) * line_h(HEAD) + px(b.len()) * line_h(TEXT)).max().unwrap_or(0)
             + 8;
     let top = heading_h(&t.title, &t.subtitle, width) + legend_h(&entries, inner) + 12;
-    let plots_top = top + head_h;
+    // Room for the first row's span labels.
+    let plots_top = top + head_h + line_h(SMALL);
     let plots_h = px(rows) * (ROW_H + ROW_GAP) - ROW_GAP;
     let height = plots_top + plots_h + 6 + 2 * line_h(TEXT) + 12;
 
@@ -186,23 +189,26 @@ impl Cell {
     }
 
     fn y(&self, v: f64) -> i32 {
-        self.y0 + ROW_H - px_f(v.clamp(0.0, 1.0) * f64::from(ROW_H) - 0.5)
+        self.y0 + ROW_H - PAD - px_f(v.clamp(0.0, 1.0) * f64::from(ROW_H - 2 * PAD) - 0.5)
     }
 
     /// Spans, grid, lines, marks and frame, in that order (later ones on top).
     fn draw(&self, area: &Area<'_>, t: &Timeline, row: &Row, steps: &[f64]) -> Result<(), ChartError> {
         let (x1, y1) = (self.x0 + PANEL_W, self.y0 + ROW_H);
         for s in &row.spans {
-            let (a, b) = (self.x(s.from), self.x(s.to).max(self.x(s.from) + 1));
+            // One pixel short at the end, so that spans end to end (a pod down, then held) stay apart.
+            let (a, b) = (self.x(s.from), (self.x(s.to) - 1).max(self.x(s.from) + 1));
             area.draw(&Rectangle::new([(a, self.y0), (b, y1)], RGBColor::from(SHADE).filled()))?;
-            // The label inside the span where it fits, else beside it on the side with more room.
-            let w = text_w(&s.label, SMALL);
-            let (at, anchor) = if b - a >= w + 6 || x1 - b < w + 6 {
-                ((a + 3).min(x1 - w - 3), HPos::Left)
-            } else {
-                (b + 3, HPos::Left)
-            };
-            text(area, &s.label, (at, self.y0 + 3), SMALL, Rgb(0x33, 0x33, 0x33), (anchor, VPos::Top))?;
+            // The label over the span, in the gap above the row, where no line runs.
+            let at = a.min(x1 - text_w(&s.label, SMALL));
+            text(
+                area,
+                &s.label,
+                (at, self.y0 - 2),
+                SMALL,
+                Rgb(0x33, 0x33, 0x33),
+                (HPos::Left, VPos::Bottom),
+            )?;
         }
         let grid = RGBColor::from(GREY).mix(0.25).stroke_width(1);
         area.draw(&PathElement::new(vec![(self.x0, self.y(0.5)), (x1, self.y(0.5))], grid))?;
