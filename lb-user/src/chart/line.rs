@@ -118,8 +118,13 @@ where
         } else {
             ctx.draw_series(LineSeries::new(l.points.iter().copied(), style))?
         };
-        anno.label(l.name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], colour.stroke_width(2)));
+        // The legend's stroke as the line is drawn: whole, or in two dashes.
+        let gap = if l.dashed { (8, 12) } else { (18, 18) };
+        anno.label(l.name.as_str()).legend(move |(x, y)| {
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(0, 0), (gap.0, 0)], colour.stroke_width(2))
+                + PathElement::new(vec![(gap.1, 0), (20, 0)], colour.stroke_width(2))
+        });
         if l.markers {
             ctx.draw_series(l.points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
         }

@@ -215,7 +215,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::study::{PhaseResult, ProxyModel};
+    use crate::study::{MODELS, PhaseResult, ProxyModel};
 
     fn model(model: ProxyModel, label: &str, shares: &[(&str, f64)], failed: f64, hang: f64) -> ModelResult {
         ModelResult {
@@ -250,7 +250,7 @@ mod tests {
                             0.0,
                             0.0,
                         ),
-                        model(ProxyModel::NodeName, long, &[("10.0.0.1", 0.5), ("10.0.0.2", 0.5)], 0.0, 0.0),
+                        model(MODELS[1], long, &[("10.0.0.1", 0.5), ("10.0.0.2", 0.5)], 0.0, 0.0),
                     ],
                 },
                 PhaseResult {
@@ -302,6 +302,35 @@ mod tests {
             "25%",
         ] {
             assert!(texts.iter().any(|t| t == want), "no {want:?} in {texts:?}");
+        }
+    }
+
+    #[test]
+    fn six_models_with_long_labels_wrap_under_their_own_bars() {
+        let mut r = result();
+        let labels = [
+            "kube-proxy-1.35",
+            "tierlb (passive health, K=3)",
+            "cilium-1.18 (zone hints only)",
+            "cilium-1.20 (nodeName, then cluster)",
+            "calico-ebpf-3.32 (hints, no safeguard)",
+            "zone-only",
+        ];
+        r.phases[0].models = labels
+            .iter()
+            .map(|l| model(MODELS[0], l, &[("10.0.0.1", 0.65), ("10.0.0.2", 0.35)], 0.0, 0.0))
+            .collect();
+        let svg = study_chart(&r).unwrap();
+        assert!(svg.starts_with(&format!("<svg width=\"{}\"", LEFT + 6 * SLOT + RIGHT)), "{svg}");
+        let texts = crate::chart::texts(&svg);
+        for piece in ["kube-proxy-1.35", "cilium-1.20", "(nodeName, then", "cluster)", "calico-ebpf-3.32"] {
+            assert!(texts.iter().any(|t| t == piece), "no {piece:?} in {texts:?}");
+        }
+        // Every piece of every label fits its bar's column, by the layout's own (generous) estimate.
+        for label in labels {
+            for line in wrap(label, chars_in(SLOT - 10, TEXT)) {
+                assert!(text_w(&line, TEXT) <= SLOT - 10, "{line:?}");
+            }
         }
     }
 
