@@ -9,7 +9,7 @@
 mod charts;
 mod figures;
 #[cfg(test)]
-mod fixture;
+pub(crate) mod fixture;
 mod load;
 mod report;
 mod run;

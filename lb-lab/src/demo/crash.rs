@@ -284,8 +284,8 @@ pub(super) fn pod_crash(
         pass(ok)
     );
     let verdict = format!(
-        "{}: node-1 lost {} requests (K={k}), then went to the other nodes until its kernel's hold ended; \
-         kube-proxy: {} lost",
+        "{}: node-1 lost {} requests (K={k}), then went to the other nodes until its kernel's hold ended \
+         (kube-proxy would lose all {} sent while the pod was down)",
         pass(ok),
         seen[0].failed,
         seen[0].while_down,
