@@ -13,6 +13,7 @@
 //! 5. A pod crashes before the EndpointSlice says so (`crash`): passive health in each node's kernel, next to
 //!    the study's prediction and to kube-proxy.
 mod crash;
+pub(crate) mod timeline;
 
 use std::{
     collections::BTreeMap,
@@ -29,7 +30,6 @@ use lb_testkit::{
     sandbox::BpfFs,
 };
 use tierlb::{
-    chart::{Legend, Line, LineChart, PALETTE, line_chart},
     model::{NodeInfo, ObjKey},
     plan,
     source::manifests::ManifestDir,
@@ -65,10 +65,14 @@ impl Elapsed {
 }
 
 /// A node's roll window: (node index, start s, end s), relative to the clients' start.
-type Window = (usize, f64, f64);
+type RollWindow = (usize, f64, f64);
 
 /// One roll of the DaemonSet under `svc`'s settings while clients run; returns the clients' reports.
-fn roll_phase(c: &mut SimCluster, svc: &Svc, clock: &Elapsed) -> anyhow::Result<(Vec<Report>, Vec<Window>)> {
+fn roll_phase(
+    c: &mut SimCluster,
+    svc: &Svc,
+    clock: &Elapsed,
+) -> anyhow::Result<(Vec<Report>, Vec<RollWindow>)> {
     let mut generation = [0u8; 3];
     let ep = |node: usize, g: u8| Ep::ready(pod_ip(node, g), NODES[node]).prefer_same_node();
     let mut eps: Vec<Ep> = (0..3).map(|i| ep(i, 0)).collect();
@@ -165,53 +169,17 @@ fn roll_table(reports: &[Report]) -> (usize, f64, usize) {
     (failed, slowest, remote)
 }
 
-/// Success rate (solid) and off-node share (dashed) per node over time, in 250 ms bins, for the chart;
-/// coloured by the caller.
-fn timeline(reports: &[Report], phase: &str) -> Vec<Line> {
-    let mut series = Vec::new();
-    for (i, r) in reports.iter().enumerate() {
-        let mut bins: BTreeMap<i64, (f64, f64, f64)> = BTreeMap::new();
-        for a in &r.attempts {
-            let b = bins.entry((a.t_ms / 250.0) as i64).or_default();
-            b.0 += 1.0;
-            if a.error.is_none() {
-                b.1 += 1.0;
-            }
-            if a.backend.as_deref().is_some_and(|x| !own(i, x)) {
-                b.2 += 1.0;
-            }
-        }
-        let ok = bins.iter().map(|(k, v)| (*k as f64 * 0.25, v.1 / v.0)).collect();
-        let off = bins.iter().map(|(k, v)| (*k as f64 * 0.25, v.2 / v.0)).collect();
-        let line =
-            |name: String, points, dashed| Line { name, points, colour: PALETTE[0], dashed, markers: false };
-        series.push(line(format!("{phase} {} success", NODES[i]), ok, false));
-        series.push(line(format!("{phase} {} off-node share", NODES[i]), off, true));
-    }
-    series
-}
-
-/// The demo's chart: every phase's timelines, each line a colour of its own.
-fn timeline_chart(mut lines: Vec<Line>) -> Result<String, tierlb::chart::ChartError> {
-    for (i, l) in lines.iter_mut().enumerate() {
-        l.colour = PALETTE[i % PALETTE.len()];
-    }
-    let x_max = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0)).fold(1.0, f64::max);
-    line_chart(
-        &LineChart {
-            title: "per-node success and off-node share over time (250 ms bins)",
-            size: (1080, 420),
-            x_desc: "seconds",
-            y_desc: "fraction",
-            x: 0.0..x_max,
-            log_x: false,
-            y: 0.0..1.0,
-            x_decimals: 1,
-            y_decimals: 2,
-            legend: Legend::Right,
-        },
-        &lines,
-    )
+/// The roll windows as the chart shades them, one list per node.
+fn shaded(windows: &[RollWindow]) -> Vec<Vec<timeline::Window>> {
+    (0..NODES.len())
+        .map(|i| {
+            windows
+                .iter()
+                .filter(|w| w.0 == i)
+                .map(|&(_, from, to)| timeline::Window { from, to, label: "rolling".into() })
+                .collect()
+        })
+        .collect()
 }
 
 /// Each backend's share of the connects to `target` when node i sends `weights[i]` of them.
@@ -230,8 +198,8 @@ fn shares(c: &SimCluster, weights: [usize; 3], target: SocketAddr) -> anyhow::Re
 }
 
 /// Run the demo with the `tierlb` agent binary and the `lab` client binary (`tierlb-lab`), printing each
-/// phase's table and verdict and writing `demo-timeline.svg` into `out_dir`; `Ok(true)` if every verdict
-/// passed.
+/// phase's table and verdict and writing `demo-timeline.svg` into `out_dir`, with the data it is drawn from
+/// (`demo-timeline.json`, see [`timeline`]); `Ok(true)` if every verdict passed.
 pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     let clock = Elapsed(Instant::now());
     println!(
@@ -263,7 +231,8 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
 
     std::fs::create_dir_all(out_dir)?;
     let svg = out_dir.join("demo-timeline.svg");
-    std::fs::write(&svg, timeline_chart(chart)?)?;
+    std::fs::write(&svg, timeline::timeline_chart(&chart)?)?;
+    std::fs::write(out_dir.join("demo-timeline.json"), serde_json::to_string(&chart)? + "\n")?;
     drop(c);
     println!(
         "\n{} demo finished in {:.0} s; chart: {}",
@@ -274,13 +243,29 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
+/// Redraw the chart from a run's recorded `demo-timeline.json` into `out_dir`; returns the chart's path.
+pub fn redraw(json: &Path, out_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
+    let acts: Vec<timeline::Act> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a demo's recorded timeline", json.display()))?;
+    std::fs::create_dir_all(out_dir)?;
+    let svg = out_dir.join("demo-timeline.svg");
+    std::fs::write(&svg, timeline::timeline_chart(&acts)?)?;
+    Ok(svg)
+}
+
 /// Act 1: the DaemonSet rolls under `internalTrafficPolicy: Local`; each node loses its traffic in its
 /// window, and tierlb fails those requests at once where kube-proxy would drop them.
-fn local_roll(c: &mut SimCluster, svc: &Svc, clock: &Elapsed, chart: &mut Vec<Line>) -> anyhow::Result<bool> {
+fn local_roll(
+    c: &mut SimCluster,
+    svc: &Svc,
+    clock: &Elapsed,
+    chart: &mut Vec<timeline::Act>,
+) -> anyhow::Result<bool> {
     println!(
         "\n-- 1. internalTrafficPolicy: Local (+ trafficDistribution: PreferSameNode, a dead line): the DaemonSet rolls"
     );
-    let (r1, _) = roll_phase(c, svc, clock)?;
+    let (r1, windows) = roll_phase(c, svc, clock)?;
     let (failed, slowest, _) = roll_table(&r1);
     println!(
         "   kube-proxy would have DROPPED those {failed} requests: each client waits its full {TIMEOUT_S:.0} s timeout \
@@ -292,7 +277,12 @@ fn local_roll(c: &mut SimCluster, svc: &Svc, clock: &Elapsed, chart: &mut Vec<Li
         "   verdict: {} - a Local policy loses a node's traffic during its roll; tierlb makes the loss instant",
         pass(v1)
     );
-    chart.extend(timeline(&r1, "Local"));
+    let verdict = format!(
+        "{}: each node's requests failed in its own roll window, {failed} in all, each within {slowest:.1} ms \
+         (kube-proxy: a {TIMEOUT_S:.0} s hang each)",
+        pass(v1)
+    );
+    chart.push(timeline::record("1. internalTrafficPolicy: Local", verdict, &r1, &shaded(&windows)));
     Ok(v1)
 }
 
@@ -301,7 +291,7 @@ fn prefer_same_node_roll(
     c: &mut SimCluster,
     svc: &Svc,
     clock: &Elapsed,
-    chart: &mut Vec<Line>,
+    chart: &mut Vec<timeline::Act>,
 ) -> anyhow::Result<bool> {
     println!("\n-- 2. trafficDistribution: PreferSameNode (internalTrafficPolicy unset): the same roll");
     for i in 0..3 {
@@ -326,7 +316,12 @@ fn prefer_same_node_roll(
         "   verdict: {} - PreferSameNode falls back to the other nodes with zero failed requests",
         pass(v2)
     );
-    chart.extend(timeline(&r2, "PreferSameNode"));
+    let verdict = format!(
+        "{}: {failed2} failed; {remote2} requests answered by another node, each node only in its own window",
+        pass(v2)
+    );
+    let title = "2. trafficDistribution: PreferSameNode";
+    chart.push(timeline::record(title, verdict, &r2, &shaded(&windows)));
     Ok(v2)
 }
 
@@ -449,58 +444,4 @@ fn dns_through_a_vip(c: &mut SimCluster) -> anyhow::Result<bool> {
 /// A verdict as the demo prints it.
 fn pass(ok: bool) -> &'static str {
     if ok { "PASS" } else { "FAIL" }
-}
-
-#[cfg(test)]
-mod tests {
-    use lb_testkit::probe::Attempt;
-
-    use super::*;
-
-    /// A roll as the clients see it: every 50 ms for 10 s; node `i` fails or goes to another node (as
-    /// `fail` says) during its window, i..i+1 s after 2 s.
-    fn roll(fail: bool) -> Vec<Report> {
-        (0..3)
-            .map(|i| Report {
-                target: vip().to_string(),
-                attempts: (0..200)
-                    .map(|k| {
-                        let t_ms = 50.0 * f64::from(k);
-                        let window = (2000.0 + 1000.0 * i as f64..3000.0 + 1000.0 * i as f64).contains(&t_ms);
-                        let other = format!("cache-{}-g0", NODES[(i + 1) % 3]);
-                        let (backend, error) = match (window, fail) {
-                            (false, _) => (Some(pod_name(i, 0)), None),
-                            (true, true) => (None, Some("EHOSTUNREACH".to_owned())),
-                            (true, false) => (Some(other), None),
-                        };
-                        Attempt { t_ms, ms: 0.2, backend, error, peer: None }
-                    })
-                    .collect(),
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_timeline_chart_draws_both_phases_for_every_node() {
-        let mut lines = timeline(&roll(true), "Local");
-        lines.extend(timeline(&roll(false), "PreferSameNode"));
-        assert_eq!(lines.len(), 12);
-        let local = &lines[0];
-        assert_eq!(local.name, "Local node-1 success");
-        assert!(local.points.contains(&(2.0, 0.0)) && local.points.contains(&(1.0, 1.0)), "{local:?}");
-        assert!(lines[3].dashed && lines[3].name == "Local node-2 off-node share");
-        let svg = timeline_chart(lines).unwrap();
-        if let Some(dir) = std::env::var_os("TIERLB_CHART_DIR") {
-            std::fs::write(Path::new(&dir).join("demo-timeline.svg"), &svg).unwrap();
-        }
-        for want in [
-            "per-node success and off-node share over time (250 ms bins)",
-            "seconds",
-            "fraction",
-            "Local node-3 success",
-            "PreferSameNode node-1 off-node share",
-        ] {
-            assert!(svg.contains(want), "no {want:?}");
-        }
-    }
 }

@@ -4,3 +4,5 @@
 #![warn(missing_docs)]
 pub mod bench;
 pub mod demo;
+#[cfg(test)]
+mod render;

@@ -269,7 +269,7 @@ pub struct StudyArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
-    /// Also write a bar chart of each endpoint's share per model and phase.
+    /// Also write an SVG chart: a panel per phase, a stacked bar per model (endpoint shares, failed, hang).
     #[arg(long)]
     pub chart: Option<PathBuf>,
 }

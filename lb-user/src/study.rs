@@ -351,7 +351,9 @@ fn label(model: ProxyModel, sc: &Scenario) -> String {
     match model {
         ProxyModel::Tierlb => sc.health.label(),
         ProxyModel::Cilium117 | ProxyModel::Cilium118 | ProxyModel::Cilium120 => {
-            format!("{} (serviceTopology={})", model.name(), sc.cilium.service_topology)
+            // Words short enough to wrap under a chart's bar ("serviceTopology=true" would not).
+            let on = if sc.cilium.service_topology { "on" } else { "off" };
+            format!("{} (service topology {on})", model.name())
         }
         ProxyModel::KubeProxy | ProxyModel::CalicoEbpf332 => model.name().to_owned(),
     }

@@ -91,8 +91,8 @@ fn the_cilium_labels_say_whether_service_topology_was_on() {
     let on = run("multizone");
     let off = run("service-topology-off");
     for m in [ProxyModel::Cilium117, ProxyModel::Cilium118, ProxyModel::Cilium120] {
-        assert_eq!(get(&on, 0, m).label, format!("{} (serviceTopology=true)", m.name()));
-        assert_eq!(get(&off, 0, m).label, format!("{} (serviceTopology=false)", m.name()));
+        assert_eq!(get(&on, 0, m).label, format!("{} (service topology on)", m.name()));
+        assert_eq!(get(&off, 0, m).label, format!("{} (service topology off)", m.name()));
     }
     assert_eq!(get(&on, 0, ProxyModel::CalicoEbpf332).label, "calico-ebpf-3.32");
     assert_eq!(get(&on, 0, ProxyModel::KubeProxy).label, "kube-proxy-1.35");

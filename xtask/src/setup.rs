@@ -12,7 +12,9 @@ pub(crate) struct Options {}
 /// Debian packages: LLVM 22 for bpf-linker (same major as rustc's LLVM), bpftool and iproute2 for the
 /// in-kernel tests, the demo and debugging.
 /// iptables and nftables are what the benchmark compares against.
-const PACKAGES: &[&str] = &["llvm-22-dev", "bpftool", "iproute2", "iptables", "nftables"];
+/// librsvg2-bin's rsvg-convert rasterises the charts for the render test (lb-lab `render`), which looks at
+/// them as a person would.
+const PACKAGES: &[&str] = &["llvm-22-dev", "bpftool", "iproute2", "iptables", "nftables", "librsvg2-bin"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

@@ -1,7 +1,7 @@
 //! The charts `--report` writes under bench/: p50 latency against the number of Services, one per load mode.
 use std::ops::Range;
 
-use tierlb::chart::{ChartError, Legend, Line, LineChart, Rgb, line_chart};
+use tierlb::chart::{ChartError, Legend, Line, LineChart, Rgb, line_chart, okabe_ito};
 
 use super::{
     figures::{DataPath, Report},
@@ -13,13 +13,14 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String)>, ChartError> {
     LoadMode::ALL.iter().map(|m| Ok((format!("latency-{}.svg", m.as_str()), latency_chart(r, *m)?))).collect()
 }
 
-/// A data path's colour in the charts.
+/// A data path's colour in the charts, from Okabe and Ito's colour-blind-safe palette (the former
+/// red/green pair for iptables/nftables is the one most readers with a deficiency cannot tell apart).
 fn colour(path: DataPath) -> Rgb {
     match path {
-        DataPath::Direct => Rgb(60, 60, 60),
-        DataPath::Tierlb => Rgb(31, 119, 180),
-        DataPath::Iptables => Rgb(214, 39, 40),
-        DataPath::Nftables => Rgb(44, 160, 44),
+        DataPath::Direct => okabe_ito::BLACK,
+        DataPath::Tierlb => okabe_ito::BLUE,
+        DataPath::Iptables => okabe_ito::VERMILLION,
+        DataPath::Nftables => okabe_ito::GREEN,
     }
 }
 
@@ -35,7 +36,8 @@ fn latency_chart(r: &Report, mode: LoadMode) -> Result<String, ChartError> {
             name: name.to_owned(),
             points,
             colour: colour(path),
-            dashed: false,
+            // The floor is a reference level, not a measured series: dashed.
+            dashed: path == DataPath::Direct,
             markers,
         };
         if path == DataPath::Direct {
@@ -59,7 +61,7 @@ fn latency_chart(r: &Report, mode: LoadMode) -> Result<String, ChartError> {
             title: &format!("p50 latency of {}", mode.title()),
             size: (760, 440),
             x_desc: "Services programmed (log scale)",
-            y_desc: "p50 latency (us)",
+            y_desc: "p50 latency (µs)",
             x: SERVICES,
             log_x: true,
             y: 0.0..ymax,

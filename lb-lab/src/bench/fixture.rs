@@ -20,7 +20,7 @@ fn result(p50: f64) -> LoadResult {
     }
 }
 
-pub(super) fn report() -> Report {
+pub(crate) fn report() -> Report {
     let mut rows = Vec::new();
     for mode in LoadMode::ALL {
         let extra = if mode == LoadMode::Rr { 10.0 } else { 0.0 };

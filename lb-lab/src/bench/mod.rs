@@ -11,7 +11,7 @@ mod apiserver;
 mod charts;
 mod figures;
 #[cfg(test)]
-mod fixture;
+pub(crate) mod fixture;
 mod load;
 mod report;
 mod run;

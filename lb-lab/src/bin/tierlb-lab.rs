@@ -109,9 +109,12 @@ enum Cmd {
         /// The tierlb binary (default: next to this one).
         #[arg(long)]
         tierlb: Option<PathBuf>,
-        /// Where to write the chart.
+        /// Where to write the chart (demo-timeline.svg) and the data it is drawn from (demo-timeline.json).
         #[arg(long, default_value = ".")]
         out_dir: PathBuf,
+        /// Run nothing: redraw OUT_DIR/demo-timeline.svg from a run's recorded demo-timeline.json.
+        #[arg(long, value_name = "JSON")]
+        chart_from: Option<PathBuf>,
     },
 }
 
@@ -209,7 +212,17 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Cmd::Demo { tierlb, out_dir } => {
+        Cmd::Demo { chart_from: Some(json), out_dir, .. } => match lb_lab::demo::redraw(&json, &out_dir) {
+            Ok(svg) => {
+                println!("{}", svg.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("tierlb-lab demo: error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Demo { tierlb, out_dir, chart_from: None } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
             match lb_lab::demo::run(&tierlb, &me, &out_dir) {

@@ -17,15 +17,15 @@ use lb_testkit::{
     cluster::{ProbeRun, SimCluster},
     probe::Report,
 };
-use tierlb::{
-    chart::Line,
-    study::{
-        self, Crash, HealthParams, ModelResult, ProxyModel, ScChange, ScEndpoint, ScPhase, ScService,
-        Scenario,
-    },
+use tierlb::study::{
+    self, Crash, HealthParams, ModelResult, ProxyModel, ScChange, ScEndpoint, ScPhase, ScService, Scenario,
 };
 
-use super::{Elapsed, INTERVAL, NODES, TIMEOUT_S, cache_plan, own, pass, pod_ip, pod_name, study_nodes, vip};
+use super::{
+    Elapsed, INTERVAL, NODES, TIMEOUT_S, cache_plan, own, pass, pod_ip, pod_name, study_nodes,
+    timeline::{self, Act, Window},
+    vip,
+};
 
 /// The clients run this long before the crash.
 const CRASH_AT: Duration = Duration::from_millis(500);
@@ -171,6 +171,15 @@ fn replay(c: &mut SimCluster, bpffs: &Path, clock: &Elapsed, hold: Duration) -> 
     Ok(Run { reports, crash, back, hold_ends, transitions })
 }
 
+/// node-1's windows on the chart: its process down, then held by its kernel after it came back.
+fn windows(run: &Run) -> Vec<Window> {
+    let mut w = vec![Window { from: run.crash, to: run.back, label: "down".into() }];
+    if let Some(end) = run.hold_ends.filter(|end| *end > run.back) {
+        w.push(Window { from: run.back, to: end, label: "held".into() });
+    }
+    w
+}
+
 fn secs(t: Option<f64>, from: f64) -> String {
     t.map_or_else(|| "-".to_owned(), |t| format!("{:.2} s", t - from))
 }
@@ -234,7 +243,7 @@ pub(super) fn pod_crash(
     c: &mut SimCluster,
     bpffs: &Path,
     clock: &Elapsed,
-    chart: &mut Vec<Line>,
+    chart: &mut Vec<Act>,
 ) -> anyhow::Result<bool> {
     println!(
         "\n-- 5. A pod crashes before the EndpointSlice says so: PreferSameNode, node-1's cache process SIGKILLed"
@@ -275,7 +284,15 @@ pub(super) fn pod_crash(
          EndpointSlice changes; traffic returns after the hold",
         pass(ok)
     );
-    chart.extend(super::timeline(&run.reports, "pod crash"));
+    let verdict = format!(
+        "{}: node-1 lost {} requests (K={k}), then went to the other nodes until its kernel's hold ended \
+         (kube-proxy would lose all {} sent while the pod was down)",
+        pass(ok),
+        seen[0].failed,
+        seen[0].while_down,
+    );
+    let title = "5. A pod crashes (PreferSameNode, no EndpointSlice change)";
+    chart.push(timeline::record(title, verdict, &run.reports, &[windows(&run)]));
     Ok(ok)
 }
 
