@@ -1,4 +1,5 @@
-//! The charts `--report` writes under bench/: p50 latency against the number of Services, one per load mode.
+//! The charts `--report` writes under bench/: p50 latency against the number of Services, one per load mode,
+//! and the scale and control-plane charts (`scale_charts`).
 use std::ops::Range;
 
 use tierlb::chart::{ChartError, Legend, Line, LineChart, Rgb, line_chart, okabe_ito};
@@ -10,7 +11,12 @@ use super::{
 
 /// The charts `--report` writes: (file name under bench/, SVG).
 pub fn charts(r: &Report) -> Result<Vec<(String, String)>, ChartError> {
-    LoadMode::ALL.iter().map(|m| Ok((format!("latency-{}.svg", m.as_str()), latency_chart(r, *m)?))).collect()
+    let mut out: Vec<(String, String)> = LoadMode::ALL
+        .iter()
+        .map(|m| Ok((format!("latency-{}.svg", m.as_str()), latency_chart(r, *m)?)))
+        .collect::<Result<_, ChartError>>()?;
+    out.extend(super::scale_charts::scale_charts(r)?);
+    Ok(out)
 }
 
 /// A data path's colour in the charts, from Okabe and Ito's colour-blind-safe palette (the former
@@ -80,8 +86,8 @@ mod tests {
     #[test]
     fn each_mode_gets_a_chart_of_every_path() {
         let charts = charts(&super::super::fixture::report()).unwrap();
-        assert_eq!(charts.len(), 2);
-        for (name, svg) in &charts {
+        assert_eq!(charts.len(), 6);
+        for (name, svg) in charts.iter().filter(|(n, _)| n.starts_with("latency")) {
             assert!(svg.contains("<svg"), "{name}");
             for label in ["tierlb", "iptables", "nftables", "direct (pod IP, the floor)", "10000"] {
                 assert!(svg.contains(label), "{name} lacks {label}");

@@ -15,6 +15,7 @@ pub(crate) mod fixture;
 mod load;
 mod report;
 mod run;
+mod scale_charts;
 mod tracing;
 mod workloads;
 

@@ -50,6 +50,12 @@ pub fn markdown(r: &Report) -> String {
     for (what, figure) in control_rows(&r.control) {
         let _ = writeln!(s, "| {what} | {figure} |");
     }
+    s.push_str(
+        "\n![connect4's BPF time per call by number of Services](bench/scale-connect4.svg)\n\n\
+         ![time to program N Services: tierlb's maps, iptables-restore, nft -f](bench/scale-program.svg)\n\n\
+         ![agent start to ready by number of Services, manifests and kube](bench/control-ready.svg)\n\n\
+         ![agent RSS by number of Services, manifests and kube](bench/control-rss.svg)\n",
+    );
     s
 }
 
@@ -286,7 +292,7 @@ mod tests {
         let mut r = super::super::fixture::report();
         r.control = figures();
         let md = markdown(&r);
-        let section = &md[md.find("\n## Control plane").unwrap()..];
+        let section = &md[md.find("\n## Control plane").unwrap()..md.find("\n![connect4").unwrap()];
         assert_eq!(
             section,
             "
@@ -321,7 +327,7 @@ mod tests {
         let mut r = super::super::fixture::report();
         r.control.agent.clear();
         let md = markdown(&r);
-        assert!(!md.contains("agent"), "{md}");
+        assert!(!md.contains("agent ("), "{md}");
         assert!(
             md.contains(
                 "| 100,000 Services x 10 endpoints programmed from scratch in under 2 s | 2300 ms | no |"
