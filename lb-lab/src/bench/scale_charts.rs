@@ -21,7 +21,8 @@ fn frame<'a>(title: &'a str, y_desc: &'a str, ymax: f64) -> LineChart<'a> {
         log_x: true,
         y: 0.0..(ymax * 1.2).max(1.0),
         x_decimals: 0,
-        y_decimals: 0,
+        // Seconds below 10 need a decimal to tell their ticks apart.
+        y_decimals: usize::from(ymax < 10.0),
         legend: Legend::UpperLeft,
     }
 }
