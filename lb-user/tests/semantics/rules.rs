@@ -68,7 +68,7 @@ fn node_hints_apply_only_when_every_ready_endpoint_has_them_and_one_names_this_n
 }
 
 #[test]
-fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_matches() {
+fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_matches_only_the_empty_zone() {
     check(vec![
         Case {
             name: "all ready have forZones, one names zone a",
@@ -95,12 +95,23 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
             want: &["10.0.0.1", "10.0.0.2"],
         },
         Case {
-            name: "node with an empty zone label",
+            // kube-proxy reads the zone as `nodeLabels[topology.kubernetes.io/zone]`: "" for a node without
+            // the label, which a `forZones: [""]` hint (a valid label value) names (topology.go,
+            // `topologyModeFromHints`: `endpoint.ZoneHints().Has(zone)`).
+            name: "node with an empty zone label, an endpoint hinted for the empty zone",
             svc: svc(),
             eps: vec![e("10.0.0.1", "n1").zones(&[""]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", Some("")),
-            tier: SelectedTier::Cluster,
-            want: &["10.0.0.1", "10.0.0.2"],
+            tier: SelectedTier::Zone,
+            want: &["10.0.0.1"],
+        },
+        Case {
+            name: "node without zone label, an endpoint hinted for the empty zone",
+            svc: svc(),
+            eps: vec![e("10.0.0.1", "n1").zones(&[""]), e("10.0.0.2", "n2").zones(&["b"])],
+            node: node("n3", None),
+            tier: SelectedTier::Zone,
+            want: &["10.0.0.1"],
         },
         Case {
             name: "several zone hints per endpoint (Auto mode lends endpoints to other zones)",
