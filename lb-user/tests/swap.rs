@@ -1,6 +1,8 @@
 //! (g) of the in-kernel tests: while the reconciler swaps a Service between two backend sets as fast as it
-//! can, concurrent clients never see a half-written set: every connect succeeds and reaches a backend of one
-//! of the two sets. Needs root; a private netns and a child cgroup, removed on drop.
+//! can, concurrent clients never see a half-written set: every connect succeeds and reaches a backend of the
+//! node tier of one of the two sets (the cluster tiers hold other backends, so a connect that read one
+//! generation's ranges over another's slots would show), the data path counts every connect in the node tier
+//! and none failed open. Needs root; a private netns and a child cgroup, removed on drop.
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -77,7 +79,9 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
     rec.apply(&desired(&set_a, 1), Instant::now());
     programs.attach(cg.path(), None).unwrap();
 
-    let allowed: BTreeSet<String> = set_a.iter().chain(&set_b).map(ToString::to_string).collect();
+    // Each set's node tier is non-empty, so every connect must land there: a1, or b1/b2. The other backends
+    // are only in the cluster tiers.
+    let allowed: BTreeSet<String> = set_a[..1].iter().chain(&set_b[..2]).map(ToString::to_string).collect();
     let mut seen = BTreeSet::new();
     let (mut swaps, mut total, mut rounds) = (0u32, 0usize, 0u32);
     let mut slowest = Duration::ZERO;
@@ -112,6 +116,16 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         }
         assert!(seen.is_subset(&allowed), "{seen:?}");
     }
+    let status =
+        tierlb::status::Instance::read("swap", rec.writer(), tierlb::datapath::marks::boottime_ns()).unwrap();
+    assert_eq!(status.fail_open_total, 0, "no connect went through untranslated");
+    assert_eq!(status.frontends.len(), 1);
+    let c = &status.frontends[0].connections;
+    assert_eq!(
+        (c.node, c.zone, c.cluster, c.rejected, c.dropped, c.fail_open),
+        (total as u64, 0, 0, 0, 0, 0),
+        "every connect counted once, in the node tier"
+    );
     eprintln!(
         "{total} connects in {rounds} rounds during {swaps} swaps, no failure; slowest swap {slowest:?}"
     );
