@@ -286,7 +286,57 @@ fn the_agent_programs_exactly_the_plans_endpoints() {
         }
         assert_eq!(got.len(), want_frontends, "{node}: no extra frontends");
         assert!(want_frontends >= 4, "the example has several Services");
+        // The same maps against expectations written by hand from examples/story and DESIGN.md's rules, not
+        // from `tierlb plan` (which shares the planning code with the agent).
+        for (vip, tiers, flags) in story_maps(node) {
+            let key = addr::frontend_key(vip.ip(), vip.port(), 6);
+            let rb = got.get(&key).unwrap_or_else(|| panic!("{node}: no frontend for {vip}"));
+            let held: Vec<Vec<String>> = rb
+                .tiers
+                .iter()
+                .map(|t| {
+                    let mut v: Vec<String> = t.iter().map(|b| addr::backend_addr(b).to_string()).collect();
+                    v.sort();
+                    v
+                })
+                .collect();
+            assert_eq!(
+                held,
+                tiers.map(|t| t.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()),
+                "{node} {vip}"
+            );
+            assert_eq!(rb.value.flags, flags, "{node} {vip}: flags");
+        }
     }
+}
+
+/// What the maps must hold for examples/story on `node`, worked out by hand: (VIP:port, [node, zone,
+/// cluster] tiers, flags). The nodes have no zone label, so no zone tier anywhere.
+fn story_maps(node: &str) -> Vec<(SocketAddr, [&'static [&'static str]; 3], u32)> {
+    use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL};
+    let local_drop = FLAG_POLICY_LOCAL | FLAG_EMPTY_IS_DROP;
+    // booking-api: an unknown trafficDistribution gets no hints; the named port resolves to 8080 in the v1
+    // slices and 8081 in the v2 slice; dual-stack, one v6 endpoint.
+    let booking_v4: [&[&str]; 3] = [&[], &[], &["10.244.1.31:8080", "10.244.2.31:8080", "10.244.3.32:8081"]];
+    let booking_v6: [&[&str]; 3] = [&[], &[], &["[fd00:244::1:31]:8080"]];
+    let pdf_cluster: &[&str] = &["10.244.1.21:9000", "10.244.3.21:9000"];
+    let mut maps = vec![("10.96.0.40:80", booking_v4, 0), ("[fd00:96::40]:80", booking_v6, 0)];
+    match node {
+        // nginx-cache: internalTrafficPolicy Local wins over PreferSameNode: node-1's ready local pod.
+        // pdf-resume: the controller's forNodes hints name node-1's pod.
+        "node-1" => maps.extend([
+            ("10.96.0.20:80", [&["10.244.1.10:8080"][..], &[], &[]], local_drop),
+            ("10.96.0.30:80", [&["10.244.1.21:9000"][..], &[], pdf_cluster], 0),
+        ]),
+        // nginx-cache: node-2's pod is not ready but serving and terminating: the local set falls back to it.
+        // pdf-resume: no hint names node-2, so no node tier.
+        "node-2" => maps.extend([
+            ("10.96.0.20:80", [&["10.244.2.10:8080"][..], &[], &[]], local_drop),
+            ("10.96.0.30:80", [&[][..], &[], pdf_cluster], 0),
+        ]),
+        other => panic!("no expectation for {other}"),
+    }
+    maps.into_iter().map(|(vip, tiers, flags)| (vip.parse().unwrap(), tiers, flags)).collect()
 }
 
 /// An agent killed with SIGKILL leaves its programs attached and maps pinned; clients keep connecting with no
