@@ -117,7 +117,27 @@ fn random_choice_spreads_over_the_tier() {
     }
 }
 
-/// (d): one write to the backend-state map moves new connects to the next tier at once, none fails.
+/// The connection counters of the only frontend of `node`'s pinned maps: (node, zone, cluster) tiers.
+fn tier_counts(pins: &Path, node: &str) -> (u64, u64, u64) {
+    let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(&pins.join(node)).unwrap();
+    let st = tierlb::status::Instance::read(node, &maps, tierlb::datapath::marks::boottime_ns()).unwrap();
+    let c = &st.frontends[0].connections;
+    (c.node, c.zone, c.cluster)
+}
+
+/// Poll until `done` says yes (every 2 ms, for at most 20 s).
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// (d): one write to the backend-state map moves new connects to the next tier at once, none fails. The
+/// marks follow the client's progress as the data path counts it (no sleeps): node-1's pod is marked once
+/// the node tier has served 20 connects, node-2's once the zone tier has; the client's answers must then be
+/// node-1's, then node-2's, then node-3's, in that order, as many of each as the data path counted.
 #[test]
 fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a_failed_connect() {
     let mut c = cluster("down");
@@ -129,15 +149,16 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     let pin = bpffs.path().to_str().unwrap().to_owned();
     c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
 
-    let run = c.start_probe("node-1", vip(), 300, Duration::from_millis(2)).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
     let backend = |state: &str, b: &str| {
         let out =
             std::process::Command::new(TIERLB).args(["backend", state, b, "--bpffs", &pin]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
+    let total = 600;
+    let run = c.start_probe("node-1", vip(), total, Duration::from_millis(2)).unwrap();
+    wait_until("20 node-tier connects", || tier_counts(bpffs.path(), "node-1").0 >= 20);
     backend("down", "10.244.1.10:8080");
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until("20 zone-tier connects", || tier_counts(bpffs.path(), "node-1").1 >= 20);
     backend("down", "10.244.2.10:8080");
     let r = run.wait().unwrap();
     assert_eq!(r.failures(), 0, "{:?}", r.errors());
@@ -148,6 +169,11 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     let first_cluster = seq.iter().position(|b| *b == "pod-node-3").expect("moved to the cluster tier");
     assert!(seq[first_zone..first_cluster].iter().all(|b| *b == "pod-node-2"), "zone tier first: {seq:?}");
     assert!(seq[first_cluster..].iter().all(|b| *b == "pod-node-3"), "then only the live one: {seq:?}");
+    // Every connect counted once, in the tier whose pod answered it.
+    let answered =
+        (first_zone as u64, (first_cluster - first_zone) as u64, (seq.len() - first_cluster) as u64);
+    assert_eq!(tier_counts(bpffs.path(), "node-1"), answered, "(node, zone, cluster) counters vs answers");
+    assert!(answered.0 >= 20 && answered.1 >= 20 && answered.2 > 0, "{answered:?}");
     // And back up: the node tier is used again.
     backend("up", "10.244.1.10:8080");
     let r = c.probe("node-1", vip(), 50, Duration::ZERO).unwrap();
@@ -166,8 +192,11 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
         (Some("default/web"), Some("main"), Some("node"))
     );
     let n = |k: &str| f["connections"][k].as_u64().unwrap();
-    assert_eq!(n("node") + n("zone") + n("cluster"), 350, "every connect counted once: {f}");
-    assert!(n("node") >= 150 && n("zone") > 0 && n("cluster") > 0, "{f}");
+    assert_eq!(
+        (n("node"), n("zone"), n("cluster")),
+        (answered.0 + 50, answered.1, answered.2),
+        "status counts what the clients saw: {f}"
+    );
     let table = std::process::Command::new(TIERLB).args(["status", "--bpffs", &pin]).output().unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("default/web:main") && table.contains("10.244.2.10:8080*"), "{table}");
