@@ -131,3 +131,45 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
     );
     drop(programs);
 }
+
+/// README: "If the maps are inconsistent (a bug), the program fails open: the call proceeds untranslated and a
+/// fail-open counter is raised." Here the inconsistency is made on purpose: the frontend's slots are deleted
+/// behind the reconciler's back. The connects then go to the VIP itself (no route to it in the test's
+/// netns: ENETUNREACH, so nothing leaves), and each is counted, on the Service and program-wide.
+#[test]
+fn a_frontend_whose_slots_are_missing_fails_open_and_counts_each_connect() {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+    let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
+    let ns = NetNs::new("failopen").unwrap();
+    let cg = Cgroup::new("failopen").unwrap();
+    let backend = SocketAddr::new(ip(1, 1), 8080);
+    let Loaded { mut programs, maps } = Loaded::load(Capacities::default(), None).unwrap();
+    let mut rec = Reconciler::new(maps);
+    let b = addr::backend(backend, 6);
+    let mut d = Desired::new();
+    let name = ServicePortName::new(ObjKey::new("default", "web"), "").into();
+    d.insert(
+        addr::frontend_key(vip.ip(), 80, 6),
+        DesiredFrontend { name, tiers: [vec![], vec![], vec![b]], flags: 0, affinity_timeout_s: 0 },
+    );
+    assert!(rec.apply(&d, Instant::now()).errors.is_empty());
+    let (_, value, _) = rec.applied().next().unwrap();
+    let (svc_id, generation) = (value.svc_id, value.generation);
+    tierlb::datapath::MapWriter::delete_slot(
+        rec.writer_mut(),
+        lb_common::SlotKey { svc_id, generation, index: 0 },
+    )
+    .unwrap();
+    programs.attach(cg.path(), None).unwrap();
+    let r = clients(&ns, &cg, vip, 5).into_iter().map(|c| c.join().unwrap()).collect::<Vec<_>>();
+    for rep in &r {
+        assert_eq!(rep.errors().get("ENETUNREACH"), Some(&5), "untranslated: {:?}", rep.attempts);
+    }
+    let status =
+        tierlb::status::Instance::read("failopen", rec.writer(), tierlb::datapath::marks::boottime_ns())
+            .unwrap();
+    let c = &status.frontends[0].connections;
+    assert_eq!((status.fail_open_total, c.fail_open), (20, 20), "4 clients x 5 connects, each counted");
+    assert_eq!((c.node, c.zone, c.cluster, c.rejected, c.dropped), (0, 0, 0, 0, 0));
+    drop(programs);
+}
