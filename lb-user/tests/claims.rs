@@ -137,33 +137,26 @@ fn refusals_marks_dual_stack_sockets_and_the_agents_flags_do_what_the_docs_say()
     // UDP backend down ends the connected sockets to it.
     let (ok, _, err) = tierlb(&["backend", "down", "10.244.1.53:53", "--bpffs", &pin]);
     assert!(!ok && err.contains("check the address, the port and --protocol"), "TCP is the default: {err}");
-    let (ok, _, err) = tierlb(&[
-        "backend",
-        "down",
-        "10.244.1.53:53",
-        "--protocol",
-        "UDP",
-        "--instance",
-        "node-9",
-        "--bpffs",
-        &pin,
-    ]);
+    let mark_udp = |instance: &str| {
+        tierlb(&[
+            "backend",
+            "down",
+            "10.244.1.53:53",
+            "--protocol",
+            "UDP",
+            "--instance",
+            instance,
+            "--bpffs",
+            &pin,
+        ])
+    };
+    let (ok, _, err) = mark_udp("node-9");
     assert!(!ok, "no instance node-9: {err}");
     let mut stream = c.client_command("node-1", &c.lab).unwrap();
     stream.args(["dns-stream", "--server", "10.96.0.53:53", "--duration-ms", "1200", "--interval-ms", "5"]);
     let stream = stream.stdout(Stdio::piped()).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let (ok, out, err) = tierlb(&[
-        "backend",
-        "down",
-        "10.244.1.53:53",
-        "--protocol",
-        "UDP",
-        "--instance",
-        "node-1",
-        "--bpffs",
-        &pin,
-    ]);
+    let (ok, out, err) = mark_udp("node-1");
     assert!(ok, "{err}");
     assert!(out.contains("node-1: backend 10.244.1.53:53 UDP marked down"), "{out}");
     assert!(out.contains("destroyed 1 connected UDP sockets to it"), "{out}");

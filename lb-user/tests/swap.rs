@@ -45,12 +45,15 @@ fn clients(ns: &NetNs, cg: &Cgroup, vip: SocketAddr, count: u32) -> Vec<std::thr
         .collect()
 }
 
+/// The VIP, and a private netns and child cgroup named after `tag`; needs root.
+fn sandbox(tag: &str) -> (SocketAddr, NetNs, Cgroup) {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
+    ("10.96.0.10:80".parse().unwrap(), NetNs::new(tag).unwrap(), Cgroup::new(tag).unwrap())
+}
+
 #[test]
 fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
-    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
-    let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
-    let ns = NetNs::new("swap").unwrap();
-    let cg = Cgroup::new("swap").unwrap();
+    let (vip, ns, cg) = sandbox("swap");
     let set_a: Vec<SocketAddr> = (1..=3).map(|i| SocketAddr::new(ip(1, i), 8080)).collect();
     let set_b: Vec<SocketAddr> = (1..=5).map(|i| SocketAddr::new(ip(2, i), 8080)).collect();
     let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
@@ -138,10 +141,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
 /// netns: ENETUNREACH, so nothing leaves), and each is counted, on the Service and program-wide.
 #[test]
 fn a_frontend_whose_slots_are_missing_fails_open_and_counts_each_connect() {
-    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF, netns, cgroups)");
-    let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
-    let ns = NetNs::new("failopen").unwrap();
-    let cg = Cgroup::new("failopen").unwrap();
+    let (vip, ns, cg) = sandbox("failopen");
     let backend = SocketAddr::new(ip(1, 1), 8080);
     let Loaded { mut programs, maps } = Loaded::load(Capacities::default(), None).unwrap();
     let mut rec = Reconciler::new(maps);
