@@ -105,9 +105,13 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInf
         SelectedTier::Zone => "zone tier",
         SelectedTier::Cluster => "cluster tier (all endpoints)",
         SelectedTier::Local => "local set",
-        SelectedTier::None => "nothing",
+        SelectedTier::None => "",
     };
-    let _ = writeln!(out, "    => uses the {tier}: {}", list(&t.endpoints));
+    if tier.is_empty() {
+        let _ = writeln!(out, "    => uses no endpoint");
+    } else {
+        let _ = writeln!(out, "    => uses the {tier}: {}", list(&t.endpoints));
+    }
     if t.policy == Policy::Cluster {
         let behind: Vec<String> = [("zone", &t.tiers.zone), ("cluster", &t.tiers.cluster)]
             .iter()

@@ -270,14 +270,16 @@ pub fn port_endpoints<'a>(
 fn decide_topology(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyDecision {
     let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.endpoint.is_ready()).collect();
     let zone = node.zone.as_deref().filter(|z| !z.is_empty());
-    let node_reason = hint_reason(&ready, |e| e.node_hints(), Some(node.name.as_str()));
+    let node_reason = hint_reason(&ready, |e| e.node_hints(), &node.name);
     let zone_reason = match zone {
-        // The missing zone is only the reason once the endpoints themselves would allow zone hints.
-        None => match hint_reason(&ready, |e| e.zone_hints(), None) {
+        // The missing zone is only the reason once the endpoints themselves would allow zone hints. kube-proxy
+        // reads a missing zone label as "" (`nodeLabels[LabelTopologyZone]`), which a `forZones: [""]` hint
+        // (a valid label value) names.
+        None => match hint_reason(&ready, |e| e.zone_hints(), "") {
             HintReason::NoneNamesThis { .. } => HintReason::NodeHasNoZone,
             other => other,
         },
-        Some(z) => hint_reason(&ready, |e| e.zone_hints(), Some(z)),
+        Some(z) => hint_reason(&ready, |e| e.zone_hints(), z),
     };
     let mode = if node_reason.used() {
         TopologyMode::Node
@@ -289,13 +291,8 @@ fn decide_topology(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyDecis
     TopologyDecision { mode, node: node_reason, zone: zone_reason }
 }
 
-/// The all-or-nothing rule for one kind of hint: `wanted` is the node name or zone to look for (`None`: no
-/// value can match).
-fn hint_reason(
-    ready: &[&PortEndpoint],
-    hints: impl Fn(&Endpoint) -> &[String],
-    wanted: Option<&str>,
-) -> HintReason {
+/// The all-or-nothing rule for one kind of hint: `wanted` is the node name or zone to look for.
+fn hint_reason(ready: &[&PortEndpoint], hints: impl Fn(&Endpoint) -> &[String], wanted: &str) -> HintReason {
     if ready.is_empty() {
         return HintReason::NoReadyEndpoint;
     }
@@ -305,7 +302,7 @@ fn hint_reason(
     if let Some(bare) = ready.iter().find(|e| hints(&e.endpoint).is_empty()) {
         return HintReason::EndpointWithoutHint { endpoint: bare.addr.ip() };
     }
-    let named = wanted.and_then(|w| ready.iter().find(|e| hints(&e.endpoint).iter().any(|h| h == w)));
+    let named = ready.iter().find(|e| hints(&e.endpoint).iter().any(|h| h == wanted));
     match named {
         Some(e) => HintReason::Named { ready: ready.len(), endpoint: e.addr.ip() },
         None => HintReason::NoneNamesThis { ready: ready.len() },
@@ -328,11 +325,11 @@ fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo, topology: &Topolog
     };
     // The zone tier exists whenever zone filtering would be allowed on this node, also when node filtering is
     // what kube-proxy uses: it is the data path's first fallback.
-    let zone_tier = match node.zone.as_deref() {
-        Some(z) if topology.zone.used() => {
-            addrs(ready().filter(|e| e.endpoint.zone_hints().iter().any(|h| h == z)))
-        }
-        _ => Vec::new(),
+    let zone_tier = if topology.zone.used() {
+        let z = node.zone.as_deref().unwrap_or_default();
+        addrs(ready().filter(|e| e.endpoint.zone_hints().iter().any(|h| h == z)))
+    } else {
+        Vec::new()
     };
     let mut cluster = addrs(ready());
     if cluster.is_empty() {

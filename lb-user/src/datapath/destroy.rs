@@ -412,12 +412,31 @@ pub fn destroy_udp_sockets(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    /// What README.md promises of a destroyed connected UDP socket: a `recv()` blocked on it returns
+    /// ECONNABORTED, the next `send()` EDESTADDRREQ (the kernel's `udp_abort` sets the error and disconnects
+    /// it). On loopback in the test's own namespace; needs CAP_NET_ADMIN, as the agent does.
     #[test]
     fn the_kernel_can_destroy_our_own_udp_socket() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: SOCK_DESTROY needs CAP_NET_ADMIN");
-            return;
-        }
+        assert!(nix::unistd::geteuid().is_root(), "SOCK_DESTROY needs CAP_NET_ADMIN: run the suite as root");
         super::probe().unwrap();
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.connect("127.0.0.1:9").unwrap();
+        let cookie = super::sockopt_u64(&sock, libc::SO_COOKIE).unwrap();
+        let reader = sock.try_clone().unwrap();
+        // Bounded, so a socket that is not destroyed fails the test (EAGAIN) instead of hanging it.
+        reader.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let blocked = std::thread::spawn(move || reader.recv(&mut [0u8; 16]));
+        // The reader is blocked in recv() (nothing will ever arrive) by the time the socket is destroyed, or
+        // it finds the error already set: either way it must return ECONNABORTED, not block.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let ids = super::find(libc::AF_INET as u8, &BTreeSet::from([cookie])).unwrap();
+        assert_eq!(ids.len(), 1, "sock_diag lists the socket once");
+        super::destroy(libc::AF_INET as u8, ids[0]).unwrap();
+        let err = blocked.join().unwrap().expect_err("recv on a destroyed socket");
+        assert_eq!(err.raw_os_error(), Some(libc::ECONNABORTED), "{err}");
+        let err = sock.send(b"x").expect_err("send on a destroyed socket");
+        assert_eq!(err.raw_os_error(), Some(libc::EDESTADDRREQ), "{err}");
     }
 }

@@ -172,10 +172,12 @@ pub struct Service {
 }
 
 impl Service {
-    /// kube-proxy's `ExternallyAccessible` for a port: reachable through a node port, load-balancer
-    /// ingress IPs or external IPs.
-    pub fn externally_reachable(&self, port: &ServicePort) -> bool {
-        port.node_port.is_some() || !self.load_balancer_ips.is_empty() || !self.external_ips.is_empty()
+    /// kube-proxy's `ExternallyAccessible` for a port in one family: reachable through a node port, or
+    /// load-balancer ingress IPs or external IPs of that family (`newBaseServiceInfo` keeps only its own
+    /// family's, so a v4 externalIP does not make the v6 port externally reachable).
+    pub fn externally_reachable(&self, port: &ServicePort, family: Family) -> bool {
+        let of_family = |ips: &[IpAddr]| ips.iter().any(|ip| Family::of(ip) == family);
+        port.node_port.is_some() || of_family(&self.load_balancer_ips) || of_family(&self.external_ips)
     }
 }
 

@@ -128,7 +128,7 @@ pub(super) fn plan(
     topology: &TopologyDecision,
     has_any: bool,
 ) -> Option<ExternalPlan> {
-    if !svc.externally_reachable(port) {
+    if !svc.externally_reachable(port, family) {
         return None;
     }
     let of_family = |ip: &&IpAddr| Family::of(ip) == family;

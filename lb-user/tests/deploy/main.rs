@@ -100,6 +100,60 @@ fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
     assert!(bpffs_mounted && mounts.iter().any(|m| m.contains("cgroup")), "{mounts:?}");
 }
 
+/// RBAC's own rule: `PolicyRule` grants (group, resource, verb) when each list names it or `*`, and no
+/// `resourceNames` narrows it (list and watch cannot be narrowed by name).
+fn grants(rule: &k8s_openapi::api::rbac::v1::PolicyRule, group: &str, resource: &str, verb: &str) -> bool {
+    let has =
+        |v: Option<&Vec<String>>, want: &str| v.is_some_and(|v| v.iter().any(|x| x == want || x == "*"));
+    has(rule.api_groups.as_ref(), group)
+        && has(rule.resources.as_ref(), resource)
+        && has(Some(&rule.verbs), verb)
+        && rule.resource_names.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// The ClusterRole grants every permission the agent checks at start (the access review's own table,
+/// `source::kube::NEEDED`), and the binding gives it to the DaemonSet's service account.
+#[test]
+fn the_cluster_role_grants_every_permission_the_agents_access_review_asks_for() {
+    let docs = render(".");
+    let of_kind = |k: &'static str| docs.iter().filter(move |d| d["kind"] == k).cloned();
+    let roles: Vec<ClusterRole> =
+        of_kind("ClusterRole").map(|d| serde_yaml::from_value(d).unwrap()).collect();
+    let bindings: Vec<ClusterRoleBinding> =
+        of_kind("ClusterRoleBinding").map(|d| serde_yaml::from_value(d).unwrap()).collect();
+    let ds: DaemonSet = of_kind("DaemonSet").map(|d| serde_yaml::from_value(d).unwrap()).next().unwrap();
+    let account = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap().service_account_name.clone();
+    let namespace = ds.metadata.namespace.clone();
+    // The roles bound to the agent's service account.
+    let bound: Vec<&ClusterRole> = roles
+        .iter()
+        .filter(|r| {
+            bindings.iter().any(|b| {
+                b.role_ref.kind == "ClusterRole"
+                    && Some(&b.role_ref.name) == r.metadata.name.as_ref()
+                    && b.subjects.iter().flatten().any(|s| {
+                        s.kind == "ServiceAccount"
+                            && Some(&s.name) == account.as_ref()
+                            && s.namespace == namespace
+                    })
+            })
+        })
+        .collect();
+    assert!(!bound.is_empty(), "no ClusterRole is bound to the DaemonSet's service account {account:?}");
+    for (group, resource, verbs) in tierlb::source::kube::NEEDED {
+        for verb in verbs {
+            let granted = bound
+                .iter()
+                .flat_map(|r| r.rules.iter().flatten())
+                .any(|rule| grants(rule, group, resource, verb));
+            assert!(
+                granted,
+                "the agent needs {verb} {resource} in API group {group:?}; no bound rule grants it"
+            );
+        }
+    }
+}
+
 /// What the rules see: one rendered DaemonSet and the ConfigMaps rendered with it.
 #[derive(Clone, Debug)]
 struct Deploy {

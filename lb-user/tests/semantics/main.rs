@@ -15,6 +15,8 @@ use tierlb::{
 mod controller_hints;
 mod external;
 mod lints;
+mod oracle;
+mod props;
 mod rules;
 mod scenarios;
 mod skipped;

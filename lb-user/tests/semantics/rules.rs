@@ -68,7 +68,7 @@ fn node_hints_apply_only_when_every_ready_endpoint_has_them_and_one_names_this_n
 }
 
 #[test]
-fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_matches() {
+fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_matches_only_the_empty_zone() {
     check(vec![
         Case {
             name: "all ready have forZones, one names zone a",
@@ -95,12 +95,23 @@ fn zone_hints_follow_the_same_all_or_nothing_rule_and_a_node_without_zone_never_
             want: &["10.0.0.1", "10.0.0.2"],
         },
         Case {
-            name: "node with an empty zone label",
+            // kube-proxy reads the zone as `nodeLabels[topology.kubernetes.io/zone]`: "" for a node without
+            // the label, which a `forZones: [""]` hint (a valid label value) names (topology.go,
+            // `topologyModeFromHints`: `endpoint.ZoneHints().Has(zone)`).
+            name: "node with an empty zone label, an endpoint hinted for the empty zone",
             svc: svc(),
             eps: vec![e("10.0.0.1", "n1").zones(&[""]), e("10.0.0.2", "n2").zones(&["b"])],
             node: node("n3", Some("")),
-            tier: SelectedTier::Cluster,
-            want: &["10.0.0.1", "10.0.0.2"],
+            tier: SelectedTier::Zone,
+            want: &["10.0.0.1"],
+        },
+        Case {
+            name: "node without zone label, an endpoint hinted for the empty zone",
+            svc: svc(),
+            eps: vec![e("10.0.0.1", "n1").zones(&[""]), e("10.0.0.2", "n2").zones(&["b"])],
+            node: node("n3", None),
+            tier: SelectedTier::Zone,
+            want: &["10.0.0.1"],
         },
         Case {
             name: "several zone hints per endpoint (Auto mode lends endpoints to other zones)",
@@ -364,15 +375,31 @@ fn named_target_ports_resolve_per_slice() {
     assert_eq!(got, ["10.0.0.1:8080", "10.0.0.2:9090"]);
 }
 
+/// A Service and one slice whose endpoints have two addresses each, read as both sources read them
+/// (source/convert.rs).
+fn two_address_model(policy: &str) -> Model {
+    let text = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{clusterIP: 10.96.0.10, internalTrafficPolicy: {policy}, ports: [{{name: http, port: 80}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n- {{addresses: [10.0.0.1, 10.0.0.2], nodeName: n1}}\n- {{addresses: [10.0.0.3, 10.0.0.1], nodeName: n2}}\n"
+    );
+    let (objects, diagnostics) =
+        tierlb::source::manifests::parse_text(std::path::Path::new("two-addresses.yaml"), &text);
+    assert!(diagnostics.is_empty(), "{diagnostics:?}");
+    let mut m = Model::default();
+    for o in objects {
+        o.insert_into(&mut m);
+    }
+    m
+}
+
 #[test]
 fn only_the_first_address_of_an_endpoint_counts_and_headless_services_get_no_plan() {
-    let mut m = model(svc(), &[e("10.0.0.1", "n1")]);
-    let k = ObjKey::new("default", "web-abc");
-    let mut changed = std::sync::Arc::unwrap_or_clone(m.slices.remove(&k).unwrap());
-    changed.endpoints[0].address = Some("10.0.0.1".parse().unwrap());
-    m.slices.insert(k.clone(), changed);
-    let t = internal(&m, &node("n1", None));
-    assert_eq!(ips(&t.endpoints), ["10.0.0.1"]);
+    // The second address is neither an endpoint of its own nor the other endpoint's copy.
+    let m = two_address_model("Cluster");
+    assert_eq!(ips(&internal(&m, &node("n1", None)).endpoints), ["10.0.0.1", "10.0.0.3"]);
+    // 10.0.0.1 is n1's endpoint; n2's second address does not make it local to n2.
+    let m = two_address_model("Local");
+    assert_eq!(ips(&internal(&m, &node("n2", None)).endpoints), ["10.0.0.3"]);
+    assert_eq!(ips(&internal(&m, &node("n1", None)).endpoints), ["10.0.0.1"]);
     let mut headless = svc();
     headless.cluster_ips.clear();
     let m = model(headless, &[e("10.0.0.1", "n1")]);

@@ -1,6 +1,9 @@
 //! The `--kube` source against a scripted API server (kube-rs style `tower_test::mock`): access review, the
-//! initial lists, watch events as changes, a watch that drops and is resumed from its resourceVersion, an
-//! expired watch and the relist after it, and a missing RBAC rule reported by name.
+//! initial lists, watch events as changes, a watch that drops and is resumed from its resourceVersion without
+//! a relist (list calls counted), an expired watch and the relist after it, and a missing RBAC rule reported
+//! by name. The server (`server.rs`) is strict: any request it would not serve as the agent means it (an
+//! unknown path, a missing or other selector, a watch without bookmarks or not resuming at the last
+//! resourceVersion, an access review in the wrong API group) fails the test.
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex},
@@ -13,11 +16,16 @@ use serde_json::{Value, json};
 use tierlb::{
     agent::ChangeTracker,
     model::{Kind, ObjKey, ObjectId},
-    source::{Changes, Diagnostic, ModelSource as _, Object, Origin, kube::KubeSource},
+    source::{
+        Changes, Diagnostic, ModelSource as _, Object, Origin,
+        kube::{KubeError, KubeSource},
+    },
 };
 use tokio::sync::mpsc;
 
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+mod server;
+
+use server::{Script, finish, release, serve};
 
 fn service() -> Value {
     json!({"apiVersion": "v1", "kind": "Service",
@@ -47,129 +55,14 @@ fn node() -> Value {
            "metadata": {"name": "node-1", "resourceVersion": "5", "labels": {"topology.kubernetes.io/zone": "a"}}})
 }
 
-/// What the fake API server answers, and what it saw.
-#[derive(Default)]
-struct Script {
-    /// Resources (plural) whose access review says no, as (resource, verb).
-    denied: Vec<(String, String)>,
-    lists: BTreeMap<&'static str, (Value, &'static str)>,
-    /// Per resource, the bodies of successive watch responses (NDJSON events); a response ends, which drops
-    /// the watch. With none left, the watch hangs open.
-    watches: BTreeMap<&'static str, VecDeque<Vec<Value>>>,
-    /// resourceVersion query parameter of each watch request, per resource.
-    watch_rvs: BTreeMap<&'static str, Vec<String>>,
-    /// Watches left open, waiting for `release`.
-    hanging: BTreeMap<&'static str, Vec<tower_test::mock::SendResponse<Response<Body>>>>,
-    /// labelSelector query parameter (decoded) of each request, per resource, as ("list" or "watch", selector).
-    selectors: BTreeMap<&'static str, Vec<(&'static str, Option<String>)>>,
-}
-
-fn ndjson(events: Vec<Value>) -> Body {
-    let mut body = Vec::new();
-    for e in events {
-        body.extend(serde_json::to_vec(&e).unwrap());
-        body.push(b'\n');
-    }
-    Body::from(body)
-}
-
-/// Answer a watch that is hanging open with these events (then it ends, as a dropped watch does).
-fn release(script: &Mutex<Script>, resource: &'static str, events: Vec<Value>) -> bool {
-    let mut s = script.lock().unwrap();
-    match s.hanging.get_mut(resource).and_then(Vec::pop) {
-        Some(send) => {
-            send.send_response(Response::new(ndjson(events)));
-            true
-        }
-        None => false,
-    }
-}
-
-fn resource_of(path: &str) -> &'static str {
-    if path.contains("endpointslices") {
-        "endpointslices"
-    } else if path.contains("services") {
-        "services"
-    } else {
-        "nodes"
-    }
-}
-
-fn query(uri: &http::Uri, key: &str) -> Option<String> {
-    uri.query()?.split('&').find_map(|kv| kv.strip_prefix(&format!("{key}=")).map(str::to_owned))
-}
-
-/// A query parameter's value as the client meant it (`%21` -> `!`, ...).
-fn decoded(raw: &str) -> String {
-    let mut out = Vec::new();
-    let mut bytes = raw.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'%' => {
-                let hex: String = bytes.by_ref().take(2).map(char::from).collect();
-                out.push(u8::from_str_radix(&hex, 16).unwrap());
-            }
-            b'+' => out.push(b' '),
-            _ => out.push(b),
-        }
-    }
-    String::from_utf8(out).unwrap()
-}
-
-/// What an API server's label selector keeps: only the `!key` (DoesNotExist) requirements are understood,
-/// which is all kube-proxy's selector has (anything else fails the test).
-fn selected(selector: Option<&str>, item: &Value) -> bool {
-    let Some(selector) = selector else { return true };
-    selector.split(',').all(|req| {
-        let key = req.strip_prefix('!').unwrap_or_else(|| panic!("unexpected requirement {req:?}"));
-        item["metadata"]["labels"].get(key).is_none()
-    })
-}
-
-async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
-    while let Some((req, send)) = handle.next_request().await {
-        let uri = req.uri().clone();
-        let path = uri.path().to_owned();
-        if path.ends_with("selfsubjectaccessreviews") {
-            let body = req.into_body().collect_bytes().await.unwrap();
-            let review: Value = serde_json::from_slice(&body).unwrap();
-            let attrs = &review["spec"]["resourceAttributes"];
-            let (res, verb) =
-                (attrs["resource"].as_str().unwrap().to_owned(), attrs["verb"].as_str().unwrap().to_owned());
-            let allowed = !script.lock().unwrap().denied.contains(&(res, verb));
-            let mut answer = review.clone();
-            answer["status"] = json!({"allowed": allowed});
-            send.send_response(Response::new(Body::from(serde_json::to_vec(&answer).unwrap())));
-            continue;
-        }
-        let resource = resource_of(&path);
-        let selector = query(&uri, "labelSelector").map(|s| decoded(&s));
-        let watch = query(&uri, "watch").as_deref() == Some("true");
-        let verb = if watch { "watch" } else { "list" };
-        script.lock().unwrap().selectors.entry(resource).or_default().push((verb, selector.clone()));
-        if watch {
-            let mut s = script.lock().unwrap();
-            s.watch_rvs.entry(resource).or_default().push(query(&uri, "resourceVersion").unwrap_or_default());
-            match s.watches.get_mut(resource).and_then(VecDeque::pop_front) {
-                Some(events) => send.send_response(Response::new(ndjson(events))),
-                None => s.hanging.entry(resource).or_default().push(send),
-            }
-            continue;
-        }
-        let (list, rv) = script.lock().unwrap().lists[resource].clone();
-        let list: Vec<Value> =
-            list.as_array().unwrap().iter().filter(|i| selected(selector.as_deref(), i)).cloned().collect();
-        let list =
-            json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": list});
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
-    }
-}
-
 fn script() -> Script {
     let mut s = Script::default();
     s.lists.insert("services", (json!([service()]), "10"));
     s.lists.insert("endpointslices", (json!([slice("20", &[("10.244.1.5", "node-1")])]), "20"));
-    s.lists.insert("nodes", (json!([node()]), "5"));
+    let mut other = node();
+    other["metadata"]["name"] = json!("node-2");
+    other["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("b");
+    s.lists.insert("nodes", (json!([node(), other]), "5"));
     s
 }
 
@@ -183,19 +76,24 @@ async fn wait_for(mut f: impl FnMut() -> bool) {
     panic!("condition not reached in 5 s");
 }
 
-/// A source started against the mock API server playing `script`: the source, its change signal, and the
-/// server task.
-async fn started(
+/// A source starting against the mock API server playing `script`: the source (or why it did not start), its
+/// change signal, and the server task.
+async fn start(
     script: &Arc<Mutex<Script>>,
-) -> (KubeSource, mpsc::UnboundedReceiver<()>, tokio::task::JoinHandle<()>) {
+) -> (Result<KubeSource, KubeError>, mpsc::UnboundedReceiver<()>, tokio::task::JoinHandle<()>) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let server = tokio::spawn(serve(handle, script.clone()));
     let (tx, rx) = mpsc::unbounded_channel();
-    let source =
-        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
-            .await
-            .unwrap();
-    (source, rx, server)
+    let client = Client::new(svc, "default");
+    (KubeSource::start_with_timeout(client, "node-1", tx, Duration::from_secs(10)).await, rx, server)
+}
+
+/// `start`, which must succeed.
+async fn started(
+    script: &Arc<Mutex<Script>>,
+) -> (KubeSource, mpsc::UnboundedReceiver<()>, tokio::task::JoinHandle<()>) {
+    let (source, rx, server) = start(script).await;
+    (source.unwrap(), rx, server)
 }
 
 /// Refresh the source into `tracker`, as the agent does: the problems the source reports now, and what it
@@ -226,12 +124,7 @@ async fn kube_source_lists_watches_and_resumes_a_dropped_watch() {
         ]),
     );
     let script = Arc::new(Mutex::new(s));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script.clone()));
-    let client = Client::new(svc, "default");
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut source =
-        KubeSource::start_with_timeout(client, "node-1", tx, Duration::from_secs(10)).await.unwrap();
+    let (mut source, mut rx, server) = started(&script).await;
 
     let mut tracker = ChangeTracker::default();
     let (diagnostics, _) = follow(&mut source, &mut tracker);
@@ -253,9 +146,15 @@ async fn kube_source_lists_watches_and_resumes_a_dropped_watch() {
     let rvs = script.lock().unwrap().watch_rvs["endpointslices"].clone();
     assert!(rvs.len() >= 3, "watch, resumed watch, and the one left open: {rvs:?}");
     assert_eq!(rvs[0], "20", "the first watch starts at the list's resourceVersion");
-    assert_eq!(rvs[1], "21", "the dropped watch resumes from the last event, without a relist");
+    assert_eq!(rvs[1], "21", "the dropped watch resumes from the last event");
+    let lists = script.lock().unwrap().list_calls.clone();
+    assert_eq!(
+        lists,
+        BTreeMap::from([("endpointslices", 1), ("nodes", 1), ("services", 1)]),
+        "one list per resource: the dropped watch was resumed without a relist"
+    );
     drop(source);
-    server.abort();
+    finish(&script, &server);
 }
 
 #[tokio::test]
@@ -263,21 +162,15 @@ async fn a_missing_rbac_rule_is_named() {
     let mut s = script();
     s.denied.push(("endpointslices".into(), "watch".into()));
     let script = Arc::new(Mutex::new(s));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script));
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let err =
-        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(10))
-            .await
-            .err()
-            .expect("refused");
+    let (source, _rx, server) = start(&script).await;
+    let err = source.err().expect("refused");
     let msg = err.to_string();
     assert!(
         msg.contains("may not watch endpointslices.discovery.k8s.io")
             && msg.contains("apiGroups [\"discovery.k8s.io\"]"),
         "{msg}"
     );
-    server.abort();
+    finish(&script, &server);
 }
 
 #[tokio::test]
@@ -303,7 +196,7 @@ async fn an_object_that_stops_converting_keeps_its_last_good_state() {
     let r = source.refresh().unwrap();
     assert!(r.changes.is_empty());
     assert_eq!(r.diagnostics.len(), 1);
-    server.abort();
+    finish(&script, &server);
 }
 
 #[tokio::test]
@@ -344,7 +237,7 @@ async fn after_the_first_refresh_only_changed_objects_are_handed_over() {
     assert!(
         matches!(removed.as_slice(), [Object::EndpointSlice(s)] if s.key == ObjKey::new("shop", "web-1"))
     );
-    server.abort();
+    finish(&script, &server);
 }
 
 #[tokio::test]
@@ -397,11 +290,12 @@ async fn one_watch_event_hands_over_one_object_and_a_relist_removes_what_it_no_l
         "{removed:?}"
     );
     assert!(upserted.is_empty(), "web-1 listed again unchanged: {upserted:?}");
+    assert_eq!(script.lock().unwrap().list_calls["endpointslices"], 2, "the expired watch made one relist");
     // And the watch starts again from the new list.
     let sc = script.clone();
     wait_for(move || sc.lock().unwrap().watch_rvs["endpointslices"].last().map(String::as_str) == Some("40"))
         .await;
-    server.abort();
+    finish(&script, &server);
 }
 
 #[tokio::test]
@@ -448,5 +342,5 @@ async fn kube_proxys_label_selector_is_sent_on_every_service_and_slice_list_and_
     // The Node watch is kube-proxy's other informer factory: no label selector.
     assert!(s.selectors["nodes"].iter().all(|(_, sel)| sel.is_none()), "{:?}", s.selectors["nodes"]);
     drop(s);
-    server.abort();
+    finish(&script, &server);
 }
