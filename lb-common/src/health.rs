@@ -12,8 +12,11 @@ use crate::Backend;
 pub struct HealthConfig {
     /// Consecutive failed connects that hold a backend down; 0 turns passive health off.
     pub failures: u32,
-    /// Explicit padding, always 0.
-    pub _pad: u32,
+    /// Nonzero while `HEALTH` may hold an entry: the data path looks backends up in `HEALTH` only then (a
+    /// hash lookup per slot it considers, saved on the common path, a healthy cluster). `sock_ops` sets it
+    /// after every failure it records; the agent's sweep clears it when the map is empty, then reads the map
+    /// again and sets it back if an entry appeared meanwhile (`datapath::health::gate`).
+    pub active: u32,
     /// The first hold, in ns; each further hold without a success in between doubles it.
     pub hold_ns: u64,
     /// The longest hold, in ns.

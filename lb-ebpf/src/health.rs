@@ -217,4 +217,9 @@ fn report(ctx: &SockOpsContext, reason: u32, cfg: &HealthConfig) {
     rev.flags |= REVERSE_HEALTH_REPORTED;
     // SAFETY: helper without preconditions.
     failed(backend, reason, cfg, unsafe { bpf_ktime_get_boot_ns() });
+    // After the entry is written (the agent's gate reads the map after clearing the flag).
+    if let Some(p) = HEALTH_CONFIG.get_ptr_mut(0) {
+        // SAFETY: an array value, valid for the program's run; a plain store of a flag.
+        unsafe { (*p).active = 1 };
+    }
 }

@@ -200,12 +200,12 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
         }
         _ => return ALLOW, // not a Service VIP: leave it alone
     };
-    // Passive health, if on, for TCP (the only protocol `sock_ops` learns about: UDP backends never have an
-    // entry, so their connects skip the lookup): backends it holds down are skipped like marked ones
+    // Passive health, if on and `HEALTH` may hold an entry (`HealthConfig::active`), for TCP (the only protocol
+    // `sock_ops` learns about: UDP backends never have an entry, so their connects skip the lookup): backends it holds down are skipped like marked ones
     // (`saw_held` remembers that one was), and a half-open one taken by this connect becomes the trial
     // (`trial`: the last slot looked up, which is the one `choose` returns, was half-open). Flags, not
     // backends, to keep the stack small (the verifier allows 512 bytes over a call chain).
-    let health = proto == PROTO_TCP && health::config().is_some();
+    let health = proto == PROTO_TCP && health::config().is_some_and(|c| c.active != 0);
     let mut saw_held = false;
     let mut trial = false;
     let lookup = |index| {

@@ -167,6 +167,8 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
         let health = tierlb::datapath::health::HealthSettings::default().config();
         tierlb::datapath::MapWriter::set_health_config(rec.writer_mut(), health)?;
+        // As the agent's first sweep does: the health lookups gated off while the map is empty.
+        tierlb::datapath::health::gate(rec.writer_mut())?;
         programs.attach(cg.path(), None)?;
         let _tracer = tracing.as_ref().map(|t| t.start(tierlb)).transpose()?;
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");

@@ -293,6 +293,7 @@ impl<W: MapWriter> AgentCore<W> {
     ) -> Result<crate::datapath::health::HealthSweep, crate::datapath::MapError> {
         let entries = self.reconciler.writer().health()?;
         if entries.is_empty() && last.is_empty() {
+            crate::datapath::health::gate(self.reconciler.writer_mut())?;
             return Ok(crate::datapath::health::HealthSweep::default());
         }
         let held = departed.then(|| {
@@ -301,7 +302,9 @@ impl<W: MapWriter> AgentCore<W> {
             self.applied_among(&wanted)
         });
         let in_use = |b: &lb_common::Backend| held.as_ref().is_none_or(|h| h.contains(b));
-        crate::datapath::health::sweep(self.reconciler.writer_mut(), entries, in_use, last)
+        let swept = crate::datapath::health::sweep(self.reconciler.writer_mut(), entries, in_use, last)?;
+        crate::datapath::health::gate(self.reconciler.writer_mut())?;
+        Ok(swept)
     }
 
     /// Services whose slices carry no hints and got the controller's.

@@ -54,10 +54,6 @@ impl FakeMaps {
     pub fn put_health(&mut self, h: Health) {
         self.health.insert(h.backend, h);
     }
-    /// The passive health settings written.
-    pub fn health_config(&self) -> HealthConfig {
-        self.health_config
-    }
     /// Map updates and deletes so far.
     pub fn writes(&self) -> usize {
         self.writes
@@ -122,6 +118,9 @@ impl MapReader for FakeMaps {
     }
     fn backend_health(&self, backend: Backend) -> Result<Option<Health>, MapError> {
         Ok(self.health.get(&backend).copied())
+    }
+    fn health_config(&self) -> Result<HealthConfig, MapError> {
+        Ok(self.health_config)
     }
 }
 

@@ -33,7 +33,8 @@ impl HealthSettings {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         HealthConfig {
             failures: self.failures,
-            _pad: 0,
+            // On until the agent's first sweep finds the map empty (pins may hold entries).
+            active: 1,
             hold_ns: ns(self.hold),
             max_hold_ns: ns(self.max_hold).max(ns(self.hold)),
         }
@@ -143,6 +144,30 @@ pub fn sweep(
     Ok(out)
 }
 
+/// Keep the data path's gate (`HealthConfig::active`) open exactly while `HEALTH` holds entries: set it if
+/// the map has one and the flag is off; clear it if the map is empty, then read the map again and set it back
+/// if `sock_ops` recorded a failure meanwhile (it sets the flag after writing its entry, so either the second
+/// read sees the entry or the kernel's store comes after ours). Returns whether the gate is open.
+pub fn gate(w: &mut impl MapWriter) -> Result<bool, MapError> {
+    let cfg = w.health_config()?;
+    let any = !w.health()?.is_empty();
+    if any {
+        if cfg.active == 0 {
+            w.set_health_config(HealthConfig { active: 1, ..cfg })?;
+        }
+        return Ok(true);
+    }
+    if cfg.active == 0 {
+        return Ok(false);
+    }
+    w.set_health_config(HealthConfig { active: 0, ..cfg })?;
+    if w.health()?.is_empty() {
+        return Ok(false);
+    }
+    w.set_health_config(HealthConfig { active: 1, ..cfg })?;
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
@@ -157,6 +182,30 @@ mod tests {
     fn entry(b: Backend, failures: u32, held: Option<(u64, u64)>) -> Health {
         let (since, until) = held.unwrap_or((0, 0));
         Health { backend: b, failures, held_since_ns: since, held_until_ns: until, ..Health::default() }
+    }
+
+    /// The gate follows the map: (entries?, flag before) -> (flag after, what `gate` says).
+    #[test]
+    fn the_health_gate_is_open_exactly_while_the_map_holds_entries() {
+        let b = be("10.0.0.1:80");
+        let cases = [
+            ("empty map, gate open: closed", false, 1, 0, false),
+            ("empty map, gate closed: stays closed", false, 0, 0, false),
+            ("an entry, gate closed (set by an old agent's pins): opened", true, 0, 1, true),
+            ("an entry, gate open: stays open", true, 1, 1, true),
+        ];
+        for (what, entry_present, before, after, open) in cases {
+            let mut w = FakeMaps::default();
+            let cfg = HealthSettings::default().config();
+            w.set_health_config(HealthConfig { active: before, ..cfg }).unwrap();
+            if entry_present {
+                w.put_health(entry(b, 1, None));
+            }
+            assert_eq!(gate(&mut w).unwrap(), open, "{what}");
+            let now = w.health_config().unwrap();
+            assert_eq!(now.active, after, "{what}");
+            assert_eq!((now.failures, now.hold_ns), (cfg.failures, cfg.hold_ns), "{what}: the settings kept");
+        }
     }
 
     fn sweep_all(

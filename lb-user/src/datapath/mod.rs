@@ -121,6 +121,8 @@ pub trait MapReader {
     fn health(&self) -> Result<Vec<(Backend, Health)>, MapError>;
     /// One backend's passive-health entry, if it has one.
     fn backend_health(&self, backend: Backend) -> Result<Option<Health>, MapError>;
+    /// The passive-health settings as the data path reads them now (with its gate, `active`).
+    fn health_config(&self) -> Result<HealthConfig, MapError>;
 }
 
 /// Everything the agent (and `tierlb backend`) writes to the maps.

@@ -251,6 +251,9 @@ impl MapReader for KernelMaps {
     fn backend_health(&self, backend: Backend) -> Result<Option<Health>, MapError> {
         absent_ok(self.health.get(&backend, 0)).map_err(sys(MAP_HEALTH, "backends", self.caps.backends))
     }
+    fn health_config(&self) -> Result<HealthConfig, MapError> {
+        self.health_config.get(&0, 0).map_err(sys(MAP_HEALTH_CONFIG, "backends", 1))
+    }
 }
 
 impl MapWriter for KernelMaps {
