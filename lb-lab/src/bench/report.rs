@@ -65,31 +65,33 @@ pub fn markdown(r: &Report) -> String {
 const MISSES: &str = "
 ## Where targets are missed, and what bounds them
 
-What was measured about each miss in the run above and while working on it (a 2-core VM; `perf record -a -g`
-with cpu-clock samples and BPF JIT symbols, `kernel.bpf_stats_enabled`):
+What was measured about the targets while working on them (a 2-core VM; `perf record -a -g` with cpu-clock
+samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run misses is in the table above:
 
-- connect4 per call: a perf profile of connect4 at 1 and 10,000 Services put the (socket cookie, backend)
-  insert into the `REVERSE` LRU (`htab_lru_map_update_elem`, which getpeername() and recvmsg() need) at about
-  three fifths of connect4's samples, and the hash lookups (frontend, slot, marks, passive health) at about a quarter.
-  Before this run a TCP socket's reverse state lived in socket storage, whose creation on every connect
-  (`bpf_local_storage_alloc`, slab allocation, memcg charge) was 77% of connect4's samples (0.9-1.1 us per
-  call). The growth from 10,000 to 100,000 Services was not profiled separately.
-- p50 connect against direct: the p50s here are 9-15 us, read at 1 us resolution, and direct's own p50 moved
+- connect4 per call: its figure moves by about +-15% between runs on this VM (this session's runs at 10,000
+  Services: 418 to 566 ns), so 500 ns sits inside the noise. A perf profile of connect4 puts the (socket
+  cookie, backend) insert into the `REVERSE` LRU (`htab_lru_map_update_elem`, which getpeername() and
+  recvmsg() need) at about three fifths of its samples and the hash lookups (frontend, slot, marks) at about a
+  quarter. Done: a TCP socket's reverse state moved from socket storage, whose creation on every connect
+  (`bpf_local_storage_alloc`, slab allocation, memcg charge) was 77% of connect4's samples at 0.9-1.1 us per
+  call, to that LRU; the frontend copied without a byte-at-a-time `memset` call; passive health looked up only
+  while its map holds entries. Not done: the same gate for the marks map.
+- p50 connect against direct: the p50s here are 9-20 us, read at 1 us resolution, and direct's own p50 moved
   between 9 and 18 us from run to run on this VM; the gap to direct is larger than connect4's own cost and was
-  not profiled further (sock_ops, the other program on a connect, costs 44-54 ns per call).
+  not profiled further (sock_ops, the other program on a connect, costs about 50-70 ns per call).
 - Programming the maps from scratch: one `bpf(BPF_MAP_UPDATE_ELEM)` syscall per element, 1.1 million elements
-  at 100,000 Services x 10 endpoints (frontends and slots), about 2.2 us each; aya 0.14 has no batch-update API
-  (`BPF_MAP_UPDATE_BATCH`), the next step.
+  at 100,000 Services x 10 endpoints (frontends and slots); this session's runs took 1.9 to 2.4 s. aya 0.14 has
+  no batch-update API (`BPF_MAP_UPDATE_BATCH`), the next step.
 - The agent's RSS: the agent holds each endpoint in several forms (the source's converted objects, the model,
   the plans, the lowered map state and the reconciler's applied state). Tried: malloc arenas limited to two and
   trimmed after syncs that change many frontends, and the kube source dropping managedFields and unread
   annotations before it buffers an object (together, in one quick run, the kube path at 10,000 Services went
   from 449 to 133 MiB). Sharing endpoint data between those forms is the next step.
-- Start to ready at 100,000 Services: includes the map writes above (2.4 s); the rest (reading, converting and
+- Start to ready at 100,000 Services: includes the map writes above; the rest (reading, converting and
   planning 100,000 Services) was not profiled.
 - One edit at 100,000 Services from manifest files: the manifests source looks at every file of its directory
-  on each change (1,001 files here), the kube source does not (0.27 ms); not profiled further.
-- The map-level one change at 10,000 and 50,000 Services (17 and 110 ms, against 0.02 ms at 100,000) follows a
+  on each change (1,001 files here), the kube source does not; not profiled further.
+- The map-level one change at 10,000 and 50,000 Services (tens of ms, against 0.02 ms at 100,000) follows a
   from-scratch refill of maps emptied just before; not investigated.
 ";
 
