@@ -101,15 +101,7 @@ const KNOWN_PARAMS: [&str; 8] = [
 
 /// The query string, decoded, by key.
 fn params(uri: &http::Uri) -> BTreeMap<String, String> {
-    uri.query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (decoded(k), decoded(v))
-        })
-        .collect()
+    form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()).into_owned().collect()
 }
 
 /// 404 with a Status, as an API server answers a path it does not serve.
@@ -119,23 +111,6 @@ fn not_found(what: &str) -> Response<Body> {
     let mut r = Response::new(Body::from(serde_json::to_vec(&status).unwrap()));
     *r.status_mut() = http::StatusCode::NOT_FOUND;
     r
-}
-
-/// A query parameter's value as the client meant it (`%21` -> `!`, ...).
-fn decoded(raw: &str) -> String {
-    let mut out = Vec::new();
-    let mut bytes = raw.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'%' => {
-                let hex: String = bytes.by_ref().take(2).map(char::from).collect();
-                out.push(u8::from_str_radix(&hex, 16).unwrap());
-            }
-            b'+' => out.push(b' '),
-            _ => out.push(b),
-        }
-    }
-    String::from_utf8(out).unwrap()
 }
 
 /// What an API server's selectors keep: of label selectors only the `!key` (DoesNotExist) requirements,
