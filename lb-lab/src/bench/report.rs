@@ -71,14 +71,14 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
 - connect4 per call: its figure moves by about +-15% between runs on this VM (this session's runs at 10,000
   Services: 418 to 566 ns), so 500 ns sits inside the noise. A perf profile of connect4 puts the (socket
   cookie, backend) insert into the `REVERSE` LRU (`htab_lru_map_update_elem`, which getpeername() and
-  recvmsg() need) at about three fifths of its samples and the hash lookups (frontend, slot, marks) at about a
-  quarter. Done: a TCP socket's reverse state moved from socket storage, whose creation on every connect
+  recvmsg() need) at about three fifths of its samples and the hash lookups (frontend, slot, marks, and
+  passive health, which is now looked up only while its map holds entries) at about a quarter. Done: a TCP socket's reverse state moved from socket storage, whose creation on every connect
   (`bpf_local_storage_alloc`, slab allocation, memcg charge) was 77% of connect4's samples at 0.9-1.1 us per
   call, to that LRU; the frontend copied without a byte-at-a-time `memset` call; passive health looked up only
   while its map holds entries. Not done: the same gate for the marks map.
 - p50 connect against direct: the p50s here are 9-20 us, read at 1 us resolution, and direct's own p50 moved
   between 9 and 18 us from run to run on this VM; the gap to direct is larger than connect4's own cost and was
-  not profiled further (sock_ops, the other program on a connect, costs about 50-70 ns per call).
+  not profiled further (sock_ops, the other program on a connect, costs about 50-80 ns per call).
 - Programming the maps from scratch: one `bpf(BPF_MAP_UPDATE_ELEM)` syscall per element, 1.1 million elements
   at 100,000 Services x 10 endpoints (frontends and slots); this session's runs took 1.9 to 2.4 s. aya 0.14 has
   no batch-update API (`BPF_MAP_UPDATE_BATCH`), the next step.
