@@ -94,6 +94,23 @@ pub const ERRNO_NO_ENDPOINTS: i32 = 111; // ECONNREFUSED
 /// client would hang until its own timeout; tierlb fails fast instead).
 pub const ERRNO_NO_LOCAL_ENDPOINT: i32 = 113; // EHOSTUNREACH
 
+/// The errno a refused connect returns for a frontend with these `flags` (`FLAG_EMPTY_IS_DROP`: a Local
+/// policy with no local endpoint), as the data path picks it.
+#[must_use]
+pub const fn refusal_errno(flags: u32) -> i32 {
+    if flags & FLAG_EMPTY_IS_DROP != 0 { ERRNO_NO_LOCAL_ENDPOINT } else { ERRNO_NO_ENDPOINTS }
+}
+
+/// The name of a refusal errno (`ERRNO_NO_ENDPOINTS`, `ERRNO_NO_LOCAL_ENDPOINT`), for status and trace.
+#[must_use]
+pub const fn errno_name(errno: i32) -> &'static str {
+    match errno {
+        ERRNO_NO_ENDPOINTS => "ECONNREFUSED",
+        ERRNO_NO_LOCAL_ENDPOINT => "EHOSTUNREACH",
+        _ => "unknown",
+    }
+}
+
 // Frontend flags (`FrontendValue::flags`).
 /// The Service's internal traffic policy is Local: only the node tier is filled (with the local set). The
 /// data path never reads it (it acts on the tiers alone); it tells user space (`tierlb status`) why the

@@ -3,8 +3,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use lb_common::{
     Backend, BackendState, COUNTER_AFFINITY, COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN,
-    COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FrontendKey,
-    GLOBAL_SVC_ID,
+    COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE, FLAG_POLICY_LOCAL, FrontendKey, GLOBAL_SVC_ID,
 };
 use serde::Serialize;
 
@@ -220,11 +219,7 @@ impl Instance {
                     Some(_) => "cluster",
                     None => "none",
                 },
-                when_empty: if rb.value.flags & FLAG_EMPTY_IS_DROP != 0 {
-                    "EHOSTUNREACH"
-                } else {
-                    "ECONNREFUSED"
-                },
+                when_empty: lb_common::errno_name(lb_common::refusal_errno(rb.value.flags)),
                 tiers,
                 connections: Counters {
                     node: at(COUNTER_NODE),

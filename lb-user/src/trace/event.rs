@@ -3,9 +3,9 @@
 use std::{fmt::Write as _, net::SocketAddr};
 
 use lb_common::{
-    ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FLAG_POLICY_LOCAL, OUTCOME_REFUSED, OUTCOME_TRANSLATED,
-    PROTO_TCP, PROTO_UDP, TIER_CLUSTER, TIER_COUNT, TIER_NODE, TIER_ZONE, TRACE_AFFINITY, TRACE_HELD,
-    TRACE_PANIC, TRACE_TORN, TRACE_TRIAL, TraceEvent,
+    ERRNO_NO_LOCAL_ENDPOINT, FLAG_POLICY_LOCAL, OUTCOME_REFUSED, OUTCOME_TRANSLATED, PROTO_TCP, PROTO_UDP,
+    TIER_CLUSTER, TIER_COUNT, TIER_NODE, TIER_ZONE, TRACE_AFFINITY, TRACE_HELD, TRACE_PANIC, TRACE_TORN,
+    TRACE_TRIAL, TraceEvent,
 };
 use serde::Serialize;
 
@@ -168,7 +168,7 @@ impl Line {
             held: e.info & TRACE_HELD != 0 && e.skipped() > 0,
             trial: e.info & TRACE_TRIAL != 0,
             errno: refused.then_some(e.errno),
-            errno_name: refused.then(|| errno_name(i32::from(e.errno))),
+            errno_name: refused.then(|| lb_common::errno_name(i32::from(e.errno))),
             cookie: e.cookie,
             netns_cookie: e.netns_cookie,
             cgroup_id: e.cgroup_id,
@@ -226,15 +226,6 @@ fn row(cols: [&str; 8]) -> String {
     out.trim_end().to_owned()
 }
 
-/// The errnos the data path refuses with.
-fn errno_name(errno: i32) -> &'static str {
-    match errno {
-        ERRNO_NO_ENDPOINTS => "ECONNREFUSED",
-        ERRNO_NO_LOCAL_ENDPOINT => "EHOSTUNREACH",
-        _ => "unknown",
-    }
-}
-
 /// A NUL-padded task name.
 fn comm(bytes: &[u8; 16]) -> String {
     let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
@@ -252,6 +243,8 @@ pub fn rfc3339(unix_ns: i128) -> String {
 
 #[cfg(test)]
 mod tests {
+    use lb_common::ERRNO_NO_ENDPOINTS;
+
     use lb_common::{FLAG_EMPTY_IS_DROP, OUTCOME_FAIL_OPEN, TRACE_CONNECT, trace_info};
 
     use super::*;
