@@ -217,10 +217,24 @@ pub struct FrontendKey {
     pub port: u16,
     /// `PROTO_TCP`, `PROTO_UDP` or `PROTO_SCTP`: the same VIP:port may map differently per protocol.
     pub proto: u8,
-    /// `FAMILY_V4` or `FAMILY_V6`; tells which words of `addr` are meaningful.
+    /// `FAMILY_V4` or `FAMILY_V6`; tells which words of `addr` are meaningful. With `SCOPE_OUTSIDE` set, the
+    /// frontend of traffic arriving from outside the node (the tc programs' only; see `nat`).
     pub family: u8,
 }
 const _: () = assert!(size_of::<FrontendKey>() == 20);
+
+impl FrontendKey {
+    /// `FAMILY_V4` or `FAMILY_V6`, without the scope bit.
+    #[must_use]
+    pub const fn ip_family(&self) -> u8 {
+        self.family & FAMILY_MASK
+    }
+    /// Whether this is a frontend of traffic from outside the node (`SCOPE_OUTSIDE`).
+    #[must_use]
+    pub const fn is_outside(&self) -> bool {
+        self.family & SCOPE_OUTSIDE != 0
+    }
+}
 
 /// A half-open range of slot indexes `[start, start + len)` of one tier.
 #[repr(C)]
@@ -499,7 +513,11 @@ aya_pod!(
     Health,
     HealthConfig,
     TraceControl,
-    TraceEvent
+    TraceEvent,
+    CtAddr,
+    CtKey,
+    CtValue,
+    NatConfig
 );
 
 /// Index of a counter in the per-CPU counter array.
@@ -511,12 +529,14 @@ pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
 
 mod choice;
 mod health;
+mod nat;
 mod trace;
 pub use choice::{
     Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
     scan_tier,
 };
 pub use health::{HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict};
+pub use nat::*;
 pub use trace::{
     GLOBAL_TRACE_LOST, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, OUTCOME_FAIL_OPEN,
     OUTCOME_REFUSED, OUTCOME_TRANSLATED, TRACE_AFFINITY, TRACE_ALL, TRACE_CONNECT, TRACE_HELD,

@@ -26,6 +26,7 @@ mod maps;
 mod reverse;
 mod sock;
 mod sock_addr;
+mod tc;
 mod trace;
 
 #[cfg(not(test))]

@@ -12,12 +12,14 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, DEFAULT_MAX_AFFINITY,
-    DEFAULT_MAX_BACKENDS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey,
-    FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS,
-    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, ReverseKey,
-    ReverseValue, ServiceName, SlotKey, SockState, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
+    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRONTENDS,
+    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, Health,
+    HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
+    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
+    MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
+    MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue,
+    ServiceName, SlotKey, SockState, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -180,3 +182,30 @@ named_map!(
 #[btf_map]
 pub(crate) static SOCKS: SkStorage<SockState> = SkStorage::new();
 const _: () = assert!(same(MAP_SOCKS, "SOCKS"), "map name differs from its lb_common constant");
+
+named_map!(
+    MAP_CONNTRACK == "CONNTRACK",
+    /// Translated flows from outside the node, two entries each (`lb_common::nat`). An LRU, so a full table
+    /// forgets the least recently used flows instead of refusing new ones.
+    pub(crate) static CONNTRACK: LruHashMap<CtKey, CtValue> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_CONNTRACK, 0);
+);
+
+named_map!(
+    MAP_LOCAL_BACKENDS == "LOCAL_BACKENDS",
+    /// The node's own endpoints: external traffic to them keeps the client's address.
+    pub(crate) static LOCAL_BACKENDS: HashMap<CtAddr, u32> =
+        HashMap::with_max_entries(DEFAULT_MAX_LOCAL_BACKENDS, BPF_F_NO_PREALLOC);
+);
+
+named_map!(
+    MAP_NAT_CONFIG == "NAT_CONFIG",
+    /// The tc programs' settings (`NatConfig`), written by the agent at start.
+    pub(crate) static NAT_CONFIG: Array<NatConfig> = Array::with_max_entries(1, 0);
+);
+
+named_map!(
+    MAP_NS_COUNTERS == "NS_COUNTERS",
+    /// Per-CPU counters of the tc programs by `NS_*` kind (translations, drops by reason).
+    pub(crate) static NS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NS_COUNTER_KINDS, 0);
+);

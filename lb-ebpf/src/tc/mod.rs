@@ -1,0 +1,344 @@
+//! The north-south program family: `tc_ingress` and `tc_egress`, attached to the devices that hold the
+//! node's NodePort addresses, translate traffic that arrives from outside the node to nodeIP:nodePort,
+//! load-balancer ingress IPs and externalIPs (frontends with `SCOPE_OUTSIDE`), and its replies.
+//!
+//! - `packet`: parse a flow, rewrite addresses and ports with incremental checksums;
+//! - `conntrack`: the two entries of a translated flow and their lifetimes;
+//! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check.
+//!
+//! Everything that is not theirs is passed on (`TC_ACT_UNSPEC`: with tcx the next program runs, a CNI's
+//! among them); so is a translated packet headed for a local pod, which the stack routes. Drops are counted by
+//! reason (`NS_*`). The node's own connections are left alone: a new flow must be a TCP SYN (no ACK) or a
+//! UDP datagram to a frontend, so a reply to a node socket is never taken for NodePort traffic; and the SNAT
+//! ports lie above the kernel's ephemeral range (see `lb_common::nat`).
+mod conntrack;
+mod packet;
+mod route;
+
+use core::ptr::{addr_of, read_volatile};
+
+use aya_ebpf::{
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
+    helpers::bpf_get_prandom_u32,
+    macros::{classifier, map},
+    maps::PerCpuArray,
+    programs::TcContext,
+};
+use lb_common::{
+    Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN, CT_DIR_OUT, CT_FORWARD,
+    CT_SEEN_REPLY, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL,
+    FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS,
+    NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT,
+    NS_PASS_FRAGMENT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, PROTO_TCP, SCOPE_OUTSIDE, Slot, SlotKey,
+    choose, snat_port,
+};
+use packet::{Flow, Parsed, TCP_ACK, TCP_SYN};
+
+use crate::{
+    maps::{FRONTENDS, LOCAL_BACKENDS, NS_COUNTERS, SLOTS},
+    sock_addr::{count, is_down},
+};
+
+/// Not ours, or ours and handed on to the stack: the next program (tcx) or the default action.
+pub(crate) const PASS: i32 = TC_ACT_UNSPEC;
+/// Dropped (and counted).
+pub(crate) const DROP: i32 = TC_ACT_SHOT;
+/// How many SNAT ports a new flow tries before it is dropped (`NS_DROP_SNAT_EXHAUSTED`).
+const SNAT_TRIES: u32 = 8;
+
+#[classifier]
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn tc_ingress(ctx: TcContext) -> i32 {
+    let Some(scratch) = PACKET.get_ptr_mut(0) else { return PASS };
+    // SAFETY: this CPU's scratch value; a tc program runs with bottom halves disabled, so no other run on this
+    // CPU uses it until this one returns.
+    let Packet { flow: f, key: k } = unsafe { &mut *scratch };
+    match packet::parse(&ctx, f) {
+        Parsed::Flow => {}
+        Parsed::Fragment => return fragment(&ctx),
+        Parsed::Other => return PASS,
+    }
+    let (f, k): (&Flow, &CtKey) = {
+        *k = conntrack::key(f, CT_DIR_IN);
+        (f, k)
+    };
+    let Some(cfg) = conntrack::config() else { return PASS };
+    let t = conntrack::now();
+    if let Some(v) = conntrack::hit(k, f, cfg, t) {
+        return tracked(&ctx, f, k, v, cfg);
+    }
+    let verdict = new_flow(&ctx, f, cfg, t);
+    if verdict != CREATED {
+        return verdict;
+    }
+    // The new flow's first packet, translated by the entry `new_flow` wrote (its copy in the scratch space).
+    match SCRATCH.get_ptr(0) {
+        // SAFETY: this CPU's scratch value, written by `new_flow` in this run (softirq or not, a tc program
+        // is not preempted by another on the same CPU between these two calls: they run with migration and
+        // bottom halves as the hook gives them, and the scratch is only used within one run).
+        Some(n) => tracked(&ctx, f, unsafe { &(*n).fwd_key }, unsafe { &(*n).fwd }, cfg),
+        None => PASS,
+    }
+}
+
+/// `new_flow`'s answer when it wrote a flow's entries (in `SCRATCH` too), which its first packet now takes:
+/// not a tc verdict.
+const CREATED: i32 = i32::MIN;
+
+/// A new flow's entries while they are built: off the stack, which the verifier bounds at 512 bytes over the
+/// call chain (`tc_ingress` -> `new_flow` would exceed it with these on the stack).
+struct NewFlow {
+    fe: FrontendValue,
+    fwd_key: CtKey,
+    fwd: CtValue,
+    reply_key: CtKey,
+    reply: CtValue,
+}
+
+#[map]
+static SCRATCH: PerCpuArray<NewFlow> = PerCpuArray::with_max_entries(1, 0);
+
+#[classifier]
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn tc_egress(ctx: TcContext) -> i32 {
+    let Some(scratch) = PACKET.get_ptr_mut(0) else { return PASS };
+    // SAFETY: as in `tc_ingress`.
+    let Packet { flow: f, key: k } = unsafe { &mut *scratch };
+    if packet::parse(&ctx, f) != Parsed::Flow {
+        return PASS;
+    }
+    *k = conntrack::key(f, CT_DIR_OUT);
+    let Some(cfg) = conntrack::config() else { return PASS };
+    match conntrack::hit(k, f, cfg, conntrack::now()) {
+        Some(v) => tracked(&ctx, f, k, v, cfg),
+        None => PASS,
+    }
+}
+
+/// The packet being handled: its flow and conntrack key, off the stack (see `NewFlow`).
+struct Packet {
+    flow: Flow,
+    key: CtKey,
+}
+
+#[map]
+static PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
+
+/// A fragment is not translated: only the first carries the ports, and neither reassembly nor tracking of
+/// the first fragment's ports is done yet. Counted (`NS_PASS_FRAGMENT`) and passed on untranslated.
+#[inline(always)]
+fn fragment(_ctx: &TcContext) -> i32 {
+    count_ns(NS_PASS_FRAGMENT);
+    PASS
+}
+
+/// A packet of a tracked flow: apply its entry's translation. Out of line (as `new_flow` and
+/// `route::forward`): each has a stack frame of its own, which the 512-byte bound allows where one inlined
+/// body would not.
+#[inline(never)]
+fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -> i32 {
+    let snat = v.flags & CT_SNAT != 0;
+    let ok = if v.flags & CT_FORWARD != 0 {
+        packet::set_dst(ctx, f, &v.a, v.a_port).is_ok()
+            && (!snat || packet::set_src(ctx, f, &v.b, v.b_port).is_ok())
+    } else {
+        if v.flags & CT_SEEN_REPLY == 0 {
+            // The first reply: the flow is established (TCP lives by the longer timeout from now).
+            let (client, client_port) = if snat { (v.b, v.b_port) } else { (f.daddr, f.dport) };
+            conntrack::seen_reply(k, v, client, client_port, cfg, conntrack::now());
+        }
+        packet::set_src(ctx, f, &v.a, v.a_port).is_ok()
+            && (!snat || packet::set_dst(ctx, f, &v.b, v.b_port).is_ok())
+    };
+    if !ok {
+        count_ns(NS_DROP_REWRITE);
+        return DROP;
+    }
+    count_ns(NS_TRANSLATED);
+    if !snat {
+        return PASS;
+    }
+    // SNAT: forward (new source: the node) and reply (new source: the frontend, often the node's address)
+    // alike carry a source the stack would take for a martian.
+    let (src, dst) = if v.flags & CT_FORWARD != 0 { (v.b, v.a) } else { (v.a, v.b) };
+    route::forward(ctx, f.family, f.proto, &src, &dst)
+}
+
+/// Copy the frontend at `key` into `out`, checked against its own key (see `FRONTENDS` in maps.rs: an element
+/// can be reused while it is read); `false`: no frontend, or torn twice (fail open, counted).
+#[inline(always)]
+fn frontend(key: &FrontendKey, out: &mut FrontendValue) -> bool {
+    for _ in 0..2 {
+        let Some(p) = FRONTENDS.get_ptr(key) else { return false };
+        // SAFETY: a hash value stays mapped for the program's run; the key, first in the value, is read last.
+        unsafe {
+            *out = read_volatile(p);
+            out.key = read_volatile(addr_of!((*p).key));
+        }
+        if out.key == *key {
+            return true;
+        }
+    }
+    count_ns(NS_FAIL_OPEN);
+    false
+}
+
+/// A packet with no conntrack entry: a new flow if it is addressed to an outside frontend. `CREATED` when it
+/// wrote the flow's entries, else the packet's verdict.
+#[inline(never)]
+fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
+    let key = FrontendKey { addr: f.daddr, port: f.dport, proto: f.proto, family: f.family | SCOPE_OUTSIDE };
+    let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
+    // SAFETY: this CPU's scratch value, used only within this run (see `tc_ingress`).
+    let NewFlow { fe, fwd_key, fwd, reply_key, reply } = unsafe { &mut *n };
+    if !frontend(&key, fe) {
+        return PASS;
+    }
+    let fe: &FrontendValue = fe;
+    if f.proto == PROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
+        // Not a connection's first segment: an expired or evicted flow, or a reply to a node socket that
+        // happens to use this port. Either way not a new flow to translate.
+        count_ns(NS_PASS_NOT_SYN);
+        return PASS;
+    }
+    let lookup = |index| {
+        let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
+        // SAFETY: a plain read of a hash value.
+        let Some(backend) = (unsafe { SLOTS.get(slot) }) else { return Slot::Missing };
+        let backend: Backend = *backend;
+        if is_down(backend, conntrack::now) {
+            return Slot::Down(backend);
+        }
+        Slot::Live(backend)
+    };
+    // SAFETY: helper without preconditions.
+    let random = || unsafe { bpf_get_prandom_u32() };
+    let (tier, backend) = match choose(fe, lookup, random) {
+        lb_common::Choice::Backend { tier, backend } => (tier, backend),
+        lb_common::Choice::Empty => {
+            let (svc_kind, ns_kind) = if fe.flags & FLAG_EMPTY_IS_DROP != 0 {
+                (COUNTER_DROPPED, NS_DROP_NO_LOCAL)
+            } else {
+                (COUNTER_REJECTED, NS_DROP_NO_ENDPOINTS)
+            };
+            count(fe.svc_id, svc_kind);
+            count_ns(ns_kind);
+            return DROP;
+        }
+        lb_common::Choice::Error => {
+            count_ns(NS_FAIL_OPEN);
+            return PASS;
+        }
+    };
+    // externalTrafficPolicy Local (only local endpoints in the tiers) and local endpoints under Cluster keep
+    // the client's address: the reply comes back through this node anyway. A remote endpoint gets the
+    // node's address as the source, or its reply would go straight to the client from another address.
+    let local =
+        fe.flags & FLAG_POLICY_LOCAL != 0 || LOCAL_BACKENDS.get_ptr(CtAddr { addr: backend.addr }).is_some();
+    *fwd_key = conntrack::key(f, CT_DIR_IN);
+    *fwd = CtValue {
+        a: backend.addr,
+        a_port: backend.port,
+        flags: CT_FORWARD,
+        svc_id: fe.svc_id,
+        expires_ns: t + cfg.lifetime_ns(f.proto == PROTO_TCP, false, false),
+        ..CtValue::default()
+    };
+    *reply = CtValue {
+        a: f.daddr,
+        a_port: f.dport,
+        svc_id: fe.svc_id,
+        expires_ns: fwd.expires_ns,
+        ..CtValue::default()
+    };
+    *reply_key = CtKey {
+        saddr: backend.addr,
+        daddr: f.saddr,
+        sport: backend.port,
+        dport: f.sport,
+        proto: f.proto,
+        family: f.family,
+        dir: CT_DIR_OUT,
+        _pad: 0,
+    };
+    if local {
+        if !conntrack::create(reply_key, reply) {
+            count_ns(NS_DROP_CT_FULL);
+            return DROP;
+        }
+    } else {
+        let Some(node) = snat_address(fe, f, cfg) else {
+            count_ns(NS_DROP_NO_ENDPOINTS);
+            return DROP;
+        };
+        if !snat(f, node, fwd, reply_key, reply, cfg, t) {
+            count_ns(NS_DROP_SNAT_EXHAUSTED);
+            return DROP;
+        }
+    }
+    if !conntrack::create(fwd_key, fwd) {
+        conntrack::remove(reply_key);
+        count_ns(NS_DROP_CT_FULL);
+        return DROP;
+    }
+    // COUNTER_NODE, COUNTER_ZONE, COUNTER_CLUSTER are 0, 1, 2: the tier index is the counter kind.
+    count(fe.svc_id, COUNTER_NODE + tier as u32);
+    count_ns(if local { NS_NEW_LOCAL } else { NS_NEW_SNAT });
+    CREATED
+}
+
+/// Turn a new flow's entries into an SNAT flow's from `node`: claim a free port of the SNAT range for the
+/// (backend, node address) pair by writing the reply entry there (`false`: every try found a live flow).
+#[inline(always)]
+fn snat(
+    f: &Flow,
+    node: [u32; 4],
+    fwd: &mut CtValue,
+    reply_key: &mut CtKey,
+    reply: &mut CtValue,
+    cfg: &NatConfig,
+    t: u64,
+) -> bool {
+    fwd.flags |= CT_SNAT;
+    fwd.b = node;
+    reply.flags = CT_SNAT;
+    reply.b = f.saddr;
+    reply.b_port = f.sport;
+    reply_key.daddr = node;
+    reply_key.dir = CT_DIR_IN;
+    let (lo, hi) = cfg.snat_ports();
+    // SAFETY: helper without preconditions.
+    let seed = unsafe { bpf_get_prandom_u32() };
+    for attempt in 0..SNAT_TRIES {
+        reply_key.dport = snat_port(seed, attempt, lo, hi).to_be();
+        if conntrack::claim(reply_key, reply, t) {
+            fwd.b_port = reply_key.dport;
+            return true;
+        }
+    }
+    false
+}
+
+/// The node address an SNAT flow leaves from: the frontend's own address for a node port (the address the
+/// client reached, so the reply path is the request's), else the node's address of the family the agent
+/// configured (`NatConfig::snat_v4` / `snat_v6`).
+#[inline(always)]
+fn snat_address(fe: &FrontendValue, f: &Flow, cfg: &NatConfig) -> Option<[u32; 4]> {
+    if fe.flags & FLAG_SNAT_TO_FRONTEND != 0 {
+        return Some(f.daddr);
+    }
+    let a = if f.family == FAMILY_V4 { [cfg.snat_v4, 0, 0, 0] } else { cfg.snat_v6 };
+    if a == [0; 4] { None } else { Some(a) }
+}
+
+/// Count one event of kind `kind` (`NS_*`).
+#[inline(always)]
+pub(crate) fn count_ns(kind: u32) {
+    if let Some(c) = NS_COUNTERS.get_ptr_mut(kind) {
+        // SAFETY: a per-CPU value of this CPU; tc programs on one CPU do not preempt each other in softirq
+        // context, but a program in process context (egress from a socket) can be: see `sock_addr::count`.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(c, 1)
+        };
+    }
+}

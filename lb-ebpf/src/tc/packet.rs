@@ -1,0 +1,207 @@
+//! Reading a packet's flow and rewriting its addresses and ports, with the checksums updated incrementally by
+//! the kernel's helpers (`bpf_l3_csum_replace`, `bpf_l4_csum_replace` with `BPF_F_PSEUDO_HDR` for the
+//! addresses, which are in the TCP/UDP pseudo-header): they know the skb's checksum state, so a
+//! `CHECKSUM_PARTIAL` packet (veth and most NICs' offload) keeps a valid partial sum instead of a full one
+//! computed over a header the device will finish. Loads and stores go through `bpf_skb_load_bytes` /
+//! `bpf_skb_store_bytes`, which also work on non-linear skbs (GSO packets on egress).
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use lb_common::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
+
+/// Ethernet header length (the tc programs attach to Ethernet-like devices: veth, physical NICs, bridges).
+pub(crate) const ETH_LEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const IPV4_CSUM: usize = ETH_LEN + 10;
+const IPV4_TTL: usize = ETH_LEN + 8;
+const IPV4_SRC: usize = ETH_LEN + 12;
+const IPV4_DST: usize = ETH_LEN + 16;
+const IPV6_HOP: usize = ETH_LEN + 7;
+const IPV6_SRC: usize = ETH_LEN + 8;
+const IPV6_DST: usize = ETH_LEN + 24;
+const IPV6_LEN: usize = 40;
+
+/// TCP flag bits (byte 13 of the header).
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_ACK: u8 = 0x10;
+
+/// A packet's flow, as it lies in the packet (addresses and ports in network order).
+#[derive(Clone, Copy)]
+pub(crate) struct Flow {
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    /// TCP flags (0 for UDP).
+    pub tcp_flags: u8,
+    /// Offset of the L4 header.
+    pub l4: usize,
+}
+
+/// What `parse` found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Parsed {
+    /// A TCP or UDP packet whose ports are in it (written to the `Flow`).
+    Flow,
+    /// An IPv4 fragment, or IPv6 with an extension header before TCP/UDP: not handled (yet), passed on.
+    Fragment,
+    /// Anything else (ARP, ICMP, another protocol, a truncated header): not ours.
+    Other,
+}
+
+/// The flow of the packet in `ctx`, into `f` (fully written when the answer is `Parsed::Flow`).
+#[inline(always)]
+pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
+    let Ok(eth_proto) = ctx.load::<u16>(12) else { return Parsed::Other };
+    let eth_proto = u16::from_be(eth_proto);
+    f.saddr = [0; 4];
+    f.daddr = [0; 4];
+    f.tcp_flags = 0;
+    if eth_proto == ETH_P_IP {
+        let Ok(vihl) = ctx.load::<u8>(ETH_LEN) else { return Parsed::Other };
+        let ihl = usize::from(vihl & 0x0f) * 4;
+        if vihl >> 4 != 4 || ihl < 20 {
+            return Parsed::Other;
+        }
+        let Ok(frag) = ctx.load::<u16>(ETH_LEN + 6) else { return Parsed::Other };
+        let Ok(proto) = ctx.load::<u8>(ETH_LEN + 9) else { return Parsed::Other };
+        if proto != PROTO_TCP && proto != PROTO_UDP {
+            return Parsed::Other;
+        }
+        // More-fragments set or a non-zero offset: only the first fragment carries the ports.
+        if u16::from_be(frag) & 0x3fff != 0 {
+            return Parsed::Fragment;
+        }
+        let (Ok(s), Ok(d)) = (ctx.load::<u32>(IPV4_SRC), ctx.load::<u32>(IPV4_DST)) else {
+            return Parsed::Other;
+        };
+        f.saddr[0] = s;
+        f.daddr[0] = d;
+        f.proto = proto;
+        f.family = FAMILY_V4;
+        f.l4 = ETH_LEN + ihl;
+    } else if eth_proto == ETH_P_IPV6 {
+        let Ok(next) = ctx.load::<u8>(ETH_LEN + 6) else { return Parsed::Other };
+        if next != PROTO_TCP && next != PROTO_UDP {
+            // Hop-by-hop, routing, fragment or destination options before the L4 header.
+            return if matches!(next, 0 | 43 | 44 | 60) { Parsed::Fragment } else { Parsed::Other };
+        }
+        let (Ok(s), Ok(d)) = (ctx.load::<[u32; 4]>(IPV6_SRC), ctx.load::<[u32; 4]>(IPV6_DST)) else {
+            return Parsed::Other;
+        };
+        f.saddr = s;
+        f.daddr = d;
+        f.proto = next;
+        f.family = FAMILY_V6;
+        f.l4 = ETH_LEN + IPV6_LEN;
+    } else {
+        return Parsed::Other;
+    }
+    let (Ok(sp), Ok(dp)) = (ctx.load::<u16>(f.l4), ctx.load::<u16>(f.l4 + 2)) else { return Parsed::Other };
+    f.sport = sp;
+    f.dport = dp;
+    if f.proto == PROTO_TCP {
+        let Ok(flags) = ctx.load::<u8>(f.l4 + 13) else { return Parsed::Other };
+        f.tcp_flags = flags;
+    }
+    Parsed::Flow
+}
+
+/// Offset of the L4 checksum and the flags its updates take (UDP over IPv4 may carry no checksum: 0 stays 0,
+/// `BPF_F_MARK_MANGLED_0`; UDP over IPv6 always has one).
+#[inline(always)]
+fn l4_csum(f: &Flow) -> (usize, u64) {
+    if f.proto == PROTO_TCP {
+        (f.l4 + 16, 0)
+    } else if f.family == FAMILY_V4 {
+        (f.l4 + 6, u64::from(BPF_F_MARK_MANGLED_0))
+    } else {
+        (f.l4 + 6, 0)
+    }
+}
+
+/// Replace one address of the packet (`dst`: the destination, else the source) by `to`.
+#[inline(always)]
+fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i64> {
+    let (csum, extra) = l4_csum(f);
+    let pseudo = u64::from(BPF_F_PSEUDO_HDR) | extra;
+    let from = if dst { f.daddr } else { f.saddr };
+    if f.family == FAMILY_V4 {
+        let off = if dst { IPV4_DST } else { IPV4_SRC };
+        ctx.l4_csum_replace(csum, u64::from(from[0]), u64::from(to[0]), pseudo | 4)?;
+        ctx.l3_csum_replace(IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
+        ctx.store(off, &to[0], 0)?;
+    } else {
+        let off = if dst { IPV6_DST } else { IPV6_SRC };
+        for i in 0..4 {
+            ctx.l4_csum_replace(csum, u64::from(from[i]), u64::from(to[i]), pseudo | 4)?;
+        }
+        ctx.store(off, to, 0)?;
+    }
+    Ok(())
+}
+
+/// Replace one port of the packet (`dst`: the destination, else the source) by `to` (network order).
+#[inline(always)]
+fn set_port(ctx: &TcContext, f: &Flow, dst: bool, to: u16) -> Result<(), i64> {
+    let (csum, extra) = l4_csum(f);
+    let from = if dst { f.dport } else { f.sport };
+    ctx.l4_csum_replace(csum, u64::from(from), u64::from(to), extra | 2)?;
+    ctx.store(f.l4 + if dst { 2 } else { 0 }, &to, 0)?;
+    Ok(())
+}
+
+/// Rewrite the destination to `addr:port` (DNAT, or the reply of an SNAT flow).
+#[inline(always)]
+pub(crate) fn set_dst(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> Result<(), i64> {
+    if *addr != f.daddr {
+        set_addr(ctx, f, true, addr)?;
+    }
+    if port != f.dport {
+        set_port(ctx, f, true, port)?;
+    }
+    Ok(())
+}
+
+/// Rewrite the source to `addr:port` (SNAT, or a reply's source back to the frontend).
+#[inline(always)]
+pub(crate) fn set_src(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> Result<(), i64> {
+    if *addr != f.saddr {
+        set_addr(ctx, f, false, addr)?;
+    }
+    if port != f.sport {
+        set_port(ctx, f, false, port)?;
+    }
+    Ok(())
+}
+
+/// Decrement the TTL (IPv4, with its header checksum) or hop limit (IPv6) of a packet this node forwards
+/// itself (a redirect bypasses the stack's forwarding, which would do it). `false`: it would reach zero; the
+/// caller hands the packet to the stack, which answers with ICMP time exceeded.
+#[inline(always)]
+pub(crate) fn decrement_ttl(ctx: &TcContext, family: u8) -> Result<bool, i64> {
+    if family == FAMILY_V4 {
+        // TTL and protocol form one 16-bit word of the header checksum.
+        let word: u16 = ctx.load(IPV4_TTL)?;
+        let ttl = word.to_ne_bytes()[0];
+        if ttl <= 1 {
+            return Ok(false);
+        }
+        let new = u16::from_ne_bytes([ttl - 1, word.to_ne_bytes()[1]]);
+        ctx.l3_csum_replace(IPV4_CSUM, u64::from(word), u64::from(new), 2)?;
+        ctx.store(IPV4_TTL, &new, 0)?;
+    } else {
+        let hop: u8 = ctx.load(IPV6_HOP)?;
+        if hop <= 1 {
+            return Ok(false);
+        }
+        ctx.store(IPV6_HOP, &(hop - 1), 0)?;
+    }
+    Ok(true)
+}
