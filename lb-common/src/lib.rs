@@ -174,12 +174,21 @@ pub const MAPS: [&str; 11] = [
 /// restarted agent must reuse it, or live sockets would lose their reverse state) and the trace maps (which
 /// `tierlb trace` opens from the pins; the agent reads the lost-event count from `MAP_COUNTERS`).
 pub const PINNED_ONLY: [&str; 4] = [MAP_SOCKS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
-/// Every map that is pinned: `MAPS`, then `PINNED_ONLY`.
-pub const PINNED_MAPS: [&str; MAPS.len() + PINNED_ONLY.len()] = {
-    let mut out = [MAP_SOCKS; MAPS.len() + PINNED_ONLY.len()];
+/// The north-south maps (`nat`): pinned like the others, so tracked flows survive an agent restart; the
+/// agent opens them apart from `MAPS` (`datapath::tc::NsMaps`).
+pub const NS_MAPS: [&str; 4] = [MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS];
+/// Every map that is pinned: `MAPS`, then `PINNED_ONLY`, then `NS_MAPS`.
+pub const PINNED_MAPS: [&str; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()] = {
+    let mut out = [MAP_SOCKS; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()];
     let mut i = 0;
     while i < out.len() {
-        out[i] = if i < MAPS.len() { MAPS[i] } else { PINNED_ONLY[i - MAPS.len()] };
+        out[i] = if i < MAPS.len() {
+            MAPS[i]
+        } else if i < MAPS.len() + PINNED_ONLY.len() {
+            PINNED_ONLY[i - MAPS.len()]
+        } else {
+            NS_MAPS[i - MAPS.len() - PINNED_ONLY.len()]
+        };
         i += 1;
     }
     out

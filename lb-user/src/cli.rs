@@ -175,6 +175,17 @@ pub struct AgentArgs {
     /// beyond it the least recently used client is balanced anew on its next connect).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
     pub max_affinity: u32,
+    /// Capacity: conntrack entries of traffic from outside the node (an LRU, two entries per flow; about
+    /// 144 bytes each, preallocated: the default is about 36 MiB). Beyond it the least recently used flow is
+    /// forgotten.
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK)]
+    pub max_conntrack: u32,
+    /// The devices whose traffic from outside the node is translated (NodePorts, load-balancer IPs,
+    /// externalIPs), comma-separated; default: the devices holding the node's NodePort addresses
+    /// (`--nodeport-addresses`, else the Node's InternalIP/ExternalIP), looked for again on every sync.
+    /// `none`: translate no traffic from outside.
+    #[arg(long, value_delimiter = ',', value_name = "IFACE[,IFACE]")]
+    pub devices: Option<Vec<String>>,
     /// Passive health: consecutive failed connects (refused, or the SYN unanswered for its first
     /// retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
     #[arg(long, default_value_t = 3)]
@@ -212,7 +223,9 @@ impl AgentArgs {
                 backends: self.max_backends,
                 reverse: self.max_reverse,
                 affinity: self.max_affinity,
+                conntrack: self.max_conntrack,
             },
+            devices: self.devices.clone(),
             health: crate::datapath::health::HealthSettings {
                 failures: self.health_failures,
                 hold: self.health_hold,

@@ -62,7 +62,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
         ns.add_address(a.ip()).unwrap();
         servers.push(NamedServer::start(&lab, &ns, *a, &a.to_string()).unwrap());
     }
-    let Loaded { mut programs, maps } = Loaded::load(Capacities::default(), None).unwrap();
+    let Loaded { mut programs, maps, .. } = Loaded::load(Capacities::default(), None).unwrap();
     let mut rec = Reconciler::new(maps);
     let key = addr::frontend_key(vip.ip(), 80, 6);
     let desired = |set: &[SocketAddr], node: usize| {
@@ -143,7 +143,7 @@ fn concurrent_connects_never_see_a_half_written_backend_set_during_swaps() {
 fn a_frontend_whose_slots_are_missing_fails_open_and_counts_each_connect() {
     let (vip, ns, cg) = sandbox("failopen");
     let backend = SocketAddr::new(ip(1, 1), 8080);
-    let Loaded { mut programs, maps } = Loaded::load(Capacities::default(), None).unwrap();
+    let Loaded { mut programs, maps, .. } = Loaded::load(Capacities::default(), None).unwrap();
     let mut rec = Reconciler::new(maps);
     let b = addr::backend(backend, 6);
     let mut d = Desired::new();

@@ -162,7 +162,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         let caps =
             tierlb::datapath::ebpf::Capacities { services: 120_000, slots: 1_200_000, ..Default::default() };
         let tracing = trace.then(Tracing::new).transpose()?;
-        let Loaded { mut programs, maps } = Loaded::load(caps, tracing.as_ref().map(Tracing::pins))?;
+        let Loaded { mut programs, maps, .. } = Loaded::load(caps, tracing.as_ref().map(Tracing::pins))?;
         let mut rec = Reconciler::new(maps);
         // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
         let health = tierlb::datapath::health::HealthSettings::default().config();

@@ -3,20 +3,21 @@
 //! sees a plan; this is the one place that turns kube-proxy's decisions into map contents.
 use std::{net::SocketAddr, sync::Arc};
 
-use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL};
+use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND};
 
 use crate::{
     datapath::{Desired, DesiredFrontend, addr},
     model::{Policy, Service, ServicePortName},
-    plan::{PortPlan, TrafficPlan, WhenEmpty},
+    plan::{ExternalKind, PortPlan, TrafficPlan, WhenEmpty},
     server::ServiceHealth,
 };
 
 /// The frontends some planned Service ports ask for: one per cluster IP of each port, with the tiers of its
 /// internal (ClusterIP) traffic, and one per external destination (node address x nodePort, load-balancer
 /// IP, externalIP), with the tiers of connects made on the node (`ExternalPlan::from_node`, which pods
-/// share). A later port wins a shared VIP:port; a cluster IP wins over an external address of the same
-/// Service.
+/// share), and again in the outside scope (`addr::outside_frontend_key`, the tc programs') with the tiers of
+/// traffic from outside the node (`ExternalPlan::from_outside`, externalTrafficPolicy applied). A later port
+/// wins a shared VIP:port; a cluster IP wins over an external address of the same Service.
 pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
     let mut out = Desired::new();
     for p in ports {
@@ -35,6 +36,14 @@ pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
         for f in &ext.frontends {
             let key = addr::frontend_key(f.addr.ip(), f.addr.port(), proto);
             out.entry(key).or_insert_with(|| desired(&name, &ext.from_node, proto, affinity));
+            // sessionAffinity for clients outside the node is not kept yet: 0.
+            let mut outside = desired(&name, &ext.from_outside, proto, 0);
+            if f.kind == ExternalKind::NodePort {
+                // A node port's SNAT leaves from the node address the client reached.
+                outside.flags |= FLAG_SNAT_TO_FRONTEND;
+            }
+            let key = addr::outside_frontend_key(f.addr.ip(), f.addr.port(), proto);
+            out.entry(key).or_insert(outside);
         }
     }
     out

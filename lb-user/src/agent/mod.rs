@@ -6,6 +6,7 @@
 //!   external address, then the first in namespace/name order);
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
+//! - `north_south`: the tc programs' devices, settings and local endpoints (traffic from outside the node);
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
 //! - `report`: what a sync did, and what it logs;
 //! - `run`: the process (source, programs, servers, signal handling).
@@ -30,6 +31,7 @@ mod claims;
 mod lower;
 pub mod memory;
 mod no_local;
+mod north_south;
 mod report;
 mod retry;
 mod run;

@@ -73,6 +73,9 @@ pub struct AgentOptions {
     pub host_proc: Option<PathBuf>,
     /// Passive health (`--health-failures`, `--health-hold`, `--health-max-hold`).
     pub health: crate::datapath::health::HealthSettings,
+    /// `--devices`: where the tc programs attach (`None`: the devices holding the NodePort addresses;
+    /// `["none"]`: nowhere).
+    pub devices: Option<Vec<String>>,
 }
 
 /// Open the source; every change it sees is signalled on `changed`. The returned guard keeps a file watcher
@@ -288,6 +291,10 @@ fn adopt(core: &mut AgentCore<KernelMaps>) -> anyhow::Result<()> {
 }
 
 /// Run the agent until SIGINT or SIGTERM; detaches on the way out (unless pinned).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the module's ordering rules read top to bottom in this one function"
+)]
 pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // Rule 1: listen for signals before doing anything slow (a signal with no listener would be lost).
     use tokio::signal::unix::{SignalKind, signal};
@@ -316,7 +323,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         Some(base) => Some(pins::prepare(base, opts.instance.as_deref().unwrap_or(&opts.node))?),
         None => None,
     };
-    let Loaded { mut programs, maps } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
+    let Loaded { mut programs, maps, ns } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
+    let mut north_south = super::north_south::NorthSouth::new(ns, opts.devices.clone(), pin_dir.as_deref());
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
         .with_external(opts.external.clone());
     if pin_dir.is_some() {
@@ -337,6 +345,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     memory::trim_after(&report);
     log_sync(&report);
     programs.attach(&cgroup, pin_dir.as_deref())?;
+    north_south.after_sync(&mut programs, &report, &core);
     let mut sweeper = Sweeper { last: Instant::now(), held: BTreeMap::new() };
     sweeper.sweep(&mut core, &stats, true);
     record(&health, &mut stats, &report, &core);
@@ -346,7 +355,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
 
     drop(tx);
     // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
-    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?PROGRAMS, "tierlb agent ready");
+    let devices = north_south.devices();
+    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?PROGRAMS, ?devices, "tierlb agent ready");
     let finder = destroy::NetnsFinder::new(opts.host_proc.clone());
     warn_unless_destruction_works(&finder);
     let mut tick = tokio::time::interval(Duration::from_millis(25));
@@ -364,6 +374,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                     Ok(r) => {
                         // Rule 5: everything a sync changes happens before its "synced" line (tests wait for it).
                         sync_service_health(service_health.as_mut(), &mut stats, &r).await;
+                        north_south.after_sync(&mut programs, &r, &core);
                         if r.updated + r.removed > 0 {
                             end_departed_sockets(core.reconciler_mut(), &finder, &stats);
                             sweeper.sweep(&mut core, &stats, true);

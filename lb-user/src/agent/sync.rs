@@ -88,6 +88,11 @@ impl<W: MapWriter> AgentCore<W> {
         Self { external, ..self }
     }
 
+    /// The model as the source has it now.
+    pub fn model(&self) -> &crate::model::Model {
+        self.tracker.model()
+    }
+
     /// The reconciler (and through it the maps).
     pub fn reconciler(&self) -> &Reconciler<W> {
         &self.reconciler

@@ -1,7 +1,7 @@
 //! Conversions between std addresses and the network-byte-order map layout.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use lb_common::{Backend, FAMILY_V4, FAMILY_V6, FrontendKey};
+use lb_common::{Backend, FAMILY_MASK, FAMILY_V4, FAMILY_V6, FrontendKey, SCOPE_OUTSIDE};
 
 /// The in-memory (network order) words of an address, as the kernel stores `user_ip4` / `user_ip6`.
 pub fn words(ip: IpAddr) -> [u32; 4] {
@@ -15,9 +15,9 @@ pub fn words(ip: IpAddr) -> [u32; 4] {
     }
 }
 
-/// The address `words` hold, read as `family` (`FAMILY_V6`, else IPv4).
+/// The address `words` hold, read as `family` (`FAMILY_V6`, else IPv4; a frontend key's scope bit ignored).
 pub fn ip_from_words(words: [u32; 4], family: u8) -> IpAddr {
-    if family == FAMILY_V6 {
+    if family & FAMILY_MASK == FAMILY_V6 {
         let mut o = [0u8; 16];
         for (i, w) in words.iter().enumerate() {
             o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
@@ -35,6 +35,13 @@ fn family(ip: IpAddr) -> u8 {
 /// The `FRONTENDS` key of a Service's `ip`:`port` over `proto` (an IPPROTO_* number).
 pub fn frontend_key(ip: IpAddr, port: u16, proto: u8) -> FrontendKey {
     FrontendKey { addr: words(ip), port: port.to_be(), proto, family: family(ip) }
+}
+
+/// The `FRONTENDS` key of `ip`:`port` over `proto` for traffic from outside the node (the tc programs').
+pub fn outside_frontend_key(ip: IpAddr, port: u16, proto: u8) -> FrontendKey {
+    let mut k = frontend_key(ip, port, proto);
+    k.family |= SCOPE_OUTSIDE;
+    k
 }
 
 /// The map form of an endpoint's `addr` over `proto`, as `SLOTS` and `BACKEND_STATE` hold it.

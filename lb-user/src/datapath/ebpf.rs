@@ -55,6 +55,8 @@ pub struct Capacities {
     pub reverse: u32,
     /// sessionAffinity entries (frontend, client) remembered at once (an LRU).
     pub affinity: u32,
+    /// Conntrack entries of traffic from outside the node (an LRU, two per flow).
+    pub conntrack: u32,
 }
 
 impl Default for Capacities {
@@ -65,6 +67,7 @@ impl Default for Capacities {
             backends: lb_common::DEFAULT_MAX_BACKENDS,
             reverse: lb_common::DEFAULT_MAX_REVERSE,
             affinity: lb_common::DEFAULT_MAX_AFFINITY,
+            conntrack: lb_common::DEFAULT_MAX_CONNTRACK,
         }
     }
 }
@@ -225,6 +228,8 @@ pub struct Loaded {
     pub programs: Programs,
     /// The maps, for a `Reconciler`.
     pub maps: KernelMaps,
+    /// The north-south maps (local endpoints, settings, conntrack).
+    pub ns: super::tc::NsMaps,
 }
 
 /// The loaded programs. Dropping it detaches every program attached without pinning its link.
@@ -242,7 +247,7 @@ impl Loaded {
         check_kernel()?;
         let object = embedded_object().ok_or(DatapathError::NoObject)?;
         let mut loader = EbpfLoader::new();
-        for name in MAPS {
+        for name in MAPS.iter().chain(&lb_common::NS_MAPS) {
             loader.map_max_entries(name, super::layout::map_size(name, caps).entries);
         }
         let paths: Vec<(&str, PathBuf)> =
@@ -263,8 +268,10 @@ impl Loaded {
             };
             verified.map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
         }
+        super::tc::load(&mut ebpf)?;
         let maps = KernelMaps::from_ebpf(&mut ebpf, caps)?;
-        Ok(Self { programs: Programs { ebpf }, maps })
+        let ns = super::tc::NsMaps::from_ebpf(&mut ebpf)?;
+        Ok(Self { programs: Programs { ebpf }, maps, ns })
     }
 }
 
@@ -321,6 +328,13 @@ impl Programs {
                 .map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
         }
         Ok(())
+    }
+}
+
+impl Programs {
+    /// Attach the tc programs to `device` (see `tc::attach`).
+    pub fn attach_device(&mut self, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
+        super::tc::attach(&mut self.ebpf, device, pin_dir)
     }
 }
 

@@ -4,11 +4,13 @@ use std::path::PathBuf;
 
 use aya::maps::MapData;
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_TRACE_CONTROL,
-    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, ReverseKey, ReverseValue, ServiceName,
-    SlotKey, SockState, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
+    DEFAULT_MAX_LOCAL_BACKENDS, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY,
+    MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH,
+    MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_REVERSE,
+    MAP_SLOTS, MAP_SOCKS, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue,
+    NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::ebpf::{Capacities, DatapathError};
@@ -49,6 +51,10 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_TRACE_EVENTS => (TRACE_RING_BYTES, FIXED, 0, |_| 0),
         MAP_TRACE_CONTROL => (1, FIXED, 0, |_| 0),
         MAP_TRACE_SERVICES => (TRACE_MAX_SERVICES, FIXED, 0, |_| 0),
+        MAP_CONNTRACK => (caps.conntrack, "conntrack", caps.conntrack, same),
+        MAP_LOCAL_BACKENDS => (DEFAULT_MAX_LOCAL_BACKENDS, FIXED, 0, |_| 0),
+        MAP_NAT_CONFIG => (1, FIXED, 0, |_| 0),
+        MAP_NS_COUNTERS => (NS_COUNTER_KINDS, FIXED, 0, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }
@@ -63,7 +69,7 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
             MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
             MAP_BACKEND_STATE => (size_of::<Backend>() as u32, size_of::<BackendState>() as u32),
-            MAP_COUNTERS => (4, 8),
+            MAP_COUNTERS | MAP_NS_COUNTERS => (4, 8),
             MAP_REVERSE | MAP_CONNECTED_UDP => {
                 (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
             }
@@ -75,6 +81,9 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_TRACE_EVENTS => (0, 0),
             MAP_TRACE_CONTROL => (4, size_of::<TraceControl>() as u32),
             MAP_TRACE_SERVICES => (4, 4),
+            MAP_CONNTRACK => (size_of::<CtKey>() as u32, size_of::<CtValue>() as u32),
+            MAP_LOCAL_BACKENDS => (size_of::<CtAddr>() as u32, 4),
+            MAP_NAT_CONFIG => (4, size_of::<NatConfig>() as u32),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };

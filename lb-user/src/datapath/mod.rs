@@ -19,6 +19,7 @@ pub mod pins;
 #[cfg(target_os = "linux")]
 mod rcu;
 mod reconcile;
+pub mod tc;
 
 use std::{collections::BTreeMap, sync::Arc};
 

@@ -118,6 +118,16 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     check_bpffs(bpffs)?;
     let dir = instance_dir(bpffs, instance);
     let mut removed = Vec::new();
+    // The tc links first (removing a tcx link's pin detaches it; netlink filters are removed by name).
+    for device in super::tc::pinned_devices(&dir) {
+        for (name, _) in super::tc::TC_PROGRAMS {
+            let p = super::tc::tc_link_pin(&dir, name, &device);
+            if p.exists() {
+                removed.push(p);
+            }
+        }
+        super::tc::detach(Some(&dir), &device);
+    }
     let pins = PROGRAMS
         .iter()
         .flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)])

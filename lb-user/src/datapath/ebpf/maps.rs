@@ -95,6 +95,7 @@ impl KernelMaps {
             backends: u32::MAX,
             reverse: u32::MAX,
             affinity: u32::MAX,
+            conntrack: u32::MAX,
         });
         let nr_cpus = aya::util::nr_cpus().map_err(|(what, e)| bpf_err(what, e))?;
         Ok(Self {

@@ -1,0 +1,291 @@
+//! The north-south programs on the node's devices: `tc_ingress` and `tc_egress` attached to the devices that
+//! hold the node's NodePort addresses (or `--devices`), with tcx links on kernels >= 6.6 (pinned, so they
+//! outlive the agent like the cgroup links; a restarted agent attaches its programs next to the old ones and
+//! then replaces the pin, which detaches the old ones) and netlink clsact filters below (which the kernel
+//! keeps until they are removed). Attaching needs CAP_NET_ADMIN in the devices' network namespace.
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf,
+    programs::{
+        LinkOrder, SchedClassifier, TcAttachType,
+        links::FdLink,
+        tc::{self, TcAttachOptions},
+    },
+    util::KernelVersion,
+};
+
+use super::ebpf::{DatapathError, bpf_err};
+
+/// The tc programs, in the order they are attached on each device.
+pub const TC_PROGRAMS: [(&str, TcAttachType); 2] =
+    [("tc_ingress", TcAttachType::Ingress), ("tc_egress", TcAttachType::Egress)];
+
+/// Where the tcx link of `program` on `device` is pinned.
+pub fn tc_link_pin(dir: &Path, program: &str, device: &str) -> PathBuf {
+    dir.join(format!("link_{program}@{device}"))
+}
+
+/// Whether this kernel attaches tc programs with tcx links (6.6 and later).
+pub fn has_tcx() -> bool {
+    KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
+}
+
+/// The devices of this network namespace that hold one of `addrs` (the node's NodePort addresses), sorted.
+pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    if let Ok(ifs) = nix::ifaddrs::getifaddrs() {
+        for ifa in ifs {
+            let Some(a) = ifa.address else { continue };
+            let ip = a
+                .as_sockaddr_in()
+                .map(|s| IpAddr::V4(s.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())));
+            if ip.is_some_and(|ip| addrs.contains(&ip)) && ifa.interface_name != "lo" {
+                out.insert(ifa.interface_name);
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Load (verify) the tc programs of a loaded object.
+pub fn load(ebpf: &mut Ebpf) -> Result<(), DatapathError> {
+    for (name, _) in TC_PROGRAMS {
+        classifier(ebpf, name)?.load().map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
+    }
+    Ok(())
+}
+
+fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, DatapathError> {
+    let p = ebpf.program_mut(name).ok_or_else(|| DatapathError::Bpf {
+        what: format!("program {name} missing"),
+        source: "absent".into(),
+    })?;
+    p.try_into().map_err(|e| bpf_err(format!("program {name}"), e))
+}
+
+/// Attach both tc programs to `device`. With tcx and `pin_dir`, the links are pinned there (replacing an
+/// earlier agent's without a gap); with netlink, a clsact qdisc is added if the device has none.
+pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
+    let tcx = has_tcx();
+    if !tcx {
+        // EEXIST: the device has a clsact qdisc already (a CNI's, or ours from an earlier start).
+        if let Err(e) = tc::qdisc_add_clsact(device)
+            && !matches!(e, tc::TcError::AlreadyAttached)
+        {
+            return Err(bpf_err(format!("adding a clsact qdisc to {device}"), e));
+        }
+    }
+    for (name, kind) in TC_PROGRAMS {
+        let p = classifier(ebpf, name)?;
+        let attaching = |e| bpf_err(format!("attaching {name} to device {device} (needs CAP_NET_ADMIN)"), e);
+        let opts = if tcx {
+            // Last in the device's chain: a CNI's own programs keep their place before ours.
+            TcAttachOptions::TcxOrder(LinkOrder::last())
+        } else {
+            TcAttachOptions::Netlink(tc::NlOptions::default())
+        };
+        let id = p.attach_with_options(device, kind, opts).map_err(attaching)?;
+        let (Some(dir), true) = (pin_dir, tcx) else {
+            // Netlink filters stay with the device after the agent exits; `detach_device` removes them.
+            if !tcx {
+                let link = p.take_link(id).map_err(|e| bpf_err(format!("link of {name}"), e))?;
+                std::mem::forget(link);
+            }
+            continue;
+        };
+        let link = p.take_link(id).map_err(|e| bpf_err(format!("taking the link of {name}"), e))?;
+        let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("link of {name}"), e))?;
+        let path = tc_link_pin(dir, name, device);
+        // bpffs refuses names with a dot (`bpf_lookup`): no extension.
+        let fresh = dir.join(format!("link_{name}@{device}_new"));
+        let _ = std::fs::remove_file(&fresh);
+        link.pin(&fresh).map_err(|e| bpf_err(format!("pinning the link of {name} on {device}"), e))?;
+        std::fs::rename(&fresh, &path).map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
+    }
+    Ok(())
+}
+
+/// The devices an instance's pinned tc links are on (`link_tc_*@DEVICE`).
+pub fn pinned_devices(dir: &Path) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(rest) = name.strip_prefix("link_tc_")
+                && let Some((_, dev)) = rest.split_once('@')
+                && !dev.ends_with("_new")
+            {
+                out.insert(dev.to_owned());
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Detach tierlb's tc programs from `device`: remove the pinned tcx links (which detaches them), or the
+/// netlink filters of our programs.
+pub fn detach(dir: Option<&Path>, device: &str) {
+    if let Some(dir) = dir {
+        for (name, _) in TC_PROGRAMS {
+            let _ = std::fs::remove_file(tc_link_pin(dir, name, device));
+        }
+    }
+    if !has_tcx() {
+        for (name, kind) in TC_PROGRAMS {
+            let _ = tc::qdisc_detach_program(device, kind, name);
+        }
+    }
+}
+
+/// The north-south maps the agent writes (local endpoints, settings) and reads (conntrack, counters).
+pub struct NsMaps {
+    local: aya::maps::HashMap<aya::maps::MapData, lb_common::CtAddr, u32>,
+    config: aya::maps::Array<aya::maps::MapData, lb_common::NatConfig>,
+    conntrack: aya::maps::HashMap<aya::maps::MapData, lb_common::CtKey, lb_common::CtValue>,
+    counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+}
+
+/// What the conntrack table holds now, for status and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ConntrackStats {
+    /// Live forward entries (one per flow).
+    pub flows: usize,
+    /// Live flows with SNAT.
+    pub snat_flows: usize,
+    /// Every entry, dead ones the LRU has not reclaimed included.
+    pub entries: usize,
+}
+
+fn map_err(name: &str) -> impl Fn(aya::maps::MapError) -> DatapathError + '_ {
+    move |e| bpf_err(format!("map {name}"), e)
+}
+
+impl NsMaps {
+    /// Take the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DatapathError> {
+        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap { name });
+        Self::from_maps(
+            take(lb_common::MAP_LOCAL_BACKENDS)?,
+            take(lb_common::MAP_NAT_CONFIG)?,
+            take(lb_common::MAP_CONNTRACK)?,
+            take(lb_common::MAP_NS_COUNTERS)?,
+        )
+    }
+
+    /// Open an instance's pinned maps (`tierlb status`).
+    pub fn open_pinned(dir: &Path) -> Result<Self, DatapathError> {
+        let open = |name: &str| {
+            let path = dir.join(name);
+            aya::maps::MapData::from_pin(&path)
+                .map(aya::maps::Map::from_map_data)
+                .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
+                .map_err(|e| DatapathError::Pinned { path, source: Box::new(e) })
+        };
+        Self::from_maps(
+            open(lb_common::MAP_LOCAL_BACKENDS)?,
+            open(lb_common::MAP_NAT_CONFIG)?,
+            open(lb_common::MAP_CONNTRACK)?,
+            open(lb_common::MAP_NS_COUNTERS)?,
+        )
+    }
+
+    fn from_maps(
+        local: aya::maps::Map,
+        config: aya::maps::Map,
+        conntrack: aya::maps::Map,
+        counters: aya::maps::Map,
+    ) -> Result<Self, DatapathError> {
+        use lb_common::{MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
+        // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).
+        Ok(Self {
+            local: aya::maps::HashMap::try_from(local).map_err(map_err(MAP_LOCAL_BACKENDS))?,
+            config: aya::maps::Array::try_from(config).map_err(map_err(MAP_NAT_CONFIG))?,
+            conntrack: aya::maps::HashMap::try_from(conntrack).map_err(map_err(MAP_CONNTRACK))?,
+            counters: aya::maps::PerCpuArray::try_from(counters).map_err(map_err(MAP_NS_COUNTERS))?,
+        })
+    }
+
+    /// Write the tc programs' settings.
+    pub fn set_config(&mut self, c: lb_common::NatConfig) -> Result<(), DatapathError> {
+        self.config.set(0, c, 0).map_err(map_err(lb_common::MAP_NAT_CONFIG))
+    }
+
+    /// The settings in the map.
+    pub fn config(&self) -> Result<lb_common::NatConfig, DatapathError> {
+        self.config.get(&0, 0).map_err(map_err(lb_common::MAP_NAT_CONFIG))
+    }
+
+    /// Make the local-endpoint set `want`: add what is missing, delete what is not wanted.
+    pub fn set_local(&mut self, want: &BTreeSet<IpAddr>) -> Result<(), DatapathError> {
+        let have: BTreeSet<lb_common::CtAddr> = self.local.keys().filter_map(Result::ok).collect();
+        let want: BTreeSet<lb_common::CtAddr> =
+            want.iter().map(|ip| lb_common::CtAddr { addr: super::addr::words(*ip) }).collect();
+        for k in have.difference(&want) {
+            let _ = self.local.remove(k);
+        }
+        for k in want.difference(&have) {
+            self.local.insert(*k, 1, 0).map_err(map_err(lb_common::MAP_LOCAL_BACKENDS))?;
+        }
+        Ok(())
+    }
+
+    /// The local-endpoint set in the map.
+    pub fn local(&self) -> Vec<lb_common::CtAddr> {
+        self.local.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Conntrack occupancy at `now_ns` (`CLOCK_BOOTTIME`).
+    pub fn conntrack_stats(&self, now_ns: u64) -> ConntrackStats {
+        let mut s = ConntrackStats::default();
+        for (_, v) in self.conntrack.iter().filter_map(Result::ok) {
+            s.entries += 1;
+            if v.flags & lb_common::CT_FORWARD != 0 && v.expires_ns > now_ns {
+                s.flows += 1;
+                s.snat_flows += usize::from(v.flags & lb_common::CT_SNAT != 0);
+            }
+        }
+        s
+    }
+
+    /// Delete the UDP entries whose backend (forward: its destination; reply: its source) is not in
+    /// `backends` any more: kube-proxy flushes a removed endpoint's UDP conntrack, or a client's datagrams
+    /// would go on to the departed backend for as long as it keeps sending. TCP flows are left to end.
+    pub fn forget_udp_except(&mut self, backends: &BTreeSet<lb_common::Backend>) -> usize {
+        let gone: Vec<lb_common::CtKey> = self
+            .conntrack
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| {
+                if k.proto != lb_common::PROTO_UDP {
+                    return false;
+                }
+                let (addr, port) =
+                    if v.flags & lb_common::CT_FORWARD != 0 { (v.a, v.a_port) } else { (k.saddr, k.sport) };
+                let b = lb_common::Backend { addr, port, proto: k.proto, family: k.family };
+                !backends.contains(&b)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in &gone {
+            let _ = self.conntrack.remove(k);
+        }
+        gone.len()
+    }
+
+    /// The counters by `NS_*` kind, summed over CPUs.
+    pub fn counters(&self) -> [u64; lb_common::NS_COUNTER_KINDS as usize] {
+        let mut out = [0u64; lb_common::NS_COUNTER_KINDS as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            if let Ok(v) = self.counters.get(&(i as u32), 0) {
+                *slot = v.iter().sum();
+            }
+        }
+        out
+    }
+}
