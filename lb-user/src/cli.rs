@@ -6,8 +6,12 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
-    datapath::{MapWriter as _, pins},
+    datapath::{
+        MapWriter as _,
+        pins::{self, DEFAULT_BPFFS},
+    },
     model::{NodeInfo, Protocol},
+    output::Output,
     plan::{self, Plan},
     source::{Severity, manifests::ManifestDir},
 };
@@ -43,15 +47,6 @@ pub enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
-    Json,
-}
-
-/// How a one-shot command prints.
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    /// Aligned columns.
-    Table,
-    /// JSON.
     Json,
 }
 
@@ -296,9 +291,6 @@ pub struct BackendArgs {
     #[arg(long)]
     pub instance: Option<String>,
 }
-
-/// Where `status`, `backend` and `trace` look for agents' pins by default.
-pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
 
 /// `tierlb status`.
 #[derive(clap::Args, Debug)]

@@ -13,6 +13,7 @@ pub mod hints;
 pub mod lint;
 pub mod metrics;
 pub mod model;
+pub mod output;
 pub mod plan;
 pub mod server;
 pub mod skipped;

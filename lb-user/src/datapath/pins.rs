@@ -11,6 +11,9 @@ use lb_common::{MAP_FRONTENDS, PINNED_MAPS};
 
 use super::programs::PROGRAMS;
 
+/// Where `status`, `backend` and `trace` look for agents' pins by default.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
+
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
