@@ -84,17 +84,17 @@ pub struct NodeArgs {
     /// interface addresses (a family with no CIDR: all of its addresses), or `primary` (the node's first
     /// InternalIP per family). Default: the InternalIP and ExternalIP addresses of the Node object.
     #[arg(long, value_name = "CIDRS|primary")]
-    pub nodeport_addresses: Option<crate::external::NodePortAddresses>,
+    pub nodeport_addresses: Option<crate::model::node_addresses::NodePortAddresses>,
     /// Translate only the externalIPs inside these comma-separated CIDRs (the others are listed as not
     /// translated); default: every externalIP, as kube-proxy.
     #[arg(long, value_name = "CIDRS")]
-    pub external_ip_cidrs: Option<crate::external::CidrList>,
+    pub external_ip_cidrs: Option<crate::model::node_addresses::CidrList>,
 }
 
 impl NodeArgs {
     /// The external address settings the flags ask for.
-    pub fn external(&self) -> crate::external::ExternalConfig {
-        crate::external::ExternalConfig {
+    pub fn external(&self) -> crate::model::node_addresses::ExternalConfig {
+        crate::model::node_addresses::ExternalConfig {
             node_port_addresses: self.nodeport_addresses.clone().unwrap_or_default(),
             external_ip_cidrs: self.external_ip_cidrs.clone().map(|l| l.0),
         }

@@ -8,7 +8,6 @@ pub mod chart;
 pub mod cli;
 pub mod datapath;
 pub mod explain;
-pub mod external;
 pub mod hints;
 pub mod lint;
 pub mod metrics;

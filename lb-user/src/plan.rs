@@ -11,8 +11,10 @@ use std::{
 
 use serde::Serialize;
 
-mod external;
-pub use external::{ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason};
+mod external_frontends;
+pub use external_frontends::{
+    ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason,
+};
 
 use crate::model::{
     AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
@@ -448,7 +450,7 @@ fn plan_port<'a>(
     let has_any = has_any_endpoints(&endpoints);
     let topology = decide_topology(&endpoints, node);
     let internal = traffic(svc.internal_policy, &endpoints, node, &topology, has_any);
-    let external = external::plan(svc, port, family, node, &endpoints, &topology, has_any);
+    let external = external_frontends::plan(svc, port, family, node, &endpoints, &topology, has_any);
     let ready = endpoints.iter().filter(|e| e.endpoint.is_ready()).count();
     let counts = EndpointCounts {
         total: endpoints.len(),

@@ -4,7 +4,7 @@
 //! ("short-circuit local traffic") both go to the cluster-policy endpoints; only traffic from outside the node
 //! follows externalTrafficPolicy.
 use tierlb::{
-    external::Cidr,
+    model::node_addresses::Cidr,
     plan::{ExternalKind, NotTranslatedReason},
 };
 
