@@ -7,7 +7,8 @@
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
-//! - `report`: what a sync did, and what it logs;
+//! - `report`: what a sync did, and what it logs; what the servers report from it (`ServiceHealth` for a
+//!   health check node port, `Unprogrammed` for `/healthz`), defined here so the agent imports no server;
 //! - `run`: the process (source, programs, servers, signal handling).
 //!
 //! Ordering rules of `run`, relied on by operators and tests:
@@ -39,7 +40,7 @@ mod tests;
 mod tracker;
 
 pub use no_local::{NoLocalCounts, Traffic};
-pub use report::{SyncReport, VipConflict};
+pub use report::{ServiceHealth, SyncReport, Unprogrammed, VipConflict};
 pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};
 pub use run::{AgentOptions, Source, run};
 pub use sync::AgentCore;

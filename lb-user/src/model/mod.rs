@@ -14,6 +14,15 @@ mod proxy_label;
 pub use ids::{Kind, ObjKey, ObjectId, ParseNameError, ServicePortName};
 pub use proxy_label::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ProxyLabel};
 
+/// "TCP", "UDP" or "SCTP" for a map key's protocol number (`Protocol::number`; the data path holds no other).
+pub fn proto_name(p: u8) -> &'static str {
+    match p {
+        lb_common::PROTO_TCP => "TCP",
+        lb_common::PROTO_UDP => "UDP",
+        _ => "SCTP",
+    }
+}
+
 /// A Service or EndpointSlice port's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Protocol {
