@@ -10,6 +10,7 @@ use crate::{
         MapWriter as _,
         pins::{self, DEFAULT_BPFFS},
     },
+    lint,
     model::{NodeInfo, Protocol},
     output::Output,
     plan::{self, Plan},
@@ -391,7 +392,10 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
     let node = args.node.resolve(&model);
     let p = plan::plan(&model, &node);
     let text = match args.output {
-        Output::Json => serde_json::to_string_pretty(&p)? + "\n",
+        Output::Json => {
+            let lints = lint::lint(&model, &node, &p);
+            serde_json::to_string_pretty(&lint::LintedPlan::new(&p, &lints))? + "\n"
+        }
         Output::Table => plan_table(&p),
     };
     if errors > 0 {
