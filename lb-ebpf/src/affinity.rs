@@ -13,9 +13,9 @@ use lb_common::{
 };
 
 use crate::{
-    health,
+    counters::count,
+    health::{self, is_down},
     maps::{AFFINITY, MEMBERS},
-    sock_addr::{count, is_down},
 };
 
 /// sessionAffinity for one connect, after the tier choice: look the client's entry up; keep its backend if

@@ -26,10 +26,20 @@ use lb_common::{
 };
 
 use crate::{
-    maps::{HEALTH, HEALTH_CONFIG, REVERSE, SLOTS},
+    counters::count,
+    maps::{BACKEND_STATE, HEALTH, HEALTH_CONFIG, REVERSE, SLOTS},
     reverse::peer_backend,
-    sock_addr::{count, is_down},
 };
+
+/// Whether `backend` is marked down now (`now` reads the clock, only if it has a mark).
+#[inline(always)]
+pub(crate) fn is_down(backend: Backend, now: impl FnOnce() -> u64) -> bool {
+    // SAFETY: a plain read of a hash value.
+    match unsafe { BACKEND_STATE.get(backend) } {
+        Some(state) => state.is_down_at(now()),
+        None => false,
+    }
+}
 
 /// The settings, if passive health is on.
 #[inline(always)]

@@ -7,12 +7,14 @@
 //! - `sock_release`: a closed socket's reverse entries go with it.
 //! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, `CONNECTED_UDP`, `SOCKS`, and
 //!   `SVC_NAMES` (user space only).
+//! - Helpers the programs call down into, never back: `affinity`, `health`, `reverse`, `trace`, over `maps` and
+//!   `counters` (`count`, the per-CPU counters every program adds to).
 //!
 //! Entry points are thin: they call into `sock_addr`, which fails open on internal errors (the connect
 //! proceeds untranslated and a counter says so) and rejects only in the documented "no endpoint" cases.
 #![no_std]
 #![no_main]
-// `core::intrinsics::atomic_xadd` for the per-CPU counters (see `sock_addr::count`); the build sets
+// `core::intrinsics::atomic_xadd` for the per-CPU counters (see `counters::count`); the build sets
 // RUSTC_BOOTSTRAP=1 already (build-std needs it).
 #![feature(core_intrinsics)]
 #![expect(
@@ -21,6 +23,7 @@
 )]
 
 mod affinity;
+mod counters;
 mod health;
 mod maps;
 mod reverse;

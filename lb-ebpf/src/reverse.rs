@@ -23,8 +23,8 @@ use lb_common::{
 };
 
 use crate::{
+    counters::count,
     maps::{CONNECTED_UDP, REVERSE, SOCKS},
-    sock_addr::count,
 };
 
 pub(crate) const AF_INET: u32 = 2;

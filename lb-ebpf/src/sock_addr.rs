@@ -2,7 +2,6 @@
 //! VIP to a backend (`translate`, which also records the VIP: `reverse`); `recvmsg4`/`recvmsg6` (a UDP
 //! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
 use core::{
-    intrinsics::{AtomicOrdering, atomic_xadd},
     mem::MaybeUninit,
     ptr::{addr_of, addr_of_mut, read_volatile},
 };
@@ -16,13 +15,14 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
     ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
-    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, SlotKey, TRACE_TORN, V4_MAPPED_WORD2, choose,
-    counter_index, trace_info,
+    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, SlotKey, TRACE_TORN, V4_MAPPED_WORD2, choose, trace_info,
 };
 
 use crate::{
-    affinity, health,
-    maps::{BACKEND_STATE, COUNTERS, FRONTENDS, SLOTS},
+    affinity,
+    counters::count,
+    health::{self, is_down},
+    maps::{FRONTENDS, SLOTS},
     reverse, trace,
 };
 
@@ -83,21 +83,6 @@ fn getpeername4(ctx: SockAddrContext) -> i32 {
 fn getpeername6(ctx: SockAddrContext) -> i32 {
     restore(&ctx, true);
     ALLOW
-}
-
-#[inline(always)]
-pub(crate) fn count(svc_id: u32, kind: u32) {
-    if let Some(c) = COUNTERS.get_ptr_mut(counter_index(svc_id, kind)) {
-        // An atomic add, not `*c += 1`: BPF programs run with migration disabled, not preemption, on a
-        // preemptible kernel (`migrate_disable` in `bpf_prog_run_array_cg`), so another program on this CPU
-        // (a connect in another task) can preempt a load-add-store between its load and its store and one of
-        // the two counts is lost. The result is unused, so LLVM emits BPF's `lock xadd`
-        // (`BPF_ATOMIC | BPF_ADD`), which every JIT supports; it costs a locked add on the CPU's own line.
-        // The intrinsic, not `AtomicU64::fetch_add`: core offers no read-modify-write atomics on the BPF
-        // target (it has no compare-and-swap before v3, so `target_has_atomic = "64"` is off).
-        // SAFETY: the pointer is to an 8-aligned u64 map value that lives for the program's run.
-        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(c, 1) };
-    }
 }
 
 /// Found: `out` holds the frontend at the key.
@@ -296,16 +281,6 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
             count(GLOBAL_SVC_ID, COUNTER_FAIL_OPEN);
             ALLOW
         }
-    }
-}
-
-/// Whether `backend` is marked down now (`now` reads the clock, only if it has a mark).
-#[inline(always)]
-pub(crate) fn is_down(backend: Backend, now: impl FnOnce() -> u64) -> bool {
-    // SAFETY: a plain read of a hash value.
-    match unsafe { BACKEND_STATE.get(backend) } {
-        Some(state) => state.is_down_at(now()),
-        None => false,
     }
 }
 

@@ -21,8 +21,8 @@ use lb_common::{
 };
 
 use crate::{
+    counters::count,
     maps::{TRACE_CONTROL, TRACE_EVENTS, TRACE_SERVICES},
-    sock_addr::count,
 };
 
 /// Whether a trace runs: the one lookup the connect programs pay when none does.

@@ -6,8 +6,13 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
-    datapath::{MapWriter as _, pins},
+    datapath::{
+        MapWriter as _,
+        pins::{self, DEFAULT_BPFFS},
+    },
+    lint,
     model::{NodeInfo, Protocol},
+    output::Output,
     plan::{self, Plan},
     source::{Severity, manifests::ManifestDir},
 };
@@ -46,15 +51,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// How a one-shot command prints.
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    /// Aligned columns.
-    Table,
-    /// JSON.
-    Json,
-}
-
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -89,17 +85,17 @@ pub struct NodeArgs {
     /// interface addresses (a family with no CIDR: all of its addresses), or `primary` (the node's first
     /// InternalIP per family). Default: the InternalIP and ExternalIP addresses of the Node object.
     #[arg(long, value_name = "CIDRS|primary")]
-    pub nodeport_addresses: Option<crate::external::NodePortAddresses>,
+    pub nodeport_addresses: Option<crate::model::node_addresses::NodePortAddresses>,
     /// Translate only the externalIPs inside these comma-separated CIDRs (the others are listed as not
     /// translated); default: every externalIP, as kube-proxy.
     #[arg(long, value_name = "CIDRS")]
-    pub external_ip_cidrs: Option<crate::external::CidrList>,
+    pub external_ip_cidrs: Option<crate::model::node_addresses::CidrList>,
 }
 
 impl NodeArgs {
     /// The external address settings the flags ask for.
-    pub fn external(&self) -> crate::external::ExternalConfig {
-        crate::external::ExternalConfig {
+    pub fn external(&self) -> crate::model::node_addresses::ExternalConfig {
+        crate::model::node_addresses::ExternalConfig {
             node_port_addresses: self.nodeport_addresses.clone().unwrap_or_default(),
             external_ip_cidrs: self.external_ip_cidrs.clone().map(|l| l.0),
         }
@@ -310,9 +306,6 @@ pub struct BackendArgs {
     pub instance: Option<String>,
 }
 
-/// Where `status`, `backend` and `trace` look for agents' pins by default.
-pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
-
 /// `tierlb status`.
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
@@ -412,7 +405,10 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
     let node = args.node.resolve(&model);
     let p = plan::plan(&model, &node);
     let text = match args.output {
-        Output::Json => serde_json::to_string_pretty(&p)? + "\n",
+        Output::Json => {
+            let lints = lint::lint(&model, &node, &p);
+            serde_json::to_string_pretty(&lint::LintedPlan::new(&p, &lints))? + "\n"
+        }
         Output::Table => plan_table(&p),
     };
     if errors > 0 {

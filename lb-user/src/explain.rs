@@ -4,6 +4,7 @@ use std::{fmt::Write as _, net::SocketAddr};
 
 use crate::{
     hints::{self, HintMode},
+    lint,
     model::{Model, NodeInfo, ObjKey, Policy},
     plan::ExternalPlan,
     plan::{self, HintReason, PortPlan, SelectedTier, TrafficPlan, WhenEmpty},
@@ -164,7 +165,8 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
         let _ = writeln!(out, "  headless or ExternalName Service: no VIP, nothing to translate");
     }
     let p = plan::plan(model, node);
-    for pp in p.services.iter().filter(|s| &s.name.service == key) {
+    let lints = lint::lint(model, node, &p);
+    for (pp, warnings) in p.services.iter().zip(&lints.ports).filter(|(s, _)| &s.name.service == key) {
         let name = if pp.name.port.is_empty() { String::new() } else { format!(" {}", pp.name.port) };
         let c = &pp.counts;
         let _ = writeln!(
@@ -192,7 +194,7 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
         if let Some(ext) = &pp.external {
             external_text(&mut out, ext, pp, node);
         }
-        for w in &pp.warnings {
+        for w in warnings {
             let _ = writeln!(out, "  warning: {w}");
         }
     }

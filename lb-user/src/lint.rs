@@ -1,11 +1,110 @@
-//! Warnings about Service configurations that do not do what they seem to.
+//! Warnings about Service configurations that do not do what they seem to, read from a plan and the model it
+//! was computed from (the plan decides; the lints only say what its decisions mean).
 use std::{collections::BTreeMap, net::SocketAddr};
+
+use serde::Serialize;
 
 use crate::{
     hints::{self, HintMode},
-    model::{Family, Model, NodeInfo, Policy, Service, ServicePort},
-    plan::{self, PortEndpoint},
+    model::{Family, Model, NodeInfo, Policy, Protocol, Service, ServicePort},
+    plan::{self, Claimant, Plan, PortEndpoint, PortPlan},
 };
+
+/// The warnings of every port plan of a `Plan`: `ports[i]` are those of `plan.services[i]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lints {
+    /// One list per port plan, in the plan's order.
+    pub ports: Vec<Vec<String>>,
+}
+
+/// The warnings of each port plan of `plan`, computed on `node` from `model`: the Service's own settings
+/// (`port_warnings`), PreferSameNode's skew (`skew_warning`), then every VIP:port another Service claims
+/// too (`plan::vip_conflict_text`).
+pub fn lint(model: &Model, node: &NodeInfo, plan: &Plan) -> Lints {
+    let mut ports: Vec<Vec<String>> = plan
+        .services
+        .iter()
+        .map(|p| {
+            let Some((svc, port)) = service_port(model, p) else { return Vec::new() };
+            let eps = plan::port_endpoints(model.slices_of(&svc.key), port, p.family, &node.name);
+            let mut w = port_warnings(svc, &eps, node);
+            w.extend(skew_warning(model, svc, port, p.family));
+            w
+        })
+        .collect();
+    for (w, conflicts) in ports.iter_mut().zip(vip_conflicts(&plan.services)) {
+        w.extend(conflicts);
+    }
+    Lints { ports }
+}
+
+/// The Service and port of `model` a port plan was computed for.
+fn service_port<'a>(model: &'a Model, p: &PortPlan) -> Option<(&'a Service, &'a ServicePort)> {
+    let svc = model.services.get(&p.name.service)?;
+    let port = svc
+        .ports
+        .iter()
+        .find(|sp| sp.name == p.name.port && sp.port == p.port && sp.protocol == p.protocol)?;
+    Some((svc, port))
+}
+
+/// For each port plan, `plan::vip_conflict_text` of every VIP:port another Service claims too.
+fn vip_conflicts(services: &[PortPlan]) -> Vec<Vec<String>> {
+    let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<Claimant>> = BTreeMap::new();
+    for p in services {
+        for (addr, external) in plan::claims_of(p) {
+            let who = claims.entry((addr, p.protocol)).or_default();
+            let c = Claimant { external, service: p.name.service.clone() };
+            if !who.contains(&c) {
+                who.push(c);
+            }
+        }
+    }
+    services
+        .iter()
+        .map(|p| {
+            let mut out = Vec::new();
+            for (addr, _) in plan::claims_of(p) {
+                let Some(who) = claims.get(&(addr, p.protocol)) else { continue };
+                if who.iter().all(|c| c.service == p.name.service) {
+                    continue;
+                }
+                let who: Vec<&Claimant> = who.iter().collect();
+                out.push(plan::vip_conflict_text(addr, p.protocol.as_str(), &who, &p.name.service));
+            }
+            out
+        })
+        .collect()
+}
+
+/// A plan with its warnings, as `tierlb plan -o json` prints it: each port plan's fields, then `warnings`.
+#[derive(Serialize)]
+pub struct LintedPlan<'a> {
+    node: &'a str,
+    zone: &'a Option<String>,
+    services: Vec<LintedPort<'a>>,
+    skipped: &'a [crate::skipped::Skipped],
+}
+
+#[derive(Serialize)]
+struct LintedPort<'a> {
+    #[serde(flatten)]
+    plan: &'a PortPlan,
+    warnings: &'a [String],
+}
+
+impl<'a> LintedPlan<'a> {
+    /// `plan` with `lints` (`lint(model, node, plan)`).
+    pub fn new(plan: &'a Plan, lints: &'a Lints) -> Self {
+        let services = plan
+            .services
+            .iter()
+            .enumerate()
+            .map(|(i, p)| LintedPort { plan: p, warnings: lints.ports.get(i).map_or(&[], Vec::as_slice) })
+            .collect();
+        Self { node: &plan.node, zone: &plan.zone, services, skipped: &plan.skipped }
+    }
+}
 
 /// Warnings for one Service port on one node (node-independent ones included, so each plan entry is
 /// self-contained).

@@ -11,8 +11,10 @@ use std::{
 
 use serde::Serialize;
 
-mod external;
-pub use external::{ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason};
+mod external_frontends;
+pub use external_frontends::{
+    ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason,
+};
 
 use crate::model::{
     AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
@@ -184,8 +186,6 @@ pub struct PortPlan {
     pub external: Option<ExternalPlan>,
     /// `sessionAffinity: ClientIP`: a client keeps its backend within the tier the rules select.
     pub session_affinity: Option<SessionAffinity>,
-    /// Lint warnings (only from `plan`, not `plan_service`).
-    pub warnings: Vec<String>,
 }
 
 /// `sessionAffinity: ClientIP` as the data path applies it.
@@ -413,19 +413,19 @@ fn families(svc: &Service) -> Vec<Family> {
 }
 
 /// The data-path plan of every port and family of one Service, from its slices (what the agent replans when
-/// only this Service or its slices changed). No lint warnings (see `plan`).
+/// only this Service or its slices changed).
 pub fn plan_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeInfo) -> Vec<PortPlan> {
     let mut out = Vec::new();
     for family in families(svc) {
         for port in svc.ports.iter().filter(|p| p.protocol.translated()) {
-            out.push(plan_port(slices.iter().copied(), svc, port, family, node).0);
+            out.push(plan_port(slices.iter().copied(), svc, port, family, node));
         }
     }
     out
 }
 
-/// The plan of one port of a Service in one family on one node (no lint warnings): `plan_service` narrowed to
-/// one entry, for the study and the lints that compare nodes.
+/// The plan of one port of a Service in one family on one node: `plan_service` narrowed to one entry, for the
+/// study and the lints that compare nodes.
 pub fn port_plan(
     model: &Model,
     svc: &Service,
@@ -433,22 +433,22 @@ pub fn port_plan(
     family: Family,
     node: &NodeInfo,
 ) -> PortPlan {
-    plan_port(model.slices_of(&svc.key), svc, port, family, node).0
+    plan_port(model.slices_of(&svc.key), svc, port, family, node)
 }
 
-/// One port in one family, and the merged endpoints it was planned from.
+/// One port in one family.
 fn plan_port<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     svc: &Service,
     port: &ServicePort,
     family: Family,
     node: &NodeInfo,
-) -> (PortPlan, Vec<PortEndpoint>) {
+) -> PortPlan {
     let endpoints = port_endpoints(slices, port, family, &node.name);
     let has_any = has_any_endpoints(&endpoints);
     let topology = decide_topology(&endpoints, node);
     let internal = traffic(svc.internal_policy, &endpoints, node, &topology, has_any);
-    let external = external::plan(svc, port, family, node, &endpoints, &topology, has_any);
+    let external = external_frontends::plan(svc, port, family, node, &endpoints, &topology, has_any);
     let ready = endpoints.iter().filter(|e| e.endpoint.is_ready()).count();
     let counts = EndpointCounts {
         total: endpoints.len(),
@@ -459,7 +459,7 @@ fn plan_port<'a>(
             .count(),
         local: endpoints.iter().filter(|e| e.local).count(),
     };
-    let plan = PortPlan {
+    PortPlan {
         name: ServicePortName::new(svc.key.clone(), port.name.clone()),
         port: port.port,
         protocol: port.protocol,
@@ -473,26 +473,21 @@ fn plan_port<'a>(
         session_affinity: svc
             .session_affinity_timeout
             .map(|timeout_seconds| SessionAffinity { timeout_seconds, client: AFFINITY_CLIENT }),
-        warnings: Vec::new(),
-    };
-    (plan, endpoints)
+    }
 }
 
-/// The plan for one node: every Service port with a VIP, in every family it has, with lint warnings.
+/// The plan for one node: every Service port with a VIP, in every family it has (its warnings are
+/// `lint::lint`'s).
 pub fn plan(model: &Model, node: &NodeInfo) -> Plan {
     let mut services = Vec::new();
     for svc in model.services.values() {
         for family in families(svc) {
             // Ports of a protocol tierlb does not translate are listed in `skipped` instead.
             for port in svc.ports.iter().filter(|p| p.protocol.translated()) {
-                let (mut p, eps) = plan_port(model.slices_of(&svc.key), svc, port, family, node);
-                p.warnings = crate::lint::port_warnings(svc, &eps, node);
-                p.warnings.extend(crate::lint::skew_warning(model, svc, port, family));
-                services.push(p);
+                services.push(plan_port(model.slices_of(&svc.key), svc, port, family, node));
             }
         }
     }
-    warn_vip_conflicts(&mut services);
     Plan {
         node: node.name.clone(),
         zone: node.zone.clone(),
@@ -554,28 +549,4 @@ pub fn claims_of(p: &PortPlan) -> Vec<(SocketAddr, bool)> {
         }
     }
     out
-}
-
-/// Add `vip_conflict_text` to every port plan whose VIP:port another Service claims too.
-fn warn_vip_conflicts(services: &mut [PortPlan]) {
-    let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<Claimant>> = BTreeMap::new();
-    for p in services.iter() {
-        for (addr, external) in claims_of(p) {
-            let who = claims.entry((addr, p.protocol)).or_default();
-            let c = Claimant { external, service: p.name.service.clone() };
-            if !who.contains(&c) {
-                who.push(c);
-            }
-        }
-    }
-    for p in services.iter_mut() {
-        for (addr, _) in claims_of(p) {
-            let Some(who) = claims.get(&(addr, p.protocol)) else { continue };
-            if who.iter().all(|c| c.service == p.name.service) {
-                continue;
-            }
-            let who: Vec<&Claimant> = who.iter().collect();
-            p.warnings.push(vip_conflict_text(addr, p.protocol.as_str(), &who, &p.name.service));
-        }
-    }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     datapath::{MapError, MapReader, addr, marks::human, read_back},
-    model::ServicePortName,
+    model::{ServicePortName, proto_name},
 };
 
 /// One backend slot of a tier.
@@ -160,15 +160,6 @@ fn health_status(maps: &impl MapReader, now_ns: u64) -> Result<Vec<HealthStatus>
         .collect();
     out.sort_by(|a, b| a.backend.cmp(&b.backend));
     Ok(out)
-}
-
-/// "TCP", "UDP" or "SCTP" for a map key's protocol number.
-pub(crate) fn proto_name(p: u8) -> &'static str {
-    match p {
-        lb_common::PROTO_TCP => "TCP",
-        lb_common::PROTO_UDP => "UDP",
-        _ => "SCTP",
-    }
 }
 
 impl Instance {

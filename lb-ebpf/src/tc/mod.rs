@@ -35,8 +35,9 @@ use lb_common::{
 use packet::{Flow, Parsed, TCP_ACK, TCP_SYN};
 
 use crate::{
-    maps::{FRONTENDS, LOCAL_BACKENDS, NS_COUNTERS, SLOTS},
-    sock_addr::{count, is_down},
+    counters::{count, count_ns},
+    health::is_down,
+    maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS},
 };
 
 /// Not ours, or ours and handed on to the stack: the next program (tcx) or the default action.
@@ -329,16 +330,4 @@ fn snat_address(fe: &FrontendValue, f: &Flow, cfg: &NatConfig) -> Option<[u32; 4
     }
     let a = if f.family == FAMILY_V4 { [cfg.snat_v4, 0, 0, 0] } else { cfg.snat_v6 };
     if a == [0; 4] { None } else { Some(a) }
-}
-
-/// Count one event of kind `kind` (`NS_*`).
-#[inline(always)]
-pub(crate) fn count_ns(kind: u32) {
-    if let Some(c) = NS_COUNTERS.get_ptr_mut(kind) {
-        // SAFETY: a per-CPU value of this CPU; tc programs on one CPU do not preempt each other in softirq
-        // context, but a program in process context (egress from a socket) can be: see `sock_addr::count`.
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(c, 1)
-        };
-    }
 }

@@ -12,7 +12,8 @@ use aya_ebpf::{
 };
 use lb_common::{FAMILY_V4, NS_DROP_NO_ROUTE};
 
-use super::{DROP, PASS, count_ns, packet};
+use super::{DROP, PASS, packet};
+use crate::counters::count_ns;
 
 const AF_INET: u8 = 2;
 /// `sizeof(struct bpf_fib_lookup)` as the helper takes it (64 bytes: no truncation).

@@ -5,11 +5,11 @@ use std::{net::SocketAddr, sync::Arc};
 
 use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND};
 
+use super::ServiceHealth;
 use crate::{
     datapath::{Desired, DesiredFrontend, addr},
     model::{Policy, Service, ServicePortName},
     plan::{ExternalKind, PortPlan, TrafficPlan, WhenEmpty},
-    server::ServiceHealth,
 };
 
 /// The frontends some planned Service ports ask for: one per cluster IP of each port, with the tiers of its

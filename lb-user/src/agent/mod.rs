@@ -8,7 +8,8 @@
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
 //! - `north_south`: the tc programs' devices, settings and local endpoints (traffic from outside the node);
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
-//! - `report`: what a sync did, and what it logs;
+//! - `report`: what a sync did, and what it logs; what the servers report from it (`ServiceHealth` for a
+//!   health check node port, `Unprogrammed` for `/healthz`), defined here so the agent imports no server;
 //! - `run`: the process (source, programs, servers, signal handling).
 //!
 //! Ordering rules of `run`, relied on by operators and tests:
@@ -41,7 +42,7 @@ mod tests;
 mod tracker;
 
 pub use no_local::{NoLocalCounts, Traffic};
-pub use report::{SyncReport, VipConflict};
+pub use report::{ServiceHealth, SyncReport, Unprogrammed, VipConflict};
 pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};
 pub use run::{AgentOptions, Source, run};
 pub use sync::AgentCore;

@@ -1,17 +1,45 @@
-//! What a sync did (`SyncReport`), and what the agent says about it and about a socket-destruction pass:
-//! structured `tracing` events, one line per problem and one `synced` line per sync (tests and operators wait
-//! for it).
-use std::{collections::BTreeMap, time::Duration};
+//! What a sync did (`SyncReport`) and what the servers show of it (`ServiceHealth`, `Unprogrammed`), and what
+//! the agent says about it and about a socket-destruction pass: structured `tracing` events, one line per
+//! problem and one `synced` line per sync (tests and operators wait for it).
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant, SystemTime},
+};
 
 use lb_common::FrontendKey;
 
 use super::{no_local::NoLocalCounts, tracker::Taken};
 use crate::{
     datapath::{ApplyError, addr, destroy::DestroyReport, marks::SweepReport},
-    model::{NodeInfo, ObjKey},
-    server::ServiceHealth,
+    model::{NodeInfo, ObjKey, proto_name},
     source::{Diagnostic, Origin, Severity},
 };
+
+/// One Service's health for its `healthCheckNodePort`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceHealth {
+    /// The Service's namespace, echoed in the body.
+    pub namespace: String,
+    /// The Service's name, echoed in the body.
+    pub name: String,
+    /// Ready endpoints on this node: 0 makes the port answer 503.
+    pub local_endpoints: usize,
+}
+
+/// A Service (or some of its frontends) not programmed as planned, as `/healthz` names it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unprogrammed {
+    /// The Service.
+    pub service: ObjKey,
+    /// Why, one line per frontend left out (what the maps refused, or the Service that holds its VIP:port).
+    pub reasons: Vec<String>,
+    /// Since when it has failed to apply; `None` for a VIP:port held by another Service.
+    pub since: Option<SystemTime>,
+    /// Attempts that failed in a row (0 for a VIP:port held by another Service: nothing to retry).
+    pub attempts: u32,
+    /// When it is tried again; `None` when only the other Service's leaving programs it.
+    pub next_retry: Option<Instant>,
+}
 
 /// A frontend (VIP, port, protocol) several Services claim: the one programmed, then the others.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +139,7 @@ fn log_apply_problems(r: &SyncReport) {
         let losers: Vec<String> = c.losers.iter().map(ToString::to_string).collect();
         tracing::warn!(
             frontend = %addr::frontend_addr(&c.frontend),
-            protocol = crate::status::proto_name(c.frontend.proto),
+            protocol = proto_name(c.frontend.proto),
             winner = %c.winner,
             losers = %losers.join(","),
             "Services {} and {} claim one VIP:port: {} is programmed ({}); the others are programmed when it \

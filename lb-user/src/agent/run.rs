@@ -50,7 +50,7 @@ pub struct AgentOptions {
     /// This node's zone; `None`: the Node object's label.
     pub zone: Option<String>,
     /// `--nodeport-addresses` and `--external-ip-cidrs`.
-    pub external: crate::external::ExternalConfig,
+    pub external: crate::model::node_addresses::ExternalConfig,
     /// Where Services, EndpointSlices and Nodes come from.
     pub source: Source,
     /// The cgroup2 directory to attach to; `None`: the cgroup2 root.

@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::{
-    SyncReport, VipConflict,
+    ServiceHealth, SyncReport, Unprogrammed, VipConflict,
     claims::{self, Claims},
     lower,
     no_local::NoLocal,
@@ -19,11 +19,9 @@ use crate::{
         Desired, MapWriter, Reconciler, addr,
         marks::{self, SweepReport},
     },
-    external::ExternalConfig,
     hints,
-    model::{EndpointSlice, NodeInfo, ObjKey},
+    model::{EndpointSlice, NodeInfo, ObjKey, node_addresses::ExternalConfig, proto_name},
     plan,
-    server::{ServiceHealth, Unprogrammed},
     source::ModelSource,
 };
 
@@ -241,7 +239,7 @@ impl<W: MapWriter> AgentCore<W> {
             .collect();
         for (key, who) in self.claims.conflicts() {
             let vip = addr::frontend_addr(&key);
-            let proto = crate::status::proto_name(key.proto);
+            let proto = proto_name(key.proto);
             for loser in who[1..].iter().map(|c| &c.service) {
                 let text = plan::vip_conflict_text(vip, proto, &who, loser);
                 let u = out.entry(loser.clone()).or_insert_with(|| Unprogrammed {

@@ -227,11 +227,13 @@ fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
     let model = ManifestDir::new(dir).load().unwrap().model;
     let node = crate::model::NodeInfo::resolve("node-1", None, &model);
     let p = crate::plan::plan(&model, &node);
+    let lints = crate::lint::lint(&model, &node, &p);
     let warnings = |svc: &str| {
         p.services
             .iter()
-            .filter(|s| s.name.service.name == svc)
-            .flat_map(|s| s.warnings.clone())
+            .zip(&lints.ports)
+            .filter(|(s, _)| s.name.service.name == svc)
+            .flat_map(|(_, w)| w.clone())
             .collect::<Vec<_>>()
     };
     let rule = "(of Services on one VIP:port, a cluster IP wins over an external address, then the first in \

@@ -13,7 +13,7 @@ use lb_common::{
     TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
-use super::ebpf::{Capacities, DatapathError};
+use super::{capacity::Capacities, error::DatapathError};
 
 /// How a map is sized: its entries for these capacities, the flag that sizes it (without `--max-`), that
 /// flag's value, and the flag value a map of `n` entries was made for (the counter array holds

@@ -6,9 +6,13 @@
 //! tiers, which flags) before anything here sees it.
 pub mod addr;
 #[cfg(target_os = "linux")]
+mod capacity;
+#[cfg(target_os = "linux")]
 pub mod destroy;
 #[cfg(target_os = "linux")]
 pub mod ebpf;
+#[cfg(target_os = "linux")]
+mod error;
 pub mod fake;
 pub mod health;
 #[cfg(target_os = "linux")]
@@ -16,6 +20,8 @@ mod layout;
 pub mod marks;
 #[cfg(target_os = "linux")]
 pub mod pins;
+#[cfg(target_os = "linux")]
+mod programs;
 #[cfg(target_os = "linux")]
 mod rcu;
 mod reconcile;

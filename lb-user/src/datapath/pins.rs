@@ -3,13 +3,16 @@
 //! and how they are found and removed again.
 //!
 //! Layout: `BPFFS/<instance>/<MAP NAME>` for each of `lb_common::PINNED_MAPS` (the maps, the socket storage
-//! and the trace maps), `BPFFS/<instance>/link_<program>` for each attached program (`ebpf::PROGRAMS`, the
+//! and the trace maps), `BPFFS/<instance>/link_<program>` for each attached program (`programs::PROGRAMS`, the
 //! eight sock_addr programs, `sock_release` and `sock_ops`).
 use std::path::{Path, PathBuf};
 
 use lb_common::{MAP_FRONTENDS, PINNED_MAPS};
 
-use super::ebpf::PROGRAMS;
+use super::programs::PROGRAMS;
+
+/// Where `status`, `backend` and `trace` look for agents' pins by default.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;

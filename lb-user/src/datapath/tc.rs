@@ -19,7 +19,7 @@ use aya::{
     util::KernelVersion,
 };
 
-use super::ebpf::{DatapathError, bpf_err};
+use super::error::{DatapathError, bpf_err};
 
 /// The tc programs, in the order they are attached on each device.
 pub const TC_PROGRAMS: [(&str, TcAttachType); 2] =

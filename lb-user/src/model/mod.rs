@@ -9,9 +9,19 @@ use std::{
 use serde::Serialize;
 
 mod ids;
+pub mod node_addresses;
 mod proxy_label;
 pub use ids::{Kind, ObjKey, ObjectId, ParseNameError, ServicePortName};
 pub use proxy_label::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ProxyLabel};
+
+/// "TCP", "UDP" or "SCTP" for a map key's protocol number (`Protocol::number`; the data path holds no other).
+pub fn proto_name(p: u8) -> &'static str {
+    match p {
+        lb_common::PROTO_TCP => "TCP",
+        lb_common::PROTO_UDP => "UDP",
+        _ => "SCTP",
+    }
+}
 
 /// A Service or EndpointSlice port's protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -461,10 +471,10 @@ pub struct NodeInfo {
     pub name: String,
     /// Its zone, if it has one.
     pub zone: Option<String>,
-    /// The addresses its NodePorts are translated on (`external::node_port_addresses`).
+    /// The addresses its NodePorts are translated on (`node_addresses::node_port_addresses`).
     pub node_port_addresses: Vec<IpAddr>,
     /// `--external-ip-cidrs`: externalIPs outside them are not translated (`None`: no limit).
-    pub external_ip_cidrs: Option<Vec<crate::external::Cidr>>,
+    pub external_ip_cidrs: Option<Vec<node_addresses::Cidr>>,
 }
 
 impl NodeInfo {
@@ -476,7 +486,7 @@ impl NodeInfo {
     /// `--zone` wins; else the Node object's zone label; else none. NodePorts on the Node object's addresses,
     /// every externalIP translated (the defaults of `ExternalConfig`).
     pub fn resolve(name: &str, zone_flag: Option<&str>, model: &Model) -> Self {
-        Self::resolve_with(name, zone_flag, model, &crate::external::ExternalConfig::default())
+        Self::resolve_with(name, zone_flag, model, &node_addresses::ExternalConfig::default())
     }
 
     /// `resolve` with the external address settings of `cfg` (which may read this host's interfaces).
@@ -484,7 +494,7 @@ impl NodeInfo {
         name: &str,
         zone_flag: Option<&str>,
         model: &Model,
-        cfg: &crate::external::ExternalConfig,
+        cfg: &node_addresses::ExternalConfig,
     ) -> Self {
         let zone = zone_flag
             .map(str::to_owned)
@@ -493,7 +503,7 @@ impl NodeInfo {
         Self {
             name: name.to_owned(),
             zone,
-            node_port_addresses: crate::external::resolve_node_ports(cfg, name, model),
+            node_port_addresses: node_addresses::resolve_node_ports(cfg, name, model),
             external_ip_cidrs: cfg.external_ip_cidrs.clone(),
         }
     }

@@ -17,10 +17,13 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::metrics::{self, AgentStats, ReadCounters, Snapshot};
+use crate::{
+    agent::Unprogrammed,
+    metrics::{self, AgentStats, ReadCounters, Snapshot},
+};
 
 mod service_health;
-pub use service_health::{ServiceHealth, ServiceHealthServers, service_health_response};
+pub use service_health::{ServiceHealthServers, service_health_response};
 
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
 pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
@@ -181,21 +184,6 @@ pub struct Health {
     /// Services with frontends not programmed as planned now (failed: previous state kept, none if new; or
     /// held by another Service), with the reason.
     pub unprogrammed: Vec<Unprogrammed>,
-}
-
-/// A Service (or some of its frontends) not programmed as planned, as `/healthz` names it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Unprogrammed {
-    /// The Service.
-    pub service: crate::model::ObjKey,
-    /// Why, one line per frontend left out (what the maps refused, or the Service that holds its VIP:port).
-    pub reasons: Vec<String>,
-    /// Since when it has failed to apply; `None` for a VIP:port held by another Service.
-    pub since: Option<SystemTime>,
-    /// Attempts that failed in a row (0 for a VIP:port held by another Service: nothing to retry).
-    pub attempts: u32,
-    /// When it is tried again; `None` when only the other Service's leaving programs it.
-    pub next_retry: Option<Instant>,
 }
 
 /// The agent loop writes it, the health listener reads it.

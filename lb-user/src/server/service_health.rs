@@ -10,17 +10,7 @@ use std::{
 use tokio::{net::TcpListener, task::JoinHandle};
 
 use super::{Response, serve};
-
-/// One Service's health for its `healthCheckNodePort`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceHealth {
-    /// The Service's namespace, echoed in the body.
-    pub namespace: String,
-    /// The Service's name, echoed in the body.
-    pub name: String,
-    /// Ready endpoints on this node: 0 makes the port answer 503.
-    pub local_endpoints: usize,
-}
+use crate::agent::ServiceHealth;
 
 /// kube-proxy's answer on a `healthCheckNodePort`, so cloud load balancers skip nodes without endpoints.
 pub fn service_health_response(s: &ServiceHealth) -> Response {

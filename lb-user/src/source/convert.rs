@@ -8,38 +8,18 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
-use super::validate;
+pub use super::fields::{
+    ANNOTATION_LAST_CHANGE_TRIGGER_TIME, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_MODE,
+    ANNOTATIONS_READ, FieldError, Invalid, LABEL_SERVICE_NAME, LABEL_ZONE,
+};
+use super::{
+    fields::{err, policy},
+    validate,
+};
 use crate::model::{
     AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, NodeAddress, NodeAddressKind, ObjKey,
-    ObjectId, Policy, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort,
+    ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort,
 };
-
-/// EndpointSlice label naming the Service it belongs to (same namespace).
-pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// Node label with the node's zone.
-pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-/// Service annotation asking for topology-aware routing (`Auto`).
-pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
-/// The deprecated form of `ANNOTATION_TOPOLOGY_MODE`, which wins over it.
-pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
-/// EndpointSlice annotation: when the change it carries was triggered (`v1.EndpointsLastChangeTriggerTime`).
-pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-/// Every annotation `convert` reads (the kube source drops the others from objects it receives).
-pub const ANNOTATIONS_READ: [&str; 3] =
-    [ANNOTATION_TOPOLOGY_MODE, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
-
-/// A field that does not hold what tierlb needs.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("field {field}: {message}")]
-pub struct FieldError {
-    /// The field, as a path inside the object (`spec.ports[0].port`).
-    pub field: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-/// Every problem of an object that is not taken (the API server reports them all at once, too).
-pub type Invalid = Vec<FieldError>;
 
 /// The conversion, unless validation found problems (a conversion error on a field validation already
 /// reported is not repeated).
@@ -54,10 +34,6 @@ fn validated<T>(mut errors: Invalid, converted: Result<T, FieldError>) -> Result
             Err(errors)
         }
     }
-}
-
-fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
-    FieldError { field: field.into(), message: message.into() }
 }
 
 fn key_of(meta: &ObjectMeta) -> Result<ObjKey, FieldError> {
@@ -94,14 +70,6 @@ fn protocol(field: &str, value: Option<&str>) -> Result<Protocol, FieldError> {
 
 fn ip(field: &str, value: &str) -> Result<IpAddr, FieldError> {
     value.parse().map_err(|_| err(field, format!("{value:?} is not an IP address")))
-}
-
-fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
-    match value {
-        None | Some("Cluster") => Ok(Policy::Cluster),
-        Some("Local") => Ok(Policy::Local),
-        Some(other) => Err(err(field, format!("unknown traffic policy {other:?} (Cluster or Local)"))),
-    }
 }
 
 /// A Service as the semantics read it: type, IPs, ports, traffic policies, health check node port and

@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 pub mod convert;
+mod fields;
 pub mod kube;
 pub mod manifests;
 mod validate;

@@ -20,9 +20,13 @@ use aya::maps::{MapData, RingBuf};
 use lb_common::{GLOBAL_SVC_ID, GLOBAL_TRACE_LOST, MAP_TRACE_EVENTS, TRACE_ALL, TRACE_SELECTED, TraceEvent};
 
 use crate::{
-    cli::{DEFAULT_BPFFS, Output},
-    datapath::{MapReader as _, ebpf::KernelMaps, pins},
+    datapath::{
+        MapReader as _,
+        ebpf::KernelMaps,
+        pins::{self, DEFAULT_BPFFS},
+    },
     model::{ObjKey, ServicePortName},
+    output::Output,
 };
 
 pub mod event;

@@ -4,7 +4,7 @@
 //! ("short-circuit local traffic") both go to the cluster-policy endpoints; only traffic from outside the node
 //! follows externalTrafficPolicy.
 use tierlb::{
-    external::Cidr,
+    model::node_addresses::Cidr,
     plan::{ExternalKind, NotTranslatedReason},
 };
 
@@ -192,8 +192,11 @@ fn an_external_ip_on_another_services_cluster_ip_is_not_programmed_whatever_the_
     };
     m.services.insert(evil.key.clone(), evil);
     let p = plan::plan(&m, &on_node("n1", None));
-    let warning =
-        |ns: &str| p.services.iter().find(|s| s.name.service.namespace == ns).unwrap().warnings.join("\n");
+    let lints = lint::lint(&m, &on_node("n1", None), &p);
+    let warning = |ns: &str| {
+        let i = p.services.iter().position(|s| s.name.service.namespace == ns).unwrap();
+        lints.ports[i].join("\n")
+    };
     assert!(
         warning("aaa").contains("aaa/evil is NOT programmed there until default/web leaves it"),
         "{}",

@@ -3,8 +3,10 @@ use super::*;
 
 #[test]
 fn lints_name_the_problem() {
-    let warn =
-        |s: Service, eps: &[E]| plan::plan(&model(s, eps), &node("n1", None)).services[0].warnings.join("\n");
+    let warn = |s: Service, eps: &[E]| {
+        let (m, n) = (model(s, eps), node("n1", None));
+        lint::lint(&m, &n, &plan::plan(&m, &n)).ports[0].join("\n")
+    };
     let cases: Vec<(&str, Service, Vec<E>, &str)> = vec![
         (
             "dead line",

@@ -213,7 +213,8 @@ fn a_local_internal_policy_always_wins_over_traffic_distribution() {
     let t = &p.services[0].internal;
     assert_eq!(t.selected_tier, SelectedTier::None);
     assert_eq!(t.when_empty, Some(WhenEmpty::Drop), "no fallback to n2: DROP");
-    assert!(p.services[0].warnings.iter().any(|w| w.contains("dead line")), "{:?}", p.services[0].warnings);
+    let warnings = &lint::lint(&m, &node("n1", None), &p).ports[0];
+    assert!(warnings.iter().any(|w| w.contains("dead line")), "{warnings:?}");
 }
 
 #[test]

@@ -21,7 +21,7 @@ use k8s_openapi::{
 };
 
 use self::names::{dns1035_label, dns1123_label, dns1123_subdomain, label_value, non_special_ip, strict_ip};
-use super::convert::{FieldError, LABEL_SERVICE_NAME, LABEL_ZONE};
+use super::fields::{self, FieldError, LABEL_SERVICE_NAME, LABEL_ZONE};
 
 /// EndpointSlice limits of the API server (`maxEndpoints`, `maxAddresses`, `maxPorts`, `maxZoneHints`,
 /// `maxNodeHints`).
@@ -223,11 +223,8 @@ fn ports(e: &mut Errors, spec: &core::ServiceSpec, type_: &str, headless: bool) 
 /// `validateServiceInternalTrafficFieldsValue` and `validateServiceExternalTrafficPolicy`.
 fn traffic_policies(e: &mut Errors, spec: &core::ServiceSpec, type_: &str) {
     let policy = |e: &mut Errors, field: &str, v: Option<&str>| {
-        if let Some(v) = v
-            && v != "Cluster"
-            && v != "Local"
-        {
-            e.push(field, format!("unknown traffic policy {v:?}: use Cluster or Local"));
+        if let Err(err) = fields::policy(field, v) {
+            e.0.push(err);
         }
     };
     policy(e, "spec.internalTrafficPolicy", spec.internal_traffic_policy.as_deref());

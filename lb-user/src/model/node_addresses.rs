@@ -1,4 +1,4 @@
-//! Where a Service's external addresses are on this node, and which of them tierlb may translate: the node
+//! The node's external-address configuration: where a Service's external addresses are on this node, and which of them tierlb may translate: the node
 //! addresses its NodePorts listen on (kube-proxy's `--nodeport-addresses`) and the limit on translated
 //! `externalIPs` (`--external-ip-cidrs`). Resolved once per sync into `NodeInfo`, so the plan stays pure and a
 //! change (a Node address, an interface address) replans every Service.
@@ -6,7 +6,7 @@ use std::{fmt, net::IpAddr, str::FromStr};
 
 use serde::Serialize;
 
-use crate::model::{Model, Node, NodeAddressKind};
+use super::{Model, Node, NodeAddressKind};
 
 /// An IP prefix (`10.0.0.0/8`, `2001:db8::/32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

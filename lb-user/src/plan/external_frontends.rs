@@ -1,4 +1,4 @@
-//! External destinations of a Service port (kube-proxy's word: NodePorts, load-balancer ingress IPs and
+//! The plan for the external frontends of a Service port: its external destinations (kube-proxy's word: NodePorts, load-balancer ingress IPs and
 //! externalIPs) for the connects made on this node, which are the only ones a socket-level balancer sees.
 //!
 //! kube-proxy 1.35 sends every external destination to the Service's EXT chain (`syncProxyRules` in
@@ -21,10 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use serde::Serialize;
 
 use super::{PortEndpoint, TopologyDecision, TrafficPlan, traffic};
-use crate::{
-    external::Cidr,
-    model::{Family, NodeInfo, Policy, Service, ServicePort},
-};
+use crate::model::{Family, NodeInfo, Policy, Service, ServicePort, node_addresses::Cidr};
 
 /// Which kind of external destination a frontend is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]

@@ -1,0 +1,31 @@
+//! The maps' sizes (the agent's `--max-*` flags), which the loader sets and `layout` checks pinned maps against.
+/// The maps' sizes, set before load (`EbpfLoader::set_max_entries`); the defaults are lb_common's.
+#[derive(Clone, Copy, Debug)]
+pub struct Capacities {
+    /// Frontends (VIP, port, protocol) and service ids.
+    pub services: u32,
+    /// Backend slots, summed over every frontend's tiers.
+    pub slots: u32,
+    /// Backends `BACKEND_STATE` can mark down at once.
+    pub backends: u32,
+    /// Reverse entries (socket, backend) -> VIP of TCP sockets and unconnected UDP (the LRU), and connected UDP sockets tracked
+    /// at once for destruction.
+    pub reverse: u32,
+    /// sessionAffinity entries (frontend, client) remembered at once (an LRU).
+    pub affinity: u32,
+    /// Conntrack entries of traffic from outside the node (an LRU, two per flow).
+    pub conntrack: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            services: lb_common::DEFAULT_MAX_FRONTENDS,
+            slots: lb_common::DEFAULT_MAX_SLOTS,
+            backends: lb_common::DEFAULT_MAX_BACKENDS,
+            reverse: lb_common::DEFAULT_MAX_REVERSE,
+            affinity: lb_common::DEFAULT_MAX_AFFINITY,
+            conntrack: lb_common::DEFAULT_MAX_CONNTRACK,
+        }
+    }
+}

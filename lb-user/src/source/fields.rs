@@ -1,0 +1,44 @@
+//! What the conversion and the validation of objects share: the labels and annotations they read, and the
+//! error naming a field.
+use crate::model::Policy;
+
+/// EndpointSlice label naming the Service it belongs to (same namespace).
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// Node label with the node's zone.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Service annotation asking for topology-aware routing (`Auto`).
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// The deprecated form of `ANNOTATION_TOPOLOGY_MODE`, which wins over it.
+pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+/// EndpointSlice annotation: when the change it carries was triggered (`v1.EndpointsLastChangeTriggerTime`).
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Every annotation `convert` reads (the kube source drops the others from objects it receives).
+pub const ANNOTATIONS_READ: [&str; 3] =
+    [ANNOTATION_TOPOLOGY_MODE, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
+
+/// A field that does not hold what tierlb needs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field {field}: {message}")]
+pub struct FieldError {
+    /// The field, as a path inside the object (`spec.ports[0].port`).
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+/// Every problem of an object that is not taken (the API server reports them all at once, too).
+pub type Invalid = Vec<FieldError>;
+
+pub(super) fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError { field: field.into(), message: message.into() }
+}
+
+/// A traffic policy field: unset is Cluster (`validateServiceInternalTrafficFieldsValue`,
+/// `validateServiceExternalTrafficPolicy` refuse anything but the two names).
+pub(super) fn policy(field: &str, value: Option<&str>) -> Result<Policy, FieldError> {
+    match value {
+        None | Some("Cluster") => Ok(Policy::Cluster),
+        Some("Local") => Ok(Policy::Local),
+        Some(other) => Err(err(field, format!("unknown traffic policy {other:?}: use Cluster or Local"))),
+    }
+}
