@@ -96,6 +96,21 @@ pub const NS_FAIL_OPEN: u32 = 10;
 pub const NS_DROP_REWRITE: u32 = 11;
 /// Counter kinds of `MAP_NS_COUNTERS`.
 pub const NS_COUNTER_KINDS: u32 = 12;
+/// The name of each `NS_*` counter kind, by index, as status and metrics show it.
+pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
+    "new_local",
+    "new_snat",
+    "translated",
+    "drop_no_local_endpoint",
+    "drop_no_endpoints",
+    "drop_snat_ports_exhausted",
+    "drop_conntrack_full",
+    "drop_no_route",
+    "pass_not_syn",
+    "pass_fragment",
+    "fail_open",
+    "drop_rewrite",
+];
 
 /// An address and port as they lie in a packet (network order words; IPv4 in `addr[0]`).
 #[repr(C)]

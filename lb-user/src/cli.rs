@@ -541,7 +541,10 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     let mut all = Vec::new();
     for (name, dir) in pins::instances(&args.bpffs, args.instance.as_deref())? {
         let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
-        all.push(crate::status::Instance::read(&name, &maps, crate::datapath::marks::boottime_ns())?);
+        let now = crate::datapath::marks::boottime_ns();
+        let mut inst = crate::status::Instance::read(&name, &maps, now)?;
+        inst.north_south = crate::status::NorthSouthStatus::read(&dir, now);
+        all.push(inst);
     }
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&all)? + "\n",

@@ -213,16 +213,20 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
 }
 
 /// External destinations: which are translated here and which not (why), the set of connects made on the
-/// node (pods and host alike, kube-proxy's short-circuit), and, for comparison, the set kube-proxy gives
-/// traffic from outside, which tierlb does not see.
+/// node (pods and host alike, kube-proxy's short-circuit), and the set traffic from outside the node gets
+/// (externalTrafficPolicy applied), which the tc programs translate per packet.
 fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &NodeInfo) {
     let _ = writeln!(out, "  external destinations (node ports, load-balancer IPs, external IPs):");
     if ext.frontends.is_empty() {
         let _ = writeln!(out, "    none translated on this node");
     }
     for f in &ext.frontends {
-        let _ =
-            writeln!(out, "    {} {}: translated for connects made on this node", f.kind.as_str(), f.addr);
+        let _ = writeln!(
+            out,
+            "    {} {}: translated for connects made on this node and for traffic from outside",
+            f.kind.as_str(),
+            f.addr
+        );
     }
     for n in &ext.not_translated {
         let _ = writeln!(out, "    {} {}: NOT translated, {}", n.kind.as_str(), n.ip, n.text());
@@ -233,16 +237,23 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
          cluster-policy endpoints, whatever the traffic policies):"
     );
     traffic_text(out, &ext.from_node, pp, node);
+    let outside = &ext.from_outside;
+    let how = if outside.policy == Policy::Local {
+        "this node's endpoints only, no source translation: the backend sees the client's address"
+    } else {
+        "a backend on another node gets the node's address as the source (SNAT), one on this node the client's"
+    };
     let _ = writeln!(
         out,
-        "  traffic arriving from outside the node (externalTrafficPolicy {}; kube-proxy or another data plane \
-         handles it, tierlb never sees it):",
-        ext.from_outside.policy.as_str()
+        "  traffic arriving from outside the node (externalTrafficPolicy {}; translated per packet by the tc \
+         programs on the devices holding the node's NodePort addresses: {how}):",
+        outside.policy.as_str()
     );
-    let outside = &ext.from_outside;
     let empty = match outside.when_empty {
-        Some(WhenEmpty::Drop) => " (none local: kube-proxy drops it)",
-        Some(WhenEmpty::Reject) => " (kube-proxy rejects it)",
+        Some(WhenEmpty::Drop) => {
+            " (none local: dropped, as kube-proxy drops it; the health check node port says 503)"
+        }
+        Some(WhenEmpty::Reject) => " (no endpoint: dropped; kube-proxy rejects it)",
         None => "",
     };
     let _ = writeln!(out, "    endpoints: {}{empty}", list(&outside.endpoints));

@@ -1,4 +1,7 @@
 //! `tierlb status`: what the data path holds right now, read from an agent's pinned maps.
+mod north_south;
+pub use north_south::NorthSouthStatus;
+
 use std::{fmt::Write as _, time::Duration};
 
 use lb_common::{
@@ -92,6 +95,9 @@ pub struct FrontendStatus {
     pub frontend: String,
     /// "TCP", "UDP" or "SCTP".
     pub protocol: &'static str,
+    /// "connect" (translated at connect()/sendmsg() by the socket programs) or "outside" (traffic arriving
+    /// from outside the node, translated per packet by the tc programs).
+    pub scope: &'static str,
     /// The traffic policy the tiers were built for: "Local" or "Cluster".
     pub policy: &'static str,
     /// The node, zone and cluster tiers' backends, in slot order.
@@ -124,6 +130,8 @@ pub struct Instance {
     /// Holds and recoveries passive health made, and panics (connects sent to a held backend because all of
     /// the tier's were held), since the maps were made.
     pub health_transitions: HealthTransitions,
+    /// The north-south data path (traffic from outside the node), when its maps are pinned.
+    pub north_south: Option<NorthSouthStatus>,
 }
 
 /// Passive health's program-wide counters.
@@ -202,6 +210,7 @@ impl Instance {
                 name,
                 frontend: addr::frontend_addr(&key).to_string(),
                 protocol: proto_name(key.proto),
+                scope: if key.is_outside() { "outside" } else { "connect" },
                 policy: if local { "Local" } else { "Cluster" },
                 active_tier: match active {
                     Some(0) if local => "local",
@@ -255,6 +264,7 @@ impl Instance {
             marks,
             health,
             health_transitions,
+            north_south: None,
         })
     }
 
@@ -289,6 +299,9 @@ impl Instance {
             }
             out.push_str(")\n");
         }
+        if let Some(ns) = &self.north_south {
+            out.push_str(&ns.table());
+        }
         let _ = writeln!(
             out,
             "{:<34} {:<24} {:<8} {:<8} {:>8} {:>8} {:>8} {:>8}  TIERS (node | zone | cluster; * = down)",
@@ -315,7 +328,7 @@ impl Instance {
                 out,
                 "{:<34} {:<24} {:<8} {:<8} {:>8} {:>8} {:>8} {:>8}  {}",
                 name,
-                format!("{}/{}", f.frontend, f.protocol),
+                format!("{}/{}{}", f.frontend, f.protocol, if f.scope == "outside" { " ext" } else { "" }),
                 f.policy,
                 f.active_tier,
                 c.node,

@@ -123,14 +123,15 @@ fn explain_lists_external_destinations_what_is_not_translated_and_what_is_not_pr
         "edge",
         &out,
         &[
-            "node port 192.0.2.11:30080: translated for connects made on this node",
-            "load-balancer IP 198.51.100.7:80: translated for connects made on this node",
-            "external IP 203.0.113.7:80: translated for connects made on this node",
+            "node port 192.0.2.11:30080: translated for connects made on this node and for traffic from outside",
+            "load-balancer IP 198.51.100.7:80: translated for connects made on this node and for traffic from outside",
+            "external IP 203.0.113.7:80: translated for connects made on this node and for traffic from outside",
             "external IP 198.18.0.7: NOT translated, outside --external-ip-cidrs (203.0.113.0/24)",
             "load-balancer IP 198.51.100.8: NOT translated, ipMode Proxy: the load balancer proxies to the nodes, so connects must reach it (kube-proxy skips it too)",
             // From pods and the node: the cluster set; from outside under ETP Local: the local endpoint.
             "=> uses the cluster tier (all endpoints): 10.244.1.7:8080, 10.244.2.7:8080",
             "endpoints: 10.244.1.7:8080",
+            "traffic arriving from outside the node (externalTrafficPolicy Local; translated per packet by the tc programs on the devices holding the node's NodePort addresses: this node's endpoints only, no source translation: the backend sees the client's address):",
         ],
     );
     assert_lines(

@@ -349,6 +349,33 @@ fn north_south_node_port_and_load_balancer_ip_reach_both_nodes_pods_with_cluster
         seen.insert(answer.split(' ').next().unwrap().to_owned());
     }
     assert_eq!(seen.len(), 2, "both pods answer UDP: {seen:?}");
+    // What an operator sees: the outside-scope frontends, the devices, the flows and the counters.
+    let pins = lab.boxed.bpffs.path().join("tierlb");
+    let out = std::process::Command::new(TIERLB)
+        .args(["status", "-o", "json", "--bpffs", pins.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let outside: Vec<&Value> =
+        st[0]["frontends"].as_array().unwrap().iter().filter(|f| f["scope"] == "outside").collect();
+    let addrs: Vec<&str> = outside.iter().map(|f| f["frontend"].as_str().unwrap()).collect();
+    for want in ["192.0.2.1:30080", "198.51.100.10:80", "[2001:db8:1::1]:30080", "192.0.2.1:30053"] {
+        assert!(addrs.contains(&want), "{want} among the outside frontends: {addrs:?}");
+    }
+    let ns = &st[0]["north_south"];
+    assert_eq!(ns["devices"], json!(["uplink"]), "{ns}");
+    assert!(ns["conntrack"]["entries"].as_u64() > Some(0), "{ns}");
+    for counter in ["new_local", "new_snat", "translated"] {
+        assert!(ns["counters"][counter].as_u64() > Some(0), "{counter}: {ns}");
+    }
+    let table = std::process::Command::new(TIERLB)
+        .args(["status", "--bpffs", pins.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    eprintln!("tierlb status:\n{table}");
+    assert!(table.contains("from outside the node: tc on uplink"), "{table}");
 }
 
 #[test]

@@ -109,9 +109,8 @@ pub struct ExternalPlan {
     /// Connects from the node's own processes (host network namespace): kube-proxy's "short-circuit local
     /// traffic", the cluster set. The same as `from_pods`, so the data path needs no way to tell them apart.
     pub from_node: TrafficPlan,
-    /// Traffic arriving from outside the node, under externalTrafficPolicy: what kube-proxy (or another data
-    /// plane) does with it. tierlb never sees it (see deploy/README.md); it is the health check node port's
-    /// count and shown for comparison.
+    /// Traffic arriving from outside the node, under externalTrafficPolicy: what the tc programs translate it
+    /// to (the outside-scope frontends, see `lb_common::nat`), and the health check node port's count.
     pub from_outside: TrafficPlan,
 }
 

@@ -1,0 +1,44 @@
+//! `tierlb status`'s view of the north-south data path: the devices the tc programs are on, the tracked
+//! flows, and the programs' counters (translations, drops and passes by reason).
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use serde::Serialize;
+
+use crate::datapath::tc::{self, ConntrackStats, NsMaps};
+
+/// The north-south data path of one agent instance.
+#[derive(Clone, Debug, Serialize)]
+pub struct NorthSouthStatus {
+    /// Devices with the instance's pinned tc links (tcx; netlink filters on older kernels are not pinned).
+    pub devices: Vec<String>,
+    /// Conntrack occupancy.
+    pub conntrack: ConntrackStats,
+    /// The tc programs' counters by name (`lb_common::NS_COUNTER_NAMES`), summed over CPUs.
+    pub counters: BTreeMap<&'static str, u64>,
+}
+
+impl NorthSouthStatus {
+    /// Read it from the instance's pins in `dir` at `now_ns` (`CLOCK_BOOTTIME`); `None` if its maps are not
+    /// pinned there (an agent of an earlier version).
+    pub fn read(dir: &Path, now_ns: u64) -> Option<Self> {
+        let maps = NsMaps::open_pinned(dir).ok()?;
+        let counters = lb_common::NS_COUNTER_NAMES.iter().copied().zip(maps.counters()).collect();
+        Some(Self { devices: tc::pinned_devices(dir), conntrack: maps.conntrack_stats(now_ns), counters })
+    }
+
+    /// The table form: one line of devices and flows, one of counters that are not zero.
+    pub fn table(&self) -> String {
+        let devices = if self.devices.is_empty() { "no device".to_owned() } else { self.devices.join(",") };
+        let c = &self.conntrack;
+        let mut out = format!(
+            "  from outside the node: tc on {devices}; {} flows tracked ({} with SNAT), {} conntrack entries\n",
+            c.flows, c.snat_flows, c.entries
+        );
+        let nonzero: Vec<String> =
+            self.counters.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {v}")).collect();
+        if !nonzero.is_empty() {
+            let _ = writeln!(out, "  packets from outside: {}", nonzero.join(", "));
+        }
+        out
+    }
+}
