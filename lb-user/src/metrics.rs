@@ -34,6 +34,10 @@ pub type Counts = [u64; COUNTERS_PER_SERVICE as usize];
 pub trait ReadCounters: Send + Sync {
     /// The counters of `svc_id`; `None` if they cannot be read (the frontend is left out of the scrape).
     fn counters(&self, svc_id: u32) -> Option<Counts>;
+    /// The tc programs' counters by `NS_*` kind (traffic from outside the node); `None`: not available.
+    fn ns_counters(&self) -> Option<[u64; lb_common::NS_COUNTER_KINDS as usize]> {
+        None
+    }
 }
 
 /// One applied frontend, as a scrape labels it.
@@ -175,6 +179,52 @@ fn register_trace(reg: &mut Registry, c: &Counts) {
 }
 
 /// A count as a gauge's value (counts of map entries, Services, ports: far below `i64::MAX`).
+/// One frontend's counters `c` under `base`: per tier into `by_tier`, refusals by reason into `refused`.
+fn tier_rows(
+    by_tier: &Family<Labels, Counter>,
+    refused: &Family<Labels, Counter>,
+    base: &Labels,
+    c: &Counts,
+) {
+    for (tier, kind) in [("node", COUNTER_NODE), ("zone", COUNTER_ZONE), ("cluster", COUNTER_CLUSTER)] {
+        let mut l = base.clone();
+        l.push(("tier".into(), tier.into()));
+        by_tier.get_or_create(&l).inc_by(c[kind as usize]);
+    }
+    for (why, kind) in [("no_endpoints", COUNTER_REJECTED), ("no_local_endpoint", COUNTER_DROPPED)] {
+        let mut l = base.clone();
+        l.push(("reason".into(), why.into()));
+        refused.get_or_create(&l).inc_by(c[kind as usize]);
+    }
+}
+
+/// The families of the outside-scope frontends: new flows by tier, and flows dropped by reason.
+fn external_families(reg: &mut Registry) -> (Family<Labels, Counter>, Family<Labels, Counter>) {
+    let flows = counter_family(
+        reg,
+        "external_flows",
+        "New flows from outside the node translated, by Service, frontend and tier (the tc programs)",
+    );
+    let dropped = counter_family(
+        reg,
+        "external_flows_dropped",
+        "New flows from outside the node dropped because no backend was usable, by Service and frontend",
+    );
+    (flows, dropped)
+}
+
+/// The tc programs' counters by result (`lb_common::NS_COUNTER_NAMES`).
+fn register_external_packets(reg: &mut Registry, ns: &[u64]) {
+    let packets = counter_family(
+        reg,
+        "external_packets",
+        "Packets from outside the node (and their replies) seen by the tc programs, by what became of them",
+    );
+    for (name, n) in lb_common::NS_COUNTER_NAMES.iter().zip(ns) {
+        packets.get_or_create(&vec![("result".into(), (*name).into())]).inc_by(*n);
+    }
+}
+
 pub(crate) fn gauge(entries: usize) -> i64 {
     i64::try_from(entries).unwrap_or(i64::MAX)
 }
@@ -193,6 +243,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         "connections_affinity",
         "Connects that went to the client's sessionAffinity backend (also counted by tier), by frontend",
     );
+    let (external, external_dropped) = external_families(reg);
     let fail_open = Counter::<u64>::default();
     reg.register("fail_open", "Connects let through untranslated after an internal error", fail_open.clone());
     let unrecorded = Counter::<u64>::default();
@@ -209,16 +260,12 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
             ("port".into(), f.name.port.clone()),
             ("frontend".into(), addr::frontend_addr(&f.key).to_string()),
         ];
-        for (tier, kind) in [("node", COUNTER_NODE), ("zone", COUNTER_ZONE), ("cluster", COUNTER_CLUSTER)] {
-            let mut l = base.clone();
-            l.push(("tier".into(), tier.into()));
-            conns.get_or_create(&l).inc_by(c[kind as usize]);
+        // Outside-scope frontends (the tc programs') count flows, not connects: families of their own.
+        if f.key.is_outside() {
+            tier_rows(&external, &external_dropped, &base, &c);
+            continue;
         }
-        for (why, kind) in [("no_endpoints", COUNTER_REJECTED), ("no_local_endpoint", COUNTER_DROPPED)] {
-            let mut l = base.clone();
-            l.push(("reason".into(), why.into()));
-            refused.get_or_create(&l).inc_by(c[kind as usize]);
-        }
+        tier_rows(&conns, &refused, &base, &c);
         if f.affinity {
             sticky.get_or_create(&base).inc_by(c[lb_common::COUNTER_AFFINITY as usize]);
         }
@@ -228,6 +275,9 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         unrecorded.inc_by(c[lb_common::COUNTER_REVERSE_UNRECORDED as usize]);
         register_health(reg, &c);
         register_trace(reg, &c);
+    }
+    if let Some(ns) = counters.and_then(ReadCounters::ns_counters) {
+        register_external_packets(reg, &ns);
     }
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
@@ -289,7 +339,11 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
 /// `KernelMaps` inside its reconciler) and without a lock the loop would wait on: it reads through a
 /// descriptor of its own (`KernelMaps::counters_reader`).
 #[cfg(target_os = "linux")]
-pub struct KernelCounters(pub aya::maps::PerCpuArray<aya::maps::MapData, u64>);
+pub struct KernelCounters(
+    pub aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    /// The tc programs' counters (`MAP_NS_COUNTERS`), if their map could be opened.
+    pub Option<aya::maps::PerCpuArray<aya::maps::MapData, u64>>,
+);
 
 #[cfg(target_os = "linux")]
 impl ReadCounters for KernelCounters {
@@ -300,6 +354,10 @@ impl ReadCounters for KernelCounters {
             *slot = values.iter().sum();
         }
         Some(out)
+    }
+
+    fn ns_counters(&self) -> Option<[u64; lb_common::NS_COUNTER_KINDS as usize]> {
+        self.1.as_ref().map(crate::datapath::tc::sum_ns_counters)
     }
 }
 

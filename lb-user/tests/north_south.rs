@@ -376,6 +376,29 @@ fn north_south_node_port_and_load_balancer_ip_reach_both_nodes_pods_with_cluster
     let table = String::from_utf8_lossy(&table.stdout);
     eprintln!("tierlb status:\n{table}");
     assert!(table.contains("from outside the node: tc on uplink"), "{table}");
+    // And what Prometheus sees, from the node's own namespace.
+    let metrics = from(&lab.boxed.node.netns, || http_body(sa("127.0.0.1", 10249), "/metrics")).unwrap();
+    let value = |prefix: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert!(value("tierlb_external_packets_total{result=\"new_snat\"}") > 0, "{metrics}");
+    assert!(value("tierlb_external_packets_total{result=\"new_local\"}") > 0, "{metrics}");
+    assert!(value("tierlb_external_flows_total{") >= 150, "40 + 40 + 40 TCP and 30 UDP flows: {metrics}");
+}
+
+/// The body of an HTTP GET of `path` at `to`.
+fn http_body(to: SocketAddr, path: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(1500)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_millis(3000))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    Ok(text.split_once("\r\n\r\n").map_or(text.clone(), |(_, b)| b.to_owned()))
 }
 
 #[test]
@@ -449,4 +472,51 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     let after = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     client.join().unwrap();
     assert!(after.iter().all(|l| l.starts_with("web-node")), "both connections kept working: {after:?}");
+}
+
+#[test]
+fn north_south_udp_flows_to_a_departed_backend_are_forgotten() {
+    let lab = Lab::new("ns-udp", "Cluster", true);
+    let mut agent = lab.start_agent();
+    let to = sa(NODE_1, 30053);
+    // A client socket whose flow went to node-2's pod (sockets are tried until one does).
+    let file = lab.client.file().try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (tx_res, rx_res) = std::sync::mpsc::channel::<Vec<String>>();
+    let client = std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let ask = |s: &UdpSocket| {
+            s.send_to(b"hello", to).unwrap();
+            let mut buf = [0u8; 512];
+            let (n, _) = s.recv_from(&mut buf).unwrap();
+            String::from_utf8_lossy(&buf[..n]).split(' ').next().unwrap().to_owned()
+        };
+        let s = (0..50)
+            .map(|_| {
+                let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+                s
+            })
+            .find(|s| ask(s) == "web-node-2")
+            .expect("a flow to node-2's pod");
+        let before: Vec<String> = (0..3).map(|_| ask(&s)).collect();
+        tx_res.send(before).unwrap();
+        rx.recv().unwrap();
+        tx_res.send((0..3).map(|_| ask(&s)).collect()).unwrap();
+    });
+    let before = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert_eq!(before, ["web-node-2"; 3], "the flow sticks to its backend");
+    // node-2's pod leaves the EndpointSlice (it still answers: only the agent can move the flow).
+    let from_len = std::fs::metadata(&lab.boxed.log).map_or(0, |m| m.len() as usize);
+    write_atomic(
+        lab.boxed.manifests.path(),
+        "web.yaml",
+        &to_yaml(&manifests("Cluster", &[(POD_1, POD_1_6, "node-1")])),
+    )
+    .unwrap();
+    agent.wait_for(&lab.boxed.log, from_len, "forgot UDP flows", Duration::from_secs(10)).unwrap();
+    tx.send(()).unwrap();
+    let after = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
+    client.join().unwrap();
+    assert_eq!(after, ["web-node-1"; 3], "the same socket's datagrams go to the remaining pod");
 }

@@ -97,6 +97,16 @@ impl NorthSouth {
         }
     }
 
+    /// A handle on the tc programs' counters for `/metrics` (`None`, logged, if it cannot be made).
+    pub(super) fn counters_reader(&self) -> Option<aya::maps::PerCpuArray<aya::maps::MapData, u64>> {
+        self.maps
+            .counters_reader()
+            .inspect_err(
+                |e| tracing::error!(error = %e, "/metrics will have no counters of traffic from outside"),
+            )
+            .ok()
+    }
+
     /// The devices attached to.
     pub(super) fn devices(&self) -> Vec<String> {
         self.attached.iter().cloned().collect()

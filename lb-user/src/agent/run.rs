@@ -174,9 +174,10 @@ fn start_metrics(
     snapshots: &watch::Sender<Arc<Snapshot>>,
     stats: &AgentStats,
     maps: &KernelMaps,
+    ns: Option<aya::maps::PerCpuArray<aya::maps::MapData, u64>>,
 ) -> JoinHandle<()> {
     let counters = match maps.counters_reader() {
-        Ok(c) => Some(Arc::new(KernelCounters(c)) as Arc<dyn ReadCounters>),
+        Ok(c) => Some(Arc::new(KernelCounters(c, ns)) as Arc<dyn ReadCounters>),
         Err(e) => {
             tracing::error!(error = %e, "/metrics will have no per-Service connection counters");
             None
@@ -339,7 +340,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let mut stats = AgentStats::default();
     stats.kube_proxy.pending = pending;
     let snapshots = watch::Sender::new(Arc::new(Snapshot::of(core.reconciler(), opts.capacities.slots)));
-    let _metrics = metrics_listener.map(|l| start_metrics(l, &snapshots, &stats, core.reconciler().writer()));
+    let ns_counters = north_south.counters_reader();
+    let _metrics = metrics_listener
+        .map(|l| start_metrics(l, &snapshots, &stats, core.reconciler().writer(), ns_counters));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     memory::trim_after(&report);

@@ -149,6 +149,8 @@ pub struct NsMaps {
     config: aya::maps::Array<aya::maps::MapData, lb_common::NatConfig>,
     conntrack: aya::maps::HashMap<aya::maps::MapData, lb_common::CtKey, lb_common::CtValue>,
     counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    /// A second descriptor of the counters, for readers off the agent loop (`/metrics`).
+    counters_fd: std::os::fd::OwnedFd,
 }
 
 /// What the conntrack table holds now, for status and metrics.
@@ -202,12 +204,19 @@ impl NsMaps {
         counters: aya::maps::Map,
     ) -> Result<Self, DatapathError> {
         use lb_common::{MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
+        let counters_fd = match &counters {
+            aya::maps::Map::PerCpuArray(data) => std::os::fd::AsFd::as_fd(data.fd())
+                .try_clone_to_owned()
+                .map_err(|e| bpf_err(format!("map {MAP_NS_COUNTERS}: duplicating its descriptor"), e))?,
+            _ => return Err(DatapathError::MissingMap { name: MAP_NS_COUNTERS }),
+        };
         // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).
         Ok(Self {
             local: aya::maps::HashMap::try_from(local).map_err(map_err(MAP_LOCAL_BACKENDS))?,
             config: aya::maps::Array::try_from(config).map_err(map_err(MAP_NAT_CONFIG))?,
             conntrack: aya::maps::HashMap::try_from(conntrack).map_err(map_err(MAP_CONNTRACK))?,
             counters: aya::maps::PerCpuArray::try_from(counters).map_err(map_err(MAP_NS_COUNTERS))?,
+            counters_fd,
         })
     }
 
@@ -280,12 +289,29 @@ impl NsMaps {
 
     /// The counters by `NS_*` kind, summed over CPUs.
     pub fn counters(&self) -> [u64; lb_common::NS_COUNTER_KINDS as usize] {
-        let mut out = [0u64; lb_common::NS_COUNTER_KINDS as usize];
-        for (i, slot) in out.iter_mut().enumerate() {
-            if let Ok(v) = self.counters.get(&(i as u32), 0) {
-                *slot = v.iter().sum();
-            }
-        }
-        out
+        sum_ns_counters(&self.counters)
     }
+
+    /// A handle on the counters through a descriptor of its own, for a reader off the agent loop.
+    pub fn counters_reader(&self) -> Result<aya::maps::PerCpuArray<aya::maps::MapData, u64>, DatapathError> {
+        let name = lb_common::MAP_NS_COUNTERS;
+        let fd =
+            self.counters_fd.try_clone().map_err(|e| bpf_err(format!("map {name}: duplicating it"), e))?;
+        let data = aya::maps::MapData::from_fd(fd).map_err(map_err(name))?;
+        aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).map_err(map_err(name))
+    }
+}
+
+/// The tc programs' counters of `map` (`MAP_NS_COUNTERS`) by `NS_*` kind, summed over CPUs (0 where a read
+/// fails).
+pub fn sum_ns_counters(
+    map: &aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+) -> [u64; lb_common::NS_COUNTER_KINDS as usize] {
+    let mut out = [0u64; lb_common::NS_COUNTER_KINDS as usize];
+    for (i, slot) in (0u32..).zip(out.iter_mut()) {
+        if let Ok(v) = map.get(&i, 0) {
+            *slot = v.iter().sum();
+        }
+    }
+    out
 }
