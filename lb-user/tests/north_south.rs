@@ -472,6 +472,30 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     let after = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     client.join().unwrap();
     assert!(after.iter().all(|l| l.starts_with("web-node")), "both connections kept working: {after:?}");
+    // `tierlb agent --cleanup` (what deploy/uninstall runs) detaches the tc programs from the device too.
+    // (Debian 12's bpftool 7.1 does not list tcx links: ask the kernel through aya.)
+    let tc_progs = || {
+        from(&lab.boxed.node.netns, || {
+            let mut names = Vec::new();
+            for kind in [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress] {
+                let (_, progs) = aya::programs::SchedClassifier::query_tcx("uplink", kind).unwrap();
+                names.extend(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)));
+            }
+            let n = names.iter().filter(|n| n.starts_with("tc_")).count();
+            (n, format!("{names:?}"))
+        })
+    };
+    let (n, text) = tc_progs();
+    assert_eq!(n, 2, "ingress and egress attached once each, after the restart: {text}");
+    drop(_agent);
+    let pins = lab.boxed.bpffs.path().join("tierlb");
+    let st = std::process::Command::new(TIERLB)
+        .args(["agent", "--cleanup", "--node", "node-1", "--bpffs", pins.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (n, text) = tc_progs();
+    assert_eq!(n, 0, "no tc program left on the device: {text}");
 }
 
 #[test]
