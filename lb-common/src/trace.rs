@@ -19,7 +19,7 @@ pub const MAP_TRACE_CONTROL: &str = "TRACE_CONTROL";
 pub const MAP_TRACE_SERVICES: &str = "TRACE_SERVICES";
 
 /// Bytes of the event ring buffer (a power-of-2 multiple of the page size, as the kernel requires): about
-/// 2,300 events of 112 bytes (each has an 8-byte header) for a consumer that falls behind; more are lost
+/// 1,800 events of 136 bytes (each has an 8-byte header) for a consumer that falls behind; more are lost
 /// (and counted, `GLOBAL_TRACE_LOST`). It is memory the kernel holds for as long as the maps are pinned.
 pub const TRACE_RING_BYTES: u32 = 256 * 1024;
 /// Entries of `MAP_TRACE_SERVICES`: service ports one filtered trace can select.
@@ -63,6 +63,9 @@ pub const TRACE_PANIC: u32 = 1 << 4;
 pub const TRACE_HELD: u32 = 1 << 5;
 /// The frontend's value was being rewritten during both copies: the connect went through untranslated.
 pub const TRACE_TORN: u32 = 1 << 6;
+/// A new flow from outside the node, decided by `tc_ingress` (no socket, task or cgroup: those fields are 0;
+/// `TraceEvent::client` is the client).
+pub const TRACE_TC: u32 = 1 << 7;
 /// `TraceEvent::info >> TRACE_SKIPPED_SHIFT`: slots whose backend was marked down or held that the choice met
 /// (`lb_common::choose`'s slow path: the random pick, then each tier's scan window).
 pub const TRACE_SKIPPED_SHIFT: u32 = 16;
@@ -112,13 +115,20 @@ pub struct TraceEvent {
     /// The frontend's first non-empty tier when the decision was made (`TIER_COUNT` if all were empty): a
     /// refusal with tiers to choose from is one where every backend was down.
     pub first_tier: u32,
+    /// A `TRACE_TC` event's client: its address and source port as they arrived; all zero otherwise.
+    pub client: Backend,
+    /// Explicit tail padding, always 0.
+    pub _pad2: u32,
 }
-const _: () = assert!(size_of::<TraceEvent>() == 112);
+const _: () = assert!(size_of::<TraceEvent>() == 136);
 
 impl TraceEvent {
-    /// The hook that decided: "connect4", "connect6", "sendmsg4" or "sendmsg6".
+    /// The hook that decided: "connect4", "connect6", "sendmsg4", "sendmsg6" or "tc_ingress".
     #[must_use]
     pub const fn hook(&self) -> &'static str {
+        if self.info & TRACE_TC != 0 {
+            return "tc_ingress";
+        }
         match (self.info & TRACE_CONNECT != 0, self.info & TRACE_V6 != 0) {
             (true, false) => "connect4",
             (true, true) => "connect6",

@@ -1,4 +1,5 @@
-//! `tierlb trace`: one event per decision of connect4/6 and sendmsg4/6 for a Service VIP, in the
+//! `tierlb trace`: one event per decision of connect4/6 and sendmsg4/6 for a Service VIP, and of tc_ingress
+//! for a new flow from outside the node, in the
 //! `TRACE_EVENTS` ring buffer, while the trace command has `TRACE_CONTROL` on.
 //!
 //! Free when off: `on` is one array lookup (which the JIT inlines), and everything else is out of line in
@@ -17,7 +18,7 @@ use aya_ebpf::{
 use lb_common::{
     Backend, Choice, ERRNO_NO_ENDPOINTS, ERRNO_NO_LOCAL_ENDPOINT, FLAG_EMPTY_IS_DROP, FrontendKey,
     FrontendValue, GLOBAL_SVC_ID, GLOBAL_TRACE_LOST, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED, OUTCOME_TRANSLATED,
-    TIER_COUNT, TRACE_OFF, TRACE_SELECTED, TraceEvent, first_nonempty_tier,
+    TIER_COUNT, TRACE_OFF, TRACE_SELECTED, TRACE_TC, TraceEvent, first_nonempty_tier,
 };
 
 use crate::{
@@ -55,14 +56,7 @@ pub(crate) fn decision(
         return;
     };
     let e = entry.as_mut_ptr();
-    let (outcome, tier, errno, backend) = match *choice {
-        Choice::Backend { tier, backend } => (OUTCOME_TRANSLATED, tier as u8, 0, backend),
-        Choice::Empty if fe.flags & FLAG_EMPTY_IS_DROP != 0 => {
-            (OUTCOME_REFUSED, 0, ERRNO_NO_LOCAL_ENDPOINT as u8, Backend::default())
-        }
-        Choice::Empty => (OUTCOME_REFUSED, 0, ERRNO_NO_ENDPOINTS as u8, Backend::default()),
-        Choice::Error => (OUTCOME_FAIL_OPEN, 0, 0, Backend::default()),
-    };
+    let (outcome, tier, errno, backend) = outcome_of(choice, fe.flags);
     // SAFETY: `e` points at a reserved, 8-aligned ring buffer record of `size_of::<TraceEvent>()` bytes, ours
     // until submitted; every field is written (the record is not zeroed) through raw field pointers, as the
     // memory is uninitialised. The helpers take the program's context or nothing; bpf_get_current_comm writes
@@ -84,6 +78,82 @@ pub(crate) fn decision(
         addr_of_mut!((*e).frontend_flags).write(fe.flags);
         addr_of_mut!((*e).info).write(info);
         addr_of_mut!((*e).first_tier).write(first_nonempty_tier(fe).unwrap_or(TIER_COUNT) as u32);
+        addr_of_mut!((*e).client).write(Backend::default());
+        addr_of_mut!((*e)._pad2).write(0);
     }
     entry.submit(0);
+}
+
+/// `flow`'s outcome argument: `OUTCOME_*` and the tier, in one word.
+#[inline(always)]
+pub(crate) const fn outcome(outcome: u8, tier: usize) -> u32 {
+    outcome as u32 | (tier as u32) << 8
+}
+
+/// Record one decision of `tc_ingress` for a new flow from outside the node (`outcome`: see `outcome`;
+/// `backend`: the one chosen, or zero): as `decision`, with the client (the flow's source address and port)
+/// instead of a socket and task, which a packet program has not.
+#[inline(never)]
+pub(crate) fn flow(
+    key: &FrontendKey,
+    fe: &FrontendValue,
+    outcome: u32,
+    backend: &Backend,
+    f: &crate::tc::Flow,
+) {
+    let Some(control) = TRACE_CONTROL.get(0) else { return };
+    // SAFETY: a plain read of a hash value.
+    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(fe.svc_id) }.is_none() {
+        return;
+    }
+    let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else {
+        count(GLOBAL_SVC_ID, GLOBAL_TRACE_LOST);
+        return;
+    };
+    let e = entry.as_mut_ptr();
+    let (tier, outcome) = ((outcome >> 8) as u8, outcome as u8);
+    let errno = if outcome != OUTCOME_REFUSED {
+        0
+    } else if fe.flags & FLAG_EMPTY_IS_DROP != 0 {
+        ERRNO_NO_LOCAL_ENDPOINT as u8
+    } else {
+        ERRNO_NO_ENDPOINTS as u8
+    };
+    let client = Backend { addr: f.saddr, port: f.sport, proto: f.proto, family: f.family };
+    let v6 = u32::from(client.family == lb_common::FAMILY_V6);
+    // SAFETY: as in `decision`; no helper here takes the context.
+    unsafe {
+        addr_of_mut!((*e).time_ns).write(bpf_ktime_get_boot_ns());
+        addr_of_mut!((*e).cookie).write(0);
+        addr_of_mut!((*e).netns_cookie).write(0);
+        addr_of_mut!((*e).cgroup_id).write(0);
+        addr_of_mut!((*e).frontend).write(*key);
+        addr_of_mut!((*e).backend).write(*backend);
+        addr_of_mut!((*e).svc_id).write(fe.svc_id);
+        addr_of_mut!((*e).pid).write(0);
+        addr_of_mut!((*e).comm).write([0; 16]);
+        addr_of_mut!((*e).outcome).write(outcome);
+        addr_of_mut!((*e).tier).write(tier);
+        addr_of_mut!((*e).errno).write(errno);
+        addr_of_mut!((*e)._pad).write(0);
+        addr_of_mut!((*e).frontend_flags).write(fe.flags);
+        addr_of_mut!((*e).info).write(TRACE_TC | v6);
+        addr_of_mut!((*e).first_tier).write(first_nonempty_tier(fe).unwrap_or(TIER_COUNT) as u32);
+        addr_of_mut!((*e).client).write(client);
+        addr_of_mut!((*e)._pad2).write(0);
+    }
+    entry.submit(0);
+}
+
+/// (outcome, tier, errno, backend) of a choice, the frontend's flags saying which refusal applies.
+#[inline(always)]
+fn outcome_of(choice: &Choice<Backend>, flags: u32) -> (u8, u8, u8, Backend) {
+    match *choice {
+        Choice::Backend { tier, backend } => (OUTCOME_TRANSLATED, tier as u8, 0, backend),
+        Choice::Empty if flags & FLAG_EMPTY_IS_DROP != 0 => {
+            (OUTCOME_REFUSED, 0, ERRNO_NO_LOCAL_ENDPOINT as u8, Backend::default())
+        }
+        Choice::Empty => (OUTCOME_REFUSED, 0, ERRNO_NO_ENDPOINTS as u8, Backend::default()),
+        Choice::Error => (OUTCOME_FAIL_OPEN, 0, 0, Backend::default()),
+    }
 }

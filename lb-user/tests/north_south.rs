@@ -394,7 +394,7 @@ fn north_south_node_port_and_load_balancer_ip_reach_both_nodes_pods_with_cluster
 fn http_body(to: SocketAddr, path: &str) -> Result<String, String> {
     use std::io::Read as _;
     let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(1500)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_millis(3000))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| e.to_string())?;
@@ -418,12 +418,52 @@ fn north_south_local_policy_keeps_the_client_address_and_drops_without_a_local_e
 
     let lab = Lab::new("ns-nolocal", "Local", false);
     let _agent = lab.start_agent();
+    let trace = Trace::start(&lab);
     let started = Instant::now();
     let r = lab.tcp(sa(NODE_1, 30080), 2);
     assert!(r.iter().all(Result::is_err), "no local endpoint: no answer (kube-proxy's DROP): {r:?}");
     assert!(started.elapsed() >= Duration::from_secs(2), "dropped, so the client times out: {r:?}");
     let hc = from(&lab.client, || http_status(sa(NODE_1, 32000)));
     assert!(hc.as_ref().is_ok_and(|s| s.contains(" 503")), "the balancer's health check says 503: {hc:?}");
+    // `tierlb trace` shows each dropped flow (SYN and its retransmissions: one event per packet without a flow).
+    let events = trace.stop();
+    let tc: Vec<&Value> = events.iter().filter(|e| e["hook"] == "tc_ingress").collect();
+    assert!(tc.len() >= 2, "{events:?}");
+    for e in &tc {
+        assert_eq!(e["reason"], "refused-no-local-endpoint", "{e}");
+        assert_eq!(e["vip"], "192.0.2.1:30080", "{e}");
+        assert!(e["client"].as_str().unwrap().starts_with("192.0.2.100:"), "{e}");
+        assert!(e.get("errno").is_none(), "a dropped packet has no errno: {e}");
+    }
+}
+
+/// `tierlb trace -o json` on the boxed agent's pins, until `stop`.
+struct Trace {
+    child: lb_testkit::sandbox::Child,
+    out: std::path::PathBuf,
+    _dir: lb_testkit::sandbox::TempDir,
+}
+
+impl Trace {
+    fn start(lab: &Lab) -> Self {
+        let dir = lb_testkit::sandbox::TempDir::new("ns-trace").unwrap();
+        let (out, err) = (dir.path().join("out.json"), dir.path().join("err.txt"));
+        let pins = lab.boxed.bpffs.path().join("tierlb");
+        let mut cmd = std::process::Command::new(TIERLB);
+        cmd.args(["trace", "--bpffs", pins.to_str().unwrap(), "-o", "json"])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap());
+        let mut child = lb_testkit::sandbox::Child::spawn(&mut cmd).unwrap();
+        child.wait_for_log(&err, 0, "tierlb trace: tracing", Duration::from_secs(10)).unwrap();
+        Self { child, out, _dir: dir }
+    }
+
+    fn stop(mut self) -> Vec<Value> {
+        let status = self.child.stop(Duration::from_secs(5)).unwrap();
+        assert!(status.success(), "trace exited {status}");
+        let out = std::fs::read_to_string(&self.out).unwrap();
+        out.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
 }
 
 #[test]
@@ -467,7 +507,7 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     let before = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(before.len(), 2, "a connection to each pod: {before:?}");
     agent.kill();
-    let _agent = lab.start_agent();
+    let agent = lab.start_agent();
     tx_cmd.send(()).unwrap();
     let after = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     client.join().unwrap();
@@ -487,7 +527,7 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     };
     let (n, text) = tc_progs();
     assert_eq!(n, 2, "ingress and egress attached once each, after the restart: {text}");
-    drop(_agent);
+    drop(agent);
     let pins = lab.boxed.bpffs.path().join("tierlb");
     let st = std::process::Command::new(TIERLB)
         .args(["agent", "--cleanup", "--node", "node-1", "--bpffs", pins.to_str().unwrap()])

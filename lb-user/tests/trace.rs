@@ -276,7 +276,7 @@ fn the_service_filter_is_applied_in_the_kernel(f: &Fixture) {
     assert_eq!(switch_state(f.bpffs.path()), (0, 0, 0), "off, and the selection cleared");
 }
 
-/// The consumer stopped: the ring buffer (256 KiB, about 2,300 events) fills, and every decision is either
+/// The consumer stopped: the ring buffer (256 KiB, about 1,800 events of 136 bytes) fills, and every decision is either
 /// an event or counted as lost, by the command and by the agent's metric.
 fn events_lost_while_the_consumer_is_stopped_are_counted(f: &Fixture) {
     let Fixture { c, pod_a, pin, metrics, .. } = f;
@@ -287,7 +287,7 @@ fn events_lost_while_the_consumer_is_stopped_are_counted(f: &Fixture) {
     t.child.signal(nix::sys::signal::Signal::SIGCONT);
     let (events, err) = t.stop();
     let lost = n - events.len();
-    assert!(lost > 0 && events.len() > 2000, "{} events", events.len());
+    assert!(lost > 0 && events.len() > 1500, "{} events", events.len());
     assert!(err.contains(&format!("{} events, {lost} missed", events.len())), "{err}");
     let (status, body) = get(*metrics, "/metrics");
     assert_eq!(status, 200);

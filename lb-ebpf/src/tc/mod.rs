@@ -29,15 +29,17 @@ use lb_common::{
     CT_SEEN_REPLY, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL,
     FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS,
     NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT,
-    NS_PASS_FRAGMENT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, PROTO_TCP, SCOPE_OUTSIDE, Slot, SlotKey,
-    choose, snat_port,
+    NS_PASS_FRAGMENT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED,
+    OUTCOME_TRANSLATED, PROTO_TCP, SCOPE_OUTSIDE, Slot, SlotKey, choose, snat_port,
 };
-use packet::{Flow, Parsed, TCP_ACK, TCP_SYN};
+pub(crate) use packet::Flow;
+use packet::{Parsed, TCP_ACK, TCP_SYN};
 
 use crate::{
     counters::{count, count_ns},
     health::is_down,
     maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS},
+    trace,
 };
 
 /// Not ours, or ours and handed on to the stack: the next program (tcx) or the default action.
@@ -214,9 +216,19 @@ fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     };
     // SAFETY: helper without preconditions.
     let random = || unsafe { bpf_get_prandom_u32() };
+    // The trace gets the outcome as plain values: a `Choice` whose address is taken for a call made LLVM spill
+    // it in a way the verifier refused (a register read after the call that clobbered it).
     let (tier, backend) = match choose(fe, lookup, random) {
-        lb_common::Choice::Backend { tier, backend } => (tier, backend),
+        lb_common::Choice::Backend { tier, backend } => {
+            if trace::on() {
+                trace::flow(&key, fe, trace::outcome(OUTCOME_TRANSLATED, tier), &backend, f);
+            }
+            (tier, backend)
+        }
         lb_common::Choice::Empty => {
+            if trace::on() {
+                trace::flow(&key, fe, trace::outcome(OUTCOME_REFUSED, 0), &Backend::default(), f);
+            }
             let (svc_kind, ns_kind) = if fe.flags & FLAG_EMPTY_IS_DROP != 0 {
                 (COUNTER_DROPPED, NS_DROP_NO_LOCAL)
             } else {
@@ -227,6 +239,9 @@ fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
             return DROP;
         }
         lb_common::Choice::Error => {
+            if trace::on() {
+                trace::flow(&key, fe, trace::outcome(OUTCOME_FAIL_OPEN, 0), &Backend::default(), f);
+            }
             count_ns(NS_FAIL_OPEN);
             return PASS;
         }

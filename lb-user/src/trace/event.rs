@@ -86,6 +86,9 @@ pub struct Line {
     pub protocol: &'static str,
     /// The VIP asked for, IP:PORT.
     pub vip: String,
+    /// `tc_ingress` only: the client outside the node, IP:PORT (there is no socket, process or cgroup).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
     /// The Service port (`namespace/name:port`), from the agent's names.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
@@ -144,7 +147,9 @@ impl Line {
         service: Option<String>,
     ) -> Self {
         let translated = e.outcome == OUTCOME_TRANSLATED;
-        let refused = e.outcome == OUTCOME_REFUSED;
+        let tc = e.info & lb_common::TRACE_TC != 0;
+        // A packet program has no caller to give an errno: a refused flow from outside is dropped.
+        let refused = e.outcome == OUTCOME_REFUSED && !tc;
         Self {
             time: rfc3339(unix_ns),
             instance: instance.to_owned(),
@@ -155,6 +160,7 @@ impl Line {
                 _ => "other",
             },
             vip: addr::frontend_addr(&e.frontend).to_string(),
+            client: tc.then(|| addr::backend_addr(&e.client).to_string()),
             service,
             backend: translated.then(|| addr::backend_addr(&e.backend).to_string()),
             tier: translated.then(|| match usize::from(e.tier) {
@@ -193,7 +199,11 @@ impl Line {
 
     /// One table row.
     pub fn row(&self) -> String {
-        let client = self.pod.clone().unwrap_or_else(|| format!("{}[{}]", self.comm, self.pid));
+        let client = self
+            .client
+            .clone()
+            .or_else(|| self.pod.clone())
+            .unwrap_or_else(|| format!("{}[{}]", self.comm, self.pid));
         let backend =
             self.backend.clone().or(self.errno_name.map(str::to_owned)).unwrap_or_else(|| "-".into());
         let mut reason = self.reason.to_owned();
