@@ -176,7 +176,8 @@ pub const MAPS: [&str; 11] = [
 pub const PINNED_ONLY: [&str; 4] = [MAP_SOCKS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
 /// The north-south maps (`nat`): pinned like the others, so tracked flows survive an agent restart; the
 /// agent opens them apart from `MAPS` (`datapath::tc::NsMaps`).
-pub const NS_MAPS: [&str; 4] = [MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS];
+pub const NS_MAPS: [&str; 5] =
+    [MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SOURCE_RANGES];
 /// Every map that is pinned: `MAPS`, then `PINNED_ONLY`, then `NS_MAPS`.
 pub const PINNED_MAPS: [&str; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()] = {
     let mut out = [MAP_SOCKS; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()];
@@ -526,7 +527,8 @@ aya_pod!(
     CtAddr,
     CtKey,
     CtValue,
-    NatConfig
+    NatConfig,
+    SourceRangeKey
 );
 
 /// Index of a counter in the per-CPU counter array.

@@ -23,6 +23,9 @@ pub const SCOPE_OUTSIDE: u8 = 0x80;
 /// `FrontendValue::flags` of an outside frontend: SNAT leaves from the frontend's own address (a node port:
 /// the node address the client reached); without it, from `NatConfig::snat_v4` / `snat_v6`.
 pub const FLAG_SNAT_TO_FRONTEND: u32 = 1 << 2;
+/// `FrontendValue::flags` of an outside frontend with `loadBalancerSourceRanges`: a new flow's client must
+/// match one of its `MAP_SOURCE_RANGES` entries, else the packet is dropped (`NS_DROP_SOURCE_RANGE`).
+pub const FLAG_SOURCE_RANGES: u32 = 1 << 3;
 /// The bits of `FrontendKey::family` that hold `FAMILY_V4` / `FAMILY_V6`.
 pub const FAMILY_MASK: u8 = 0x0f;
 
@@ -32,6 +35,10 @@ pub const MAP_CONNTRACK: &str = "CONNTRACK";
 pub const MAP_LOCAL_BACKENDS: &str = "LOCAL_BACKENDS";
 /// The tc programs' settings (`NatConfig`), one entry written by the agent at start.
 pub const MAP_NAT_CONFIG: &str = "NAT_CONFIG";
+/// `loadBalancerSourceRanges`: an LPM trie of (frontend, client prefix) -> 1.
+pub const MAP_SOURCE_RANGES: &str = "SOURCE_RANGES";
+/// Entries of `MAP_SOURCE_RANGES` (not preallocated).
+pub const DEFAULT_MAX_SOURCE_RANGES: u32 = 65_536;
 /// Per-CPU counters of the tc programs by `NS_*` kind.
 pub const MAP_NS_COUNTERS: &str = "NS_COUNTERS";
 
@@ -94,8 +101,10 @@ pub const NS_PASS_FRAGMENT: u32 = 9;
 pub const NS_FAIL_OPEN: u32 = 10;
 /// Packets rewritten whose checksum helper failed (dropped: a half-rewritten packet must not leave).
 pub const NS_DROP_REWRITE: u32 = 11;
+/// Dropped: a load-balancer IP's `loadBalancerSourceRanges` do not include the client.
+pub const NS_DROP_SOURCE_RANGE: u32 = 12;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 12;
+pub const NS_COUNTER_KINDS: u32 = 13;
 /// The name of each `NS_*` counter kind, by index, as status and metrics show it.
 pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "new_local",
@@ -110,6 +119,7 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "pass_fragment",
     "fail_open",
     "drop_rewrite",
+    "drop_source_range",
 ];
 
 /// An address and port as they lie in a packet (network order words; IPv4 in `addr[0]`).
@@ -168,6 +178,21 @@ pub struct CtValue {
     pub expires_ns: u64,
 }
 const _: () = assert!(size_of::<CtValue>() == 56);
+
+/// The data of a `MAP_SOURCE_RANGES` key (after the trie's prefix length): the frontend, matched whole (its
+/// 160 bits first), then the client address, matched to the range's length. `prefix_len` is
+/// `SOURCE_RANGE_FRONTEND_BITS` plus the range's.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRangeKey {
+    /// The outside-scope frontend (`SCOPE_OUTSIDE` set).
+    pub frontend: crate::FrontendKey,
+    /// The client address (a range's network), network order; IPv4 in `addr[0]`.
+    pub client: [u32; 4],
+}
+const _: () = assert!(size_of::<SourceRangeKey>() == 36);
+/// The bits of `SourceRangeKey::frontend`, always matched.
+pub const SOURCE_RANGE_FRONTEND_BITS: u32 = 160;
 
 /// The tc programs' settings (`MAP_NAT_CONFIG`); all zero means the defaults above.
 #[repr(C)]

@@ -9,17 +9,18 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::SkStorage,
     macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
     DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRONTENDS,
-    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, FrontendKey, FrontendValue, Health,
-    HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
-    MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
-    MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue,
-    ServiceName, SlotKey, SockState, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, DEFAULT_MAX_SOURCE_RANGES,
+    FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP,
+    MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
+    MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS,
+    MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue,
+    NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -208,4 +209,11 @@ named_map!(
     MAP_NS_COUNTERS == "NS_COUNTERS",
     /// Per-CPU counters of the tc programs by `NS_*` kind (translations, drops by reason).
     pub(crate) static NS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NS_COUNTER_KINDS, 0);
+);
+
+named_map!(
+    MAP_SOURCE_RANGES == "SOURCE_RANGES",
+    /// `loadBalancerSourceRanges` of the outside frontends that have them (`FLAG_SOURCE_RANGES`).
+    pub(crate) static SOURCE_RANGES: LpmTrie<SourceRangeKey, u32> =
+        LpmTrie::with_max_entries(DEFAULT_MAX_SOURCE_RANGES, BPF_F_NO_PREALLOC);
 );

@@ -94,13 +94,7 @@ pub(crate) const fn outcome(outcome: u8, tier: usize) -> u32 {
 /// `backend`: the one chosen, or zero): as `decision`, with the client (the flow's source address and port)
 /// instead of a socket and task, which a packet program has not.
 #[inline(never)]
-pub(crate) fn flow(
-    key: &FrontendKey,
-    fe: &FrontendValue,
-    outcome: u32,
-    backend: &Backend,
-    f: &crate::tc::Flow,
-) {
+pub(crate) fn flow(key: &FrontendKey, fe: &FrontendValue, outcome: u32, backend: &Backend, client: &Backend) {
     let Some(control) = TRACE_CONTROL.get(0) else { return };
     // SAFETY: a plain read of a hash value.
     if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(fe.svc_id) }.is_none() {
@@ -119,7 +113,6 @@ pub(crate) fn flow(
     } else {
         ERRNO_NO_ENDPOINTS as u8
     };
-    let client = Backend { addr: f.saddr, port: f.sport, proto: f.proto, family: f.family };
     let v6 = u32::from(client.family == lb_common::FAMILY_V6);
     // SAFETY: as in `decision`; no helper here takes the context.
     unsafe {
@@ -139,7 +132,7 @@ pub(crate) fn flow(
         addr_of_mut!((*e).frontend_flags).write(fe.flags);
         addr_of_mut!((*e).info).write(TRACE_TC | v6);
         addr_of_mut!((*e).first_tier).write(first_nonempty_tier(fe).unwrap_or(TIER_COUNT) as u32);
-        addr_of_mut!((*e).client).write(client);
+        addr_of_mut!((*e).client).write(*client);
         addr_of_mut!((*e)._pad2).write(0);
     }
     entry.submit(0);

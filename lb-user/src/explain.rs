@@ -221,12 +221,21 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
         let _ = writeln!(out, "    none translated on this node");
     }
     for f in &ext.frontends {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "    {} {}: translated for connects made on this node and for traffic from outside",
             f.kind.as_str(),
             f.addr
         );
+        if !f.source_ranges.is_empty() {
+            let ranges: Vec<String> = f.source_ranges.iter().map(ToString::to_string).collect();
+            let _ = write!(
+                out,
+                " (from outside only for clients in {}: loadBalancerSourceRanges)",
+                ranges.join(", ")
+            );
+        }
+        out.push('\n');
     }
     for n in &ext.not_translated {
         let _ = writeln!(out, "    {} {}: NOT translated, {}", n.kind.as_str(), n.ip, n.text());

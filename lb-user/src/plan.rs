@@ -13,7 +13,7 @@ use serde::Serialize;
 
 mod external_frontends;
 pub use external_frontends::{
-    ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason,
+    ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason, source_ranges,
 };
 
 use crate::model::{

@@ -162,7 +162,7 @@ struct Lab {
     boxed: BoxedNode,
     node_2: Node,
     client: NetNs,
-    _lan: NetNs,
+    lan: NetNs,
     _pods: Vec<(NetNs, PodServer)>,
 }
 
@@ -219,7 +219,7 @@ impl Lab {
         pods.push((ns, srv));
         eps.push((POD_2, POD_2_6, "node-2"));
         write_atomic(boxed.manifests.path(), "web.yaml", &to_yaml(&manifests(etp, &eps))).unwrap();
-        Self { boxed, node_2, client, _lan: lan, _pods: pods }
+        Self { boxed, node_2, client, lan, _pods: pods }
     }
 
     fn start_agent(&self) -> AgentBox {
@@ -244,6 +244,11 @@ impl Drop for Lab {
 /// A LoadBalancer Service `web` (ports 80/TCP and 53/UDP, node ports 30080 and 30053, target 8080), its
 /// load-balancer IP, dual-stack cluster IPs, the two Nodes with their addresses, and slices for `eps`.
 fn manifests(etp: &str, eps: &[(&str, &str, &str)]) -> Vec<Value> {
+    manifests_with(etp, eps, &[])
+}
+
+/// `manifests`, with `loadBalancerSourceRanges`.
+fn manifests_with(etp: &str, eps: &[(&str, &str, &str)], ranges: &[&str]) -> Vec<Value> {
     let mut docs = vec![json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": "default"},
@@ -261,6 +266,9 @@ fn manifests(etp: &str, eps: &[(&str, &str, &str)]) -> Vec<Value> {
     })];
     if etp != "Local" {
         docs[0]["spec"].as_object_mut().unwrap().remove("healthCheckNodePort");
+    }
+    if !ranges.is_empty() {
+        docs[0]["spec"]["loadBalancerSourceRanges"] = json!(ranges);
     }
     for (name, v4, v6) in [("node-1", NODE_1, NODE_1_6), ("node-2", NODE_2, NODE_2_6)] {
         docs.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
@@ -583,4 +591,32 @@ fn north_south_udp_flows_to_a_departed_backend_are_forgotten() {
     let after = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     client.join().unwrap();
     assert_eq!(after, ["web-node-1"; 3], "the same socket's datagrams go to the remaining pod");
+}
+
+#[test]
+fn north_south_load_balancer_source_ranges_admit_only_their_clients() {
+    let lab = Lab::new("ns-ranges", "Cluster", true);
+    // A second client on the LAN, outside the Service's range.
+    let other = NetNs::new("ns-ranges-ext2").unwrap();
+    uplink(&lab.lan, &other, "p4", "192.0.2.200", "2001:db8:1::200");
+    other.ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_1]).unwrap();
+    let eps = [(POD_1, POD_1_6, "node-1"), (POD_2, POD_2_6, "node-2")];
+    let docs = manifests_with("Cluster", &eps, &["192.0.2.96/28", "2001:db8:1::/120"]);
+    write_atomic(lab.boxed.manifests.path(), "web.yaml", &to_yaml(&docs)).unwrap();
+    let _agent = lab.start_agent();
+    let to = sa(LB_IP, 80);
+    let allowed = lab.tcp(to, 20);
+    assert!(allowed.iter().all(Result::is_ok), "192.0.2.100 is in 192.0.2.96/28: {:?}", names(&allowed));
+    let refused: Vec<_> = from(&other, move || (0..2).map(|_| tcp_once(to)).collect());
+    assert!(refused.iter().all(Result::is_err), "192.0.2.200 is not: {refused:?}");
+    // The node port is not limited by the ranges (kube-proxy limits load-balancer IPs only).
+    let np: Vec<_> = from(&other, || (0..5).map(|_| tcp_once(sa(NODE_1, 30080))).collect());
+    assert!(np.iter().all(Result::is_ok), "{np:?}");
+    let pins = lab.boxed.bpffs.path().join("tierlb");
+    let out = std::process::Command::new(TIERLB)
+        .args(["status", "-o", "json", "--bpffs", pins.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(st[0]["north_south"]["counters"]["drop_source_range"].as_u64() >= Some(2), "{st}");
 }

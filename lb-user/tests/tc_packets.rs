@@ -6,13 +6,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap},
+    maps::{
+        Array, HashMap,
+        lpm_trie::{Key, LpmTrie},
+    },
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use lb_common::{
     Backend, CT_DIR_IN, CT_DIR_OUT, CtAddr, CtKey, CtValue, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL,
-    FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRONTENDS, MAP_LOCAL_BACKENDS,
-    MAP_NAT_CONFIG, MAP_SLOTS, NatConfig, PROTO_TCP, PROTO_UDP, SCOPE_OUTSIDE, SlotKey, TierRange,
+    FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRONTENDS,
+    MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_SLOTS, MAP_SOURCE_RANGES, NatConfig, PROTO_TCP, PROTO_UDP,
+    SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotKey, SourceRangeKey, TierRange,
 };
 use lb_testkit::sandbox::NetNs;
 use tierlb::datapath::addr;
@@ -287,6 +291,16 @@ impl Lab {
         m.insert(CtAddr { addr: a }, 1, 0).unwrap();
     }
 
+    /// Let `range` reach the outside frontend at `fe` over `proto` (its `loadBalancerSourceRanges`).
+    fn source_range(&mut self, fe: &str, proto: u8, range: &str) {
+        let fe: SocketAddr = fe.parse().unwrap();
+        let (ip, len) = range.split_once('/').unwrap();
+        let frontend = addr::outside_frontend_key(fe.ip(), fe.port(), proto);
+        let data = SourceRangeKey { frontend, client: addr::words(ip.parse().unwrap()) };
+        let mut m: LpmTrie<_, SourceRangeKey, u32> = LpmTrie::try_from(self.map(MAP_SOURCE_RANGES)).unwrap();
+        m.insert(&Key::new(SOURCE_RANGE_FRONTEND_BITS + len.parse::<u32>().unwrap(), data), 1, 0).unwrap();
+    }
+
     fn config(&mut self, c: NatConfig) {
         let mut m: Array<_, NatConfig> = Array::try_from(self.map(MAP_NAT_CONFIG)).unwrap();
         m.set(0, c, 0).unwrap();
@@ -495,4 +509,23 @@ fn tc_load_balancer_ip_snats_to_the_configured_node_address() {
         .iter()
         .find(|(k, _)| k.dir == CT_DIR_IN && k.daddr == addr::words("203.0.113.10".parse().unwrap()));
     assert!(fwd.is_some(), "{ct:?}");
+}
+
+#[test]
+fn tc_load_balancer_source_ranges_admit_only_their_clients() {
+    let mut lab = Lab::new("tc-ranges");
+    lab.local(LOCAL_POD);
+    lab.frontend("203.0.113.10:80", PROTO_TCP, 2, &[&format!("{LOCAL_POD}:8080")], FLAG_SOURCE_RANGES);
+    lab.source_range("203.0.113.10:80", PROTO_TCP, "192.0.2.96/28");
+    let inside = Pkt::tcp(&format!("{CLIENT}:40000"), "203.0.113.10:80", 0x02);
+    let (rc, out) = lab.run("tc_ingress", &inside.bytes());
+    assert_eq!(
+        (rc, out),
+        (PASS, inside.to(sa(&format!("{LOCAL_POD}:8080"))).bytes()),
+        "192.0.2.100 is in the range"
+    );
+    let outside = Pkt::tcp("192.0.2.200:40000", "203.0.113.10:80", 0x02);
+    let (rc, _) = lab.run("tc_ingress", &outside.bytes());
+    assert_eq!(rc, SHOT, "192.0.2.200 is not: dropped, as kube-proxy's KUBE-FW chain drops it");
+    assert_eq!(lab.conntrack().len(), 2, "only the admitted client's flow is tracked");
 }

@@ -27,10 +27,11 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN, CT_DIR_OUT, CT_FORWARD,
     CT_SEEN_REPLY, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL,
-    FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS,
-    NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT,
-    NS_PASS_FRAGMENT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED,
-    OUTCOME_TRANSLATED, PROTO_TCP, SCOPE_OUTSIDE, Slot, SlotKey, choose, snat_port,
+    FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, NS_DROP_CT_FULL,
+    NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_DROP_SOURCE_RANGE,
+    NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_FRAGMENT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig,
+    OUTCOME_FAIL_OPEN, OUTCOME_REFUSED, OUTCOME_TRANSLATED, PROTO_TCP, SCOPE_OUTSIDE,
+    SOURCE_RANGE_FRONTEND_BITS, Slot, SlotKey, SourceRangeKey, choose, snat_port,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -38,7 +39,7 @@ use packet::{Parsed, TCP_ACK, TCP_SYN};
 use crate::{
     counters::{count, count_ns},
     health::is_down,
-    maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS},
+    maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS, SOURCE_RANGES},
     trace,
 };
 
@@ -92,6 +93,8 @@ const CREATED: i32 = i32::MIN;
 /// call chain (`tc_ingress` -> `new_flow` would exceed it with these on the stack).
 struct NewFlow {
     fe: FrontendValue,
+    /// The flow's source, for `trace::flow`.
+    client: Backend,
     fwd_key: CtKey,
     fwd: CtValue,
     reply_key: CtKey,
@@ -193,16 +196,15 @@ fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     let key = FrontendKey { addr: f.daddr, port: f.dport, proto: f.proto, family: f.family | SCOPE_OUTSIDE };
     let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
     // SAFETY: this CPU's scratch value, used only within this run (see `tc_ingress`).
-    let NewFlow { fe, fwd_key, fwd, reply_key, reply } = unsafe { &mut *n };
+    let NewFlow { fe, client, fwd_key, fwd, reply_key, reply } = unsafe { &mut *n };
+    *client = Backend { addr: f.saddr, port: f.sport, proto: f.proto, family: f.family };
+    let client: &Backend = client;
     if !frontend(&key, fe) {
         return PASS;
     }
     let fe: &FrontendValue = fe;
-    if f.proto == PROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
-        // Not a connection's first segment: an expired or evicted flow, or a reply to a node socket that
-        // happens to use this port. Either way not a new flow to translate.
-        count_ns(NS_PASS_NOT_SYN);
-        return PASS;
+    if let Some(verdict) = refuse(fe, &key, f) {
+        return verdict;
     }
     let lookup = |index| {
         let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
@@ -218,17 +220,18 @@ fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     let random = || unsafe { bpf_get_prandom_u32() };
     // The trace gets the outcome as plain values: a `Choice` whose address is taken for a call made LLVM spill
     // it in a way the verifier refused (a register read after the call that clobbered it).
+    let traced = |outcome, backend: &Backend| {
+        if trace::on() {
+            trace::flow(&key, fe, outcome, backend, client);
+        }
+    };
     let (tier, backend) = match choose(fe, lookup, random) {
         lb_common::Choice::Backend { tier, backend } => {
-            if trace::on() {
-                trace::flow(&key, fe, trace::outcome(OUTCOME_TRANSLATED, tier), &backend, f);
-            }
+            traced(trace::outcome(OUTCOME_TRANSLATED, tier), &backend);
             (tier, backend)
         }
         lb_common::Choice::Empty => {
-            if trace::on() {
-                trace::flow(&key, fe, trace::outcome(OUTCOME_REFUSED, 0), &Backend::default(), f);
-            }
+            traced(trace::outcome(OUTCOME_REFUSED, 0), &Backend::default());
             let (svc_kind, ns_kind) = if fe.flags & FLAG_EMPTY_IS_DROP != 0 {
                 (COUNTER_DROPPED, NS_DROP_NO_LOCAL)
             } else {
@@ -239,9 +242,7 @@ fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
             return DROP;
         }
         lb_common::Choice::Error => {
-            if trace::on() {
-                trace::flow(&key, fe, trace::outcome(OUTCOME_FAIL_OPEN, 0), &Backend::default(), f);
-            }
+            traced(trace::outcome(OUTCOME_FAIL_OPEN, 0), &Backend::default());
             count_ns(NS_FAIL_OPEN);
             return PASS;
         }
@@ -333,6 +334,34 @@ fn snat(
         }
     }
     false
+}
+
+/// Why a packet to frontend `fe` (at `key`) starts no flow, as its verdict: a client outside the source
+/// ranges (dropped), or a TCP segment that is no SYN (passed).
+#[inline(always)]
+fn refuse(fe: &FrontendValue, key: &FrontendKey, f: &Flow) -> Option<i32> {
+    if fe.flags & FLAG_SOURCE_RANGES != 0 && !allowed_source(key, f) {
+        // kube-proxy's KUBE-FW chain: a load-balancer IP's traffic from outside its source ranges is dropped.
+        count_ns(NS_DROP_SOURCE_RANGE);
+        return Some(DROP);
+    }
+    if f.proto == PROTO_TCP && f.tcp_flags & (TCP_SYN | TCP_ACK) != TCP_SYN {
+        // Not a connection's first segment: an expired or evicted flow, or a reply to a node socket that
+        // happens to use this port. Either way not a new flow to translate.
+        count_ns(NS_PASS_NOT_SYN);
+        return Some(PASS);
+    }
+    None
+}
+
+/// Whether the client of `f` is inside one of the source ranges of the frontend at `key`.
+#[inline(always)]
+fn allowed_source(key: &FrontendKey, f: &Flow) -> bool {
+    let k = aya_ebpf::maps::lpm_trie::Key::new(
+        SOURCE_RANGE_FRONTEND_BITS + if f.family == FAMILY_V4 { 32 } else { 128 },
+        SourceRangeKey { frontend: *key, client: f.saddr },
+    );
+    SOURCE_RANGES.get(k).is_some()
 }
 
 /// The node address an SNAT flow leaves from: the frontend's own address for a node port (the address the

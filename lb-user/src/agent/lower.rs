@@ -3,7 +3,7 @@
 //! sees a plan; this is the one place that turns kube-proxy's decisions into map contents.
 use std::{net::SocketAddr, sync::Arc};
 
-use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND};
+use lb_common::{FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES};
 
 use super::ServiceHealth;
 use crate::{
@@ -41,6 +41,10 @@ pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
             if f.kind == ExternalKind::NodePort {
                 // A node port's SNAT leaves from the node address the client reached.
                 outside.flags |= FLAG_SNAT_TO_FRONTEND;
+            }
+            if !f.source_ranges.is_empty() {
+                // Its ranges are written beside it (`north_south`); this flag makes the program check them.
+                outside.flags |= FLAG_SOURCE_RANGES;
             }
             let key = addr::outside_frontend_key(f.addr.ip(), f.addr.port(), proto);
             out.entry(key).or_insert(outside);

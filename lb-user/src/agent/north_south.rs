@@ -84,6 +84,10 @@ impl NorthSouth {
         if let Some(node) = &r.node {
             self.sync(programs, node, core.model());
         }
+        let ranges = source_ranges(core);
+        if let Err(e) = self.maps.set_source_ranges(&ranges) {
+            tracing::error!(error = %e, "cannot write loadBalancerSourceRanges");
+        }
         if r.updated + r.removed > 0 {
             let backends: BTreeSet<Backend> =
                 core.reconciler().applied().flat_map(|(_, _, d)| d.tiers.iter().flatten()).copied().collect();
@@ -125,6 +129,23 @@ pub(super) fn nat_config(node: &NodeInfo) -> NatConfig {
         c.snat_v6 = addr::words(*v6);
     }
     c
+}
+
+/// The source-range entries of every applied outside frontend that has them (`FLAG_SOURCE_RANGES`): the
+/// ranges of the Service that frontend is programmed for (`plan::source_ranges`, the plan's rule), so a
+/// Service that lost a contested address adds none.
+fn source_ranges<W: MapWriter>(core: &AgentCore<W>) -> BTreeSet<tc::SourceRange> {
+    let model = core.model();
+    let mut out = BTreeSet::new();
+    for (key, value, desired) in core.reconciler().applied() {
+        if !key.is_outside() || value.flags & lb_common::FLAG_SOURCE_RANGES == 0 {
+            continue;
+        }
+        let Some(svc) = model.services.get(&desired.name.service) else { continue };
+        let family = crate::model::Family::of(&addr::frontend_addr(key).ip());
+        out.extend(crate::plan::source_ranges(svc, family).into_iter().map(|c| (*key, c)));
+    }
+    out
 }
 
 /// The addresses of every endpoint on node `node` (`nodeName`), whatever its Service: traffic from outside

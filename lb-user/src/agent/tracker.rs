@@ -170,7 +170,7 @@ impl ChangeTracker {
         match o {
             Object::Service(s) => {
                 touched.insert(s.key.clone());
-                self.model.put_service(s);
+                self.model.put_service(*s);
             }
             Object::EndpointSlice(s) => {
                 touched.extend(s.owner());

@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use aya::maps::MapData;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_LOCAL_BACKENDS, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY,
-    MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH,
-    MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_REVERSE,
-    MAP_SLOTS, MAP_SOCKS, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue,
-    NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, FrontendKey, FrontendValue, Health, HealthConfig,
+    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS,
+    MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
+    MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue,
+    ServiceName, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -54,6 +54,7 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_CONNTRACK => (caps.conntrack, "conntrack", caps.conntrack, same),
         MAP_LOCAL_BACKENDS => (DEFAULT_MAX_LOCAL_BACKENDS, FIXED, 0, |_| 0),
         MAP_NAT_CONFIG => (1, FIXED, 0, |_| 0),
+        MAP_SOURCE_RANGES => (DEFAULT_MAX_SOURCE_RANGES, FIXED, 0, |_| 0),
         MAP_NS_COUNTERS => (NS_COUNTER_KINDS, FIXED, 0, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
@@ -84,6 +85,8 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_CONNTRACK => (size_of::<CtKey>() as u32, size_of::<CtValue>() as u32),
             MAP_LOCAL_BACKENDS => (size_of::<CtAddr>() as u32, 4),
             MAP_NAT_CONFIG => (4, size_of::<NatConfig>() as u32),
+            // An LPM trie's key is its prefix length and the data.
+            MAP_SOURCE_RANGES => (4 + size_of::<SourceRangeKey>() as u32, 4),
             _ => (4, size_of::<ServiceName>() as u32),
         }
     };

@@ -151,7 +151,11 @@ pub struct NsMaps {
     counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
     /// A second descriptor of the counters, for readers off the agent loop (`/metrics`).
     counters_fd: std::os::fd::OwnedFd,
+    source_ranges: aya::maps::lpm_trie::LpmTrie<aya::maps::MapData, lb_common::SourceRangeKey, u32>,
 }
+
+/// One `loadBalancerSourceRanges` entry: the outside frontend and the range.
+pub type SourceRange = (lb_common::FrontendKey, crate::model::node_addresses::Cidr);
 
 /// What the conntrack table holds now, for status and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -177,6 +181,7 @@ impl NsMaps {
             take(lb_common::MAP_NAT_CONFIG)?,
             take(lb_common::MAP_CONNTRACK)?,
             take(lb_common::MAP_NS_COUNTERS)?,
+            take(lb_common::MAP_SOURCE_RANGES)?,
         )
     }
 
@@ -194,6 +199,7 @@ impl NsMaps {
             open(lb_common::MAP_NAT_CONFIG)?,
             open(lb_common::MAP_CONNTRACK)?,
             open(lb_common::MAP_NS_COUNTERS)?,
+            open(lb_common::MAP_SOURCE_RANGES)?,
         )
     }
 
@@ -202,6 +208,7 @@ impl NsMaps {
         config: aya::maps::Map,
         conntrack: aya::maps::Map,
         counters: aya::maps::Map,
+        source_ranges: aya::maps::Map,
     ) -> Result<Self, DatapathError> {
         use lb_common::{MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
         let counters_fd = match &counters {
@@ -217,6 +224,8 @@ impl NsMaps {
             conntrack: aya::maps::HashMap::try_from(conntrack).map_err(map_err(MAP_CONNTRACK))?,
             counters: aya::maps::PerCpuArray::try_from(counters).map_err(map_err(MAP_NS_COUNTERS))?,
             counters_fd,
+            source_ranges: aya::maps::lpm_trie::LpmTrie::try_from(source_ranges)
+                .map_err(map_err(lb_common::MAP_SOURCE_RANGES))?,
         })
     }
 
@@ -240,6 +249,27 @@ impl NsMaps {
         }
         for k in want.difference(&have) {
             self.local.insert(*k, 1, 0).map_err(map_err(lb_common::MAP_LOCAL_BACKENDS))?;
+        }
+        Ok(())
+    }
+
+    /// Make the source-range trie hold exactly `want`.
+    pub fn set_source_ranges(&mut self, want: &BTreeSet<SourceRange>) -> Result<(), DatapathError> {
+        use aya::maps::lpm_trie::Key;
+        let key = |(fe, c): &SourceRange| {
+            let data = lb_common::SourceRangeKey { frontend: *fe, client: super::addr::words(c.ip) };
+            (lb_common::SOURCE_RANGE_FRONTEND_BITS + u32::from(c.len), data)
+        };
+        let want: BTreeSet<(u32, lb_common::SourceRangeKey)> = want.iter().map(key).collect();
+        let have: BTreeSet<(u32, lb_common::SourceRangeKey)> =
+            self.source_ranges.keys().filter_map(Result::ok).map(|k| (k.prefix_len(), k.data())).collect();
+        for (len, data) in have.difference(&want) {
+            let _ = self.source_ranges.remove(&Key::new(*len, *data));
+        }
+        for (len, data) in want.difference(&have) {
+            self.source_ranges
+                .insert(&Key::new(*len, *data), 1, 0)
+                .map_err(map_err(lb_common::MAP_SOURCE_RANGES))?;
         }
         Ok(())
     }

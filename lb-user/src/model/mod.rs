@@ -166,6 +166,9 @@ pub struct Service {
     /// `status.loadBalancer.ingress[].ip` with `ipMode: Proxy`: the load balancer proxies to the nodes, so
     /// kube-proxy leaves the address alone (traffic to it must reach the load balancer) and so does tierlb.
     pub load_balancer_proxy_ips: Vec<IpAddr>,
+    /// `spec.loadBalancerSourceRanges` (else the `service.beta.kubernetes.io/load-balancer-source-ranges`
+    /// annotation, as kube-proxy reads it): the clients its load-balancer IPs accept; empty: every client.
+    pub load_balancer_source_ranges: Vec<node_addresses::Cidr>,
     /// `spec.healthCheckNodePort` (externalTrafficPolicy Local on a LoadBalancer Service).
     pub health_check_node_port: Option<u16>,
     /// `spec.trafficDistribution` as written (unknown values are kept so they can be linted).

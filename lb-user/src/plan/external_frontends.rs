@@ -47,12 +47,23 @@ impl ExternalKind {
 }
 
 /// One external destination tierlb translates on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ExternalFrontend {
     /// Its kind.
     pub kind: ExternalKind,
     /// The address and port a client connects to.
     pub addr: SocketAddr,
+    /// A load-balancer IP's `loadBalancerSourceRanges` of this family (`source_ranges`): the clients from
+    /// outside the node it accepts; empty: every client.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub source_ranges: Vec<Cidr>,
+}
+
+/// The source ranges a load-balancer IP of `family` accepts: the Service's of that family (kube-proxy
+/// filters them by family; none of the family means no limit for it). Node ports and externalIPs are not
+/// limited, as kube-proxy's KUBE-FW chain applies to load-balancer IPs only.
+pub fn source_ranges(svc: &Service, family: Family) -> Vec<Cidr> {
+    svc.load_balancer_source_ranges.iter().filter(|c| Family::of(&c.ip) == family).copied().collect()
 }
 
 /// Why an address of the Service is not translated.
@@ -129,11 +140,13 @@ pub(super) fn plan(
     }
     let of_family = |ip: &&IpAddr| Family::of(ip) == family;
     let mut frontends: Vec<ExternalFrontend> = Vec::new();
+    let ranges = source_ranges(svc, family);
     let mut add = |kind, ip: IpAddr, number: u16| {
         let addr = SocketAddr::new(ip, number);
         // One address may be listed twice (an externalIP that is also the ingress IP): the first kind wins.
         if !frontends.iter().any(|f| f.addr == addr) {
-            frontends.push(ExternalFrontend { kind, addr });
+            let source_ranges = if kind == ExternalKind::LoadBalancer { ranges.clone() } else { Vec::new() };
+            frontends.push(ExternalFrontend { kind, addr, source_ranges });
         }
     };
     if let Some(np) = port.node_port {

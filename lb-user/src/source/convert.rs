@@ -13,7 +13,7 @@ pub use super::fields::{
     ANNOTATIONS_READ, FieldError, Invalid, LABEL_SERVICE_NAME, LABEL_ZONE,
 };
 use super::{
-    fields::{err, policy},
+    fields::{ANNOTATION_LB_SOURCE_RANGES, err, policy},
     validate,
 };
 use crate::model::{
@@ -141,6 +141,7 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
     };
     let annotations = svc.metadata.annotations.clone().unwrap_or_default();
     let session_affinity_timeout = session_affinity(&spec)?;
+    let load_balancer_source_ranges = source_ranges(&spec, annotations.get(ANNOTATION_LB_SOURCE_RANGES))?;
     Ok(Service {
         key,
         type_,
@@ -151,6 +152,7 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         external_ips,
         load_balancer_ips,
         load_balancer_proxy_ips,
+        load_balancer_source_ranges,
         health_check_node_port,
         traffic_distribution: spec.traffic_distribution.clone(),
         topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
@@ -158,6 +160,33 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         session_affinity_timeout,
         not_proxied: ProxyLabel::of(svc.metadata.labels.as_ref()),
     })
+}
+
+/// `spec.loadBalancerSourceRanges`, else the annotation (comma-separated), as kube-proxy's
+/// `newBaseServiceInfo` reads them; each must be a CIDR (the API server's validation refuses others; the
+/// annotation's items are trimmed, as `GetLoadBalancerSourceRanges` does).
+fn source_ranges(
+    spec: &core::ServiceSpec,
+    annotation: Option<&String>,
+) -> Result<Vec<crate::model::node_addresses::Cidr>, FieldError> {
+    let (field, items): (&str, Vec<&str>) = match &spec.load_balancer_source_ranges {
+        Some(v) if !v.is_empty() => ("spec.loadBalancerSourceRanges", v.iter().map(String::as_str).collect()),
+        _ => match annotation {
+            Some(a) => {
+                (ANNOTATION_LB_SOURCE_RANGES, a.split(',').map(str::trim).filter(|s| !s.is_empty()).collect())
+            }
+            None => return Ok(Vec::new()),
+        },
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            raw.trim().parse().map_err(|e: crate::model::node_addresses::BadCidr| {
+                err(format!("{field}[{i}]"), format!("{e}"))
+            })
+        })
+        .collect()
 }
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).

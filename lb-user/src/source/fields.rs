@@ -8,13 +8,20 @@ pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 /// Service annotation asking for topology-aware routing (`Auto`).
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+/// The annotation kube-proxy reads for source ranges when `spec.loadBalancerSourceRanges` is empty
+/// (`v1.AnnotationLoadBalancerSourceRangesKey`).
+pub(super) const ANNOTATION_LB_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
 /// The deprecated form of `ANNOTATION_TOPOLOGY_MODE`, which wins over it.
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// EndpointSlice annotation: when the change it carries was triggered (`v1.EndpointsLastChangeTriggerTime`).
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// Every annotation `convert` reads (the kube source drops the others from objects it receives).
-pub const ANNOTATIONS_READ: [&str; 3] =
-    [ANNOTATION_TOPOLOGY_MODE, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_LAST_CHANGE_TRIGGER_TIME];
+pub const ANNOTATIONS_READ: [&str; 4] = [
+    ANNOTATION_TOPOLOGY_MODE,
+    ANNOTATION_TOPOLOGY_AWARE_HINTS,
+    ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
+    ANNOTATION_LB_SOURCE_RANGES,
+];
 
 /// A field that does not hold what tierlb needs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

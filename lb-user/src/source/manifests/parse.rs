@@ -75,7 +75,13 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
             }
         }
         ("Service", "v1") => {
-            push(convert_with(value, convert::service), Object::Service, label.as_deref(), &diag, out);
+            push(
+                convert_with(value, convert::service),
+                |s| Object::Service(Box::new(s)),
+                label.as_deref(),
+                &diag,
+                out,
+            );
         }
         ("EndpointSlice", "discovery.k8s.io/v1") => push(
             convert_with(value, convert::endpoint_slice),
