@@ -23,7 +23,9 @@ use crate::{
 };
 
 mod kube_proxy;
+mod topology;
 pub use kube_proxy::KubeProxyStats;
+pub use topology::ServiceTopology;
 
 type Labels = Vec<(String, String)>;
 
@@ -65,6 +67,8 @@ pub struct Snapshot {
     pub frontend_capacity: u32,
     /// Capacity of the slots map.
     pub slot_capacity: u32,
+    /// Every planned Service port and family's topology, in Service order (the agent's `topology_rows`).
+    pub topology: std::sync::Arc<Vec<ServiceTopology>>,
 }
 
 impl Snapshot {
@@ -84,7 +88,20 @@ impl Snapshot {
                 }
             })
             .collect();
-        Self { frontends, slots_used, frontend_capacity: rec.writer().max_services(), slot_capacity }
+        Self {
+            frontends,
+            slots_used,
+            frontend_capacity: rec.writer().max_services(),
+            slot_capacity,
+            topology: std::sync::Arc::default(),
+        }
+    }
+
+    /// With `topology` as the per-Service-port topology rows.
+    #[must_use]
+    pub fn with_topology(mut self, topology: std::sync::Arc<Vec<ServiceTopology>>) -> Self {
+        self.topology = topology;
+        self
     }
 }
 
@@ -229,6 +246,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         register_health(reg, &c);
         register_trace(reg, &c);
     }
+    topology::register(reg, &snap.topology);
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
     entries
