@@ -17,6 +17,9 @@ use crate::{
     source::{Severity, manifests::ManifestDir},
 };
 
+mod cluster_lint;
+pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, run_lint};
+
 /// `tierlb`'s command line.
 #[derive(Parser, Debug)]
 #[command(
@@ -60,6 +63,9 @@ pub enum Command {
     Plan(PlanArgs),
     /// Explain, in plain words, which tier a Service uses on a node and why, with lints.
     Explain(ExplainArgs),
+    /// Check every Service across the cluster for topology pitfalls and the plan's lints, naming the nodes
+    /// each finding concerns (exit status 1 when something is found).
+    Lint(LintArgs),
     /// Compare how kube-proxy, tierlb and other proxy models route a scenario's cluster.
     Study(StudyArgs),
     /// What is in the maps of running agents now: Services, tiers, live backends and counters.
@@ -341,6 +347,8 @@ pub struct CliInput {
     pub model: crate::model::Model,
     /// Diagnostics of severity error: objects (or documents, or files) not taken as they are.
     pub errors: usize,
+    /// Services whose slices carried no hints and got the controller's.
+    pub filled: Vec<crate::model::ObjKey>,
 }
 
 /// Load a manifests directory for a one-shot command, printing its problems to stderr. Slices without hints
@@ -354,14 +362,15 @@ pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
         let level = if d.severity == Severity::Error { "error" } else { "warning" };
         eprintln!("{level}: {d}");
     }
-    for svc in crate::hints::fill_missing(&mut loaded.model) {
+    let filled = crate::hints::fill_missing(&mut loaded.model);
+    for svc in &filled {
         eprintln!(
             "note: EndpointSlices of Service {svc} carry no hints: using the hints the EndpointSlice controller \
              would write"
         );
     }
     let errors = loaded.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
-    Ok(CliInput { model: loaded.model, errors })
+    Ok(CliInput { model: loaded.model, errors, filled })
 }
 
 /// `tierlb explain`: the explanation text.
@@ -401,7 +410,7 @@ pub struct PlanOutput {
 /// `tierlb plan`: the table or JSON of every valid object; the invalid ones are reported on stderr and
 /// counted, so that the command can exit non-zero after printing the plan.
 pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
-    let CliInput { model, errors } = load_for_cli(&args.manifests)?;
+    let CliInput { model, errors, .. } = load_for_cli(&args.manifests)?;
     let node = args.node.resolve(&model);
     let p = plan::plan(&model, &node);
     let text = match args.output {

@@ -190,6 +190,14 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
             );
         }
         let _ = writeln!(out, "  internal traffic (ClusterIP):");
+        let sum = plan::summarize(svc, pp);
+        let _ = writeln!(
+            out,
+            "    topology: requested {}, applied {}, reason {} (tierlb_service_topology)",
+            sum.requested.as_str(),
+            sum.applied.as_str(),
+            sum.reason.as_str()
+        );
         traffic_text(&mut out, &pp.internal, pp, node);
         if let Some(ext) = &pp.external {
             external_text(&mut out, ext, pp, node);

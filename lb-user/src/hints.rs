@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{Endpoint, EndpointSlice, Model, Service};
+use crate::model::{Endpoint, EndpointSlice, Model, ObjKey, Service};
 
 /// `trafficDistribution` value: the deprecated alias of `PreferSameZone`.
 pub const PREFER_CLOSE: &str = "PreferClose";
@@ -275,7 +275,7 @@ pub fn carries_no_hints(slices: &[&EndpointSlice]) -> bool {
 
 /// For `--manifests` mode: fill in hints for every Service whose slices carry none, as the controller would.
 /// Returns the Services it wrote hints for.
-pub fn fill_missing(model: &mut Model) -> Vec<String> {
+pub fn fill_missing(model: &mut Model) -> Vec<ObjKey> {
     let mut filled = Vec::new();
     let keys: Vec<_> = model.services.keys().cloned().collect();
     for key in keys {
@@ -283,7 +283,7 @@ pub fn fill_missing(model: &mut Model) -> Vec<String> {
         for s in owned {
             model.slices.insert(s.key.clone(), s);
         }
-        filled.push(key.to_string());
+        filled.push(key);
     }
     filled
 }

@@ -4,6 +4,11 @@ use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::Serialize;
 
+mod cluster;
+mod rule;
+pub use cluster::{ClusterFinding, cluster_lint, cluster_nodes};
+pub use rule::{Rule, Warning};
+
 use crate::{
     hints::{self, HintMode},
     model::{Family, Model, NodeInfo, Policy, Protocol, Service, ServicePort},
@@ -14,21 +19,23 @@ use crate::{
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lints {
     /// One list per port plan, in the plan's order.
-    pub ports: Vec<Vec<String>>,
+    pub ports: Vec<Vec<Warning>>,
 }
 
 /// The warnings of each port plan of `plan`, computed on `node` from `model`: the Service's own settings
 /// (`port_warnings`), PreferSameNode's skew (`skew_warning`), then every VIP:port another Service claims
 /// too (`plan::vip_conflict_text`).
 pub fn lint(model: &Model, node: &NodeInfo, plan: &Plan) -> Lints {
-    let mut ports: Vec<Vec<String>> = plan
+    let mut ports: Vec<Vec<Warning>> = plan
         .services
         .iter()
         .map(|p| {
             let Some((svc, port)) = service_port(model, p) else { return Vec::new() };
             let eps = plan::port_endpoints(model.slices_of(&svc.key), port, p.family, &node.name);
             let mut w = port_warnings(svc, &eps, node);
-            w.extend(skew_warning(model, svc, port, p.family));
+            w.extend(
+                skew_warning(model, svc, port, p.family).map(|t| Warning::new(Rule::PreferSameNodeSkew, t)),
+            );
             w
         })
         .collect();
@@ -49,7 +56,7 @@ fn service_port<'a>(model: &'a Model, p: &PortPlan) -> Option<(&'a Service, &'a 
 }
 
 /// For each port plan, `plan::vip_conflict_text` of every VIP:port another Service claims too.
-fn vip_conflicts(services: &[PortPlan]) -> Vec<Vec<String>> {
+fn vip_conflicts(services: &[PortPlan]) -> Vec<Vec<Warning>> {
     let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<Claimant>> = BTreeMap::new();
     for p in services {
         for (addr, external) in plan::claims_of(p) {
@@ -70,7 +77,8 @@ fn vip_conflicts(services: &[PortPlan]) -> Vec<Vec<String>> {
                     continue;
                 }
                 let who: Vec<&Claimant> = who.iter().collect();
-                out.push(plan::vip_conflict_text(addr, p.protocol.as_str(), &who, &p.name.service));
+                let text = plan::vip_conflict_text(addr, p.protocol.as_str(), &who, &p.name.service);
+                out.push(Warning::new(Rule::VipConflict, text));
             }
             out
         })
@@ -90,7 +98,7 @@ pub struct LintedPlan<'a> {
 struct LintedPort<'a> {
     #[serde(flatten)]
     plan: &'a PortPlan,
-    warnings: &'a [String],
+    warnings: &'a [Warning],
 }
 
 impl<'a> LintedPlan<'a> {
@@ -108,17 +116,17 @@ impl<'a> LintedPlan<'a> {
 
 /// Warnings for one Service port on one node (node-independent ones included, so each plan entry is
 /// self-contained).
-pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo) -> Vec<String> {
+pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo) -> Vec<Warning> {
     let mut w = Vec::new();
     let mode = hints::mode(svc);
     if svc.internal_policy == Policy::Local
         && let Some(td) = &svc.traffic_distribution
     {
-        w.push(format!(
+        w.push(Warning::new(Rule::DeadLocalLine, format!(
             "internalTrafficPolicy: Local overrides trafficDistribution: {td} (dead line): traffic stays on \
              this node and is dropped when it has no ready endpoint; remove internalTrafficPolicy to get the \
              {td} fallback"
-        ));
+        )));
     }
     if mode == HintMode::AutoAnnotation
         && let Some(td) = &svc.traffic_distribution
@@ -128,20 +136,20 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo
         } else {
             "service.kubernetes.io/topology-mode"
         };
-        w.push(format!(
+        w.push(Warning::new(Rule::AnnotationOverridesField, format!(
             "annotation {which}: Auto overrides trafficDistribution: {td}: the controller writes zone hints by \
              CPU share (never node hints); remove the annotation to get {td}"
-        ));
+        )));
     }
     match &mode {
-        HintMode::None { unknown_value: Some(v) } => w.push(format!(
+        HintMode::None { unknown_value: Some(v) } => w.push(Warning::new(Rule::UnknownDistribution, format!(
             "unknown trafficDistribution value {v:?}: the controller ignores it and removes all hints (known: \
              PreferSameZone, PreferSameNode, and the deprecated PreferClose)"
+        ))),
+        HintMode::PreferSameZone { deprecated_alias: true } => w.push(Warning::new(
+            Rule::DeprecatedPreferClose,
+            "trafficDistribution: PreferClose is the deprecated alias of PreferSameZone; write PreferSameZone",
         )),
-        HintMode::PreferSameZone { deprecated_alias: true } => w.push(
-            "trafficDistribution: PreferClose is the deprecated alias of PreferSameZone; write PreferSameZone"
-                .to_owned(),
-        ),
         _ => {}
     }
     let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.endpoint.is_ready()).collect();
@@ -149,21 +157,21 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo
     let with_hints = ready.iter().filter(|e| hinted(e)).count();
     let expects_hints = matches!(mode, HintMode::PreferSameZone { .. } | HintMode::PreferSameNode);
     if !ready.is_empty() && with_hints == 0 && expects_hints && svc.internal_policy == Policy::Cluster {
-        w.push(format!(
+        w.push(Warning::new(Rule::NoHints, format!(
             "trafficDistribution: {} is set but no endpoint carries hints: the EndpointSlice controller is too old \
              or its feature gate is off, so every node uses all endpoints",
             svc.traffic_distribution.as_deref().unwrap_or_default()
-        ));
+        )));
     }
     if with_hints > 0 && with_hints < ready.len() {
         let missing: Vec<String> =
             ready.iter().filter(|e| !hinted(e)).map(|e| e.addr.ip().to_string()).collect();
-        w.push(format!(
+        w.push(Warning::new(Rule::HintsMissing, format!(
             "{} of {} ready endpoints carry no hints ({}): topology filtering is off for the whole Service",
             missing.len(),
             ready.len(),
             missing.join(", ")
-        ));
+        )));
     }
     w
 }

@@ -42,6 +42,17 @@ fn main() -> ExitCode {
             }
             r => r.map(|out| Some(out.text)),
         },
+        Command::Lint(l) => match tierlb::cli::run_lint(l) {
+            Ok(out) => {
+                print!("{}", out.text);
+                return if out.findings > 0 {
+                    ExitCode::from(tierlb::cli::EXIT_FINDINGS)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+            Err(e) => Err(e),
+        },
         Command::Study(s) => tierlb::cli::run_study(s).map(Some),
         Command::Status(s) => tierlb::cli::run_status(s).map(Some),
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),

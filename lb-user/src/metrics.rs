@@ -23,7 +23,9 @@ use crate::{
 };
 
 mod kube_proxy;
+mod topology;
 pub use kube_proxy::KubeProxyStats;
+pub use topology::ServiceTopology;
 
 type Labels = Vec<(String, String)>;
 
@@ -69,6 +71,8 @@ pub struct Snapshot {
     pub frontend_capacity: u32,
     /// Capacity of the slots map.
     pub slot_capacity: u32,
+    /// Every planned Service port and family's topology, in Service order (the agent's `topology_rows`).
+    pub topology: std::sync::Arc<Vec<ServiceTopology>>,
 }
 
 impl Snapshot {
@@ -88,7 +92,20 @@ impl Snapshot {
                 }
             })
             .collect();
-        Self { frontends, slots_used, frontend_capacity: rec.writer().max_services(), slot_capacity }
+        Self {
+            frontends,
+            slots_used,
+            frontend_capacity: rec.writer().max_services(),
+            slot_capacity,
+            topology: std::sync::Arc::default(),
+        }
+    }
+
+    /// With `topology` as the per-Service-port topology rows.
+    #[must_use]
+    pub fn with_topology(mut self, topology: std::sync::Arc<Vec<ServiceTopology>>) -> Self {
+        self.topology = topology;
+        self
     }
 }
 
@@ -279,6 +296,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     if let Some(ns) = counters.and_then(ReadCounters::ns_counters) {
         register_external_packets(reg, &ns);
     }
+    topology::register(reg, &snap.topology);
     let entries = Family::<Labels, Gauge>::default();
     reg.register("map_entries", "Entries in use per map", entries.clone());
     entries

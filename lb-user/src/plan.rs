@@ -12,9 +12,11 @@ use std::{
 use serde::Serialize;
 
 mod external_frontends;
+mod summary;
 pub use external_frontends::{
     ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason, source_ranges,
 };
+pub use summary::{Requested, TopologyReason, TopologySummary, requested, summarize};
 
 use crate::model::{
     AddressType, Endpoint, EndpointSlice, Family, Model, NodeInfo, ObjKey, Policy, Protocol, Service,
@@ -99,6 +101,19 @@ pub enum SelectedTier {
     None,
 }
 
+impl SelectedTier {
+    /// The name, as in the JSON (and the `applied` label of `tierlb_service_topology`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Zone => "zone",
+            Self::Cluster => "cluster",
+            Self::Local => "local",
+            Self::None => "none",
+        }
+    }
+}
+
 /// What kube-proxy does with traffic that has no endpoint to go to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -157,6 +172,10 @@ pub struct EndpointCounts {
     pub serving_terminating: usize,
     /// On this node.
     pub local: usize,
+    /// Ready ones with a `forNodes` hint (the rest of `ready` have none).
+    pub ready_node_hinted: usize,
+    /// Ready ones with a `forZones` hint.
+    pub ready_zone_hinted: usize,
 }
 
 /// One Service port in one IP family.
@@ -436,6 +455,11 @@ pub fn port_plan(
     plan_port(model.slices_of(&svc.key), svc, port, family, node)
 }
 
+/// Ready endpoints with a non-empty hint of one kind.
+fn ready_hinted(endpoints: &[PortEndpoint], hints: fn(&Endpoint) -> &[String]) -> usize {
+    endpoints.iter().filter(|e| e.endpoint.is_ready() && !hints(&e.endpoint).is_empty()).count()
+}
+
 /// One port in one family.
 fn plan_port<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
@@ -458,6 +482,8 @@ fn plan_port<'a>(
             .filter(|e| !e.endpoint.is_ready() && e.endpoint.is_serving() && e.endpoint.is_terminating())
             .count(),
         local: endpoints.iter().filter(|e| e.local).count(),
+        ready_node_hinted: ready_hinted(&endpoints, Endpoint::node_hints),
+        ready_zone_hinted: ready_hinted(&endpoints, Endpoint::zone_hints),
     };
     PortPlan {
         name: ServicePortName::new(svc.key.clone(), port.name.clone()),

@@ -295,3 +295,90 @@ fn metrics_serve_refusals_by_reason_map_capacities_and_the_error_counters() {
         assert!(text.lines().any(|l| l == want), "no line {want:?} in\n{text}");
     }
 }
+
+/// A cluster with each pitfall `tierlb lint` knows once, and a clean Service in namespace `ok`: two nodes in
+/// one zone.
+fn lint_fixture(dir: &Path) {
+    use lb_testkit::manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service};
+    let ip = |s: &str| s.parse().unwrap();
+    write_atomic(dir, "nodes.yaml", &to_yaml(&[node("node-1", Some("a")), node("node-2", Some("a"))]))
+        .unwrap();
+    let ep = |a: &str, n: &str| Ep::ready(ip(a), n).zone("a");
+    let svc = |name: &str, vip: &str, td: Option<&str>| {
+        let mut s = Svc::new(name, ip(vip), 80, 8080);
+        s.traffic_distribution = td.map(str::to_owned);
+        s
+    };
+    let both = |x: u8| [ep(&format!("10.0.{x}.1"), "node-1"), ep(&format!("10.0.{x}.2"), "node-2")];
+    let hinted = |x: u8| both(x).map(Ep::prefer_same_node);
+    let mut dead = svc("dead", "10.96.0.1", Some("PreferSameNode"));
+    dead.internal_traffic_policy = Some("Local");
+    write_service(dir, &dead, &hinted(1)).unwrap();
+    let auto = svc("auto", "10.96.0.2", Some("PreferSameNode"));
+    let mut docs = vec![auto.service()];
+    docs[0]["metadata"]["annotations"] = serde_json::json!({"service.kubernetes.io/topology-mode": "Auto"});
+    docs.extend(auto.slices(&both(2).map(|e| e.hints(None, Some(&["a"])))));
+    write_atomic(dir, "auto.yaml", &to_yaml(&docs)).unwrap();
+    write_service(dir, &svc("unknown", "10.96.0.3", Some("PreferNearby")), &both(3)).unwrap();
+    write_service(dir, &svc("close", "10.96.0.4", Some("PreferClose")), &hinted(4)).unwrap();
+    write_service(dir, &svc("bare", "10.96.0.5", Some("PreferSameNode")), &both(5)).unwrap();
+    let [h, u] = both(6);
+    write_service(dir, &svc("half", "10.96.0.6", Some("PreferSameNode")), &[h.prefer_same_node(), u])
+        .unwrap();
+    write_service(
+        dir,
+        &svc("skew", "10.96.0.7", Some("PreferSameNode")),
+        &[ep("10.0.7.1", "node-1").prefer_same_node()],
+    )
+    .unwrap();
+    let mut local = svc("local", "10.96.0.8", None);
+    local.internal_traffic_policy = Some("Local");
+    write_service(dir, &local, &[ep("10.0.8.1", "node-1")]).unwrap();
+    write_service(dir, &svc("vip-a", "10.96.0.9", None), &both(9)).unwrap();
+    write_service(dir, &svc("vip-b", "10.96.0.9", None), &both(10)).unwrap();
+    let mut clean = svc("clean", "10.96.0.11", None);
+    clean.namespace = "ok".into();
+    write_service(dir, &clean, &both(11)).unwrap();
+}
+
+#[test]
+fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_fix_and_exits_1() {
+    let tmp = TempDir::new("faces-lint").unwrap();
+    lint_fixture(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let (code, out, err) = tierlb(&["lint", "--manifests", dir]);
+    assert_eq!(code, 1, "{out}{err}");
+    // (Service, rule, nodes) of each finding, from the table's lines.
+    let all = "all 2 nodes";
+    let want = [
+        ("default/dead port main", "dead-local-line", all),
+        ("default/auto port main", "annotation-overrides-field", all),
+        ("default/unknown port main", "unknown-distribution", all),
+        ("default/close port main", "deprecated-prefer-close", all),
+        ("default/close", "one-zone", all),
+        ("default/bare", "no-hints", all),
+        ("default/half port main", "hints-missing", all),
+        ("default/skew port main", "prefer-same-node-skew", all),
+        ("default/local port main", "no-local-endpoint", "node-2"),
+        ("default/vip-a port main", "vip-conflict", all),
+        ("default/vip-b port main", "vip-conflict", all),
+    ];
+    for (svc, rule, nodes) in want {
+        let head = format!("{svc}: {rule} [{nodes}]: ");
+        assert!(out.lines().any(|l| l.starts_with(&head) && l.contains("; fix: ")), "no {head:?} in\n{out}");
+    }
+    assert_eq!(out.lines().count(), want.len(), "one line per finding, nothing else:\n{out}");
+    assert!(!out.contains("ok/clean"), "{out}");
+    let (code, json, _) = tierlb(&["lint", "--manifests", dir, "-o", "json"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let local = v.as_array().unwrap().iter().find(|f| f["rule"] == "no-local-endpoint").unwrap();
+    assert_eq!(local["service"], serde_json::json!({"namespace": "default", "name": "local"}));
+    assert_eq!(local["nodes"], serde_json::json!(["node-2"]));
+    assert_eq!(local["all_nodes"], false);
+    assert!(local["fix"].as_str().unwrap().contains("DaemonSet"), "{local}");
+    let (code, out, _) = tierlb(&["lint", "--manifests", dir, "--namespace", "ok"]);
+    assert_eq!((code, out.as_str()), (0, "no findings (2 nodes)\n"));
+    let (code, _, err) = tierlb(&["lint", "--namespace", "ok"]);
+    assert_eq!(code, 2, "usage: {err}");
+}

@@ -473,7 +473,7 @@ fn huge_allocatable_cpu_does_not_overflow_the_hints_emulation() {
     let (objects, diagnostics) = parse_text(Path::new("x.yaml"), text);
     assert!(diagnostics.is_empty(), "{diagnostics:?}");
     let mut model = model_of(objects);
-    assert_eq!(tierlb::hints::fill_missing(&mut model), ["default/web"]);
+    assert_eq!(tierlb::hints::fill_missing(&mut model), [tierlb::model::ObjKey::new("default", "web")]);
     let plan = tierlb::plan::plan(&model, &NodeInfo::resolve("n1", None, &model));
     assert_eq!(
         plan.services[0].internal.endpoints,

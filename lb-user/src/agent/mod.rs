@@ -6,6 +6,7 @@
 //!   external address, then the first in namespace/name order);
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
+//! - `topology`: each Service port's requested and applied topology and why, for `/metrics`;
 //! - `north_south`: the tc programs' devices, settings and local endpoints (traffic from outside the node);
 //! - `lower`: plans to map contents and health check ports (the only place that turns semantics into maps);
 //! - `report`: what a sync did, and what it logs; what the servers report from it (`ServiceHealth` for a
@@ -39,6 +40,7 @@ mod run;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod topology;
 mod tracker;
 
 pub use no_local::{NoLocalCounts, Traffic};

@@ -154,11 +154,12 @@ fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &
     stats.reload_errors.inc_by(errors as u64);
 }
 
-/// After a sync that changed what is applied (every change counts as added, updated or removed): a new
-/// metrics snapshot. Scrapes read it; nothing is computed in the loop for a scrape.
-fn publish<W: MapWriter>(snapshots: &watch::Sender<Arc<Snapshot>>, rec: &Reconciler<W>) {
+/// After a sync that changed what is applied (every change counts as added, updated or removed) or a Service
+/// port's topology: a new metrics snapshot. Scrapes read it; nothing is computed in the loop for a scrape.
+fn publish<W: MapWriter>(snapshots: &watch::Sender<Arc<Snapshot>>, core: &mut AgentCore<W>) {
     let slot_capacity = snapshots.borrow().slot_capacity;
-    snapshots.send_replace(Arc::new(Snapshot::of(rec, slot_capacity)));
+    let topology = core.topology();
+    snapshots.send_replace(Arc::new(Snapshot::of(core.reconciler(), slot_capacity).with_topology(topology)));
 }
 
 /// How often at most the metrics snapshot is rebuilt: a snapshot costs one copy per frontend, so it is not
@@ -352,7 +353,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let mut sweeper = Sweeper { last: Instant::now(), held: BTreeMap::new() };
     sweeper.sweep(&mut core, &stats, true);
     record(&health, &mut stats, &report, &core);
-    publish(&snapshots, core.reconciler());
+    publish(&snapshots, &mut core);
     let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
     sync_service_health(service_health.as_mut(), &mut stats, &report).await;
 
@@ -383,7 +384,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                             sweeper.sweep(&mut core, &stats, true);
                         }
                         record(&health, &mut stats, &r, &core);
-                        snapshot_stale |= r.added + r.updated + r.removed > 0;
+                        snapshot_stale |= r.added + r.updated + r.removed > 0 || core.topology_changed();
                         memory::trim_after(&r);
                         log_sync(&r);
                     }
@@ -396,7 +397,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 snapshot_stale |= retried;
                 sweeper.sweep(&mut core, &stats, retried);
                 if snapshot_stale && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
-                    publish(&snapshots, core.reconciler());
+                    publish(&snapshots, &mut core);
                     (snapshot_stale, last_snapshot) = (false, Instant::now());
                 }
             }

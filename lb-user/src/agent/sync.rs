@@ -12,6 +12,7 @@ use super::{
     lower,
     no_local::NoLocal,
     retry::{Retries, Tried},
+    topology::Topology,
     tracker::{ChangeTracker, Touched},
 };
 use crate::{
@@ -51,6 +52,8 @@ pub struct AgentCore<W: MapWriter> {
     claims: Claims,
     /// Service ports kube-proxy would DROP for want of a local endpoint, per Service.
     no_local: NoLocal,
+    /// Each planned Service port's topology, for `/metrics`.
+    topology: Topology,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -77,6 +80,7 @@ impl<W: MapWriter> AgentCore<W> {
             retries: Retries::default(),
             claims: Claims::default(),
             no_local: NoLocal::default(),
+            topology: Topology::default(),
         }
     }
 
@@ -161,6 +165,7 @@ impl<W: MapWriter> AgentCore<W> {
                 self.frontends = 0;
                 self.health.clear();
                 self.no_local.clear();
+                self.topology.clear();
                 self.claims.clear();
                 let reported = std::mem::take(&mut self.hints_filled);
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
@@ -335,6 +340,7 @@ impl<W: MapWriter> AgentCore<W> {
             self.health.remove(key);
             self.no_local.remove(key);
             let Some(svc) = model.services.get(key) else {
+                self.topology.remove(key);
                 desired.insert(key.clone(), Desired::new());
                 continue;
             };
@@ -345,6 +351,7 @@ impl<W: MapWriter> AgentCore<W> {
             };
             let plans = plan::plan_service(svc, &slices, node);
             self.no_local.set(key, &plans);
+            self.topology.set(svc, &plans);
             for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
                 let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
                 seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
@@ -363,6 +370,16 @@ impl<W: MapWriter> AgentCore<W> {
         desired
     }
 
+    /// Every planned Service port's topology (`/metrics`' `tierlb_service_topology`).
+    pub fn topology(&mut self) -> std::sync::Arc<Vec<crate::metrics::ServiceTopology>> {
+        self.topology.all()
+    }
+
+    /// Whether a Service port's topology changed since `topology` was last called.
+    pub fn topology_changed(&self) -> bool {
+        self.topology.changed()
+    }
+
     /// Delete slots whose grace period is over (the run loop calls it every tick).
     pub fn collect_garbage(&mut self, now: Instant) {
         self.reconciler.collect_garbage(now);
@@ -370,232 +387,4 @@ impl<W: MapWriter> AgentCore<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::net::IpAddr;
-
-    use std::path::Path;
-
-    use super::*;
-    use crate::{
-        datapath::{self, MapReader as _, fake::FakeMaps},
-        source::manifests::ManifestDir,
-    };
-    use lb_testkit::{
-        manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service},
-        sandbox::TempDir,
-    };
-
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-
-    fn core(dir: &Path) -> AgentCore<FakeMaps> {
-        AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 1024))
-    }
-
-    /// What the data path sees, without service ids and generations: frontend -> (label, tiers, flags).
-    fn maps(
-        c: &AgentCore<FakeMaps>,
-    ) -> BTreeMap<lb_common::FrontendKey, (String, [Vec<lb_common::Backend>; 3], u32)> {
-        let w = c.reconciler().writer();
-        datapath::read_back(w)
-            .unwrap()
-            .into_iter()
-            .map(|(k, rb)| {
-                (k, (w.name(rb.value.svc_id).unwrap().unwrap_or_default(), rb.tiers, rb.value.flags))
-            })
-            .collect()
-    }
-
-    type Edit = Box<dyn Fn(&Path)>;
-
-    fn web() -> Svc {
-        let mut s = Svc::new("web", ip("10.96.0.10"), 80, 8080);
-        s.traffic_distribution = Some("PreferSameNode".into());
-        s
-    }
-
-    fn ep(addr: &str, node: &str, zone: &str) -> Ep {
-        Ep::ready(ip(addr), node).zone(zone)
-    }
-
-    fn nodes(zone_of_node_1: &str) -> String {
-        to_yaml(&[node("node-1", Some(zone_of_node_1)), node("node-2", Some("b"))])
-    }
-
-    #[test]
-    fn a_service_that_did_not_fit_is_tried_again_on_the_next_sync() {
-        let tmp = TempDir::new("agent-retry").unwrap();
-        let dir = tmp.path();
-        let two = [ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")];
-        write_service(dir, &Svc::new("alpha", ip("10.96.0.11"), 80, 8080), &two).unwrap();
-        write_service(dir, &Svc::new("beta", ip("10.96.0.12"), 80, 8080), &two).unwrap();
-        // Room for three slots: alpha fits, beta does not.
-        let mut agent = AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 3));
-        let r = agent.sync(Instant::now()).unwrap();
-        assert_eq!((r.added, r.errors.len()), (1, 1), "{:?}", r.errors);
-        // alpha goes away (after its grace period its slots are free); beta's file is untouched.
-        std::fs::remove_file(dir.join("alpha.yaml")).unwrap();
-        let later = Instant::now() + datapath::DEFAULT_GRACE * 2;
-        agent.collect_garbage(later);
-        let r = agent.sync(later).unwrap();
-        assert_eq!(r.removed, 1);
-        agent.collect_garbage(later + datapath::DEFAULT_GRACE * 2);
-        let r = agent.sync(later + datapath::DEFAULT_GRACE * 2).unwrap();
-        assert_eq!((r.added, r.errors.len()), (1, 0), "beta tried again: {:?}", r.errors);
-        assert_eq!(
-            maps(&agent).values().map(|(label, ..)| label.as_str()).collect::<Vec<_>>(),
-            ["default/beta:main"]
-        );
-    }
-
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one table of edits, a row each; split, it would no longer be one table"
-    )]
-    fn incremental_syncs_program_exactly_what_a_full_sync_would() {
-        let tmp = TempDir::new("agent-incremental").unwrap();
-        let dir = tmp.path();
-        write_service(dir, &web(), &[ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")]).unwrap();
-        let mut db = Svc::new("db", ip("10.96.0.11"), 5432, 5432);
-        db.internal_traffic_policy = Some("Local");
-        write_service(dir, &db, &[ep("10.0.1.1", "node-1", "a")]).unwrap();
-        let mut lb = Svc::new("lb", ip("10.96.0.12"), 443, 8443);
-        lb.health_check_node_port = Some(32000);
-        write_service(dir, &lb, &[ep("10.0.2.1", "node-1", "a"), ep("10.0.2.2", "node-2", "b")]).unwrap();
-        write_atomic(dir, "nodes.yaml", &nodes("a")).unwrap();
-        let slice_of = |svc: &Svc, name: &str, eps: &[Ep]| {
-            let mut v = svc.slices(eps).remove(0);
-            v["metadata"]["name"] = name.into();
-            to_yaml(&[v])
-        };
-
-        let mut agent = core(dir);
-        let first = agent.sync(Instant::now()).unwrap();
-        assert_eq!((first.replanned, first.added, first.frontends), (3, 3, 3));
-
-        // (what, the edit, Services it replans); after each, the maps equal a fresh agent's on the same files
-        // (but while a file is broken, when they stay as they were: a fresh agent has no last good version).
-        let steps: Vec<(&str, Edit, usize)> = vec![
-            (
-                "one EndpointSlice edited",
-                Box::new(|d| {
-                    write_service(d, &web(), &[ep("10.0.0.2", "node-2", "b")]).unwrap();
-                }),
-                1,
-            ),
-            (
-                "a slice of its own file added to a Service",
-                Box::new(move |d| {
-                    write_atomic(
-                        d,
-                        "extra.yaml",
-                        &slice_of(&web(), "web-extra", &[ep("10.0.0.3", "node-1", "a")]),
-                    )
-                    .unwrap();
-                }),
-                1,
-            ),
-            (
-                "the slice relabelled to another Service (both replanned)",
-                Box::new(move |d| {
-                    let mut db = Svc::new("db", ip("10.96.0.11"), 5432, 5432);
-                    db.target_port = 8080;
-                    write_atomic(
-                        d,
-                        "extra.yaml",
-                        &slice_of(&db, "web-extra", &[ep("10.0.0.3", "node-1", "a")]),
-                    )
-                    .unwrap();
-                }),
-                2,
-            ),
-            ("a Service deleted", Box::new(|d| std::fs::remove_file(d.join("db.yaml")).unwrap()), 1),
-            (
-                "a Service added",
-                Box::new(|d| {
-                    write_service(
-                        d,
-                        &Svc::new("cache", ip("10.96.0.13"), 6379, 6379),
-                        &[ep("10.0.3.1", "node-2", "b")],
-                    )
-                    .unwrap();
-                }),
-                1,
-            ),
-            (
-                "a broken file keeps its last good objects",
-                Box::new(|d| {
-                    write_atomic(d, "web.yaml", "kind: Service\nmetadata: [").unwrap();
-                }),
-                0,
-            ),
-            (
-                "the broken file mended",
-                Box::new(|d| {
-                    write_service(d, &web(), &[ep("10.0.0.4", "node-1", "a")]).unwrap();
-                }),
-                1,
-            ),
-            (
-                "a slice moved to another file unchanged",
-                Box::new(|d| {
-                    let text = std::fs::read_to_string(d.join("lb.yaml")).unwrap();
-                    let (svc, slice) = text.split_once("---\n").unwrap();
-                    write_atomic(d, "z-lb-slice.yaml", slice).unwrap();
-                    write_atomic(d, "lb.yaml", svc).unwrap();
-                }),
-                1,
-            ),
-            (
-                "a duplicate in an earlier file wins: everything is replanned",
-                Box::new(|d| {
-                    let mut docs = vec![web().service()];
-                    docs.extend(web().slices(&[ep("10.0.0.9", "node-2", "b")]));
-                    write_atomic(d, "a-web.yaml", &to_yaml(&docs)).unwrap();
-                }),
-                3,
-            ),
-            ("the duplicate removed", Box::new(|d| std::fs::remove_file(d.join("a-web.yaml")).unwrap()), 3),
-            (
-                "this node's zone label changes: everything is replanned",
-                Box::new(|d| {
-                    write_atomic(d, "nodes.yaml", &nodes("b")).unwrap();
-                }),
-                3,
-            ),
-        ];
-        for (what, edit, replanned) in steps {
-            let before = maps(&agent);
-            edit(dir);
-            let r = agent.sync(Instant::now()).unwrap();
-            if !r.stale.is_empty() {
-                assert_eq!((r.replanned, maps(&agent)), (replanned, before), "{what}");
-                continue;
-            }
-            let mut fresh = core(dir);
-            let full = fresh.sync(Instant::now()).unwrap();
-            assert_eq!(r.replanned, replanned, "{what}: Services planned");
-            assert_eq!(maps(&agent), maps(&fresh), "{what}: maps");
-            assert_eq!(
-                (r.frontends, r.hints_filled, &r.health_ports, r.stale.len(), r.diagnostics.len()),
-                (
-                    full.frontends,
-                    full.hints_filled,
-                    &full.health_ports,
-                    full.stale.len(),
-                    full.diagnostics.len()
-                ),
-                "{what}: report"
-            );
-            assert_eq!(
-                agent.hints_filled(),
-                fresh.hints_filled(),
-                "{what}: Services with the controller's hints"
-            );
-        }
-        let again = agent.sync(Instant::now()).unwrap();
-        assert_eq!((again.replanned, again.added + again.updated + again.removed), (0, 0), "nothing changed");
-    }
-}
+mod tests;

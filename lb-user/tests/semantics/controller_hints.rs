@@ -185,7 +185,7 @@ fn auto_mode_moves_hints_from_overloaded_zones_by_cpu_share() {
 fn manifests_without_hints_get_the_controllers_hints() {
     let mut m = model(psn(), &[e("10.0.0.1", "n1"), e("10.0.0.2", "n2")]);
     let filled = hints::fill_missing(&mut m);
-    assert_eq!(filled, ["default/web"]);
+    assert_eq!(filled, [ObjKey::new("default", "web")]);
     let t = internal(&m, &node("n1", None));
     assert_eq!((t.selected_tier, ips(&t.endpoints)), (SelectedTier::Node, vec!["10.0.0.1".to_owned()]));
     // Slices that already carry hints are left as they are.

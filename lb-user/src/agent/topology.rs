@@ -1,0 +1,75 @@
+//! What `/metrics` says of each Service port's topology (`metrics::ServiceTopology`), from the plans the agent
+//! made: the plan's decision read off (`plan::summarize`), kept Service by Service like `no_local`, so a sync
+//! that replans one Service walks nothing else; the whole list is built again only when a snapshot asks for it
+//! after a change.
+use std::{collections::BTreeMap, sync::Arc};
+
+use crate::{
+    metrics::ServiceTopology,
+    model::{ObjKey, Service},
+    plan::{self, PortPlan},
+};
+
+/// The topology rows of every planned Service.
+#[derive(Default)]
+pub(super) struct Topology {
+    by_service: BTreeMap<ObjKey, Vec<ServiceTopology>>,
+    /// The list as last built; `None` after a change.
+    all: Option<Arc<Vec<ServiceTopology>>>,
+}
+
+/// The rows of one Service's plans.
+fn rows(svc: &Service, plans: &[PortPlan]) -> Vec<ServiceTopology> {
+    plans
+        .iter()
+        .map(|p| {
+            let s = plan::summarize(svc, p);
+            ServiceTopology {
+                name: p.name.clone(),
+                family: p.family,
+                requested: s.requested.as_str(),
+                applied: s.applied.as_str(),
+                reason: s.reason.as_str(),
+                ready: p.counts.ready,
+                ready_node_hinted: p.counts.ready_node_hinted,
+                ready_zone_hinted: p.counts.ready_zone_hinted,
+            }
+        })
+        .collect()
+}
+
+impl Topology {
+    /// `svc`'s rows are those of `plans` now.
+    pub(super) fn set(&mut self, svc: &Service, plans: &[PortPlan]) {
+        let new = rows(svc, plans);
+        if self.by_service.get(&svc.key) != Some(&new) {
+            self.by_service.insert(svc.key.clone(), new);
+            self.all = None;
+        }
+    }
+
+    /// `key` is no longer planned.
+    pub(super) fn remove(&mut self, key: &ObjKey) {
+        if self.by_service.remove(key).is_some() {
+            self.all = None;
+        }
+    }
+
+    /// Forget every Service (a full replan follows).
+    pub(super) fn clear(&mut self) {
+        self.by_service.clear();
+        self.all = None;
+    }
+
+    /// Whether a row changed since `all` was last called.
+    pub(super) fn changed(&self) -> bool {
+        self.all.is_none()
+    }
+
+    /// Every row, in Service order.
+    pub(super) fn all(&mut self) -> Arc<Vec<ServiceTopology>> {
+        self.all
+            .get_or_insert_with(|| Arc::new(self.by_service.values().flatten().cloned().collect()))
+            .clone()
+    }
+}

@@ -1,0 +1,59 @@
+//! `tierlb lint`: every Service of a source judged across the cluster (`lint::cluster_lint`), one line per
+//! finding with the Service, the rule, the nodes it concerns and the fix; exit status 0 clean, 1 findings.
+use std::{fmt::Write as _, path::PathBuf};
+
+use crate::{lint, output::Output};
+
+/// `tierlb lint`.
+#[derive(clap::Args, Debug)]
+pub struct LintArgs {
+    /// Directory of Service, EndpointSlice and Node YAML (e.g. a `kubectl get svc,endpointslices,nodes -A -o
+    /// yaml` dump).
+    #[arg(long)]
+    pub manifests: PathBuf,
+    /// Only the Services of this namespace (every node is still judged).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// `tierlb lint`'s exit status when it found something (for CI); 0 when clean, 2 for usage errors.
+pub const EXIT_FINDINGS: u8 = 1;
+
+/// What `tierlb lint` prints, and how many findings.
+pub struct LintOutput {
+    /// The lines or JSON.
+    pub text: String,
+    /// Findings (0: clean).
+    pub findings: usize,
+}
+
+/// `tierlb lint`: the findings of every Service of the source (of `--namespace`).
+pub fn run_lint(args: &LintArgs) -> anyhow::Result<LintOutput> {
+    let mut input = super::load_for_cli(&args.manifests)?;
+    if let Some(ns) = &args.namespace {
+        input.model.services.retain(|k, _| k.namespace == *ns);
+    }
+    let nodes = lint::cluster_nodes(&input.model);
+    let found = lint::cluster_lint(&input.model, &nodes, &input.filled);
+    let text = match args.output {
+        Output::Json => serde_json::to_string_pretty(&found)? + "\n",
+        Output::Table => table(&found, nodes.len()),
+    };
+    Ok(LintOutput { text, findings: found.len() })
+}
+
+fn table(found: &[lint::ClusterFinding], nodes: usize) -> String {
+    let mut out = String::new();
+    for f in found {
+        let port = if f.port.is_empty() { String::new() } else { format!(" port {}", f.port) };
+        let on = if f.all_nodes { format!("all {nodes} nodes") } else { f.nodes.join(",") };
+        let _ = writeln!(out, "{}{port}: {} [{on}]: {}; fix: {}", f.service, f.rule, f.message, f.fix);
+    }
+    if found.is_empty() {
+        let _ = writeln!(out, "no findings ({nodes} nodes)");
+    }
+    out
+}
