@@ -76,6 +76,24 @@ pub fn first_nonempty_tier(fe: &FrontendValue) -> Option<usize> {
     }
 }
 
+/// The last tier holding any slot (cluster, zone, node in that order of asking); `None` if all are empty.
+/// Where the panic threshold of passive health draws from: when every tier's backends are held, the holds of
+/// the first tiers are the oldest evidence (the later tiers took the traffic and failed after them), so a
+/// panic never forces traffic back onto a first tier held as dead while later ones are held too.
+#[inline(always)]
+#[must_use]
+pub fn last_nonempty_tier(fe: &FrontendValue) -> Option<usize> {
+    if fe.tiers[TIER_CLUSTER].len != 0 {
+        Some(TIER_CLUSTER)
+    } else if fe.tiers[TIER_ZONE].len != 0 {
+        Some(TIER_ZONE)
+    } else if fe.tiers[TIER_NODE].len != 0 {
+        Some(TIER_NODE)
+    } else {
+        None
+    }
+}
+
 /// The tier choice the data path makes on every connect, written once for BPF and host tests.
 ///
 /// The tier is the one `first_live_tier` names (node, zone, cluster: the first holding a live backend; the

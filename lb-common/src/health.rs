@@ -21,8 +21,14 @@ pub struct HealthConfig {
     pub hold_ns: u64,
     /// The longest hold, in ns.
     pub max_hold_ns: u64,
+    /// Distinct clients (network namespaces) whose failures a hold needs (`--health-clients`, 1 or 2; 0 reads
+    /// as 1): with 2, one pod's own failures (a connect whose SYN its own `IP_TTL=1` or a NetworkPolicy kills,
+    /// which the kernel cannot tell from a dead backend) never hold a backend for everyone.
+    pub clients: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<HealthConfig>() == 24);
+const _: () = assert!(size_of::<HealthConfig>() == 32);
 
 /// How long a half-open trial connect may take before another connect may try the backend (its SYN's first
 /// retransmission timeout is 1 s; a trial that never reports, its socket closed first, frees the slot then).
@@ -49,16 +55,46 @@ pub struct Health {
     pub trial_until_ns: u64,
     /// Holds since the last success (the backoff exponent).
     pub holds: u32,
-    /// What the last failure was: `HEALTH_REFUSED` or `HEALTH_TIMEOUT`.
+    /// What the last failure was: `HEALTH_REFUSED`, `HEALTH_TIMEOUT` or `HEALTH_UNREACHABLE`.
     pub reason: u32,
+    /// The network namespace (`bpf_get_netns_cookie`) of the first failure since the last success or hold.
+    pub first_client: u64,
+    /// Distinct clients among the failures since the last success or hold: 0, 1, or 2 (at least two).
+    pub clients: u32,
+    /// Explicit padding, always 0.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Health>() == 56);
+const _: () = assert!(size_of::<Health>() == 72);
 
 /// `Health::reason`: the connect was refused (an RST answered the SYN: no process listens).
 pub const HEALTH_REFUSED: u32 = 1;
 /// `Health::reason`: the SYN was not answered within its first retransmission timeout (a dead node, a
 /// blackhole).
 pub const HEALTH_TIMEOUT: u32 = 2;
+/// `Health::reason`: the kernel ended the connect on an ICMP error answering the SYN (unreachable, time
+/// exceeded: sent by the backend's host or a router on the way), or on the SYN's last retransmission.
+pub const HEALTH_UNREACHABLE: u32 = 3;
+
+/// How a connect in `SYN_SENT` that went to `CLOSE` ended, from what `sock_ops` sees at that state change
+/// (`bpf_sock_ops::packets_out`, `segs_in`): `None` for a local abort, which is no failure of the backend.
+///
+/// The kernel ends a connect on the backend's word in `tcp_done_with_error` (an RST: `tcp_reset`; an ICMP
+/// error: `tcp_v4_err`/`tcp_v6_err`; the last SYN retransmission: `tcp_write_err`), which purges the
+/// retransmission queue (`tcp_write_queue_purge`: `packets_out` 0) before `tcp_done` sets the state. A local
+/// abort (`shutdown()` or `connect(AF_UNSPEC)`: `tcp_disconnect`; `close()`: `tcp_close`) sets the state first,
+/// with the SYN still queued (`packets_out` 1). A received RST is a segment in (`segs_in`, counted by
+/// `tcp_v4_rcv` before the socket processes it); an ICMP error is not.
+#[inline(always)]
+#[must_use]
+pub const fn syn_sent_close_reason(packets_out: u32, segs_in: u32) -> Option<u32> {
+    if packets_out != 0 {
+        None
+    } else if segs_in != 0 {
+        Some(HEALTH_REFUSED)
+    } else {
+        Some(HEALTH_UNREACHABLE)
+    }
+}
 
 /// What the connect programs do with a backend, by its health at `now_ns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,6 +119,51 @@ impl Health {
         } else {
             HealthVerdict::Trial
         }
+    }
+
+    /// A translated connect from `client` (its network namespace) failed for `reason` at `now_ns`: count it
+    /// and hold the backend if the rule says so; whether a hold began (for the holds counter).
+    ///
+    /// The rule: `cfg.failures` failures in a row (no success between: any client's success resets the entry)
+    /// from at least `cfg.clients` distinct clients. A failure while held changes nothing (its connect began
+    /// before the hold). Half-open (the hold is over), a failed trial holds again, for longer, once the
+    /// failures since the hold come from `cfg.clients` clients; until then the next connect is a trial again
+    /// (so one client failing every trial cannot keep a backend held that answers the others).
+    #[inline(always)]
+    pub fn fail(&mut self, client: u64, reason: u32, cfg: &HealthConfig, now_ns: u64) -> bool {
+        self.reason = reason;
+        let half_open = self.held_until_ns != 0;
+        if half_open && now_ns < self.held_until_ns {
+            return false;
+        }
+        self.failures = self.failures.saturating_add(1);
+        if self.clients == 0 {
+            self.first_client = client;
+            self.clients = 1;
+        } else if self.clients == 1 && client != self.first_client {
+            self.clients = 2;
+        }
+        let quorum = self.clients >= cfg.clients;
+        if quorum && (half_open || self.failures >= cfg.failures) {
+            self.hold(cfg, now_ns);
+            return true;
+        }
+        if half_open {
+            self.trial_until_ns = 0;
+        }
+        false
+    }
+
+    /// Hold from `now_ns`, for twice as long as the last hold without a success between.
+    #[inline(always)]
+    pub fn hold(&mut self, cfg: &HealthConfig, now_ns: u64) {
+        self.held_since_ns = now_ns;
+        self.held_until_ns = now_ns + Self::hold_for(self.holds, cfg);
+        self.trial_until_ns = 0;
+        self.holds += 1;
+        self.failures = 0;
+        self.first_client = 0;
+        self.clients = 0;
     }
 
     /// The hold after `holds` earlier ones without a success: `hold_ns` doubled each time, at most `max_hold_ns`.
@@ -118,5 +199,57 @@ mod tests {
         for (name, health, now, want) in cases {
             assert_eq!(health.verdict(now), want, "{name}");
         }
+    }
+
+    fn cfg(failures: u32, clients: u32) -> HealthConfig {
+        HealthConfig { failures, clients, hold_ns: 100, max_hold_ns: 1_000, ..HealthConfig::default() }
+    }
+
+    /// Failures by client, one per time step from 1; the step at which the backend was held (if it was).
+    fn held_at(cfg: &HealthConfig, clients: &[u64]) -> Option<usize> {
+        let mut h = Health::default();
+        (1..).zip(clients).find_map(|(t, &c)| h.fail(c, HEALTH_REFUSED, cfg, t).then_some(t as usize))
+    }
+
+    #[test]
+    fn a_hold_needs_k_failures_in_a_row_from_enough_clients() {
+        let cases = [
+            ("one client, quorum 2: never held", cfg(3, 2), &[7, 7, 7, 7, 7, 7][..], None),
+            ("two clients alternating: held at the K-th failure", cfg(3, 2), &[7, 8, 7, 8][..], Some(3)),
+            (
+                "the second client comes late: held at its first failure",
+                cfg(3, 2),
+                &[7, 7, 7, 7, 8][..],
+                Some(5),
+            ),
+            ("quorum 1 (the old rule): one client's K failures", cfg(3, 1), &[7, 7, 7][..], Some(3)),
+            ("quorum 0 reads as 1", cfg(2, 0), &[7, 7][..], Some(2)),
+            ("K = 1, quorum 2: the second client's failure", cfg(1, 2), &[7, 8][..], Some(2)),
+        ];
+        for (name, cfg, clients, want) in cases {
+            assert_eq!(held_at(&cfg, clients), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_failed_trial_holds_again_only_with_the_quorum() {
+        let cfg = cfg(2, 2);
+        let mut h = Health::default();
+        assert!(!h.fail(7, HEALTH_REFUSED, &cfg, 1));
+        assert!(h.fail(8, HEALTH_REFUSED, &cfg, 2), "two clients, K = 2: held");
+        assert_eq!((h.held_until_ns, h.holds, h.clients), (102, 1, 0));
+        assert!(!h.fail(7, HEALTH_REFUSED, &cfg, 50), "inside the hold: a connect begun before it");
+        h.trial_until_ns = 102 + HEALTH_TRIAL_NS;
+        assert!(!h.fail(7, HEALTH_TIMEOUT, &cfg, 110), "client 7's trial failed: not enough clients");
+        assert_eq!(h.verdict(111), HealthVerdict::Trial, "the next connect is a trial again");
+        assert!(h.fail(8, HEALTH_TIMEOUT, &cfg, 120), "client 8's trial failed too: held again");
+        assert_eq!(h.held_until_ns, 120 + 200, "for twice as long");
+    }
+
+    #[test]
+    fn only_the_kernel_ending_a_connect_is_a_failure() {
+        assert_eq!(syn_sent_close_reason(1, 0), None, "shutdown/close with the SYN in flight: local");
+        assert_eq!(syn_sent_close_reason(0, 1), Some(HEALTH_REFUSED), "an RST came in");
+        assert_eq!(syn_sent_close_reason(0, 0), Some(HEALTH_UNREACHABLE), "an ICMP error, or the last SYN");
     }
 }

@@ -544,9 +544,12 @@ mod nat;
 mod trace;
 pub use choice::{
     Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
-    scan_tier,
+    last_nonempty_tier, scan_tier,
 };
-pub use health::{HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict};
+pub use health::{
+    HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, HEALTH_UNREACHABLE, Health, HealthConfig, HealthVerdict,
+    syn_sent_close_reason,
+};
 pub use nat::*;
 pub use trace::{
     GLOBAL_TRACE_LOST, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, OUTCOME_FAIL_OPEN,

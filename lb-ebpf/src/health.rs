@@ -1,8 +1,9 @@
 //! Passive health, decided in the kernel: the `sock_ops` program follows the TCP active opens that connect4/6
 //! translated (their `REVERSE` entry names the backend) and records each one's outcome for its backend in
-//! `HEALTH`: established is a success, a refused SYN (RST in SYN_SENT) or the SYN's first retransmission
-//! timeout is a failure, counted once per connect. `HealthConfig::failures` consecutive failures hold the
-//! backend down for a time that doubles with each hold without a success in between; when a hold ends, one
+//! `HEALTH`: established is a success; the kernel ending the connect on an answer to its SYN (an RST, an ICMP
+//! error) or the SYN's first retransmission timeout is a failure, counted once per connect, with the client's
+//! network namespace; a local abort is none. `HealthConfig::failures` consecutive failures from
+//! `HealthConfig::clients` distinct clients (`Health::fail`) hold the backend down for a time that doubles with each hold without a success in between; when a hold ends, one
 //! connect is let through as a trial (half-open) and its outcome clears or renews the hold. The connect
 //! programs ask `verdict` for every backend they consider.
 //!
@@ -15,14 +16,15 @@ use aya_ebpf::{
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_TCP_CLOSE,
         BPF_TCP_SYN_SENT,
     },
-    helpers::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_boot_ns},
+    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_boot_ns},
     macros::sock_ops,
     programs::SockOpsContext,
 };
 use lb_common::{
     Backend, Choice, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS, GLOBAL_HEALTH_RECOVERIES,
-    GLOBAL_SVC_ID, HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict,
-    PROTO_TCP, REVERSE_HEALTH_REPORTED, ReverseKey, ReverseValue, SlotKey, below, first_nonempty_tier,
+    GLOBAL_SVC_ID, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict, PROTO_TCP,
+    REVERSE_HEALTH_REPORTED, ReverseKey, ReverseValue, SlotKey, below, last_nonempty_tier,
+    syn_sent_close_reason,
 };
 
 use crate::{
@@ -72,12 +74,13 @@ pub(crate) fn start_trial(backend: Backend, now_ns: u64) {
     }
 }
 
-/// The panic threshold's choice: a random slot of the first non-empty tier, whatever its health, unless the
+/// The panic threshold's choice: a random slot of the last non-empty tier (`last_nonempty_tier`: judged per
+/// tier, held later tiers never send traffic back to a first tier held as dead), whatever its health, unless the
 /// operator marked it down (then the connect is refused, as with every backend down). Out of line: its
 /// locals stay off the connect programs' stack, which the verifier bounds over a call chain.
 #[inline(never)]
 pub(crate) fn panic_choice(fe: &FrontendValue) -> Choice<Backend> {
-    let Some(tier) = first_nonempty_tier(fe) else { return Choice::Empty };
+    let Some(tier) = last_nonempty_tier(fe) else { return Choice::Empty };
     let range = fe.tiers[tier];
     // SAFETY: helper without preconditions.
     let index = u32::from(range.start) + below(unsafe { bpf_get_prandom_u32() }, u32::from(range.len));
@@ -92,13 +95,14 @@ pub(crate) fn panic_choice(fe: &FrontendValue) -> Choice<Backend> {
     Choice::Backend { tier, backend }
 }
 
-/// A translated connect to `backend` failed (`reason`: `HEALTH_REFUSED` or `HEALTH_TIMEOUT`).
+/// A translated connect to `backend` from `client` (its network namespace) failed (`reason`:
+/// `HEALTH_REFUSED`, `HEALTH_TIMEOUT` or `HEALTH_UNREACHABLE`); the rule is `Health::fail`.
 #[inline(always)]
-fn failed(backend: Backend, reason: u32, cfg: &HealthConfig, now_ns: u64) {
+fn failed(backend: Backend, client: u64, reason: u32, cfg: &HealthConfig, now_ns: u64) {
     let Some(p) = HEALTH.get_ptr_mut(backend) else {
-        let mut h = Health { backend, failures: 1, reason, ..Health::default() };
-        if cfg.failures <= 1 {
-            hold(&mut h, cfg, now_ns);
+        let mut h = Health { backend, ..Health::default() };
+        if h.fail(client, reason, cfg, now_ns) {
+            count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS);
         }
         // BPF_NOEXIST: another CPU's first failure wins; this one is lost (a count, never a hold's end).
         let _ = HEALTH.insert(backend, h, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
@@ -106,32 +110,9 @@ fn failed(backend: Backend, reason: u32, cfg: &HealthConfig, now_ns: u64) {
     };
     // SAFETY: as in `start_trial`.
     let h = unsafe { &mut *p };
-    if h.backend != backend {
-        return;
+    if h.backend == backend && h.fail(client, reason, cfg, now_ns) {
+        count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS);
     }
-    h.reason = reason;
-    if h.held_until_ns != 0 {
-        // Held: a connect begun before the hold changes nothing. Half-open: the trial (or a connect that raced
-        // it) failed: hold again, longer.
-        if now_ns >= h.held_until_ns {
-            hold(h, cfg, now_ns);
-        }
-        return;
-    }
-    h.failures += 1;
-    if h.failures >= cfg.failures {
-        hold(h, cfg, now_ns);
-    }
-}
-
-#[inline(always)]
-fn hold(h: &mut Health, cfg: &HealthConfig, now_ns: u64) {
-    h.held_since_ns = now_ns;
-    h.held_until_ns = now_ns + Health::hold_for(h.holds, cfg);
-    h.trial_until_ns = 0;
-    h.holds += 1;
-    h.failures = 0;
-    count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS);
 }
 
 /// A translated connect to `backend` was established: it is healthy (the agent deletes the reset entry).
@@ -208,9 +189,13 @@ fn sock_ops(ctx: SockOpsContext) -> u32 {
         }
         // A retransmission timeout while the SYN is unanswered: a failure (once per connect).
         BPF_SOCK_OPS_RTO_CB if ops.state == BPF_TCP_SYN_SENT => report(&ctx, HEALTH_TIMEOUT, &cfg),
-        // SYN_SENT -> CLOSE without having been established: refused (RST), or given up.
+        // SYN_SENT -> CLOSE without having been established: a failure only if the kernel ended the connect
+        // on an answer (an RST, an ICMP error) or its last SYN, never the client's own abort (shutdown, close,
+        // connect(AF_UNSPEC)): see `syn_sent_close_reason`.
         BPF_SOCK_OPS_STATE_CB if ctx.arg(0) == BPF_TCP_SYN_SENT && ctx.arg(1) == BPF_TCP_CLOSE => {
-            report(&ctx, HEALTH_REFUSED, &cfg);
+            if let Some(reason) = syn_sent_close_reason(ops.packets_out, ops.segs_in) {
+                report(&ctx, reason, &cfg);
+            }
         }
         _ => {}
     }
@@ -225,8 +210,10 @@ fn report(ctx: &SockOpsContext, reason: u32, cfg: &HealthConfig) {
         return;
     }
     rev.flags |= REVERSE_HEALTH_REPORTED;
-    // SAFETY: helper without preconditions.
-    failed(backend, reason, cfg, unsafe { bpf_ktime_get_boot_ns() });
+    // SAFETY: `bpf_get_netns_cookie` takes the sock_ops context (kernel >= 5.15); the clock helper has no
+    // preconditions.
+    let (client, now_ns) = unsafe { (bpf_get_netns_cookie(ctx.ops.cast()), bpf_ktime_get_boot_ns()) };
+    failed(backend, client, reason, cfg, now_ns);
     // After the entry is written (the agent's gate reads the map after clearing the flag).
     if let Some(p) = HEALTH_CONFIG.get_ptr_mut(0) {
         // SAFETY: an array value, valid for the program's run; a plain store of a flag.

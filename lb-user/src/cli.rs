@@ -188,10 +188,14 @@ pub struct AgentArgs {
     /// `none`: translate no traffic from outside.
     #[arg(long, value_delimiter = ',', value_name = "IFACE[,IFACE]")]
     pub devices: Option<Vec<String>>,
-    /// Passive health: consecutive failed connects (refused, or the SYN unanswered for its first
-    /// retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
+    /// Passive health: consecutive failed connects (refused or unreachable, or the SYN unanswered for its
+    /// first retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
     #[arg(long, default_value_t = 3)]
     pub health_failures: u32,
+    /// Passive health: distinct clients (network namespaces) among those failures that a hold needs; 2 (the
+    /// default) keeps one pod's own failures from holding a backend for every pod, 1 is the per-node rule.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=2))]
+    pub health_clients: u32,
     /// Passive health: the first hold (then doubled per hold without a success in between).
     #[arg(long, default_value = "5s", value_parser = crate::datapath::health::parse_hold)]
     pub health_hold: std::time::Duration,
@@ -232,6 +236,7 @@ impl AgentArgs {
                 failures: self.health_failures,
                 hold: self.health_hold,
                 max_hold: self.health_max_hold,
+                clients: self.health_clients,
             },
         }
     }

@@ -44,7 +44,8 @@ pub struct HealthStatus {
     pub backend: String,
     /// "failing", "held", "half-open".
     pub state: crate::datapath::health::HealthState,
-    /// What the last failure was: "refused" (RST) or "timeout" (the SYN unanswered).
+    /// What the last failure was: "refused" (RST), "unreachable" (an ICMP error, or the last SYN) or "timeout"
+    /// (the SYN unanswered at its first retransmission timeout).
     pub reason: &'static str,
     /// Failed connects in a row since the last success or hold.
     pub failures: u32,

@@ -1,5 +1,6 @@
 //! `tierlb-lab`: the lab tools behind `cargo xtask demo`, `cargo xtask bench` and the in-kernel tests.
 //! `probe` connects to an address repeatedly and prints, as JSON, which backend answered each connect;
+//! `abort` makes a tenant's own connect failures (local aborts, `IP_TTL=1`);
 //! `dns` and `dns-stream` do the same for DNS over UDP; `churn` makes many short-lived sockets between a DNS
 //! query and its reply; `load` is the benchmark's load client; `bench`
 //! runs the benchmark and `demo` the demo.
@@ -39,6 +40,20 @@ enum Cmd {
         interval_ms: f64,
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
+    },
+    /// A tenant's own connect failures (JSON on stdout): COUNT non-blocking connects, with `--ttl` set if given,
+    /// each shut down at once (`--end shutdown`) or waited for up to `--wait-ms` (`--end wait`).
+    Abort {
+        #[arg(long)]
+        target: SocketAddr,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        #[arg(long)]
+        ttl: Option<u32>,
+        #[arg(long, value_parser = ["shutdown", "wait"], default_value = "shutdown")]
+        end: String,
+        #[arg(long, default_value_t = 1500)]
+        wait_ms: u64,
     },
     /// Resolve a name through a DNS server address (JSON on stdout): answer, reply source, getpeername.
     Dns {
@@ -157,6 +172,7 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("report serialises"));
             ExitCode::SUCCESS
         }
+        Cmd::Abort { target, count, ttl, end, wait_ms } => abort(target, count, ttl, &end, wait_ms),
         Cmd::Dns { server, name, count, connected, timeout_ms } => {
             let r =
                 lb_testkit::dns::resolve(server, &name, count, connected, Duration::from_millis(timeout_ms));
@@ -235,6 +251,14 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `tierlb-lab abort`.
+fn abort(target: SocketAddr, count: usize, ttl: Option<u32>, end: &str, wait_ms: u64) -> ExitCode {
+    let end = if end == "wait" { lb_testkit::abort::End::Wait } else { lb_testkit::abort::End::Shutdown };
+    let r = lb_testkit::abort::run(target, count, ttl, end, Duration::from_millis(wait_ms));
+    println!("{}", serde_json::to_string(&r).expect("outcomes serialise"));
+    ExitCode::SUCCESS
 }
 
 /// DIR/BENCHMARKS.md and its charts, DIR/bench/*.svg.

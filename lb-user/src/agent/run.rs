@@ -71,7 +71,7 @@ pub struct AgentOptions {
     pub service_health_bind: Option<IpAddr>,
     /// A proc root to search for pods' network namespaces (after /run/netns); `None`: none.
     pub host_proc: Option<PathBuf>,
-    /// Passive health (`--health-failures`, `--health-hold`, `--health-max-hold`).
+    /// Passive health (`--health-failures`, `--health-hold`, `--health-max-hold`, `--health-clients`).
     pub health: crate::datapath::health::HealthSettings,
     /// `--devices`: where the tc programs attach (`None`: the devices holding the NodePort addresses;
     /// `["none"]`: nowhere).

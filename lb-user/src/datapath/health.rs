@@ -1,11 +1,11 @@
 //! Passive health as user space sees it: the settings the agent writes (`--health-failures`, `--health-hold`,
-//! `--health-max-hold`), how a `Health` entry reads at a time (`state`), and the agent's sweep of the map the
+//! `--health-max-hold`, `--health-clients`), how a `Health` entry reads at a time (`state`), and the agent's sweep of the map the
 //! kernel writes: entries of backends that left every Service go (the EndpointSlice stays the source of
 //! truth: a pod IP reused later starts healthy), healthy entries (reset by a success) go, and each backend
 //! newly held or healthy again is reported for the log.
 use std::{collections::BTreeMap, time::Duration};
 
-use lb_common::{Backend, HEALTH_REFUSED, HEALTH_TIMEOUT, Health, HealthConfig};
+use lb_common::{Backend, HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_UNREACHABLE, Health, HealthConfig};
 use serde::Serialize;
 
 use super::{MapError, MapWriter};
@@ -19,11 +19,13 @@ pub struct HealthSettings {
     pub hold: Duration,
     /// The longest hold (`--health-max-hold`).
     pub max_hold: Duration,
+    /// Distinct clients (network namespaces) among the failures that a hold needs (`--health-clients`, 1 or 2).
+    pub clients: u32,
 }
 
 impl Default for HealthSettings {
     fn default() -> Self {
-        Self { failures: 3, hold: Duration::from_secs(5), max_hold: Duration::from_mins(2) }
+        Self { failures: 3, hold: Duration::from_secs(5), max_hold: Duration::from_mins(2), clients: 2 }
     }
 }
 
@@ -37,6 +39,8 @@ impl HealthSettings {
             active: 1,
             hold_ns: ns(self.hold),
             max_hold_ns: ns(self.max_hold).max(ns(self.hold)),
+            clients: self.clients,
+            _pad: 0,
         }
     }
 }
@@ -84,6 +88,7 @@ pub fn reason(h: &Health) -> &'static str {
     match h.reason {
         HEALTH_REFUSED => "refused",
         HEALTH_TIMEOUT => "timeout",
+        HEALTH_UNREACHABLE => "unreachable",
         _ => "-",
     }
 }
@@ -241,9 +246,12 @@ mod tests {
 
     #[test]
     fn the_hold_doubles_up_to_the_cap() {
-        let cfg =
-            HealthSettings { failures: 3, hold: Duration::from_secs(5), max_hold: Duration::from_secs(30) }
-                .config();
+        let cfg = HealthSettings {
+            hold: Duration::from_secs(5),
+            max_hold: Duration::from_secs(30),
+            ..Default::default()
+        }
+        .config();
         let holds: Vec<u64> = (0..6).map(|n| Health::hold_for(n, &cfg) / 1_000_000_000).collect();
         assert_eq!(holds, [5, 10, 20, 30, 30, 30]);
         assert_eq!(Health::hold_for(u32::MAX, &cfg), cfg.max_hold_ns, "no overflow");

@@ -7,7 +7,7 @@
 //!   timeout (1 s), so the connects sent meanwhile hang too;
 //! - `failures` (K) failed connects in a row hold the backend down for `hold`: the node's new connects skip it
 //!   and take the next live backend or tier (node, zone, cluster), and if every backend of every tier is held
-//!   they go to a random one of the first non-empty tier anyway (the panic threshold), and fail;
+//!   they go to a random one of the last non-empty tier anyway (the panic threshold, `last_nonempty_tier`);
 //! - when a hold ends, the next connect that picks the backend is a trial (the others skip it until the trial
 //!   reports); a failed trial holds it again, twice as long, up to `max_hold`.
 //!
@@ -98,6 +98,7 @@ impl HealthParams {
             failures: self.failures,
             hold: Duration::from_secs_f64(self.hold_s),
             max_hold: Duration::from_secs_f64(self.max_hold_s),
+            ..HealthSettings::default()
         };
         Duration::from_nanos(lb_common::Health::hold_for(holds, &settings.config())).as_secs_f64()
     }
@@ -174,12 +175,13 @@ impl Flow {
 
 /// The data path's choice on a node from its tiers (node, zone, cluster), given which backends are usable:
 /// the first tier with a usable backend, uniform among its usable ones (`lb_common::first_live_tier`); when
-/// none is usable, every backend of the first non-empty tier (the panic threshold).
+/// none is usable, every backend of the last non-empty tier (the panic threshold, as
+/// `lb_common::last_nonempty_tier`).
 pub fn pick(tiers: &[Vec<IpAddr>; 3], usable: impl Fn(&IpAddr) -> bool) -> Vec<IpAddr> {
     let arr = [tiers[0].as_slice(), tiers[1].as_slice(), tiers[2].as_slice()];
     match lb_common::first_live_tier(arr, &usable) {
         Some(t) => arr[t].iter().filter(|ip| usable(ip)).copied().collect(),
-        None => arr.iter().find(|t| !t.is_empty()).map(|t| t.to_vec()).unwrap_or_default(),
+        None => arr.iter().rfind(|t| !t.is_empty()).map(|t| t.to_vec()).unwrap_or_default(),
     }
 }
 
