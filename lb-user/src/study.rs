@@ -6,6 +6,8 @@
 //! endpoint costs each client node that sends to it K failed connects before the node falls back, and a
 //! failed trial each time a hold ends; with a phase's `duration` those are counted against the requests the
 //! phase sends, without one the shares are the steady state after detection.
+mod catalog;
+mod cilium;
 pub mod health;
 pub mod models;
 mod table;
@@ -21,8 +23,9 @@ use crate::{
         Service, ServicePort, SlicePort,
     },
 };
+pub use catalog::{ModelInfo, models_text};
 pub use health::{Crash, Detection, HealthParams};
-pub use models::{CiliumSettings, MODELS, ModelInfo, ProxyModel, models_text};
+pub use models::{CiliumSettings, MODELS, ProxyModel};
 use models::{Empty, Route};
 pub use table::table;
 
@@ -348,14 +351,14 @@ fn set_flow(ips: &[IpAddr], empty: Empty, crashed: &BTreeMap<IpAddr, Crash>) -> 
 /// A model's name in the table and chart, with what its figures depend on: tierlb's K, Cilium's
 /// `serviceTopology`.
 fn label(model: ProxyModel, sc: &Scenario) -> String {
-    match model {
-        ProxyModel::Tierlb => sc.health.label(),
-        ProxyModel::Cilium117 | ProxyModel::Cilium118 | ProxyModel::Cilium120 => {
-            // Words short enough to wrap under a chart's bar ("serviceTopology=true" would not).
-            let on = if sc.cilium.service_topology { "on" } else { "off" };
-            format!("{} (service topology {on})", model.name())
-        }
-        ProxyModel::KubeProxy | ProxyModel::CalicoEbpf332 => model.name().to_owned(),
+    if model == ProxyModel::Tierlb {
+        sc.health.label()
+    } else if model.is_cilium() {
+        // Words short enough to wrap under a chart's bar ("serviceTopology=true" would not).
+        let on = if sc.cilium.service_topology { "on" } else { "off" };
+        format!("{} (service topology {on})", model.name())
+    } else {
+        model.name().to_owned()
     }
 }
 

@@ -90,10 +90,11 @@ fn every_model_routes_every_shipped_scenario_as_computed_by_hand() {
 fn the_cilium_labels_say_whether_service_topology_was_on() {
     let on = run("multizone");
     let off = run("service-topology-off");
-    for m in [ProxyModel::Cilium117, ProxyModel::Cilium118, ProxyModel::Cilium120] {
+    for m in study::MODELS.into_iter().filter(|m| m.is_cilium()) {
         assert_eq!(get(&on, 0, m).label, format!("{} (service topology on)", m.name()));
         assert_eq!(get(&off, 0, m).label, format!("{} (service topology off)", m.name()));
     }
+    assert_eq!(study::MODELS.iter().filter(|m| m.is_cilium()).count(), 7);
     assert_eq!(get(&on, 0, ProxyModel::CalicoEbpf332).label, "calico-ebpf-3.32");
     assert_eq!(get(&on, 0, ProxyModel::KubeProxy).label, "kube-proxy-1.35");
     let json = serde_json::to_value(&on).unwrap();
@@ -105,12 +106,25 @@ fn the_cilium_labels_say_whether_service_topology_was_on() {
         .collect();
     assert_eq!(
         names,
-        ["kube-proxy-1.35", "tierlb", "cilium-1.17", "cilium-1.18", "cilium-1.20", "calico-ebpf-3.32"]
+        [
+            "kube-proxy-1.35",
+            "tierlb",
+            "cilium-1.11-1.15",
+            "cilium-1.16-1.17",
+            "cilium-1.18.0",
+            "cilium-1.18.1",
+            "cilium-1.18.x-1.19",
+            "cilium-1.20",
+            "cilium-1.20+47961",
+            "calico-ebpf-3.31.0-3.31.4",
+            "calico-ebpf-3.31.5-3.31.7",
+            "calico-ebpf-3.32",
+        ]
     );
 }
 
 #[test]
-fn study_models_prints_each_models_versions_rule_empty_set_and_source() {
+fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_was_read() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
         .args(["study", "--models"])
         .output()
@@ -131,20 +145,36 @@ fn study_models_prints_each_models_versions_rule_empty_set_and_source() {
     let want = [
         ("kube-proxy-1.35", "pkg/proxy/topology.go"),
         ("tierlb", "first_live_tier"),
-        ("cilium-1.17", "pkg/k8s/service_cache.go"),
-        ("cilium-1.18", "cilium#41022"),
+        ("cilium-1.11-1.15", "pkg/k8s/service_cache.go"),
+        ("cilium-1.16-1.17", "cilium#32678"),
+        ("cilium-1.18.0", "cilium#41022"),
+        ("cilium-1.18.1", "#41116"),
+        ("cilium-1.18.x-1.19", "#42708"),
         ("cilium-1.20", "cilium#44771"),
+        ("cilium-1.20+47961", "cilium/cilium#47961"),
+        ("calico-ebpf-3.31.0-3.31.4", "syncer.go:607-608 at v3.31.0"),
+        ("calico-ebpf-3.31.5-3.31.7", "go.mod:117"),
         ("calico-ebpf-3.32", "projectcalico#11751"),
     ];
     assert_eq!(blocks.len(), want.len(), "{text}");
     for ((name, source), block) in want.iter().zip(&blocks) {
         assert!(block.starts_with(&format!("{name}: ")), "{block}");
-        for part in ["\n  rule: ", "\n  empty set: ", "\n  source: "] {
+        for part in ["\n  rule: ", "\n  empty set: ", "\n  errno: ", "\n  source: ", "\n  code read: "] {
             assert!(block.contains(part), "{name} lacks {part:?}: {block}");
         }
         assert!(block.split("\n  source: ").nth(1).unwrap().contains(source), "{name}: {block}");
     }
-    assert!(text.contains("empty set: refused: EHOSTUNREACH"), "{text}");
+    assert!(text.contains("errno: EHOSTUNREACH"), "{text}");
+    assert!(text.contains("errno: EPERM"), "{text}");
+    // A range whose code was not read at a tag says so on its first line.
+    assert!(
+        text.contains(
+            "cilium-1.16-1.17: Cilium 1.16.0-1.17.x kube-proxy replacement (socket LB) [unverified]"
+        )
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("calico-ebpf-3.31.0-3.31.4: ") && !l.contains("[unverified]"))
+    );
     assert!(text.contains("hang (DROP)"), "{text}");
     let json = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
         .args(["study", "--models", "-o", "json"])
@@ -212,13 +242,7 @@ fn a_lost_node_hangs_the_connects_sent_until_the_syn_timeout_reports_the_kth() {
     let d = detections(t);
     assert!(same_detections(&d, &[("node-1", 13.0, 1.3, 3), ("node-2", 13.0, 1.3, 3)]), "{d:?}");
     // Everybody else keeps sending a third of the requests into the void until the node is NotReady.
-    for m in [
-        ProxyModel::KubeProxy,
-        ProxyModel::Cilium117,
-        ProxyModel::Cilium118,
-        ProxyModel::Cilium120,
-        ProxyModel::CalicoEbpf332,
-    ] {
+    for m in study::MODELS.into_iter().filter(|m| *m != ProxyModel::Tierlb) {
         let r = get(&lost, 1, m);
         assert!(close(r.hang, 1.0 / 3.0) && r.failed == 0.0, "{m:?}: {r:?}");
     }

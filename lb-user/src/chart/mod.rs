@@ -175,11 +175,11 @@ fn text_up(area: &Area<'_>, s: &str, at: (i32, i32), size: f64) -> Result<(), Ch
     Ok(())
 }
 
-/// `text` in lines of at most `width` characters, broken between words (a longer word has a line of its
-/// own).
+/// `text` in lines of at most `width` characters, broken between words; a longer word is broken after a
+/// hyphen where it has one (a model name such as `calico-ebpf-3.31.5-3.31.7`), else has a line of its own.
 fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
-    for word in text.split_whitespace() {
+    for word in text.split_whitespace().flat_map(|w| hyphen_pieces(w, width)) {
         match lines.last_mut() {
             Some(l) if l.chars().count() + 1 + word.chars().count() <= width => {
                 l.push(' ');
@@ -189,6 +189,25 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
         }
     }
     lines
+}
+
+/// `word` cut after hyphens into pieces of at most `width` characters where it can be (a piece without a
+/// hyphen to cut at stays whole).
+fn hyphen_pieces(word: &str, width: usize) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut rest = word;
+    while rest.chars().count() > width {
+        let cut = rest.char_indices().filter(|&(i, c)| c == '-' && i < width).map(|(i, _)| i + 1).next_back();
+        match cut {
+            Some(at) if at < rest.len() => {
+                pieces.push(&rest[..at]);
+                rest = &rest[at..];
+            }
+            _ => break,
+        }
+    }
+    pieces.push(rest);
+    pieces
 }
 
 /// How a legend entry shows its series.
@@ -352,6 +371,7 @@ mod tests {
             ["node-1's pod", "crashed,", "EndpointSlice not", "updated yet"]
         );
         assert_eq!(wrap("initial", 3), ["initial"]);
+        assert_eq!(wrap("calico-ebpf-3.31.5-3.31.7", 17), ["calico-ebpf-", "3.31.5-3.31.7"]);
     }
 
     #[test]

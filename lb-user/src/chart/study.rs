@@ -71,7 +71,9 @@ pub fn study_chart(r: &StudyResult) -> Result<String, ChartError> {
     let models = r.phases.iter().map(|p| p.models.len()).max().unwrap_or(1).max(1);
     let width = (LEFT + px(models) * SLOT + RIGHT).max(MIN_W);
     let inner = width - LEFT - RIGHT;
-    let label_chars = chars_in(SLOT - 10, TEXT);
+    // At most 20 characters a line: the width estimate is generous, and a model name full of digits and
+    // hyphens (`calico-ebpf-3.31.0-3.31.4`) runs wider than it guesses; the names break after a hyphen.
+    let label_chars = chars_in(SLOT - 10, TEXT).min(20);
     let label_lines = r
         .phases
         .iter()

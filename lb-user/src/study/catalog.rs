@@ -1,0 +1,264 @@
+//! What `tierlb study --models` says about each model: the release range it stands for, its rule, what a
+//! client meets when its set is empty and with which errno, the code it was read from (repository, path, tag
+//! or commit, lines, quoted where it decides), and whether that code was read at the tags of the range.
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::models::{MODELS, ProxyModel};
+
+/// What `tierlb study --models` says about a model (the same facts as its doc comment).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ModelInfo {
+    /// Its name in tables, charts and JSON.
+    pub name: &'static str,
+    /// The proxy and the exact release range it stands for.
+    pub stands_for: &'static str,
+    /// How it picks a client's endpoints.
+    pub rule: &'static str,
+    /// What a client meets when that set is empty.
+    pub when_empty: &'static str,
+    /// The errno connect() returns when it is refused (or "none: the client hangs").
+    pub errno: &'static str,
+    /// Where the rule was read: repository, path, tag or commit, lines.
+    pub source: &'static str,
+    /// Whether the code was read at the tags of the range; `false`: marked unverified.
+    pub verified: bool,
+    /// What was and was not read at a tag.
+    pub verification: &'static str,
+}
+
+const CILIUM_EMPTY: &str = "refused: the frontend has no backend, connect() fails at once, never a hang";
+const CILIUM_ERRNO: &str =
+    "EHOSTUNREACH (bpf/bpf_sock.c __sock4_xlate_fwd, svc->count == 0; not read at a tag)";
+const CILIUM_UNVERIFIED: &str = "unverified: no Cilium file could be read at a release tag here (the \
+                                 repository is too big to fetch); the rule is read from the pull requests \
+                                 named and from stored versions of the files whose tag was not identified";
+const CALICO_EMPTY: &str = "refused: NAT_NO_BACKEND, connect() fails at once";
+const CALICO_ERRNO: &str = "EPERM: on NAT_NO_BACKEND the connect4 hook returns 0 without bpf_set_retval \
+                            (projectcalico/calico felix/bpf-gpl/connect.h:33-34 `if (res == NAT_NO_BACKEND) \
+                            { err = -1;` and :120 `ret = 0; /* ret != 1 generates an error in pre-connect \
+                            */`, at v3.31.0, v3.31.5, v3.32.0, v3.32.1), and the kernel fails the syscall \
+                            with EPERM";
+
+impl ProxyModel {
+    /// The model's range, rule, empty-set outcome, errno and sources.
+    #[expect(clippy::too_many_lines, reason = "one table: a block per model")]
+    pub fn info(self) -> ModelInfo {
+        match self {
+            Self::KubeProxy => ModelInfo {
+                name: "kube-proxy-1.35",
+                stands_for: "kube-proxy 1.35 (iptables, nftables, ipvs)",
+                rule: "node hints if every ready endpoint has forNodes and one names this node, else zone hints \
+                       under the same rule, else all ready endpoints (then serving+terminating ones); a Local \
+                       policy uses the local ready (else serving+terminating) endpoints",
+                when_empty: "refused (REJECT) when the Service has no usable endpoint; hang (DROP) under a Local \
+                             policy with endpoints elsewhere",
+                errno: "ECONNREFUSED (REJECT); none under DROP: the client hangs",
+                source: "kubernetes/kubernetes pkg/proxy/topology.go CategorizeEndpoints; KEP-3015, \
+                         kubernetes#130844",
+                verified: true,
+                verification: "the reference the plan module implements (DESIGN.md, Semantics)",
+            },
+            Self::Tierlb => ModelInfo {
+                name: "tierlb",
+                stands_for: "tierlb (this repository), with passive health",
+                rule: "kube-proxy's rule as tiers node, zone, cluster; a backend held down by passive health \
+                       (K failed connects from the node) moves the node's connects to the next live backend or \
+                       tier",
+                when_empty: "refused: connect() fails at once in both of kube-proxy's cases",
+                errno: "ECONNREFUSED (no usable endpoint), EHOSTUNREACH (Local policy, none local)",
+                source: "lb-user/src/plan.rs, lb-common first_live_tier, lb-ebpf/src/health.rs",
+                verified: true,
+                verification: "this repository's code",
+            },
+            Self::Cilium111 => ModelInfo {
+                name: "cilium-1.11-1.15",
+                stands_for: "Cilium 1.11.0-1.15.x kube-proxy replacement (socket LB)",
+                rule: "with serviceTopology: zone hints only for a Service with a topology annotation (not \"\" \
+                       or disabled), no Local policy and a zoned node; all kept endpoints if one lacks zone \
+                       hints or none names the zone; trafficDistribution never read, forNodes never read; \
+                       the parser drops endpoints that are not serving; ready backends first, terminating \
+                       ones if none is ready",
+                when_empty: CILIUM_EMPTY,
+                errno: CILIUM_ERRNO,
+                source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints (cilium#17929), read at a \
+                         stored pre-#32678 version, commit 005d3ed3 (tag not identified): `if \
+                         !option.Config.EnableServiceTopology || svc == nil || !svc.TopologyAware { return \
+                         localEndpoints }`, `if len(backend.HintsForZones) == 0 { return localEndpoints }`, \
+                         `if len(filteredEndpoints.Backends) == 0 { return localEndpoints }`",
+                verified: false,
+                verification: CILIUM_UNVERIFIED,
+            },
+            Self::Cilium116 => ModelInfo {
+                name: "cilium-1.16-1.17",
+                stands_for: "Cilium 1.16.0-1.17.x kube-proxy replacement (socket LB)",
+                rule: "with serviceTopology, for every Service (no Local policy, a zoned node): zone hints if \
+                       every kept endpoint has them and one names the zone, else all; so PreferClose, \
+                       PreferSameZone and PreferSameNode are all zone-routed (the controller writes zone hints \
+                       for each); forNodes never read; the parser drops endpoints that are not serving (`if \
+                       !isServing { continue }`); ready backends first, terminating ones if none is ready",
+                when_empty: CILIUM_EMPTY,
+                errno: CILIUM_ERRNO,
+                source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints after cilium#32678 (\"we've \
+                         removed the check ... that verified that a topology annotation was set before \
+                         honoring hints\"; TopologyAware kept only to re-send Services when the node's zone \
+                         changes)",
+                verified: false,
+                verification: CILIUM_UNVERIFIED,
+            },
+            Self::Cilium1180 => ModelInfo {
+                name: "cilium-1.18.0",
+                stands_for: "Cilium 1.18.0 kube-proxy replacement (socket LB)",
+                rule: "with serviceTopology, PreferClose or the topology annotation, a zoned node: each backend \
+                       whose zone hints do not name the zone is skipped, one without hints is kept; no \
+                       safeguards, so a zone without a fitting backend has none (refused, cilium#41022); \
+                       PreferSameZone and PreferSameNode cluster-wide; the parser drops endpoints that are not \
+                       serving (before #40969)",
+                when_empty: CILIUM_EMPTY,
+                errno: "EHOSTUNREACH (bpf/bpf_sock.c, not read at a tag); cilium#41022 reports ECONNREFUSED \
+                        on 1.18.0: unverified",
+                source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends (cilium#38277), \
+                         read at a stored version without the safeguards (commit not given): `if \
+                         fe.RedirectTo == nil && fe.service.TrafficDistribution == \
+                         TrafficDistributionPreferClose { thisZone := w.nodeZone.Load(); if len(be.ForZones) > \
+                         0 && thisZone != nil {`; cilium#41022",
+                verified: false,
+                verification: CILIUM_UNVERIFIED,
+            },
+            Self::Cilium1181 => ModelInfo {
+                name: "cilium-1.18.1",
+                stands_for: "Cilium 1.18.1 up to the last 1.18 patch release without #42708 (merged \
+                             2025-11-11; which patch first carries it was not read)",
+                rule: "as cilium-1.18.0 but with the safeguards (#41024, backport #41116): all kept backends if \
+                       one lacks zone hints or none names the zone; the parser still drops endpoints that are \
+                       not serving, so a starting pod is not seen (as in 1.17)",
+                when_empty: CILIUM_EMPTY,
+                errno: CILIUM_ERRNO,
+                source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends, read at a stored \
+                         version with the safeguards (commit not given): `for be := range bes { if be.Zone != \
+                         nil && len(be.Zone.ForZones) > 0 { ... } else { missingHints = true; break } }`, \
+                         `checkZoneHints = candidatesFound && !missingHints`; \
+                         pkg/loadbalancer/reflectors/conversions.go isTopologyAware; #41116, #42708",
+                verified: false,
+                verification: CILIUM_UNVERIFIED,
+            },
+            Self::Cilium118x => ModelInfo {
+                name: "cilium-1.18.x-1.19",
+                stands_for: "Cilium 1.18 patch releases with #42708 (backports #40969, #41234, #42170), and \
+                             1.19.x",
+                rule: "as cilium-1.18.1, but not-ready backends are kept (maintenance, #42170) and the \
+                       safeguards scan every backend, so a starting pod without hints turns zone routing off \
+                       for the whole Service; PreferSameNode cluster-wide",
+                when_empty: CILIUM_EMPTY,
+                errno: CILIUM_ERRNO,
+                source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends (the safeguard \
+                         loop above, over every backend of the Service); #42170 (\"keep the backends in the \
+                         backends BPF map, but not in the services map\"), #42708; cilium#48259 (v1.19.7)",
+                verified: false,
+                verification: CILIUM_UNVERIFIED,
+            },
+            Self::Cilium120 => ModelInfo {
+                name: "cilium-1.20",
+                stands_for: "Cilium 1.20 as released, without #47961 (open)",
+                rule: "with serviceTopology: PreferSameNode prefers the ready backends whose nodeName is this \
+                       node (no hints read), else all backends cluster-wide; PreferClose/PreferSameZone use \
+                       zone hints with the safeguards judged on every kept backend but the terminating ones \
+                       (#45947), so a starting pod without hints still turns zones off (cilium#47960)",
+                when_empty: CILIUM_EMPTY,
+                errno: CILIUM_ERRNO,
+                source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends: cilium#44771, \
+                         fixes #45215, #45947 (topologyPreferenceCandidate skips terminating backends), \
+                         #46339, #47054; still affected: cilium#47960, #48259",
+                verified: false,
+                verification: CILIUM_UNVERIFIED,
+            },
+            Self::Cilium120Fix => ModelInfo {
+                name: "cilium-1.20+47961",
+                stands_for: "Cilium 1.20 with cilium#47961 applied (open, in no release)",
+                rule: "as cilium-1.20, but the safeguard scan also skips a not-ready (maintenance) backend that \
+                       has no zone hints; one with a stale hint still counts",
+                when_empty: CILIUM_EMPTY,
+                errno: CILIUM_ERRNO,
+                source: "cilium/cilium#47961 (pkg/loadbalancer/writer/writer.go: \"a continue in the scan \
+                         loop\" for Maintenance backends without hints)",
+                verified: false,
+                verification: "unverified: an open pull request, read from its description; no release \
+                               contains it",
+            },
+            Self::CalicoEbpf3310 => ModelInfo {
+                name: "calico-ebpf-3.31.0-3.31.4",
+                stands_for: "Calico eBPF data plane 3.31.0-3.31.4",
+                rule: "hints ignored: every ready or terminating endpoint is selected, the ready ones are \
+                       written; a Local policy keeps the local ones",
+                when_empty: CALICO_EMPTY,
+                errno: CALICO_ERRNO,
+                source: "projectcalico/calico felix/bpf/proxy/syncer.go:607-608 at v3.31.0 and v3.31.4: `if \
+                         ep.IsReady() || ep.IsTerminating() { if ShouldAppendTopologyAwareEndpoint(nodeZone, \
+                         \"\", zoneHints) {`; felix/bpf/proxy/topology.go:36-41 at v3.31.4: `if \
+                         hintsAnnotation != \"Auto\" && hintsAnnotation != \"auto\" { ... return true }`",
+                verified: true,
+                verification: "read at every tag v3.31.0-v3.31.4",
+            },
+            Self::CalicoEbpf3315 => ModelInfo {
+                name: "calico-ebpf-3.31.5-3.31.7",
+                stands_for: "Calico eBPF data plane 3.31.5-3.31.7 (projectcalico#11859 on k8s.io/kubernetes \
+                             1.33)",
+                rule: "topology-mode Auto: zone hints with the safeguards; else (any Service) the ready or \
+                       terminating endpoints whose forZones names the node's zone, else all, each endpoint \
+                       judged alone; node hints never seen (kube-proxy 1.33 reads forNodes only under the \
+                       PreferSameTrafficDistribution gate, alpha and off, and Felix sets no gate), so \
+                       PreferSameNode is zone-routed, and cluster-wide without zones; ready endpoints written",
+                when_empty: CALICO_EMPTY,
+                errno: CALICO_ERRNO,
+                source: "projectcalico/calico at v3.31.5: felix/bpf/proxy/syncer.go:607,611 \
+                         (FilterEpsByTopologyAwareRouting, then FilterEpsByTrafficDistribution), topology.go:128-150 \
+                         (node hints, then zone hints, then all), proxy.go:174 \
+                         `k8sp.NewEndpointsChangeTracker(ipVersion, p.hostname, nil, nil)`, go.mod:117 \
+                         `k8s.io/kubernetes v1.33.10` (v3.31.7: v1.33.13), no feature gate set under felix/; \
+                         kubernetes/kubernetes pkg/proxy/endpointslicecache.go addEndpoints at c2c7d507: `if \
+                         len(endpoint.Hints.ForNodes) > 0 && \
+                         utilfeature.DefaultFeatureGate.Enabled(features.PreferSameTrafficDistribution) {`; \
+                         pkg/features/kube_features.go at b0b89d3b (a 1.33 tree): `PreferSameTrafficDistribution: \
+                         { {Version: version.MustParse(\"1.33\"), Default: false, PreRelease: featuregate.Alpha} }`",
+                verified: false,
+                verification: "partly unverified: Calico read at every tag v3.31.5-v3.31.7; the kube-proxy files at \
+                               the commits named, not at the v1.33.10-v1.33.13 tags Calico pins",
+            },
+            Self::CalicoEbpf332 => ModelInfo {
+                name: "calico-ebpf-3.32",
+                stands_for: "Calico eBPF data plane 3.32.0-3.32.1 (k8s.io/kubernetes 1.35)",
+                rule: "topology-mode Auto: zone hints with the safeguards; else (any Service) the ready or \
+                       terminating endpoints whose forNodes names this node, else whose forZones names its \
+                       zone, else all, each endpoint judged alone (no all-or-nothing rule); only ready \
+                       endpoints are written; a Local policy keeps the local ones",
+                when_empty: CALICO_EMPTY,
+                errno: CALICO_ERRNO,
+                source: "projectcalico/calico at v3.32.0: felix/bpf/proxy/syncer.go:643,647, \
+                         topology.go:128-150, proxy.go:184, go.mod:113 `k8s.io/kubernetes v1.35.4` (v3.32.1: \
+                         v1.35.6); kubernetes/kubernetes pkg/features/kube_features.go, a stored 1.35 version: \
+                         `{Version: version.MustParse(\"1.35\"), Default: true, PreRelease: featuregate.GA, \
+                         LockToDefault: true}` (projectcalico#11751)",
+                verified: false,
+                verification: "partly unverified: Calico read at v3.32.0 and v3.32.1; the 1.35 gate at a stored \
+                               kubernetes version whose commit was not given, not at the v1.35.4/v1.35.6 tags",
+            },
+        }
+    }
+}
+
+/// `tierlb study --models`: each model's name, range, rule, empty-set outcome, errno, source and whether it
+/// was read at a tag.
+pub fn models_text() -> String {
+    let mut out = String::new();
+    for m in MODELS {
+        let i = m.info();
+        let mark = if i.verified { "" } else { " [unverified]" };
+        let _ = writeln!(
+            out,
+            "{}: {}{mark}\n  rule: {}\n  empty set: {}\n  errno: {}\n  source: {}\n  code read: {}",
+            i.name, i.stands_for, i.rule, i.when_empty, i.errno, i.source, i.verification
+        );
+    }
+    out
+}
