@@ -7,7 +7,6 @@
 //! failed trial each time a hold ends; with a phase's `duration` those are counted against the requests the
 //! phase sends, without one the shares are the steady state after detection.
 mod catalog;
-mod cilium;
 pub mod health;
 pub mod models;
 mod table;

@@ -12,11 +12,12 @@
 //! code at the tags Calico pins was not read); Cilium's 1.20 development code before #45947, #46339 and
 //! #47054; Calico's iptables and nftables data planes, which leave Services to kube-proxy (the kube-proxy
 //! model).
+mod cilium;
+
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use super::cilium;
 use crate::{
     model::{Family, Model, NodeInfo, Policy, Service},
     plan::{self, PortEndpoint},

@@ -1,7 +1,7 @@
 //! The Cilium models: one `Rule` per behaviour a Cilium release range has, and the selection they share
 //! (the frontend's backends, then the socket LB's active-first choice). Where each rule was read, and which
 //! ranges were not read at a tag, is in `catalog.rs`.
-use super::models::{CiliumSettings, Empty, ProxyModel, Route, View, ips};
+use super::{CiliumSettings, Empty, ProxyModel, Route, View, ips};
 use crate::{hints, model::Policy, plan::PortEndpoint};
 
 /// Which Services get zone hints applied.
