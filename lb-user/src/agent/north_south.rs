@@ -28,11 +28,24 @@ pub(super) struct NorthSouth {
     pin_dir: Option<PathBuf>,
     attached: BTreeSet<String>,
     config: Option<NatConfig>,
+    /// The local-endpoint set and the source ranges last written (`None`: not yet, or the write failed), so
+    /// a sync that changes neither costs no map syscalls; the first write reads the maps (an earlier agent's
+    /// pinned contents) and makes them equal.
+    local: Option<BTreeSet<IpAddr>>,
+    ranges: Option<BTreeSet<tc::SourceRange>>,
 }
 
 impl NorthSouth {
     pub(super) fn new(maps: NsMaps, devices: Option<Vec<String>>, pin_dir: Option<&Path>) -> Self {
-        Self { maps, devices, pin_dir: pin_dir.map(Path::to_owned), attached: BTreeSet::new(), config: None }
+        Self {
+            maps,
+            devices,
+            pin_dir: pin_dir.map(Path::to_owned),
+            attached: BTreeSet::new(),
+            config: None,
+            local: None,
+            ranges: None,
+        }
     }
 
     /// The devices the programs belong on now.
@@ -54,8 +67,15 @@ impl NorthSouth {
                 Err(e) => tracing::error!(error = %e, "cannot write the north-south settings"),
             }
         }
-        if let Err(e) = self.maps.set_local(&local_endpoints(model, &node.name)) {
-            tracing::error!(error = %e, "cannot write this node's endpoints for traffic from outside");
+        let local = local_endpoints(model, &node.name);
+        if self.local.as_ref() != Some(&local) {
+            match self.maps.set_local(&local) {
+                Ok(()) => self.local = Some(local),
+                Err(e) => {
+                    self.local = None;
+                    tracing::error!(error = %e, "cannot write this node's endpoints for traffic from outside");
+                }
+            }
         }
         for device in self.wanted(node) {
             if self.attached.contains(&device) {
@@ -85,8 +105,14 @@ impl NorthSouth {
             self.sync(programs, node, core.model());
         }
         let ranges = source_ranges(core);
-        if let Err(e) = self.maps.set_source_ranges(&ranges) {
-            tracing::error!(error = %e, "cannot write loadBalancerSourceRanges");
+        if self.ranges.as_ref() != Some(&ranges) {
+            match self.maps.set_source_ranges(&ranges) {
+                Ok(()) => self.ranges = Some(ranges),
+                Err(e) => {
+                    self.ranges = None;
+                    tracing::error!(error = %e, "cannot write loadBalancerSourceRanges");
+                }
+            }
         }
         if r.updated + r.removed > 0 {
             let backends: BTreeSet<Backend> =
