@@ -46,15 +46,7 @@ pub(crate) fn decision(
     choice: &Choice<Backend>,
     info: u32,
 ) {
-    let Some(control) = TRACE_CONTROL.get(0) else { return };
-    // SAFETY: a plain read of a hash value.
-    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(fe.svc_id) }.is_none() {
-        return;
-    }
-    let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else {
-        count(GLOBAL_SVC_ID, GLOBAL_TRACE_LOST);
-        return;
-    };
+    let Some(mut entry) = reserve(fe.svc_id) else { return };
     let e = entry.as_mut_ptr();
     let (outcome, tier, errno, backend) = outcome_of(choice, fe.flags);
     // SAFETY: `e` points at a reserved, 8-aligned ring buffer record of `size_of::<TraceEvent>()` bytes, ours
@@ -95,15 +87,7 @@ pub(crate) const fn outcome(outcome: u8, tier: usize) -> u32 {
 /// instead of a socket and task, which a packet program has not.
 #[inline(never)]
 pub(crate) fn flow(key: &FrontendKey, fe: &FrontendValue, outcome: u32, backend: &Backend, client: &Backend) {
-    let Some(control) = TRACE_CONTROL.get(0) else { return };
-    // SAFETY: a plain read of a hash value.
-    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(fe.svc_id) }.is_none() {
-        return;
-    }
-    let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else {
-        count(GLOBAL_SVC_ID, GLOBAL_TRACE_LOST);
-        return;
-    };
+    let Some(mut entry) = reserve(fe.svc_id) else { return };
     let e = entry.as_mut_ptr();
     let (tier, outcome) = ((outcome >> 8) as u8, outcome as u8);
     let errno = if outcome != OUTCOME_REFUSED {
@@ -136,6 +120,22 @@ pub(crate) fn flow(key: &FrontendKey, fe: &FrontendValue, outcome: u32, backend:
         addr_of_mut!((*e)._pad2).write(0);
     }
     entry.submit(0);
+}
+
+/// A ring buffer record for an event of service `svc_id`, if the trace selects it (`None`: not selected, or
+/// the buffer is full, which is counted as lost).
+#[inline(always)]
+fn reserve(svc_id: u32) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<TraceEvent>> {
+    let control = TRACE_CONTROL.get(0)?;
+    // SAFETY: a plain read of a hash value.
+    if control.mode == TRACE_SELECTED && unsafe { TRACE_SERVICES.get(svc_id) }.is_none() {
+        return None;
+    }
+    let entry = TRACE_EVENTS.reserve::<TraceEvent>(0);
+    if entry.is_none() {
+        count(GLOBAL_SVC_ID, GLOBAL_TRACE_LOST);
+    }
+    entry
 }
 
 /// (outcome, tier, errno, backend) of a choice, the frontend's flags saying which refusal applies.
