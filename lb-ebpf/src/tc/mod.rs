@@ -59,7 +59,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
     match packet::parse(&ctx, f) {
         Parsed::Flow => {}
-        Parsed::Fragment => return fragment(&ctx),
+        Parsed::Fragment => return fragment(),
         Parsed::Other => return PASS,
     }
     let (f, k): (&Flow, &CtKey) = {
@@ -71,7 +71,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     if let Some(v) = conntrack::hit(k, f, cfg, t) {
         return tracked(&ctx, f, k, v, cfg);
     }
-    let verdict = new_flow(&ctx, f, cfg, t);
+    let verdict = new_flow(f, cfg, t);
     if verdict != CREATED {
         return verdict;
     }
@@ -133,7 +133,7 @@ static PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
 /// A fragment is not translated: only the first carries the ports, and neither reassembly nor tracking of
 /// the first fragment's ports is done yet. Counted (`NS_PASS_FRAGMENT`) and passed on untranslated.
 #[inline(always)]
-fn fragment(_ctx: &TcContext) -> i32 {
+fn fragment() -> i32 {
     count_ns(NS_PASS_FRAGMENT);
     PASS
 }
@@ -192,7 +192,7 @@ fn frontend(key: &FrontendKey, out: &mut FrontendValue) -> bool {
 /// A packet with no conntrack entry: a new flow if it is addressed to an outside frontend. `CREATED` when it
 /// wrote the flow's entries, else the packet's verdict.
 #[inline(never)]
-fn new_flow(_ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
+fn new_flow(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     let key = FrontendKey { addr: f.daddr, port: f.dport, proto: f.proto, family: f.family | SCOPE_OUTSIDE };
     let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
     // SAFETY: this CPU's scratch value, used only within this run (see `tc_ingress`).
