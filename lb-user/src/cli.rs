@@ -10,15 +10,19 @@ use crate::{
         MapWriter as _,
         pins::{self, DEFAULT_BPFFS},
     },
-    lint,
     model::{NodeInfo, Protocol},
     output::Output,
-    plan::{self, Plan},
-    source::{Severity, manifests::ManifestDir},
 };
 
 mod cluster_lint;
-pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, run_lint};
+mod input;
+mod plan;
+pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, lint_on, run_lint};
+pub use input::{CliInput, FaceSource, KUBE_TIMEOUT, kube_input, load_for_cli};
+pub use plan::{
+    EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, explain_on, plan_on, plan_table, run_explain,
+    run_plan,
+};
 
 /// `tierlb`'s command line.
 #[derive(Parser, Debug)]
@@ -107,9 +111,25 @@ impl NodeArgs {
         }
     }
 
-    /// The node to plan for, from the flags and the model.
+    /// The node to plan for, from the flags and the model. With no Node object of that name (a dump without
+    /// Nodes, `--kube` without the right to list them) and no `--zone`, the zone its endpoints carry.
     pub fn resolve(&self, model: &crate::model::Model) -> NodeInfo {
-        NodeInfo::resolve_with(&self.node, self.zone.as_deref(), model, &self.external())
+        let mut zone = self.zone.clone();
+        if zone.is_none() && !model.nodes.contains_key(&self.node) {
+            zone = model
+                .slices
+                .values()
+                .flat_map(|s| &s.endpoints)
+                .find(|e| e.node_name.as_deref() == Some(self.node.as_str()) && e.zone.is_some())
+                .and_then(|e| e.zone.clone());
+            if let Some(z) = &zone {
+                eprintln!(
+                    "note: no Node {} in the source: zone {z} taken from its endpoints (--zone sets it)",
+                    self.node
+                );
+            }
+        }
+        NodeInfo::resolve_with(&self.node, zone.as_deref(), model, &self.external())
     }
 }
 
@@ -242,40 +262,6 @@ impl AgentArgs {
     }
 }
 
-/// `tierlb plan`.
-#[derive(clap::Args, Debug)]
-pub struct PlanArgs {
-    /// The node to plan for.
-    #[command(flatten)]
-    pub node: NodeArgs,
-    /// Directory of Service, EndpointSlice and Node YAML.
-    #[arg(long)]
-    pub manifests: PathBuf,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-}
-
-/// `tierlb explain`.
-#[derive(clap::Args, Debug)]
-pub struct ExplainArgs {
-    /// The Service, NAMESPACE/NAME.
-    pub service: crate::model::ObjKey,
-    /// The node to explain for.
-    #[command(flatten)]
-    pub node: NodeArgs,
-    /// Directory of Service, EndpointSlice and Node YAML.
-    #[arg(long)]
-    pub manifests: PathBuf,
-    /// Also name the Service's backends the running agents' passive health follows (held down, half-open or
-    /// failing) or that are marked down, read from the maps pinned under this directory.
-    #[arg(long)]
-    pub bpffs: Option<PathBuf>,
-    /// With --bpffs: only this agent instance (default: every instance under --bpffs).
-    #[arg(long, requires = "bpffs")]
-    pub instance: Option<String>,
-}
-
 /// `tierlb study`.
 #[derive(clap::Args, Debug)]
 pub struct StudyArgs {
@@ -343,149 +329,6 @@ pub enum BackendState {
 fn parse_protocol(s: &str) -> Result<Protocol, String> {
     Protocol::parse(&s.to_ascii_uppercase())
         .ok_or_else(|| format!("unknown protocol {s:?} (TCP, UDP or SCTP)"))
-}
-
-/// A manifests directory as a one-shot command reads it: the model of its valid objects, with the
-/// controller's hints where slices carry none, and how many problems made something not taken.
-pub struct CliInput {
-    /// The valid objects (invalid ones are left out).
-    pub model: crate::model::Model,
-    /// Diagnostics of severity error: objects (or documents, or files) not taken as they are.
-    pub errors: usize,
-    /// Services whose slices carried no hints and got the controller's.
-    pub filled: Vec<crate::model::ObjKey>,
-}
-
-/// Load a manifests directory for a one-shot command, printing its problems to stderr. Slices without hints
-/// get the hints the EndpointSlice controller would write (as the agent does), so `plan` shows what the agent
-/// programs.
-pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
-    let mut md = ManifestDir::new(dir);
-    let mut loaded =
-        md.load().with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
-    for d in &loaded.diagnostics {
-        let level = if d.severity == Severity::Error { "error" } else { "warning" };
-        eprintln!("{level}: {d}");
-    }
-    let filled = crate::hints::fill_missing(&mut loaded.model);
-    for svc in &filled {
-        eprintln!(
-            "note: EndpointSlices of Service {svc} carry no hints: using the hints the EndpointSlice controller \
-             would write"
-        );
-    }
-    let errors = loaded.diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
-    Ok(CliInput { model: loaded.model, errors, filled })
-}
-
-/// `tierlb explain`: the explanation text.
-pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
-    let model = load_for_cli(&args.manifests)?.model;
-    let node = args.node.resolve(&model);
-    let mut out = crate::explain::explain(&model, &node, &args.service).ok_or_else(|| {
-        anyhow::anyhow!(
-            "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
-            args.service,
-            args.manifests.display()
-        )
-    })?;
-    if let Some(bpffs) = &args.bpffs {
-        for (name, dir) in pins::instances(bpffs, args.instance.as_deref())? {
-            let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
-            let inst = crate::status::Instance::read(&name, &maps, crate::datapath::marks::boottime_ns())?;
-            out.push_str(&crate::explain::skipped_now(&inst, &args.service));
-        }
-    }
-    Ok(out)
-}
-
-/// `tierlb plan`'s exit status when it printed the plan of the valid objects but some input is invalid (an
-/// object the API server would refuse, a document that does not parse, a duplicate): 1 is taken by errors
-/// that stop a command, 2 by clap's usage errors.
-pub const EXIT_INVALID_INPUT: u8 = 3;
-
-/// What `tierlb plan` prints, and whether the input had errors (`EXIT_INVALID_INPUT`).
-pub struct PlanOutput {
-    /// The table or JSON of the valid objects.
-    pub text: String,
-    /// Error diagnostics (printed to stderr already): objects, documents or files not planned.
-    pub errors: usize,
-}
-
-/// `tierlb plan`: the table or JSON of every valid object; the invalid ones are reported on stderr and
-/// counted, so that the command can exit non-zero after printing the plan.
-pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
-    let CliInput { model, errors, .. } = load_for_cli(&args.manifests)?;
-    let node = args.node.resolve(&model);
-    let p = plan::plan(&model, &node);
-    let text = match args.output {
-        Output::Json => {
-            let lints = lint::lint(&model, &node, &p);
-            serde_json::to_string_pretty(&lint::LintedPlan::new(&p, &lints))? + "\n"
-        }
-        Output::Table => plan_table(&p),
-    };
-    if errors > 0 {
-        eprintln!(
-            "tierlb: {errors} error(s) in {}: the objects named above are not planned (fix them; exit status \
-             {EXIT_INVALID_INPUT})",
-            args.manifests.display()
-        );
-    }
-    Ok(PlanOutput { text, errors })
-}
-
-fn join(v: &[SocketAddr]) -> String {
-    if v.is_empty() { "-".into() } else { v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",") }
-}
-
-/// A fixed-width table, one row per Service port and family.
-pub fn plan_table(p: &Plan) -> String {
-    let mut rows = vec![[
-        "SERVICE".to_owned(),
-        "PORT".into(),
-        "VIPS".into(),
-        "POLICY".into(),
-        "TIER".into(),
-        "ENDPOINTS".into(),
-        "FALLBACK (zone | cluster)".into(),
-        "WHEN EMPTY".into(),
-    ]];
-    for s in &p.services {
-        let t = &s.internal;
-        rows.push([
-            s.name.to_string(),
-            format!("{}/{}", s.port, s.protocol.as_str()),
-            s.cluster_ips.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
-            t.policy.as_str().to_owned(),
-            serde_json::to_value(t.selected_tier)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-            join(&t.endpoints),
-            format!("{} | {}", join(&t.tiers.zone), join(&t.tiers.cluster)),
-            t.when_empty.map_or("-".to_owned(), |w| format!("{w:?}").to_lowercase()),
-        ]);
-    }
-    let mut widths = [0usize; 8];
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = format!("node {} zone {}\n", p.node, p.zone.as_deref().unwrap_or("<none>"));
-    for r in &rows {
-        let line: Vec<String> = r.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    if !p.skipped.is_empty() {
-        out.push_str("\nnot programmed:\n");
-        for s in &p.skipped {
-            let _ = writeln!(out, "  {s}");
-        }
-    }
-    out
 }
 
 /// `tierlb agent --cleanup`: detach the instance's programs and remove its maps.

@@ -11,7 +11,7 @@ pub use rule::{Rule, Warning};
 
 use crate::{
     hints::{self, HintMode},
-    model::{Family, Model, NodeInfo, Policy, Protocol, Service, ServicePort},
+    model::{Family, Model, NodeInfo, Policy, Service, ServicePort},
     plan::{self, Claimant, Plan, PortEndpoint, PortPlan},
 };
 
@@ -57,16 +57,7 @@ fn service_port<'a>(model: &'a Model, p: &PortPlan) -> Option<(&'a Service, &'a 
 
 /// For each port plan, `plan::vip_conflict_text` of every VIP:port another Service claims too.
 fn vip_conflicts(services: &[PortPlan]) -> Vec<Vec<Warning>> {
-    let mut claims: BTreeMap<(SocketAddr, Protocol), Vec<Claimant>> = BTreeMap::new();
-    for p in services {
-        for (addr, external) in plan::claims_of(p) {
-            let who = claims.entry((addr, p.protocol)).or_default();
-            let c = Claimant { external, service: p.name.service.clone() };
-            if !who.contains(&c) {
-                who.push(c);
-            }
-        }
-    }
+    let claims = plan::claim_table(services);
     services
         .iter()
         .map(|p| {

@@ -382,3 +382,46 @@ fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_f
     let (code, _, err) = tierlb(&["lint", "--namespace", "ok"]);
     assert_eq!(code, 2, "usage: {err}");
 }
+
+/// Two Services on one cluster IP and port (manifests can say so), and one taking the other's as an
+/// externalIP: the table marks the claims that are not programmed, and names who holds each.
+const CONTESTED: &str = "apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: shop}
+spec: {clusterIP: 10.96.0.70, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b, namespace: shop}
+spec: {clusterIP: 10.96.0.70, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: c, namespace: shop}
+spec: {clusterIP: 10.96.0.71, externalIPs: [10.96.0.70], ports: [{port: 80}]}
+";
+
+#[test]
+fn plan_table_marks_the_services_not_programmed_on_a_contested_vip() {
+    let dir = TempDir::new("faces-contested").unwrap();
+    std::fs::write(dir.path().join("shop.yaml"), CONTESTED).unwrap();
+    let (code, out, _) = tierlb(&["plan", "--node", "node-1", "--manifests", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    let vips = |svc: &str| {
+        let row = out.lines().find(|l| l.starts_with(svc)).unwrap_or_else(|| panic!("no {svc} in\n{out}"));
+        row.split_whitespace().nth(2).unwrap().to_owned()
+    };
+    assert_eq!(vips("shop/a "), "10.96.0.70");
+    assert_eq!(vips("shop/b "), "10.96.0.70(not-programmed)");
+    assert_eq!(vips("shop/c "), "10.96.0.71");
+    let section = &out[out.find("\ncontested VIP:ports (").expect(&out)..];
+    let lines: Vec<&str> = section.lines().skip(2).take_while(|l| !l.is_empty()).map(str::trim).collect();
+    assert_eq!(
+        lines,
+        [
+            "shop/b 10.96.0.70:80/TCP: NOT programmed until shop/a leaves it",
+            "shop/c 10.96.0.70:80/TCP: NOT programmed until shop/a leaves it",
+        ],
+        "{out}"
+    );
+}

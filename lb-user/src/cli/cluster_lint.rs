@@ -1,19 +1,15 @@
 //! `tierlb lint`: every Service of a source judged across the cluster (`lint::cluster_lint`), one line per
 //! finding with the Service, the rule, the nodes it concerns and the fix; exit status 0 clean, 1 findings.
-use std::{fmt::Write as _, path::PathBuf};
+use std::fmt::Write as _;
 
 use crate::{lint, output::Output};
 
 /// `tierlb lint`.
 #[derive(clap::Args, Debug)]
 pub struct LintArgs {
-    /// Directory of Service, EndpointSlice and Node YAML (e.g. a `kubectl get svc,endpointslices,nodes -A -o
-    /// yaml` dump).
-    #[arg(long)]
-    pub manifests: PathBuf,
-    /// Only the Services of this namespace (every node is still judged).
-    #[arg(long, short = 'n')]
-    pub namespace: Option<String>,
+    /// Where the objects come from (with --namespace, every node the source names is still judged).
+    #[command(flatten)]
+    pub source: super::FaceSource,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -32,10 +28,11 @@ pub struct LintOutput {
 
 /// `tierlb lint`: the findings of every Service of the source (of `--namespace`).
 pub fn run_lint(args: &LintArgs) -> anyhow::Result<LintOutput> {
-    let mut input = super::load_for_cli(&args.manifests)?;
-    if let Some(ns) = &args.namespace {
-        input.model.services.retain(|k, _| k.namespace == *ns);
-    }
+    lint_on(args, &args.source.load(None)?)
+}
+
+/// `tierlb lint` of an input already read.
+pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintOutput> {
     let nodes = lint::cluster_nodes(&input.model);
     let found = lint::cluster_lint(&input.model, &nodes, &input.filled);
     let text = match args.output {

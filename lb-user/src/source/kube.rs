@@ -9,6 +9,8 @@
 //!
 //! No reflector store (kube-rs' usual companion of `watcher`): nothing would read it, since the converted
 //! objects are what the agent needs, and it would keep a second, raw copy of every EndpointSlice.
+pub mod list;
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     pin::pin,

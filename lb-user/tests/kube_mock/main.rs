@@ -23,6 +23,7 @@ use tierlb::{
 };
 use tokio::sync::mpsc;
 
+mod faces;
 mod server;
 
 use server::{Script, finish, release, serve};

@@ -1,0 +1,115 @@
+//! Where a one-shot face (`plan`, `explain`, `lint`) reads the cluster: a manifests directory, or the API
+//! server read once (`--kube`: lists only, `source::kube::list`), and what both give the faces alike: the
+//! valid objects with the controller's hints where slices carry none, the problems printed to stderr.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+
+use crate::{
+    model::{Model, ObjKey},
+    source::{Diagnostic, Severity, kube::list, manifests::ManifestDir},
+};
+
+/// The source flags of `plan`, `explain` and `lint`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FaceSource {
+    /// Directory of Service, EndpointSlice and Node YAML (e.g. a `kubectl get svc,endpointslices,nodes -A -o
+    /// yaml` dump).
+    #[arg(long, required_unless_present = "kube", conflicts_with = "kube")]
+    pub manifests: Option<PathBuf>,
+    /// Read the objects from the API server instead (in-cluster service account or KUBECONFIG), read-only:
+    /// lists of Services, EndpointSlices and Nodes, no watch. Without permission to list Nodes it says so
+    /// and goes on without them (zones from --zone or the endpoints).
+    #[arg(long)]
+    pub kube: bool,
+    /// Only the Services of this namespace (with --kube, only this namespace is read: a namespace's
+    /// read-only role is enough).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+}
+
+/// How long `--kube` waits for the API server's answers.
+pub const KUBE_TIMEOUT: Duration = Duration::from_mins(1);
+
+/// The cluster as a one-shot command reads it: the model of its valid objects, with the controller's hints
+/// where slices carry none, and how many problems made something not taken.
+pub struct CliInput {
+    /// The valid objects (invalid ones are left out).
+    pub model: Model,
+    /// Diagnostics of severity error: objects (or documents, or files) not taken as they are.
+    pub errors: usize,
+    /// Services whose slices carried no hints and got the controller's.
+    pub filled: Vec<ObjKey>,
+    /// Where it was read, for messages: `--manifests DIR`, `the API server (namespace shop)`.
+    pub origin: String,
+}
+
+impl FaceSource {
+    /// Read the source (of `namespace`, which overrides `--namespace`: explain reads its Service's).
+    pub fn load(&self, namespace: Option<&str>) -> anyhow::Result<CliInput> {
+        let namespace = namespace.or(self.namespace.as_deref());
+        let mut input = match &self.manifests {
+            Some(dir) => load_for_cli(dir)?,
+            None => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("--kube: cannot start the client's runtime")?
+                .block_on(async {
+                    let client = kube::Client::try_default().await.context(
+                        "--kube: no cluster to read (no in-cluster service account, and KUBECONFIG or \
+                         ~/.kube/config names none): set KUBECONFIG, or use --manifests DIR",
+                    )?;
+                    tokio::time::timeout(KUBE_TIMEOUT, kube_input(client, namespace)).await.with_context(
+                        || format!("--kube: the API server did not answer within {KUBE_TIMEOUT:?}"),
+                    )?
+                })?,
+        };
+        if let Some(ns) = namespace {
+            input.model.services.retain(|k, _| k.namespace == *ns);
+        }
+        Ok(input)
+    }
+}
+
+/// Read the API server once through `client` (of `namespace`, or every namespace) for a one-shot command,
+/// printing its problems to stderr; a 403 on Nodes is said once and the command goes on without them.
+pub async fn kube_input(client: kube::Client, namespace: Option<&str>) -> anyhow::Result<CliInput> {
+    let snap = list::snapshot(client, namespace).await.context("--kube")?;
+    if let Some(why) = &snap.nodes_forbidden {
+        eprintln!(
+            "note: --kube: may not list Nodes ({why}): going on without them; each node's zone comes from \
+             --zone or from its endpoints' zone, and NodePorts are planned for no node address"
+        );
+    }
+    let origin = match namespace {
+        Some(ns) => format!("the API server (namespace {ns})"),
+        None => "the API server".to_owned(),
+    };
+    Ok(finish(snap.model, &snap.diagnostics, origin))
+}
+
+/// Load a manifests directory for a one-shot command, printing its problems to stderr.
+pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
+    let mut md = ManifestDir::new(dir);
+    let loaded =
+        md.load().with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
+    Ok(finish(loaded.model, &loaded.diagnostics, format!("--manifests {}", dir.display())))
+}
+
+/// Print the problems, give slices without hints the hints the EndpointSlice controller would write (as the
+/// agent does, so `plan` shows what the agent programs) and count the errors.
+fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String) -> CliInput {
+    for d in diagnostics {
+        let level = if d.severity == Severity::Error { "error" } else { "warning" };
+        eprintln!("{level}: {d}");
+    }
+    let filled = crate::hints::fill_missing(&mut model);
+    for svc in &filled {
+        eprintln!(
+            "note: EndpointSlices of Service {svc} carry no hints: using the hints the EndpointSlice controller \
+             would write"
+        );
+    }
+    let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    CliInput { model, errors, filled, origin }
+}
