@@ -14,7 +14,10 @@ pub(crate) struct Options {}
 /// iptables and nftables are what the benchmark compares against.
 /// librsvg2-bin's rsvg-convert rasterises the charts for the render test (lb-lab `render`), which looks at
 /// them as a person would.
-const PACKAGES: &[&str] = &["llvm-22-dev", "bpftool", "iproute2", "iptables", "nftables", "librsvg2-bin"];
+/// prometheus brings promtool, which checks and unit-tests deploy/monitoring's rules, and the server the
+/// metrics test scrapes an agent with (it is only run by the tests, on loopback in their own namespace).
+const PACKAGES: &[&str] =
+    &["llvm-22-dev", "bpftool", "iproute2", "iptables", "nftables", "librsvg2-bin", "prometheus"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

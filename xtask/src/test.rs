@@ -1,4 +1,5 @@
 //! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target),
+//! promtool's check and unit tests of deploy/monitoring's rules,
 //! a short run of each fuzz target, the container image's check, then every test (unit, semantics, in-kernel) under nextest, whose summary
 //! line ends the output.
 use crate::{fuzz, image, setup, util};
@@ -44,6 +45,20 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
             "--",
             "-D",
             "warnings",
+        ]))?;
+    }
+    // The alerting rules: syntax, then their unit tests (each alert fed series that must fire and must not).
+    if !o.no_lint {
+        let dir = util::root().join("deploy/monitoring");
+        util::run(std::process::Command::new("promtool").current_dir(&dir).args([
+            "check",
+            "rules",
+            "tierlb.rules.yaml",
+        ]))?;
+        util::run(std::process::Command::new("promtool").current_dir(&dir).args([
+            "test",
+            "rules",
+            "tierlb.rules.test.yaml",
         ]))?;
     }
     // Before nextest, so that its summary line still ends the output.
