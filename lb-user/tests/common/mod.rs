@@ -33,12 +33,25 @@ pub(crate) fn free_port() -> u16 {
 pub(crate) fn get(port: u16, path: &str) -> (u16, String) {
     use std::io::{Read as _, Write as _};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    // `Connection: close`, so a server that keeps connections alive (Go's) ends the reply.
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
     let status = reply.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body = reply.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (status, body)
+}
+
+/// `get` inside `netns` (a thread of the test enters it).
+pub(crate) fn get_in(netns: &lb_testkit::sandbox::NetNs, port: u16, path: &str) -> (u16, String) {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            netns.enter_current_thread().unwrap();
+            get(port, path)
+        })
+        .join()
+        .unwrap()
+    })
 }
 
 /// Poll `check` every 20 ms for up to `secs`; true as soon as it holds.
@@ -68,6 +81,16 @@ pub(crate) struct OwnAgent {
 impl OwnAgent {
     /// `tierlb agent --node node-1` on `c`'s manifests with `extra` arguments; returns once it is ready.
     pub(crate) fn start(c: &SimCluster, extra: &[&str]) -> Self {
+        Self::spawn(c, extra, None)
+    }
+
+    /// As `start`, with the agent inside `c`'s network namespace: its listeners are on that namespace's
+    /// loopback, where only the test's own processes (`get_in`) reach them.
+    pub(crate) fn start_in_netns(c: &SimCluster, extra: &[&str]) -> Self {
+        Self::spawn(c, extra, Some(&c.netns))
+    }
+
+    fn spawn(c: &SimCluster, extra: &[&str], netns: Option<&lb_testkit::sandbox::NetNs>) -> Self {
         let logs = lb_testkit::sandbox::TempDir::new("own-agent").unwrap();
         let log = logs.path().join("agent.log");
         let cgroup = lb_testkit::sandbox::Cgroup::new("own-agent").unwrap();
@@ -81,6 +104,7 @@ impl OwnAgent {
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
+        lb_testkit::sandbox::confine(&mut cmd, None, netns).unwrap();
         let mut child = lb_testkit::sandbox::Child::spawn(&mut cmd).unwrap();
         child.wait_for_log(&log, 0, "tierlb agent ready", std::time::Duration::from_secs(30)).unwrap();
         Self { child, log, cgroup, _logs: logs }
