@@ -87,7 +87,12 @@ impl Meta {
         }
     }
 
-    /// The image's tags: the version, which deploy/ references, and the version with the commit, which names
+    /// The name the archive gives its one image: `tierlb:VERSION`, which deploy/ references.
+    pub(crate) fn image_name(&self) -> String {
+        format!("tierlb:{}", self.version)
+    }
+
+    /// The tags to push the image under: the version, which deploy/ references, and the version with the commit, which names
     /// one build (`0.1.0-0123456789ab`, `-dirty` when the tree had changes).
     pub(crate) fn tags(&self) -> Vec<String> {
         let mut tags = vec![self.version.clone()];
@@ -180,7 +185,7 @@ fn build(binary: &Path, meta: &Meta, archive: &Path, level: Compression) -> anyh
     let config = oci::ImageConfig {
         entrypoint: vec![ENTRYPOINT.to_owned()],
         env: vec![format!("PATH={}", Path::new(ENTRYPOINT).parent().expect("absolute").display())],
-        tags: meta.tags(),
+        name: meta.image_name(),
     };
     std::fs::create_dir_all(archive.parent().expect("under target/image"))?;
     oci::write(&files, &config, meta, archive, level)
@@ -222,7 +227,8 @@ fn parse_ldd(text: &str) -> anyhow::Result<Vec<PathBuf>> {
 
 fn print_summary(w: &oci::Written, meta: &Meta) {
     println!("image: {} ({})", w.archive.display(), mib(w.archive_size));
-    println!("  tags:     {}", meta.tags().join(", "));
+    println!("  name:     {} (revision {})", meta.image_name(), meta.commit);
+    println!("  push as:  {}", meta.tags().join(", "));
     println!("  manifest: {}", w.manifest_digest);
     println!("  layer:    {} compressed, {} unpacked", mib(w.layer_size), mib(w.unpacked_size));
     println!("  files:");

@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, ensure};
 use flate2::read::GzDecoder;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::{
     Meta,
@@ -44,14 +44,18 @@ pub(crate) fn run(
 fn check(archive: &Path, meta: &Meta, host_binary: &Path, work: &Path, podman: bool) -> anyhow::Result<()> {
     let layout = work.join("layout");
     let root = work.join("root");
-    let config = read_layout(archive, &layout, &meta.tags(), &root)?;
+    let config = read_layout(archive, &layout, &meta.image_name(), &root)?;
     let entrypoint: Vec<String> = serde_json::from_value(config["config"]["Entrypoint"].clone())?;
     let env: Vec<String> = serde_json::from_value(config["config"]["Env"].clone())?;
     ensure!(!entrypoint.is_empty(), "the image config has no Entrypoint");
     for f in FORBIDDEN {
         ensure!(!root.join(f).exists(), "the image holds /{f}: no shell or package manager belongs in it");
     }
-    eprintln!("check: {} read back: digests, tags {:?}, diff_id match", archive.display(), meta.tags());
+    eprintln!(
+        "check: {} read back: digests, one image named {}, diff_id match",
+        archive.display(),
+        meta.image_name()
+    );
 
     let version = in_root(&root, &entrypoint, &env, &["--version"])?;
     ensure!(version.status.success(), "--version in the image failed: {}", version.stderr);
@@ -92,7 +96,7 @@ fn check(archive: &Path, meta: &Meta, host_binary: &Path, work: &Path, podman: b
 
 /// Reads the OCI archive into `layout` (verifying every blob's digest), follows the index for every tag to
 /// the one manifest, and unpacks its layers into `root`. Returns the image config.
-fn read_layout(archive: &Path, layout: &Path, tags: &[String], root: &Path) -> anyhow::Result<Value> {
+fn read_layout(archive: &Path, layout: &Path, name: &str, root: &Path) -> anyhow::Result<Value> {
     let file = fs::File::open(archive).with_context(|| format!("opening {}", archive.display()))?;
     let mut tar = tar::Archive::new(io::BufReader::new(file));
     for entry in tar.entries()? {
@@ -126,13 +130,16 @@ fn read_layout(archive: &Path, layout: &Path, tags: &[String], root: &Path) -> a
     let index: Value = serde_json::from_slice(&fs::read(layout.join("index.json"))?)?;
     ensure!(index["mediaType"] == oci::INDEX, "index.json mediaType {}", index["mediaType"]);
     let manifests = index["manifests"].as_array().context("index.json has no manifests")?;
-    let named: Vec<&str> =
-        manifests.iter().filter_map(|m| m["annotations"][oci::REF_NAME].as_str()).collect();
-    ensure!(named == tags, "the index names tags {named:?}, not {tags:?}");
-    let digests: std::collections::BTreeSet<&str> =
-        manifests.iter().filter_map(|m| m["digest"].as_str()).collect();
-    ensure!(digests.len() == 1, "the tags name different manifests: {digests:?}");
+    ensure!(manifests.len() == 1, "index.json has {} entries: loaders want one image", manifests.len());
+    let named = manifests[0]["annotations"][oci::REF_NAME].as_str();
+    ensure!(named == Some(name), "the index names its image {named:?}, not {name:?}");
     let manifest = blob(layout, &manifests[0], oci::MANIFEST)?;
+    // docker-archive's manifest.json names the same image, config and layers.
+    let docker: Value = serde_json::from_slice(&fs::read(layout.join("manifest.json"))?)?;
+    let path = |d: &Value| d["digest"].as_str().map(|x| format!("blobs/{}", x.replace(':', "/")));
+    let layers: Vec<_> = manifest["layers"].as_array().into_iter().flatten().map(path).collect();
+    let want = json!([{"Config": path(&manifest["config"]), "RepoTags": [name], "Layers": layers}]);
+    ensure!(docker == want, "manifest.json is {docker}, not {want}");
     let config = blob(layout, &manifest["config"], oci::CONFIG)?;
     let diff_ids = config["rootfs"]["diff_ids"].as_array().context("config has no rootfs.diff_ids")?;
     let layers = manifest["layers"].as_array().context("manifest has no layers")?;
@@ -324,7 +331,7 @@ mod tests {
         let config = ImageConfig {
             entrypoint: vec!["/usr/bin/tool".into()],
             env: vec!["PATH=/usr/bin".into()],
-            tags: meta().tags(),
+            name: meta().image_name(),
         };
         oci::write(&files, &config, &meta(), archive, flate2::Compression::fast()).unwrap()
     }
@@ -338,7 +345,7 @@ mod tests {
     }
 
     #[test]
-    fn an_archive_reads_back_with_its_tags_config_and_files() {
+    fn an_archive_reads_back_with_one_named_image_its_config_and_files() {
         let dir = Scratch::new("read");
         let archive = dir.0.join("image.tar");
         let written = write(&archive);
@@ -347,7 +354,7 @@ mod tests {
             ["etc/nsswitch.conf", "usr/bin/tool"]
         );
         let root = dir.0.join("root");
-        let config = read_layout(&archive, &dir.0.join("layout"), &meta().tags(), &root).unwrap();
+        let config = read_layout(&archive, &dir.0.join("layout"), &meta().image_name(), &root).unwrap();
         assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/usr/bin/tool"]));
         assert_eq!(config["config"]["Labels"]["org.opencontainers.image.revision"], meta().commit.as_str());
         assert_eq!(fs::read_to_string(root.join("usr/bin/tool")).unwrap(), "#!not a shell\n");
@@ -355,10 +362,14 @@ mod tests {
             &fs::metadata(root.join("usr/bin/tool")).unwrap().permissions(),
         );
         assert_eq!(mode & 0o777, 0o755);
-        // Another tag list than the index's is refused.
-        let err = read_layout(&archive, &dir.0.join("layout2"), &["9.8.7".into()], &dir.0.join("root2"))
+        // One image, named as podman and docker name it on load; another name is refused.
+        let index: Value =
+            serde_json::from_slice(&fs::read(dir.0.join("layout/index.json")).unwrap()).unwrap();
+        assert_eq!(index["manifests"].as_array().unwrap().len(), 1, "{index}");
+        assert_eq!(index["manifests"][0]["annotations"][oci::REF_NAME], "tierlb:9.8.7");
+        let err = read_layout(&archive, &dir.0.join("layout2"), "tierlb:9.8.7-x", &dir.0.join("root2"))
             .unwrap_err();
-        assert!(format!("{err:#}").contains("names tags"), "{err:#}");
+        assert!(format!("{err:#}").contains("names its image"), "{err:#}");
     }
 
     #[test]
@@ -372,8 +383,8 @@ mod tests {
         let last_data = (0..end).rev().find(|&i| bytes[i] != 0).unwrap();
         bytes[last_data] ^= 0xff;
         fs::write(&archive, &bytes).unwrap();
-        let err =
-            read_layout(&archive, &dir.0.join("layout"), &meta().tags(), &dir.0.join("root")).unwrap_err();
+        let err = read_layout(&archive, &dir.0.join("layout"), &meta().image_name(), &dir.0.join("root"))
+            .unwrap_err();
         assert!(format!("{err:#}").contains("digest"), "{err:#}");
     }
 }

@@ -28,7 +28,9 @@ pub(crate) const REF_NAME: &str = "org.opencontainers.image.ref.name";
 pub(crate) struct ImageConfig {
     pub entrypoint: Vec<String>,
     pub env: Vec<String>,
-    pub tags: Vec<String>,
+    /// The image's name and tag (`tierlb:0.1.0`): the index's one entry carries it, and so does
+    /// docker-archive's `manifest.json`, so that `podman load` and `docker load` name the image so.
+    pub name: String,
 }
 
 /// What was written.
@@ -210,6 +212,8 @@ struct Blobs {
     config: Vec<u8>,
     manifest: Vec<u8>,
     index: Vec<u8>,
+    /// docker-archive's `manifest.json`.
+    docker: Vec<u8>,
 }
 
 impl Blobs {
@@ -240,21 +244,22 @@ impl Blobs {
             "layers": [layer.compressed.descriptor(LAYER)],
             "annotations": annotations,
         }))?;
-        let manifest_descriptor = Digested::of(&manifest).descriptor(MANIFEST);
-        // One entry per tag, all the same manifest.
-        let manifests: Vec<serde_json::Value> = image
-            .tags
-            .iter()
-            .map(|tag| {
-                let mut d = manifest_descriptor.clone();
-                d["annotations"] = json!({ REF_NAME: tag });
-                d["platform"] = json!({"architecture": architecture(), "os": "linux"});
-                d
-            })
-            .collect();
+        // One entry: a loader that finds several asks which one to take (podman load: "more than one image
+        // in oci"), even when they are one manifest under two tags. The commit is the `revision` annotation.
+        let mut entry = Digested::of(&manifest).descriptor(MANIFEST);
+        entry["annotations"] = json!({ REF_NAME: image.name });
+        entry["platform"] = json!({"architecture": architecture(), "os": "linux"});
         let index =
-            serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests}))?;
-        Ok(Self { layer: layer.compressed.clone(), config, manifest, index })
+            serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [entry]}))?;
+        // docker-archive's manifest, beside the OCI layout, as `docker save` writes it since Docker 25: the
+        // classic image store loads by this file.
+        let blob = |d: &Digested| format!("blobs/sha256/{}", d.hex());
+        let docker = serde_json::to_vec(&json!([{
+            "Config": blob(&Digested::of(&config)),
+            "RepoTags": [image.name],
+            "Layers": [blob(&layer.compressed)],
+        }]))?;
+        Ok(Self { layer: layer.compressed.clone(), config, manifest, index, docker })
     }
 
     fn manifest_digest(&self) -> String {
@@ -262,7 +267,8 @@ impl Blobs {
     }
 }
 
-/// The layout directory as a tar: `oci-layout`, `index.json`, `blobs/sha256/<hex>`.
+/// The layout directory as a tar: `oci-layout`, `index.json`, docker-archive's `manifest.json`,
+/// `blobs/sha256/<hex>`.
 fn write_archive(blobs: &Blobs, layer_path: &Path, epoch: u64, path: &Path) -> anyhow::Result<u64> {
     let out = fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let mut tar = tar::Builder::new(io::BufWriter::new(out));
@@ -272,6 +278,7 @@ fn write_archive(blobs: &Blobs, layer_path: &Path, epoch: u64, path: &Path) -> a
     };
     small(&mut tar, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     small(&mut tar, "index.json", &blobs.index)?;
+    small(&mut tar, "manifest.json", &blobs.docker)?;
     for dir in ["blobs/", "blobs/sha256/"] {
         tar.append_data(&mut header(tar::EntryType::Directory, 0o755, 0, epoch), dir, io::empty())?;
     }
