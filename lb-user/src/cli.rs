@@ -100,6 +100,10 @@ pub struct NodeArgs {
     /// translated); default: every externalIP, as kube-proxy.
     #[arg(long, value_name = "CIDRS")]
     pub external_ip_cidrs: Option<crate::model::node_addresses::CidrList>,
+    /// An address no Service frontend may take (repeat for more): a load-balancer IP, externalIP or node
+    /// port there is not translated. With --kube the agent adds the API server's address(es) itself.
+    #[arg(long = "protect-address", value_name = "IP:PORT")]
+    pub protect_addresses: Vec<SocketAddr>,
 }
 
 impl NodeArgs {
@@ -108,6 +112,7 @@ impl NodeArgs {
         crate::model::node_addresses::ExternalConfig {
             node_port_addresses: self.nodeport_addresses.clone().unwrap_or_default(),
             external_ip_cidrs: self.external_ip_cidrs.clone().map(|l| l.0),
+            protected: self.protect_addresses.clone(),
         }
     }
 

@@ -16,7 +16,8 @@ mod external_frontends;
 mod summary;
 pub use claims::{Claimant, VIP_RULE, claim_table, claims_of, vip_conflict_text, vip_winner};
 pub use external_frontends::{
-    ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason, source_ranges,
+    ExternalFrontend, ExternalKind, ExternalPlan, NotTranslated, NotTranslatedReason, SpecialAddress,
+    source_ranges,
 };
 pub use summary::{Requested, TopologyReason, TopologySummary, requested, summarize};
 

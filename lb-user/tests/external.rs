@@ -145,3 +145,63 @@ fn nodeport_addresses_cidrs_select_the_nodes_interface_addresses() {
     let r = lab.probe(&lab.client, NODE_PORT, 2);
     assert_eq!(r.failures(), 2, "{NODE_PORT} outside --nodeport-addresses: {:?}", r.by_backend());
 }
+
+/// A Service whose status claims addresses that are not its to take, on port 15001 (a sidecar's port):
+/// loopback, the metadata service, the node's own InternalIP and the address `--protect-address` names (the
+/// API server's, which the agent adds itself with `--kube`). None is translated: a pod's connect to its own
+/// 127.0.0.1:15001 reaches its own listener, a connect to the node's address reaches the node's listener.
+#[test]
+fn ingress_ips_that_are_not_a_services_are_not_translated_and_a_pods_own_loopback_stays_its_own() {
+    let lab = Lab::new("not-theirs");
+    let lab_bin = self::lab();
+    let svc = Svc::new("grabby", ip("10.96.0.20"), 15001, 8080);
+    let mut service = svc.service();
+    service["spec"]["type"] = json!("LoadBalancer");
+    service["spec"]["ports"][0]["nodePort"] = json!(30081);
+    service["status"] = json!({"loadBalancer": {"ingress": [
+        {"ip": "127.0.0.1"}, {"ip": "169.254.169.254"}, {"ip": NODE_IP}, {"ip": "192.0.2.99"}, {"ip": "192.0.2.30"},
+    ]}});
+    let mut docs = vec![service];
+    docs.extend(svc.slices(&[Ep::ready(ip("10.244.2.10"), "node-2")]));
+    write_atomic(lab.boxed.manifests.path(), "grabby.yaml", &to_yaml(&docs)).unwrap();
+    // The pod's own sidecar on its loopback, and a listener of the node's own on its address.
+    let sidecar =
+        NamedServer::start(&lab_bin, &lab.client, "127.0.0.1:15001".parse().unwrap(), "own-sidecar").unwrap();
+    let node_service = NamedServer::start(
+        &lab_bin,
+        &lab.boxed.node.netns,
+        format!("{NODE_IP}:15001").parse().unwrap(),
+        "node-own",
+    )
+    .unwrap();
+    let _agent = lab.start_agent(&["--protect-address=192.0.2.99:15001"]);
+    // The Service is programmed: its ordinary ingress IP is translated.
+    let r = lab.probe(&lab.client, "192.0.2.30:15001", 10);
+    assert_eq!((r.failures(), r.count("web-node-2")), (0, 10), "ordinary ingress IP: {:?}", r.by_backend());
+    let r = lab.probe(&lab.client, "127.0.0.1:15001", 20);
+    assert_eq!((r.failures(), r.count("own-sidecar")), (0, 20), "a pod's own loopback: {:?}", r.by_backend());
+    let r = lab.probe(&lab.client, &format!("{NODE_IP}:15001"), 20);
+    assert_eq!((r.failures(), r.count("node-own")), (0, 20), "the node's own address: {:?}", r.by_backend());
+    // Not translated, so nothing answers there (no route in the test's namespaces): never the Service.
+    for target in ["169.254.169.254:15001", "192.0.2.99:15001"] {
+        let r = lab.probe(&lab.client, target, 2);
+        assert_eq!((r.failures(), r.count("web-node-2")), (2, 0), "{target}: {:?}", r.by_backend());
+    }
+    // plan and explain say why, with the same flags.
+    let out = std::process::Command::new(TIERLB)
+        .args(["explain", "default/grabby", "--node", "node-1", "--protect-address=192.0.2.99:15001"])
+        .arg("--manifests")
+        .arg(lab.boxed.manifests.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "load-balancer IP 127.0.0.1: NOT translated, a loopback address",
+        "load-balancer IP 169.254.169.254: NOT translated, a link-local address",
+        "load-balancer IP 10.0.0.1: NOT translated, one of this node's own addresses",
+        "load-balancer IP 192.0.2.99: NOT translated, 192.0.2.99:15001 is the API server's address",
+    ] {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
+    drop((sidecar, node_service));
+}

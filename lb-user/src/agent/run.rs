@@ -78,12 +78,12 @@ pub struct AgentOptions {
     pub devices: Option<Vec<String>>,
 }
 
-/// Open the source; every change it sees is signalled on `changed`. The returned guard keeps a file watcher
-/// alive.
-async fn start_source(
-    opts: &AgentOptions,
-    changed: mpsc::UnboundedSender<()>,
-) -> anyhow::Result<(Box<dyn ModelSource>, Option<notify::RecommendedWatcher>)> {
+/// What `start_source` opened: the source, the guard that keeps a file watcher alive, and the API server's
+/// addresses (with `--kube`), which no frontend may take.
+type Opened = (Box<dyn ModelSource>, Option<notify::RecommendedWatcher>, Vec<SocketAddr>);
+
+/// Open the source; every change it sees is signalled on `changed`.
+async fn start_source(opts: &AgentOptions, changed: mpsc::UnboundedSender<()>) -> anyhow::Result<Opened> {
     match &opts.source {
         Source::Manifests(dir) => {
             anyhow::ensure!(
@@ -109,17 +109,36 @@ async fn start_source(
             .context("starting the file watcher (inotify)")?;
             notify::Watcher::watch(&mut w, dir, notify::RecursiveMode::NonRecursive)
                 .with_context(|| format!("watching {}", dir.display()))?;
-            Ok((Box::new(ManifestDir::new(dir)), Some(w)))
+            Ok((Box::new(ManifestDir::new(dir)), Some(w), Vec::new()))
         }
         Source::Kube => {
-            let client = kube::Client::try_default()
+            let config = kube::Config::infer()
                 .await
                 .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
+            let api_server = api_server_addresses(&config).await;
+            let client = kube::Client::try_from(config).context("--kube: cannot build the API client")?;
             let ks =
                 KubeSource::start_with_timeout(client, &opts.node, changed, Duration::from_mins(1)).await?;
-            Ok((Box::new(ks), None))
+            Ok((Box::new(ks), None, api_server))
         }
     }
+}
+
+/// The addresses the API server's URL names (its host resolved, as the client resolves it; port 443 by
+/// default): no Service frontend may take them, or the agent's own connects would be captured. A name that
+/// does not resolve now gives none (the client would not reach it either).
+pub(super) async fn api_server_addresses(config: &kube::Config) -> Vec<SocketAddr> {
+    let url = &config.cluster_url;
+    let Some(host) = url.host() else { return Vec::new() };
+    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("http") { 80 } else { 443 });
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let mut out: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host, port)).await.map(Iterator::collect).unwrap_or_default(),
+    };
+    out.sort();
+    out.dedup();
+    out
 }
 
 async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
@@ -318,7 +337,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let metrics_listener =
         if let Some(a) = opts.metrics_addr { Some(bind(a, "--metrics-addr").await?) } else { None };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let (source, file_watcher) = start_source(&opts, tx.clone()).await?;
+    let (source, file_watcher, api_server) = start_source(&opts, tx.clone()).await?;
+    let mut external = opts.external.clone();
+    for addr in api_server {
+        tracing::info!(%addr, "the API server's address: no Service frontend may take it");
+        external.protected.push(addr);
+    }
     let source_name = source.describe();
     let pending = source.pending();
     let pin_dir = match &opts.bpffs {
@@ -327,8 +351,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     };
     let Loaded { mut programs, maps, ns } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
     let mut north_south = super::north_south::NorthSouth::new(ns, opts.devices.clone(), pin_dir.as_deref());
-    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
-        .with_external(opts.external.clone());
+    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps).with_external(external);
     if pin_dir.is_some() {
         adopt(&mut core)?;
     }

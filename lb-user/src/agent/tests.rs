@@ -304,3 +304,19 @@ fn a_service_meant_for_another_proxy_or_on_sctp_is_not_programmed_and_follows_it
     assert_eq!((r.added, r.removed), (0, 1));
     assert_eq!(programmed(&a), only(&[("10.96.0.20:80", "default/routed:main")]));
 }
+
+#[tokio::test]
+async fn the_api_servers_address_comes_from_the_client_config_with_its_default_port() {
+    let at = |url: &str| {
+        let mut config = kube::Config::new(url.parse().unwrap());
+        config.default_namespace = "default".into();
+        config
+    };
+    let addrs = |url: &'static str| async move { super::run::api_server_addresses(&at(url)).await };
+    let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
+    assert_eq!(addrs("https://192.168.0.10:6443").await, [sa("192.168.0.10:6443")]);
+    assert_eq!(addrs("https://192.168.0.10").await, [sa("192.168.0.10:443")]);
+    assert_eq!(addrs("https://[fd00::10]:6443").await, [sa("[fd00::10]:6443")]);
+    // A name resolves as the client resolves it (here through /etc/hosts).
+    assert!(addrs("https://localhost:6443").await.contains(&sa("127.0.0.1:6443")));
+}

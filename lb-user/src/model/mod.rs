@@ -2,7 +2,7 @@
 //! Independent of k8s-openapi so the plan is pure and easy to build in tests.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
     sync::Arc,
 };
 
@@ -478,12 +478,24 @@ pub struct NodeInfo {
     pub node_port_addresses: Vec<IpAddr>,
     /// `--external-ip-cidrs`: externalIPs outside them are not translated (`None`: no limit).
     pub external_ip_cidrs: Option<Vec<node_addresses::Cidr>>,
+    /// The node's own addresses (its Node object's and its NodePort addresses): never a load-balancer IP or
+    /// an externalIP, which would capture connects to the node's own services (kubelet, sshd).
+    pub own_addresses: Vec<IpAddr>,
+    /// Addresses no frontend may take: the API server's, which the agent itself connects to.
+    pub protected: Vec<SocketAddr>,
 }
 
 impl NodeInfo {
     /// A node with no external address settings: no NodePort address, every externalIP allowed.
     pub fn new(name: impl Into<String>, zone: Option<String>) -> Self {
-        Self { name: name.into(), zone, node_port_addresses: Vec::new(), external_ip_cidrs: None }
+        Self {
+            name: name.into(),
+            zone,
+            node_port_addresses: Vec::new(),
+            external_ip_cidrs: None,
+            own_addresses: Vec::new(),
+            protected: Vec::new(),
+        }
     }
 
     /// `--zone` wins; else the Node object's zone label; else none. NodePorts on the Node object's addresses,
@@ -503,11 +515,19 @@ impl NodeInfo {
             .map(str::to_owned)
             .or_else(|| model.nodes.get(name).and_then(|n| n.zone.clone()))
             .filter(|z| !z.is_empty());
+        let node_port_addresses = node_addresses::resolve_node_ports(cfg, name, model);
+        let mut own_addresses: Vec<IpAddr> =
+            model.nodes.get(name).iter().flat_map(|n| &n.addresses).map(|a| a.ip).collect();
+        own_addresses.extend(&node_port_addresses);
+        own_addresses.sort();
+        own_addresses.dedup();
         Self {
             name: name.to_owned(),
             zone,
-            node_port_addresses: node_addresses::resolve_node_ports(cfg, name, model),
+            node_port_addresses,
             external_ip_cidrs: cfg.external_ip_cidrs.clone(),
+            own_addresses,
+            protected: cfg.protected.clone(),
         }
     }
 }

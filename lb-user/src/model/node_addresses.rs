@@ -121,6 +121,8 @@ pub struct ExternalConfig {
     pub node_port_addresses: NodePortAddresses,
     /// `--external-ip-cidrs` (`None`: every externalIP is translated).
     pub external_ip_cidrs: Option<Vec<Cidr>>,
+    /// Addresses no frontend may take: the API server's (the agent's own connects go there).
+    pub protected: Vec<std::net::SocketAddr>,
 }
 
 /// kube-proxy's `GetNodeHostIPs` (pkg/util/node/node.go): `InternalIP`s first, then `ExternalIP`s; the first

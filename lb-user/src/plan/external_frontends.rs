@@ -78,6 +78,68 @@ pub enum NotTranslatedReason {
         /// The allowed CIDRs.
         cidrs: Vec<Cidr>,
     },
+    /// An address no Service may take: a socket-level frontend there would capture every pod's connects to
+    /// its own loopback (sidecars), the metadata service, or a wildcard.
+    Special {
+        /// Which kind of address.
+        class: SpecialAddress,
+    },
+    /// One of this node's own addresses: connects to the node's own services (kubelet, sshd) would be
+    /// captured.
+    NodeAddress,
+    /// The API server's address, which the agent itself connects to: a frontend there would cut the agent
+    /// off the fix.
+    ApiServer {
+        /// The API server's address.
+        addr: SocketAddr,
+    },
+}
+
+/// Addresses that are never a Service's (the API server refuses them as externalIPs; ingress IPs are only
+/// checked for syntax, so a Service's status could say any of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecialAddress {
+    /// 127.0.0.0/8, ::1.
+    Loopback,
+    /// 0.0.0.0, ::.
+    Unspecified,
+    /// 169.254.0.0/16 (the metadata service), fe80::/10.
+    LinkLocal,
+    /// 224.0.0.0/4, ff00::/8.
+    Multicast,
+    /// 255.255.255.255.
+    Broadcast,
+}
+
+impl SpecialAddress {
+    /// What `ip` is, if it is one of these (an IPv4-mapped IPv6 address as its IPv4 address).
+    pub fn of(ip: IpAddr) -> Option<Self> {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 @ IpAddr::V4(_) => v4,
+        };
+        match ip {
+            _ if ip.is_loopback() => Some(Self::Loopback),
+            _ if ip.is_unspecified() => Some(Self::Unspecified),
+            _ if ip.is_multicast() => Some(Self::Multicast),
+            IpAddr::V4(v4) if v4.is_link_local() => Some(Self::LinkLocal),
+            IpAddr::V4(v4) if v4.is_broadcast() => Some(Self::Broadcast),
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => Some(Self::LinkLocal),
+            _ => None,
+        }
+    }
+
+    /// In words.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Loopback => "a loopback address (every pod's own loopback would be captured)",
+            Self::Unspecified => "the unspecified address",
+            Self::LinkLocal => "a link-local address (the metadata service lives there)",
+            Self::Multicast => "a multicast address",
+            Self::Broadcast => "the broadcast address",
+        }
+    }
 }
 
 /// An address of the Service that tierlb leaves alone.
@@ -103,6 +165,13 @@ impl NotTranslated {
             NotTranslatedReason::OutsideExternalIpCidrs { cidrs } => {
                 let list: Vec<String> = cidrs.iter().map(ToString::to_string).collect();
                 format!("outside --external-ip-cidrs ({})", list.join(", "))
+            }
+            NotTranslatedReason::Special { class } => format!("{}: never a Service's", class.as_str()),
+            NotTranslatedReason::NodeAddress => {
+                "one of this node's own addresses: connects to the node's own services would be captured".to_owned()
+            }
+            NotTranslatedReason::ApiServer { addr } => {
+                format!("{addr} is the API server's address, which the agent connects to: never captured")
             }
         }
     }
@@ -140,11 +209,25 @@ pub(super) fn plan(
     }
     let of_family = |ip: &&IpAddr| Family::of(ip) == family;
     let mut frontends: Vec<ExternalFrontend> = Vec::new();
+    let mut not_translated = Vec::new();
     let ranges = source_ranges(svc, family);
     let mut add = |kind, ip: IpAddr, number: u16| {
         let addr = SocketAddr::new(ip, number);
-        // One address may be listed twice (an externalIP that is also the ingress IP): the first kind wins.
-        if !frontends.iter().any(|f| f.addr == addr) {
+        // Node ports are on the node's addresses by design (loopback already left out); the other kinds
+        // are whatever a Service's author or its load balancer wrote.
+        let refused = match SpecialAddress::of(ip) {
+            _ if node.protected.contains(&addr) => Some(NotTranslatedReason::ApiServer { addr }),
+            _ if kind == ExternalKind::NodePort => None,
+            Some(class) => Some(NotTranslatedReason::Special { class }),
+            None if node.own_addresses.contains(&ip) => Some(NotTranslatedReason::NodeAddress),
+            None => None,
+        };
+        if let Some(reason) = refused {
+            if !not_translated.iter().any(|t: &NotTranslated| t.ip == ip && t.reason == reason) {
+                not_translated.push(NotTranslated { kind, ip, reason });
+            }
+        } else if !frontends.iter().any(|f| f.addr == addr) {
+            // One address may be listed twice (an externalIP that is also the ingress IP): the first kind wins.
             let source_ranges = if kind == ExternalKind::LoadBalancer { ranges.clone() } else { Vec::new() };
             frontends.push(ExternalFrontend { kind, addr, source_ranges });
         }
@@ -157,10 +240,10 @@ pub(super) fn plan(
     for ip in svc.load_balancer_ips.iter().filter(of_family) {
         add(ExternalKind::LoadBalancer, *ip, port.port);
     }
-    let mut not_translated = Vec::new();
+    let mut outside = Vec::new();
     for ip in svc.external_ips.iter().filter(of_family) {
         match &node.external_ip_cidrs {
-            Some(cidrs) if !cidrs.iter().any(|c| c.contains(ip)) => not_translated.push(NotTranslated {
+            Some(cidrs) if !cidrs.iter().any(|c| c.contains(ip)) => outside.push(NotTranslated {
                 kind: ExternalKind::ExternalIp,
                 ip: *ip,
                 reason: NotTranslatedReason::OutsideExternalIpCidrs { cidrs: cidrs.clone() },
@@ -168,6 +251,7 @@ pub(super) fn plan(
             _ => add(ExternalKind::ExternalIp, *ip, port.port),
         }
     }
+    not_translated.extend(outside);
     for ip in svc.load_balancer_proxy_ips.iter().filter(of_family) {
         not_translated.push(NotTranslated {
             kind: ExternalKind::LoadBalancer,

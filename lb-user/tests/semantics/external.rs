@@ -5,7 +5,7 @@
 //! follows externalTrafficPolicy.
 use tierlb::{
     model::node_addresses::Cidr,
-    plan::{ExternalKind, NotTranslatedReason},
+    plan::{ExternalKind, NotTranslatedReason, SpecialAddress},
 };
 
 use super::*;
@@ -203,4 +203,115 @@ fn an_external_ip_on_another_services_cluster_ip_is_not_programmed_whatever_the_
         warning("aaa")
     );
     assert!(warning("default").contains("default/web is programmed"), "{}", warning("default"));
+}
+
+#[test]
+fn special_addresses_are_loopback_unspecified_link_local_multicast_and_broadcast_in_both_families() {
+    use SpecialAddress as S;
+    // Which addresses are special, both families (an IPv4-mapped IPv6 address as its IPv4 address).
+    let classes = [
+        ("127.0.0.1", Some(S::Loopback)),
+        ("127.8.9.10", Some(S::Loopback)),
+        ("::1", Some(S::Loopback)),
+        ("::ffff:127.0.0.1", Some(S::Loopback)),
+        ("0.0.0.0", Some(S::Unspecified)),
+        ("::", Some(S::Unspecified)),
+        ("169.254.169.254", Some(S::LinkLocal)),
+        ("fe80::1", Some(S::LinkLocal)),
+        ("224.0.0.251", Some(S::Multicast)),
+        ("ff02::1", Some(S::Multicast)),
+        ("255.255.255.255", Some(S::Broadcast)),
+        ("192.0.2.10", None),
+        ("10.0.0.1", None),
+        ("2001:db8::10", None),
+    ];
+    for (addr, want) in classes {
+        assert_eq!(SpecialAddress::of(addr.parse().unwrap()), want, "{addr}");
+    }
+}
+
+#[test]
+fn addresses_that_are_not_a_services_to_take_are_never_translated() {
+    struct X {
+        name: &'static str,
+        ingress: &'static str,
+        reason: Option<NotTranslatedReason>,
+        explain: &'static str,
+    }
+    use SpecialAddress as S;
+    // Ingress IPs and externalIPs of every kind of refusal, beside one that is translated.
+    let cases = [
+        X {
+            name: "loopback ingress IP (a pod's own 127.0.0.1:80 would reach the backend)",
+            ingress: "127.0.0.1",
+            reason: Some(NotTranslatedReason::Special { class: S::Loopback }),
+            explain: "load-balancer IP 127.0.0.1: NOT translated, a loopback address",
+        },
+        X {
+            name: "the metadata service",
+            ingress: "169.254.169.254",
+            reason: Some(NotTranslatedReason::Special { class: S::LinkLocal }),
+            explain: "load-balancer IP 169.254.169.254: NOT translated, a link-local address",
+        },
+        X {
+            name: "unspecified",
+            ingress: "0.0.0.0",
+            reason: Some(NotTranslatedReason::Special { class: S::Unspecified }),
+            explain: "load-balancer IP 0.0.0.0: NOT translated, the unspecified address",
+        },
+        X {
+            name: "the node's own address (its kubelet, its sshd)",
+            ingress: "10.0.0.1",
+            reason: Some(NotTranslatedReason::NodeAddress),
+            explain: "load-balancer IP 10.0.0.1: NOT translated, one of this node's own addresses",
+        },
+        X {
+            name: "the API server's address, which the agent connects to",
+            ingress: "192.0.2.99",
+            reason: Some(NotTranslatedReason::ApiServer { addr: "192.0.2.99:80".parse().unwrap() }),
+            explain: "load-balancer IP 192.0.2.99: NOT translated, 192.0.2.99:80 is the API server's address",
+        },
+        X {
+            name: "an ordinary ingress IP",
+            ingress: "192.0.2.10",
+            reason: None,
+            explain: "load-balancer IP 192.0.2.10:80: translated",
+        },
+    ];
+    for c in cases {
+        let ip = c.ingress.parse::<IpAddr>().unwrap();
+        for as_external_ip in [false, true] {
+            let mut service = reachable(Policy::Cluster, Policy::Cluster);
+            service.ports[0].node_port = None;
+            service.type_ = ServiceType::LoadBalancer;
+            if as_external_ip {
+                service.external_ips = vec![ip];
+            } else {
+                service.load_balancer_ips = vec![ip];
+            }
+            let the_model = model(service, &[e("10.2.0.1", "n2")]);
+            let the_node = NodeInfo {
+                own_addresses: vec!["10.0.0.1".parse().unwrap()],
+                protected: vec!["192.0.2.99:80".parse().unwrap()],
+                ..node("n1", None)
+            };
+            let planned = plan::plan(&the_model, &the_node);
+            let ext = planned.services[0].external.as_ref().unwrap();
+            let kind = if as_external_ip { ExternalKind::ExternalIp } else { ExternalKind::LoadBalancer };
+            let refused: Vec<_> =
+                ext.not_translated.iter().map(|t| (t.kind, t.ip, t.reason.clone())).collect();
+            if let Some(r) = &c.reason {
+                assert_eq!(refused, [(kind, ip, r.clone())], "{}", c.name);
+                assert!(ext.frontends.is_empty(), "{}: {:?}", c.name, ext.frontends);
+            } else {
+                assert!(refused.is_empty(), "{}: {refused:?}", c.name);
+                assert_eq!(ext.frontends.len(), 1, "{}", c.name);
+            }
+            if !as_external_ip {
+                let text =
+                    tierlb::explain::explain(&the_model, &the_node, &ObjKey::new("default", "web")).unwrap();
+                assert!(text.contains(c.explain), "{}: {:?} not in\n{text}", c.name, c.explain);
+            }
+        }
+    }
 }
