@@ -175,6 +175,11 @@ fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_wa
     assert!(
         text.lines().any(|l| l.starts_with("calico-ebpf-3.31.0-3.31.4: ") && !l.contains("[unverified]"))
     );
+    // kube-proxy's files were read at commits, not at the v1.35 tag.
+    assert!(
+        text.lines().any(|l| l.starts_with("kube-proxy-1.35: ") && l.ends_with("[unverified]")),
+        "{text}"
+    );
     assert!(text.contains("hang (DROP)"), "{text}");
     let json = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
         .args(["study", "--models", "-o", "json"])

@@ -48,17 +48,35 @@ impl ProxyModel {
         match self {
             Self::KubeProxy => ModelInfo {
                 name: "kube-proxy-1.35",
-                stands_for: "kube-proxy 1.35 (iptables, nftables, ipvs)",
+                stands_for: "kube-proxy 1.35 (v1.35.x; iptables, nftables, ipvs)",
                 rule: "node hints if every ready endpoint has forNodes and one names this node, else zone hints \
                        under the same rule, else all ready endpoints (then serving+terminating ones); a Local \
                        policy uses the local ready (else serving+terminating) endpoints",
                 when_empty: "refused (REJECT) when the Service has no usable endpoint; hang (DROP) under a Local \
                              policy with endpoints elsewhere",
                 errno: "ECONNREFUSED (REJECT); none under DROP: the client hangs",
-                source: "kubernetes/kubernetes pkg/proxy/topology.go CategorizeEndpoints; KEP-3015, \
-                         kubernetes#130844",
-                verified: true,
-                verification: "the reference the plan module implements (DESIGN.md, Semantics)",
+                source: "kubernetes/kubernetes, at stored commits none of which is a v1.35 tag: \
+                         pkg/proxy/topology.go CategorizeEndpoints at 803d40a57714b8d054430fedb25b48c20ba9d52c \
+                         (an older, zone-only version: canUseTopology `if !endpoint.IsReady() { continue }`, \
+                         `if endpoint.ZoneHints().Len() == 0 {`; the fallback `if ep.IsServing() && \
+                         ep.IsTerminating() {`); pkg/proxy/endpointslicecache.go addEndpoints at \
+                         c2c7d507620b919d8c6cd5d43e689e7656186df5: `if len(endpoint.Hints.ForNodes) > 0 && \
+                         utilfeature.DefaultFeatureGate.Enabled(features.PreferSameTrafficDistribution) {`; \
+                         pkg/features/kube_features.go at b0b89d3bd251db932ed5a7bef66039fb88acab64 (a \
+                         1.33-cycle tree): `{Version: version.MustParse(\"1.33\"), Default: false, PreRelease: \
+                         featuregate.Alpha},`, and a stored post-1.35 main-branch copy (it has 1.36 entries; \
+                         the index gives no commit): `{Version: version.MustParse(\"1.35\"), Default: true, \
+                         PreRelease: featuregate.GA, LockToDefault: true},`; the node-hint rule in a stored \
+                         topology.go whose repository and commit the index does not give \
+                         (topologyModeFromHints: `if \
+                         utilfeature.DefaultFeatureGate.Enabled(features.PreferSameTrafficDistribution) {`, `if \
+                         allEndpointsHaveNodeHints {`); KEP-3015, kubernetes#130844",
+                verified: false,
+                verification: "unverified at the tag: tierlb's plan module implements this rule (DESIGN.md, \
+                               Semantics) and its own semantics tests check it, but the v1.35 tag itself was \
+                               not read: no stored kubernetes commit named is identifiable as a tag \
+                               (kube_features.go's is a 1.33-cycle tree), and the copies with the 1.35 gate \
+                               and the node-hint rule have no commit",
             },
             Self::Tierlb => ModelInfo {
                 name: "tierlb",
