@@ -190,6 +190,18 @@ fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_wa
     assert!(v.as_array().unwrap().iter().all(|m| m["source"].as_str().is_some_and(|s| !s.is_empty())));
 }
 
+#[test]
+fn the_cli_docs_mark_unverified_the_models_study_models_marks() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    for m in study::MODELS {
+        let i = m.info();
+        let row = doc.lines().find(|l| l.starts_with(&format!("| `{}` |", i.name)));
+        let row = row.unwrap_or_else(|| panic!("docs/cli.md lists no {}", i.name));
+        assert_eq!(row.contains("[unverified]"), !i.verified, "docs/cli.md: {row}");
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
