@@ -190,6 +190,28 @@ fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_wa
     assert!(v.as_array().unwrap().iter().all(|m| m["source"].as_str().is_some_and(|s| !s.is_empty())));
 }
 
+/// Whether two models route a phase alike: the same share per endpoint, failed and hanging.
+fn same_outcome(a: &study::ModelResult, b: &study::ModelResult) -> bool {
+    a.shares.len() == b.shares.len()
+        && a.shares.iter().all(|(ip, s)| b.shares.get(ip).is_some_and(|t| close(*s, *t)))
+        && close(a.failed, b.failed)
+        && close(a.hang, b.hang)
+}
+
+#[test]
+fn every_pair_of_adjacent_models_routes_some_shipped_phase_differently() {
+    // A model per behaviour: two neighbours in MODELS that no shipped scenario tells apart are one behaviour
+    // (or a scenario is missing), and the study would not show the change it claims.
+    let studies: Vec<StudyResult> =
+        scenarios().iter().map(|f| study::run(&study::load(f).unwrap())).collect();
+    for pair in study::MODELS.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let told_apart =
+            studies.iter().any(|r| (0..r.phases.len()).any(|i| !same_outcome(get(r, i, a), get(r, i, b))));
+        assert!(told_apart, "no shipped scenario and phase tells {} from {}", a.name(), b.name());
+    }
+}
+
 #[test]
 fn the_cli_docs_mark_unverified_the_models_study_models_marks() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
