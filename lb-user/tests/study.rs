@@ -212,6 +212,27 @@ fn every_pair_of_adjacent_models_routes_some_shipped_phase_differently() {
     }
 }
 
+/// The scenarios in README's study table: the story first, then the others by file name.
+fn readme_scenarios() -> Vec<study::Scenario> {
+    let mut files = scenarios();
+    files.sort_by_key(|f| (f.file_stem().unwrap() != "story", f.clone()));
+    files.iter().map(|f| study::load(f).unwrap()).collect()
+}
+
+#[test]
+fn readmes_study_table_is_what_the_study_computes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- study-table:begin -->\n", "<!-- study-table:end -->");
+    let start = readme.find(begin).expect("README marks its study table's start") + begin.len();
+    let stop = start + readme[start..].find(end).expect("README marks its study table's end");
+    let fresh = study::markdown_table(&readme_scenarios());
+    assert!(
+        readme[start..stop] == fresh,
+        "README's study table is stale; paste this between the markers:\n{begin}{fresh}{end}"
+    );
+}
+
 #[test]
 fn the_cli_docs_mark_unverified_the_models_study_models_marks() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
