@@ -26,7 +26,7 @@ pub use catalog::{ModelInfo, models_text};
 pub use health::{Crash, Detection, HealthParams};
 pub use models::{CiliumSettings, MODELS, ProxyModel};
 use models::{Empty, Route};
-pub use table::table;
+pub use table::{markdown_table, table};
 
 /// A study scenario, as its YAML file reads (examples/study/).
 #[derive(Clone, Debug, Deserialize)]

@@ -175,6 +175,11 @@ fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_wa
     assert!(
         text.lines().any(|l| l.starts_with("calico-ebpf-3.31.0-3.31.4: ") && !l.contains("[unverified]"))
     );
+    // kube-proxy's files were read at commits, not at the v1.35 tag.
+    assert!(
+        text.lines().any(|l| l.starts_with("kube-proxy-1.35: ") && l.ends_with("[unverified]")),
+        "{text}"
+    );
     assert!(text.contains("hang (DROP)"), "{text}");
     let json = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
         .args(["study", "--models", "-o", "json"])
@@ -183,6 +188,61 @@ fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_wa
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), study::MODELS.len());
     assert!(v.as_array().unwrap().iter().all(|m| m["source"].as_str().is_some_and(|s| !s.is_empty())));
+}
+
+/// Whether two models route a phase alike: the same share per endpoint, failed and hanging.
+fn same_outcome(a: &study::ModelResult, b: &study::ModelResult) -> bool {
+    a.shares.len() == b.shares.len()
+        && a.shares.iter().all(|(ip, s)| b.shares.get(ip).is_some_and(|t| close(*s, *t)))
+        && close(a.failed, b.failed)
+        && close(a.hang, b.hang)
+}
+
+#[test]
+fn every_pair_of_adjacent_models_routes_some_shipped_phase_differently() {
+    // A model per behaviour: two neighbours in MODELS that no shipped scenario tells apart are one behaviour
+    // (or a scenario is missing), and the study would not show the change it claims.
+    let studies: Vec<StudyResult> =
+        scenarios().iter().map(|f| study::run(&study::load(f).unwrap())).collect();
+    for pair in study::MODELS.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        let told_apart =
+            studies.iter().any(|r| (0..r.phases.len()).any(|i| !same_outcome(get(r, i, a), get(r, i, b))));
+        assert!(told_apart, "no shipped scenario and phase tells {} from {}", a.name(), b.name());
+    }
+}
+
+/// The scenarios in README's study table: the story first, then the others by file name.
+fn readme_scenarios() -> Vec<study::Scenario> {
+    let mut files = scenarios();
+    files.sort_by_key(|f| (f.file_stem().unwrap() != "story", f.clone()));
+    files.iter().map(|f| study::load(f).unwrap()).collect()
+}
+
+#[test]
+fn readmes_study_table_is_what_the_study_computes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- study-table:begin -->\n", "<!-- study-table:end -->");
+    let start = readme.find(begin).expect("README marks its study table's start") + begin.len();
+    let stop = start + readme[start..].find(end).expect("README marks its study table's end");
+    let fresh = study::markdown_table(&readme_scenarios());
+    assert!(
+        readme[start..stop] == fresh,
+        "README's study table is stale; paste this between the markers:\n{begin}{fresh}{end}"
+    );
+}
+
+#[test]
+fn the_cli_docs_mark_unverified_the_models_study_models_marks() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    for m in study::MODELS {
+        let i = m.info();
+        let row = doc.lines().find(|l| l.starts_with(&format!("| `{}` |", i.name)));
+        let row = row.unwrap_or_else(|| panic!("docs/cli.md lists no {}", i.name));
+        assert_eq!(row.contains("[unverified]"), !i.verified, "docs/cli.md: {row}");
+    }
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -31,9 +31,10 @@ pub struct ModelInfo {
 const CILIUM_EMPTY: &str = "refused: the frontend has no backend, connect() fails at once, never a hang";
 const CILIUM_ERRNO: &str =
     "EHOSTUNREACH (bpf/bpf_sock.c __sock4_xlate_fwd, svc->count == 0; not read at a tag)";
-const CILIUM_UNVERIFIED: &str = "unverified: no Cilium file could be read at a release tag here (the \
-                                 repository is too big to fetch); the rule is read from the pull requests \
-                                 named and from stored versions of the files whose tag was not identified";
+const CILIUM_UNVERIFIED: &str = "unverified: no stored Cilium commit can be tied to a release tag (VERSION \
+                                 is stored only at 520a8dd6b8f91da18d1f7f1d17aa0946e8b8eb1e, where it reads \
+                                 1.6.12); the rule is read from the pull requests named and from the stored \
+                                 versions of the files at the commits named, none of them known to be a tag";
 const CALICO_EMPTY: &str = "refused: NAT_NO_BACKEND, connect() fails at once";
 const CALICO_ERRNO: &str = "EPERM: on NAT_NO_BACKEND the connect4 hook returns 0 without bpf_set_retval \
                             (projectcalico/calico felix/bpf-gpl/connect.h:33-34 `if (res == NAT_NO_BACKEND) \
@@ -48,17 +49,35 @@ impl ProxyModel {
         match self {
             Self::KubeProxy => ModelInfo {
                 name: "kube-proxy-1.35",
-                stands_for: "kube-proxy 1.35 (iptables, nftables, ipvs)",
+                stands_for: "kube-proxy 1.35 (v1.35.x; iptables, nftables, ipvs)",
                 rule: "node hints if every ready endpoint has forNodes and one names this node, else zone hints \
                        under the same rule, else all ready endpoints (then serving+terminating ones); a Local \
                        policy uses the local ready (else serving+terminating) endpoints",
                 when_empty: "refused (REJECT) when the Service has no usable endpoint; hang (DROP) under a Local \
                              policy with endpoints elsewhere",
                 errno: "ECONNREFUSED (REJECT); none under DROP: the client hangs",
-                source: "kubernetes/kubernetes pkg/proxy/topology.go CategorizeEndpoints; KEP-3015, \
-                         kubernetes#130844",
-                verified: true,
-                verification: "the reference the plan module implements (DESIGN.md, Semantics)",
+                source: "kubernetes/kubernetes, at stored commits none of which is a v1.35 tag: \
+                         pkg/proxy/topology.go CategorizeEndpoints at 803d40a57714b8d054430fedb25b48c20ba9d52c \
+                         (an older, zone-only version: canUseTopology `if !endpoint.IsReady() { continue }`, \
+                         `if endpoint.ZoneHints().Len() == 0 {`; the fallback `if ep.IsServing() && \
+                         ep.IsTerminating() {`); pkg/proxy/endpointslicecache.go addEndpoints at \
+                         c2c7d507620b919d8c6cd5d43e689e7656186df5: `if len(endpoint.Hints.ForNodes) > 0 && \
+                         utilfeature.DefaultFeatureGate.Enabled(features.PreferSameTrafficDistribution) {`; \
+                         pkg/features/kube_features.go at b0b89d3bd251db932ed5a7bef66039fb88acab64 (a \
+                         1.33-cycle tree): `{Version: version.MustParse(\"1.33\"), Default: false, PreRelease: \
+                         featuregate.Alpha},`, and a stored post-1.35 main-branch copy (it has 1.36 entries; \
+                         the index gives no commit): `{Version: version.MustParse(\"1.35\"), Default: true, \
+                         PreRelease: featuregate.GA, LockToDefault: true},`; the node-hint rule in a stored \
+                         topology.go whose repository and commit the index does not give \
+                         (topologyModeFromHints: `if \
+                         utilfeature.DefaultFeatureGate.Enabled(features.PreferSameTrafficDistribution) {`, `if \
+                         allEndpointsHaveNodeHints {`); KEP-3015, kubernetes#130844",
+                verified: false,
+                verification: "unverified at the tag: tierlb's plan module implements this rule (DESIGN.md, \
+                               Semantics) and its own semantics tests check it, but the v1.35 tag itself was \
+                               not read: no stored kubernetes commit named is identifiable as a tag \
+                               (kube_features.go's is a 1.33-cycle tree), and the copies with the 1.35 gate \
+                               and the node-hint rule have no commit",
             },
             Self::Tierlb => ModelInfo {
                 name: "tierlb",
@@ -82,11 +101,13 @@ impl ProxyModel {
                        ones if none is ready",
                 when_empty: CILIUM_EMPTY,
                 errno: CILIUM_ERRNO,
-                source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints (cilium#17929), read at a \
-                         stored pre-#32678 version, commit 005d3ed3 (tag not identified): `if \
-                         !option.Config.EnableServiceTopology || svc == nil || !svc.TopologyAware { return \
-                         localEndpoints }`, `if len(backend.HintsForZones) == 0 { return localEndpoints }`, \
-                         `if len(filteredEndpoints.Backends) == 0 { return localEndpoints }`",
+                source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints (cilium#17929), read at two \
+                         stored pre-#32678 versions, neither tied to a tag: at \
+                         005d3ed35c1313c9097b820a0c7179fbbf0a431a `if !option.Config.EnableServiceTopology || \
+                         svc == nil || !svc.TopologyAware {`, at 4309d933eaa5e1f3e4a681428adef6b9d77d9024 `if \
+                         !s.config.EnableServiceTopology || svc == nil || !svc.TopologyAware {`; in both `if \
+                         len(backend.HintsForZones) == 0 { return localEndpoints }`, `if \
+                         len(filteredEndpoints.Backends) == 0 { return localEndpoints }`",
                 verified: false,
                 verification: CILIUM_UNVERIFIED,
             },
@@ -103,7 +124,9 @@ impl ProxyModel {
                 source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints after cilium#32678 (\"we've \
                          removed the check ... that verified that a topology annotation was set before \
                          honoring hints\"; TopologyAware kept only to re-send Services when the node's zone \
-                         changes)",
+                         changes), read at a stored post-#32678 version whose repository and commit the \
+                         index does not give (`func (s *ServiceCacheImpl) filterEndpoints`): `if \
+                         !s.config.EnableServiceTopology || svc == nil {`",
                 verified: false,
                 verification: CILIUM_UNVERIFIED,
             },
@@ -119,34 +142,37 @@ impl ProxyModel {
                 errno: "EHOSTUNREACH (bpf/bpf_sock.c, not read at a tag); cilium#41022 reports ECONNREFUSED \
                         on 1.18.0: unverified",
                 source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends (cilium#38277), \
-                         read at a stored version without the safeguards (commit not given): `if \
-                         fe.RedirectTo == nil && fe.service.TrafficDistribution == \
-                         TrafficDistributionPreferClose { thisZone := w.nodeZone.Load(); if len(be.ForZones) > \
-                         0 && thisZone != nil {`; cilium#41022",
+                         read at da6d7b49f4457398c6277edf8a076174730e9537, pre-1.18.0 development code \
+                         (NewWriter `if !p.Config.EnableExperimentalLB {`) without the safeguards: `if \
+                         fe.RedirectTo == nil && fe.Service.TrafficDistribution == \
+                         loadbalancer.TrafficDistributionPreferClose {`, \
+                         `thisZone := w.nodeZone.Load()`, `if len(be.ForZones) > 0 && thisZone != nil {`; \
+                         cilium#41022",
                 verified: false,
                 verification: CILIUM_UNVERIFIED,
             },
             Self::Cilium1181 => ModelInfo {
                 name: "cilium-1.18.1",
                 stands_for: "Cilium 1.18.1 up to the last 1.18 patch release without #42708 (merged \
-                             2025-11-11; which patch first carries it was not read)",
+                             2025-11-11; which patch release first carries it is not known: no stored thread \
+                             or page names it)",
                 rule: "as cilium-1.18.0 but with the safeguards (#41024, backport #41116): all kept backends if \
                        one lacks zone hints or none names the zone; the parser still drops endpoints that are \
                        not serving, so a starting pod is not seen (as in 1.17)",
                 when_empty: CILIUM_EMPTY,
                 errno: CILIUM_ERRNO,
                 source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends, read at a stored \
-                         version with the safeguards (commit not given): `for be := range bes { if be.Zone != \
-                         nil && len(be.Zone.ForZones) > 0 { ... } else { missingHints = true; break } }`, \
-                         `checkZoneHints = candidatesFound && !missingHints`; \
+                         version with the safeguards whose repository and commit the index does not give: \
+                         `for be := range bes { if be.Zone != nil && len(be.Zone.ForZones) > 0 { ... } else { \
+                         missingHints = true; break } }`, `checkZoneHints = candidatesFound && !missingHints`; \
                          pkg/loadbalancer/reflectors/conversions.go isTopologyAware; #41116, #42708",
                 verified: false,
                 verification: CILIUM_UNVERIFIED,
             },
             Self::Cilium118x => ModelInfo {
                 name: "cilium-1.18.x-1.19",
-                stands_for: "Cilium 1.18 patch releases with #42708 (backports #40969, #41234, #42170), and \
-                             1.19.x",
+                stands_for: "Cilium 1.18 patch releases with #42708 (backports #40969, #41234, #42170; the \
+                             first of them is not known), and 1.19.x",
                 rule: "as cilium-1.18.1, but not-ready backends are kept (maintenance, #42170) and the \
                        safeguards scan every backend, so a starting pod without hints turns zone routing off \
                        for the whole Service; PreferSameNode cluster-wide",
@@ -216,11 +242,12 @@ impl ProxyModel {
                          (node hints, then zone hints, then all), proxy.go:174 \
                          `k8sp.NewEndpointsChangeTracker(ipVersion, p.hostname, nil, nil)`, go.mod:117 \
                          `k8s.io/kubernetes v1.33.10` (v3.31.7: v1.33.13), no feature gate set under felix/; \
-                         kubernetes/kubernetes pkg/proxy/endpointslicecache.go addEndpoints at c2c7d507: `if \
-                         len(endpoint.Hints.ForNodes) > 0 && \
+                         kubernetes/kubernetes pkg/proxy/endpointslicecache.go addEndpoints at \
+                         c2c7d507620b919d8c6cd5d43e689e7656186df5: `if len(endpoint.Hints.ForNodes) > 0 && \
                          utilfeature.DefaultFeatureGate.Enabled(features.PreferSameTrafficDistribution) {`; \
-                         pkg/features/kube_features.go at b0b89d3b (a 1.33 tree): `PreferSameTrafficDistribution: \
-                         { {Version: version.MustParse(\"1.33\"), Default: false, PreRelease: featuregate.Alpha} }`",
+                         pkg/features/kube_features.go at b0b89d3bd251db932ed5a7bef66039fb88acab64 (a \
+                         1.33-cycle tree): `PreferSameTrafficDistribution: { {Version: \
+                         version.MustParse(\"1.33\"), Default: false, PreRelease: featuregate.Alpha} }`",
                 verified: false,
                 verification: "partly unverified: Calico read at every tag v3.31.5-v3.31.7; the kube-proxy files at \
                                the commits named, not at the v1.33.10-v1.33.13 tags Calico pins",
@@ -236,12 +263,14 @@ impl ProxyModel {
                 errno: CALICO_ERRNO,
                 source: "projectcalico/calico at v3.32.0: felix/bpf/proxy/syncer.go:643,647, \
                          topology.go:128-150, proxy.go:184, go.mod:113 `k8s.io/kubernetes v1.35.4` (v3.32.1: \
-                         v1.35.6); kubernetes/kubernetes pkg/features/kube_features.go, a stored 1.35 version: \
-                         `{Version: version.MustParse(\"1.35\"), Default: true, PreRelease: featuregate.GA, \
-                         LockToDefault: true}` (projectcalico#11751)",
+                         v1.35.6); kubernetes/kubernetes pkg/features/kube_features.go in a stored post-1.35 \
+                         main-branch tree (it has 1.36 entries; the index gives no commit), where the gate is GA \
+                         and locked on in 1.35: `{Version: version.MustParse(\"1.35\"), Default: true, \
+                         PreRelease: featuregate.GA, LockToDefault: true},` (projectcalico#11751)",
                 verified: false,
-                verification: "partly unverified: Calico read at v3.32.0 and v3.32.1; the 1.35 gate at a stored \
-                               kubernetes version whose commit was not given, not at the v1.35.4/v1.35.6 tags",
+                verification: "partly unverified: Calico read at v3.32.0 and v3.32.1; the 1.35 gate in a \
+                               post-1.35 main-branch kubernetes tree (no commit given), not at the \
+                               v1.35.4/v1.35.6 tags Calico pins",
             },
         }
     }

@@ -1,7 +1,7 @@
 //! `tierlb study`'s table: per phase one row per model, then what passive health cost tierlb on each node.
 use std::fmt::Write as _;
 
-use super::{Crash, ModelResult, PhaseResult, StudyResult};
+use super::{Crash, ModelResult, PhaseResult, Scenario, StudyResult};
 
 /// A share as the table prints it: whole percents, with one decimal below 1% so that a few lost requests
 /// do not read as none.
@@ -83,6 +83,62 @@ pub fn table(r: &StudyResult) -> String {
         }
         for m in p.models.iter().filter(|m| !m.detections.is_empty()) {
             detections_text(&mut out, p, m);
+        }
+    }
+    out
+}
+
+/// A phase's figures as README's study table prints them: the endpoint shares in whole percents (the
+/// scenario file's order, without `%`), cross-node and cross-zone, then what was lost (if anything).
+fn figures(sc: &Scenario, m: &ModelResult) -> String {
+    let shares: Vec<String> = sc
+        .endpoints
+        .iter()
+        .map(|e| pct(m.shares[&e.ip.to_string()]).trim_end_matches('%').to_owned())
+        .collect();
+    let mut out = format!("{}; {}, {}", shares.join("/"), pct(m.cross_node), pct(m.cross_zone));
+    let lost: Vec<String> = [(m.failed, "failed"), (m.hang, "hang")]
+        .into_iter()
+        .filter(|(v, _)| *v > 0.0)
+        .map(|(v, what)| format!("{} {what}", pct(v)))
+        .collect();
+    if !lost.is_empty() {
+        let _ = write!(out, "; {}", lost.join(", "));
+    }
+    out
+}
+
+/// README's study table, generated from `run` on each scenario in the order given: a row per distinct
+/// figures of each phase (models with the same figures share a row, in the order of `MODELS`), the phase
+/// named on its first row only.
+pub fn markdown_table(scenarios: &[Scenario]) -> String {
+    let mut out = String::from(
+        "| scenario, phase | endpoint shares; cross-node, cross-zone; lost | models |\n|---|---|---|\n",
+    );
+    for sc in scenarios {
+        let r = super::run(sc);
+        for p in &r.phases {
+            let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+            for m in &p.models {
+                let f = figures(sc, m);
+                let name = format!("`{}`", m.model.name());
+                match rows.iter_mut().find(|(g, _)| *g == f) {
+                    Some((_, names)) => names.push(name),
+                    None => rows.push((f, vec![name])),
+                }
+            }
+            let mut title = if p.phase == "initial" {
+                r.scenario.clone()
+            } else {
+                format!("{}, {}", r.scenario, p.phase)
+            };
+            if let Some(d) = p.duration_s {
+                let _ = write!(title, " ({d:.0} s)");
+            }
+            for (f, names) in rows {
+                let _ = writeln!(out, "| {title} | {f} | {} |", names.join(", "));
+                title.clear();
+            }
         }
     }
     out
