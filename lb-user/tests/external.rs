@@ -205,3 +205,106 @@ fn ingress_ips_that_are_not_a_services_are_not_translated_and_a_pods_own_loopbac
     }
     drop((sidecar, node_service));
 }
+
+/// GET `path` from `to` within `timeout`: the status code, or what failed.
+fn status_of(to: SocketAddr, path: &str, timeout: std::time::Duration) -> Result<u16, String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&to, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).map_err(|e| e.to_string())?;
+    reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("reply {reply:?}"))
+}
+
+/// One pod holds 200 idle connections to the node's 10256 and 200 to a healthCheckNodePort, reopening any
+/// the agent closes, while the kubelet (the node's own address) probes `/livez` and `/healthz` and a balancer
+/// probes the health check: every probe is answered within 1 s throughout.
+#[test]
+fn a_pod_flooding_the_health_ports_leaves_the_kubelets_and_a_balancers_probes_answered() {
+    use std::{
+        io::Read as _,
+        sync::atomic::{AtomicBool, Ordering},
+        time::{Duration, Instant},
+    };
+    let lab = Lab::new("starve");
+    let svc = Svc { health_check_node_port: Some(32100), ..Svc::new("hc", ip("10.96.0.30"), 80, 8080) };
+    let mut docs = vec![svc.service()];
+    docs.extend(svc.slices(&[Ep::ready(ip("10.244.1.10"), "node-1")]));
+    write_atomic(lab.boxed.manifests.path(), "hc.yaml", &to_yaml(&docs)).unwrap();
+    let _agent = lab.start_agent(&[]);
+    let (healthz, check) = (SocketAddr::new(ip(NODE_IP), 10256), SocketAddr::new(ip(NODE_IP), 32100));
+    let in_node = |f: &(dyn Fn() -> Result<u16, String> + Sync)| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                lab.boxed.node.netns.enter_current_thread().unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    };
+    let ready = || {
+        (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(50));
+            in_node(&|| status_of(check, "/", Duration::from_secs(1))) == Ok(200)
+        })
+    };
+    assert!(ready(), "the health check node port answers before the flood");
+    let stop = AtomicBool::new(false);
+    let mut held_max = 0;
+    let mut failures = Vec::new();
+    let mut slowest = Duration::ZERO;
+    std::thread::scope(|s| {
+        let flood = s.spawn(|| {
+            lab.client.enter_current_thread().unwrap();
+            let mut held: Vec<std::net::TcpStream> = Vec::new();
+            let mut most = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // Drop what the agent closed, then open up to 200 per port again.
+                held.retain(|c| {
+                    c.set_nonblocking(true).unwrap();
+                    matches!((&*c).read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                for to in [healthz, check] {
+                    let open = held.iter().filter(|c| c.peer_addr().is_ok_and(|p| p == to)).count();
+                    for _ in open..200 {
+                        if let Ok(c) = std::net::TcpStream::connect_timeout(&to, Duration::from_millis(200)) {
+                            held.push(c);
+                        }
+                    }
+                }
+                most = most.max(held.len());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let end = Instant::now() + Duration::from_secs(6);
+        while Instant::now() < end {
+            for (to, path) in [(healthz, "/livez"), (healthz, "/healthz"), (check, "/")] {
+                let t = Instant::now();
+                let r = in_node(&|| status_of(to, path, Duration::from_secs(1)));
+                slowest = slowest.max(t.elapsed());
+                if r != Ok(200) {
+                    failures.push(format!("{to}{path}: {r:?}"));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        stop.store(true, Ordering::Relaxed);
+        held_max = flood.join().unwrap();
+    });
+    eprintln!("flood held up to {held_max} connections; slowest probe {slowest:?}");
+    assert!(
+        held_max >= 400,
+        "the flood opened its connections (the kernel queues what the agent closes): {held_max}"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} probes failed under the flood, first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(4)]
+    );
+    assert!(slowest < Duration::from_secs(1), "slowest probe {slowest:?}");
+}

@@ -4,18 +4,12 @@
 //! The requests are tiny and few (probes, scrapes), so a minimal HTTP/1.1 responder (one request per
 //! connection) on tokio is enough and keeps the agent's dependencies small.
 use std::{
-    fmt::Write as _,
     net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
-    sync::{Semaphore, watch},
-    task::JoinHandle,
-};
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
     agent::Unprogrammed,
@@ -28,151 +22,8 @@ pub use service_health::{ServiceHealthServers, service_health_response};
 /// kube-proxy's default: unhealthy when an update has waited longer than this (2 x its 30 s sync period).
 pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
 
-/// One HTTP response of `serve`.
-pub struct Response {
-    /// Status code (200, 404, 503).
-    pub status: u16,
-    /// `Content-Type`.
-    pub content_type: &'static str,
-    /// Extra headers.
-    pub headers: Vec<(&'static str, String)>,
-    /// The body.
-    pub body: String,
-}
-
-impl Response {
-    fn json(status: u16, body: &serde_json::Value) -> Self {
-        Self { status, content_type: "application/json", headers: Vec::new(), body: body.to_string() }
-    }
-    /// A `text/plain` response.
-    pub fn text(status: u16, body: &str) -> Self {
-        Self { status, content_type: "text/plain; charset=utf-8", headers: Vec::new(), body: body.to_owned() }
-    }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        404 => "Not Found",
-        503 => "Service Unavailable",
-        _ => "Error",
-    }
-}
-
-/// What one listener of `serve` lets its clients hold. Probes and scrapes are few and tiny; the bounds are
-/// for a client that is not (a pod flooding the port, a slowloris, fd exhaustion).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Connections served at once; a connection beyond them is closed as soon as it is accepted.
-    pub max_connections: usize,
-    /// Time for one whole exchange: reading the request head, answering and writing the reply. A client
-    /// that trickles its request (or reads the reply slowly) is cut off here, however it paces its bytes.
-    pub deadline: Duration,
-    /// Pause after a failed accept(). EMFILE/ENFILE/ENOBUFS last until something else closes, and the
-    /// pending connection stays in the queue, so retrying at once would spin a core on the same error.
-    pub accept_backoff: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_connections: 64,
-            deadline: Duration::from_secs(5),
-            accept_backoff: Duration::from_millis(100),
-        }
-    }
-}
-
-/// Serve `handler(path)` on `listener` with the default `Limits` until the task is aborted: the one HTTP
-/// responder of the project (the agent's health, metrics and health-check-node-port listeners, and the lab's
-/// pod backends).
-pub fn serve<F, Fut>(listener: TcpListener, handler: F) -> JoinHandle<()>
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Response> + Send,
-{
-    serve_with(listener, Limits::default(), handler)
-}
-
-/// `serve` with explicit limits.
-pub fn serve_with<F, Fut>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle<()>
-where
-    F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Response> + Send,
-{
-    let handler = Arc::new(handler);
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    tokio::spawn(async move {
-        let local = listener.local_addr().ok();
-        // Set while accept() keeps failing: the error is logged once per burst, not once per retry.
-        let mut failing = false;
-        loop {
-            let sock = match listener.accept().await {
-                Ok((sock, _)) => sock,
-                Err(e) => {
-                    if !failing {
-                        let retry_ms = limits.accept_backoff.as_millis();
-                        tracing::warn!(listen = ?local, error = %e, retry_ms, "cannot accept; retrying");
-                    }
-                    failing = true;
-                    tokio::time::sleep(limits.accept_backoff).await;
-                    continue;
-                }
-            };
-            if std::mem::take(&mut failing) {
-                tracing::info!(listen = ?local, "accepting connections again");
-            }
-            // Over the limit: close at once (dropping the socket), rather than queue work for a flood.
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::debug!(listen = ?local, limit = limits.max_connections, "over the limit: closed");
-                continue;
-            };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                // Cancelling the exchange drops the socket: the client sees the connection closed.
-                let _ = tokio::time::timeout(limits.deadline, exchange(sock, &*handler)).await;
-                drop(slot);
-            });
-        }
-    })
-}
-
-/// One request on `sock`, answered by `handler`; the connection is closed after the reply.
-async fn exchange<F, Fut>(mut sock: TcpStream, handler: &F)
-where
-    F: Fn(String) -> Fut,
-    Fut: Future<Output = Response>,
-{
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    // Read the request head (bounded); the body, if any, is ignored.
-    while n < buf.len() {
-        match sock.read(&mut buf[n..]).await {
-            Ok(0) | Err(_) => break,
-            Ok(k) => n += k,
-        }
-        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-            break;
-        }
-    }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let path = head.split_whitespace().nth(1).unwrap_or("/").split('?').next().unwrap_or("/").to_owned();
-    let r = handler(path).await;
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        r.status,
-        reason(r.status),
-        r.content_type,
-        r.body.len()
-    );
-    for (k, v) in &r.headers {
-        let _ = write!(out, "{k}: {v}\r\n");
-    }
-    out.push_str("\r\n");
-    out.push_str(&r.body);
-    let _ = sock.write_all(out.as_bytes()).await;
-    let _ = sock.shutdown().await;
-}
+mod http;
+pub use http::{Limits, Response, serve, serve_with};
 
 /// What `/healthz` and `/livez` report, updated by the agent loop.
 #[derive(Debug, Default)]
@@ -352,7 +203,10 @@ impl std::str::FromStr for BindIp {
 mod tests {
     use std::collections::BTreeMap;
 
-    use tokio::io::AsyncReadExt as _;
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::TcpStream,
+    };
 
     use super::*;
     use crate::{
@@ -514,6 +368,19 @@ mod tests {
         (!out.is_empty()).then_some(out)
     }
 
+    /// Within 2 s, `addr` answers a GET again (the slots of closed connections came back).
+    async fn answered_again(addr: SocketAddr) {
+        let mut reply = None;
+        for _ in 0..100 {
+            reply = get(addr, "/").await;
+            if reply.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(reply.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+    }
+
     async fn listener() -> (TcpListener, SocketAddr) {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
@@ -537,15 +404,7 @@ mod tests {
         }
         drop(held);
         // Their slots free up as soon as the server sees them closed.
-        let mut reply = None;
-        for _ in 0..100 {
-            reply = get(addr, "/").await;
-            if reply.is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(reply.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+        answered_again(addr).await;
     }
 
     #[tokio::test]
@@ -576,6 +435,32 @@ mod tests {
         );
         // The server is not stuck on it.
         assert!(get(addr, "/").await.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+    }
+
+    #[tokio::test]
+    async fn one_client_at_its_limit_is_refused_while_another_address_is_served() {
+        let (l, addr) = listener().await;
+        let limits = Limits { per_client: 3, deadline: Duration::from_secs(30), ..Limits::default() };
+        let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let mut fourth = TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 64];
+        let r = tokio::time::timeout(Duration::from_secs(2), fourth.read(&mut buf)).await;
+        assert!(matches!(r, Ok(Ok(0) | Err(_))), "over its own limit: closed at once: {r:?}");
+        // Another address (the kubelet's, a balancer's) is answered while the first holds its three.
+        let other = tokio::net::TcpSocket::new_v4().unwrap();
+        other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut s = other.connect(addr).await.unwrap();
+        s.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut out)).await.unwrap().unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+        // The first client's slots come back when it closes.
+        drop(held);
+        answered_again(addr).await;
     }
 
     #[test]
