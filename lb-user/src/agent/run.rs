@@ -147,6 +147,89 @@ async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpLis
         .with_context(|| format!("{flag} {addr}: cannot listen (port in use? pass another address or `off`)"))
 }
 
+/// Before attaching: programs with the names of the agent's on its cgroup that this instance did not pin
+/// (another `--instance` or `--bpffs`, left attached) would run beside the new ones with their own, stale,
+/// maps. The agent refuses to start, naming them.
+fn refuse_other_instances(cgroup: &std::path::Path, pin_dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let allowed = pin_dir.map(pins::pinned_program_ids).unwrap_or_default();
+    let names: Vec<(&'static str, Option<u32>)> = PROGRAMS.iter().map(|p| (*p, None)).collect();
+    let found = crate::datapath::attached::check(cgroup, &names, &allowed)?;
+    if found.foreign.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = found.foreign.iter().map(|(n, id)| format!("{n} (program id {id})")).collect();
+    anyhow::bail!(
+        "programs of another tierlb instance are attached to {}: {}; they were attached by an agent with another \
+         --instance or --bpffs and would translate with stale maps beside this one. Remove them: `tierlb agent \
+         --cleanup --bpffs DIR --instance NAME` with that agent's settings, or `bpftool cgroup detach {} <type> id \
+         <id>` for each",
+        cgroup.display(),
+        list.join(", "),
+        cgroup.display()
+    )
+}
+
+/// Every second, whether the agent's programs are still attached to its cgroup (a removed link pin or
+/// `bpftool cgroup detach` takes them off while the agent runs): if not, they are attached again (as
+/// kube-proxy rewrites its rules when its canary chain is flushed), logged and counted in `/healthz`, which
+/// fails while they cannot be attached.
+struct Watchdog {
+    ours: Vec<(&'static str, Option<u32>)>,
+    last: Instant,
+    /// Another agent of this instance replaced the pinned links (both running at once): it owns the
+    /// cgroup now, and this one stops watching rather than take it back every second.
+    superseded: bool,
+}
+
+impl Watchdog {
+    fn check(
+        &mut self,
+        programs: &mut crate::datapath::ebpf::Programs,
+        cgroup: &std::path::Path,
+        pin_dir: Option<&std::path::Path>,
+        health: &SharedHealth,
+    ) {
+        if self.superseded || self.last.elapsed() < SWEEP_EVERY {
+            return;
+        }
+        self.last = Instant::now();
+        let missing = match crate::datapath::attached::check(cgroup, &self.ours, &[]) {
+            Ok(a) if a.missing.is_empty() => return,
+            Ok(a) => a.missing,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot query what is attached to the cgroup");
+                return;
+            }
+        };
+        if let Some(dir) = pin_dir
+            && pins::pinned_program_ids(dir).len() == PROGRAMS.len()
+        {
+            tracing::warn!(dir = %dir.display(), "another agent of this instance replaced the programs: leaving them to it");
+            self.superseded = true;
+            return;
+        }
+        let what = format!(
+            "{} not attached to {} (link pins removed, or detached by hand)",
+            missing.join(", "),
+            cgroup.display()
+        );
+        tracing::error!(programs = ?missing, cgroup = %cgroup.display(), "programs found detached: attaching them again");
+        let result = programs.attach(cgroup, pin_dir);
+        let mut h = health.lock().expect("health lock");
+        match result {
+            Ok(()) => {
+                h.detached = None;
+                h.reattached += 1;
+                tracing::info!(cgroup = %cgroup.display(), "programs attached again");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot attach the programs again");
+                h.detached = Some(format!("{what}; attaching them again failed: {e}"));
+            }
+        }
+    }
+}
+
 /// After a sync (or a retry): health is fresh again and names what is not programmed, statistics counted.
 fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &AgentCore<KernelMaps>) {
     let unprogrammed = core.unprogrammed();
@@ -371,7 +454,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     memory::trim_after(&report);
     log_sync(&report);
+    refuse_other_instances(&cgroup, pin_dir.as_deref())?;
     programs.attach(&cgroup, pin_dir.as_deref())?;
+    let mut watchdog = Watchdog { ours: programs.ids()?, last: Instant::now(), superseded: false };
     north_south.after_sync(&mut programs, &report, &core);
     let mut sweeper = Sweeper { last: Instant::now(), held: BTreeMap::new() };
     sweeper.sweep(&mut core, &stats, true);
@@ -419,6 +504,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 let retried = retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder).await;
                 snapshot_stale |= retried;
                 sweeper.sweep(&mut core, &stats, retried);
+                watchdog.check(&mut programs, &cgroup, pin_dir.as_deref(), &health);
                 if snapshot_stale && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
                     publish(&snapshots, &mut core);
                     (snapshot_stale, last_snapshot) = (false, Instant::now());

@@ -165,6 +165,18 @@ impl Programs {
 }
 
 impl Programs {
+    /// Each program of `PROGRAMS` with its kernel id (what `attached::check` looks for on the cgroup).
+    pub fn ids(&mut self) -> Result<Vec<(&'static str, Option<u32>)>, DatapathError> {
+        let mut out = Vec::new();
+        for name in PROGRAMS {
+            let info = program(&mut self.ebpf, name)?
+                .info()
+                .map_err(|e| bpf_err(format!("reading {name}'s id"), e))?;
+            out.push((*name, Some(info.id())));
+        }
+        Ok(out)
+    }
+
     /// Attach the tc programs to `device` (see `tc::attach`).
     pub fn attach_device(&mut self, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
         super::tc::attach(&mut self.ebpf, device, pin_dir)

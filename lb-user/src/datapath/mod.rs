@@ -6,6 +6,8 @@
 //! tiers, which flags) before anything here sees it.
 pub mod addr;
 #[cfg(target_os = "linux")]
+pub mod attached;
+#[cfg(target_os = "linux")]
 mod capacity;
 #[cfg(target_os = "linux")]
 pub mod destroy;

@@ -178,3 +178,14 @@ pub fn instances(bpffs: &Path, only: Option<&str>) -> Result<Vec<(String, PathBu
     }
     Ok(out)
 }
+
+/// The program ids of the links pinned in `dir` (an earlier agent of this instance): attached, and replaced
+/// by this agent's attach, so not another instance's.
+pub fn pinned_program_ids(dir: &Path) -> Vec<u32> {
+    PROGRAMS
+        .iter()
+        .filter_map(|p| aya::programs::links::PinnedLink::from_pin(link_pin(dir, p)).ok())
+        .filter_map(|l| aya::programs::links::FdLink::from(l).info().ok())
+        .map(|i| i.program_id())
+        .collect()
+}

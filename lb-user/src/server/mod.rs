@@ -35,6 +35,11 @@ pub struct Health {
     /// Services with frontends not programmed as planned now (failed: previous state kept, none if new; or
     /// held by another Service), with the reason.
     pub unprogrammed: Vec<Unprogrammed>,
+    /// Why the agent's programs are not attached to its cgroup as it attached them (found detached and not
+    /// attached again); `/healthz` fails while it is set.
+    pub detached: Option<String>,
+    /// How often the programs were found detached and attached again.
+    pub reattached: u64,
 }
 
 /// The agent loop writes it, the health listener reads it.
@@ -68,8 +73,9 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// off the node, and a restart would not make a full map bigger. The body names them instead
 /// (`unprogrammedServices`, beside kube-proxy's fields), as does `tierlb_services_unprogrammed`.
 pub fn health_response(h: &Health, now: Instant) -> Response {
-    let healthy =
-        h.last_updated.is_some() && h.pending_since.is_none_or(|p| now.duration_since(p) < HEALTH_TIMEOUT);
+    let healthy = h.last_updated.is_some()
+        && h.pending_since.is_none_or(|p| now.duration_since(p) < HEALTH_TIMEOUT)
+        && h.detached.is_none();
     let unprogrammed: Vec<serde_json::Value> = h
         .unprogrammed
         .iter()
@@ -88,6 +94,8 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
         "currentTime": rfc3339(SystemTime::now()),
         "nodeEligible": true,
         "unprogrammedServices": unprogrammed,
+        "programsDetached": h.detached,
+        "programsReattached": h.reattached,
     });
     Response::json(if healthy { 200 } else { 503 }, &body)
 }
@@ -231,6 +239,18 @@ mod tests {
     }
 
     #[test]
+    fn programs_detached_and_not_attached_again_fail_healthz_with_the_reason() {
+        let mut h = Health { last_updated: Some(SystemTime::now()), reattached: 2, ..Health::default() };
+        assert_eq!(health_response(&h, Instant::now()).status, 200);
+        h.detached = Some("connect4 not attached to /sys/fs/cgroup/x".into());
+        let r = health_response(&h, Instant::now());
+        assert_eq!(r.status, 503);
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["programsDetached"], "connect4 not attached to /sys/fs/cgroup/x");
+        assert_eq!(body["programsReattached"], 2);
+    }
+
+    #[test]
     fn a_service_the_data_path_cannot_take_is_named_and_the_node_stays_healthy() {
         let now = Instant::now();
         let h = Health {
@@ -243,6 +263,7 @@ mod tests {
                 attempts: 3,
                 next_retry: Some(now + Duration::from_secs(4)),
             }],
+            ..Health::default()
         };
         let r = health_response(&h, now);
         assert_eq!(r.status, 200, "one Service that does not fit does not take the node out");
