@@ -143,35 +143,58 @@ pub struct MetricsSource {
 /// frontends).
 pub fn start_metrics(listener: TcpListener, source: MetricsSource) -> JoinHandle<()> {
     let source = Arc::new(source);
-    // One scrape encodes at a time: a flood of scrapes waits here (and meets the request deadline) instead of
-    // starting as many walks over every frontend's counters.
-    let turn = Arc::new(tokio::sync::Mutex::new(()));
+    // One scrape encodes at a time. Every reply is encoded after its request arrived (counters as fresh as
+    // without sharing), but encodings start at most every `METRICS_MIN_INTERVAL`: the scrapes that arrive
+    // meanwhile wait and share the next one. A flood of scrapes costs at most five walks over every
+    // frontend's counters per second, not one per scrape (a scrape waiting its turn meets the deadline).
+    let cache: Arc<tokio::sync::Mutex<Option<Encoded>>> = Arc::default();
     serve(listener, move |path| {
-        let (source, turn) = (source.clone(), turn.clone());
+        let (source, cache) = (source.clone(), cache.clone());
         async move {
             if path != "/metrics" {
                 return Response::text(404, "not found\n");
             }
-            let turn = turn.lock_owned().await;
-            let snapshot = source.snapshot.borrow().clone();
-            // The guard goes with the work: a scrape cut off by the deadline keeps its turn until the
-            // blocking encode (which cannot be cancelled) ends.
-            let text = tokio::task::spawn_blocking(move || {
-                let _turn = turn;
-                metrics::encode_text(&snapshot, &source.stats, source.counters.as_deref())
-            })
-            .await;
+            let arrived = Instant::now();
+            let mut cached = cache.lock_owned().await;
+            let text = match cached.as_ref() {
+                Some(e) if e.started >= arrived => Ok(e.text.clone()),
+                last => {
+                    if let Some(next) = last.map(|e| e.started + METRICS_MIN_INTERVAL) {
+                        tokio::time::sleep_until(next.into()).await;
+                    }
+                    let started = Instant::now();
+                    let snapshot = source.snapshot.borrow().clone();
+                    // The guard goes with the work: a scrape cut off by the deadline keeps the turn until the
+                    // blocking encode (which cannot be cancelled) ends, and its result serves the next.
+                    tokio::task::spawn_blocking(move || {
+                        let text: Arc<str> =
+                            metrics::encode_text(&snapshot, &source.stats, source.counters.as_deref()).into();
+                        *cached = Some(Encoded { started, text: text.clone() });
+                        text
+                    })
+                    .await
+                }
+            };
             match text {
                 Ok(text) => Response {
                     status: 200,
                     content_type: "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     headers: Vec::new(),
-                    body: text,
+                    body: text.to_string(),
                 },
                 Err(_) => Response::text(503, "metrics not available\n"),
             }
         }
     })
+}
+
+/// The least time between the starts of two `/metrics` encodings.
+pub const METRICS_MIN_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The last `/metrics` body and when its encoding started.
+struct Encoded {
+    started: Instant,
+    text: Arc<str>,
 }
 
 /// `--healthz-addr` and friends: an address, or `off`.
@@ -370,6 +393,53 @@ mod tests {
         );
         assert!(m.contains(web_node), "{m}");
         assert_eq!(get(addr, "/other").await.unwrap().split_whitespace().nth(1), Some("404"));
+    }
+
+    /// Counts the counter reads: one per frontend per encoding.
+    struct CountingCounters(std::sync::atomic::AtomicUsize);
+
+    impl ReadCounters for CountingCounters {
+        fn counters(&self, _svc_id: u32) -> Option<metrics::Counts> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(metrics::Counts::default())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_scrapes_shares_encodings_and_every_reply_is_encoded_after_its_request() {
+        let mut rec = Reconciler::new(FakeMaps::new(16, 64));
+        rec.apply(&frontends(&[("web", [10, 96, 0, 10])]), Instant::now());
+        let snapshots = watch::Sender::new(Arc::new(Snapshot::of(&rec, 64)));
+        let reads = Arc::new(CountingCounters(std::sync::atomic::AtomicUsize::new(0)));
+        let (l, addr) = listener().await;
+        let counters: Arc<dyn ReadCounters> = reads.clone();
+        let source = MetricsSource {
+            snapshot: snapshots.subscribe(),
+            stats: AgentStats::default(),
+            counters: Some(counters),
+        };
+        let _server = start_metrics(l, source);
+        // One scrape alone: the counter reads of one encoding.
+        assert!(get(addr, "/metrics").await.is_some());
+        let per = reads.0.swap(0, std::sync::atomic::Ordering::Relaxed);
+        assert!(per > 0);
+        // Rounds of 8 at once (one client's limit): 80 scrapes.
+        let start = Instant::now();
+        for _ in 0..10 {
+            let scrapes: Vec<_> = (0..8).map(|_| tokio::spawn(get(addr, "/metrics"))).collect();
+            for s in scrapes {
+                assert!(s.await.unwrap().is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
+            }
+        }
+        let (n, took) = (reads.0.load(std::sync::atomic::Ordering::Relaxed) / per, start.elapsed());
+        let most = took.as_millis() / METRICS_MIN_INTERVAL.as_millis() + 1;
+        assert!(n as u128 <= most, "80 scrapes in {took:?}: {n} encodings, at most {most}");
+        assert!(n < 40, "{n} encodings for 80 scrapes");
+        // A reply is encoded after its request: a change made just before a scrape shows in it.
+        rec.apply(&frontends(&[("web", [10, 96, 0, 10]), ("api", [10, 96, 0, 11])]), Instant::now());
+        snapshots.send_replace(Arc::new(Snapshot::of(&rec, 64)));
+        let m = get(addr, "/metrics").await.unwrap();
+        assert!(m.contains(r#"tierlb_map_entries{map="FRONTENDS"} 2"#), "{m}");
     }
 
     #[test]
