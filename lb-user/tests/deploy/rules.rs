@@ -403,7 +403,9 @@ pub(super) fn rules() -> Vec<Rule> {
             "cgroups".clone_into(&mut d.first_mut().volume_mounts.as_mut().unwrap()[0].name);
         }),
         rule("container ports are valid and unique", Every, container_ports, |d| {
-            d.first_mut().ports.as_mut().unwrap()[1].name = Some("healthz".to_owned());
+            let ports = d.first_mut().ports.as_mut().unwrap();
+            let twice = ports[0].clone();
+            ports.push(twice);
         }),
         rule("probe ports are declared container ports", Every, probe_ports, |d| {
             let get = d.first_mut().liveness_probe.as_mut().unwrap().http_get.as_mut().unwrap();
