@@ -36,7 +36,11 @@ pub const TRACE_SELECTED: u32 = 2;
 /// because the ring buffer was full (the consumer fell behind, or was stopped).
 pub const GLOBAL_TRACE_LOST: u32 = 4;
 
-/// The switch `tierlb trace` sets, and clears when it exits.
+/// How long one renewal of the switch's lease lasts: a `tierlb trace` renews it every second, so one that
+/// dies without clearing the switch (SIGKILL, a node reboot of its pod) stops the tracing within this.
+pub const TRACE_LEASE_NS: u64 = 10_000_000_000;
+
+/// The switch `tierlb trace` sets, renews and clears when it exits.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
 pub struct TraceControl {
@@ -45,8 +49,11 @@ pub struct TraceControl {
     /// The process id of the `tierlb trace` that set it (in its own PID namespace): a second trace refuses to
     /// start while that process lives, and takes over a switch left on by one that was killed.
     pub owner_pid: u32,
+    /// `CLOCK_BOOTTIME` (ns) until which the switch holds: the programs trace only before it, so tracing ends
+    /// by itself when the trace that set it is gone.
+    pub lease_until_ns: u64,
 }
-const _: () = assert!(size_of::<TraceControl>() == 8);
+const _: () = assert!(size_of::<TraceControl>() == 16);
 
 // `TraceEvent::info` bits. The hook is the two low bits: `TRACE_V6 | TRACE_CONNECT`.
 /// The program is an IPv6 one (connect6, sendmsg6); the VIP may still be IPv4 (v4-mapped).

@@ -26,10 +26,14 @@ use crate::{
     maps::{TRACE_CONTROL, TRACE_EVENTS, TRACE_SERVICES},
 };
 
-/// Whether a trace runs: the one lookup the connect programs pay when none does.
+/// Whether a trace runs: the one lookup the connect programs pay when none does. A switch whose lease
+/// ran out (its trace died without clearing it) is off.
 #[inline(always)]
 pub(crate) fn on() -> bool {
-    TRACE_CONTROL.get(0).is_some_and(|c| c.mode != TRACE_OFF)
+    // SAFETY: a helper without arguments.
+    TRACE_CONTROL
+        .get(0)
+        .is_some_and(|c| c.mode != TRACE_OFF && unsafe { bpf_ktime_get_boot_ns() } < c.lease_until_ns)
 }
 
 /// Record one decision: `choice` for the frontend `key` (`fe`), with `info` (`lb_common::trace_info`, or

@@ -160,6 +160,7 @@ fn trace_streams_each_decision_with_its_reason_and_pod_filters_by_service_and_co
     every_decision_is_one_event_with_its_reason(&f);
     the_service_filter_is_applied_in_the_kernel(&f);
     events_lost_while_the_consumer_is_stopped_are_counted(&f);
+    a_killed_trace_stops_tracing_when_its_lease_runs_out(&f);
 }
 
 /// Everything traced: each kind of decision, as many events as decisions; the switch off afterwards.
@@ -292,4 +293,34 @@ fn events_lost_while_the_consumer_is_stopped_are_counted(f: &Fixture) {
     let (status, body) = get(*metrics, "/metrics");
     assert_eq!(status, 200);
     assert!(body.contains(&format!("\ntierlb_trace_events_lost_total {lost}\n")), "{body}");
+}
+
+/// `tierlb_trace_events_lost_total` of the agent now.
+fn lost_now(metrics: u16) -> u64 {
+    let (status, body) = get(metrics, "/metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .find_map(|l| l.strip_prefix("tierlb_trace_events_lost_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no tierlb_trace_events_lost_total in {body}"))
+}
+
+/// A trace SIGKILLed cannot clear the switch: the programs keep tracing (into a ring buffer nobody reads:
+/// events lost) only until the lease it renewed every second runs out, then stop by themselves.
+fn a_killed_trace_stops_tracing_when_its_lease_runs_out(f: &Fixture) {
+    let Fixture { c, pod_a, pin, metrics, .. } = f;
+    let t = Trace::start(pin, f.pod_logs.path(), &[]);
+    t.child.signal(nix::sys::signal::Signal::SIGKILL);
+    let killed = std::time::Instant::now();
+    let before = lost_now(*metrics);
+    assert_eq!(probe_in(c, pod_a, vip("10.96.0.10:80"), 2500).failures(), 0);
+    let during = lost_now(*metrics);
+    assert!(during > before, "still tracing right after the kill (the ring fills): {before} -> {during}");
+    let lease = Duration::from_nanos(lb_common::TRACE_LEASE_NS) + Duration::from_secs(1);
+    std::thread::sleep(lease.saturating_sub(killed.elapsed()));
+    assert_eq!(probe_in(c, pod_a, vip("10.96.0.10:80"), 2500).failures(), 0);
+    let after = lost_now(*metrics);
+    assert_eq!(after, during, "no event once the lease ran out");
+    assert_eq!(switch_state(Path::new(pin)).0, lb_common::TRACE_ALL, "the switch itself is left as it was");
+    drop(t);
 }

@@ -243,6 +243,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         if refreshed.elapsed() >= REFRESH_EVERY {
             refreshed = Instant::now();
             for s in &mut sources {
+                s.switch.renew()?;
                 s.names.clear();
                 if selective {
                     let ids = s.selection(args)?;

@@ -3,7 +3,9 @@
 use std::{collections::BTreeSet, path::Path};
 
 use aya::maps::{Array, HashMap, Map, MapData};
-use lb_common::{MAP_TRACE_CONTROL, MAP_TRACE_SERVICES, TRACE_MAX_SERVICES, TRACE_OFF, TraceControl};
+use lb_common::{
+    MAP_TRACE_CONTROL, MAP_TRACE_SERVICES, TRACE_LEASE_NS, TRACE_MAX_SERVICES, TRACE_OFF, TraceControl,
+};
 
 use super::TraceError;
 
@@ -13,6 +15,8 @@ pub struct Switch {
     services: HashMap<MapData, u32, u32>,
     selected: BTreeSet<u32>,
     pid: u32,
+    /// The mode `start` set (renewed with the lease).
+    mode: u32,
 }
 
 pub(super) fn open(dir: &Path, name: &'static str) -> Result<Map, TraceError> {
@@ -40,7 +44,7 @@ impl Switch {
         if now.mode != TRACE_OFF && now.owner_pid != pid && is_trace(now.owner_pid) {
             return Err(TraceError::Busy { dir: dir.to_owned(), pid: now.owner_pid });
         }
-        let mut switch = Self { control, services, selected: BTreeSet::new(), pid };
+        let mut switch = Self { control, services, selected: BTreeSet::new(), pid, mode: TRACE_OFF };
         // What a killed trace selected goes; nothing is traced until `start`.
         switch.set(TRACE_OFF)?;
         let stale: Vec<u32> = switch.services.keys().filter_map(Result::ok).collect();
@@ -65,15 +69,29 @@ impl Switch {
         Ok(ids.len() - self.selected.len())
     }
 
-    /// Turn tracing on (`TRACE_ALL` or `TRACE_SELECTED`).
+    /// Turn tracing on (`TRACE_ALL` or `TRACE_SELECTED`), for `TRACE_LEASE_NS` unless renewed.
     pub fn start(&mut self, mode: u32) -> Result<(), TraceError> {
+        self.mode = mode;
         self.set(mode)
     }
 
+    /// Renew the lease (every second while the trace runs), unless another trace took the switch over.
+    pub fn renew(&mut self) -> Result<(), TraceError> {
+        let now = self.control.get(&0, 0).map_err(|e| TraceError::map(MAP_TRACE_CONTROL, e))?;
+        if self.mode == TRACE_OFF || now.owner_pid != self.pid {
+            return Ok(());
+        }
+        self.set(self.mode)
+    }
+
     fn set(&mut self, mode: u32) -> Result<(), TraceError> {
-        let owner_pid = if mode == TRACE_OFF { 0 } else { self.pid };
+        let (owner_pid, lease_until_ns) = if mode == TRACE_OFF {
+            (0, 0)
+        } else {
+            (self.pid, crate::datapath::marks::boottime_ns() + TRACE_LEASE_NS)
+        };
         self.control
-            .set(0, TraceControl { mode, owner_pid }, 0)
+            .set(0, TraceControl { mode, owner_pid, lease_until_ns }, 0)
             .map_err(|e| TraceError::map(MAP_TRACE_CONTROL, e))
     }
 }
