@@ -275,7 +275,10 @@ fn a_pod_flooding_the_health_ports_leaves_the_kubelets_and_a_balancers_probes_an
                     }
                 }
                 most = most.max(held.len());
-                std::thread::sleep(Duration::from_millis(50));
+                // Idle connections held, and the ones the agent cuts off opened again soon after: the
+                // issue's case (400 idle connections), not a connect flood, which no listener's limits
+                // but the kernel's SYN handling address.
+                std::thread::sleep(Duration::from_millis(250));
             }
             most
         });

@@ -1,9 +1,10 @@
 //! The `--kube` source against a scripted API server (kube-rs style `tower_test::mock`): access review, the
-//! initial lists, watch events as changes, a watch that drops and is resumed from its resourceVersion without
-//! a relist (list calls counted), an expired watch and the relist after it, and a missing RBAC rule reported
-//! by name. The server (`server.rs`) is strict: any request it would not serve as the agent means it (an
-//! unknown path, a missing or other selector, a watch without bookmarks or not resuming at the last
-//! resourceVersion, an access review in the wrong API group) fails the test.
+//! initial lists (in pages of the watcher's `limit`), watch events as changes, bookmarks moving the resume
+//! point, a watch that drops and is resumed from its resourceVersion without a relist (list calls counted),
+//! an expired watch and the relist after it, and a missing RBAC rule reported by name. The server
+//! (`server.rs`) is strict: any request it would not serve as the agent means it (an unknown path, a missing
+//! or other selector, a watch without bookmarks or not resuming at the last resourceVersion, an access
+//! review in the wrong API group) fails the test.
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex},
@@ -343,5 +344,39 @@ async fn kube_proxys_label_selector_is_sent_on_every_service_and_slice_list_and_
     // The Node watch is kube-proxy's other informer factory: no label selector.
     assert!(s.selectors["nodes"].iter().all(|(_, sel)| sel.is_none()), "{:?}", s.selectors["nodes"]);
     drop(s);
+    finish(&script, &server);
+}
+
+#[tokio::test]
+async fn a_long_list_is_read_page_by_page_and_a_bookmark_moves_the_resume_point() {
+    let mut s = script();
+    // 1,201 Services: three pages of the watcher's 500.
+    let services: Vec<Value> = (0..1_201)
+        .map(|i| {
+            let mut svc = service();
+            svc["metadata"]["name"] = json!(format!("s{i}"));
+            svc["spec"]["clusterIP"] = json!(format!("10.97.{}.{}", i / 250, i % 250 + 1));
+            svc
+        })
+        .collect();
+    s.lists.insert("services", (json!(services), "10"));
+    // The first Service watch sends only a BOOKMARK, then drops: the resumed watch must start at the
+    // bookmark's resourceVersion (the server checks), and the bookmark changes nothing.
+    let bookmark = json!({"type": "BOOKMARK",
+                          "object": {"apiVersion": "v1", "kind": "Service", "metadata": {"resourceVersion": "50"}}});
+    s.watches.insert("services", VecDeque::from([vec![bookmark]]));
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, _rx, server) = started(&script).await;
+    let first = source.refresh().unwrap();
+    let Changes::All(model) = first.changes else { panic!("the first refresh hands over the whole model") };
+    assert_eq!(model.services.len(), 1_201);
+    {
+        let s = script.lock().unwrap();
+        assert_eq!(s.list_calls["services"], 3, "three pages");
+    }
+    let sc = script.clone();
+    wait_for(move || sc.lock().unwrap().watch_rvs.get("services").is_some_and(|v| v.len() >= 2)).await;
+    assert_eq!(script.lock().unwrap().watch_rvs["services"][..2], ["10".to_owned(), "50".to_owned()]);
+    assert!(source.refresh().unwrap().changes.is_empty(), "a bookmark is no change");
     finish(&script, &server);
 }

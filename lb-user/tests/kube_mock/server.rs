@@ -227,8 +227,16 @@ pub(crate) async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
         let (list, rv) = s.lists[resource].clone();
         s.last_rv.insert(resource, rv.to_owned());
         let list: Vec<Value> = list.as_array().unwrap().iter().filter(|i| selected(&p, i)).cloned().collect();
-        let list =
-            json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": list});
+        // Pages of `limit` objects, as the API server serves a chunked list: `continue` says where the next
+        // page starts (here an offset; the API server's token is opaque), the last page has none.
+        let start: usize = p.get("continue").map_or(0, |c| c.parse().unwrap());
+        let end =
+            p.get("limit").map_or(list.len(), |l| (start + l.parse::<usize>().unwrap()).min(list.len()));
+        let mut meta = json!({"resourceVersion": rv});
+        if end < list.len() {
+            meta["continue"] = json!(end.to_string());
+        }
+        let list = json!({"apiVersion": "v1", "kind": "List", "metadata": meta, "items": list[start..end]});
         send.send_response(Response::new(Body::from(serde_json::to_vec(&list).unwrap())));
     }
 }
