@@ -52,27 +52,17 @@ pub(crate) fn attached_ids(cgroup: &File, attach_type: u32) -> std::io::Result<V
             prog_cnt: u32::try_from(ids.len()).unwrap_or(u32::MAX),
             ..QueryAttr::default()
         };
-        // SAFETY: bpf(2) with a valid attr pointer and its size; `prog_ids` points at `prog_cnt` u32s that
-        // live until the call returns.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_QUERY,
-                std::ptr::from_mut(&mut attr),
-                size_of::<QueryAttr>(),
-            )
-        };
+        // `prog_ids` points at `prog_cnt` u32s that live until the call returns.
+        let r = super::sys::bpf(BPF_PROG_QUERY, &mut attr);
         let count = attr.prog_cnt as usize;
-        if r == 0 {
-            ids.truncate(count);
-            return Ok(ids);
+        match r {
+            Ok(_) => {
+                ids.truncate(count);
+                return Ok(ids);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && count > ids.len() => ids.resize(count, 0),
+            Err(e) => return Err(e),
         }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENOSPC) && count > ids.len() {
-            ids.resize(count, 0);
-            continue;
-        }
-        return Err(e);
     }
 }
 
@@ -126,4 +116,15 @@ pub fn check(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_program_has_its_attach_type() {
+        for p in super::super::programs::PROGRAMS {
+            assert!(super::ATTACH_TYPES.iter().any(|(n, _)| n == p), "{p} has no attach type");
+        }
+        assert_eq!(super::ATTACH_TYPES.len(), super::super::programs::PROGRAMS.len());
+    }
 }

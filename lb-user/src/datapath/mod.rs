@@ -27,6 +27,8 @@ mod programs;
 #[cfg(target_os = "linux")]
 mod rcu;
 mod reconcile;
+#[cfg(target_os = "linux")]
+mod sys;
 pub mod tc;
 
 use std::{collections::BTreeMap, sync::Arc};

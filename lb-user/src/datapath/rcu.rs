@@ -50,18 +50,7 @@ fn create(map_type: u32, name: &str, inner: Option<&MapData>) -> std::io::Result
         ..MapCreateAttr::default()
     };
     attr.map_name[..name.len()].copy_from_slice(name.as_bytes());
-    // SAFETY: bpf(2) with a valid attr pointer and its size; the result is a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_CREATE,
-            std::ptr::from_mut(&mut attr),
-            size_of::<MapCreateAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let fd = super::sys::bpf(BPF_MAP_CREATE, &mut attr)?;
     // SAFETY: a fresh descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     MapData::from_fd(fd).map_err(std::io::Error::other)

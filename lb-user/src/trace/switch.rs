@@ -15,8 +15,6 @@ pub struct Switch {
     services: HashMap<MapData, u32, u32>,
     selected: BTreeSet<u32>,
     pid: u32,
-    /// The mode `start` set (renewed with the lease).
-    mode: u32,
 }
 
 pub(super) fn open(dir: &Path, name: &'static str) -> Result<Map, TraceError> {
@@ -44,7 +42,7 @@ impl Switch {
         if now.mode != TRACE_OFF && now.owner_pid != pid && is_trace(now.owner_pid) {
             return Err(TraceError::Busy { dir: dir.to_owned(), pid: now.owner_pid });
         }
-        let mut switch = Self { control, services, selected: BTreeSet::new(), pid, mode: TRACE_OFF };
+        let mut switch = Self { control, services, selected: BTreeSet::new(), pid };
         // What a killed trace selected goes; nothing is traced until `start`.
         switch.set(TRACE_OFF)?;
         let stale: Vec<u32> = switch.services.keys().filter_map(Result::ok).collect();
@@ -71,17 +69,16 @@ impl Switch {
 
     /// Turn tracing on (`TRACE_ALL` or `TRACE_SELECTED`), for `TRACE_LEASE_NS` unless renewed.
     pub fn start(&mut self, mode: u32) -> Result<(), TraceError> {
-        self.mode = mode;
         self.set(mode)
     }
 
     /// Renew the lease (every second while the trace runs), unless another trace took the switch over.
     pub fn renew(&mut self) -> Result<(), TraceError> {
         let now = self.control.get(&0, 0).map_err(|e| TraceError::map(MAP_TRACE_CONTROL, e))?;
-        if self.mode == TRACE_OFF || now.owner_pid != self.pid {
+        if now.mode == TRACE_OFF || now.owner_pid != self.pid {
             return Ok(());
         }
-        self.set(self.mode)
+        self.set(now.mode)
     }
 
     fn set(&mut self, mode: u32) -> Result<(), TraceError> {
