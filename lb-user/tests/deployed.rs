@@ -234,10 +234,30 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     std::thread::sleep(Duration::from_millis(300));
     agent.kill();
     std::thread::sleep(Duration::from_millis(300));
-    let agent = lab.start_agent();
+    let mut agent = lab.start_agent();
     let r = report(probe);
     assert_eq!(r.failures(), 0, "{:?}", r.errors());
     assert_eq!(r.count("web-node-1"), 300);
+
+    // The cgroup links' pins removed under the running agent (an uninstall applied too early): with the
+    // DaemonSet's capabilities the agent sees its programs detached and attaches and pins them again.
+    let from = lab.log_len();
+    let links: Vec<PathBuf> = walk(lab.bpffs.path())
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            tierlb::datapath::ebpf::PROGRAMS.iter().any(|prog| name == format!("link_{prog}"))
+        })
+        .collect();
+    assert_eq!(links.len(), tierlb::datapath::ebpf::PROGRAMS.len(), "{links:?}");
+    for l in &links {
+        std::fs::remove_file(l).unwrap();
+    }
+    agent.wait_for(&lab.log, from, "programs attached again", Duration::from_secs(5)).unwrap();
+    assert_eq!(lab.attached(), tierlb::datapath::ebpf::PROGRAMS.len(), "attached again, once each");
+    assert!(links.iter().all(|l| l.exists()), "pinned again");
+    let log = std::fs::read_to_string(&lab.log).unwrap();
+    assert!(!log.contains("cannot query what is attached"), "{log}");
 
     // Uninstall as deploy/README.md says: the DaemonSet goes (its pods get SIGTERM; pins keep the programs
     // attached), then the cleanup runs on the node with the same constraints; nothing stays attached or pinned.
