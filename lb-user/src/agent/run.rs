@@ -115,30 +115,13 @@ async fn start_source(opts: &AgentOptions, changed: mpsc::UnboundedSender<()>) -
             let config = kube::Config::infer()
                 .await
                 .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
-            let api_server = api_server_addresses(&config).await;
+            let api_server = crate::source::kube::api_server_addresses(&config).await;
             let client = kube::Client::try_from(config).context("--kube: cannot build the API client")?;
             let ks =
                 KubeSource::start_with_timeout(client, &opts.node, changed, Duration::from_mins(1)).await?;
             Ok((Box::new(ks), None, api_server))
         }
     }
-}
-
-/// The addresses the API server's URL names (its host resolved, as the client resolves it; port 443 by
-/// default): no Service frontend may take them, or the agent's own connects would be captured. A name that
-/// does not resolve now gives none (the client would not reach it either).
-pub(super) async fn api_server_addresses(config: &kube::Config) -> Vec<SocketAddr> {
-    let url = &config.cluster_url;
-    let Some(host) = url.host() else { return Vec::new() };
-    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("http") { 80 } else { 443 });
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let mut out: Vec<SocketAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![SocketAddr::new(ip, port)],
-        Err(_) => tokio::net::lookup_host((host, port)).await.map(Iterator::collect).unwrap_or_default(),
-    };
-    out.sort();
-    out.dedup();
-    out
 }
 
 async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {

@@ -312,7 +312,7 @@ async fn the_api_servers_address_comes_from_the_client_config_with_its_default_p
         config.default_namespace = "default".into();
         config
     };
-    let addrs = |url: &'static str| async move { super::run::api_server_addresses(&at(url)).await };
+    let addrs = |url: &'static str| async move { crate::source::kube::api_server_addresses(&at(url)).await };
     let sa = |s: &str| s.parse::<SocketAddr>().unwrap();
     assert_eq!(addrs("https://192.168.0.10:6443").await, [sa("192.168.0.10:6443")]);
     assert_eq!(addrs("https://192.168.0.10").await, [sa("192.168.0.10:443")]);

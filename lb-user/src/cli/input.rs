@@ -42,6 +42,19 @@ pub struct CliInput {
     pub filled: Vec<ObjKey>,
     /// Where it was read, for messages: `--manifests DIR`, `the API server (namespace shop)`.
     pub origin: String,
+    /// Addresses no frontend may take besides `--protect-address`: with `--kube`, the API server's, as the
+    /// agent protects them.
+    pub protected: Vec<std::net::SocketAddr>,
+}
+
+impl CliInput {
+    /// The node `args` names, as the agent would plan for it from this input (the API server's addresses
+    /// protected with `--kube`).
+    pub fn node(&self, args: &super::NodeArgs) -> crate::model::NodeInfo {
+        let mut node = args.resolve(&self.model);
+        node.protected.extend(&self.protected);
+        node
+    }
 }
 
 impl FaceSource {
@@ -111,5 +124,5 @@ fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String) -> CliIn
         );
     }
     let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
-    CliInput { model, errors, filled, origin }
+    CliInput { model, errors, filled, origin, protected: Vec::new() }
 }

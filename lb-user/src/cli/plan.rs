@@ -58,7 +58,7 @@ pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
 
 /// `tierlb explain` of an input already read.
 pub fn explain_on(args: &ExplainArgs, input: &super::CliInput) -> anyhow::Result<String> {
-    let node = args.node.resolve(&input.model);
+    let node = input.node(&args.node);
     let mut out = crate::explain::explain(&input.model, &node, &args.service).ok_or_else(|| {
         anyhow::anyhow!(
             "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
@@ -98,7 +98,7 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
 /// `tierlb plan` of an input already read.
 pub fn plan_on(args: &PlanArgs, input: &super::CliInput) -> anyhow::Result<PlanOutput> {
     let (model, errors) = (&input.model, input.errors);
-    let node = args.node.resolve(model);
+    let node = input.node(&args.node);
     let p = plan::plan(model, &node);
     let text = match args.output {
         Output::Json => {

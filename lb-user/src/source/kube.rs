@@ -13,6 +13,7 @@ pub mod list;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
     pin::pin,
     sync::{
         Arc,
@@ -482,4 +483,22 @@ impl ModelSource for KubeSource {
     fn pending(&self) -> Option<PendingChanges> {
         Some(self.queued.clone())
     }
+}
+
+/// The addresses the API server's URL names (its host resolved, as the client resolves it; port 443 by
+/// default): no Service frontend may take them, or the agent's own connects would be captured (the agent protects them,
+/// and `plan`/`explain` with `--kube` plan as it does). A name that
+/// does not resolve now gives none (the client would not reach it either).
+pub async fn api_server_addresses(config: &kube::Config) -> Vec<SocketAddr> {
+    let url = &config.cluster_url;
+    let Some(host) = url.host() else { return Vec::new() };
+    let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("http") { 80 } else { 443 });
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let mut out: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => tokio::net::lookup_host((host, port)).await.map(Iterator::collect).unwrap_or_default(),
+    };
+    out.sort();
+    out.dedup();
+    out
 }
