@@ -2,12 +2,11 @@
 mod north_south;
 pub use north_south::NorthSouthStatus;
 
+pub use crate::datapath::Counters;
+
 use std::{fmt::Write as _, time::Duration};
 
-use lb_common::{
-    Backend, BackendState, COUNTER_AFFINITY, COUNTER_CLUSTER, COUNTER_DROPPED, COUNTER_FAIL_OPEN,
-    COUNTER_NODE, COUNTER_REJECTED, COUNTER_ZONE, FLAG_POLICY_LOCAL, FrontendKey, GLOBAL_SVC_ID,
-};
+use lb_common::{Backend, BackendState, COUNTER_FAIL_OPEN, FLAG_POLICY_LOCAL, FrontendKey, GLOBAL_SVC_ID};
 use serde::Serialize;
 
 use crate::{
@@ -57,25 +56,6 @@ pub struct HealthStatus {
     pub left_seconds: Option<f64>,
 }
 
-/// A frontend's connect counters (lb_common's `COUNTER_*`), summed over CPUs.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct Counters {
-    /// Translated to a node-tier backend.
-    pub node: u64,
-    /// Translated to a zone-tier backend.
-    pub zone: u64,
-    /// Translated to a cluster-tier backend.
-    pub cluster: u64,
-    /// Refused: no usable endpoint (kube-proxy's REJECT).
-    pub rejected: u64,
-    /// Refused: a Local policy found no local endpoint (kube-proxy's DROP).
-    pub dropped: u64,
-    /// Let through untranslated after an internal error.
-    pub fail_open: u64,
-    /// Went to the client's sessionAffinity backend (also counted under their tier).
-    pub affinity: u64,
-}
-
 /// sessionAffinity ClientIP of a frontend, as the maps hold it.
 #[derive(Clone, Debug, Serialize)]
 pub struct AffinityStatus {
@@ -118,6 +98,8 @@ pub struct FrontendStatus {
 pub struct Instance {
     /// The instance name (the pin directory under --bpffs).
     pub instance: String,
+    /// The node its agent runs on, as the agent wrote it into the maps at start (none from an older agent).
+    pub node: Option<String>,
     /// Every frontend, by Service port then address.
     pub frontends: Vec<FrontendStatus>,
     /// Connects that went through untranslated because of an internal error, over all Services.
@@ -206,7 +188,6 @@ impl Instance {
 
             let local = rb.value.flags & FLAG_POLICY_LOCAL != 0;
             let c = maps.counters(rb.value.svc_id)?;
-            let at = |k: u32| c[k as usize];
             frontends.push(FrontendStatus {
                 name,
                 frontend: addr::frontend_addr(&key).to_string(),
@@ -222,15 +203,7 @@ impl Instance {
                 },
                 when_empty: lb_common::errno_name(lb_common::refusal_errno(rb.value.flags)),
                 tiers,
-                connections: Counters {
-                    node: at(COUNTER_NODE),
-                    zone: at(COUNTER_ZONE),
-                    cluster: at(COUNTER_CLUSTER),
-                    rejected: at(COUNTER_REJECTED),
-                    dropped: at(COUNTER_DROPPED),
-                    fail_open: at(COUNTER_FAIL_OPEN),
-                    affinity: at(COUNTER_AFFINITY),
-                },
+                connections: Counters::of(&c),
                 session_affinity: (rb.value.affinity_timeout_s != 0).then(|| AffinityStatus {
                     timeout_seconds: rb.value.affinity_timeout_s,
                     clients: clients.get(&key).copied().unwrap_or(0),
@@ -259,6 +232,7 @@ impl Instance {
             .collect();
         Ok(Self {
             instance: name.to_owned(),
+            node: maps.name(GLOBAL_SVC_ID)?.filter(|n| !n.is_empty()),
             frontends,
             fail_open_total,
             backends_marked_down,
@@ -271,7 +245,11 @@ impl Instance {
 
     /// The human-readable form: a header line, then one line per frontend.
     pub fn table(&self) -> String {
-        let mut out = format!("instance {}: {} frontends", self.instance, self.frontends.len());
+        let mut out = format!("instance {}", self.instance);
+        if let Some(node) = &self.node {
+            let _ = write!(out, " (node {node})");
+        }
+        let _ = write!(out, ": {} frontends", self.frontends.len());
         if !self.backends_marked_down.is_empty() {
             let _ = write!(out, ", marked down: {}", self.backends_marked_down.join(" "));
         }

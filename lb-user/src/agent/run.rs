@@ -426,6 +426,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .writer_mut()
         .set_health_config(opts.health.config())
         .context("writing the passive health settings")?;
+    // Which node these maps serve, for `tierlb status` (and `tierlb study --clients` merging nodes' counters).
+    core.reconciler_mut().writer_mut().put_node_name(&opts.node).context("writing the node's name")?;
     // Until the first sync, scrapes see what the reconciler has now (adopted from pins, or nothing).
     let mut stats = AgentStats::default();
     stats.kube_proxy.pending = pending;

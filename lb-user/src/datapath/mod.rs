@@ -9,6 +9,7 @@ pub mod addr;
 pub mod attached;
 #[cfg(target_os = "linux")]
 mod capacity;
+mod connects;
 #[cfg(target_os = "linux")]
 pub mod destroy;
 #[cfg(target_os = "linux")]
@@ -33,6 +34,7 @@ pub mod tc;
 
 use std::{collections::BTreeMap, sync::Arc};
 
+pub use connects::Counters;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,

@@ -119,6 +119,16 @@ impl KernelMaps {
         })
     }
 
+    /// Write the name of the node the agent runs on where `tierlb status` finds it: `SVC_NAMES` under
+    /// `GLOBAL_SVC_ID`, an id no Service is given (and the adoption's sweep of unused names never visits).
+    pub fn put_node_name(&mut self, node: &str) -> Result<(), MapError> {
+        self.names.insert(lb_common::GLOBAL_SVC_ID, ServiceName::new(node), 0).map_err(sys(
+            MAP_NAMES,
+            "services",
+            self.max_services,
+        ))
+    }
+
     /// Another handle on the per-CPU counter map, for a reader off the agent loop (`/metrics`): two
     /// descriptors of one map are independent in the kernel, and a per-CPU lookup is a copy, so reads through
     /// it neither wait on nor disturb the loop's writes.
