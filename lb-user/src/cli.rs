@@ -2,7 +2,6 @@
 //! commands' bodies. The agent itself lives in `agent`; this module only maps flags to its options.
 use std::{fmt::Write as _, net::SocketAddr, path::PathBuf};
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::{
@@ -17,12 +16,14 @@ use crate::{
 mod cluster_lint;
 mod input;
 mod plan;
+mod study;
 pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, lint_on, run_lint};
 pub use input::{CliInput, FaceSource, KUBE_TIMEOUT, kube_input, load_for_cli};
 pub use plan::{
     EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, explain_on, plan_on, plan_table, run_explain,
     run_plan,
 };
+pub use study::{StudyArgs, run_study, study_on};
 
 /// `tierlb`'s command line.
 #[derive(Parser, Debug)]
@@ -267,24 +268,6 @@ impl AgentArgs {
     }
 }
 
-/// `tierlb study`.
-#[derive(clap::Args, Debug)]
-pub struct StudyArgs {
-    /// A scenario file (YAML); see examples/study/.
-    #[arg(required_unless_present = "models")]
-    pub scenario: Option<PathBuf>,
-    /// Print each proxy model instead: what it stands for (proxy and versions), its rule, what a client
-    /// meets when its set is empty, and the code it was read from.
-    #[arg(long, conflicts_with_all = ["chart", "scenario"])]
-    pub models: bool,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
-    pub output: Output,
-    /// Also write an SVG chart: a panel per phase, a stacked bar per model (endpoint shares, failed, hang).
-    #[arg(long)]
-    pub chart: Option<PathBuf>,
-}
-
 /// `tierlb backend`.
 #[derive(clap::Args, Debug)]
 pub struct BackendArgs {
@@ -411,28 +394,5 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     Ok(match args.output {
         Output::Json => serde_json::to_string_pretty(&all)? + "\n",
         Output::Table => all.iter().map(crate::status::Instance::table).collect::<Vec<_>>().join("\n"),
-    })
-}
-
-/// `tierlb study`: the table or JSON, and the chart when asked.
-pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
-    let Some(scenario) = args.scenario.as_ref().filter(|_| !args.models) else {
-        return Ok(match args.output {
-            Output::Json => {
-                let all: Vec<_> = crate::study::MODELS.iter().map(|m| m.info()).collect();
-                serde_json::to_string_pretty(&all)? + "\n"
-            }
-            Output::Table => crate::study::models_text(),
-        });
-    };
-    let sc = crate::study::load(scenario)?;
-    let r = crate::study::run(&sc);
-    if let Some(path) = &args.chart {
-        std::fs::write(path, crate::chart::study_chart(&r)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(match args.output {
-        Output::Json => serde_json::to_string_pretty(&r)? + "\n",
-        Output::Table => crate::study::table(&r),
     })
 }

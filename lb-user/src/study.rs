@@ -7,8 +7,11 @@
 //! failed trial each time a hold ends; with a phase's `duration` those are counted against the requests the
 //! phase sends, without one the shares are the steady state after detection.
 mod catalog;
+pub mod clients;
+pub mod cluster;
 pub mod health;
 pub mod models;
+pub mod survey;
 mod table;
 
 use std::{collections::BTreeMap, net::IpAddr};
@@ -26,6 +29,7 @@ pub use catalog::{ModelInfo, models_text};
 pub use health::{Crash, Detection, HealthParams};
 pub use models::{CiliumSettings, MODELS, ProxyModel};
 use models::{Empty, Route};
+pub use survey::cluster_table;
 pub use table::{markdown_table, table};
 
 /// A study scenario, as its YAML file reads (examples/study/).
@@ -96,6 +100,9 @@ pub struct ScService {
     /// The `service.kubernetes.io/topology-mode` annotation.
     #[serde(default)]
     pub topology_mode: Option<String>,
+    /// The deprecated `service.kubernetes.io/topology-aware-hints` annotation (wins over `topology-mode`).
+    #[serde(default)]
+    pub topology_aware_hints: Option<String>,
 }
 
 /// An endpoint of a scenario's Service.
@@ -112,6 +119,9 @@ pub struct ScEndpoint {
     /// `conditions.terminating`.
     #[serde(default)]
     pub terminating: bool,
+    /// `conditions.serving`; absent: ready or terminating (a terminating pod still passing its probe).
+    #[serde(default)]
+    pub serving: Option<bool>,
     /// The pod crashed but the EndpointSlice does not say so yet: `process` (connects refused) or `node`
     /// (connects hang); `none` by default. A proxy that sends to it loses those requests; tierlb's passive
     /// health learns it per node after K failed connects.
@@ -140,6 +150,7 @@ impl ScEndpoint {
             node: node.to_owned(),
             ready: true,
             terminating: false,
+            serving: None,
             crash: Crash::Running,
             for_nodes: None,
             for_zones: None,
@@ -159,9 +170,29 @@ pub struct ScPhase {
     /// are counted against the phase's requests; without it the shares are the steady state after detection.
     #[serde(default, deserialize_with = "opt_duration_s")]
     pub duration: Option<f64>,
+    /// Start again from the scenario's `endpoints` before this phase's changes (a what-if of its own, not a
+    /// step after the previous phases).
+    #[serde(default)]
+    pub reset: bool,
     /// Endpoint changes by IP.
     #[serde(default)]
     pub set: Vec<ScChange>,
+}
+
+impl ScChange {
+    /// A change to `ip` that changes nothing yet.
+    pub fn new(ip: IpAddr) -> Self {
+        Self {
+            ip,
+            ready: None,
+            terminating: None,
+            serving: None,
+            gone: false,
+            crash: None,
+            for_nodes: None,
+            for_zones: None,
+        }
+    }
 }
 
 fn opt_duration_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
@@ -180,6 +211,12 @@ pub struct ScChange {
     /// New [`ScEndpoint::terminating`].
     #[serde(default)]
     pub terminating: Option<bool>,
+    /// New [`ScEndpoint::serving`].
+    #[serde(default)]
+    pub serving: Option<bool>,
+    /// The endpoint leaves the EndpointSlice (the other fields are ignored).
+    #[serde(default)]
+    pub gone: bool,
     /// New [`ScEndpoint::crash`].
     #[serde(default)]
     pub crash: Option<Crash>,
@@ -242,6 +279,7 @@ pub struct StudyResult {
 }
 
 const VIP: &str = "10.96.0.99";
+const VIP6: &str = "fd00:96::99";
 
 /// The scenario's cluster as a model (hints filled in as the controller would, where asked).
 pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
@@ -258,9 +296,11 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         );
     }
     let key = ObjKey::new("study", "svc");
+    // The endpoints' family (a cluster's IPv6 Service); an empty or IPv4 one is studied as IPv4.
+    let v6 = eps.first().is_some_and(|e| e.ip.is_ipv6());
     let svc = Service {
         key: key.clone(),
-        cluster_ips: vec![VIP.parse().expect("valid")],
+        cluster_ips: vec![if v6 { VIP6 } else { VIP }.parse().expect("valid")],
         ports: vec![ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp, node_port: None }],
         internal_policy: if sc.service.internal_traffic_policy.as_deref() == Some("Local") {
             Policy::Local
@@ -269,6 +309,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         },
         traffic_distribution: sc.service.traffic_distribution.clone(),
         topology_mode_annotation: sc.service.topology_mode.clone(),
+        topology_aware_hints_annotation: sc.service.topology_aware_hints.clone(),
         ..Service::default()
     };
     let zone_of = |node: &str| sc.nodes.iter().find(|n| n.name == node).and_then(|n| n.zone.clone());
@@ -276,7 +317,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         address: Some(e.ip),
         conditions: Conditions {
             ready: Some(e.ready),
-            serving: Some(e.ready || e.terminating),
+            serving: Some(e.serving.unwrap_or(e.ready || e.terminating)),
             terminating: Some(e.terminating),
         },
         node_name: Some(e.node.clone()),
@@ -287,7 +328,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     let mut slice = EndpointSlice {
         key: ObjKey::new("study", "svc-1"),
         service_name: Some("svc".into()),
-        address_type: AddressType::IPv4,
+        address_type: if v6 { AddressType::IPv6 } else { AddressType::IPv4 },
         ports: vec![SlicePort { name: String::new(), port: 8080, protocol: Protocol::Tcp }],
         endpoints: eps.iter().map(endpoint).collect(),
         not_proxied: None,
@@ -310,14 +351,24 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     m
 }
 
-fn apply_phase(eps: &mut [ScEndpoint], phase: &ScPhase) {
+fn apply_phase(eps: &mut Vec<ScEndpoint>, start: &[ScEndpoint], phase: &ScPhase) {
+    if phase.reset {
+        *eps = start.to_vec();
+    }
     for c in &phase.set {
+        if c.gone {
+            eps.retain(|e| e.ip != c.ip);
+            continue;
+        }
         if let Some(e) = eps.iter_mut().find(|e| e.ip == c.ip) {
             if let Some(v) = c.ready {
                 e.ready = v;
             }
             if let Some(v) = c.terminating {
                 e.terminating = v;
+            }
+            if c.serving.is_some() {
+                e.serving = c.serving;
             }
             if let Some(v) = c.crash {
                 e.crash = v;
@@ -429,7 +480,7 @@ pub fn run(sc: &Scenario) -> StudyResult {
     let mut eps = sc.endpoints.clone();
     let mut phases = vec![result("initial".into(), None, &eps)];
     for p in &sc.phases {
-        apply_phase(&mut eps, p);
+        apply_phase(&mut eps, &sc.endpoints, p);
         phases.push(result(p.name.clone(), p.duration, &eps));
     }
     StudyResult {

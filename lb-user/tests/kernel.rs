@@ -200,6 +200,23 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     let table = std::process::Command::new(TIERLB).args(["status", "--bpffs", &pin]).output().unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("default/web:main") && table.contains("10.244.2.10:8080*"), "{table}");
+    // The agent wrote its node into the maps: status names it, and `tierlb study --clients-from` places the
+    // counted connects there (every one of them node-1's clients').
+    assert_eq!(inst["node"], "node-1");
+    assert!(table.starts_with("instance node-1 (node node-1): 1 frontends"), "{table}");
+    let total = n("node") + n("zone") + n("cluster") + n("rejected") + n("dropped") + n("fail_open");
+    let manifests = c.manifests.path().to_str().unwrap().to_owned();
+    let out = std::process::Command::new(TIERLB)
+        .args(["study", "--manifests", &manifests, "--clients-from", &pin, "-o", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let study: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let web = &study["services"][0];
+    assert_eq!(web["service"], "default/web");
+    assert_eq!(web["client_shares"]["node-1"], 1.0, "{}", web["client_shares"]);
+    let source = web["clients"].as_str().unwrap();
+    assert!(source.starts_with(&format!("counted: {total} connects (node-1 {total})")), "{source}");
 }
 
 /// (e): connect fails at once with the documented errno, never a timeout.

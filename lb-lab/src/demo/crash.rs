@@ -87,14 +87,8 @@ fn predict(down_s: f64, dead: SocketAddr) -> study::StudyResult {
         phases: vec![ScPhase {
             name: "node-1's process crashed".into(),
             duration: Some(down_s),
-            set: vec![ScChange {
-                ip: dead.ip(),
-                ready: None,
-                terminating: None,
-                crash: Some(Crash::Process),
-                for_nodes: None,
-                for_zones: None,
-            }],
+            reset: false,
+            set: vec![ScChange { crash: Some(Crash::Process), ..ScChange::new(dead.ip()) }],
         }],
         requests_per_second: NODES.len() as f64 / INTERVAL.as_secs_f64(),
         health: HealthParams::default(),

@@ -45,6 +45,9 @@ pub struct CliInput {
     /// Addresses no frontend may take besides `--protect-address`: with `--kube`, the API server's, as the
     /// agent protects them.
     pub protected: Vec<std::net::SocketAddr>,
+    /// With `--kube`, the pods the slices name, by address (`tierlb study --crash POD`); a manifests
+    /// directory's are read on demand (`ManifestDir::pod_refs`).
+    pub pods: std::collections::BTreeMap<std::net::IpAddr, ObjKey>,
 }
 
 impl CliInput {
@@ -98,7 +101,9 @@ pub async fn kube_input(client: kube::Client, namespace: Option<&str>) -> anyhow
         Some(ns) => format!("the API server (namespace {ns})"),
         None => "the API server".to_owned(),
     };
-    Ok(finish(snap.model, &snap.diagnostics, origin))
+    let mut input = finish(snap.model, &snap.diagnostics, origin);
+    input.pods = snap.pods;
+    Ok(input)
 }
 
 /// Load a manifests directory for a one-shot command, printing its problems to stderr.
@@ -124,5 +129,5 @@ fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String) -> CliIn
         );
     }
     let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
-    CliInput { model, errors, filled, origin, protected: Vec::new() }
+    CliInput { model, errors, filled, origin, protected: Vec::new(), pods: std::collections::BTreeMap::new() }
 }

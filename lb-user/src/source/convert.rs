@@ -231,6 +231,22 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     validated(validate::endpoint_slice(slice), convert_endpoint_slice(slice))
 }
 
+/// The pods an EndpointSlice's endpoints name (`targetRef` of kind Pod; its namespace, else the slice's) by
+/// their `addresses[0]`: what `tierlb study --crash POD` finds a pod's endpoint by. The model does not keep
+/// them (the agent never reads them).
+pub fn pod_refs(slice: &discovery::EndpointSlice) -> Vec<(IpAddr, ObjKey)> {
+    let ns = slice.metadata.namespace.clone().unwrap_or_default();
+    slice
+        .endpoints
+        .iter()
+        .filter_map(|ep| {
+            let r = ep.target_ref.as_ref().filter(|r| r.kind.as_deref() == Some("Pod"))?;
+            let ip = ep.addresses.first()?.parse().ok()?;
+            Some((ip, ObjKey::new(r.namespace.as_deref().unwrap_or(&ns), r.name.as_deref()?)))
+        })
+        .collect()
+}
+
 fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, FieldError> {
     let key = key_of(&slice.metadata)?;
     let address_type = match slice.address_type.as_str() {

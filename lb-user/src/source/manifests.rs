@@ -13,7 +13,7 @@ use std::{
 
 use self::parse::{FileContents, parse_file};
 use super::{Changes, Diagnostic, ModelSource, Object, Origin, Refresh, Severity};
-use crate::model::{Model, ObjectId};
+use crate::model::{Model, ObjKey, ObjectId};
 
 /// One file's text as the directory source reads it: the objects it gives (only valid ones) and every
 /// problem found, errors and warnings (for tools that read one file, and the fuzz targets).
@@ -112,6 +112,40 @@ impl ManifestDir {
         }
         files.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(files)
+    }
+
+    /// The pods the EndpointSlices of the directory name, by address (`convert::pod_refs`); read apart from
+    /// the model, which does not keep them. Documents that do not read as EndpointSlices are passed over
+    /// (`load` reports them).
+    pub fn pod_refs(&self) -> std::io::Result<BTreeMap<std::net::IpAddr, ObjKey>> {
+        use serde::Deserialize as _;
+        fn walk(v: serde_yaml::Value, out: &mut BTreeMap<std::net::IpAddr, ObjKey>) {
+            match v.get("kind").and_then(|k| k.as_str()) {
+                Some("EndpointSlice") => {
+                    if let Ok(s) = serde_yaml::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(v)
+                    {
+                        out.extend(super::convert::pod_refs(&s));
+                    }
+                }
+                Some(k) if k.ends_with("List") => {
+                    if let Some(items) = v.get("items").and_then(|i| i.as_sequence()) {
+                        for item in items.clone() {
+                            walk(item, out);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (path, _) in self.files()? {
+            let text = std::fs::read_to_string(&path)?;
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let Ok(v) = serde_yaml::Value::deserialize(doc) else { break };
+                walk(v, &mut out);
+            }
+        }
+        Ok(out)
     }
 
     /// The whole model as of now (reads whatever changed first).
@@ -284,7 +318,6 @@ pub fn is_manifest_file_name(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ObjKey;
 
     const GOOD: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80}]\n";
 

@@ -166,8 +166,8 @@ pub(super) fn ips(v: &[&PortEndpoint]) -> Vec<IpAddr> {
 pub fn route(model: ProxyModel, m: &Model, node: &NodeInfo, settings: CiliumSettings) -> Route {
     let svc = m.services.values().next().expect("one Service");
     let port = &svc.ports[0];
-    let view =
-        View { svc, eps: plan::port_endpoints(m.slices_of(&svc.key), port, Family::V4, &node.name), node };
+    let family = svc.cluster_ips.first().map_or(Family::V4, Family::of);
+    let view = View { svc, eps: plan::port_endpoints(m.slices_of(&svc.key), port, family, &node.name), node };
     if let Some(rule) = cilium::Rule::of(model) {
         return cilium::route(rule, &view, settings);
     }
@@ -176,7 +176,7 @@ pub fn route(model: ProxyModel, m: &Model, node: &NodeInfo, settings: CiliumSett
         ProxyModel::CalicoEbpf3315 => calico(&view, CalicoRule::ZoneHintsOnly),
         ProxyModel::CalicoEbpf332 => calico(&view, CalicoRule::NodeThenZone),
         _ => {
-            let p = plan::port_plan(m, svc, port, Family::V4, node);
+            let p = plan::port_plan(m, svc, port, family, node);
             let addrs =
                 |v: &[std::net::SocketAddr]| v.iter().map(std::net::SocketAddr::ip).collect::<Vec<_>>();
             if model == ProxyModel::Tierlb {

@@ -5,12 +5,12 @@ use super::{Crash, ModelResult, PhaseResult, Scenario, StudyResult};
 
 /// A share as the table prints it: whole percents, with one decimal below 1% so that a few lost requests
 /// do not read as none.
-fn pct(v: f64) -> String {
+pub(super) fn pct(v: f64) -> String {
     if v > 0.0 && v < 0.01 { format!("{:.1}%", v * 100.0) } else { format!("{:.0}%", v * 100.0) }
 }
 
 /// A number of requests from the fluid model: whole when it is, else one decimal.
-fn count(v: f64) -> String {
+pub(super) fn count(v: f64) -> String {
     if (v - v.round()).abs() < 1e-6 { format!("{v:.0}") } else { format!("{v:.1}") }
 }
 

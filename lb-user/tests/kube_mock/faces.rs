@@ -256,3 +256,60 @@ async fn a_cluster_reader_gets_every_namespace_and_the_nodes_zones_page_by_page(
     );
     done(&script, &server);
 }
+
+/// The story's cluster (examples/story) served as an API server holds it: its YAML documents as JSON objects,
+/// the Nodes' List unrolled.
+fn story() -> Faces {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/story");
+    let mut f = Faces::default();
+    for kind in ["services", "endpointslices", "nodes"] {
+        f.objects.insert(kind, Vec::new());
+    }
+    let mut add = |v: Value| {
+        let kind = match v["kind"].as_str() {
+            Some("Service") => "services",
+            Some("EndpointSlice") => "endpointslices",
+            Some("Node") => "nodes",
+            other => panic!("{other:?} in the story"),
+        };
+        f.objects.get_mut(kind).unwrap().push(v);
+    };
+    for file in std::fs::read_dir(&dir).unwrap() {
+        let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            match v["items"].as_array() {
+                Some(items) => items.iter().cloned().for_each(&mut add),
+                None if !v.is_null() => add(v),
+                None => {}
+            }
+        }
+    }
+    f
+}
+
+/// `tierlb study --kube` reads the same cluster as `--manifests examples/story` and gives the same tables
+/// (all but the line that says where it read), with a what-if and a pod crashed by its IP.
+#[tokio::test]
+async fn study_with_kube_gives_the_tables_the_manifests_give() {
+    let script = Arc::new(Mutex::new(story()));
+    let (c, server) = client(&script);
+    let input = kube_input(c, None).await.unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/story");
+    let files = tierlb::cli::load_for_cli(&dir).unwrap();
+    for argv in
+        ["tierlb study --kube --drain node-1 --crash 10.244.3.21", "tierlb study --kube -o json --roll"]
+    {
+        let Command::Study(args) = parse(argv) else { unreachable!() };
+        let from_kube = tierlb::cli::study_on(&args, &input).unwrap();
+        let from_files = tierlb::cli::study_on(&args, &files).unwrap();
+        let body = |t: &str, origin: &str| t.replacen(origin, "ORIGIN", 1);
+        assert_eq!(
+            body(&from_kube, "the API server"),
+            body(&from_files, &format!("--manifests {}", dir.display())),
+            "{argv}"
+        );
+        assert!(from_kube.contains("booking/pdf-resume"), "{from_kube}");
+    }
+    done(&script, &server);
+}

@@ -10,7 +10,7 @@ use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use kube::{Api, Client, api::ListParams};
 
 use super::super::{Diagnostic, Object, Origin, Severity, convert};
-use crate::model::{Kind, Model, ObjectId};
+use crate::model::{Kind, Model, ObjKey, ObjectId};
 
 /// Objects per list request, as kubectl asks (`--chunk-size` 500).
 pub const PAGE: u32 = 500;
@@ -24,6 +24,8 @@ pub struct Snapshot {
     pub diagnostics: Vec<Diagnostic>,
     /// Why no Node was read (the API server's answer to the list), when Nodes are forbidden.
     pub nodes_forbidden: Option<String>,
+    /// The pods the slices' endpoints name, by address (`convert::pod_refs`).
+    pub pods: std::collections::BTreeMap<std::net::IpAddr, ObjKey>,
 }
 
 /// Why the API server could not be read.
@@ -129,6 +131,7 @@ pub async fn snapshot(client: Client, namespace: Option<&str>) -> Result<Snapsho
         );
     }
     for s in &slices {
+        snap.pods.extend(convert::pod_refs(s));
         take(
             convert::id_of(Kind::EndpointSlice, &s.metadata),
             convert::endpoint_slice(s).map(|s| Object::EndpointSlice(s.into())),

@@ -1,0 +1,268 @@
+//! A cluster's Services as study scenarios (`tierlb study --manifests DIR | --kube`): one scenario per Service,
+//! built from the objects as they are, and the what-if phases (`--drain`, `--crash`, `--roll`) written as the
+//! phases a hand-made scenario would have.
+//!
+//! What a scenario takes from the cluster: every node with its zone and allocatable CPU (nodes that only
+//! endpoints or client counts name are added, zoned as their endpoints say), the Service's policies,
+//! `trafficDistribution` and topology annotations, and its endpoints of the Service's first port in the family
+//! of its first ClusterIP: readiness, serving, terminating and the hints the slices carry (a slice set with no
+//! hints at all has already been given the controller's, as `plan` and the agent do). The what-if phases keep
+//! each remaining endpoint's hints as written: under `trafficDistribution` the controller writes each endpoint
+//! its own node and zone, which do not depend on the others; under `topology-mode: Auto` it may reallocate
+//! zones as endpoints go, which the phases do not redo.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use super::{
+    CiliumSettings, Crash, HealthParams, ScChange, ScEndpoint, ScNode, ScPhase, ScService, Scenario,
+};
+use crate::{
+    model::{Family, Model, ObjKey, Policy, Service, ServiceType},
+    plan,
+};
+
+/// Why a Service has no scenario: no proxy routes its clients.
+pub fn unstudied(svc: &Service) -> Option<&'static str> {
+    if svc.type_ == ServiceType::ExternalName {
+        Some("ExternalName: a DNS alias, no proxy routes it")
+    } else if svc.cluster_ips.is_empty() {
+        Some("headless: clients resolve the endpoints by DNS, no proxy routes them")
+    } else if svc.ports.is_empty() {
+        Some("no ports")
+    } else if svc.not_proxied.is_some() {
+        Some("labelled for another proxy (service.kubernetes.io/service-proxy-name or headless label)")
+    } else {
+        None
+    }
+}
+
+/// How long each what-if phase lasts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timings {
+    /// A terminating endpoint's grace period (`terminationGracePeriodSeconds`, 30 s by default).
+    pub grace_s: f64,
+    /// From an endpoint gone (or its replacement created) until the replacement is ready.
+    pub startup_s: f64,
+    /// From a crash until the readiness probe fails and the EndpointSlice says so (period x threshold).
+    pub unseen_s: f64,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self { grace_s: 30.0, startup_s: 10.0, unseen_s: 30.0 }
+    }
+}
+
+/// A what-if asked on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WhatIf {
+    /// `--drain NODE`: its endpoints terminating, then gone.
+    Drain(String),
+    /// `--crash POD`: the endpoint's process crashed, unseen by the control plane, then seen (not ready).
+    Crash(IpAddr),
+    /// `--roll`: the Service's pods replaced one node at a time (a DaemonSet's rolling update).
+    Roll,
+}
+
+/// The endpoints of `svc` as a scenario holds them, in the family of its first ClusterIP and for its first
+/// port (deduplicated by address, as the proxies do).
+fn endpoints(m: &Model, svc: &Service) -> Vec<ScEndpoint> {
+    let family = Family::of(&svc.cluster_ips[0]);
+    let port = &svc.ports[0];
+    plan::port_endpoints(m.slices_of(&svc.key), port, family, "")
+        .into_iter()
+        .map(|pe| {
+            let e = &pe.endpoint;
+            let hinted = e.for_nodes.is_some() || e.for_zones.is_some();
+            ScEndpoint {
+                ip: pe.addr.ip(),
+                node: e.node_name.clone().unwrap_or_default(),
+                ready: e.is_ready(),
+                terminating: e.is_terminating(),
+                serving: Some(e.is_serving()),
+                crash: Crash::Running,
+                // Hints exactly as written (`no_hints`: none at all, so the scenario does not fill them).
+                for_nodes: e.for_nodes.clone(),
+                for_zones: e.for_zones.clone(),
+                no_hints: !hinted,
+            }
+        })
+        .collect()
+}
+
+/// The scenario of `svc` with `clients` per node (any unit; nodes not named have none), the what-ifs' phases,
+/// `rps` requests per second and the health and Cilium settings the study assumes.
+pub fn scenario(
+    m: &Model,
+    svc: &Service,
+    clients: &BTreeMap<String, f64>,
+    what_ifs: &[WhatIf],
+    timings: Timings,
+    rps: f64,
+) -> Scenario {
+    let eps = endpoints(m, svc);
+    let mut nodes: BTreeMap<String, ScNode> = m
+        .nodes
+        .values()
+        .map(|n| {
+            let cpu = n.allocatable_cpu_millis.unwrap_or(4000);
+            (n.name.clone(), ScNode { name: n.name.clone(), zone: n.zone.clone(), clients: 0.0, cpu })
+        })
+        .collect();
+    // Nodes only the endpoints name (Nodes not readable): zoned as their endpoints say.
+    for pe in plan::port_endpoints(m.slices_of(&svc.key), &svc.ports[0], Family::of(&svc.cluster_ips[0]), "")
+    {
+        let Some(name) = pe.endpoint.node_name.clone() else { continue };
+        nodes.entry(name.clone()).or_insert(ScNode {
+            name,
+            zone: pe.endpoint.zone.clone(),
+            clients: 0.0,
+            cpu: 4000,
+        });
+    }
+    for (name, share) in clients {
+        nodes
+            .entry(name.clone())
+            .or_insert(ScNode { name: name.clone(), zone: None, clients: 0.0, cpu: 4000 })
+            .clients = *share;
+    }
+    // Each what-if starts from the cluster as it is, not from where the previous one left it.
+    let mut phases: Vec<ScPhase> = Vec::new();
+    for w in what_ifs {
+        let mut own = self::phases(w, &eps, timings);
+        if let Some(first) = own.first_mut() {
+            first.reset = true;
+        }
+        phases.append(&mut own);
+    }
+    Scenario {
+        name: svc.key.to_string(),
+        description: description(svc),
+        nodes: nodes.into_values().collect(),
+        service: ScService {
+            traffic_distribution: svc.traffic_distribution.clone(),
+            internal_traffic_policy: (svc.internal_policy == Policy::Local).then(|| "Local".to_owned()),
+            topology_mode: svc.topology_mode_annotation.clone(),
+            topology_aware_hints: svc.topology_aware_hints_annotation.clone(),
+        },
+        endpoints: eps,
+        phases,
+        requests_per_second: rps,
+        health: HealthParams::default(),
+        cilium: CiliumSettings::default(),
+    }
+}
+
+/// What routes the Service: its policy and topology fields, as one line.
+fn description(svc: &Service) -> String {
+    let mut parts = vec![format!("internalTrafficPolicy {}", svc.internal_policy.as_str())];
+    if let Some(td) = &svc.traffic_distribution {
+        parts.push(format!("trafficDistribution {td}"));
+    }
+    if let Some(a) = &svc.topology_mode_annotation {
+        parts.push(format!("topology-mode {a}"));
+    }
+    if let Some(a) = &svc.topology_aware_hints_annotation {
+        parts.push(format!("topology-aware-hints {a}"));
+    }
+    let port = &svc.ports[0];
+    let port_name = if port.name.is_empty() { String::new() } else { format!(" ({})", port.name) };
+    parts.push(format!("port {}/{}{port_name}", port.port, port.protocol.as_str()));
+    parts.join(", ")
+}
+
+/// The same changes for each of `ips`.
+fn set(ips: impl IntoIterator<Item = IpAddr>, change: impl Fn(IpAddr) -> ScChange) -> Vec<ScChange> {
+    ips.into_iter().map(change).collect()
+}
+
+fn terminating(ip: IpAddr) -> ScChange {
+    ScChange { ready: Some(false), terminating: Some(true), serving: Some(true), ..ScChange::new(ip) }
+}
+
+fn not_ready(ip: IpAddr) -> ScChange {
+    ScChange { ready: Some(false), terminating: Some(false), serving: Some(false), ..ScChange::new(ip) }
+}
+
+/// Back to the endpoint as the cluster has it.
+fn restored(e: &ScEndpoint) -> ScChange {
+    ScChange {
+        ready: Some(e.ready),
+        terminating: Some(e.terminating),
+        serving: e.serving,
+        crash: Some(Crash::Running),
+        ..ScChange::new(e.ip)
+    }
+}
+
+/// The phases of one what-if on `eps` (none when it does not touch this Service).
+pub fn phases(what_if: &WhatIf, eps: &[ScEndpoint], t: Timings) -> Vec<ScPhase> {
+    let phase = |name: String, duration: f64, set: Vec<ScChange>| ScPhase {
+        name,
+        duration: Some(duration),
+        reset: false,
+        set,
+    };
+    match what_if {
+        WhatIf::Drain(node) => {
+            let on: Vec<IpAddr> = eps.iter().filter(|e| e.node == *node).map(|e| e.ip).collect();
+            if on.is_empty() {
+                return Vec::new();
+            }
+            vec![
+                phase(
+                    format!("drain {node}: its endpoints terminating"),
+                    t.grace_s,
+                    set(on.clone(), terminating),
+                ),
+                phase(
+                    format!("drain {node}: its endpoints gone"),
+                    t.startup_s,
+                    set(on, |ip| ScChange { gone: true, ..ScChange::new(ip) }),
+                ),
+            ]
+        }
+        WhatIf::Crash(ip) => {
+            if !eps.iter().any(|e| e.ip == *ip) {
+                return Vec::new();
+            }
+            vec![
+                phase(
+                    format!("{ip} crashed, unseen by the control plane"),
+                    t.unseen_s,
+                    vec![ScChange { crash: Some(Crash::Process), ..ScChange::new(*ip) }],
+                ),
+                phase(format!("{ip} not ready (seen), restarting"), t.startup_s, vec![not_ready(*ip)]),
+            ]
+        }
+        WhatIf::Roll => {
+            let mut nodes: Vec<&str> =
+                eps.iter().map(|e| e.node.as_str()).filter(|n| !n.is_empty()).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            let mut out = Vec::new();
+            let mut previous: Vec<&ScEndpoint> = Vec::new();
+            for node in nodes {
+                let on: Vec<&ScEndpoint> = eps.iter().filter(|e| e.node == node).collect();
+                let mut first: Vec<ScChange> = previous.iter().map(|e| restored(e)).collect();
+                first.extend(set(on.iter().map(|e| e.ip), terminating));
+                out.push(phase(format!("roll {node}: old pod terminating"), t.grace_s, first));
+                out.push(phase(
+                    format!("roll {node}: old pod gone, replacement not ready"),
+                    t.startup_s,
+                    set(on.iter().map(|e| e.ip), not_ready),
+                ));
+                previous = on;
+            }
+            out
+        }
+    }
+}
+
+/// The Service `text` names (`NAMESPACE/NAME`), or why none.
+pub fn find_service<'a>(m: &'a Model, text: &str) -> Result<&'a Service, String> {
+    let (ns, name) =
+        text.split_once('/').ok_or_else(|| format!("--service {text:?}: write it NAMESPACE/NAME"))?;
+    m.services
+        .get(&ObjKey::new(ns, name))
+        .ok_or_else(|| format!("--service {text}: no such Service in the input"))
+}

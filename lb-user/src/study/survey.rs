@@ -1,0 +1,431 @@
+//! A whole cluster studied (`tierlb study --manifests DIR | --kube`): every Service's scenario run under every
+//! model, where each model serves it differently from kube-proxy and why, the skew PreferSameNode gives it
+//! with its clients where they are, the time-weighted losses of the what-if phases, and the cluster-wide
+//! summary.
+//!
+//! "Why" is found by taking away what a model may ignore and running it again: when removing every
+//! endpoint's `forNodes` (or `forZones`) leaves a model's figures as they were while kube-proxy's change, the
+//! model ignores those hints, and the line says so; otherwise it says where the figures part.
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::Serialize;
+
+use super::{
+    ModelResult, ProxyModel, ScEndpoint, Scenario, StudyResult,
+    clients::Clients,
+    cluster::{self, Timings, WhatIf},
+    table::{count, pct, table},
+};
+use crate::model::{Model, Service};
+
+/// Two figures closer than this are the same (half a percent of requests).
+const SAME: f64 = 0.005;
+
+/// How to study a cluster.
+#[derive(Clone, Debug)]
+pub struct SurveyOptions {
+    /// The what-ifs, each applied to every Service it touches.
+    pub what_ifs: Vec<WhatIf>,
+    /// How long the what-if phases last.
+    pub timings: Timings,
+    /// Requests per second from all clients of a Service.
+    pub requests_per_second: f64,
+    /// The skew (largest endpoint share over the even share) above which the summary names a Service.
+    pub max_skew: f64,
+}
+
+/// One model that serves a Service differently from kube-proxy (models with the same line are grouped).
+#[derive(Clone, Debug, Serialize)]
+pub struct Difference {
+    /// The models (in the order of `MODELS`).
+    pub models: Vec<String>,
+    /// The first phase where their figures part from kube-proxy's.
+    pub phase: String,
+    /// What they do and what it costs, e.g. "ignore forNodes: 65% of requests cross nodes instead of 30%".
+    pub why: String,
+}
+
+/// How unevenly a Service's endpoints are loaded under kube-proxy's rule.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Skew {
+    /// Ready endpoints.
+    pub endpoints: usize,
+    /// As the Service is: the largest endpoint share over the even share (1.0: even); none below 2 endpoints.
+    pub now: Option<f64>,
+    /// Were it `trafficDistribution: PreferSameNode` with the controller's hints.
+    pub prefer_same_node: Option<f64>,
+}
+
+/// One model's losses over every what-if phase, weighted by the phases' durations.
+#[derive(Clone, Debug, Serialize)]
+pub struct Weighted {
+    /// The model.
+    pub model: ProxyModel,
+    /// The what-if phases' total duration.
+    pub seconds: f64,
+    /// Share of the requests over that time that failed at once.
+    pub failed: f64,
+    /// Share that hung until the client's timeout.
+    pub hang: f64,
+    /// Those as requests (at the study's request rate).
+    pub failed_requests: f64,
+    /// Hung requests.
+    pub hung_requests: f64,
+}
+
+/// One Service studied.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServiceStudy {
+    /// `NAMESPACE/NAME`.
+    pub service: String,
+    /// Where its client shares came from.
+    pub clients: String,
+    /// Its client share per node.
+    pub client_shares: BTreeMap<String, f64>,
+    /// The per-model tables, initial state then each what-if phase.
+    pub study: StudyResult,
+    /// The models that serve it differently from kube-proxy.
+    pub differences: Vec<Difference>,
+    /// Its skew.
+    pub skew: Skew,
+    /// The what-ifs' time-weighted losses per model (empty without what-if phases).
+    pub what_if: Vec<Weighted>,
+}
+
+/// A Service not studied, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unstudied {
+    /// `NAMESPACE/NAME`.
+    pub service: String,
+    /// Why no proxy routes it.
+    pub why: &'static str,
+}
+
+/// The cluster-wide summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// The skew threshold.
+    pub max_skew: f64,
+    /// Services whose skew under PreferSameNode is above it, most skewed first: (Service, skew, uses it now).
+    pub skewed: Vec<(String, f64, bool)>,
+    /// Per model (in the order of `MODELS`, kube-proxy left out), the Services it serves differently.
+    pub differs: Vec<(String, Vec<String>)>,
+}
+
+/// What `tierlb study` prints for a cluster.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterStudy {
+    /// Where the objects were read.
+    pub origin: String,
+    /// The Services, those some model serves differently first, then by name.
+    pub services: Vec<ServiceStudy>,
+    /// The Services not studied.
+    pub unstudied: Vec<Unstudied>,
+    /// The summary.
+    pub summary: Summary,
+}
+
+fn differs(a: &ModelResult, b: &ModelResult) -> bool {
+    let share = |m: &ModelResult, ip: &String| m.shares.get(ip).copied().unwrap_or(0.0);
+    a.shares.keys().chain(b.shares.keys()).any(|ip| (share(a, ip) - share(b, ip)).abs() > SAME)
+        || (a.failed - b.failed).abs() > SAME
+        || (a.hang - b.hang).abs() > SAME
+}
+
+/// What differs, as a phrase: the cross-node share, the losses, else the endpoint whose share moved most.
+fn cost(kp: &ModelResult, r: &ModelResult) -> String {
+    let mut parts = Vec::new();
+    if (r.cross_node - kp.cross_node).abs() > SAME {
+        parts.push(format!(
+            "{} of requests cross nodes instead of {}",
+            pct(r.cross_node),
+            pct(kp.cross_node)
+        ));
+    }
+    if (r.failed - kp.failed).abs() > SAME {
+        parts.push(format!("{} fail instead of {}", pct(r.failed), pct(kp.failed)));
+    }
+    if (r.hang - kp.hang).abs() > SAME {
+        parts.push(format!("{} hang instead of {}", pct(r.hang), pct(kp.hang)));
+    }
+    if parts.is_empty() {
+        let share = |m: &ModelResult, ip: &str| m.shares.get(ip).copied().unwrap_or(0.0);
+        if let Some(ip) = kp
+            .shares
+            .keys()
+            .max_by(|a, b| (share(r, a) - share(kp, a)).abs().total_cmp(&(share(r, b) - share(kp, b)).abs()))
+        {
+            parts.push(format!("{ip} gets {} instead of {}", pct(share(r, ip)), pct(share(kp, ip))));
+        }
+    }
+    parts.join(", ")
+}
+
+/// `eps` without `forNodes` (`nodes`) or without `forZones`; an endpoint left with no hint has none.
+fn without(eps: &[ScEndpoint], nodes: bool) -> Vec<ScEndpoint> {
+    let mut out = eps.to_vec();
+    for e in &mut out {
+        if nodes {
+            e.for_nodes = None;
+        } else {
+            e.for_zones = None;
+        }
+        if e.for_nodes.is_none() && e.for_zones.is_none() {
+            e.no_hints = true;
+        }
+    }
+    out
+}
+
+/// Why model `i` of a phase differs from kube-proxy (model 0), found by taking hints away.
+fn why(
+    sc: &Scenario,
+    eps: &[ScEndpoint],
+    duration: Option<f64>,
+    results: &[ModelResult],
+    i: usize,
+) -> String {
+    let (kp, r) = (&results[0], &results[i]);
+    for (nodes, what) in [(true, "forNodes"), (false, "forZones")] {
+        let hinted = eps.iter().any(|e| if nodes { e.for_nodes.is_some() } else { e.for_zones.is_some() });
+        if !hinted {
+            continue;
+        }
+        let other = super::study_phase(sc, &without(eps, nodes), duration);
+        if !differs(&other[i], r) && differs(&other[0], kp) {
+            return format!("ignores {what}: {}", cost(kp, r));
+        }
+    }
+    cost(kp, r)
+}
+
+/// The skew of a phase's model result over the ready endpoints `eps`.
+fn skew_of(r: &ModelResult, eps: &[ScEndpoint]) -> Option<f64> {
+    let ready: Vec<String> = eps.iter().filter(|e| e.ready).map(|e| e.ip.to_string()).collect();
+    let total: f64 = ready.iter().map(|ip| r.shares.get(ip).copied().unwrap_or(0.0)).sum();
+    (ready.len() >= 2 && total > 0.0).then(|| {
+        let max = ready.iter().map(|ip| r.shares.get(ip).copied().unwrap_or(0.0)).fold(0.0, f64::max);
+        max / (total / ready.len() as f64)
+    })
+}
+
+/// Study one Service's scenario: its tables, the differences from kube-proxy, its skew, the what-ifs' totals.
+pub fn study_service(sc: &Scenario, clients: String, shares: BTreeMap<String, f64>) -> ServiceStudy {
+    let study = super::run(sc);
+    let mut eps = sc.endpoints.clone();
+    let mut differences: Vec<Difference> = Vec::new();
+    let mut seen = vec![false; super::MODELS.len()];
+    for (k, p) in study.phases.iter().enumerate() {
+        if k > 0 {
+            super::apply_phase(&mut eps, &sc.endpoints, &sc.phases[k - 1]);
+        }
+        for (i, done) in seen.iter_mut().enumerate().skip(1) {
+            if *done || !differs(&p.models[0], &p.models[i]) {
+                continue;
+            }
+            *done = true;
+            let line = why(sc, &eps, p.duration_s, &p.models, i);
+            let name = p.models[i].model.name().to_owned();
+            match differences.iter_mut().find(|d| d.phase == p.phase && d.why == line) {
+                Some(d) => d.models.push(name),
+                None => {
+                    differences.push(Difference { models: vec![name], phase: p.phase.clone(), why: line });
+                }
+            }
+        }
+    }
+    let mut what_if = Vec::new();
+    let timed: Vec<_> = study.phases.iter().filter_map(|p| p.duration_s.map(|d| (p, d))).collect();
+    let seconds: f64 = timed.iter().map(|(_, d)| d).sum();
+    if seconds > 0.0 {
+        for (i, &model) in super::MODELS.iter().enumerate() {
+            let sum =
+                |f: fn(&ModelResult) -> f64| timed.iter().map(|(p, d)| d * f(&p.models[i])).sum::<f64>();
+            let (failed, hang) = (sum(|m| m.failed), sum(|m| m.hang));
+            what_if.push(Weighted {
+                model,
+                seconds,
+                failed: failed / seconds,
+                hang: hang / seconds,
+                failed_requests: failed * sc.requests_per_second,
+                hung_requests: hang * sc.requests_per_second,
+            });
+        }
+    }
+    let psn = prefer_same_node(sc);
+    let skew = Skew {
+        endpoints: sc.endpoints.iter().filter(|e| e.ready).count(),
+        now: skew_of(&study.phases[0].models[0], &sc.endpoints),
+        prefer_same_node: skew_of(&super::study_phase(&psn, &psn.endpoints, None)[0], &psn.endpoints),
+    };
+    ServiceStudy {
+        service: sc.name.clone(),
+        clients,
+        client_shares: shares,
+        study,
+        differences,
+        skew,
+        what_if,
+    }
+}
+
+/// The scenario as it would be with `trafficDistribution: PreferSameNode` and the hints the controller would
+/// write for it (no phases).
+fn prefer_same_node(sc: &Scenario) -> Scenario {
+    let mut psn = sc.clone();
+    psn.phases.clear();
+    psn.service.traffic_distribution = Some("PreferSameNode".into());
+    psn.service.topology_mode = None;
+    psn.service.topology_aware_hints = None;
+    for e in &mut psn.endpoints {
+        e.for_nodes = None;
+        e.for_zones = None;
+        e.no_hints = false;
+    }
+    psn
+}
+
+/// Study every Service of `m` (or only `only`) with the clients `clients`.
+pub fn survey(
+    m: &Model,
+    origin: String,
+    only: Option<&Service>,
+    clients: &Clients,
+    opts: &SurveyOptions,
+) -> ClusterStudy {
+    let mut node_names: Vec<String> = m.nodes.keys().cloned().collect();
+    for n in clients.nodes() {
+        if !node_names.contains(&n) {
+            node_names.push(n);
+        }
+    }
+    let mut services = Vec::new();
+    let mut unstudied = Vec::new();
+    for svc in m.services.values().filter(|s| only.is_none_or(|o| o.key == s.key)) {
+        if let Some(why) = cluster::unstudied(svc) {
+            unstudied.push(Unstudied { service: svc.key.to_string(), why });
+            continue;
+        }
+        let mut nodes = node_names.clone();
+        for s in m.slices_of(&svc.key) {
+            for e in &s.endpoints {
+                if let Some(n) = e.node_name.as_ref().filter(|n| !nodes.contains(n)) {
+                    nodes.push(n.clone());
+                }
+            }
+        }
+        nodes.sort();
+        let shares = clients.shares(&svc.key, &nodes);
+        let sc = cluster::scenario(
+            m,
+            svc,
+            &shares.per_node,
+            &opts.what_ifs,
+            opts.timings,
+            opts.requests_per_second,
+        );
+        services.push(study_service(&sc, shares.source, shares.per_node));
+    }
+    services.sort_by(|a, b| {
+        a.differences.is_empty().cmp(&b.differences.is_empty()).then(a.service.cmp(&b.service))
+    });
+    let mut skewed: Vec<(String, f64, bool)> = services
+        .iter()
+        .filter_map(|s| {
+            let k = s.skew.prefer_same_node.filter(|k| *k > opts.max_skew)?;
+            let uses = m.services.values().any(|v| {
+                v.key.to_string() == s.service && v.traffic_distribution.as_deref() == Some("PreferSameNode")
+            });
+            Some((s.service.clone(), k, uses))
+        })
+        .collect();
+    skewed.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let differs = super::MODELS[1..]
+        .iter()
+        .map(|model| {
+            let name = model.name().to_owned();
+            let svcs = services
+                .iter()
+                .filter(|s| s.differences.iter().any(|d| d.models.contains(&name)))
+                .map(|s| s.service.clone())
+                .collect();
+            (name, svcs)
+        })
+        .collect();
+    ClusterStudy {
+        origin,
+        services,
+        unstudied,
+        summary: Summary { max_skew: opts.max_skew, skewed, differs },
+    }
+}
+
+/// A cluster study as text: the summary, then each Service (those some model serves differently first): where
+/// its clients are, the models that differ and why, its per-model tables and the what-ifs' totals.
+pub fn cluster_table(c: &ClusterStudy) -> String {
+    let mut out = format!(
+        "cluster study of {}: Services studied: {}, not studied: {}\n",
+        c.origin,
+        c.services.len(),
+        c.unstudied.len()
+    );
+    let differing = c.services.iter().filter(|s| !s.differences.is_empty()).count();
+    let _ = writeln!(
+        out,
+        "\nsummary\n  Services some model serves differently from kube-proxy-1.35: {differing}"
+    );
+    for (model, svcs) in c.summary.differs.iter().filter(|(_, s)| !s.is_empty()) {
+        let _ = writeln!(out, "    {model}: {}", svcs.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        "  Services whose load under PreferSameNode is skewed above {:.2}x the even share: {}",
+        c.summary.max_skew,
+        c.summary.skewed.len()
+    );
+    for (svc, k, uses) in &c.summary.skewed {
+        let now = if *uses { "uses PreferSameNode now" } else { "does not use it now" };
+        let _ = writeln!(out, "    {svc}: {k:.2}x ({now})");
+    }
+    for u in &c.unstudied {
+        let _ = writeln!(out, "  not studied: {}: {}", u.service, u.why);
+    }
+    for s in &c.services {
+        let _ = writeln!(out, "\nservice {}", s.service);
+        let shares: Vec<String> = s.client_shares.iter().map(|(n, v)| format!("{n} {}", pct(*v))).collect();
+        let _ = writeln!(out, "  clients: {} ({})", shares.join(", "), s.clients);
+        let skew = |k: Option<f64>| k.map_or_else(|| "-".to_owned(), |k| format!("{k:.2}x"));
+        let _ = writeln!(
+            out,
+            "  skew over {} ready endpoints (largest share / even share): {} as it is, {} under PreferSameNode",
+            s.skew.endpoints,
+            skew(s.skew.now),
+            skew(s.skew.prefer_same_node)
+        );
+        if s.differences.is_empty() {
+            let _ = writeln!(out, "  every model serves it as kube-proxy-1.35 does");
+        }
+        for d in &s.differences {
+            let phase = if d.phase == "initial" { String::new() } else { format!(" (phase {})", d.phase) };
+            let _ = writeln!(out, "  {}{phase}: {}", d.models.join(", "), d.why);
+        }
+        for line in table(&s.study).lines().skip(2) {
+            let _ = writeln!(out, "{line}");
+        }
+        if let Some(first) = s.what_if.first() {
+            let _ = writeln!(out, "\n  over the what-if phases ({:.0} s), time-weighted", first.seconds);
+            for w in &s.what_if {
+                let _ = writeln!(
+                    out,
+                    "  {:<28} {:>6} failed ({} requests) {:>6} hung ({} requests)",
+                    w.model.name(),
+                    pct(w.failed),
+                    count(w.failed_requests),
+                    pct(w.hang),
+                    count(w.hung_requests)
+                );
+            }
+        }
+    }
+    out
+}
