@@ -217,6 +217,20 @@ fn a_backend_marked_down_is_skipped_and_traffic_moves_to_the_next_tier_without_a
     assert_eq!(web["client_shares"]["node-1"], 1.0, "{}", web["client_shares"]);
     let source = web["clients"].as_str().unwrap();
     assert!(source.starts_with(&format!("counted: {total} connects (node-1 {total})")), "{source}");
+    // The study's status fixtures (tests/study/fixtures) are written as this real output is: the same fields.
+    let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/study/fixtures");
+    for name in ["status-node-1.json", "status-node-2-3.json"] {
+        let fx: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(name)).unwrap()).unwrap();
+        for i in fx.as_array().unwrap() {
+            assert_eq!(keys(i), keys(inst), "{name}: an instance's fields");
+            for fe in i["frontends"].as_array().unwrap() {
+                assert_eq!(keys(fe), keys(f), "{name}: a frontend's fields");
+                assert_eq!(keys(&fe["connections"]), keys(&f["connections"]), "{name}: the counters");
+            }
+        }
+    }
 }
 
 /// (e): connect fails at once with the documented errno, never a timeout.
