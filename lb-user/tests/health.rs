@@ -1,10 +1,17 @@
 //! In-kernel tests of passive health: the `sock_ops` program sees the outcome of the connects tierlb
 //! translated and holds a backend down after `--health-failures` failures in a row, before any EndpointSlice
 //! says so. A crashed local pod (refused connects) and a blackholed one (SYNs dropped by a rule in the test's
-//! own netns) cost at most K failed connects; a pod that comes back gets traffic again after the hold; healthy
+//! own netns) cost exactly K failed connects; a pod that comes back gets traffic again after the hold; healthy
 //! backends under load are never held. Clients of a `SimCluster` share one network namespace, so those tests
 //! run with `--health-clients=1`; the tests as deployed give each pod its own and keep the default quorum
 //! (2): one pod's own failures (local aborts, `IP_TTL=1`, SYNs a policy drops) hold nothing for another.
+//!
+//! Exactly as documented (docs/cli.md, `--health-*`): K failed connects in a row and not one fewer or more hold
+//! a backend (K = 1, 3, 5 through `--health-failures`); a hold lasts `--health-hold`, each failed trial doubles
+//! it up to `--health-max-hold` (the kernel's own hold lengths read back, and the trials' times measured,
+//! within `LATE_MS`); a success after a hold ends it and not before the hold is over; a trial that never reports
+//! keeps the backend out for its 3 s window; with every backend of the tier held the panic threshold sends
+//! connects to one anyway, K failures per backend first.
 mod common;
 
 use std::{
@@ -12,12 +19,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{cluster, eventually, tierlb};
+use common::{cluster, eventually, nft, tierlb};
 use lb_testkit::{
     cluster::SimCluster,
     manifests::{Ep, Svc, write_service},
+    probe::Report,
     sandbox::BpfFs,
 };
+
+/// How late a trial may come after its hold ends: the probe's interval (20 ms) plus scheduling on a loaded
+/// 2-core CI machine. A hold may never end early: the kernel compares its own clock.
+const LATE_MS: f64 = 250.0;
 
 fn vip() -> SocketAddr {
     "10.96.0.40:80".parse().unwrap()
@@ -29,17 +41,25 @@ fn pod(i: usize) -> SocketAddr {
 
 /// PreferSameNode web with a pod on node-1, node-2 and node-3 (zone a), node-1's agent with `extra` flags.
 fn start(tag: &str, extra: &[&str]) -> (SimCluster, BpfFs, String) {
+    start_with(tag, &[1, 2, 3], true, extra)
+}
+
+/// web (zone a; PreferSameNode if `topology`) with a pod on each node of `nodes`; node-1's agent with `extra`.
+fn start_with(tag: &str, nodes: &[usize], topology: bool, extra: &[&str]) -> (SimCluster, BpfFs, String) {
     let mut c = cluster(tag);
     let bpffs = BpfFs::new(tag).unwrap();
     let pin = bpffs.path().to_str().unwrap().to_owned();
     let mut eps = Vec::new();
-    for i in 1..=3 {
+    for &i in nodes {
         let node = format!("node-{i}");
         c.add_pod(pod(i), &format!("pod-{node}")).unwrap();
-        eps.push(Ep::ready(pod(i).ip(), &node).zone("a").prefer_same_node());
+        let ep = Ep::ready(pod(i).ip(), &node).zone("a");
+        eps.push(if topology { ep.prefer_same_node() } else { ep });
     }
     let mut svc = Svc::new("web", vip().ip(), 80, 8080);
-    svc.traffic_distribution = Some("PreferSameNode".into());
+    if topology {
+        svc.traffic_distribution = Some("PreferSameNode".into());
+    }
     write_service(c.manifests.path(), &svc, &eps).unwrap();
     let mut args = vec!["--zone", "a", "--bpffs", &pin, "--health-clients=1"];
     args.extend_from_slice(extra);
@@ -54,7 +74,7 @@ fn status(pin: &str) -> serde_json::Value {
 }
 
 /// Connects in order until the first that reached `pod-node-1` after failures; (failed, then the rest).
-fn after_failures(r: &lb_testkit::probe::Report) -> (usize, Vec<String>) {
+fn after_failures(r: &Report) -> (usize, Vec<String>) {
     let failed = r.attempts.iter().take_while(|a| a.error.is_some()).count();
     let rest =
         r.attempts[failed..].iter().map(|a| a.backend.clone().unwrap_or_else(|| "FAILED".into())).collect();
@@ -62,7 +82,7 @@ fn after_failures(r: &lb_testkit::probe::Report) -> (usize, Vec<String>) {
 }
 
 #[test]
-fn a_crashed_local_pod_costs_at_most_k_failed_connects_and_gets_traffic_back_after_the_hold() {
+fn a_crashed_local_pod_costs_k_failed_connects_and_gets_traffic_back_after_the_hold() {
     let (mut c, _bpffs, pin) = start("health-crash", &["--health-hold", "2s"]);
     let r = c.probe("node-1", vip(), 10, Duration::ZERO).unwrap();
     assert_eq!(r.count("pod-node-1"), 10, "{:?}", r.by_backend());
@@ -71,7 +91,7 @@ fn a_crashed_local_pod_costs_at_most_k_failed_connects_and_gets_traffic_back_aft
     c.stop_pod(pod(1));
     let r = c.probe("node-1", vip(), 200, Duration::ZERO).unwrap();
     let (failed, rest) = after_failures(&r);
-    assert!((1..=3).contains(&failed), "{failed} failed connects before the hold: {:?}", r.errors());
+    assert_eq!(failed, 3, "K = 3 failed connects before the hold: {:?}", r.errors());
     assert!(rest.iter().all(|b| b == "pod-node-2" || b == "pod-node-3"), "then the zone tier only: {rest:?}");
     eprintln!(
         "local pod killed: {failed} connects failed (ECONNREFUSED), then {} of {} to the zone tier",
@@ -126,7 +146,7 @@ fn a_blackholed_backend_is_held_after_k_syn_timeouts() {
         .wait()
         .unwrap();
     let (failed, rest) = after_failures(&r);
-    assert!((1..=3).contains(&failed), "{failed} timed out before the hold: {:?}", r.errors());
+    assert_eq!(failed, 3, "K = 3 timed out before the hold: {:?}", r.errors());
     assert!(rest.iter().all(|b| b == "pod-node-2" || b == "pod-node-3"), "{rest:?}");
     eprintln!("blackholed: {failed} connects timed out, then {} to the zone tier", rest.len());
     let h = &status(&pin)["health"][0];
@@ -293,20 +313,6 @@ fn one_pods_own_connect_failures_never_hold_a_healthy_backend_for_another_pod() 
     );
 }
 
-fn nft(ns: &lb_testkit::sandbox::NetNs, rule: &str) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns.name(), "nft", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            use std::io::Write as _;
-            child.stdin.take().unwrap().write_all(rule.as_bytes())?;
-            child.wait_with_output()
-        })
-        .unwrap();
-    assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// As `deploy/` runs the agent (`lb_testkit::deployed`: its capabilities, read-only root, pods in network
 /// namespaces of their own behind veth pairs): a killed local pod's connects are refused to two pods taking
 /// turns, and the K-th refused connect (K = 3, from two clients) holds it: exactly K fail, then every connect
@@ -335,4 +341,175 @@ fn as_deployed_a_killed_pod_is_held_after_k_refused_connects_from_two_pods() {
     );
     assert_eq!(st["health_transitions"]["held"], 1, "{st}");
     eprintln!("as deployed, two pods taking turns: {seq:?}");
+}
+
+/// Each attempt's outcome: the backend's name, or the error.
+fn outcomes(r: &Report) -> Vec<String> {
+    r.attempts.iter().map(|a| a.backend.clone().or_else(|| a.error.clone()).unwrap_or_default()).collect()
+}
+
+/// K = 1, 3, 5: the local pod's process ends (its EndpointSlice still says ready); connects one after the
+/// other: exactly K are refused, then every one goes to the zone tier, and the backend is held once.
+#[test]
+fn exactly_k_failed_connects_hold_a_backend_for_k_1_3_5() {
+    for k in [1_usize, 3, 5] {
+        let failures = format!("--health-failures={k}");
+        let (mut c, _bpffs, pin) =
+            start_with(&format!("hk{k}"), &[1, 2, 3], true, &[&failures, "--health-hold=1m"]);
+        assert_eq!(c.probe("node-1", vip(), 5, Duration::ZERO).unwrap().count("pod-node-1"), 5, "K={k}");
+        c.stop_pod(pod(1));
+        let r = c.probe("node-1", vip(), k + 20, Duration::ZERO).unwrap();
+        let seq = outcomes(&r);
+        assert!(seq[..k].iter().all(|o| o == "ECONNREFUSED"), "K={k}: the first {k} refused: {seq:?}");
+        assert!(seq[k..].iter().all(|o| o == "pod-node-2" || o == "pod-node-3"), "K={k}: then held: {seq:?}");
+        let st = status(&pin);
+        assert_eq!(st["health_transitions"]["held"], 1, "K={k}: {st}");
+        assert_eq!(
+            (st["health"][0]["state"].as_str(), st["health"][0]["holds"].as_u64()),
+            (Some("held"), Some(1))
+        );
+        eprintln!("K={k}: {k} refused, then {} to the zone tier", seq.len() - k);
+    }
+}
+
+/// A dead backend stays dead: `--health-hold=1s`, `--health-max-hold=4s`, K = 1. After the first failure it
+/// is held 1 s; the trial when the hold ends fails (the client sees it refused) and holds it 2 s, then 4 s,
+/// then 4 s again (the maximum). The refused connects come at 0, 1, 3, 7, 11 s: each gap at least the hold
+/// and at most `LATE_MS` more; the kernel's last hold is exactly 4 s long.
+#[test]
+fn a_hold_lasts_its_length_and_doubles_to_the_max_hold() {
+    let flags = ["--health-failures=1", "--health-hold=1s", "--health-max-hold=4s"];
+    let (mut c, _bpffs, pin) = start_with("hold-double", &[1, 2, 3], true, &flags);
+    c.stop_pod(pod(1));
+    // 12.5 s of connects, one every 20 ms.
+    let r = c.probe("node-1", vip(), 625, Duration::from_millis(20)).unwrap();
+    let refused: Vec<f64> =
+        r.attempts.iter().filter(|a| a.error.as_deref() == Some("ECONNREFUSED")).map(|a| a.t_ms).collect();
+    let others =
+        r.attempts.iter().filter(|a| a.error.is_none()).all(|a| a.backend.as_deref() != Some("pod-node-1"));
+    assert!(others, "only refused connects reach the dead pod");
+    assert_eq!(refused.len(), 5, "the failure, then a failed trial per hold: {refused:?}");
+    let gaps: Vec<f64> = refused.windows(2).map(|w| w[1] - w[0]).collect();
+    for (gap, hold_ms) in gaps.iter().zip([1_000.0, 2_000.0, 4_000.0, 4_000.0]) {
+        assert!(
+            *gap >= hold_ms - 5.0 && *gap <= hold_ms + LATE_MS,
+            "a {hold_ms} ms hold, trial after {gap:.0} ms: {gaps:?}"
+        );
+    }
+    let h = &status(&pin)["health"][0];
+    assert_eq!((h["state"].as_str(), h["holds"].as_u64()), (Some("held"), Some(5)), "{h}");
+    let length = h["held_for_seconds"].as_f64().unwrap() + h["left_seconds"].as_f64().unwrap();
+    assert!((length - 4.0).abs() < 1e-6, "the fifth hold is the maximum, 4 s: {length}");
+    eprintln!("refused at {refused:?} ms: gaps {gaps:?}");
+}
+
+/// A success ends a hold, but not before the hold is over: `--health-hold=2s`, the pod back at once after its
+/// K = 3 failures; connects every 25 ms go to the zone tier until the hold ends, then the trial succeeds and
+/// every connect after it is the pod's again. The hold's end in the probe's time: the status read says how
+/// much was left (read between `before` and `after`), the probe starts after `spawned` (its own start-up, up
+/// to `START_MS`, makes its clock later still).
+#[test]
+fn a_success_after_the_hold_ends_it_and_not_before() {
+    const START_MS: f64 = 100.0;
+    let (mut c, _bpffs, pin) = start_with("hold-success", &[1, 2, 3], true, &["--health-hold=2s"]);
+    c.stop_pod(pod(1));
+    let r = c.probe("node-1", vip(), 3, Duration::ZERO).unwrap();
+    assert_eq!(outcomes(&r), ["ECONNREFUSED"; 3]);
+    let before = Instant::now();
+    let held = status(&pin)["health"][0].clone();
+    let after = Instant::now();
+    let left_ms = held["left_seconds"].as_f64().unwrap() * 1e3;
+    c.add_pod(pod(1), "pod-node-1").unwrap();
+    let spawned = Instant::now();
+    let r = c.probe("node-1", vip(), 120, Duration::from_millis(25)).unwrap();
+    assert_eq!(r.failures(), 0, "{:?}", r.errors());
+    let first = r.attempts.iter().position(|a| a.backend.as_deref() == Some("pod-node-1")).expect("returned");
+    let t = r.attempts[first].t_ms;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let earliest = left_ms - ms(spawned - before) - START_MS;
+    let latest = left_ms - ms(spawned - after) + LATE_MS;
+    assert!(
+        t >= earliest,
+        "back at {t:.0} ms: the hold ended {earliest:.0} ms into the probe at the earliest"
+    );
+    assert!(t <= latest, "back at {t:.0} ms: the hold ended {latest:.0} ms into the probe at the latest");
+    assert!(
+        r.attempts[first..].iter().all(|a| a.backend.as_deref() == Some("pod-node-1")),
+        "{:?}",
+        r.by_backend()
+    );
+    let st = status(&pin);
+    let t_ = &st["health_transitions"];
+    assert_eq!((t_["held"].as_u64(), t_["healthy"].as_u64()), (Some(1), Some(1)), "{st}");
+    eprintln!(
+        "the hold had {left_ms:.0} ms left; the pod's first connect {t:.0} ms into the probe, in [{earliest:.0}, {latest:.0}]"
+    );
+}
+
+/// The panic threshold with two backends in the only tier (no topology), both dead, K = 3: each gets exactly
+/// K refused connects before it is held (6 in all), then every backend is held and connects go to one anyway
+/// (refused, since both are dead, and counted as panics), never refused by tierlb itself (which would be
+/// EHOSTUNREACH); one pod back: the panic connects that reach it make it healthy, and it takes every connect.
+#[test]
+fn the_panic_threshold_with_two_held_backends_after_k_failures_each() {
+    let (mut c, _bpffs, pin) = start_with("panic-two", &[2, 3], false, &["--health-hold=1m"]);
+    c.stop_pod(pod(2));
+    c.stop_pod(pod(3));
+    let r = c.probe("node-1", vip(), 6, Duration::ZERO).unwrap();
+    assert_eq!(outcomes(&r), ["ECONNREFUSED"; 6], "3 per backend");
+    let st = status(&pin);
+    let states: Vec<&str> =
+        st["health"].as_array().unwrap().iter().map(|h| h["state"].as_str().unwrap()).collect();
+    assert_eq!((states, st["health_transitions"]["held"].as_u64()), (vec!["held", "held"], Some(2)), "{st}");
+    let r = c.probe("node-1", vip(), 4, Duration::ZERO).unwrap();
+    assert_eq!(
+        outcomes(&r),
+        ["ECONNREFUSED"; 4],
+        "sent to a held backend anyway (its RST), not refused by tierlb"
+    );
+    assert_eq!(status(&pin)["health_transitions"]["panics"], 4);
+    c.add_pod(pod(2), "pod-node-2").unwrap();
+    let r = c.probe("node-1", vip(), 40, Duration::ZERO).unwrap();
+    let seq = outcomes(&r);
+    let first = seq.iter().position(|o| o == "pod-node-2").expect("a panic connect reached the live pod");
+    assert!(seq[first..].iter().all(|o| o == "pod-node-2"), "then it is healthy and takes them all: {seq:?}");
+    assert_eq!(status(&pin)["health_transitions"]["healthy"], 1);
+}
+
+/// The trial window: a trial that never reports (its SYN dropped, the client giving up after 300 ms, before the
+/// kernel's 1 s retransmission timeout: a local abort, no failure) keeps the backend out for 3 s from the trial's
+/// start, then the next connect is a new trial. K = 1, `--health-hold=1s`: the first refused connect holds the
+/// pod; then its SYNs are dropped. Trials (timed out) start 3 s apart, every other connect goes to the zone
+/// tier, and nothing else fails.
+#[test]
+fn a_trial_that_never_reports_keeps_the_backend_out_for_its_3_s_window() {
+    let flags = ["--health-failures=1", "--health-hold=1s", "--health-max-hold=1m"];
+    let (mut c, _bpffs, _pin) = start_with("trial-window", &[1, 2, 3], true, &flags);
+    c.stop_pod(pod(1));
+    assert_eq!(outcomes(&c.probe("node-1", vip(), 1, Duration::ZERO).unwrap()), ["ECONNREFUSED"]);
+    let rule = format!(
+        "table inet tierlb_trial {{\n  chain out {{\n    type filter hook output priority 0;\n    ip daddr {} tcp dport 8080 tcp flags syn drop\n  }}\n}}\n",
+        pod(1).ip()
+    );
+    nft(&c.netns, &rule);
+    let r = c
+        .start_probe_with_timeout("node-1", vip(), 400, Duration::from_millis(20), Duration::from_millis(300))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let trials: Vec<f64> =
+        r.attempts.iter().filter(|a| a.error.as_deref() == Some("ETIMEDOUT")).map(|a| a.t_ms).collect();
+    let rest = r.attempts.iter().filter(|a| a.error.as_deref() != Some("ETIMEDOUT"));
+    assert!(
+        rest.clone().all(|a| matches!(a.backend.as_deref(), Some("pod-node-2" | "pod-node-3"))),
+        "every other connect to the zone tier: {:?} {:?}",
+        r.by_backend(),
+        r.errors()
+    );
+    assert!(trials.len() >= 3, "a trial when the hold ends, then one per window: {trials:?}");
+    let gaps: Vec<f64> = trials.windows(2).map(|w| w[1] - w[0]).collect();
+    for gap in &gaps {
+        assert!(*gap >= 3_000.0 - 5.0 && *gap <= 3_000.0 + LATE_MS, "trials {gap:.0} ms apart: {trials:?}");
+    }
+    eprintln!("trials (never reported) at {trials:?} ms: {gaps:?} apart; {} other connects", rest.count());
 }

@@ -22,6 +22,8 @@ pub struct FakeMaps {
     affinity: BTreeMap<AffinityKey, AffinityValue>,
     health: BTreeMap<Backend, Health>,
     health_config: HealthConfig,
+    /// A failure `sock_ops` records the instant the gate is closed (`fail_when_the_gate_closes`).
+    racing_failure: Option<Health>,
     reader_waits: usize,
     reader_waits_fail: bool,
     max_services: u32,
@@ -53,6 +55,12 @@ impl FakeMaps {
     /// A passive-health entry, as the kernel writes one.
     pub fn put_health(&mut self, h: Health) {
         self.health.insert(h.backend, h);
+    }
+    /// Have the kernel record `h` (its entry, then the flag) just before the agent's next write closes the gate
+    /// (`active` 0), so that write clears the kernel's flag: the interleaving `health::gate`'s second read is
+    /// for, made deterministic.
+    pub fn fail_when_the_gate_closes(&mut self, h: Health) {
+        self.racing_failure = Some(h);
     }
     /// Map updates and deletes so far.
     pub fn writes(&self) -> usize {
@@ -177,6 +185,12 @@ impl MapWriter for FakeMaps {
     }
     fn set_health_config(&mut self, config: HealthConfig) -> Result<(), MapError> {
         self.health_config = config;
+        if config.active == 0
+            && let Some(h) = self.racing_failure.take()
+        {
+            // sock_ops wrote its entry and set the flag just before: the agent's clear overwrote the flag.
+            self.health.insert(h.backend, h);
+        }
         Ok(())
     }
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {

@@ -213,6 +213,22 @@ mod tests {
         }
     }
 
+    /// The race `gate` guards against, forced: the map is empty when the agent reads it, and `sock_ops`
+    /// records a failure (its entry, then the flag) just before the agent clears the flag, which overwrites the
+    /// kernel's: the data path would skip the map with a failing backend in it. The second read sees the entry
+    /// and opens the gate again.
+    #[test]
+    fn a_failure_recorded_while_the_gate_closes_opens_it_again() {
+        let b = be("10.0.0.1:80");
+        let mut w = FakeMaps::default();
+        let cfg = HealthSettings::default().config();
+        w.set_health_config(HealthConfig { active: 1, ..cfg }).unwrap();
+        w.fail_when_the_gate_closes(entry(b, 1, None));
+        assert!(gate(&mut w).unwrap(), "open: a failure is recorded");
+        assert_eq!(w.health_config().unwrap().active, 1, "the gate is open with the entry in the map");
+        assert_eq!(w.health().unwrap().len(), 1);
+    }
+
     fn sweep_all(
         w: &mut FakeMaps,
         in_use: impl Fn(&Backend) -> bool,

@@ -139,3 +139,18 @@ impl OwnAgent {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 }
+
+/// Load nftables `rule` inside `ns` (a netns the test made).
+pub(crate) fn nft(ns: &lb_testkit::sandbox::NetNs, rule: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns.name(), "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child.stdin.take().unwrap().write_all(rule.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
+}
