@@ -270,8 +270,12 @@ impl World {
         if ids.len() != programmed.len() {
             problems.push(format!("{} frontends share {} ids", programmed.len(), ids.len()));
         }
+        // Id 0 (`GLOBAL_SVC_ID`) is no Service's: the agent names its node there (`tierlb status`'s `node`).
+        if maps.name(lb_common::GLOBAL_SVC_ID).unwrap().is_none() {
+            problems.push("SVC_NAMES: no node name under GLOBAL_SVC_ID".to_owned());
+        }
         let mut named = BTreeMap::new();
-        for id in 0..=maps.max_services() {
+        for id in lb_common::GLOBAL_SVC_ID + 1..=maps.max_services() {
             if let Some(name) = maps.name(id).unwrap() {
                 named.insert(id, name);
             }

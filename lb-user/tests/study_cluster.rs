@@ -239,8 +239,8 @@ fn crash_by_pod_name_and_roll_each_start_from_the_cluster_as_it_is() {
         phases,
         [
             "initial",
-            "10.244.1.21 crashed, unseen by the control plane",
-            "10.244.1.21 not ready (seen), restarting",
+            "booking/pdf-resume-7d9f-a crashed, unseen by the control plane",
+            "booking/pdf-resume-7d9f-a not ready (seen), restarting",
             "roll node-1: old pod terminating",
             "roll node-1: old pod gone, replacement not ready",
             "roll node-3: old pod terminating",
@@ -252,9 +252,101 @@ fn crash_by_pod_name_and_roll_each_start_from_the_cluster_as_it_is() {
     assert!(model(pdf, 1, "tierlb")["failed"].as_f64().unwrap() < 0.01, "passive health holds it down");
     // Rolling node-3 after node-1: node-1's pod is ready again, node-3's terminates: all to node-1.
     close(&model(pdf, 5, "kube-proxy-1.35")["shares"]["10.244.1.21"], 1.0, "node-1 restored");
-    let same = json(&["--manifests", dir, "--crash", "booking/pdf-resume-7d9f-a"]);
-    let ip = json(&["--manifests", dir, "--crash", "10.244.1.21"]);
-    assert_eq!(service(&same, "booking/pdf-resume")["study"], service(&ip, "booking/pdf-resume")["study"]);
+    let models = |c: &Value| -> Vec<Value> {
+        let phases = service(c, "booking/pdf-resume")["study"]["phases"].as_array().unwrap().clone();
+        phases.iter().map(|p| p["models"].clone()).collect()
+    };
+    let by_name = json(&["--manifests", dir, "--crash", "booking/pdf-resume-7d9f-a"]);
+    let by_ip = json(&["--manifests", dir, "--crash", "10.244.1.21"]);
+    assert_eq!(models(&by_name), models(&by_ip));
+    // Each what-if has its own time-weighted totals.
+    let w: Vec<&str> =
+        pdf["what_if"].as_array().unwrap().iter().map(|w| w["what_if"].as_str().unwrap()).collect();
+    assert!(w.contains(&"--crash booking/pdf-resume-7d9f-a") && w.contains(&"--roll"), "{w:?}");
+}
+
+/// A dual-stack pod named by its targetRef is crashed in the family the Service is studied in (its IPv4
+/// endpoint in one slice, its IPv6 one in another: one pod, not two).
+#[test]
+fn a_dual_stack_pod_is_one_pod() {
+    let d = TempDir::new("study-dual").unwrap();
+    std::fs::copy(root("examples/story/nodes.yaml"), d.path().join("nodes.yaml")).unwrap();
+    let text = std::fs::read_to_string(root("examples/story/booking-api.yaml"))
+        .unwrap()
+        .replace(
+            "  - {addresses: [10.244.1.31], nodeName: node-1}",
+            "  - {addresses: [10.244.1.31], nodeName: node-1, targetRef: {kind: Pod, name: api-a}}",
+        )
+        .replace(
+            "  - {addresses: [\"fd00:244::1:31\"], nodeName: node-1}",
+            "  - {addresses: [\"fd00:244::1:31\"], nodeName: node-1, targetRef: {kind: Pod, name: api-a}}",
+        );
+    assert_eq!(text.matches("api-a").count(), 2);
+    std::fs::write(d.path().join("api.yaml"), text).unwrap();
+    let c = json(&["--manifests", d.path().to_str().unwrap(), "--crash", "api-a"]);
+    let api = service(&c, "booking/booking-api");
+    assert_eq!(api["study"]["phases"][1]["phase"], "booking/api-a crashed, unseen by the control plane");
+    // kube-proxy keeps sending a third of every node's requests to it: refused.
+    close(&model(api, 1, "kube-proxy-1.35")["failed"], 1.0 / 3.0, "one of three endpoints crashed");
+}
+
+/// Draining a node does not make its endpoint serving: an endpoint that is not serving (crash-looping) stays
+/// so while it terminates, and with no other endpoint kube-proxy REJECTs (refused), never uses it.
+#[test]
+fn a_drained_endpoint_that_was_not_serving_stays_not_serving() {
+    let d = TempDir::new("study-notserving").unwrap();
+    std::fs::copy(root("examples/story/nodes.yaml"), d.path().join("nodes.yaml")).unwrap();
+    std::fs::write(
+        d.path().join("svc.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: one, namespace: t}\nspec:\n  clusterIP: 10.96.0.50\n  ports: [{port: 80}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: one-1, namespace: t, labels: {kubernetes.io/service-name: one}}\naddressType: IPv4\nports: [{port: 8080}]\nendpoints:\n  - {addresses: [10.244.1.50], nodeName: node-1, conditions: {ready: false, serving: false}}\n",
+    )
+    .unwrap();
+    let c = json(&["--manifests", d.path().to_str().unwrap(), "--drain", "node-1"]);
+    let one = service(&c, "t/one");
+    assert_eq!(one["study"]["phases"][1]["phase"], "drain node-1: its endpoints terminating");
+    let kp = model(one, 1, "kube-proxy-1.35");
+    close(&kp["failed"], 1.0, "no serving endpoint anywhere: REJECT");
+    close(&kp["shares"]["10.244.1.50"], 0.0, "not used");
+}
+
+/// Shares that add up to nothing are refused; a node or Service the cluster does not have is warned about;
+/// a file that looks like a status output but does not read as one says so; affinity hits are not counted
+/// twice.
+#[test]
+fn client_inputs_that_cannot_be_right_are_refused_or_warned_about() {
+    let story = root(STORY);
+    let story = story.to_str().unwrap();
+    let d = TempDir::new("study-inputs").unwrap();
+    let write = |name: &str, text: &str| {
+        let p = d.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let zero = write("zero.yaml", "nodes: {node-1: 0, node-2: 0}\n");
+    let e = study(&["--manifests", story, "--clients", &zero]).unwrap_err();
+    assert!(e.contains("nodes: the shares add up to 0"), "{e}");
+    let typo = write("typo.yaml", "nodes: {node-1: 1, nod-2: 1}\nservices: {booking/pdf: {node-1: 1}}\n");
+    let c = json(&["--manifests", story, "--clients", &typo]);
+    let warnings: Vec<&str> = c["warnings"].as_array().unwrap().iter().map(|w| w.as_str().unwrap()).collect();
+    assert!(warnings.iter().any(|w| w.contains("node nod-2 is no Node")), "{warnings:?}");
+    assert!(warnings.iter().any(|w| w.contains("Service booking/pdf is not in the cluster")), "{warnings:?}");
+    let broken =
+        write("broken.json", r#"[{"instance": "node-1", "node": "node-1", "frontends": [{"service": 3}]}]"#);
+    let e = study(&["--manifests", story, "--clients", &broken]).unwrap_err();
+    assert!(e.contains("not a `tierlb status -o json` output"), "{e}");
+    // 500 connects of node-1 to pdf-resume, 200 of them (also) affinity hits: still 500.
+    let mut v: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("status-node-1.json")).unwrap()).unwrap();
+    v[0]["frontends"][1]["connections"]["affinity"] = 200.into();
+    let affinity = write("affinity.json", &v.to_string());
+    let c =
+        json(&["--manifests", story, "--clients", &affinity, "--clients", &fixture("status-node-2-3.json")]);
+    let source = service(&c, "booking/pdf-resume")["clients"].as_str().unwrap().to_owned();
+    assert!(source.starts_with("counted: 1000 connects (node-1 500, node-2 300, node-3 200)"), "{source}");
+    // Only node-1's agent read: the other nodes are named as unread.
+    let c = json(&["--manifests", story, "--clients", &fixture("status-node-1.json")]);
+    let source = service(&c, "booking/pdf-resume")["clients"].as_str().unwrap().to_owned();
+    assert!(source.ends_with("no agent read on node-2, node-3 (taken as no clients)"), "{source}");
 }
 
 #[test]
@@ -262,7 +354,7 @@ fn user_errors_name_the_flag_and_the_fix() {
     let story = root(STORY);
     let story = story.to_str().unwrap();
     let scenario = root("examples/study/story.yaml");
-    let cases: [(&str, Vec<&str>, &str); 5] = [
+    let cases: [(&str, Vec<&str>, &str); 8] = [
         (
             "a what-if on a scenario file",
             vec![scenario.to_str().unwrap(), "--roll"],
@@ -271,7 +363,22 @@ fn user_errors_name_the_flag_and_the_fix() {
         ("an unknown pod", vec!["--manifests", story, "--crash", "nope"], "--crash nope: no EndpointSlice"),
         ("an unknown node", vec!["--manifests", story, "--drain", "node-9"], "--drain node-9: no Node"),
         ("a chart of many", vec!["--manifests", story, "--chart", "/dev/null"], "add --service"),
-        ("an unknown Service", vec!["--manifests", story, "--service", "booking/nope"], "no such Service"),
+        (
+            "an unknown Service",
+            vec!["--manifests", story, "--service", "booking/nope"],
+            "no such Service in --manifests",
+        ),
+        (
+            "an unknown address",
+            vec!["--manifests", story, "--crash", "10.9.9.9"],
+            "--crash 10.9.9.9: no EndpointSlice has",
+        ),
+        ("a zero phase", vec!["--manifests", story, "--grace", "0s"], "a phase lasts more than 0"),
+        (
+            "a setting on a scenario file",
+            vec![scenario.to_str().unwrap(), "--max-skew", "2"],
+            "--max-skew study a cluster",
+        ),
     ];
     for (what, args, want) in cases {
         let e = study(&args).expect_err(what);

@@ -1,13 +1,13 @@
 //! `tierlb study`: a scenario file, or a whole cluster (`--manifests DIR | --kube`) with its clients where
 //! they are (a clients file, the agents' `status -o json`, their pinned counters, or uniform) and what-if
 //! phases (`--drain`, `--crash`, `--roll`).
-use std::{net::IpAddr, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 
 use super::input::{CliInput, FaceSource};
 use crate::{
-    datapath::{marks::parse_duration, pins},
+    datapath::{marks::parse_span, pins},
     model::ObjKey,
     output::Output,
     source::manifests::ManifestDir,
@@ -60,22 +60,24 @@ pub struct StudyArgs {
     /// node: the old pod terminating for --grace, then gone with its replacement not ready for --startup).
     #[arg(long)]
     pub roll: bool,
-    /// How long a terminating endpoint serves (terminationGracePeriodSeconds).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub grace: Duration,
-    /// How long until a replacement is ready.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub startup: Duration,
-    /// How long a crash goes unseen by the control plane (readiness periodSeconds x failureThreshold).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub unseen: Duration,
-    /// Requests per second from all clients of a Service (how fast passive health learns a crash).
-    #[arg(long, default_value_t = 100.0)]
-    pub requests_per_second: f64,
+    /// How long a terminating endpoint serves (terminationGracePeriodSeconds); default 30s.
+    #[arg(long, value_parser = phase_length)]
+    pub grace: Option<Duration>,
+    /// How long until a replacement is ready; default 10s.
+    #[arg(long, value_parser = phase_length)]
+    pub startup: Option<Duration>,
+    /// How long a crash goes unseen by the control plane (readiness periodSeconds x failureThreshold);
+    /// default 30s.
+    #[arg(long, value_parser = phase_length)]
+    pub unseen: Option<Duration>,
+    /// Requests per second from all clients of a Service (how fast passive health learns a crash); default
+    /// 100.
+    #[arg(long)]
+    pub requests_per_second: Option<f64>,
     /// The summary names Services whose largest endpoint share under PreferSameNode is above this many times
-    /// the even share.
-    #[arg(long, default_value_t = 1.25)]
-    pub max_skew: f64,
+    /// the even share; default 1.25.
+    #[arg(long)]
+    pub max_skew: Option<f64>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -95,6 +97,11 @@ impl StudyArgs {
             (!self.crash.is_empty(), "--crash"),
             (self.roll, "--roll"),
             (self.namespace.is_some(), "--namespace"),
+            (self.grace.is_some(), "--grace"),
+            (self.startup.is_some(), "--startup"),
+            (self.unseen.is_some(), "--unseen"),
+            (self.requests_per_second.is_some(), "--requests-per-second"),
+            (self.max_skew.is_some(), "--max-skew"),
         ]
         .into_iter()
         .filter_map(|(set, name)| set.then_some(name))
@@ -102,28 +109,52 @@ impl StudyArgs {
     }
 }
 
-/// The pod `text` names (an IP, `NS/POD` or a POD unique among the slices' targetRefs) as its address.
-fn crashed_ip(text: &str, pods: &std::collections::BTreeMap<IpAddr, ObjKey>) -> anyhow::Result<IpAddr> {
-    if let Ok(ip) = text.parse() {
-        return Ok(ip);
+/// A what-if phase's length (`30s`, `2m`, `1m30s`): more than zero, at most a day.
+fn phase_length(s: &str) -> Result<Duration, String> {
+    let d = parse_span(s)?;
+    if d.is_zero() || d > Duration::from_hours(24) {
+        return Err(format!("{s:?}: a phase lasts more than 0 and at most 24h"));
     }
-    let found: Vec<(&IpAddr, &ObjKey)> = pods
-        .iter()
-        .filter(|(_, k)| match text.split_once('/') {
+    Ok(d)
+}
+
+/// The pod `text` names (an IP of an endpoint, `NS/POD` or a POD unique among the slices' targetRefs): its
+/// addresses (a dual-stack pod has one per family), checked against the endpoints of `m`.
+fn crashed_pod(
+    text: &str,
+    pods: &BTreeMap<IpAddr, ObjKey>,
+    m: &crate::model::Model,
+) -> anyhow::Result<WhatIf> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        let known = m.slices.values().flat_map(|s| &s.endpoints).any(|e| e.address == Some(ip));
+        anyhow::ensure!(known, "--crash {text}: no EndpointSlice has an endpoint at this address");
+        return Ok(WhatIf::Crash { pod: text.to_owned(), ips: vec![ip] });
+    }
+    let mut found: BTreeMap<&ObjKey, Vec<IpAddr>> = BTreeMap::new();
+    for (ip, k) in pods {
+        let hit = match text.split_once('/') {
             Some((ns, name)) => k.namespace == ns && k.name == name,
             None => k.name == text,
-        })
-        .collect();
-    match found.as_slice() {
-        [(ip, _)] => Ok(**ip),
-        [] => anyhow::bail!(
+        };
+        if hit {
+            found.entry(k).or_default().push(*ip);
+        }
+    }
+    let mut found = found.into_iter();
+    match (found.next(), found.next()) {
+        (Some((k, ips)), None) => Ok(WhatIf::Crash { pod: k.to_string(), ips }),
+        (None, _) => anyhow::bail!(
             "--crash {text}: no EndpointSlice endpoint names this pod in its targetRef (give NAMESPACE/POD, or \
              the pod's IP as `kubectl get pod -o wide` shows it)"
         ),
-        more => anyhow::bail!(
-            "--crash {text}: pods of this name in several namespaces ({}): write NAMESPACE/POD",
-            more.iter().map(|(_, k)| k.namespace.as_str()).collect::<Vec<_>>().join(", ")
-        ),
+        (Some((a, _)), Some((b, _))) => {
+            let mut all = vec![a.namespace.clone(), b.namespace.clone()];
+            all.extend(found.map(|(k, _)| k.namespace.clone()));
+            anyhow::bail!(
+                "--crash {text}: pods of this name in several namespaces ({}): write NAMESPACE/POD",
+                all.join(", ")
+            )
+        }
     }
 }
 
@@ -136,11 +167,6 @@ fn pinned_clients(bpffs: &std::path::Path) -> anyhow::Result<Clients> {
         let inst: CountedInstance = serde_json::from_value(serde_json::to_value(&inst)?)?;
         instances.push(inst);
     }
-    anyhow::ensure!(
-        !instances.is_empty(),
-        "--clients-from {}: no agent instance is pinned there (check the agents' --bpffs)",
-        bpffs.display()
-    );
     Clients::counted(format!("from the pinned counters under {}", bpffs.display()), &instances)
 }
 
@@ -177,11 +203,6 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
 }
 
 fn run_cluster(args: &StudyArgs) -> anyhow::Result<String> {
-    anyhow::ensure!(
-        args.requests_per_second.is_finite() && args.requests_per_second > 0.0,
-        "--requests-per-second {}: give a rate above 0",
-        args.requests_per_second
-    );
     let source =
         FaceSource { manifests: args.manifests.clone(), kube: args.kube, namespace: args.namespace.clone() };
     study_on(args, &source.load(None)?)
@@ -189,6 +210,10 @@ fn run_cluster(args: &StudyArgs) -> anyhow::Result<String> {
 
 /// `tierlb study` of a cluster read into `input` (`--manifests` or `--kube`).
 pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
+    let rps = args.requests_per_second.unwrap_or(100.0);
+    anyhow::ensure!(rps.is_finite() && rps > 0.0, "--requests-per-second {rps}: give a rate above 0");
+    let max_skew = args.max_skew.unwrap_or(1.25);
+    anyhow::ensure!(max_skew.is_finite() && max_skew >= 1.0, "--max-skew {max_skew}: 1 (even) or more");
     let clients = match &args.clients_from {
         Some(bpffs) => pinned_clients(bpffs)?,
         None => clients::load(&args.clients)?,
@@ -196,7 +221,7 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
     let only = args
         .service
         .as_deref()
-        .map(|s| find_service(&input.model, s))
+        .map(|s| find_service(&input.model, s, &input.origin))
         .transpose()
         .map_err(anyhow::Error::msg)?;
     let mut what_ifs: Vec<WhatIf> = args.drain.iter().cloned().map(WhatIf::Drain).collect();
@@ -208,7 +233,7 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
             _ => input.pods.clone(),
         };
         for c in &args.crash {
-            what_ifs.push(WhatIf::Crash(crashed_ip(c, &pods)?));
+            what_ifs.push(crashed_pod(c, &pods, &input.model)?);
         }
     }
     if args.roll {
@@ -224,19 +249,23 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
                 .any(|e| e.node_name.as_ref() == Some(node));
         anyhow::ensure!(known, "--drain {node}: no Node and no endpoint of this name in {}", input.origin);
     }
+    let defaults = Timings::default();
     let opts = SurveyOptions {
         what_ifs,
         timings: Timings {
-            grace_s: args.grace.as_secs_f64(),
-            startup_s: args.startup.as_secs_f64(),
-            unseen_s: args.unseen.as_secs_f64(),
+            grace_s: args.grace.map_or(defaults.grace_s, |d| d.as_secs_f64()),
+            startup_s: args.startup.map_or(defaults.startup_s, |d| d.as_secs_f64()),
+            unseen_s: args.unseen.map_or(defaults.unseen_s, |d| d.as_secs_f64()),
         },
-        requests_per_second: args.requests_per_second,
-        max_skew: args.max_skew,
+        requests_per_second: rps,
+        max_skew,
     };
-    let c = survey::survey(&input.model, input.origin.clone(), only, &clients, &opts);
+    let c = survey::survey(&input.model, input.origin.clone(), only, &input.filled, &clients, &opts);
     if let Some(path) = &args.chart {
         let [one] = c.services.as_slice() else {
+            if let (Some(svc), [u]) = (&args.service, c.unstudied.as_slice()) {
+                anyhow::bail!("--chart: {svc} is not studied ({}): nothing to draw", u.why);
+            }
             anyhow::bail!(
                 "--chart draws one Service and {} are studied: add --service NAMESPACE/NAME",
                 c.services.len()

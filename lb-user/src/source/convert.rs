@@ -235,7 +235,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
 /// their `addresses[0]`: what `tierlb study --crash POD` finds a pod's endpoint by. The model does not keep
 /// them (the agent never reads them).
 pub fn pod_refs(slice: &discovery::EndpointSlice) -> Vec<(IpAddr, ObjKey)> {
-    let ns = slice.metadata.namespace.clone().unwrap_or_default();
+    let ns = namespace_of(&slice.metadata);
     slice
         .endpoints
         .iter()

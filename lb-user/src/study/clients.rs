@@ -16,6 +16,7 @@
 //! node's clients made to the Service. Files of several agents are added as written, node by node.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
     path::{Path, PathBuf},
 };
 
@@ -131,10 +132,13 @@ impl Clients {
                     .map(|n| (n.clone(), c.get(n).copied().unwrap_or(0) as f64 / total as f64))
                     .collect();
                 let by: Vec<String> = c.iter().map(|(n, v)| format!("{n} {v}")).collect();
-                Shares {
-                    per_node,
-                    source: format!("counted: {total} connects ({}), {origin}", by.join(", ")),
+                let mut source = format!("counted: {total} connects ({}), {origin}", by.join(", "));
+                let unread: Vec<&str> =
+                    nodes.iter().filter(|n| !read.contains(*n)).map(String::as_str).collect();
+                if !unread.is_empty() {
+                    let _ = write!(source, "; no agent read on {} (taken as no clients)", unread.join(", "));
                 }
+                Shares { per_node, source }
             }
         }
     }
@@ -176,10 +180,26 @@ impl Clients {
     }
 }
 
-fn status_instances(text: &str) -> Option<Vec<CountedInstance>> {
-    serde_json::from_str::<Vec<CountedInstance>>(text)
-        .ok()
-        .or_else(|| serde_json::from_str::<CountedInstance>(text).ok().map(|i| vec![i]))
+/// The instances of a `tierlb status -o json` output; `None` if the text is no such output (a clients file).
+fn status_instances(path: &Path, text: &str) -> anyhow::Result<Option<Vec<CountedInstance>>> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(text) else { return Ok(None) };
+    let looks = |o: &serde_json::Value| o.get("instance").is_some() || o.get("frontends").is_some();
+    let list = match &v {
+        serde_json::Value::Array(items) if items.iter().all(looks) => true,
+        o if looks(o) => false,
+        _ => return Ok(None),
+    };
+    let parsed = if list {
+        serde_json::from_value::<Vec<CountedInstance>>(v)
+    } else {
+        serde_json::from_value::<CountedInstance>(v).map(|i| vec![i])
+    };
+    parsed.map(Some).map_err(|e| {
+        anyhow::anyhow!(
+            "--clients {}: not a `tierlb status -o json` output this tierlb reads: {e}",
+            path.display()
+        )
+    })
 }
 
 /// Read `--clients` files: one clients file, or any number of `tierlb status -o json` outputs (merged).
@@ -193,7 +213,7 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Clients> {
     let mut given = Vec::new();
     for p in paths {
         let text = read(p)?;
-        match status_instances(&text) {
+        match status_instances(p, &text)? {
             Some(mut i) => instances.append(&mut i),
             None => given.push((p, text)),
         }
@@ -223,6 +243,16 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Clients> {
                 anyhow::ensure!(
                     v.is_finite() && *v >= 0.0,
                     "--clients {}: node {n}: share {v} (a share is a number of clients, 0 or more)",
+                    p.display()
+                );
+            }
+            let sums = std::iter::once(("nodes".to_owned(), &f.nodes))
+                .filter(|(_, m)| !m.is_empty())
+                .chain(services.iter().map(|(k, m)| (format!("services: {k}"), m)));
+            for (what, m) in sums {
+                anyhow::ensure!(
+                    m.values().sum::<f64>() > 0.0,
+                    "--clients {}: {what}: the shares add up to 0 (give some node clients)",
                     p.display()
                 );
             }

@@ -57,10 +57,27 @@ impl Default for Timings {
 pub enum WhatIf {
     /// `--drain NODE`: its endpoints terminating, then gone.
     Drain(String),
-    /// `--crash POD`: the endpoint's process crashed, unseen by the control plane, then seen (not ready).
-    Crash(IpAddr),
+    /// `--crash POD`: the pod's process crashed, unseen by the control plane, then seen (not ready); `ips`
+    /// are its addresses (a dual-stack pod has one per family).
+    Crash {
+        /// The pod as given (`NS/POD`, `POD` or an IP).
+        pod: String,
+        /// Its endpoints' addresses.
+        ips: Vec<IpAddr>,
+    },
     /// `--roll`: the Service's pods replaced one node at a time (a DaemonSet's rolling update).
     Roll,
+}
+
+impl WhatIf {
+    /// How the study names it: `--drain node-1`.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Drain(node) => format!("--drain {node}"),
+            Self::Crash { pod, .. } => format!("--crash {pod}"),
+            Self::Roll => "--roll".to_owned(),
+        }
+    }
 }
 
 /// The endpoints of `svc` as a scenario holds them, in the family of its first ClusterIP and for its first
@@ -89,8 +106,24 @@ fn endpoints(m: &Model, svc: &Service) -> Vec<ScEndpoint> {
         .collect()
 }
 
+/// The zone each node's endpoints say it is in, over every slice of `m`: where no Node object can be read,
+/// the zone a scenario gives the node (the first one named, by slice key).
+pub fn endpoint_zones(m: &Model) -> BTreeMap<String, String> {
+    let mut zones = BTreeMap::new();
+    for e in m.slices.values().flat_map(|s| &s.endpoints) {
+        if let (Some(node), Some(zone)) = (&e.node_name, e.zone.as_ref().filter(|z| !z.is_empty())) {
+            zones.entry(node.clone()).or_insert_with(|| zone.clone());
+        }
+    }
+    zones
+}
+
+/// The what-ifs' phases of one scenario: each what-if's label and how many phases it has, in order.
+pub type WhatIfPhases = Vec<(String, usize)>;
+
 /// The scenario of `svc` with `clients` per node (any unit; nodes not named have none), the what-ifs' phases,
-/// `rps` requests per second and the health and Cilium settings the study assumes.
+/// `rps` requests per second and the health and Cilium settings the study assumes; `zones` zones the nodes
+/// without a Node object (`endpoint_zones`).
 pub fn scenario(
     m: &Model,
     svc: &Service,
@@ -98,7 +131,8 @@ pub fn scenario(
     what_ifs: &[WhatIf],
     timings: Timings,
     rps: f64,
-) -> Scenario {
+    zones: &BTreeMap<String, String>,
+) -> (Scenario, WhatIfPhases) {
     let eps = endpoints(m, svc);
     let mut nodes: BTreeMap<String, ScNode> = m
         .nodes
@@ -108,33 +142,33 @@ pub fn scenario(
             (n.name.clone(), ScNode { name: n.name.clone(), zone: n.zone.clone(), clients: 0.0, cpu })
         })
         .collect();
-    // Nodes only the endpoints name (Nodes not readable): zoned as their endpoints say.
-    for pe in plan::port_endpoints(m.slices_of(&svc.key), &svc.ports[0], Family::of(&svc.cluster_ips[0]), "")
-    {
-        let Some(name) = pe.endpoint.node_name.clone() else { continue };
-        nodes.entry(name.clone()).or_insert(ScNode {
-            name,
-            zone: pe.endpoint.zone.clone(),
+    // Nodes only endpoints or clients name (Nodes not readable): zoned as the endpoints say.
+    let names = eps.iter().map(|e| &e.node).filter(|n| !n.is_empty()).chain(clients.keys());
+    for name in names {
+        nodes.entry(name.clone()).or_insert_with(|| ScNode {
+            name: name.clone(),
+            zone: zones.get(name).cloned(),
             clients: 0.0,
             cpu: 4000,
         });
     }
     for (name, share) in clients {
-        nodes
-            .entry(name.clone())
-            .or_insert(ScNode { name: name.clone(), zone: None, clients: 0.0, cpu: 4000 })
-            .clients = *share;
+        if let Some(n) = nodes.get_mut(name) {
+            n.clients = *share;
+        }
     }
     // Each what-if starts from the cluster as it is, not from where the previous one left it.
     let mut phases: Vec<ScPhase> = Vec::new();
+    let mut groups = Vec::new();
     for w in what_ifs {
         let mut own = self::phases(w, &eps, timings);
         if let Some(first) = own.first_mut() {
             first.reset = true;
+            groups.push((w.label(), own.len()));
         }
         phases.append(&mut own);
     }
-    Scenario {
+    let sc = Scenario {
         name: svc.key.to_string(),
         description: description(svc),
         nodes: nodes.into_values().collect(),
@@ -149,7 +183,8 @@ pub fn scenario(
         requests_per_second: rps,
         health: HealthParams::default(),
         cilium: CiliumSettings::default(),
-    }
+    };
+    (sc, groups)
 }
 
 /// What routes the Service: its policy and topology fields, as one line.
@@ -175,8 +210,11 @@ fn set(ips: impl IntoIterator<Item = IpAddr>, change: impl Fn(IpAddr) -> ScChang
     ips.into_iter().map(change).collect()
 }
 
-fn terminating(ip: IpAddr) -> ScChange {
-    ScChange { ready: Some(false), terminating: Some(true), serving: Some(true), ..ScChange::new(ip) }
+/// `e` terminating: not ready; serving as it was (a pod passing its probe keeps serving through its grace
+/// period, one that was not serving stays so).
+fn terminating(e: &ScEndpoint) -> ScChange {
+    let serving = e.serving.unwrap_or(e.ready || e.terminating);
+    ScChange { ready: Some(false), terminating: Some(true), serving: Some(serving), ..ScChange::new(e.ip) }
 }
 
 fn not_ready(ip: IpAddr) -> ScChange {
@@ -204,7 +242,7 @@ pub fn phases(what_if: &WhatIf, eps: &[ScEndpoint], t: Timings) -> Vec<ScPhase> 
     };
     match what_if {
         WhatIf::Drain(node) => {
-            let on: Vec<IpAddr> = eps.iter().filter(|e| e.node == *node).map(|e| e.ip).collect();
+            let on: Vec<&ScEndpoint> = eps.iter().filter(|e| e.node == *node).collect();
             if on.is_empty() {
                 return Vec::new();
             }
@@ -212,26 +250,27 @@ pub fn phases(what_if: &WhatIf, eps: &[ScEndpoint], t: Timings) -> Vec<ScPhase> 
                 phase(
                     format!("drain {node}: its endpoints terminating"),
                     t.grace_s,
-                    set(on.clone(), terminating),
+                    on.iter().map(|e| terminating(e)).collect(),
                 ),
                 phase(
                     format!("drain {node}: its endpoints gone"),
                     t.startup_s,
-                    set(on, |ip| ScChange { gone: true, ..ScChange::new(ip) }),
+                    set(on.iter().map(|e| e.ip), |ip| ScChange { gone: true, ..ScChange::new(ip) }),
                 ),
             ]
         }
-        WhatIf::Crash(ip) => {
-            if !eps.iter().any(|e| e.ip == *ip) {
+        WhatIf::Crash { pod, ips } => {
+            let hit: Vec<IpAddr> = eps.iter().map(|e| e.ip).filter(|ip| ips.contains(ip)).collect();
+            if hit.is_empty() {
                 return Vec::new();
             }
             vec![
                 phase(
-                    format!("{ip} crashed, unseen by the control plane"),
+                    format!("{pod} crashed, unseen by the control plane"),
                     t.unseen_s,
-                    vec![ScChange { crash: Some(Crash::Process), ..ScChange::new(*ip) }],
+                    set(hit.clone(), |ip| ScChange { crash: Some(Crash::Process), ..ScChange::new(ip) }),
                 ),
-                phase(format!("{ip} not ready (seen), restarting"), t.startup_s, vec![not_ready(*ip)]),
+                phase(format!("{pod} not ready (seen), restarting"), t.startup_s, set(hit, not_ready)),
             ]
         }
         WhatIf::Roll => {
@@ -244,7 +283,7 @@ pub fn phases(what_if: &WhatIf, eps: &[ScEndpoint], t: Timings) -> Vec<ScPhase> 
             for node in nodes {
                 let on: Vec<&ScEndpoint> = eps.iter().filter(|e| e.node == node).collect();
                 let mut first: Vec<ScChange> = previous.iter().map(|e| restored(e)).collect();
-                first.extend(set(on.iter().map(|e| e.ip), terminating));
+                first.extend(on.iter().map(|e| terminating(e)));
                 out.push(phase(format!("roll {node}: old pod terminating"), t.grace_s, first));
                 out.push(phase(
                     format!("roll {node}: old pod gone, replacement not ready"),
@@ -258,11 +297,13 @@ pub fn phases(what_if: &WhatIf, eps: &[ScEndpoint], t: Timings) -> Vec<ScPhase> 
     }
 }
 
-/// The Service `text` names (`NAMESPACE/NAME`), or why none.
-pub fn find_service<'a>(m: &'a Model, text: &str) -> Result<&'a Service, String> {
+/// The Service `text` names (`NAMESPACE/NAME`) in `m` (read from `origin`), or why none.
+pub fn find_service<'a>(m: &'a Model, text: &str, origin: &str) -> Result<&'a Service, String> {
     let (ns, name) =
         text.split_once('/').ok_or_else(|| format!("--service {text:?}: write it NAMESPACE/NAME"))?;
-    m.services
-        .get(&ObjKey::new(ns, name))
-        .ok_or_else(|| format!("--service {text}: no such Service in the input"))
+    m.services.get(&ObjKey::new(ns, name)).ok_or_else(|| {
+        format!(
+            "--service {text}: no such Service in {origin} (check the name; --namespace reads one namespace)"
+        )
+    })
 }

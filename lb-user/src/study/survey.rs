@@ -16,7 +16,7 @@ use super::{
     cluster::{self, Timings, WhatIf},
     table::{count, pct, table},
 };
-use crate::model::{Model, Service};
+use crate::model::{Model, ObjKey, Service};
 
 /// Two figures closer than this are the same (half a percent of requests).
 const SAME: f64 = 0.005;
@@ -56,12 +56,14 @@ pub struct Skew {
     pub prefer_same_node: Option<f64>,
 }
 
-/// One model's losses over every what-if phase, weighted by the phases' durations.
+/// One model's losses over one what-if's phases, weighted by the phases' durations.
 #[derive(Clone, Debug, Serialize)]
 pub struct Weighted {
+    /// The what-if (`--drain node-1`).
+    pub what_if: String,
     /// The model.
     pub model: ProxyModel,
-    /// The what-if phases' total duration.
+    /// The what-if's phases' total duration.
     pub seconds: f64,
     /// Share of the requests over that time that failed at once.
     pub failed: f64,
@@ -80,6 +82,9 @@ pub struct ServiceStudy {
     pub service: String,
     /// Where its client shares came from.
     pub clients: String,
+    /// Set when its slices carried no hints at all and the study assumed the controller's (as `plan` and the
+    /// agent do): what a cluster whose controller writes none would see differs.
+    pub hints: Option<String>,
     /// Its client share per node.
     pub client_shares: BTreeMap<String, f64>,
     /// The per-model tables, initial state then each what-if phase.
@@ -88,7 +93,7 @@ pub struct ServiceStudy {
     pub differences: Vec<Difference>,
     /// Its skew.
     pub skew: Skew,
-    /// The what-ifs' time-weighted losses per model (empty without what-if phases).
+    /// Each what-if's time-weighted losses per model (empty without what-ifs).
     pub what_if: Vec<Weighted>,
 }
 
@@ -117,6 +122,8 @@ pub struct Summary {
 pub struct ClusterStudy {
     /// Where the objects were read.
     pub origin: String,
+    /// What the input may have wrong (client shares naming nodes or Services the cluster does not have).
+    pub warnings: Vec<String>,
     /// The Services, those some model serves differently first, then by name.
     pub services: Vec<ServiceStudy>,
     /// The Services not studied.
@@ -193,7 +200,11 @@ fn why(
         }
         let other = super::study_phase(sc, &without(eps, nodes), duration);
         if !differs(&other[i], r) && differs(&other[0], kp) {
-            return format!("ignores {what}: {}", cost(kp, r));
+            // Without those hints kube-proxy would serve it as this model does: the hints are the whole story.
+            if !differs(&other[0], r) {
+                return format!("ignores {what}: {}", cost(kp, r));
+            }
+            return format!("ignores {what}: {}; also, without them: {}", cost(kp, r), cost(&other[0], r));
         }
     }
     cost(kp, r)
@@ -209,21 +220,22 @@ fn skew_of(r: &ModelResult, eps: &[ScEndpoint]) -> Option<f64> {
     })
 }
 
-/// Study one Service's scenario: its tables, the differences from kube-proxy, its skew, the what-ifs' totals.
-pub fn study_service(sc: &Scenario, clients: String, shares: BTreeMap<String, f64>) -> ServiceStudy {
+/// Study one Service's scenario (its what-ifs' phases grouped as `groups` says): its tables, the differences
+/// from kube-proxy in every phase, its skew, each what-if's totals.
+pub fn study_service(
+    sc: &Scenario,
+    groups: &[(String, usize)],
+    clients: String,
+    shares: BTreeMap<String, f64>,
+) -> ServiceStudy {
     let study = super::run(sc);
     let mut eps = sc.endpoints.clone();
     let mut differences: Vec<Difference> = Vec::new();
-    let mut seen = vec![false; super::MODELS.len()];
     for (k, p) in study.phases.iter().enumerate() {
         if k > 0 {
             super::apply_phase(&mut eps, &sc.endpoints, &sc.phases[k - 1]);
         }
-        for (i, done) in seen.iter_mut().enumerate().skip(1) {
-            if *done || !differs(&p.models[0], &p.models[i]) {
-                continue;
-            }
-            *done = true;
+        for i in (1..p.models.len()).filter(|&i| differs(&p.models[0], &p.models[i])) {
             let line = why(sc, &eps, p.duration_s, &p.models, i);
             let name = p.models[i].model.name().to_owned();
             match differences.iter_mut().find(|d| d.phase == p.phase && d.why == line) {
@@ -235,14 +247,21 @@ pub fn study_service(sc: &Scenario, clients: String, shares: BTreeMap<String, f6
         }
     }
     let mut what_if = Vec::new();
-    let timed: Vec<_> = study.phases.iter().filter_map(|p| p.duration_s.map(|d| (p, d))).collect();
-    let seconds: f64 = timed.iter().map(|(_, d)| d).sum();
-    if seconds > 0.0 {
+    let mut next = 1; // phase 0 is the cluster as it is
+    for (label, len) in groups {
+        let timed: Vec<_> =
+            study.phases[next..next + len].iter().filter_map(|p| p.duration_s.map(|d| (p, d))).collect();
+        next += len;
+        let seconds: f64 = timed.iter().map(|(_, d)| d).sum();
+        if seconds <= 0.0 {
+            continue;
+        }
         for (i, &model) in super::MODELS.iter().enumerate() {
             let sum =
                 |f: fn(&ModelResult) -> f64| timed.iter().map(|(p, d)| d * f(&p.models[i])).sum::<f64>();
             let (failed, hang) = (sum(|m| m.failed), sum(|m| m.hang));
             what_if.push(Weighted {
+                what_if: label.clone(),
                 model,
                 seconds,
                 failed: failed / seconds,
@@ -261,6 +280,7 @@ pub fn study_service(sc: &Scenario, clients: String, shares: BTreeMap<String, f6
     ServiceStudy {
         service: sc.name.clone(),
         clients,
+        hints: None,
         client_shares: shares,
         study,
         differences,
@@ -285,15 +305,40 @@ fn prefer_same_node(sc: &Scenario) -> Scenario {
     psn
 }
 
-/// Study every Service of `m` (or only `only`) with the clients `clients`.
+/// What the clients' input names that the cluster does not have.
+fn client_warnings(m: &Model, clients: &Clients, nodes: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = clients
+        .nodes()
+        .into_iter()
+        .filter(|n| !nodes.contains(n))
+        .map(|n| {
+            format!("clients: node {n} is no Node of the cluster and runs no endpoint (misspelt?): its clients are studied all the same, zoneless")
+        })
+        .collect();
+    if let Clients::Given { origin, services, .. } = clients {
+        for k in services.keys().filter(|k| !m.services.contains_key(*k)) {
+            out.push(format!(
+                "clients {origin}: Service {k} is not in the cluster (misspelt?): its shares are not used"
+            ));
+        }
+    }
+    out
+}
+
+/// Study every Service of `m` (or only `only`) with the clients `clients`; `filled` are the Services whose
+/// slices carried no hints and got the controller's.
 pub fn survey(
     m: &Model,
     origin: String,
     only: Option<&Service>,
+    filled: &[ObjKey],
     clients: &Clients,
     opts: &SurveyOptions,
 ) -> ClusterStudy {
+    let zones = cluster::endpoint_zones(m);
     let mut node_names: Vec<String> = m.nodes.keys().cloned().collect();
+    node_names.extend(zones.keys().filter(|n| !m.nodes.contains_key(*n)).cloned());
+    let warnings = client_warnings(m, clients, &node_names);
     for n in clients.nodes() {
         if !node_names.contains(&n) {
             node_names.push(n);
@@ -316,15 +361,24 @@ pub fn survey(
         }
         nodes.sort();
         let shares = clients.shares(&svc.key, &nodes);
-        let sc = cluster::scenario(
+        let (sc, groups) = cluster::scenario(
             m,
             svc,
             &shares.per_node,
             &opts.what_ifs,
             opts.timings,
             opts.requests_per_second,
+            &zones,
         );
-        services.push(study_service(&sc, shares.source, shares.per_node));
+        let mut study = study_service(&sc, &groups, shares.source, shares.per_node);
+        if filled.contains(&svc.key) {
+            study.hints = Some(
+                "its EndpointSlices carry no hints: studied with the controller's (as plan and the agent \
+                 do); where no controller writes them, kube-proxy and the others would see none"
+                    .to_owned(),
+            );
+        }
+        services.push(study);
     }
     services.sort_by(|a, b| {
         a.differences.is_empty().cmp(&b.differences.is_empty()).then(a.service.cmp(&b.service))
@@ -333,9 +387,8 @@ pub fn survey(
         .iter()
         .filter_map(|s| {
             let k = s.skew.prefer_same_node.filter(|k| *k > opts.max_skew)?;
-            let uses = m.services.values().any(|v| {
-                v.key.to_string() == s.service && v.traffic_distribution.as_deref() == Some("PreferSameNode")
-            });
+            let key = s.service.split_once('/').map(|(ns, name)| ObjKey::new(ns, name))?;
+            let uses = m.services.get(&key)?.traffic_distribution.as_deref() == Some("PreferSameNode");
             Some((s.service.clone(), k, uses))
         })
         .collect();
@@ -354,6 +407,7 @@ pub fn survey(
         .collect();
     ClusterStudy {
         origin,
+        warnings,
         services,
         unstudied,
         summary: Summary { max_skew: opts.max_skew, skewed, differs },
@@ -369,6 +423,9 @@ pub fn cluster_table(c: &ClusterStudy) -> String {
         c.services.len(),
         c.unstudied.len()
     );
+    for w in &c.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
     let differing = c.services.iter().filter(|s| !s.differences.is_empty()).count();
     let _ = writeln!(
         out,
@@ -394,6 +451,9 @@ pub fn cluster_table(c: &ClusterStudy) -> String {
         let _ = writeln!(out, "\nservice {}", s.service);
         let shares: Vec<String> = s.client_shares.iter().map(|(n, v)| format!("{n} {}", pct(*v))).collect();
         let _ = writeln!(out, "  clients: {} ({})", shares.join(", "), s.clients);
+        if let Some(h) = &s.hints {
+            let _ = writeln!(out, "  hints: {h}");
+        }
         let skew = |k: Option<f64>| k.map_or_else(|| "-".to_owned(), |k| format!("{k:.2}x"));
         let _ = writeln!(
             out,
@@ -412,19 +472,22 @@ pub fn cluster_table(c: &ClusterStudy) -> String {
         for line in table(&s.study).lines().skip(2) {
             let _ = writeln!(out, "{line}");
         }
-        if let Some(first) = s.what_if.first() {
-            let _ = writeln!(out, "\n  over the what-if phases ({:.0} s), time-weighted", first.seconds);
-            for w in &s.what_if {
-                let _ = writeln!(
-                    out,
-                    "  {:<28} {:>6} failed ({} requests) {:>6} hung ({} requests)",
-                    w.model.name(),
-                    pct(w.failed),
-                    count(w.failed_requests),
-                    pct(w.hang),
-                    count(w.hung_requests)
-                );
+        let mut last = "";
+        for w in &s.what_if {
+            if w.what_if != last {
+                let _ =
+                    writeln!(out, "\n  {} over its phases ({:.0} s), time-weighted", w.what_if, w.seconds);
+                last = &w.what_if;
             }
+            let _ = writeln!(
+                out,
+                "  {:<28} {:>6} failed ({} requests) {:>6} hung ({} requests)",
+                w.model.name(),
+                pct(w.failed),
+                count(w.failed_requests),
+                pct(w.hang),
+                count(w.hung_requests)
+            );
         }
     }
     out
