@@ -419,6 +419,8 @@ fn a_success_after_the_hold_ends_it_and_not_before() {
     let held = status(&pin)["health"][0].clone();
     let after = Instant::now();
     let left_ms = held["left_seconds"].as_f64().unwrap() * 1e3;
+    let length = held["held_for_seconds"].as_f64().unwrap() + held["left_seconds"].as_f64().unwrap();
+    assert!((length - 2.0).abs() < 1e-6, "the kernel holds it for --health-hold, 2 s: {length}");
     c.add_pod(pod(1), "pod-node-1").unwrap();
     let spawned = Instant::now();
     let r = c.probe("node-1", vip(), 120, Duration::from_millis(25)).unwrap();
