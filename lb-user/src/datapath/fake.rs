@@ -28,6 +28,8 @@ pub struct FakeMaps {
     reader_waits_fail: bool,
     max_services: u32,
     max_slots: u32,
+    /// `BACKEND_STATE`'s capacity (`--max-backends`); 0: unbounded.
+    max_backends: u32,
     writes: usize,
 }
 
@@ -35,6 +37,11 @@ impl FakeMaps {
     /// Empty maps holding at most `max_services` frontends and `max_slots` slots.
     pub fn new(max_services: u32, max_slots: u32) -> Self {
         Self { max_services, max_slots, ..Self::default() }
+    }
+    /// With room for `max_backends` backend marks, as the kernel's `BACKEND_STATE` has.
+    #[must_use]
+    pub fn with_backends(self, max_backends: u32) -> Self {
+        Self { max_backends, ..self }
     }
     /// The frontend stored under `key`.
     pub fn frontend(&self, key: FrontendKey) -> Option<FrontendValue> {
@@ -151,6 +158,13 @@ impl MapWriter for FakeMaps {
         Ok(())
     }
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
+        if !self.frontends.contains_key(&key) && self.frontends.len() >= self.max_services as usize {
+            return Err(MapError::Full {
+                map: lb_common::MAP_FRONTENDS,
+                capacity: self.max_services,
+                flag: "services",
+            });
+        }
         self.writes += 1;
         self.frontends.insert(key, value);
         Ok(())
@@ -194,6 +208,16 @@ impl MapWriter for FakeMaps {
         Ok(())
     }
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError> {
+        if self.max_backends != 0
+            && !self.marks.contains_key(&backend)
+            && self.marks.len() >= self.max_backends as usize
+        {
+            return Err(MapError::Full {
+                map: lb_common::MAP_BACKEND_STATE,
+                capacity: self.max_backends,
+                flag: "backends",
+            });
+        }
         self.writes += 1;
         self.marks.insert(backend, mark);
         Ok(())
@@ -208,6 +232,14 @@ impl MapWriter for FakeMaps {
         Ok(())
     }
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
+        // Ids 0 (the node's name) to `max_services`, as the kernel's map is sized.
+        if !self.names.contains_key(&svc_id) && self.names.len() > self.max_services as usize {
+            return Err(MapError::Full {
+                map: lb_common::MAP_NAMES,
+                capacity: self.max_services,
+                flag: "services",
+            });
+        }
         self.names.insert(svc_id, name.to_string());
         Ok(())
     }

@@ -1,0 +1,226 @@
+//! `FakeMaps` checked against the kernel's maps: the reconciler tests, the agent tests and the fuzz targets
+//! stand on the fake, so it must refuse what the kernel refuses and hold what the kernel holds. The same
+//! generated sequences of applies (whole and per Service), grace periods, collections and backend marks go to
+//! a reconciler over `FakeMaps` and one over the BPF object's real maps (small capacities, so maps fill up and
+//! ids run out); after every step the errors, the frontends read back, the slots, the sessionAffinity member
+//! entries, the names and the marks must be the same.
+//!
+//! What the fake does not model, and this test does not compare: the LRU maps' eviction (REVERSE, AFFINITY,
+//! conntrack: the kernel evicts from per-CPU free lists, an order no fake can predict; the fake keeps every
+//! entry) and `ReverseOccupancy::lru` (always 0 in the fake). Needs root (loads the BPF object; attaches
+//! nothing).
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use lb_common::{Backend, BackendState, PROTO_TCP, TIER_COUNT};
+use tierlb::{
+    datapath::{
+        Desired, DesiredFrontend, MapReader, MapWriter, Reconciler, addr,
+        ebpf::{Capacities, Loaded},
+        fake::FakeMaps,
+        read_back,
+    },
+    model::{ObjKey, ServicePortName},
+};
+
+/// xorshift64*: the sequences are the same on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn service(i: u64) -> ObjKey {
+    ObjKey::new("ns", format!("s{i}"))
+}
+
+fn backend(i: u64) -> Backend {
+    addr::backend(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 244, 0, (i + 1) as u8)), 8080), PROTO_TCP)
+}
+
+/// Up to 8 frontends of 4 Services on 8 VIPs, tiers of up to 6 of 16 backends, every other with affinity.
+fn desired(rng: &mut Rng) -> Desired {
+    let mut d = Desired::new();
+    for _ in 0..rng.below(9) {
+        let vip = IpAddr::V4(Ipv4Addr::new(10, 96, 0, rng.below(8) as u8 + 1));
+        let tiers: [Vec<Backend>; TIER_COUNT] = std::array::from_fn(|_| {
+            let mut t: Vec<Backend> = (0..rng.below(7)).map(|_| backend(rng.below(16))).collect();
+            t.dedup();
+            t
+        });
+        d.insert(
+            addr::frontend_key(vip, 80 + rng.below(2) as u16, PROTO_TCP),
+            DesiredFrontend {
+                name: Arc::new(ServicePortName::new(service(rng.below(4)), "")),
+                tiers,
+                flags: 0,
+                affinity_timeout_s: if rng.below(2) == 0 { 60 } else { 0 },
+            },
+        );
+    }
+    d
+}
+
+/// A frontend as read back: its tiers' backends, flags, affinity timeout and service id.
+type Frontend = ([Vec<Backend>; TIER_COUNT], u32, u32, u32);
+
+/// Everything the two sides must agree on.
+#[derive(Debug, PartialEq)]
+struct State {
+    frontends: BTreeMap<lb_common::FrontendKey, Frontend>,
+    slots: BTreeSet<lb_common::SlotKey>,
+    members: Vec<(lb_common::MemberKey, u32)>,
+    names: BTreeMap<u32, String>,
+    marks: Vec<(Backend, BackendState)>,
+}
+
+fn state(m: &impl MapReader) -> State {
+    let frontends = read_back(m)
+        .unwrap()
+        .into_iter()
+        .map(|(k, rb)| (k, (rb.tiers, rb.value.flags, rb.value.affinity_timeout_s, rb.value.svc_id)))
+        .collect();
+    let mut members: Vec<_> = m.members().unwrap().into_iter().map(|(k, v)| (k, v.tiers)).collect();
+    members.sort_by_key(|(k, _)| (k.svc_id, k.generation, k.backend));
+    let mut marks = m.backend_marks().unwrap();
+    marks.sort_by_key(|(b, _)| *b);
+    let names = (1..=m.max_services()).filter_map(|id| m.name(id).unwrap().map(|n| (id, n))).collect();
+    State { frontends, slots: m.slot_keys().unwrap().into_iter().collect(), members, names, marks }
+}
+
+fn errors(r: &tierlb::datapath::ApplyReport) -> Vec<String> {
+    let mut e: Vec<String> = r.errors.iter().map(|e| format!("{:?}: {}", e.frontend, e.error)).collect();
+    e.sort();
+    e
+}
+
+#[test]
+fn the_fake_maps_refuse_and_hold_what_the_kernel_maps_do() {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (loads BPF)");
+    let mut steps = 0;
+    let mut refusals = 0;
+    for seed in 1..=5_u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let caps = Capacities {
+            services: rng.below(6) as u32 + 2,
+            slots: rng.below(40) as u32 + 8,
+            backends: rng.below(4) as u32 + 2,
+            reverse: 64,
+            affinity: 64,
+            conntrack: 64,
+        };
+        let Loaded { maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
+        let mut kernel = Reconciler::new(maps);
+        let mut fake = Reconciler::new(FakeMaps::new(caps.services, caps.slots).with_backends(caps.backends));
+        let mut now = Instant::now();
+        for step in 0..40 {
+            let what = match rng.below(6) {
+                0 | 1 => {
+                    let d = desired(&mut rng);
+                    let (k, f) = (kernel.apply(&d, now), fake.apply(&d, now));
+                    refusals += k.errors.len();
+                    assert_eq!(
+                        errors(&f),
+                        errors(&k),
+                        "seed {seed} step {step}: apply's errors (fake, kernel)"
+                    );
+                    "apply"
+                }
+                2 => {
+                    let svcs: BTreeSet<ObjKey> = (0..rng.below(3)).map(|_| service(rng.below(4))).collect();
+                    let d = desired(&mut rng);
+                    let (k, f) = (kernel.apply_services(&svcs, &d, now), fake.apply_services(&svcs, &d, now));
+                    refusals += k.errors.len();
+                    assert_eq!(errors(&f), errors(&k), "seed {seed} step {step}: apply_services' errors");
+                    "apply_services"
+                }
+                3 => {
+                    now += Duration::from_millis(rng.below(3_000));
+                    kernel.collect_garbage(now);
+                    fake.collect_garbage(now);
+                    "collect"
+                }
+                4 => {
+                    let b = backend(rng.below(16));
+                    let mark =
+                        BackendState { flags: 1, _pad: 0, since_ns: 1, until_ns: 2 + rng.below(1 << 40) };
+                    let k = kernel.writer_mut().put_backend_mark(b, mark).map_err(|e| e.to_string());
+                    let f = fake.writer_mut().put_backend_mark(b, mark).map_err(|e| e.to_string());
+                    refusals += usize::from(k.is_err());
+                    assert_eq!(f, k, "seed {seed} step {step}: put_backend_mark (fake, kernel)");
+                    "mark"
+                }
+                _ => {
+                    let b = backend(rng.below(16));
+                    let k = kernel.writer_mut().delete_backend_mark(b).map_err(|e| e.to_string());
+                    let f = fake.writer_mut().delete_backend_mark(b).map_err(|e| e.to_string());
+                    assert_eq!(f, k, "seed {seed} step {step}: delete_backend_mark (fake, kernel)");
+                    "unmark"
+                }
+            };
+            assert_eq!(
+                state(fake.writer()),
+                state(kernel.writer()),
+                "seed {seed} step {step} ({what}): fake, kernel"
+            );
+            steps += 1;
+        }
+    }
+    eprintln!("{steps} steps, {refusals} refusals by the kernel's maps, the fake agreeing on each");
+    assert!(refusals > 0, "the sequences never filled a map: the comparison of refusals is empty");
+}
+
+/// Each hash map the agent writes, filled one entry past its capacity by direct writes (what no reconciler
+/// sequence reaches: it hands out no more ids than there is room for): the fake refuses the same write, with
+/// the same error, as the kernel's `E2BIG`.
+#[test]
+fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kernel() {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (loads BPF)");
+    let caps = Capacities { services: 3, slots: 5, backends: 2, reverse: 64, affinity: 64, conntrack: 64 };
+    let Loaded { mut maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
+    let mut fake = FakeMaps::new(caps.services, caps.slots).with_backends(caps.backends);
+    let fill = |n: u32, put: &mut dyn FnMut(u32) -> Result<(), String>| (0..n).map(put).collect::<Vec<_>>();
+    let frontend =
+        |i: u32| addr::frontend_key(IpAddr::V4(Ipv4Addr::new(10, 96, 1, i as u8 + 1)), 80, PROTO_TCP);
+    let slot = |i: u32| lb_common::SlotKey { svc_id: 1, generation: 1, index: i };
+    let member = |i: u32| lb_common::MemberKey { svc_id: 1, generation: 1, backend: backend(u64::from(i)) };
+    let name = ServicePortName::new(service(0), "");
+    let mark = BackendState { flags: 1, _pad: 0, since_ns: 1, until_ns: 2 };
+    let cases: [(&str, u32); 5] = [
+        ("FRONTENDS", caps.services + 1),
+        ("SLOTS", caps.slots + 1),
+        ("MEMBERS", caps.slots + 1),
+        // Names are kept under ids 0 (the node's) to --max-services.
+        ("SVC_NAMES", caps.services + 2),
+        ("BACKEND_STATE", caps.backends + 1),
+    ];
+    for (map, n) in cases {
+        let write = |w: &mut dyn MapWriter, i: u32| -> Result<(), String> {
+            match map {
+                "FRONTENDS" => w.put_frontend(frontend(i), lb_common::FrontendValue::default()),
+                "SLOTS" => w.put_slot(slot(i), backend(u64::from(i))),
+                "MEMBERS" => w.put_member(member(i), lb_common::MemberValue { tiers: 1 }),
+                "SVC_NAMES" => w.put_name(i, &name),
+                _ => w.put_backend_mark(backend(u64::from(i)), mark),
+            }
+            .map_err(|e| e.to_string())
+        };
+        let k = fill(n, &mut |i| write(&mut maps, i));
+        let f = fill(n, &mut |i| write(&mut fake, i));
+        assert!(k[..n as usize - 1].iter().all(Result::is_ok), "{map}: the kernel takes its capacity: {k:?}");
+        assert!(k[n as usize - 1].is_err(), "{map}: the kernel refuses one more: {k:?}");
+        assert_eq!(f, k, "{map}: the fake's writes (left) and the kernel's (right)");
+    }
+}
