@@ -175,6 +175,10 @@ pub struct EndpointCounts {
     pub serving_terminating: usize,
     /// On this node.
     pub local: usize,
+    /// Ready ones on this node: what kube-proxy's health check node port counts (`LocalReadyEndpoints`), so a
+    /// node whose local endpoints all terminate answers 503 while they still serve (KEP-1669: the balancer
+    /// drains the node, the connections it still sends are served).
+    pub local_ready: usize,
     /// Ready ones with a `forNodes` hint (the rest of `ready` have none).
     pub ready_node_hinted: usize,
     /// Ready ones with a `forZones` hint.
@@ -485,6 +489,7 @@ fn plan_port<'a>(
             .filter(|e| !e.endpoint.is_ready() && e.endpoint.is_serving() && e.endpoint.is_terminating())
             .count(),
         local: endpoints.iter().filter(|e| e.local).count(),
+        local_ready: endpoints.iter().filter(|e| e.local && e.endpoint.is_ready()).count(),
         ready_node_hinted: ready_hinted(&endpoints, Endpoint::node_hints),
         ready_zone_hinted: ready_hinted(&endpoints, Endpoint::zone_hints),
     };

@@ -249,6 +249,12 @@ fn manifests(etp: &str, eps: &[(&str, &str, &str)]) -> Vec<Value> {
 
 /// `manifests`, with `loadBalancerSourceRanges`.
 fn manifests_with(etp: &str, eps: &[(&str, &str, &str)], ranges: &[&str]) -> Vec<Value> {
+    let ready: Vec<_> = eps.iter().map(|&(v4, v6, node)| (v4, v6, node, json!({"ready": true}))).collect();
+    manifests_cond(etp, &ready, ranges)
+}
+
+/// `manifests_with`, each endpoint with its `conditions`.
+fn manifests_cond(etp: &str, eps: &[(&str, &str, &str, Value)], ranges: &[&str]) -> Vec<Value> {
     let mut docs = vec![json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": "default"},
@@ -279,7 +285,7 @@ fn manifests_with(etp: &str, eps: &[(&str, &str, &str)], ranges: &[&str]) -> Vec
             .iter()
             .map(|e| {
                 let a = if idx == 0 { e.0 } else { e.1 };
-                json!({"addresses": [a], "nodeName": e.2, "conditions": {"ready": true}})
+                json!({"addresses": [a], "nodeName": e.2, "conditions": e.3})
             })
             .collect();
         docs.push(json!({
@@ -619,4 +625,44 @@ fn north_south_load_balancer_source_ranges_admit_only_their_clients() {
         .unwrap();
     let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(st[0]["north_south"]["counters"]["drop_source_range"].as_u64() >= Some(2), "{st}");
+}
+
+/// KEP-1669 from outside the node: externalTrafficPolicy Local, node-1's only endpoint terminating but still
+/// serving: new connections from outside still go to it (no ready local endpoint, so the serving terminating
+/// one), and the health check node port answers 503, as kube-proxy's counts only ready local endpoints (the
+/// balancer drains the node). A connection opened while the endpoint was ready keeps working while it
+/// terminates, also once it stops serving: then new connections are dropped, the open one still answers.
+#[test]
+fn north_south_local_policy_uses_a_terminating_local_endpoint_and_established_flows_last() {
+    let lab = Lab::new("ns-term", "Local", true);
+    let mut agent = lab.start_agent();
+    let to = sa(NODE_1, 30080);
+    let ask = |s: &mut TcpStream| -> Result<String, String> {
+        writeln!(s, "hello").map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(&*s).read_line(&mut line).map_err(|e| e.to_string())?;
+        Ok(line.split(' ').next().unwrap_or_default().to_owned())
+    };
+    let mut open = from(&lab.client, move || TcpStream::connect_timeout(&to, Duration::from_millis(1500)))
+        .expect("a connection while the endpoint is ready");
+    open.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    assert_eq!(ask(&mut open).as_deref(), Ok("web-node-1"));
+    let mut node_1 = |conditions: Value| {
+        let eps =
+            [(POD_1, POD_1_6, "node-1", conditions), (POD_2, POD_2_6, "node-2", json!({"ready": true}))];
+        let from_len = std::fs::metadata(&lab.boxed.log).map_or(0, |m| m.len() as usize);
+        write_atomic(lab.boxed.manifests.path(), "web.yaml", &to_yaml(&manifests_cond("Local", &eps, &[])))
+            .unwrap();
+        agent.wait_for(&lab.boxed.log, from_len, "synced", Duration::from_secs(10)).unwrap();
+    };
+    node_1(json!({"ready": false, "serving": true, "terminating": true}));
+    let r = lab.tcp(to, 10);
+    assert_eq!(names(&r).get("web-node-1"), Some(&10), "the terminating, serving local endpoint: {r:?}");
+    let hc = from(&lab.client, || http_status(sa(NODE_1, 32000)));
+    assert!(hc.as_ref().is_ok_and(|s| s.contains(" 503")), "only a terminating local endpoint: {hc:?}");
+    assert_eq!(ask(&mut open).as_deref(), Ok("web-node-1"), "the open connection, endpoint terminating");
+    node_1(json!({"ready": false, "serving": false, "terminating": true}));
+    let r = lab.tcp(to, 2);
+    assert!(r.iter().all(Result::is_err), "no usable local endpoint: new connections dropped: {r:?}");
+    assert_eq!(ask(&mut open).as_deref(), Ok("web-node-1"), "the open connection lasts until it ends");
 }

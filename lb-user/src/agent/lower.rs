@@ -76,7 +76,8 @@ fn desired(
 }
 
 /// kube-proxy's service health server data: for a Service with externalTrafficPolicy Local and a
-/// `healthCheckNodePort`, how many local endpoints the external traffic of one port has on this node.
+/// `healthCheckNodePort`, how many ready local endpoints one port has on this node (terminating ones, which
+/// the external traffic still uses when they are all it has, do not count: KEP-1669).
 pub(super) fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHealth)> {
     let (Some(port), Some(ext)) = (svc.health_check_node_port, &p.external) else { return None };
     let ext = &ext.from_outside;
@@ -88,7 +89,7 @@ pub(super) fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHe
         ServiceHealth {
             namespace: svc.key.namespace.clone(),
             name: svc.key.name.clone(),
-            local_endpoints: ext.endpoints.len(),
+            local_endpoints: p.counts.local_ready,
         },
     ))
 }
