@@ -208,6 +208,20 @@ pub struct AgentArgs {
     /// forgotten.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK)]
     pub max_conntrack: u32,
+    /// Per Service: frontends (VIP or node address, port, protocol) one Service may have; a Service with more
+    /// keeps what it has programmed (nothing if new) and is reported unprogrammed.
+    #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.frontends)]
+    pub max_frontends_per_service: usize,
+    /// Per Service: backend slots one Service may take over its frontends' tiers (default: an eighth of the
+    /// default --max-slots).
+    #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.slots)]
+    pub max_slots_per_service: usize,
+    /// Per Service: `spec.externalIPs` one Service may have.
+    #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.external_ips)]
+    pub max_external_ips_per_service: usize,
+    /// Per Service: endpoints one Service may have over its EndpointSlices.
+    #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.endpoints)]
+    pub max_endpoints_per_service: usize,
     /// The devices whose traffic from outside the node is translated (NodePorts, load-balancer IPs,
     /// externalIPs), comma-separated; default: the devices holding the node's NodePort addresses
     /// (`--nodeport-addresses`, else the Node's InternalIP/ExternalIP), looked for again on every sync.
@@ -256,6 +270,12 @@ impl AgentArgs {
                 reverse: self.max_reverse,
                 affinity: self.max_affinity,
                 conntrack: self.max_conntrack,
+            },
+            limits: crate::agent::ServiceLimits {
+                frontends: self.max_frontends_per_service,
+                slots: self.max_slots_per_service,
+                external_ips: self.max_external_ips_per_service,
+                endpoints: self.max_endpoints_per_service,
             },
             devices: self.devices.clone(),
             health: crate::datapath::health::HealthSettings {

@@ -5,6 +5,7 @@
 //! - `claims`: which Service programs a VIP:port several claim (`plan::VIP_RULE`: a cluster IP over an
 //!   external address, then the first in namespace/name order);
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
+//! - `limits`: what one Service may take of the maps (`--max-*-per-service`), and the Services refused;
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;
 //! - `topology`: each Service port's requested and applied topology and why, for `/metrics`;
 //! - `north_south`: the tc programs' devices, settings and local endpoints (traffic from outside the node);
@@ -30,6 +31,7 @@
 //! 8. Marks of backends no Service holds any more are deleted after every sync or retry that changed
 //!    frontends (before the next source change is read); expired marks on the tick, once a second.
 mod claims;
+mod limits;
 mod lower;
 pub mod memory;
 mod no_local;
@@ -43,6 +45,7 @@ mod tests;
 mod topology;
 mod tracker;
 
+pub use limits::{DEFAULT_LIMITS, ServiceLimits};
 pub use no_local::{NoLocalCounts, Traffic};
 pub use report::{ServiceHealth, SyncReport, Unprogrammed, VipConflict};
 pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};

@@ -63,6 +63,8 @@ pub struct AgentOptions {
     pub instance: Option<String>,
     /// Map capacities.
     pub capacities: Capacities,
+    /// What one Service may take (`--max-*-per-service`).
+    pub limits: super::ServiceLimits,
     /// `/healthz` and `/livez`; `None`: off.
     pub healthz_addr: Option<SocketAddr>,
     /// `/metrics`; `None`: off.
@@ -417,7 +419,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     };
     let Loaded { mut programs, maps, ns } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
     let mut north_south = super::north_south::NorthSouth::new(ns, opts.devices.clone(), pin_dir.as_deref());
-    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps).with_external(external);
+    let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
+        .with_external(external)
+        .with_limits(opts.limits);
     if pin_dir.is_some() {
         adopt(&mut core)?;
     }

@@ -9,6 +9,7 @@ use std::{
 use super::{
     ServiceHealth, SyncReport, Unprogrammed, VipConflict,
     claims::{self, Claims},
+    limits::{Refused, ServiceLimits},
     lower,
     no_local::NoLocal,
     retry::{Retries, Tried},
@@ -54,6 +55,9 @@ pub struct AgentCore<W: MapWriter> {
     no_local: NoLocal,
     /// Each planned Service port's topology, for `/metrics`.
     topology: Topology,
+    /// What one Service may take (`--max-*-per-service`), and the Services over it now.
+    limits: ServiceLimits,
+    refused: Refused,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -81,7 +85,15 @@ impl<W: MapWriter> AgentCore<W> {
             claims: Claims::default(),
             no_local: NoLocal::default(),
             topology: Topology::default(),
+            limits: ServiceLimits::default(),
+            refused: Refused::default(),
         }
+    }
+
+    /// Use `limits` for what one Service may take (default: `DEFAULT_LIMITS`).
+    #[must_use]
+    pub fn with_limits(self, limits: ServiceLimits) -> Self {
+        Self { limits, ..self }
     }
 
     /// Use `external` for NodePort addresses and externalIP limits (default: Node addresses, no limit).
@@ -242,6 +254,16 @@ impl<W: MapWriter> AgentCore<W> {
                 (k.clone(), u)
             })
             .collect();
+        for (key, r) in self.refused.iter() {
+            let u = out.entry(key.clone()).or_insert_with(|| Unprogrammed {
+                service: key.clone(),
+                reasons: Vec::new(),
+                since: Some(r.since),
+                attempts: 0,
+                next_retry: None,
+            });
+            u.reasons.push(format!("over its limit: {}", r.why));
+        }
         for (key, who) in self.claims.conflicts() {
             let vip = addr::frontend_addr(&key);
             let proto = proto_name(key.proto);
@@ -333,23 +355,55 @@ impl<W: MapWriter> AgentCore<W> {
         let mut desired = BTreeMap::new();
         let model = self.tracker.model();
         for key in keys {
-            if let Some(old) = self.planned.remove(key) {
-                self.frontends -= old;
-            }
-            let was_filled = self.hints_filled.remove(key) || reported.contains(key);
-            self.health.remove(key);
-            self.no_local.remove(key);
             let Some(svc) = model.services.get(key) else {
+                if let Some(old) = self.planned.remove(key) {
+                    self.frontends -= old;
+                }
+                self.hints_filled.remove(key);
+                self.health.remove(key);
+                self.no_local.remove(key);
+                self.refused.clear(key);
                 self.topology.remove(key);
                 desired.insert(key.clone(), Desired::new());
                 continue;
             };
+            // Over a limit before planning (externalIPs, endpoints): keep what it has, plan nothing.
+            if let Some(why) = self.limits.before_planning(model, svc) {
+                let kept = refuse(
+                    &mut self.refused,
+                    &self.reconciler,
+                    (&mut self.planned, &mut self.frontends),
+                    key,
+                    why,
+                );
+                desired.insert(key.clone(), kept);
+                continue;
+            }
             let filled = hints::fill_for(model, svc);
             let slices: Vec<&EndpointSlice> = match &filled {
                 Some(owned) => owned.iter().collect(),
                 None => model.slices_of(key).collect(),
             };
             let plans = plan::plan_service(svc, &slices, node);
+            let mine = lower::frontends(&plans);
+            if let Some(why) = self.limits.after_planning(&mine) {
+                let kept = refuse(
+                    &mut self.refused,
+                    &self.reconciler,
+                    (&mut self.planned, &mut self.frontends),
+                    key,
+                    why,
+                );
+                desired.insert(key.clone(), kept);
+                continue;
+            }
+            self.refused.clear(key);
+            if let Some(old) = self.planned.remove(key) {
+                self.frontends -= old;
+            }
+            let was_filled = self.hints_filled.remove(key) || reported.contains(key);
+            self.health.remove(key);
+            self.no_local.remove(key);
             self.no_local.set(key, &plans);
             self.topology.set(svc, &plans);
             for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
@@ -362,7 +416,6 @@ impl<W: MapWriter> AgentCore<W> {
                     newly_filled.push(key.clone());
                 }
             }
-            let mine = lower::frontends(&plans);
             self.frontends += mine.len();
             self.planned.insert(key.clone(), mine.len());
             desired.insert(key.clone(), mine);
@@ -384,6 +437,37 @@ impl<W: MapWriter> AgentCore<W> {
     pub fn collect_garbage(&mut self, now: Instant) {
         self.reconciler.collect_garbage(now);
     }
+}
+
+/// Refuse `key` for `why` (`limits`): it keeps the frontends it has programmed (none if it is new), as the
+/// desired state of this sync, counted in `planned` (a Service's frontend count, and their sum). Its health
+/// check port and metrics stay as its last plan left them (a replan of every Service drops them until it fits
+/// again).
+fn refuse<W: MapWriter>(
+    refused: &mut Refused,
+    reconciler: &Reconciler<W>,
+    (planned, frontends): (&mut BTreeMap<ObjKey, usize>, &mut usize),
+    key: &ObjKey,
+    why: String,
+) -> Desired {
+    let shown = why.clone();
+    if refused.set(key, why) {
+        tracing::warn!(
+            service = %key,
+            "{shown}: not programmed (it keeps what it had; the other Services are not held up)"
+        );
+    }
+    let kept: Desired = reconciler
+        .applied()
+        .filter(|(_, _, d)| d.name.service == *key)
+        .map(|(k, _, d)| (*k, d.clone()))
+        .collect();
+    if let Some(old) = planned.remove(key) {
+        *frontends -= old;
+    }
+    *frontends += kept.len();
+    planned.insert(key.clone(), kept.len());
+    kept
 }
 
 #[cfg(test)]
