@@ -367,36 +367,32 @@ impl<W: MapWriter> AgentCore<W> {
                 desired.insert(key.clone(), Desired::new());
                 continue;
             };
-            // Over a limit before planning (externalIPs, endpoints): keep what it has, plan nothing.
-            if let Some(why) = self.limits.before_planning(model, svc) {
-                let kept = refuse(
-                    &mut self.refused,
-                    &self.reconciler,
-                    (&mut self.planned, &mut self.frontends),
-                    key,
-                    why,
-                );
-                desired.insert(key.clone(), kept);
-                continue;
-            }
-            let filled = hints::fill_for(model, svc);
-            let slices: Vec<&EndpointSlice> = match &filled {
-                Some(owned) => owned.iter().collect(),
-                None => model.slices_of(key).collect(),
+            // Over a limit before planning (externalIPs, endpoints: planned not at all) or after (frontends,
+            // slots): it keeps what it has.
+            let planned = if let Some(why) = self.limits.before_planning(model, svc) {
+                Err(why)
+            } else {
+                let filled = hints::fill_for(model, svc);
+                let slices: Vec<&EndpointSlice> = match &filled {
+                    Some(owned) => owned.iter().collect(),
+                    None => model.slices_of(key).collect(),
+                };
+                let plans = plan::plan_service(svc, &slices, node);
+                let mine = lower::frontends(&plans);
+                match self.limits.after_planning(&mine) {
+                    Some(why) => Err(why),
+                    None => Ok((filled.is_some(), plans, mine)),
+                }
             };
-            let plans = plan::plan_service(svc, &slices, node);
-            let mine = lower::frontends(&plans);
-            if let Some(why) = self.limits.after_planning(&mine) {
-                let kept = refuse(
-                    &mut self.refused,
-                    &self.reconciler,
-                    (&mut self.planned, &mut self.frontends),
-                    key,
-                    why,
-                );
-                desired.insert(key.clone(), kept);
-                continue;
-            }
+            let (filled, plans, mine) = match planned {
+                Ok(p) => p,
+                Err(why) => {
+                    let counts = (&mut self.planned, &mut self.frontends);
+                    desired
+                        .insert(key.clone(), refuse(&mut self.refused, &self.reconciler, counts, key, why));
+                    continue;
+                }
+            };
             self.refused.clear(key);
             if let Some(old) = self.planned.remove(key) {
                 self.frontends -= old;
@@ -410,7 +406,7 @@ impl<W: MapWriter> AgentCore<W> {
                 let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
                 seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
             }
-            if filled.is_some() {
+            if filled {
                 self.hints_filled.insert(key.clone());
                 if !was_filled {
                     newly_filled.push(key.clone());
