@@ -200,7 +200,7 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     }
 
     // A pod's connected UDP socket whose endpoint leaves the EndpointSlice (the old resolver keeps running)
-    // is ended within 3 s, and the pod's next socket reaches the other resolver.
+    // is ended within 1 s (about 30 ms measured), and the pod's next socket reaches the other resolver.
     let stream = lab
         .client(&["dns-stream", "--server", DNS, "--duration-ms", "2500", "--interval-ms", "10"])
         .spawn()
@@ -214,7 +214,7 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     let first_err = steps.iter().position(|s| s.error.is_some()).expect("the socket was ended");
     let ended = steps[first_err].at_ms - t_edit;
     eprintln!("connected UDP socket ended {ended:.0} ms after the edit ({:?})", steps[first_err].error);
-    assert!(ended < 3000.0, "ended {ended:.0} ms after the edit");
+    assert!(ended < 1000.0, "ended {ended:.0} ms after the edit");
     assert!(steps[..first_err].iter().all(|s| s.answer.as_deref() == Some("10.0.1.1")), "local before");
     let rest = &steps[first_err + 1..];
     assert!(!rest.is_empty() && rest.iter().all(|s| s.answer.as_deref() == Some("10.0.2.2")), "{rest:?}");

@@ -1,4 +1,9 @@
-//! In-memory maps with the kernel's capacity behaviour, for reconciler and agent tests.
+//! In-memory maps with the kernel's capacity behaviour, for reconciler and agent tests: the hash maps the agent
+//! writes (FRONTENDS, SLOTS, MEMBERS, SVC_NAMES, BACKEND_STATE) refuse a new key when full as the kernel's do
+//! (E2BIG, checked against them by tests/fake_vs_kernel.rs). Not modelled: the LRU maps' eviction (REVERSE,
+//! AFFINITY, conntrack: the kernel evicts from per-CPU free lists, in no order a fake could predict; entries
+//! the data path would write are kept until deleted), `ReverseOccupancy::lru` (0), and readers in flight
+//! (`wait_for_readers` counts the waits).
 use std::collections::BTreeMap;
 
 use lb_common::{

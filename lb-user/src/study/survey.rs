@@ -139,7 +139,8 @@ fn differs(a: &ModelResult, b: &ModelResult) -> bool {
         || (a.hang - b.hang).abs() > SAME
 }
 
-/// What differs, as a phrase: the cross-node share, the losses, else the endpoint whose share moved most.
+/// What differs, as a phrase: the cross-node and cross-zone shares, the losses, else the endpoint whose share
+/// moved most.
 fn cost(kp: &ModelResult, r: &ModelResult) -> String {
     let mut parts = Vec::new();
     if (r.cross_node - kp.cross_node).abs() > SAME {
@@ -148,6 +149,9 @@ fn cost(kp: &ModelResult, r: &ModelResult) -> String {
             pct(r.cross_node),
             pct(kp.cross_node)
         ));
+    }
+    if (r.cross_zone - kp.cross_zone).abs() > SAME {
+        parts.push(format!("{} cross zones instead of {}", pct(r.cross_zone), pct(kp.cross_zone)));
     }
     if (r.failed - kp.failed).abs() > SAME {
         parts.push(format!("{} fail instead of {}", pct(r.failed), pct(kp.failed)));
