@@ -122,10 +122,15 @@ impl Cluster {
                     ports.push(p);
                 }
             }
+            // Judged over the slices and endpoints kept below (the first 3, 8 each): judged over all of them, a
+            // PreferSameNode Service whose hinted slices were dropped reached the agent without hints, the agent
+            // filled the controller's and this oracle, which leaves hint filling out, expected none (found by an
+            // optimised 240 s run: `tiers of [fd00:96::3]:1053/Tcp`).
             let hinted = s
                 .slices
                 .iter()
-                .flat_map(|x| &x.endpoints)
+                .take(3)
+                .flat_map(|x| x.endpoints.iter().take(8))
                 .any(|e| e.for_nodes.is_some() || e.for_zones.is_some());
             // Without any hint the agent would write the controller's: kept out, that is `hints`' own test.
             let traffic_distribution =

@@ -65,7 +65,7 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     if !o.no_fuzz {
         // An unoptimised fuzz build: it compiles in a third of the release build's time, and these runs only
         // check that the targets hold on the seeds and what 15 s find; `cargo xtask fuzz` is the real search.
-        fuzz::run(&fuzz::Options { time: FUZZ_SECONDS, target: None, dev: true })?;
+        fuzz::run(&fuzz::Options { time: FUZZ_SECONDS, runs: None, long: false, target: None, dev: true })?;
     }
     // The in-kernel tests of lb-user run the lab's client binary, which cargo builds only for lb-lab's own
     // tests: build every binary first (debug, as nextest does).
