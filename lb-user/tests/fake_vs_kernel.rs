@@ -17,6 +17,8 @@ use std::{
 };
 
 use lb_common::{Backend, BackendState, PROTO_TCP, TIER_COUNT};
+// The same deterministic source the chaos runs use: the sequences are the same on every run.
+use lb_testkit::chaos::Rng;
 use tierlb::{
     datapath::{
         Desired, DesiredFrontend, MapReader, MapWriter, Reconciler, addr,
@@ -26,21 +28,6 @@ use tierlb::{
     },
     model::{ObjKey, ServicePortName},
 };
-
-/// xorshift64*: the sequences are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn service(i: u64) -> ObjKey {
     ObjKey::new("ns", format!("s{i}"))
@@ -112,7 +99,7 @@ fn the_fake_maps_refuse_and_hold_what_the_kernel_maps_do() {
     let mut steps = 0;
     let mut refusals = 0;
     for seed in 1..=5_u64 {
-        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let mut rng = Rng::new(seed);
         let caps = Capacities {
             services: rng.below(6) as u32 + 2,
             slots: rng.below(40) as u32 + 8,
