@@ -539,6 +539,7 @@ pub const fn counter_index(svc_id: u32, kind: u32) -> u32 {
 }
 
 mod choice;
+mod csum;
 mod health;
 mod nat;
 mod trace;
@@ -546,6 +547,7 @@ pub use choice::{
     Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
     last_nonempty_tier, scan_tier,
 };
+pub use csum::{CsumDiff, fold as csum_fold};
 pub use health::{
     HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, HEALTH_UNREACHABLE, Health, HealthConfig, HealthVerdict,
     syn_sent_close_reason,

@@ -103,8 +103,16 @@ pub const NS_FAIL_OPEN: u32 = 10;
 pub const NS_DROP_REWRITE: u32 = 11;
 /// Dropped: a load-balancer IP's `loadBalancerSourceRanges` do not include the client.
 pub const NS_DROP_SOURCE_RANGE: u32 = 12;
+/// ICMP errors about a translated flow, translated back (outer and quoted headers) toward its sender.
+pub const NS_ICMP_TRANSLATED: u32 = 13;
+/// Dropped: a packet the SNAT path sends itself is larger than the next hop's MTU (the stack, which would
+/// answer with "fragmentation needed", is bypassed; counted so the black hole is visible).
+pub const NS_DROP_FRAG_NEEDED: u32 = 14;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 13;
+pub const NS_COUNTER_KINDS: u32 = 15;
+/// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
+pub const NS_COUNTER_SLOTS: u32 = 32;
+const _: () = assert!(NS_COUNTER_KINDS <= NS_COUNTER_SLOTS);
 /// The name of each `NS_*` counter kind, by index, as status and metrics show it.
 pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "new_local",
@@ -120,6 +128,8 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "fail_open",
     "drop_rewrite",
     "drop_source_range",
+    "icmp_translated",
+    "drop_frag_needed",
 ];
 
 /// An address and port as they lie in a packet (network order words; IPv4 in `addr[0]`).

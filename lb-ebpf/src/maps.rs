@@ -19,7 +19,7 @@ use lb_common::{
     MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
     MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS,
     MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue,
-    NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    NS_COUNTER_SLOTS, NatConfig, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
     TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
@@ -208,7 +208,7 @@ named_map!(
 named_map!(
     MAP_NS_COUNTERS == "NS_COUNTERS",
     /// Per-CPU counters of the tc programs by `NS_*` kind (translations, drops by reason).
-    pub(crate) static NS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NS_COUNTER_KINDS, 0);
+    pub(crate) static NS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NS_COUNTER_SLOTS, 0);
 );
 
 named_map!(

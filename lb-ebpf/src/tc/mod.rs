@@ -3,6 +3,7 @@
 //! load-balancer ingress IPs and externalIPs (frontends with `SCOPE_OUTSIDE`), and its replies.
 //!
 //! - `packet`: parse a flow, rewrite addresses and ports with incremental checksums;
+//! - `icmp`: ICMP errors about a translated flow, translated back (path MTU discovery, port unreachable);
 //! - `conntrack`: the two entries of a translated flow and their lifetimes;
 //! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check.
 //!
@@ -12,6 +13,7 @@
 //! UDP datagram to a frontend, so a reply to a node socket is never taken for NodePort traffic; and the SNAT
 //! ports lie above the kernel's ephemeral range (see `lb_common::nat`).
 mod conntrack;
+mod icmp;
 mod packet;
 mod route;
 
@@ -60,6 +62,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     match packet::parse(&ctx, f) {
         Parsed::Flow => {}
         Parsed::Fragment => return fragment(),
+        Parsed::Icmp => return icmp::error(&ctx, f, CT_DIR_IN),
         Parsed::Other => return PASS,
     }
     let (f, k): (&Flow, &CtKey) = {
@@ -110,8 +113,10 @@ fn tc_egress(ctx: TcContext) -> i32 {
     let Some(scratch) = PACKET.get_ptr_mut(0) else { return PASS };
     // SAFETY: as in `tc_ingress`.
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
-    if packet::parse(&ctx, f) != Parsed::Flow {
-        return PASS;
+    match packet::parse(&ctx, f) {
+        Parsed::Flow => {}
+        Parsed::Icmp => return icmp::error(&ctx, f, CT_DIR_OUT),
+        Parsed::Fragment | Parsed::Other => return PASS,
     }
     *k = conntrack::key(f, CT_DIR_OUT);
     let Some(cfg) = conntrack::config() else { return PASS };

@@ -14,14 +14,17 @@ use lb_common::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
-const IPV4_CSUM: usize = ETH_LEN + 10;
+pub(crate) const IPV4_CSUM: usize = ETH_LEN + 10;
 const IPV4_TTL: usize = ETH_LEN + 8;
-const IPV4_SRC: usize = ETH_LEN + 12;
-const IPV4_DST: usize = ETH_LEN + 16;
+pub(crate) const IPV4_SRC: usize = ETH_LEN + 12;
+pub(crate) const IPV4_DST: usize = ETH_LEN + 16;
 const IPV6_HOP: usize = ETH_LEN + 7;
-const IPV6_SRC: usize = ETH_LEN + 8;
-const IPV6_DST: usize = ETH_LEN + 24;
-const IPV6_LEN: usize = 40;
+pub(crate) const IPV6_SRC: usize = ETH_LEN + 8;
+pub(crate) const IPV6_DST: usize = ETH_LEN + 24;
+pub(crate) const IPV6_LEN: usize = 40;
+/// IP protocol numbers of ICMP and ICMPv6.
+pub(crate) const PROTO_ICMP: u8 = 1;
+pub(crate) const PROTO_ICMPV6: u8 = 58;
 
 /// TCP flag bits (byte 13 of the header).
 pub(crate) const TCP_FIN: u8 = 0x01;
@@ -51,7 +54,10 @@ pub(crate) enum Parsed {
     Flow,
     /// An IPv4 fragment, or IPv6 with an extension header before TCP/UDP: not handled (yet), passed on.
     Fragment,
-    /// Anything else (ARP, ICMP, another protocol, a truncated header): not ours.
+    /// ICMP (IPv4) or ICMPv6 directly after the IP header: the outer addresses, the family, `proto` and
+    /// `l4` (the ICMP header's offset) are written to the `Flow`; the ports and flags are not.
+    Icmp,
+    /// Anything else (ARP, another protocol, a truncated header): not ours.
     Other,
 }
 
@@ -71,12 +77,14 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         }
         let Ok(frag) = ctx.load::<u16>(ETH_LEN + 6) else { return Parsed::Other };
         let Ok(proto) = ctx.load::<u8>(ETH_LEN + 9) else { return Parsed::Other };
-        if proto != PROTO_TCP && proto != PROTO_UDP {
+        let icmp = proto == PROTO_ICMP;
+        if proto != PROTO_TCP && proto != PROTO_UDP && !icmp {
             return Parsed::Other;
         }
-        // More-fragments set or a non-zero offset: only the first fragment carries the ports.
+        // More-fragments set or a non-zero offset: only the first fragment carries the ports (an ICMP error
+        // is small enough never to be fragmented by a sender that follows RFC 1812, 4.3.2.3).
         if u16::from_be(frag) & 0x3fff != 0 {
-            return Parsed::Fragment;
+            return if icmp { Parsed::Other } else { Parsed::Fragment };
         }
         let (Ok(s), Ok(d)) = (ctx.load::<u32>(IPV4_SRC), ctx.load::<u32>(IPV4_DST)) else {
             return Parsed::Other;
@@ -86,9 +94,13 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         f.proto = proto;
         f.family = FAMILY_V4;
         f.l4 = ETH_LEN + ihl;
+        if icmp {
+            return Parsed::Icmp;
+        }
     } else if eth_proto == ETH_P_IPV6 {
         let Ok(next) = ctx.load::<u8>(ETH_LEN + 6) else { return Parsed::Other };
-        if next != PROTO_TCP && next != PROTO_UDP {
+        let icmp = next == PROTO_ICMPV6;
+        if next != PROTO_TCP && next != PROTO_UDP && !icmp {
             // Hop-by-hop, routing, fragment or destination options before the L4 header.
             return if matches!(next, 0 | 43 | 44 | 60) { Parsed::Fragment } else { Parsed::Other };
         }
@@ -100,6 +112,9 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         f.proto = next;
         f.family = FAMILY_V6;
         f.l4 = ETH_LEN + IPV6_LEN;
+        if icmp {
+            return Parsed::Icmp;
+        }
     } else {
         return Parsed::Other;
     }

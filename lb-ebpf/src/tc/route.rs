@@ -6,11 +6,13 @@
 use core::mem::{size_of, zeroed};
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup},
+    bindings::{
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup,
+    },
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
-use lb_common::{FAMILY_V4, NS_DROP_NO_ROUTE};
+use lb_common::{FAMILY_V4, NS_DROP_FRAG_NEEDED, NS_DROP_NO_ROUTE};
 
 use super::{DROP, PASS, packet};
 use crate::counters::count_ns;
@@ -58,6 +60,13 @@ pub(crate) fn forward(ctx: &TcContext, family: u8, proto: u8, src: &[u32; 4], ds
         // SAFETY: a null next hop with length 0 asks the kernel to resolve the packet's own destination.
         return unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) } as i32;
     }
-    count_ns(NS_DROP_NO_ROUTE);
+    // Larger than the egress device's MTU (the lookup checks the skb against it, GSO segments included):
+    // the stack's forwarding would answer "fragmentation needed", a redirect cannot. Only where this node's
+    // uplink has a smaller MTU than the link the packet came in on.
+    count_ns(if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        NS_DROP_FRAG_NEEDED
+    } else {
+        NS_DROP_NO_ROUTE
+    });
     DROP
 }

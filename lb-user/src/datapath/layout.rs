@@ -9,7 +9,7 @@ use lb_common::{
     MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS,
     MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS,
     MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
-    MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_KINDS, NatConfig, ReverseKey, ReverseValue,
+    MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, ReverseKey, ReverseValue,
     ServiceName, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
@@ -55,7 +55,7 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_LOCAL_BACKENDS => (DEFAULT_MAX_LOCAL_BACKENDS, FIXED, 0, |_| 0),
         MAP_NAT_CONFIG => (1, FIXED, 0, |_| 0),
         MAP_SOURCE_RANGES => (DEFAULT_MAX_SOURCE_RANGES, FIXED, 0, |_| 0),
-        MAP_NS_COUNTERS => (NS_COUNTER_KINDS, FIXED, 0, |_| 0),
+        MAP_NS_COUNTERS => (NS_COUNTER_SLOTS, FIXED, 0, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }

@@ -1,0 +1,341 @@
+//! The lab of the north-south tests: namespaces, pods, the boxed agent, manifests and clients.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use lb_testkit::{
+    deployed::{AgentBox, BoxedNode, Node},
+    manifests::{to_yaml, write_atomic},
+    sandbox::NetNs,
+};
+use serde_json::{Value, json};
+
+pub(crate) const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+pub(crate) const CLIENT: &str = "192.0.2.100";
+pub(crate) const NODE_1: &str = "192.0.2.1";
+pub(crate) const NODE_2: &str = "192.0.2.2";
+pub(crate) const LB_IP: &str = "198.51.100.10";
+pub(crate) const POD_1: &str = "10.244.1.10";
+pub(crate) const POD_2: &str = "10.244.2.10";
+pub(crate) const CLIENT_6: &str = "2001:db8:1::100";
+pub(crate) const NODE_1_6: &str = "2001:db8:1::1";
+pub(crate) const NODE_2_6: &str = "2001:db8:1::2";
+pub(crate) const POD_1_6: &str = "fd00:244:1::10";
+pub(crate) const POD_2_6: &str = "fd00:244:2::10";
+
+pub(crate) fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+pub(crate) fn sa(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(self::ip(ip), port)
+}
+
+pub(crate) fn ns_run(ns: &NetNs, args: &[&str]) {
+    let st = std::process::Command::new("ip").args(["netns", "exec", ns.name()]).args(args).status().unwrap();
+    assert!(st.success(), "{args:?} in {}", ns.name());
+}
+
+/// A pod's server, in the pod's namespace (a thread of the test, `setns` to it): TCP answers every line
+/// with `NAME PEER` (the client address it saw), UDP every datagram the same. Stops on drop.
+pub(crate) struct PodServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl PodServer {
+    pub(crate) fn start(ns: &NetNs, name: &str, addrs: &[SocketAddr]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for &addr in addrs {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let file = ns.file().try_clone().unwrap();
+            let (stop_tcp, stop_udp, name_tcp, name_udp) =
+                (stop.clone(), stop.clone(), name.to_owned(), name.to_owned());
+            threads.push(std::thread::spawn(move || {
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let tcp = TcpListener::bind(addr).unwrap();
+                let udp = UdpSocket::bind(addr).unwrap();
+                tx.send(()).unwrap();
+                tcp.set_nonblocking(true).unwrap();
+                udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                let udp_thread = std::thread::spawn(move || {
+                    let mut buf = [0u8; 512];
+                    while !stop_udp.load(Ordering::Relaxed) {
+                        if let Ok((_, peer)) = udp.recv_from(&mut buf) {
+                            let _ = udp.send_to(format!("{name_udp} {peer}\n").as_bytes(), peer);
+                        }
+                    }
+                });
+                while !stop_tcp.load(Ordering::Relaxed) {
+                    match tcp.accept() {
+                        Ok((s, peer)) => {
+                            let name = name_tcp.clone();
+                            std::thread::spawn(move || {
+                                s.set_nonblocking(false).unwrap();
+                                let mut w = s.try_clone().unwrap();
+                                for line in BufReader::new(s).lines() {
+                                    let Ok(line) = line else { break };
+                                    // `big N`: N bytes and a newline (a reply larger than any MTU).
+                                    let big = line.strip_prefix("big ").and_then(|n| n.parse::<usize>().ok());
+                                    let answer = match big {
+                                        Some(n) => w.write_all(&vec![b'x'; n]).and_then(|()| writeln!(w)),
+                                        None => writeln!(w, "{name} {peer}"),
+                                    };
+                                    if answer.is_err() {
+                                        break;
+                                    }
+                                }
+                            });
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                }
+                let _ = udp_thread.join();
+            }));
+            rx.recv_timeout(Duration::from_secs(5)).expect("pod server listening");
+        }
+        Self { stop, threads }
+    }
+}
+
+impl Drop for PodServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Run `f` on a thread in `ns` (the external client's namespace).
+pub(crate) fn from<T: Send + 'static>(ns: &NetNs, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let file = ns.file().try_clone().unwrap();
+    std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// One TCP request to `to`: the answer (`NAME PEER`), or the error.
+pub(crate) fn tcp_once(to: SocketAddr) -> Result<(String, String), String> {
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(1500)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    writeln!(s, "hello").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
+    let (name, peer) = line.trim().split_once(' ').ok_or_else(|| format!("answer {line:?}"))?;
+    Ok((name.to_owned(), peer.to_owned()))
+}
+
+/// One UDP request to `to`: the answer and the address it came from.
+pub(crate) fn udp_once(to: SocketAddr) -> Result<(String, SocketAddr), String> {
+    let bind = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+    let s = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    s.send_to(b"hello", to).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 512];
+    let (n, src) = s.recv_from(&mut buf).map_err(|e| e.to_string())?;
+    Ok((String::from_utf8_lossy(&buf[..n]).trim().to_owned(), src))
+}
+
+/// An HTTP GET's status line to `to` (the health check node port).
+pub(crate) fn http_status(to: SocketAddr) -> Result<String, String> {
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(1500)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    write!(s, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
+    Ok(line.trim().to_owned())
+}
+
+/// The external client, the LAN, node-1 (the boxed agent's) and node-2, with a pod on each node.
+pub(crate) struct Lab {
+    pub(crate) boxed: BoxedNode,
+    node_2: Node,
+    pub(crate) client: NetNs,
+    pub(crate) lan: NetNs,
+    _pods: Vec<(NetNs, PodServer)>,
+}
+
+pub(crate) fn uplink(lan: &NetNs, ns: &NetNs, port: &str, v4: &str, v6: &str) {
+    lan.ip(&["link", "add", port, "type", "veth", "peer", "name", "uplink", "netns", ns.name()]).unwrap();
+    lan.ip(&["link", "set", port, "master", "br0", "up"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", "uplink"]).unwrap();
+    ns.ip(&["addr", "add", &format!("{v6}/64"), "dev", "uplink", "nodad"]).unwrap();
+    ns.ip(&["link", "set", "uplink", "up"]).unwrap();
+}
+
+/// A v6 address for a pod `add_pod` made (it sets up IPv4 only): on the pod's `eth0`, routed by the node.
+pub(crate) fn pod_v6(node: &NetNs, pod: &NetNs, host_if: &str, addr: &str) {
+    node.ip(&["-6", "addr", "add", "fe80::1/64", "dev", host_if, "nodad"]).unwrap();
+    node.ip(&["-6", "route", "add", &format!("{addr}/128"), "dev", host_if]).unwrap();
+    pod.ip(&["-6", "addr", "add", &format!("{addr}/128"), "dev", "eth0", "nodad"]).unwrap();
+    pod.ip(&["-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"]).unwrap();
+}
+
+impl Lab {
+    /// `etp`: the Service's externalTrafficPolicy; `pod_1`: whether node-1 has its pod (else only node-2's).
+    pub(crate) fn new(tag: &str, etp: &str, pod_1: bool) -> Self {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let mut boxed = BoxedNode::new(tag, Path::new(TIERLB), &deploy).unwrap();
+        let mut node_2 = Node::new(&format!("{tag}-n2")).unwrap();
+        let lan = NetNs::new(&format!("{tag}-lan")).unwrap();
+        lan.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
+        lan.ip(&["link", "set", "br0", "up"]).unwrap();
+        let client = NetNs::new(&format!("{tag}-ext")).unwrap();
+        uplink(&lan, &boxed.node.netns, "p1", NODE_1, NODE_1_6);
+        uplink(&lan, &node_2.netns, "p2", NODE_2, NODE_2_6);
+        uplink(&lan, &client, "p3", CLIENT, CLIENT_6);
+        for ns in [&boxed.node.netns, &node_2.netns] {
+            ns_run(ns, &["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
+        }
+        // The load balancer (MetalLB/BGP would announce it) routes its IP to node-1.
+        client.ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_1]).unwrap();
+        boxed.node.netns.ip(&["route", "add", "10.244.2.0/24", "via", NODE_2]).unwrap();
+        boxed.node.netns.ip(&["-6", "route", "add", "fd00:244:2::/64", "via", NODE_2_6]).unwrap();
+        node_2.netns.ip(&["route", "add", "10.244.1.0/24", "via", NODE_1]).unwrap();
+        node_2.netns.ip(&["-6", "route", "add", "fd00:244:1::/64", "via", NODE_1_6]).unwrap();
+        let mut pods = Vec::new();
+        let mut eps = Vec::new();
+        if pod_1 {
+            let ns = boxed.node.add_pod(&format!("{tag}-p1"), ip(POD_1)).unwrap();
+            pod_v6(&boxed.node.netns, &ns, "veth0", POD_1_6);
+            let srv = PodServer::start(&ns, "web-node-1", &[sa(POD_1, 8080), sa(POD_1_6, 8080)]);
+            pods.push((ns, srv));
+            eps.push((POD_1, POD_1_6, "node-1"));
+        }
+        let ns = node_2.add_pod(&format!("{tag}-p2"), ip(POD_2)).unwrap();
+        pod_v6(&node_2.netns, &ns, "veth0", POD_2_6);
+        let srv = PodServer::start(&ns, "web-node-2", &[sa(POD_2, 8080), sa(POD_2_6, 8080)]);
+        pods.push((ns, srv));
+        eps.push((POD_2, POD_2_6, "node-2"));
+        write_atomic(boxed.manifests.path(), "web.yaml", &to_yaml(&manifests(etp, &eps))).unwrap();
+        Self { boxed, node_2, client, lan, _pods: pods }
+    }
+
+    pub(crate) fn start_agent(&self) -> AgentBox {
+        self.boxed.start_agent("node-1", &[]).unwrap()
+    }
+
+    /// `tierlb status -o json` of the boxed agent's pins.
+    pub(crate) fn status(&self) -> Value {
+        let pins = self.boxed.bpffs.path().join("tierlb");
+        let out = std::process::Command::new(TIERLB)
+            .args(["status", "-o", "json", "--bpffs", pins.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// `n` TCP requests from the client to `to`: answers by pod name, the peers pods saw, errors.
+    pub(crate) fn tcp(&self, to: SocketAddr, n: usize) -> Vec<Result<(String, String), String>> {
+        from(&self.client, move || (0..n).map(|_| tcp_once(to)).collect())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("agent log:\n{}", std::fs::read_to_string(&self.boxed.log).unwrap_or_default());
+        }
+        let _ = &self.node_2;
+    }
+}
+
+/// A LoadBalancer Service `web` (ports 80/TCP and 53/UDP, node ports 30080 and 30053, target 8080; 54/UDP,
+/// node port 30054, to the closed target port 9), its load-balancer IP, dual-stack cluster IPs, the two Nodes
+/// with their addresses, and slices for `eps`.
+pub(crate) fn manifests(etp: &str, eps: &[(&str, &str, &str)]) -> Vec<Value> {
+    manifests_with(etp, eps, &[])
+}
+
+/// `manifests`, with `loadBalancerSourceRanges`.
+pub(crate) fn manifests_with(etp: &str, eps: &[(&str, &str, &str)], ranges: &[&str]) -> Vec<Value> {
+    let ready: Vec<_> = eps.iter().map(|&(v4, v6, node)| (v4, v6, node, json!({"ready": true}))).collect();
+    manifests_cond(etp, &ready, ranges)
+}
+
+/// `manifests_with`, each endpoint with its `conditions`.
+pub(crate) fn manifests_cond(etp: &str, eps: &[(&str, &str, &str, Value)], ranges: &[&str]) -> Vec<Value> {
+    let mut docs = vec![json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "type": "LoadBalancer", "externalTrafficPolicy": etp,
+            "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00:96::10"],
+            "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack",
+            "healthCheckNodePort": if etp == "Local" { json!(32000) } else { Value::Null },
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080},
+                {"name": "dns", "port": 53, "targetPort": 8080, "protocol": "UDP", "nodePort": 30053},
+                // Nothing listens on 9 in the pods: their kernels answer with ICMP port unreachable.
+                {"name": "closed", "port": 54, "targetPort": 9, "protocol": "UDP", "nodePort": 30054},
+            ],
+        },
+        "status": {"loadBalancer": {"ingress": [{"ip": LB_IP, "ipMode": "VIP"}]}},
+    })];
+    if etp != "Local" {
+        docs[0]["spec"].as_object_mut().unwrap().remove("healthCheckNodePort");
+    }
+    if !ranges.is_empty() {
+        docs[0]["spec"]["loadBalancerSourceRanges"] = json!(ranges);
+    }
+    for (name, v4, v6) in [("node-1", NODE_1, NODE_1_6), ("node-2", NODE_2, NODE_2_6)] {
+        docs.push(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": v4}, {"type": "InternalIP", "address": v6}]}}));
+    }
+    for (family, idx) in [("IPv4", 0), ("IPv6", 1)] {
+        let endpoints: Vec<Value> = eps
+            .iter()
+            .map(|e| {
+                let a = if idx == 0 { e.0 } else { e.1 };
+                json!({"addresses": [a], "nodeName": e.2, "conditions": e.3})
+            })
+            .collect();
+        docs.push(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("web-{}", family.to_lowercase()), "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": family,
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 8080, "protocol": "UDP"},
+                      {"name": "closed", "port": 9, "protocol": "UDP"}],
+            "endpoints": endpoints,
+        }));
+    }
+    docs
+}
+
+pub(crate) fn names(rs: &[Result<(String, String), String>]) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for r in rs {
+        let k = match r {
+            Ok((n, _)) => n.clone(),
+            Err(e) => format!("error: {e}"),
+        };
+        *m.entry(k).or_insert(0) += 1;
+    }
+    m
+}
+
+/// The body of an HTTP GET of `path` at `to`.
+pub(crate) fn http_body(to: SocketAddr, path: &str) -> Result<String, String> {
+    use std::io::Read as _;
+    let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(1500)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    Ok(text.split_once("\r\n\r\n").map_or(text.clone(), |(_, b)| b.to_owned()))
+}

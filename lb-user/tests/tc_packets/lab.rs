@@ -1,0 +1,172 @@
+//! The tc programs loaded in a network namespace of their own, with maps the tests fill.
+use std::net::SocketAddr;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{
+        Array, HashMap, PerCpuArray,
+        lpm_trie::{Key, LpmTrie},
+    },
+    programs::{SchedClassifier, TestRun, TestRunOptions},
+};
+use lb_common::{
+    Backend, CtAddr, CtKey, CtValue, FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRONTENDS,
+    MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES, NatConfig,
+    SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotKey, SourceRangeKey, TierRange,
+};
+use lb_testkit::sandbox::NetNs;
+use tierlb::datapath::addr;
+
+use super::{CLIENT, NEXT_HOP, NODE};
+
+pub(crate) struct Lab {
+    ebpf: Ebpf,
+    /// The namespace the test thread runs in; its `eth` device is what the packets "arrive" on.
+    ns: NetNs,
+    ifindex: u32,
+    next_svc: u32,
+}
+
+impl Lab {
+    pub(crate) fn new(tag: &str) -> Self {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the packet tests load BPF programs and make a netns: run as root"
+        );
+        let ns = NetNs::new(tag).expect("netns");
+        // A node with one uplink (`eth`, its peer is the "next hop") and forwarding on, as a Kubernetes node.
+        ns.ip(&[
+            "link",
+            "add",
+            "eth",
+            "address",
+            "02:00:00:00:00:01",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "wire",
+        ])
+        .unwrap();
+        ns.ip(&["link", "set", "wire", "address", "02:00:00:00:00:02"]).unwrap();
+        ns.ip(&["addr", "add", &format!("{NODE}/24"), "dev", "eth"]).unwrap();
+        ns.ip(&["addr", "add", "2001:db8::1/64", "dev", "eth", "nodad"]).unwrap();
+        ns.ip(&["link", "set", "eth", "up"]).unwrap();
+        ns.ip(&["link", "set", "wire", "up"]).unwrap();
+        ns.ip(&["route", "add", "10.244.2.0/24", "via", NEXT_HOP]).unwrap();
+        ns.ip(&[
+            "neigh",
+            "replace",
+            NEXT_HOP,
+            "lladdr",
+            "02:00:00:00:00:02",
+            "dev",
+            "eth",
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
+        ns.ip(&["neigh", "replace", CLIENT, "lladdr", "02:00:00:00:00:64", "dev", "eth", "nud", "permanent"])
+            .unwrap();
+        ns.enter_current_thread().expect("setns");
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
+        let ifindex = nix::net::if_::if_nametoindex("eth").expect("ifindex");
+        let object = tierlb::datapath::ebpf::embedded_object().expect("built with the BPF object");
+        let mut ebpf = EbpfLoader::new().load(object).expect("load object");
+        for name in ["tc_ingress", "tc_egress"] {
+            let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            p.load().unwrap_or_else(|e| panic!("verifying {name}: {e:?}"));
+        }
+        Self { ebpf, ns, ifindex, next_svc: 1 }
+    }
+
+    pub(crate) fn map(&mut self, name: &str) -> &mut aya::maps::Map {
+        self.ebpf.map_mut(name).unwrap_or_else(|| panic!("map {name}"))
+    }
+
+    /// An outside frontend at `fe` over `proto` whose one tier `tier` holds `backends`.
+    pub(crate) fn frontend(
+        &mut self,
+        fe: &str,
+        proto: u8,
+        tier: usize,
+        backends: &[&str],
+        flags: u32,
+    ) -> u32 {
+        let fe: SocketAddr = fe.parse().unwrap();
+        let svc_id = self.next_svc;
+        self.next_svc += 1;
+        let mut key = addr::frontend_key(fe.ip(), fe.port(), proto);
+        key.family |= SCOPE_OUTSIDE;
+        let mut tiers = [TierRange::default(); 3];
+        tiers[tier] = TierRange { start: 0, len: backends.len() as u16 };
+        let value = FrontendValue { key, svc_id, generation: 1, tiers, flags, affinity_timeout_s: 0 };
+        let mut slots: HashMap<_, SlotKey, Backend> = HashMap::try_from(self.map(MAP_SLOTS)).unwrap();
+        for (i, b) in backends.iter().enumerate() {
+            let k = SlotKey { svc_id, generation: 1, index: i as u32 };
+            slots.insert(k, addr::backend(b.parse().unwrap(), proto), 0).unwrap();
+        }
+        let mut fes: HashMap<_, FrontendKey, FrontendValue> =
+            HashMap::try_from(self.map(MAP_FRONTENDS)).unwrap();
+        fes.insert(key, value, 0).unwrap();
+        svc_id
+    }
+
+    pub(crate) fn local(&mut self, ip: &str) {
+        let mut m: HashMap<_, CtAddr, u32> = HashMap::try_from(self.map(MAP_LOCAL_BACKENDS)).unwrap();
+        let a = addr::words(ip.parse().unwrap());
+        m.insert(CtAddr { addr: a }, 1, 0).unwrap();
+    }
+
+    /// Let `range` reach the outside frontend at `fe` over `proto` (its `loadBalancerSourceRanges`).
+    pub(crate) fn source_range(&mut self, fe: &str, proto: u8, range: &str) {
+        let fe: SocketAddr = fe.parse().unwrap();
+        let (ip, len) = range.split_once('/').unwrap();
+        let frontend = addr::outside_frontend_key(fe.ip(), fe.port(), proto);
+        let data = SourceRangeKey { frontend, client: addr::words(ip.parse().unwrap()) };
+        let mut m: LpmTrie<_, SourceRangeKey, u32> = LpmTrie::try_from(self.map(MAP_SOURCE_RANGES)).unwrap();
+        m.insert(&Key::new(SOURCE_RANGE_FRONTEND_BITS + len.parse::<u32>().unwrap(), data), 1, 0).unwrap();
+    }
+
+    pub(crate) fn config(&mut self, c: NatConfig) {
+        let mut m: Array<_, NatConfig> = Array::try_from(self.map(MAP_NAT_CONFIG)).unwrap();
+        m.set(0, c, 0).unwrap();
+    }
+
+    /// `ip ARGS` in the lab's namespace.
+    pub(crate) fn ip(&self, args: &[&str]) {
+        self.ns.ip(args).unwrap();
+    }
+
+    /// The tc programs' counter of `NS_*` kind `kind`, summed over CPUs.
+    pub(crate) fn ns_counter(&mut self, kind: u32) -> u64 {
+        let m: PerCpuArray<_, u64> = PerCpuArray::try_from(self.map(MAP_NS_COUNTERS)).unwrap();
+        m.get(&kind, 0).unwrap().iter().sum()
+    }
+
+    pub(crate) fn conntrack(&mut self) -> Vec<(CtKey, CtValue)> {
+        let m: HashMap<_, CtKey, CtValue> = HashMap::try_from(self.map(MAP_CONNTRACK)).unwrap();
+        m.iter().map(Result::unwrap).collect()
+    }
+
+    /// Run `prog` on `packet` as if it arrived on (or left by) `eth`: the verdict and the packet after it.
+    pub(crate) fn run(&mut self, prog: &str, packet: &[u8]) -> (u32, Vec<u8>) {
+        let p: &mut SchedClassifier = self.ebpf.program_mut(prog).unwrap().try_into().unwrap();
+        // struct __sk_buff (192 bytes): ingress_ifindex at 36, ifindex at 40; the rest must be zero.
+        let mut ctx = [0u8; 192];
+        ctx[36..40].copy_from_slice(&self.ifindex.to_ne_bytes());
+        ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
+        let mut out = vec![0u8; packet.len() + 64];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(packet);
+        opts.data_out = Some(&mut out);
+        opts.ctx_in = Some(&ctx);
+        let r = p.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+}
+
+pub(crate) fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}

@@ -1,0 +1,246 @@
+//! Packet-level tests of the north-south tc programs through `BPF_PROG_TEST_RUN` (Calico's `felix/bpf/ut` is
+//! the model): a crafted packet in, the rewritten packet out, compared byte for byte with the packet the test
+//! builds itself, whose checksums an independent RFC 1071 routine computes. The programs run in a network
+//! namespace the test made (their FIB lookups see its routes), with maps the test fills. Needs root.
+mod icmp;
+mod lab;
+mod pkt;
+
+use lab::{Lab, sa};
+use lb_common::{
+    CT_DIR_IN, CT_DIR_OUT, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES,
+    NatConfig, PROTO_TCP, PROTO_UDP,
+};
+use pkt::{Pkt, checksums_valid, src_of};
+use tierlb::datapath::addr;
+
+/// `TC_ACT_UNSPEC`: passed on (to the next program, or the stack).
+pub(crate) const PASS: u32 = u32::MAX;
+pub(crate) const SHOT: u32 = 2;
+pub(crate) const REDIRECT: u32 = 7;
+
+pub(crate) const CLIENT: &str = "192.0.2.100";
+pub(crate) const NODE: &str = "192.0.2.1";
+pub(crate) const NEXT_HOP: &str = "192.0.2.2";
+pub(crate) const LOCAL_POD: &str = "10.244.1.2";
+pub(crate) const REMOTE_POD: &str = "10.244.2.2";
+pub(crate) const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+pub(crate) const NEXT_HOP_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+pub(crate) const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
+
+// ---- the tests ------------------------------------------------------------------------------------------------
+
+#[test]
+fn tc_dnat_to_a_local_endpoint_keeps_the_client_and_its_reply_leaves_from_the_node_port() {
+    let mut lab = Lab::new("tc-local");
+    lab.frontend(
+        &format!("{NODE}:30080"),
+        PROTO_TCP,
+        2,
+        &[&format!("{LOCAL_POD}:8080")],
+        FLAG_SNAT_TO_FRONTEND,
+    );
+    lab.local(LOCAL_POD);
+    let syn = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
+    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, PASS, "a local endpoint is handed to the stack");
+    assert_eq!(out, syn.to(sa(&format!("{LOCAL_POD}:8080"))).bytes(), "DNAT to the pod, client kept");
+    assert!(checksums_valid(&out));
+    // The pod's SYN-ACK, routed out of the uplink: its source becomes the node port again.
+    let synack = Pkt::tcp(&format!("{LOCAL_POD}:8080"), &format!("{CLIENT}:40000"), 0x12);
+    let (rc, out) = lab.run("tc_egress", &synack.bytes());
+    assert_eq!(rc, PASS);
+    assert_eq!(out, synack.from(sa(&format!("{NODE}:30080"))).bytes());
+    assert!(checksums_valid(&out));
+    // A retransmitted SYN and the client's ACK follow the same entry.
+    let ack = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x10);
+    let (rc, out) = lab.run("tc_ingress", &ack.bytes());
+    assert_eq!((rc, out), (PASS, ack.to(sa(&format!("{LOCAL_POD}:8080"))).bytes()));
+    let ct = lab.conntrack();
+    assert_eq!(ct.len(), 2, "one forward and one reply entry: {ct:?}");
+    assert!(ct.iter().any(|(k, _)| k.dir == CT_DIR_OUT), "the reply is matched on egress");
+}
+
+#[test]
+fn tc_snat_to_a_remote_endpoint_and_its_reply_is_translated_back() {
+    let mut lab = Lab::new("tc-snat");
+    lab.frontend(
+        &format!("{NODE}:30080"),
+        PROTO_TCP,
+        2,
+        &[&format!("{REMOTE_POD}:8080")],
+        FLAG_SNAT_TO_FRONTEND,
+    );
+    let syn = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
+    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, REDIRECT, "an SNAT packet is sent out of the uplink by the program itself");
+    let snat = src_of(&out);
+    assert_eq!(snat.ip().to_string(), NODE, "the source is the node port's address");
+    assert!((61_000..=65_535).contains(&snat.port()), "an SNAT port above the ephemeral range: {snat}");
+    let want = Pkt {
+        smac: NODE_MAC,
+        dmac: NEXT_HOP_MAC,
+        ttl: 63,
+        ..syn.to(sa(&format!("{REMOTE_POD}:8080"))).from(snat)
+    };
+    assert_eq!(out, want.bytes(), "DNAT + SNAT, MACs of the FIB's next hop, TTL decremented");
+    assert!(checksums_valid(&out));
+    // The backend's reply arrives addressed to the node's SNAT port.
+    let reply = Pkt {
+        smac: NEXT_HOP_MAC,
+        dmac: NODE_MAC,
+        ..Pkt::tcp(&format!("{REMOTE_POD}:8080"), &snat.to_string(), 0x12)
+    };
+    let (rc, out) = lab.run("tc_ingress", &reply.bytes());
+    assert_eq!(rc, REDIRECT);
+    let want = Pkt {
+        smac: NODE_MAC,
+        dmac: CLIENT_MAC,
+        ttl: 63,
+        ..reply.from(sa(&format!("{NODE}:30080"))).to(sa(&format!("{CLIENT}:40000")))
+    };
+    assert_eq!(out, want.bytes(), "the client sees the node port as the source");
+    assert!(checksums_valid(&out));
+    let ct = lab.conntrack();
+    assert_eq!(ct.len(), 2, "{ct:?}");
+    assert!(ct.iter().all(|(k, _)| k.dir == CT_DIR_IN), "both directions are matched on ingress with SNAT");
+}
+
+#[test]
+fn tc_udp_node_port_translates_with_and_without_a_checksum() {
+    let mut lab = Lab::new("tc-udp");
+    lab.frontend(
+        &format!("{NODE}:30053"),
+        PROTO_UDP,
+        2,
+        &[&format!("{LOCAL_POD}:53")],
+        FLAG_SNAT_TO_FRONTEND,
+    );
+    lab.local(LOCAL_POD);
+    for no_udp_csum in [false, true] {
+        let port = if no_udp_csum { 40001 } else { 40000 };
+        let q = Pkt { no_udp_csum, ..Pkt::udp(&format!("{CLIENT}:{port}"), &format!("{NODE}:30053")) };
+        let (rc, out) = lab.run("tc_ingress", &q.bytes());
+        assert_eq!(rc, PASS);
+        assert_eq!(
+            out,
+            q.to(sa(&format!("{LOCAL_POD}:53"))).bytes(),
+            "no checksum stays none: {no_udp_csum}"
+        );
+        assert!(checksums_valid(&out));
+        let a = Pkt { no_udp_csum, ..Pkt::udp(&format!("{LOCAL_POD}:53"), &format!("{CLIENT}:{port}")) };
+        let (rc, out) = lab.run("tc_egress", &a.bytes());
+        assert_eq!(rc, PASS);
+        assert_eq!(out, a.from(sa(&format!("{NODE}:30053"))).bytes(), "the reply comes from nodeIP:nodePort");
+    }
+}
+
+#[test]
+fn tc_ipv6_node_port_dnat_and_reply() {
+    let mut lab = Lab::new("tc-v6");
+    lab.frontend("[2001:db8::1]:30080", PROTO_TCP, 2, &["[fd00:244:1::2]:8080"], FLAG_SNAT_TO_FRONTEND);
+    lab.local("fd00:244:1::2");
+    let syn = Pkt::tcp("[2001:db8::64]:40000", "[2001:db8::1]:30080", 0x02);
+    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, PASS);
+    assert_eq!(out, syn.to(sa("[fd00:244:1::2]:8080")).bytes());
+    assert!(checksums_valid(&out));
+    let synack = Pkt::tcp("[fd00:244:1::2]:8080", "[2001:db8::64]:40000", 0x12);
+    let (rc, out) = lab.run("tc_egress", &synack.bytes());
+    assert_eq!((rc, out.clone()), (PASS, synack.from(sa("[2001:db8::1]:30080")).bytes()));
+    assert!(checksums_valid(&out));
+}
+
+#[test]
+fn tc_leaves_other_packets_alone() {
+    let mut lab = Lab::new("tc-other");
+    lab.frontend(
+        &format!("{NODE}:30080"),
+        PROTO_TCP,
+        2,
+        &[&format!("{LOCAL_POD}:8080")],
+        FLAG_SNAT_TO_FRONTEND,
+    );
+    let cases = [
+        ("another port", Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:22"), 0x02)),
+        ("UDP to a TCP node port", Pkt::udp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"))),
+        // A reply to a node socket that uses the node port's number: SYN-ACK, not a new flow.
+        ("a SYN-ACK to the node port", Pkt::tcp(&format!("{CLIENT}:443"), &format!("{NODE}:30080"), 0x12)),
+        ("an ACK without a flow", Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x10)),
+    ];
+    for (what, p) in cases {
+        for prog in ["tc_ingress", "tc_egress"] {
+            let (rc, out) = lab.run(prog, &p.bytes());
+            assert_eq!((rc, out), (PASS, p.bytes()), "{what} on {prog}");
+        }
+    }
+    assert!(lab.conntrack().is_empty(), "no state for packets that are not ours");
+}
+
+#[test]
+fn tc_etp_local_without_a_local_endpoint_drops() {
+    let mut lab = Lab::new("tc-drop");
+    lab.frontend(&format!("{NODE}:30080"), PROTO_TCP, 0, &[], FLAG_POLICY_LOCAL | FLAG_EMPTY_IS_DROP);
+    let syn = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
+    let (rc, _) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, SHOT, "kube-proxy's DROP: the balancer's health check already says 503");
+    assert!(lab.conntrack().is_empty());
+}
+
+#[test]
+fn tc_load_balancer_ip_snats_to_the_configured_node_address() {
+    let mut lab = Lab::new("tc-lb");
+    lab.frontend("203.0.113.10:80", PROTO_TCP, 2, &[&format!("{REMOTE_POD}:8080")], 0);
+    let syn = Pkt::tcp(&format!("{CLIENT}:40000"), "203.0.113.10:80", 0x02);
+    let (rc, _) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, SHOT, "no node address to SNAT to: dropped, not sent with the LB IP as its source");
+    lab.config(NatConfig { snat_v4: addr::words(NODE.parse().unwrap())[0], ..NatConfig::default() });
+    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, REDIRECT);
+    assert_eq!(src_of(&out).ip().to_string(), NODE);
+    assert!(checksums_valid(&out));
+    let ct = lab.conntrack();
+    let fwd = ct
+        .iter()
+        .find(|(k, _)| k.dir == CT_DIR_IN && k.daddr == addr::words("203.0.113.10".parse().unwrap()));
+    assert!(fwd.is_some(), "{ct:?}");
+}
+
+#[test]
+fn tc_load_balancer_source_ranges_admit_only_their_clients() {
+    let mut lab = Lab::new("tc-ranges");
+    lab.local(LOCAL_POD);
+    lab.frontend("203.0.113.10:80", PROTO_TCP, 2, &[&format!("{LOCAL_POD}:8080")], FLAG_SOURCE_RANGES);
+    lab.source_range("203.0.113.10:80", PROTO_TCP, "192.0.2.96/28");
+    let inside = Pkt::tcp(&format!("{CLIENT}:40000"), "203.0.113.10:80", 0x02);
+    let (rc, out) = lab.run("tc_ingress", &inside.bytes());
+    assert_eq!(
+        (rc, out),
+        (PASS, inside.to(sa(&format!("{LOCAL_POD}:8080"))).bytes()),
+        "192.0.2.100 is in the range"
+    );
+    let outside = Pkt::tcp("192.0.2.200:40000", "203.0.113.10:80", 0x02);
+    let (rc, _) = lab.run("tc_ingress", &outside.bytes());
+    assert_eq!(rc, SHOT, "192.0.2.200 is not: dropped, as kube-proxy's KUBE-FW chain drops it");
+    assert_eq!(lab.conntrack().len(), 2, "only the admitted client's flow is tracked");
+}
+
+#[test]
+fn tc_snat_packet_larger_than_the_uplink_mtu_is_dropped_and_counted() {
+    let mut lab = Lab::new("tc-mtu");
+    lab.frontend(
+        &format!("{NODE}:30080"),
+        PROTO_TCP,
+        2,
+        &[&format!("{REMOTE_POD}:8080")],
+        FLAG_SNAT_TO_FRONTEND,
+    );
+    lab.ip(&["link", "set", "eth", "mtu", "1280"]);
+    let small = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
+    assert_eq!(lab.run("tc_ingress", &small.bytes()).0, REDIRECT);
+    let big = Pkt { len: 1400, ..Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x10) };
+    let (rc, _) = lab.run("tc_ingress", &big.bytes());
+    assert_eq!(rc, SHOT, "a redirect past the stack cannot answer 'fragmentation needed'");
+    assert_eq!(lab.ns_counter(lb_common::NS_DROP_FRAG_NEEDED), 1, "counted as such");
+    assert_eq!(lab.ns_counter(lb_common::NS_DROP_NO_ROUTE), 0, "not as a missing route");
+}

@@ -1,0 +1,235 @@
+//! An independent packet builder and RFC 1071 checksum: the packets the tests send, and the ones they expect.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use lb_common::{PROTO_TCP, PROTO_UDP};
+
+use super::{CLIENT_MAC, NODE_MAC};
+
+/// RFC 1071 one's-complement sum of `data` folded to 16 bits (not yet inverted).
+pub(crate) fn sum16(data: &[u8], mut acc: u32) -> u32 {
+    for c in data.chunks(2) {
+        let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_be_bytes([c[0], 0]) };
+        acc += u32::from(w);
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc
+}
+
+pub(crate) fn checksum(data: &[u8], acc: u32) -> u16 {
+    !(sum16(data, acc) as u16)
+}
+
+pub(crate) fn octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct Pkt {
+    pub(crate) src: SocketAddr,
+    pub(crate) dst: SocketAddr,
+    pub(crate) proto: u8,
+    /// TCP flags.
+    pub(crate) flags: u8,
+    pub(crate) ttl: u8,
+    pub(crate) smac: [u8; 6],
+    pub(crate) dmac: [u8; 6],
+    /// UDP over IPv4 without a checksum (0).
+    pub(crate) no_udp_csum: bool,
+    /// Payload bytes.
+    pub(crate) len: usize,
+}
+
+impl Pkt {
+    pub(crate) fn tcp(src: &str, dst: &str, flags: u8) -> Self {
+        Self {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: PROTO_TCP,
+            flags,
+            ttl: 64,
+            smac: CLIENT_MAC,
+            dmac: NODE_MAC,
+            no_udp_csum: false,
+            len: 18,
+        }
+    }
+    pub(crate) fn udp(src: &str, dst: &str) -> Self {
+        Self { proto: PROTO_UDP, flags: 0, ..Self::tcp(src, dst, 0) }
+    }
+    pub(crate) fn to(self, dst: SocketAddr) -> Self {
+        Self { dst, ..self }
+    }
+    pub(crate) fn from(self, src: SocketAddr) -> Self {
+        Self { src, ..self }
+    }
+
+    /// The packet's bytes with every checksum computed from scratch.
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        let payload: Vec<u8> = b"tierlb north-south".iter().copied().cycle().take(self.len).collect();
+        let mut l4 = Vec::new();
+        l4.extend_from_slice(&self.src.port().to_be_bytes());
+        l4.extend_from_slice(&self.dst.port().to_be_bytes());
+        if self.proto == PROTO_TCP {
+            l4.extend_from_slice(&1000u32.to_be_bytes()); // seq
+            l4.extend_from_slice(&0u32.to_be_bytes()); // ack
+            l4.push(5 << 4);
+            l4.push(self.flags);
+            l4.extend_from_slice(&65535u16.to_be_bytes());
+            l4.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
+        } else {
+            l4.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+            l4.extend_from_slice(&[0, 0]);
+        }
+        l4.extend_from_slice(&payload);
+        let (s, d) = (octets(self.src.ip()), octets(self.dst.ip()));
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&s);
+        pseudo.extend_from_slice(&d);
+        if self.src.is_ipv4() {
+            pseudo.extend_from_slice(&[0, self.proto]);
+            pseudo.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+        } else {
+            pseudo.extend_from_slice(&(l4.len() as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, self.proto]);
+        }
+        let mut c = checksum(&l4, sum16(&pseudo, 0));
+        if self.proto == PROTO_UDP && c == 0 {
+            c = 0xffff;
+        }
+        if !(self.proto == PROTO_UDP && self.no_udp_csum) {
+            let at = if self.proto == PROTO_TCP { 16 } else { 6 };
+            l4[at..at + 2].copy_from_slice(&c.to_be_bytes());
+        }
+        frame(self.smac, self.dmac, self.src.ip(), self.dst.ip(), self.proto, self.ttl, &l4)
+    }
+}
+
+/// An Ethernet frame carrying an IP packet of `proto` with payload `l4` (the IPv4 header's checksum
+/// computed here; DF set, as Linux sets it on TCP and on UDP with path MTU discovery on).
+fn frame(smac: [u8; 6], dmac: [u8; 6], src: IpAddr, dst: IpAddr, proto: u8, ttl: u8, l4: &[u8]) -> Vec<u8> {
+    let (s, d) = (octets(src), octets(dst));
+    let mut out = Vec::new();
+    out.extend_from_slice(&dmac);
+    out.extend_from_slice(&smac);
+    if src.is_ipv4() {
+        out.extend_from_slice(&0x0800u16.to_be_bytes());
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+        ip.extend_from_slice(&[0x12, 0x34, 0x40, 0]); // id, DF
+        ip.extend_from_slice(&[ttl, proto, 0, 0]);
+        ip.extend_from_slice(&s);
+        ip.extend_from_slice(&d);
+        let c = checksum(&ip, 0);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        out.extend_from_slice(&ip);
+    } else {
+        out.extend_from_slice(&0x86ddu16.to_be_bytes());
+        out.extend_from_slice(&[0x60, 0, 0, 0]);
+        out.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+        out.extend_from_slice(&[proto, ttl]);
+        out.extend_from_slice(&s);
+        out.extend_from_slice(&d);
+    }
+    out.extend_from_slice(l4);
+    out
+}
+
+/// An ICMP (IPv4) or ICMPv6 error from `src` to `dst` quoting the IP packet of `quote` (its first
+/// `quote_len` bytes: a router may quote as little as the IP header and 8 bytes), every checksum computed
+/// here (ICMPv6's with its pseudo-header).
+#[derive(Clone, Copy)]
+pub(crate) struct IcmpError {
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
+    pub(crate) kind: u8,
+    pub(crate) code: u8,
+    /// The header's second word: the next-hop MTU of "fragmentation needed" and "packet too big".
+    pub(crate) rest: u32,
+    pub(crate) quote: Pkt,
+    pub(crate) quote_len: Option<usize>,
+    pub(crate) ttl: u8,
+    pub(crate) smac: [u8; 6],
+    pub(crate) dmac: [u8; 6],
+}
+
+impl IcmpError {
+    /// `kind`/`code` from `src` to `dst` about `quote`, quoted whole, arriving from the client's MAC.
+    pub(crate) fn new(src: &str, dst: &str, kind: u8, code: u8, rest: u32, quote: Pkt) -> Self {
+        Self {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            kind,
+            code,
+            rest,
+            quote,
+            quote_len: None,
+            ttl: 64,
+            smac: CLIENT_MAC,
+            dmac: NODE_MAC,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        let mut q = self.quote.bytes()[14..].to_vec();
+        if let Some(n) = self.quote_len {
+            q.truncate(n);
+        }
+        let mut m = vec![self.kind, self.code, 0, 0];
+        m.extend_from_slice(&self.rest.to_be_bytes());
+        m.extend_from_slice(&q);
+        let proto = if self.src.is_ipv4() { 1 } else { 58 };
+        let acc = if self.src.is_ipv4() {
+            0
+        } else {
+            let mut pseudo = octets(self.src);
+            pseudo.extend_from_slice(&octets(self.dst));
+            pseudo.extend_from_slice(&(m.len() as u32).to_be_bytes());
+            pseudo.extend_from_slice(&[0, 0, 0, 58]);
+            sum16(&pseudo, 0)
+        };
+        let c = checksum(&m, acc);
+        m[2..4].copy_from_slice(&c.to_be_bytes());
+        frame(self.smac, self.dmac, self.src, self.dst, proto, self.ttl, &m)
+    }
+}
+
+/// Whether every checksum of `p` (IPv4 header, TCP/UDP with its pseudo-header) verifies, computed here.
+pub(crate) fn checksums_valid(p: &[u8]) -> bool {
+    let v4 = u16::from_be_bytes([p[12], p[13]]) == 0x0800;
+    let (l3_len, proto, s, d) =
+        if v4 { (20, p[23], &p[26..30], &p[30..34]) } else { (40, p[20], &p[22..38], &p[38..54]) };
+    if v4 && checksum(&p[14..34], 0) != 0 {
+        return false;
+    }
+    let l4 = &p[14 + l3_len..];
+    if proto == PROTO_UDP && v4 && l4[6..8] == [0, 0] {
+        return true; // no checksum
+    }
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(s);
+    pseudo.extend_from_slice(d);
+    if v4 {
+        pseudo.extend_from_slice(&[0, proto]);
+        pseudo.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+    } else {
+        pseudo.extend_from_slice(&(l4.len() as u32).to_be_bytes());
+        pseudo.extend_from_slice(&[0, 0, 0, proto]);
+    }
+    checksum(l4, sum16(&pseudo, 0)) == 0
+}
+
+pub(crate) fn src_of(p: &[u8]) -> SocketAddr {
+    let v4 = u16::from_be_bytes([p[12], p[13]]) == 0x0800;
+    if v4 {
+        let ip = Ipv4Addr::new(p[26], p[27], p[28], p[29]);
+        SocketAddr::new(ip.into(), u16::from_be_bytes([p[34], p[35]]))
+    } else {
+        let o: [u8; 16] = p[22..38].try_into().unwrap();
+        SocketAddr::new(Ipv6Addr::from(o).into(), u16::from_be_bytes([p[54], p[55]]))
+    }
+}
