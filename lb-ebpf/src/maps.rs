@@ -13,14 +13,15 @@ use aya_ebpf::{
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRONTENDS,
-    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, DEFAULT_MAX_SOURCE_RANGES,
-    FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP,
-    MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
-    MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS,
-    MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue,
-    NS_COUNTER_SLOTS, NatConfig, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRAGMENTS,
+    DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS,
+    DEFAULT_MAX_SOURCE_RANGES, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY,
+    MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRAGMENTS, MAP_FRONTENDS,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
+    MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
+    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, ReverseKey,
+    ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES,
+    TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -209,6 +210,34 @@ named_map!(
     MAP_NS_COUNTERS == "NS_COUNTERS",
     /// Per-CPU counters of the tc programs by `NS_*` kind (translations, drops by reason).
     pub(crate) static NS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NS_COUNTER_SLOTS, 0);
+);
+
+/// `MAP_FRAGMENTS`' key: an IPv4 datagram as its fragments name it (addresses and id in network order).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct FragKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub id: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+
+/// `MAP_FRAGMENTS`' value: the first fragment's ports (network order) and when they stop applying.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct FragPorts {
+    pub sport: u16,
+    pub dport: u16,
+    pub _pad: u32,
+    pub expires_ns: u64,
+}
+
+named_map!(
+    MAP_FRAGMENTS == "FRAGMENTS",
+    /// The ports of fragmented IPv4 datagrams of translated flows, from their first fragment.
+    pub(crate) static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_FRAGMENTS, 0);
 );
 
 named_map!(

@@ -3,6 +3,7 @@
 //! load-balancer ingress IPs and externalIPs (frontends with `SCOPE_OUTSIDE`), and its replies.
 //!
 //! - `packet`: parse a flow, rewrite addresses and ports with incremental checksums;
+//! - `fragment`: IPv4 fragments of translated flows, the first fragment's ports kept for the later ones;
 //! - `icmp`: ICMP errors about a translated flow, translated back (path MTU discovery, port unreachable);
 //! - `conntrack`: the two entries of a translated flow and their lifetimes;
 //! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check.
@@ -13,6 +14,7 @@
 //! UDP datagram to a frontend, so a reply to a node socket is never taken for NodePort traffic; and the SNAT
 //! ports lie above the kernel's ephemeral range (see `lb_common::nat`).
 mod conntrack;
+mod fragment;
 mod icmp;
 mod packet;
 mod route;
@@ -31,9 +33,9 @@ use lb_common::{
     CT_SEEN_REPLY, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL,
     FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, NS_DROP_CT_FULL,
     NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_DROP_SOURCE_RANGE,
-    NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_FRAGMENT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig,
-    OUTCOME_FAIL_OPEN, OUTCOME_REFUSED, OUTCOME_TRANSLATED, PROTO_TCP, SCOPE_OUTSIDE,
-    SOURCE_RANGE_FRONTEND_BITS, Slot, SlotKey, SourceRangeKey, choose, snat_port,
+    NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN,
+    OUTCOME_REFUSED, OUTCOME_TRANSLATED, PROTO_TCP, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, Slot, SlotKey,
+    SourceRangeKey, choose, snat_port,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -61,7 +63,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
     match packet::parse(&ctx, f) {
         Parsed::Flow => {}
-        Parsed::Fragment => return fragment(),
+        Parsed::Fragment => return fragment::passed(),
         Parsed::Icmp => return icmp::error(&ctx, f, CT_DIR_IN),
         Parsed::Other => return PASS,
     }
@@ -73,6 +75,10 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     let t = conntrack::now();
     if let Some(v) = conntrack::hit(k, f, cfg, t) {
         return tracked(&ctx, f, k, v, cfg);
+    }
+    if f.frag == fragment::LATER {
+        // Its flow ended since the first fragment: no new flow from a fragment without ports.
+        return fragment::passed();
     }
     let verdict = new_flow(f, cfg, t);
     if verdict != CREATED {
@@ -135,14 +141,6 @@ struct Packet {
 #[map]
 static PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
 
-/// A fragment is not translated: only the first carries the ports, and neither reassembly nor tracking of
-/// the first fragment's ports is done yet. Counted (`NS_PASS_FRAGMENT`) and passed on untranslated.
-#[inline(always)]
-fn fragment() -> i32 {
-    count_ns(NS_PASS_FRAGMENT);
-    PASS
-}
-
 /// A packet of a tracked flow: apply its entry's translation. Out of line (as `new_flow` and
 /// `route::forward`): each has a stack frame of its own, which the 512-byte bound allows where one inlined
 /// body would not.
@@ -164,6 +162,9 @@ fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -
     if !ok {
         count_ns(NS_DROP_REWRITE);
         return DROP;
+    }
+    if f.frag == fragment::FIRST {
+        fragment::record(f);
     }
     count_ns(NS_TRANSLATED);
     if !snat {

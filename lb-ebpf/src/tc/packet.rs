@@ -10,6 +10,8 @@ use aya_ebpf::{
 };
 use lb_common::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 
+use super::fragment;
+
 /// Ethernet header length (the tc programs attach to Ethernet-like devices: veth, physical NICs, bridges).
 pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -43,6 +45,11 @@ pub(crate) struct Flow {
     pub family: u8,
     /// TCP flags (0 for UDP).
     pub tcp_flags: u8,
+    /// `fragment::WHOLE`, `FIRST` or `LATER` (IPv4; a later fragment has no L4 header: its ports are the
+    /// first fragment's, and only its addresses are rewritten).
+    pub frag: u8,
+    /// The IPv4 id of a fragment.
+    pub frag_id: u16,
     /// Offset of the L4 header.
     pub l4: usize,
 }
@@ -52,7 +59,8 @@ pub(crate) struct Flow {
 pub(crate) enum Parsed {
     /// A TCP or UDP packet whose ports are in it (written to the `Flow`).
     Flow,
-    /// An IPv4 fragment, or IPv6 with an extension header before TCP/UDP: not handled (yet), passed on.
+    /// An IPv4 later fragment whose first fragment was not translated, or IPv6 with an extension header
+    /// before TCP/UDP: passed on untranslated.
     Fragment,
     /// ICMP (IPv4) or ICMPv6 directly after the IP header: the outer addresses, the family, `proto` and
     /// `l4` (the ICMP header's offset) are written to the `Flow`; the ports and flags are not.
@@ -69,6 +77,7 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
     f.saddr = [0; 4];
     f.daddr = [0; 4];
     f.tcp_flags = 0;
+    f.frag = fragment::WHOLE;
     if eth_proto == ETH_P_IP {
         let Ok(vihl) = ctx.load::<u8>(ETH_LEN) else { return Parsed::Other };
         let ihl = usize::from(vihl & 0x0f) * 4;
@@ -81,12 +90,9 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         if proto != PROTO_TCP && proto != PROTO_UDP && !icmp {
             return Parsed::Other;
         }
-        // More-fragments set or a non-zero offset: only the first fragment carries the ports (an ICMP error
-        // is small enough never to be fragmented by a sender that follows RFC 1812, 4.3.2.3).
-        if u16::from_be(frag) & 0x3fff != 0 {
-            return if icmp { Parsed::Other } else { Parsed::Fragment };
-        }
-        let (Ok(s), Ok(d)) = (ctx.load::<u32>(IPV4_SRC), ctx.load::<u32>(IPV4_DST)) else {
+        let (Ok(s), Ok(d), Ok(id)) =
+            (ctx.load::<u32>(IPV4_SRC), ctx.load::<u32>(IPV4_DST), ctx.load::<u16>(ETH_LEN + 4))
+        else {
             return Parsed::Other;
         };
         f.saddr[0] = s;
@@ -94,6 +100,26 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         f.proto = proto;
         f.family = FAMILY_V4;
         f.l4 = ETH_LEN + ihl;
+        // More-fragments set or a non-zero offset: only the first fragment carries the ports; the later ones
+        // get them from it (`fragment`). An ICMP error is small enough never to be fragmented by a sender
+        // that follows RFC 1812 (4.3.2.3).
+        let frag = u16::from_be(frag);
+        if frag & 0x3fff != 0 {
+            if icmp {
+                return Parsed::Other;
+            }
+            f.frag_id = id;
+            // The fragment offset (13 bits) is zero in the first fragment only.
+            if frag.trailing_zeros() >= 13 {
+                f.frag = fragment::FIRST;
+            } else {
+                let Some((sport, dport)) = fragment::ports(s, d, id, proto) else { return Parsed::Fragment };
+                f.sport = sport;
+                f.dport = dport;
+                f.frag = fragment::LATER;
+                return Parsed::Flow;
+            }
+        }
         if icmp {
             return Parsed::Icmp;
         }
@@ -149,7 +175,10 @@ fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i
     let from = if dst { f.daddr } else { f.saddr };
     if f.family == FAMILY_V4 {
         let off = if dst { IPV4_DST } else { IPV4_SRC };
-        ctx.l4_csum_replace(csum, u64::from(from[0]), u64::from(to[0]), pseudo | 4)?;
+        // A later fragment holds no L4 checksum (the first fragment's update covers the datagram).
+        if f.frag != fragment::LATER {
+            ctx.l4_csum_replace(csum, u64::from(from[0]), u64::from(to[0]), pseudo | 4)?;
+        }
         ctx.l3_csum_replace(IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
         ctx.store(off, &to[0], 0)?;
     } else {
@@ -165,6 +194,9 @@ fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i
 /// Replace one port of the packet (`dst`: the destination, else the source) by `to` (network order).
 #[inline(always)]
 fn set_port(ctx: &TcContext, f: &Flow, dst: bool, to: u16) -> Result<(), i64> {
+    if f.frag == fragment::LATER {
+        return Ok(());
+    }
     let (csum, extra) = l4_csum(f);
     let from = if dst { f.dport } else { f.sport };
     ctx.l4_csum_replace(csum, u64::from(from), u64::from(to), extra | 2)?;

@@ -31,19 +31,10 @@ fn icmp_checksums_valid(p: &[u8]) -> bool {
     checksum(&p[14..34], 0) == 0 && checksum(&p[34..], 0) == 0 && checksum(&p[42..62], 0) == 0
 }
 
-fn lab_with(tag: &str, proto: u8, fe_port: u16, backend: &str, local: bool) -> Lab {
-    let mut lab = Lab::new(tag);
-    lab.frontend(&format!("{NODE}:{fe_port}"), proto, 2, &[backend], FLAG_SNAT_TO_FRONTEND);
-    if local {
-        lab.local(backend.rsplit_once(':').unwrap().0);
-    }
-    lab
-}
-
 #[test]
 fn tc_icmp_port_unreachable_from_a_local_pod_reaches_the_client_from_the_node_port() {
     let pod = format!("{LOCAL_POD}:53");
-    let mut lab = lab_with("icmp-local-pu", PROTO_UDP, 30053, &pod, true);
+    let mut lab = Lab::with_node_port("icmp-local-pu", PROTO_UDP, 30053, &pod, true);
     for no_udp_csum in [false, true] {
         let port = if no_udp_csum { 40001 } else { 40000 };
         let client = format!("{CLIENT}:{port}");
@@ -66,7 +57,7 @@ fn tc_icmp_port_unreachable_from_a_local_pod_reaches_the_client_from_the_node_po
 #[test]
 fn tc_icmp_frag_needed_about_a_reply_reaches_the_local_pod_whole_quote_or_eight_bytes() {
     let pod = format!("{LOCAL_POD}:8080");
-    let mut lab = lab_with("icmp-local-fn", PROTO_TCP, 30080, &pod, true);
+    let mut lab = Lab::with_node_port("icmp-local-fn", PROTO_TCP, 30080, &pod, true);
     let client = format!("{CLIENT}:40000");
     let syn = Pkt::tcp(&client, &format!("{NODE}:30080"), 0x02);
     assert_eq!(lab.run("tc_ingress", &syn.bytes()).0, PASS);
@@ -88,7 +79,7 @@ fn tc_icmp_frag_needed_about_a_reply_reaches_the_local_pod_whole_quote_or_eight_
 #[test]
 fn tc_icmp_frag_needed_on_the_snat_path_reaches_the_client() {
     let backend = format!("{REMOTE_POD}:8080");
-    let mut lab = lab_with("icmp-snat-fn", PROTO_TCP, 30080, &backend, false);
+    let mut lab = Lab::with_node_port("icmp-snat-fn", PROTO_TCP, 30080, &backend, false);
     let client = format!("{CLIENT}:40000");
     let syn = Pkt::tcp(&client, &format!("{NODE}:30080"), 0x02);
     let (rc, out) = lab.run("tc_ingress", &syn.bytes());
@@ -118,7 +109,7 @@ fn tc_icmp_frag_needed_on_the_snat_path_reaches_the_client() {
 #[test]
 fn tc_icmp_port_unreachable_from_the_client_about_an_snat_reply_reaches_the_backend() {
     let backend = format!("{REMOTE_POD}:53");
-    let mut lab = lab_with("icmp-snat-pu", PROTO_UDP, 30053, &backend, false);
+    let mut lab = Lab::with_node_port("icmp-snat-pu", PROTO_UDP, 30053, &backend, false);
     let client = format!("{CLIENT}:40000");
     let q = Pkt::udp(&client, &format!("{NODE}:30053"));
     let (rc, out) = lab.run("tc_ingress", &q.bytes());
@@ -175,7 +166,7 @@ fn tc_icmpv6_packet_too_big_about_a_reply_reaches_the_local_pod() {
 #[test]
 fn tc_icmp_that_is_no_error_about_a_tracked_flow_passes_untouched() {
     let pod = format!("{LOCAL_POD}:53");
-    let mut lab = lab_with("icmp-other", PROTO_UDP, 30053, &pod, true);
+    let mut lab = Lab::with_node_port("icmp-other", PROTO_UDP, 30053, &pod, true);
     let q = Pkt::udp(&format!("{CLIENT}:40000"), &format!("{NODE}:30053"));
     assert_eq!(lab.run("tc_ingress", &q.bytes()).0, PASS);
     let echo = IcmpError::new(CLIENT, NODE, 8, 0, 0x0001_0001, q);

@@ -10,9 +10,9 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use lb_common::{
-    Backend, CtAddr, CtKey, CtValue, FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRONTENDS,
-    MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES, NatConfig,
-    SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotKey, SourceRangeKey, TierRange,
+    Backend, CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, MAP_CONNTRACK,
+    MAP_FRONTENDS, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES,
+    NatConfig, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotKey, SourceRangeKey, TierRange,
 };
 use lb_testkit::sandbox::NetNs;
 use tierlb::datapath::addr;
@@ -78,6 +78,17 @@ impl Lab {
             p.load().unwrap_or_else(|e| panic!("verifying {name}: {e:?}"));
         }
         Self { ebpf, ns, ifindex, next_svc: 1 }
+    }
+
+    /// A lab with one outside frontend, the node port `NODE:fe_port` over `proto`, whose cluster tier holds
+    /// `backend` (`local`: an endpoint of this node, else reached with SNAT).
+    pub(crate) fn with_node_port(tag: &str, proto: u8, fe_port: u16, backend: &str, local: bool) -> Self {
+        let mut lab = Self::new(tag);
+        lab.frontend(&format!("{NODE}:{fe_port}"), proto, 2, &[backend], FLAG_SNAT_TO_FRONTEND);
+        if local {
+            lab.local(backend.rsplit_once(':').unwrap().0);
+        }
+        lab
     }
 
     pub(crate) fn map(&mut self, name: &str) -> &mut aya::maps::Map {

@@ -2,6 +2,7 @@
 //! the model): a crafted packet in, the rewritten packet out, compared byte for byte with the packet the test
 //! builds itself, whose checksums an independent RFC 1071 routine computes. The programs run in a network
 //! namespace the test made (their FIB lookups see its routes), with maps the test fills. Needs root.
+mod fragment;
 mod icmp;
 mod lab;
 mod pkt;
@@ -32,15 +33,7 @@ pub(crate) const CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x64];
 
 #[test]
 fn tc_dnat_to_a_local_endpoint_keeps_the_client_and_its_reply_leaves_from_the_node_port() {
-    let mut lab = Lab::new("tc-local");
-    lab.frontend(
-        &format!("{NODE}:30080"),
-        PROTO_TCP,
-        2,
-        &[&format!("{LOCAL_POD}:8080")],
-        FLAG_SNAT_TO_FRONTEND,
-    );
-    lab.local(LOCAL_POD);
+    let mut lab = Lab::with_node_port("tc-local", PROTO_TCP, 30080, &format!("{LOCAL_POD}:8080"), true);
     let syn = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
     let (rc, out) = lab.run("tc_ingress", &syn.bytes());
     assert_eq!(rc, PASS, "a local endpoint is handed to the stack");
@@ -63,14 +56,7 @@ fn tc_dnat_to_a_local_endpoint_keeps_the_client_and_its_reply_leaves_from_the_no
 
 #[test]
 fn tc_snat_to_a_remote_endpoint_and_its_reply_is_translated_back() {
-    let mut lab = Lab::new("tc-snat");
-    lab.frontend(
-        &format!("{NODE}:30080"),
-        PROTO_TCP,
-        2,
-        &[&format!("{REMOTE_POD}:8080")],
-        FLAG_SNAT_TO_FRONTEND,
-    );
+    let mut lab = Lab::with_node_port("tc-snat", PROTO_TCP, 30080, &format!("{REMOTE_POD}:8080"), false);
     let syn = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
     let (rc, out) = lab.run("tc_ingress", &syn.bytes());
     assert_eq!(rc, REDIRECT, "an SNAT packet is sent out of the uplink by the program itself");
@@ -108,15 +94,7 @@ fn tc_snat_to_a_remote_endpoint_and_its_reply_is_translated_back() {
 
 #[test]
 fn tc_udp_node_port_translates_with_and_without_a_checksum() {
-    let mut lab = Lab::new("tc-udp");
-    lab.frontend(
-        &format!("{NODE}:30053"),
-        PROTO_UDP,
-        2,
-        &[&format!("{LOCAL_POD}:53")],
-        FLAG_SNAT_TO_FRONTEND,
-    );
-    lab.local(LOCAL_POD);
+    let mut lab = Lab::with_node_port("tc-udp", PROTO_UDP, 30053, &format!("{LOCAL_POD}:53"), true);
     for no_udp_csum in [false, true] {
         let port = if no_udp_csum { 40001 } else { 40000 };
         let q = Pkt { no_udp_csum, ..Pkt::udp(&format!("{CLIENT}:{port}"), &format!("{NODE}:30053")) };
@@ -153,14 +131,7 @@ fn tc_ipv6_node_port_dnat_and_reply() {
 
 #[test]
 fn tc_leaves_other_packets_alone() {
-    let mut lab = Lab::new("tc-other");
-    lab.frontend(
-        &format!("{NODE}:30080"),
-        PROTO_TCP,
-        2,
-        &[&format!("{LOCAL_POD}:8080")],
-        FLAG_SNAT_TO_FRONTEND,
-    );
+    let mut lab = Lab::with_node_port("tc-other", PROTO_TCP, 30080, &format!("{LOCAL_POD}:8080"), false);
     let cases = [
         ("another port", Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:22"), 0x02)),
         ("UDP to a TCP node port", Pkt::udp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"))),
@@ -227,14 +198,7 @@ fn tc_load_balancer_source_ranges_admit_only_their_clients() {
 
 #[test]
 fn tc_snat_packet_larger_than_the_uplink_mtu_is_dropped_and_counted() {
-    let mut lab = Lab::new("tc-mtu");
-    lab.frontend(
-        &format!("{NODE}:30080"),
-        PROTO_TCP,
-        2,
-        &[&format!("{REMOTE_POD}:8080")],
-        FLAG_SNAT_TO_FRONTEND,
-    );
+    let mut lab = Lab::with_node_port("tc-mtu", PROTO_TCP, 30080, &format!("{REMOTE_POD}:8080"), false);
     lab.ip(&["link", "set", "eth", "mtu", "1280"]);
     let small = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
     assert_eq!(lab.run("tc_ingress", &small.bytes()).0, REDIRECT);

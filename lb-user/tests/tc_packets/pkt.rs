@@ -233,3 +233,24 @@ pub(crate) fn src_of(p: &[u8]) -> SocketAddr {
         SocketAddr::new(Ipv6Addr::from(o).into(), u16::from_be_bytes([p[54], p[55]]))
     }
 }
+
+/// The IPv4 frame `p` split at L4 byte `at` (a multiple of 8) into two fragments, as a sender fragments a
+/// datagram larger than its MTU: the first with the TCP/UDP header and More Fragments set, the second at
+/// offset `at`; DF clear, IP id `id` in both, each header's checksum computed here.
+pub(crate) fn fragments(p: &Pkt, at: usize, id: u16) -> [Vec<u8>; 2] {
+    assert!(p.src.is_ipv4() && at.is_multiple_of(8));
+    let whole = p.bytes();
+    let (hdr, l4) = whole.split_at(34);
+    let piece = |frag: u16, data: &[u8]| {
+        let mut f = hdr.to_vec();
+        f[16..18].copy_from_slice(&((20 + data.len()) as u16).to_be_bytes());
+        f[18..20].copy_from_slice(&id.to_be_bytes());
+        f[20..22].copy_from_slice(&frag.to_be_bytes());
+        f[24..26].copy_from_slice(&[0, 0]);
+        let c = checksum(&f[14..34], 0);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(data);
+        f
+    };
+    [piece(0x2000, &l4[..at]), piece((at / 8) as u16, &l4[at..])]
+}

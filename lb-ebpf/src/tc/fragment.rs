@@ -1,0 +1,59 @@
+//! IPv4 fragments of translated flows, tracked as Cilium does (`bpf/lib/ipv4.h`): only a datagram's first
+//! fragment carries its ports, so when a first fragment is translated its ports are kept under the
+//! datagram's (source, destination, IP id, protocol), and the later fragments take them from there and get
+//! the same conntrack entry's address rewrite (their bytes hold no TCP/UDP header; the first fragment's
+//! checksum update covers the whole datagram). A later fragment with no kept ports (not a translated flow's,
+//! or ahead of its first fragment) is passed on untranslated and counted (`NS_PASS_FRAGMENT`). IPv6
+//! fragments (an extension header) are not tracked. The key is what every fragment carries; a datagram
+//! of the same client to the same node address that is not translated but reuses a kept IP id within the
+//! lifetime (its sender's id counter wrapped) would have its later fragments rewritten like the kept one's.
+use lb_common::{FRAGMENT_LIFETIME_NS, NS_PASS_FRAGMENT};
+
+use super::{PASS, conntrack, packet::Flow};
+use crate::{
+    counters::count_ns,
+    maps::{FRAGMENTS, FragKey, FragPorts},
+};
+
+/// `Flow::frag`: not a fragment.
+pub(crate) const WHOLE: u8 = 0;
+/// `Flow::frag`: the first fragment of a datagram (offset 0, more fragments): its ports are in it.
+pub(crate) const FIRST: u8 = 1;
+/// `Flow::frag`: a later fragment, its ports taken from the first one's (`ports`).
+pub(crate) const LATER: u8 = 2;
+
+#[inline(always)]
+fn key(saddr: u32, daddr: u32, id: u16, proto: u8) -> FragKey {
+    FragKey { saddr, daddr, id, proto, _pad: 0 }
+}
+
+/// The ports a later fragment's datagram had in its first fragment, if that was translated within the
+/// lifetime.
+#[inline(always)]
+pub(crate) fn ports(saddr: u32, daddr: u32, id: u16, proto: u8) -> Option<(u16, u16)> {
+    // SAFETY: a plain read of an LRU value.
+    let p = unsafe { FRAGMENTS.get(key(saddr, daddr, id, proto)) }?;
+    if p.expires_ns <= conntrack::now() {
+        return None;
+    }
+    Some((p.sport, p.dport))
+}
+
+/// Keep the ports of the first fragment `f`, just translated, for the datagram's later fragments.
+#[inline(always)]
+pub(crate) fn record(f: &Flow) {
+    let v = FragPorts {
+        sport: f.sport,
+        dport: f.dport,
+        _pad: 0,
+        expires_ns: conntrack::now() + FRAGMENT_LIFETIME_NS,
+    };
+    let _ = FRAGMENTS.insert(key(f.saddr[0], f.daddr[0], f.frag_id, f.proto), v, 0);
+}
+
+/// A fragment that is passed on untranslated: counted.
+#[inline(always)]
+pub(crate) fn passed() -> i32 {
+    count_ns(NS_PASS_FRAGMENT);
+    PASS
+}
