@@ -157,7 +157,7 @@ pub const MAP_HEALTH: &str = "HEALTH";
 /// Passive health settings (`HealthConfig`), one entry, written by the agent at start.
 pub const MAP_HEALTH_CONFIG: &str = "HEALTH_CONFIG";
 /// Every map the agent opens by type, in the order the agent pins them.
-pub const MAPS: [&str; 11] = [
+pub const MAPS: [&str; 12] = [
     MAP_FRONTENDS,
     MAP_SLOTS,
     MAP_BACKEND_STATE,
@@ -169,6 +169,7 @@ pub const MAPS: [&str; 11] = [
     MAP_MEMBERS,
     MAP_HEALTH,
     MAP_HEALTH_CONFIG,
+    MAP_OUTSIDE_AFFINITY,
 ];
 /// Maps the agent creates and pins but never opens: the socket storage (which only the kernel reads, but a
 /// restarted agent must reuse it, or live sockets would lose their reverse state) and the trace maps (which
@@ -528,7 +529,8 @@ aya_pod!(
     CtKey,
     CtValue,
     NatConfig,
-    SourceRangeKey
+    SourceRangeKey,
+    OutsideAffinityKey
 );
 
 /// Index of a counter in the per-CPU counter array.

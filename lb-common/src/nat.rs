@@ -139,6 +139,22 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "drop_frag_needed",
 ];
 
+/// sessionAffinity ClientIP for clients outside the node: (outside-scope frontend, client address) ->
+/// `AffinityValue`. An LRU the tc programs write; pinned, so a restarted agent keeps the clients' backends, and
+/// read by `tierlb status`.
+pub const MAP_OUTSIDE_AFFINITY: &str = "OUTSIDE_AFFINITY";
+
+/// Key of `MAP_OUTSIDE_AFFINITY`: kube-proxy keys its `recent` match by the source address, as this does.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct OutsideAffinityKey {
+    /// The outside-scope frontend the client reached (`SCOPE_OUTSIDE` in its family).
+    pub frontend: crate::FrontendKey,
+    /// The client's address, network order words (IPv4 in `client[0]`).
+    pub client: [u32; 4],
+}
+const _: () = assert!(size_of::<OutsideAffinityKey>() == 36);
+
 /// An address and port as they lie in a packet (network order words; IPv4 in `addr[0]`).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,29 +1,29 @@
-//! sessionAffinity ClientIP, decided in the kernel: a client (its network namespace) that connected to a
-//! frontend with affinity gets the same backend again while its entry is fresh (the timeout runs from its
-//! last connect), the backend is a member of the frontend's current generation and not marked down, and it
+//! sessionAffinity ClientIP, decided in the kernel: a client (its network namespace; from outside the node,
+//! its address) that connected to a frontend with affinity gets the same backend again while its entry is
+//! fresh (the timeout runs from its last connect), the backend is a member of the frontend's current generation and not marked down, and it
 //! sits in the tier the topology rules select (`lb_common::keep_sticky`). Otherwise the normal choice runs
 //! and the entry is replaced: a backend that left or went down never fails a connect.
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
-use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
-use aya_ebpf::{helpers::bpf_get_netns_cookie, programs::SockAddrContext};
+use aya_ebpf::{
+    helpers::{bpf_get_netns_cookie, bpf_ktime_get_boot_ns},
+    maps::LruHashMap,
+    programs::SockAddrContext,
+};
 use lb_common::{
     AffinityKey, AffinityValue, Backend, COUNTER_AFFINITY, Choice, FrontendKey, FrontendValue, HealthVerdict,
-    MemberKey, keep_sticky,
+    MemberKey, OutsideAffinityKey, keep_sticky,
 };
 
 use crate::{
     counters::count,
     health::{self, is_down},
-    maps::{AFFINITY, MEMBERS},
+    maps::{AFFINITY, MEMBERS, OUTSIDE_AFFINITY},
 };
 
-/// sessionAffinity for one connect, after the tier choice: look the client's entry up; keep its backend if
-/// the entry is fresh, the backend is a member of the frontend's current generation in the chosen tier
-/// (`keep_sticky`) and usable (not marked down, not held by passive health when `health` is on), refreshing
-/// the entry's time in place; else remember the chosen backend. Counts the connects that kept their backend
-/// and returns whether this one did. Out of line and written flat: its locals stay off the connect programs'
-/// stack, which the verifier bounds over a call chain (512 bytes).
+/// sessionAffinity for one connect, after the tier choice: the client is its network namespace (`sticky`).
+/// Out of line: its locals stay off the connect programs' stack, which the verifier bounds over a call chain
+/// (512 bytes).
 #[inline(never)]
 pub(crate) fn apply(
     ctx: &SockAddrContext,
@@ -32,12 +32,38 @@ pub(crate) fn apply(
     choice: &mut Choice<Backend>,
     health: bool,
 ) -> bool {
-    let Choice::Backend { backend: chosen, .. } = *choice else { return false };
     // SAFETY: helpers without preconditions (the cookie helper takes the program's context).
     let (now_ns, netns_cookie) =
         unsafe { (bpf_ktime_get_boot_ns(), bpf_get_netns_cookie(ctx.sock_addr.cast())) };
-    let akey = AffinityKey { frontend: *key, _pad: 0, netns_cookie };
-    if let Some(p) = AFFINITY.get_ptr_mut(akey) {
+    sticky(&AFFINITY, &AffinityKey { frontend: *key, _pad: 0, netns_cookie }, fe, choice, health, now_ns)
+}
+
+/// sessionAffinity for a new flow from outside the node (the tc programs), after the tier choice: the client
+/// is its address, as kube-proxy's `recent` match keys it. Marks are honoured; passive health is the connect
+/// path's alone.
+#[inline(never)]
+pub(crate) fn apply_outside(fe: &FrontendValue, akey: &OutsideAffinityKey, choice: &mut Choice<Backend>) {
+    // SAFETY: helper without preconditions.
+    let now_ns = unsafe { bpf_ktime_get_boot_ns() };
+    sticky(&OUTSIDE_AFFINITY, akey, fe, choice, false, now_ns);
+}
+
+/// Look the client's entry (`akey` in `map`) up; keep its backend if the entry is fresh, the backend is a
+/// member of the frontend's current generation in the chosen tier (`keep_sticky`) and usable (not marked
+/// down, not held by passive health when `health` is on), refreshing the entry's time in place; else
+/// remember the chosen backend. Counts the choices that kept their backend and returns whether this one did.
+/// Written flat for the verifier.
+#[inline(always)]
+fn sticky<K>(
+    map: &LruHashMap<K, AffinityValue>,
+    akey: &K,
+    fe: &FrontendValue,
+    choice: &mut Choice<Backend>,
+    health: bool,
+    now_ns: u64,
+) -> bool {
+    let Choice::Backend { backend: chosen, .. } = *choice else { return false };
+    if let Some(p) = map.get_ptr_mut(akey) {
         // SAFETY: an LRU element stays mapped for the program's run (RCU). Its bytes may be rewritten meanwhile
         // (the element reused for another pair): whatever backend is read is checked below against the member
         // map and the marks, so a torn read can only cost the client its stickiness, never a wrong backend.
@@ -63,6 +89,6 @@ pub(crate) fn apply(
         }
     }
     // Fails only if the LRU cannot find a free element on any CPU (then the client is balanced next time).
-    let _ = AFFINITY.insert(akey, AffinityValue { backend: chosen, _pad: 0, last_ns: now_ns }, 0);
+    let _ = map.insert(akey, AffinityValue { backend: chosen, _pad: 0, last_ns: now_ns }, 0);
     false
 }

@@ -18,10 +18,10 @@ use lb_common::{
     DEFAULT_MAX_SOURCE_RANGES, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY,
     MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRAGMENTS, MAP_FRONTENDS,
     MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
-    MAP_NS_COUNTERS, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
-    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, ReverseKey,
-    ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES,
-    TraceControl,
+    MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES,
+    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS,
+    NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -129,6 +129,14 @@ named_map!(
     /// bounds memory without the agent sweeping expired entries (an expired entry is never used and is
     /// replaced by the client's next connect, or evicted).
     pub(crate) static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+);
+
+named_map!(
+    MAP_OUTSIDE_AFFINITY == "OUTSIDE_AFFINITY",
+    /// sessionAffinity ClientIP for clients outside the node: (frontend, client address) -> (backend, last
+    /// new flow); sized as `AFFINITY` (`--max-affinity`).
+    pub(crate) static OUTSIDE_AFFINITY: LruHashMap<OutsideAffinityKey, AffinityValue> =
         LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
 );
 

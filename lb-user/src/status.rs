@@ -164,10 +164,12 @@ impl Instance {
         // Fresh affinity entries per frontend (one read of the LRU, only if some frontend has affinity).
         let mut clients: std::collections::BTreeMap<FrontendKey, usize> = std::collections::BTreeMap::new();
         if frontend_values.values().any(|rb| rb.value.affinity_timeout_s != 0) {
-            for (k, v) in maps.affinity_entries()? {
-                let Some(rb) = frontend_values.get(&k.frontend) else { continue };
+            let connect = maps.affinity_entries()?.into_iter().map(|(k, v)| (k.frontend, v));
+            let outside = maps.outside_affinity_entries()?.into_iter().map(|(k, v)| (k.frontend, v));
+            for (frontend, v) in connect.chain(outside) {
+                let Some(rb) = frontend_values.get(&frontend) else { continue };
                 if v.is_fresh(now_ns, rb.value.affinity_timeout_s) {
-                    *clients.entry(k.frontend).or_default() += 1;
+                    *clients.entry(frontend).or_default() += 1;
                 }
             }
         }

@@ -34,13 +34,14 @@ use lb_common::{
     FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, NS_DROP_CT_FULL,
     NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_DROP_SOURCE_RANGE,
     NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN,
-    OUTCOME_REFUSED, OUTCOME_TRANSLATED, PROTO_TCP, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, Slot, SlotKey,
-    SourceRangeKey, choose, snat_port,
+    OUTCOME_REFUSED, OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE,
+    SOURCE_RANGE_FRONTEND_BITS, Slot, SlotKey, SourceRangeKey, choose, snat_port,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
 
 use crate::{
+    affinity,
     counters::{count, count_ns},
     health::is_down,
     maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS, SOURCE_RANGES},
@@ -80,7 +81,20 @@ fn tc_ingress(ctx: TcContext) -> i32 {
         // Its flow ended since the first fragment: no new flow from a fragment without ports.
         return fragment::passed();
     }
-    let verdict = new_flow(f, cfg, t);
+    let verdict = new_flow(f);
+    if verdict != CHOSEN {
+        return verdict;
+    }
+    let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
+    // SAFETY: this CPU's scratch value, written by `new_flow` in this run (see below).
+    let NewFlow { fe, client, choice, affinity, .. } = unsafe { &mut *n };
+    if fe.affinity_timeout_s != 0 {
+        // Here, not in `new_flow`: the verifier bounds the stack over the call chain (512 bytes), and
+        // `new_flow`'s frame (the tier choice) and `apply_outside`'s do not fit one above the other.
+        *affinity = OutsideAffinityKey { frontend: fe.key, client: client.addr };
+        affinity::apply_outside(fe, affinity, choice);
+    }
+    let verdict = admit(f, cfg, t);
     if verdict != CREATED {
         return verdict;
     }
@@ -94,7 +108,9 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     }
 }
 
-/// `new_flow`'s answer when it wrote a flow's entries (in `SCRATCH` too), which its first packet now takes:
+/// `new_flow`'s answer when it chose a backend (`NewFlow::choice`), for `admit`: not a tc verdict.
+const CHOSEN: i32 = i32::MIN + 1;
+/// `admit`'s answer when it wrote a flow's entries (in `SCRATCH` too), which its first packet now takes:
 /// not a tc verdict.
 const CREATED: i32 = i32::MIN;
 
@@ -108,6 +124,10 @@ struct NewFlow {
     fwd: CtValue,
     reply_key: CtKey,
     reply: CtValue,
+    /// The client's sessionAffinity key, when the frontend has affinity.
+    affinity: OutsideAffinityKey,
+    /// The backend `new_flow` chose (then sessionAffinity's), for `admit`.
+    choice: lb_common::Choice<Backend>,
 }
 
 #[map]
@@ -195,14 +215,14 @@ fn frontend(key: &FrontendKey, out: &mut FrontendValue) -> bool {
     false
 }
 
-/// A packet with no conntrack entry: a new flow if it is addressed to an outside frontend. `CREATED` when it
-/// wrote the flow's entries, else the packet's verdict.
+/// A packet with no conntrack entry: a new flow if it is addressed to an outside frontend. `CHOSEN` when it
+/// chose a backend (`NewFlow::choice`), else the packet's verdict.
 #[inline(never)]
-fn new_flow(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
+fn new_flow(f: &Flow) -> i32 {
     let key = FrontendKey { addr: f.daddr, port: f.dport, proto: f.proto, family: f.family | SCOPE_OUTSIDE };
     let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
     // SAFETY: this CPU's scratch value, used only within this run (see `tc_ingress`).
-    let NewFlow { fe, client, fwd_key, fwd, reply_key, reply } = unsafe { &mut *n };
+    let NewFlow { fe, client, choice, .. } = unsafe { &mut *n };
     *client = Backend { addr: f.saddr, port: f.sport, proto: f.proto, family: f.family };
     let client: &Backend = client;
     if !frontend(&key, fe) {
@@ -212,47 +232,39 @@ fn new_flow(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     if let Some(verdict) = refuse(fe, &key, f) {
         return verdict;
     }
-    let lookup = |index| {
-        let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
-        // SAFETY: a plain read of a hash value.
-        let Some(backend) = (unsafe { SLOTS.get(slot) }) else { return Slot::Missing };
-        let backend: Backend = *backend;
-        if is_down(backend, conntrack::now) {
-            return Slot::Down(backend);
+    *choice = pick(fe);
+    let (outcome, svc_kind, ns_kind, verdict) = match *choice {
+        lb_common::Choice::Backend { .. } => return CHOSEN,
+        lb_common::Choice::Empty if fe.flags & FLAG_EMPTY_IS_DROP != 0 => {
+            (OUTCOME_REFUSED, Some(COUNTER_DROPPED), NS_DROP_NO_LOCAL, DROP)
         }
-        Slot::Live(backend)
+        lb_common::Choice::Empty => (OUTCOME_REFUSED, Some(COUNTER_REJECTED), NS_DROP_NO_ENDPOINTS, DROP),
+        lb_common::Choice::Error => (OUTCOME_FAIL_OPEN, None, NS_FAIL_OPEN, PASS),
     };
-    // SAFETY: helper without preconditions.
-    let random = || unsafe { bpf_get_prandom_u32() };
+    if trace::on() {
+        trace::flow(&key, fe, trace::outcome(outcome, 0), &Backend::default(), client);
+    }
+    if let Some(kind) = svc_kind {
+        count(fe.svc_id, kind);
+    }
+    count_ns(ns_kind);
+    verdict
+}
+
+/// A new flow whose backend is chosen (`NewFlow::choice`): write its entries (SNAT for a remote backend).
+/// `CREATED` when it did, else the packet's verdict.
+#[inline(never)]
+fn admit(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
+    let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
+    // SAFETY: this CPU's scratch value, written by `new_flow` in this run.
+    let NewFlow { fe, client, fwd_key, fwd, reply_key, reply, choice, .. } = unsafe { &mut *n };
+    let fe: &FrontendValue = fe;
     // The trace gets the outcome as plain values: a `Choice` whose address is taken for a call made LLVM spill
     // it in a way the verifier refused (a register read after the call that clobbered it).
-    let traced = |outcome, backend: &Backend| {
-        if trace::on() {
-            trace::flow(&key, fe, outcome, backend, client);
-        }
-    };
-    let (tier, backend) = match choose(fe, lookup, random) {
-        lb_common::Choice::Backend { tier, backend } => {
-            traced(trace::outcome(OUTCOME_TRANSLATED, tier), &backend);
-            (tier, backend)
-        }
-        lb_common::Choice::Empty => {
-            traced(trace::outcome(OUTCOME_REFUSED, 0), &Backend::default());
-            let (svc_kind, ns_kind) = if fe.flags & FLAG_EMPTY_IS_DROP != 0 {
-                (COUNTER_DROPPED, NS_DROP_NO_LOCAL)
-            } else {
-                (COUNTER_REJECTED, NS_DROP_NO_ENDPOINTS)
-            };
-            count(fe.svc_id, svc_kind);
-            count_ns(ns_kind);
-            return DROP;
-        }
-        lb_common::Choice::Error => {
-            traced(trace::outcome(OUTCOME_FAIL_OPEN, 0), &Backend::default());
-            count_ns(NS_FAIL_OPEN);
-            return PASS;
-        }
-    };
+    let lb_common::Choice::Backend { tier, backend } = *choice else { return PASS };
+    if trace::on() {
+        trace::flow(&fe.key, fe, trace::outcome(OUTCOME_TRANSLATED, tier), &backend, client);
+    }
     // externalTrafficPolicy Local (only local endpoints in the tiers) and local endpoints under Cluster keep
     // the client's address: the reply comes back through this node anyway. A remote endpoint gets the
     // node's address as the source, or its reply would go straight to the client from another address.
@@ -308,6 +320,25 @@ fn new_flow(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     count(fe.svc_id, COUNTER_NODE + tier as u32);
     count_ns(if local { NS_NEW_LOCAL } else { NS_NEW_SNAT });
     CREATED
+}
+
+/// The backend for a new flow to the frontend `fe`: the tier choice over its slots (marked-down backends
+/// skipped); sessionAffinity comes after, in `tc_ingress`.
+#[inline(always)]
+fn pick(fe: &FrontendValue) -> lb_common::Choice<Backend> {
+    let lookup = |index| {
+        let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
+        // SAFETY: a plain read of a hash value.
+        let Some(backend) = (unsafe { SLOTS.get(slot) }) else { return Slot::Missing };
+        let backend: Backend = *backend;
+        if is_down(backend, conntrack::now) {
+            return Slot::Down(backend);
+        }
+        Slot::Live(backend)
+    };
+    // SAFETY: helper without preconditions.
+    let random = || unsafe { bpf_get_prandom_u32() };
+    choose(fe, lookup, random)
 }
 
 /// Turn a new flow's entries into an SNAT flow's from `node`: claim a free port of the SNAT range for the

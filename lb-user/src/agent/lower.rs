@@ -36,8 +36,8 @@ pub(super) fn frontends(ports: &[PortPlan]) -> Desired {
         for f in &ext.frontends {
             let key = addr::frontend_key(f.addr.ip(), f.addr.port(), proto);
             out.entry(key).or_insert_with(|| desired(&name, &ext.from_node, proto, affinity));
-            // sessionAffinity for clients outside the node is not kept yet: 0.
-            let mut outside = desired(&name, &ext.from_outside, proto, 0);
+            // sessionAffinity for clients outside the node: keyed by their address (`OUTSIDE_AFFINITY`).
+            let mut outside = desired(&name, &ext.from_outside, proto, affinity);
             if f.kind == ExternalKind::NodePort {
                 // A node port's SNAT leaves from the node address the client reached.
                 outside.flags |= FLAG_SNAT_TO_FRONTEND;

@@ -8,9 +8,10 @@ use lb_common::{
     DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, FrontendKey, FrontendValue, Health, HealthConfig,
     MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS,
     MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS,
-    MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
-    MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, ReverseKey, ReverseValue,
-    ServiceName, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
+    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
+    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -33,7 +34,7 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
     let (entries, flag, value, value_of): (u32, _, _, fn(u32) -> u32) = match name {
         MAP_FRONTENDS => (caps.services, "services", caps.services, same),
         MAP_SLOTS | MAP_MEMBERS => (caps.slots, "slots", caps.slots, same),
-        MAP_AFFINITY => (caps.affinity, "affinity", caps.affinity, same),
+        MAP_AFFINITY | MAP_OUTSIDE_AFFINITY => (caps.affinity, "affinity", caps.affinity, same),
         MAP_BACKEND_STATE | MAP_HEALTH => (caps.backends, "backends", caps.backends, same),
         // One entry, whatever the flags.
         MAP_HEALTH_CONFIG => (1, "backends", caps.backends, |_| 0),
@@ -76,6 +77,9 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             }
             MAP_SOCKS => (4, size_of::<SockState>() as u32),
             MAP_AFFINITY => (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32),
+            MAP_OUTSIDE_AFFINITY => {
+                (size_of::<OutsideAffinityKey>() as u32, size_of::<AffinityValue>() as u32)
+            }
             MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
             MAP_HEALTH => (size_of::<Backend>() as u32, size_of::<Health>() as u32),
             MAP_HEALTH_CONFIG => (4, size_of::<HealthConfig>() as u32),

@@ -130,6 +130,12 @@ pub trait MapReader {
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError>;
     /// Every sessionAffinity entry, expired or not (`tierlb status`).
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError>;
+    /// Every sessionAffinity entry of clients outside the node (the tc programs'), expired or not.
+    fn outside_affinity_entries(
+        &self,
+    ) -> Result<Vec<(lb_common::OutsideAffinityKey, AffinityValue)>, MapError> {
+        Ok(Vec::new())
+    }
     /// Every passive-health entry the kernel keeps.
     fn health(&self) -> Result<Vec<(Backend, Health)>, MapError>;
     /// One backend's passive-health entry, if it has one.

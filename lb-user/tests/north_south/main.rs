@@ -4,6 +4,7 @@
 //! made by the test. The client reaches node-1's NodePort and a load-balancer IP routed to node-1; tierlb's tc
 //! programs on node-1's uplink translate it. Pods answer with their name and the client address they saw.
 //! Every address is in namespaces the test made (TEST-NET and private ranges that no route leads out of).
+mod affinity;
 mod fragments;
 mod icmp;
 mod lab;

@@ -11,8 +11,9 @@ use aya::{
 };
 use lb_common::{
     Backend, CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, MAP_CONNTRACK,
-    MAP_FRONTENDS, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES,
-    NatConfig, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotKey, SourceRangeKey, TierRange,
+    MAP_FRONTENDS, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS,
+    MAP_SOURCE_RANGES, MemberKey, MemberValue, NatConfig, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotKey,
+    SourceRangeKey, TierRange,
 };
 use lb_testkit::sandbox::NetNs;
 use tierlb::datapath::addr;
@@ -142,6 +143,28 @@ impl Lab {
     pub(crate) fn config(&mut self, c: NatConfig) {
         let mut m: Array<_, NatConfig> = Array::try_from(self.map(MAP_NAT_CONFIG)).unwrap();
         m.set(0, c, 0).unwrap();
+    }
+
+    /// Give the outside frontend at `fe` over `proto` (made by `frontend`, tier `tier` holding `backends`)
+    /// sessionAffinity for `timeout_s`: its timeout and its generation's members, as the agent writes them.
+    pub(crate) fn affinity(&mut self, fe: &str, proto: u8, tier: usize, backends: &[&str], timeout_s: u32) {
+        let fe: SocketAddr = fe.parse().unwrap();
+        let key = addr::outside_frontend_key(fe.ip(), fe.port(), proto);
+        let mut fes: HashMap<_, FrontendKey, FrontendValue> =
+            HashMap::try_from(self.map(MAP_FRONTENDS)).unwrap();
+        let mut v = fes.get(&key, 0).unwrap();
+        v.affinity_timeout_s = timeout_s;
+        fes.insert(key, v, 0).unwrap();
+        let mut members: HashMap<_, MemberKey, MemberValue> =
+            HashMap::try_from(self.map(MAP_MEMBERS)).unwrap();
+        for b in backends {
+            let k = MemberKey {
+                svc_id: v.svc_id,
+                generation: v.generation,
+                backend: addr::backend(b.parse().unwrap(), proto),
+            };
+            members.insert(k, MemberValue { tiers: 1 << tier }, 0).unwrap();
+        }
     }
 
     /// `ip ARGS` in the lab's namespace.

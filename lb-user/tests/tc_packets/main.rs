@@ -2,6 +2,7 @@
 //! the model): a crafted packet in, the rewritten packet out, compared byte for byte with the packet the test
 //! builds itself, whose checksums an independent RFC 1071 routine computes. The programs run in a network
 //! namespace the test made (their FIB lookups see its routes), with maps the test fills. Needs root.
+mod affinity;
 mod fragment;
 mod icmp;
 mod lab;

@@ -223,6 +223,12 @@ pub(crate) fn checksums_valid(p: &[u8]) -> bool {
     checksum(l4, sum16(&pseudo, 0)) == 0
 }
 
+/// The IPv4 destination and port of the frame `p`.
+pub(crate) fn dst_of(p: &[u8]) -> SocketAddr {
+    let ip = Ipv4Addr::new(p[30], p[31], p[32], p[33]);
+    SocketAddr::new(ip.into(), u16::from_be_bytes([p[36], p[37]]))
+}
+
 pub(crate) fn src_of(p: &[u8]) -> SocketAddr {
     let v4 = u16::from_be_bytes([p[12], p[13]]) == 0x0800;
     if v4 {

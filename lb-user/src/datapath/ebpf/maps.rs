@@ -8,8 +8,8 @@ use aya::{
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey,
-    MemberValue, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS,
+    MAPS, MemberKey, MemberValue, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey,
 };
 
 use super::{Capacities, DatapathError, bpf_err};
@@ -18,7 +18,7 @@ use crate::{
     model::ServicePortName,
 };
 
-/// The eleven maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
+/// The twelve maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
 /// read by the kernel only).
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
@@ -32,6 +32,7 @@ pub struct KernelMaps {
     members: HashMap<MapData, MemberKey, MemberValue>,
     health: HashMap<MapData, Backend, Health>,
     health_config: Array<MapData, HealthConfig>,
+    outside_affinity: HashMap<MapData, OutsideAffinityKey, AffinityValue>,
     /// What `wait_for_readers` updates (an RCU grace period per update).
     rcu: crate::datapath::rcu::RcuWaiter,
     max_services: u32,
@@ -68,6 +69,7 @@ impl KernelMaps {
             members,
             health,
             health_config,
+            outside_affinity,
         ]: [Map; MAPS.len()] =
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
@@ -89,6 +91,7 @@ impl KernelMaps {
         let members = HashMap::try_from(members).map_err(conv(MAP_MEMBERS))?;
         let health = HashMap::try_from(health).map_err(conv(MAP_HEALTH))?;
         let health_config = Array::try_from(health_config).map_err(conv(MAP_HEALTH_CONFIG))?;
+        let outside_affinity = HashMap::try_from(outside_affinity).map_err(conv(MAP_OUTSIDE_AFFINITY))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
@@ -110,6 +113,7 @@ impl KernelMaps {
             members,
             health,
             health_config,
+            outside_affinity,
             rcu: crate::datapath::rcu::RcuWaiter::new()
                 .map_err(|e| bpf_err("creating the grace-period map", e))?,
             max_services: caps.services,
@@ -254,6 +258,10 @@ impl MapReader for KernelMaps {
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError> {
         let all = self.affinity.iter().collect::<Result<Vec<_>, _>>();
         all.map_err(sys(MAP_AFFINITY, "affinity", self.caps.affinity))
+    }
+    fn outside_affinity_entries(&self) -> Result<Vec<(OutsideAffinityKey, AffinityValue)>, MapError> {
+        let all = self.outside_affinity.iter().collect::<Result<Vec<_>, _>>();
+        all.map_err(sys(MAP_OUTSIDE_AFFINITY, "affinity", self.caps.affinity))
     }
     fn health(&self) -> Result<Vec<(Backend, Health)>, MapError> {
         let all = self.health.iter().collect::<Result<Vec<_>, _>>();
