@@ -12,7 +12,7 @@ use std::{
 };
 
 use lb_testkit::{
-    deployed::{AgentBox, BoxedNode, Node},
+    deployed::{AgentBox, BoxedNode},
     manifests::{to_yaml, write_atomic},
     sandbox::NetNs,
 };
@@ -162,10 +162,12 @@ pub(crate) fn http_status(to: SocketAddr) -> Result<String, String> {
 /// The external client, the LAN, node-1 (the boxed agent's) and node-2, with a pod on each node.
 pub(crate) struct Lab {
     pub(crate) boxed: BoxedNode,
-    node_2: Node,
+    /// Node-2, with its own boxed agent (started only by the tests that need it).
+    pub(crate) node_2: BoxedNode,
     pub(crate) client: NetNs,
     pub(crate) lan: NetNs,
-    _pods: Vec<(NetNs, PodServer)>,
+    /// Each pod's namespace and server: node-1's first (if it has one), then node-2's.
+    pub(crate) pods: Vec<(NetNs, PodServer)>,
 }
 
 pub(crate) fn uplink(lan: &NetNs, ns: &NetNs, port: &str, v4: &str, v6: &str) {
@@ -189,23 +191,23 @@ impl Lab {
     pub(crate) fn new(tag: &str, etp: &str, pod_1: bool) -> Self {
         let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
         let mut boxed = BoxedNode::new(tag, Path::new(TIERLB), &deploy).unwrap();
-        let mut node_2 = Node::new(&format!("{tag}-n2")).unwrap();
+        let mut node_2 = BoxedNode::new(&format!("{tag}-n2"), Path::new(TIERLB), &deploy).unwrap();
         let lan = NetNs::new(&format!("{tag}-lan")).unwrap();
         lan.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
         lan.ip(&["link", "set", "br0", "up"]).unwrap();
         let client = NetNs::new(&format!("{tag}-ext")).unwrap();
         uplink(&lan, &boxed.node.netns, "p1", NODE_1, NODE_1_6);
-        uplink(&lan, &node_2.netns, "p2", NODE_2, NODE_2_6);
+        uplink(&lan, &node_2.node.netns, "p2", NODE_2, NODE_2_6);
         uplink(&lan, &client, "p3", CLIENT, CLIENT_6);
-        for ns in [&boxed.node.netns, &node_2.netns] {
+        for ns in [&boxed.node.netns, &node_2.node.netns] {
             ns_run(ns, &["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"]);
         }
         // The load balancer (MetalLB/BGP would announce it) routes its IP to node-1.
         client.ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_1]).unwrap();
         boxed.node.netns.ip(&["route", "add", "10.244.2.0/24", "via", NODE_2]).unwrap();
         boxed.node.netns.ip(&["-6", "route", "add", "fd00:244:2::/64", "via", NODE_2_6]).unwrap();
-        node_2.netns.ip(&["route", "add", "10.244.1.0/24", "via", NODE_1]).unwrap();
-        node_2.netns.ip(&["-6", "route", "add", "fd00:244:1::/64", "via", NODE_1_6]).unwrap();
+        node_2.node.netns.ip(&["route", "add", "10.244.1.0/24", "via", NODE_1]).unwrap();
+        node_2.node.netns.ip(&["-6", "route", "add", "fd00:244:1::/64", "via", NODE_1_6]).unwrap();
         let mut pods = Vec::new();
         let mut eps = Vec::new();
         if pod_1 {
@@ -215,13 +217,13 @@ impl Lab {
             pods.push((ns, srv));
             eps.push((POD_1, POD_1_6, "node-1"));
         }
-        let ns = node_2.add_pod(&format!("{tag}-p2"), ip(POD_2)).unwrap();
-        pod_v6(&node_2.netns, &ns, "veth0", POD_2_6);
+        let ns = node_2.node.add_pod(&format!("{tag}-p2"), ip(POD_2)).unwrap();
+        pod_v6(&node_2.node.netns, &ns, "veth0", POD_2_6);
         let srv = PodServer::start(&ns, "web-node-2", &[sa(POD_2, 8080), sa(POD_2_6, 8080)]);
         pods.push((ns, srv));
         eps.push((POD_2, POD_2_6, "node-2"));
         write_atomic(boxed.manifests.path(), "web.yaml", &to_yaml(&manifests(etp, &eps))).unwrap();
-        Self { boxed, node_2, client, lan, _pods: pods }
+        Self { boxed, node_2, client, lan, pods }
     }
 
     pub(crate) fn start_agent(&self) -> AgentBox {
@@ -230,13 +232,7 @@ impl Lab {
 
     /// `tierlb status -o json` of the boxed agent's pins.
     pub(crate) fn status(&self) -> Value {
-        let pins = self.boxed.bpffs.path().join("tierlb");
-        let out = std::process::Command::new(TIERLB)
-            .args(["status", "-o", "json", "--bpffs", pins.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        serde_json::from_slice(&out.stdout).unwrap()
+        status_of(&self.boxed)
     }
 
     /// `n` TCP requests from the client to `to`: answers by pod name, the peers pods saw, errors.
@@ -245,12 +241,25 @@ impl Lab {
     }
 }
 
+/// `tierlb status -o json` of `node`'s agent's pins.
+pub(crate) fn status_of(node: &BoxedNode) -> Value {
+    let pins = node.bpffs.path().join("tierlb");
+    let out = std::process::Command::new(TIERLB)
+        .args(["status", "-o", "json", "--bpffs", pins.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("agent log:\n{}", std::fs::read_to_string(&self.boxed.log).unwrap_or_default());
+            if let Ok(log) = std::fs::read_to_string(&self.node_2.log) {
+                eprintln!("node-2's agent log:\n{log}");
+            }
         }
-        let _ = &self.node_2;
     }
 }
 

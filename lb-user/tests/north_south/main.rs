@@ -8,6 +8,7 @@ mod affinity;
 mod fragments;
 mod icmp;
 mod lab;
+mod two_nodes;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
