@@ -7,9 +7,10 @@
 //! fragments (an extension header) are not tracked. The key is what every fragment carries; a datagram
 //! of the same client to the same node address that is not translated but reuses a kept IP id within the
 //! lifetime (its sender's id counter wrapped) would have its later fragments rewritten like the kept one's.
+use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
 use lb_common::{FRAGMENT_LIFETIME_NS, NS_PASS_FRAGMENT};
 
-use super::{PASS, conntrack, packet::Flow};
+use super::PASS;
 use crate::{
     counters::count_ns,
     maps::{FRAGMENTS, FragKey, FragPorts},
@@ -33,22 +34,25 @@ fn key(saddr: u32, daddr: u32, id: u16, proto: u8) -> FragKey {
 pub(crate) fn ports(saddr: u32, daddr: u32, id: u16, proto: u8) -> Option<(u16, u16)> {
     // SAFETY: a plain read of an LRU value.
     let p = unsafe { FRAGMENTS.get(key(saddr, daddr, id, proto)) }?;
-    if p.expires_ns <= conntrack::now() {
+    if p.expires_ns <= now() {
         return None;
     }
     Some((p.sport, p.dport))
 }
 
-/// Keep the ports of the first fragment `f`, just translated, for the datagram's later fragments.
+/// Now, on the boot clock (as conntrack's).
 #[inline(always)]
-pub(crate) fn record(f: &Flow) {
-    let v = FragPorts {
-        sport: f.sport,
-        dport: f.dport,
-        _pad: 0,
-        expires_ns: conntrack::now() + FRAGMENT_LIFETIME_NS,
-    };
-    let _ = FRAGMENTS.insert(key(f.saddr[0], f.daddr[0], f.frag_id, f.proto), v, 0);
+fn now() -> u64 {
+    // SAFETY: helper without preconditions.
+    unsafe { bpf_ktime_get_boot_ns() }
+}
+
+/// Keep the ports (`sport`, `dport`) of a datagram's first fragment, just translated, for its later
+/// fragments: the datagram is its source, destination, IP id and protocol, as they arrived.
+#[inline(always)]
+pub(crate) fn record(saddr: u32, daddr: u32, id: u16, proto: u8, sport: u16, dport: u16) {
+    let v = FragPorts { sport, dport, _pad: 0, expires_ns: now() + FRAGMENT_LIFETIME_NS };
+    let _ = FRAGMENTS.insert(key(saddr, daddr, id, proto), v, 0);
 }
 
 /// A fragment that is passed on untranslated: counted.

@@ -184,7 +184,7 @@ fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -
         return DROP;
     }
     if f.frag == fragment::FIRST {
-        fragment::record(f);
+        fragment::record(f.saddr[0], f.daddr[0], f.frag_id, f.proto, f.sport, f.dport);
     }
     count_ns(NS_TRANSLATED);
     if !snat {

@@ -36,6 +36,8 @@ pub struct FakeMaps {
     /// `BACKEND_STATE`'s capacity (`--max-backends`); 0: unbounded.
     max_backends: u32,
     writes: usize,
+    /// `put_slots` calls (each one map operation in the kernel's maps).
+    slot_batches: usize,
 }
 
 impl FakeMaps {
@@ -77,6 +79,10 @@ impl FakeMaps {
     /// Map updates and deletes so far.
     pub fn writes(&self) -> usize {
         self.writes
+    }
+    /// Batched slot writes so far (`MapWriter::put_slots`).
+    pub fn slot_batches(&self) -> usize {
+        self.slot_batches
     }
     /// A connected UDP socket's registration, as connect4 writes one.
     pub fn put_connected_udp(&mut self, key: ReverseKey, value: ReverseValue) {
@@ -145,6 +151,13 @@ impl MapReader for FakeMaps {
 }
 
 impl MapWriter for FakeMaps {
+    fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
+        self.slot_batches += 1;
+        for (k, b) in keys.iter().zip(backends) {
+            self.put_slot(*k, *b)?;
+        }
+        Ok(())
+    }
     fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
         if !self.slots.contains_key(&key) && self.slots.len() >= self.max_slots as usize {
             return Err(MapError::Full {

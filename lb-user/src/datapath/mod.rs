@@ -148,6 +148,14 @@ pub trait MapReader {
 pub trait MapWriter: MapReader {
     /// Write one backend slot.
     fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError>;
+    /// Write `keys[i]` -> `backends[i]` (a generation's slots), in one map operation where the maps have
+    /// one (`BPF_MAP_UPDATE_BATCH`). On an error some of them may be written, as one by one.
+    fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
+        for (k, b) in keys.iter().zip(backends) {
+            self.put_slot(*k, *b)?;
+        }
+        Ok(())
+    }
     /// Delete one backend slot (absent is fine).
     fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError>;
     /// Write (or replace, in one update) a frontend's value.

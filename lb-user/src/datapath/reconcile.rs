@@ -263,22 +263,27 @@ impl<W: MapWriter> Reconciler<W> {
             }
         }
         let mut tiers = [TierRange::default(); TIER_COUNT];
-        let mut index: u32 = 0;
         let mut written: u32 = 0;
         let members = members::of(want);
         let result = (|| {
-            for (t, backends) in want.tiers.iter().enumerate() {
-                let len = u16::try_from(backends.len())
-                    .map_err(|_| MapError::TierTooLong { len: backends.len() })?;
+            // The generation's slots, tier after tier, in one batched write.
+            let mut keys = Vec::with_capacity(want.tiers.iter().map(Vec::len).sum());
+            let mut backends = Vec::with_capacity(keys.capacity());
+            let mut index: u32 = 0;
+            for (t, tier) in want.tiers.iter().enumerate() {
+                let len = u16::try_from(tier.len()).map_err(|_| MapError::TierTooLong { len: tier.len() })?;
                 let start =
                     u16::try_from(index).map_err(|_| MapError::TierTooLong { len: index as usize })?;
                 tiers[t] = TierRange { start, len };
-                for b in backends {
-                    self.writer.put_slot(SlotKey { svc_id, generation, index }, *b)?;
+                for b in tier {
+                    keys.push(SlotKey { svc_id, generation, index });
+                    backends.push(*b);
                     index += 1;
-                    written = index;
                 }
             }
+            // On an error, any of them may be written: all are removed below.
+            written = index;
+            self.writer.put_slots(&keys, &backends)?;
             // Before the swap, like the slots: a connect that reads the new value finds its members.
             for (backend, value) in &members {
                 self.writer.put_member(MemberKey { svc_id, generation, backend: *backend }, *value)?;
@@ -309,292 +314,4 @@ impl<W: MapWriter> Reconciler<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::net::SocketAddr;
-
-    use lb_common::Backend;
-
-    use super::*;
-    use crate::datapath::{MapReader as _, fake::FakeMaps};
-
-    fn be(s: &str) -> Backend {
-        addr::backend(s.parse::<SocketAddr>().unwrap(), 6)
-    }
-
-    fn fe(vip: &str) -> FrontendKey {
-        let a: SocketAddr = vip.parse().unwrap();
-        addr::frontend_key(a.ip(), a.port(), 6)
-    }
-
-    fn want(node: &[&str], cluster: &[&str]) -> DesiredFrontend {
-        DesiredFrontend {
-            name: Arc::new(ServicePortName::new(ObjKey::new("default", "web"), "http")),
-            tiers: [
-                node.iter().map(|s| be(s)).collect(),
-                Vec::new(),
-                cluster.iter().map(|s| be(s)).collect(),
-            ],
-            flags: 0,
-            affinity_timeout_s: 0,
-        }
-    }
-
-    #[test]
-    fn add_update_remove_with_generation_swap() {
-        let mut r = Reconciler::new(FakeMaps::new(16, 64));
-        let t0 = Instant::now();
-        let k = fe("10.96.0.1:80");
-        let mut d = Desired::new();
-        d.insert(k, want(&["10.0.0.1:8080"], &["10.0.0.1:8080", "10.0.0.2:8080"]));
-        let rep = r.apply(&d, t0);
-        assert_eq!((rep.added, rep.errors.len()), (1, 0));
-        let v1 = r.writer().frontend(k).unwrap();
-        assert_eq!(v1.generation, 1);
-        assert_eq!(r.writer().slot_count(), 3);
-
-        // Same desired state: nothing written.
-        let writes = r.writer().writes();
-        assert_eq!(r.apply(&d, t0).unchanged, 1);
-        assert_eq!(r.writer().writes(), writes);
-
-        // Change: new generation written, old slots still there until the grace period, which is one wait
-        // for the kernel's readers.
-        assert_eq!(r.writer().reader_waits(), 0);
-        d.insert(k, want(&[], &["10.0.0.2:8080"]));
-        let rep = r.apply(&d, t0);
-        assert_eq!(rep.updated, 1);
-        let v2 = r.writer().frontend(k).unwrap();
-        assert_eq!((v2.svc_id, v2.generation, v2.key), (v1.svc_id, 2, k));
-        assert_eq!(r.writer().slot_count(), 4, "old generation kept until the grace period");
-        assert_eq!(r.writer().reader_waits(), 0, "apply never waits");
-        r.collect_garbage(t0);
-        assert_eq!(r.writer().reader_waits(), 1);
-        assert_eq!(r.writer().slot_count(), 1);
-
-        // Removal frees the id after the grace period.
-        let rep = r.apply(&Desired::new(), t0);
-        assert_eq!(rep.removed, 1);
-        assert!(r.writer().frontend(k).is_none());
-        r.collect_garbage(t0);
-        assert_eq!(r.writer().slot_count(), 0);
-        assert_eq!(r.writer().reader_waits(), 2);
-        // Nothing buried: no wait.
-        r.collect_garbage(t0);
-        assert_eq!(r.writer().reader_waits(), 2);
-    }
-
-    #[test]
-    fn one_grace_period_for_many_replaced_frontends_never_one_each() {
-        let mut r = Reconciler::new(FakeMaps::new(64, 256));
-        let t0 = Instant::now();
-        let mut d = Desired::new();
-        for i in 1..=20 {
-            d.insert(fe(&format!("10.96.0.{i}:80")), want(&[], &["10.0.0.1:80"]));
-        }
-        r.apply(&d, t0);
-        assert_eq!(r.writer().reader_waits(), 0, "nothing replaced: nothing to wait for");
-        for w in d.values_mut() {
-            *w = want(&[], &["10.0.0.2:80"]);
-        }
-        let rep = r.apply(&d, t0);
-        assert_eq!(rep.updated, 20);
-        assert_eq!(r.writer().slot_count(), 40);
-        r.collect_garbage(t0);
-        assert_eq!(r.writer().reader_waits(), 1);
-        assert_eq!(r.writer().slot_count(), 20);
-    }
-
-    #[test]
-    fn without_the_kernels_grace_period_old_slots_wait_a_fixed_delay() {
-        let mut r = Reconciler::new(FakeMaps::new(16, 64));
-        r.writer_mut().fail_reader_waits(true);
-        let t0 = Instant::now();
-        let k = fe("10.96.0.1:80");
-        let mut d = Desired::new();
-        d.insert(k, want(&[], &["10.0.0.1:8080"]));
-        r.apply(&d, t0);
-        d.insert(k, want(&[], &["10.0.0.2:8080"]));
-        r.apply(&d, t0);
-        assert_eq!(r.writer().slot_count(), 2, "old generation kept during the fixed grace");
-        r.collect_garbage(t0 + DEFAULT_GRACE / 2);
-        assert_eq!(r.writer().slot_count(), 2);
-        r.collect_garbage(t0 + DEFAULT_GRACE);
-        assert_eq!(r.writer().slot_count(), 1);
-    }
-
-    #[test]
-    fn a_full_slot_map_never_leaves_a_half_applied_service() {
-        // Room for 3 slots: the first Service (2 slots) fits, the second (2 more) does not.
-        let mut r = Reconciler::new(FakeMaps::new(16, 3));
-        let t0 = Instant::now();
-        let mut d = Desired::new();
-        d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80", "10.0.0.2:80"]));
-        d.insert(fe("10.96.0.2:80"), want(&[], &["10.0.0.3:80", "10.0.0.4:80"]));
-        let rep = r.apply(&d, t0);
-        assert_eq!(rep.added, 1);
-        assert_eq!(rep.errors.len(), 1);
-        let msg = rep.errors[0].to_string();
-        assert!(
-            msg.contains("default/web:http") && msg.contains("10.96.0.2:80") && msg.contains("full"),
-            "{msg}"
-        );
-        assert!(matches!(rep.errors[0].error, MapError::Full { .. }), "{:?}", rep.errors[0]);
-        assert!(r.writer().frontend(fe("10.96.0.2:80")).is_none());
-        assert_eq!(r.writer().slot_count(), 2, "partially written slots are removed again");
-
-        // An update that does not fit keeps the previous generation in place.
-        let before = r.writer().frontend(fe("10.96.0.1:80")).unwrap();
-        d.remove(&fe("10.96.0.2:80"));
-        d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80", "10.0.0.2:80", "10.0.0.5:80"]));
-        let rep = r.apply(&d, t0);
-        assert_eq!(rep.errors.len(), 1);
-        assert_eq!(r.writer().frontend(fe("10.96.0.1:80")).unwrap(), before);
-    }
-
-    #[test]
-    fn a_restarted_agent_adopts_the_maps_and_rewrites_only_what_changed() {
-        let t0 = Instant::now();
-        let mut first = Reconciler::new(FakeMaps::new(16, 64));
-        let mut d = Desired::new();
-        d.insert(fe("10.96.0.1:80"), want(&["10.0.0.1:80"], &["10.0.0.1:80", "10.0.0.2:80"]));
-        d.insert(fe("10.96.0.2:80"), want(&[], &["10.0.0.3:80"]));
-        first.apply(&d, t0);
-        // Killed in the middle of a swap: new slots written, frontend not yet switched.
-        let v = first.writer().frontend(fe("10.96.0.2:80")).unwrap();
-        let mut maps = first.writer;
-        maps.put_slot(
-            SlotKey { svc_id: v.svc_id, generation: v.generation + 1, index: 0 },
-            be("10.0.0.9:80"),
-        )
-        .unwrap();
-        // ... and killed after naming a new frontend's id, before writing the frontend.
-        let orphan_id = v.svc_id + 3;
-        maps.put_name(orphan_id, &ServicePortName::new(ObjKey::new("default", "gone"), "http")).unwrap();
-
-        let mut second = Reconciler::new(maps);
-        let rep = second.adopt().unwrap();
-        assert_eq!(
-            rep,
-            AdoptReport {
-                frontends: 2,
-                orphan_slots_removed: 1,
-                orphan_names_removed: 1,
-                orphan_members_removed: 0,
-                unnamed: 0
-            }
-        );
-        assert_eq!(second.writer().name(orphan_id).unwrap(), None);
-        assert!(second.writer().name(v.svc_id).unwrap().is_some(), "a used id keeps its name");
-        let writes = second.writer().writes();
-        let rep = second.apply(&d, t0);
-        assert_eq!((rep.unchanged, rep.changed()), (2, 0), "nothing rewritten after adoption");
-        assert_eq!(second.writer().writes(), writes);
-        // A new frontend gets a fresh id, not one in use.
-        d.insert(fe("10.96.0.3:80"), want(&[], &["10.0.0.4:80"]));
-        second.apply(&d, t0);
-        let ids: BTreeSet<u32> = second.writer().frontends().unwrap().iter().map(|(_, v)| v.svc_id).collect();
-        assert_eq!(ids.len(), 3);
-        assert_eq!(
-            second
-                .writer()
-                .name(second.writer().frontend(fe("10.96.0.3:80")).unwrap().svc_id)
-                .unwrap()
-                .as_deref(),
-            Some("default/web:http")
-        );
-    }
-
-    #[test]
-    fn service_ids_are_reused_with_fresh_counters() {
-        let mut r = Reconciler::new(FakeMaps::new(1, 64));
-        let t0 = Instant::now();
-        let mut d = Desired::new();
-        d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80"]));
-        r.apply(&d, t0);
-        let id = r.writer().frontend(fe("10.96.0.1:80")).unwrap().svc_id;
-        r.writer_mut().bump_counter(id, 2);
-        let mut d2 = Desired::new();
-        d2.insert(fe("10.96.0.9:80"), want(&[], &["10.0.0.1:80"]));
-        // Only one id exists: the new frontend must wait until the old one's grace period is over. No timer
-        // collects here: a batch more than DEFAULT_GRACE after the burial collects first (one wait).
-        let rep = r.apply(&d2, t0);
-        assert_eq!(rep.errors.len(), 1);
-        let rep = r.apply(&d2, t0 + DEFAULT_GRACE / 2);
-        assert_eq!((rep.errors.len(), r.writer().reader_waits()), (1, 0), "a batch soon after never waits");
-        let rep = r.apply(&d2, t0 + DEFAULT_GRACE);
-        assert_eq!(r.writer().reader_waits(), 1);
-        assert_eq!(rep.errors.len(), 0, "{:?}", rep.errors);
-        let v = r.writer().frontend(fe("10.96.0.9:80")).unwrap();
-        assert_eq!(v.svc_id, id);
-        assert_eq!(r.writer().counters(id).unwrap()[2], 0);
-    }
-
-    #[test]
-    fn affinity_members_follow_their_generation_and_go_with_it() {
-        let mut r = Reconciler::new(FakeMaps::new(16, 64));
-        let t0 = Instant::now();
-        let k = fe("10.96.0.1:80");
-        let with_affinity = |node: &[&str], cluster: &[&str]| DesiredFrontend {
-            affinity_timeout_s: 60,
-            ..want(node, cluster)
-        };
-        let member = |svc_id, generation, b: &str, tiers| {
-            (MemberKey { svc_id, generation, backend: be(b) }, lb_common::MemberValue { tiers })
-        };
-        let mut d = Desired::new();
-        d.insert(k, with_affinity(&["10.0.0.1:80"], &["10.0.0.1:80", "10.0.0.2:80"]));
-        r.apply(&d, t0);
-        let v1 = r.writer().frontend(k).unwrap();
-        assert_eq!(v1.affinity_timeout_s, 60);
-        let id = v1.svc_id;
-        let gen1 = BTreeMap::from([member(id, 1, "10.0.0.1:80", 0b101), member(id, 1, "10.0.0.2:80", 0b100)]);
-        assert_eq!(*r.writer().member_map(), gen1, "each backend once, with the tiers it is in");
-
-        // A change writes generation 2's members beside generation 1's, which go after the grace period.
-        d.insert(k, with_affinity(&[], &["10.0.0.2:80", "10.0.0.3:80"]));
-        r.apply(&d, t0);
-        let gen2 = BTreeMap::from([member(id, 2, "10.0.0.2:80", 0b100), member(id, 2, "10.0.0.3:80", 0b100)]);
-        let both: BTreeMap<_, _> = gen1.iter().chain(&gen2).map(|(k, v)| (*k, *v)).collect();
-        assert_eq!(*r.writer().member_map(), both);
-        r.collect_garbage(t0);
-        assert_eq!(*r.writer().member_map(), gen2);
-
-        // Affinity turned off: a new generation without members; then the frontend goes, and nothing is left.
-        d.insert(k, want(&[], &["10.0.0.2:80"]));
-        r.apply(&d, t0);
-        r.collect_garbage(t0);
-        assert!(r.writer().member_map().is_empty());
-        assert_eq!(r.writer().frontend(k).unwrap().affinity_timeout_s, 0);
-        d.insert(k, with_affinity(&[], &["10.0.0.4:80"]));
-        r.apply(&d, t0);
-        assert_eq!(r.writer().member_map().len(), 1);
-        r.apply(&Desired::new(), t0);
-        r.collect_garbage(t0);
-        assert!(r.writer().member_map().is_empty(), "a removed frontend's members go with its slots");
-    }
-
-    #[test]
-    fn adoption_keeps_current_members_and_removes_orphans() {
-        let t0 = Instant::now();
-        let mut first = Reconciler::new(FakeMaps::new(16, 64));
-        let k = fe("10.96.0.1:80");
-        let mut d = Desired::new();
-        d.insert(k, DesiredFrontend { affinity_timeout_s: 30, ..want(&[], &["10.0.0.1:80"]) });
-        first.apply(&d, t0);
-        let v = first.writer().frontend(k).unwrap();
-        let mut maps = first.writer;
-        // Killed in the middle of a swap: the next generation's member written, the frontend not switched.
-        let orphan = MemberKey { svc_id: v.svc_id, generation: v.generation + 1, backend: be("10.0.0.9:80") };
-        maps.put_member(orphan, lb_common::MemberValue { tiers: 0b100 }).unwrap();
-        let mut second = Reconciler::new(maps);
-        let rep = second.adopt().unwrap();
-        assert_eq!(rep.orphan_members_removed, 1);
-        let left: Vec<MemberKey> = second.writer().member_map().keys().copied().collect();
-        assert_eq!(
-            left,
-            [MemberKey { svc_id: v.svc_id, generation: v.generation, backend: be("10.0.0.1:80") }]
-        );
-        let rep = second.apply(&d, t0);
-        assert_eq!((rep.unchanged, rep.changed()), (1, 0), "the adopted frontend keeps its affinity");
-    }
-}
+mod tests;

@@ -1,5 +1,5 @@
 //! The raw bpf(2) call, for the few commands aya does not expose (an array of maps with a chosen inner map,
-//! `BPF_PROG_QUERY` on a cgroup).
+//! `BPF_PROG_QUERY` on a cgroup, `BPF_MAP_UPDATE_BATCH`).
 
 /// `bpf(cmd, attr, size_of::<T>())`: its result, or the errno it set. `T` must be the `#[repr(C)]` part of
 /// `union bpf_attr` that `cmd` reads, with any pointer in it valid for the call.
@@ -8,4 +8,48 @@ pub(crate) fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c
     // where the pointers the caller put in it lead, which the caller keeps alive for the call).
     let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>()) };
     if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
+}
+
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// The `batch` part of `union bpf_attr` (`BPF_MAP_*_BATCH`).
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Write `keys[i]` -> the `i`th value of `values` into the map `fd` with one `BPF_MAP_UPDATE_BATCH` (kernel
+/// 5.6; the kernel writes them one by one, without a syscall each). `values` holds `keys.len()` values of
+/// `value_bytes` each, laid out as the map's lookup returns them (a per-CPU map: one per possible CPU, each
+/// 8-aligned); `EINVAL` if its length says otherwise. On an error, the first elements the kernel wrote stay
+/// written, as with single updates.
+pub(crate) fn update_batch<K: aya::Pod, V: aya::Pod>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    keys: &[K],
+    values: &[V],
+    value_bytes: usize,
+) -> std::io::Result<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    if size_of_val(values) != keys.len() * value_bytes {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let count = u32::try_from(keys.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::E2BIG))?;
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count,
+        map_fd: std::os::fd::AsRawFd::as_raw_fd(&fd).cast_unsigned(),
+        ..BatchAttr::default()
+    };
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(|_| ())
 }

@@ -3,7 +3,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray},
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
@@ -41,6 +41,8 @@ pub struct KernelMaps {
     /// A second descriptor of the counter map, from which `counters_reader` makes handles for readers off the
     /// agent loop.
     counters_fd: std::os::fd::OwnedFd,
+    /// A second descriptor of the slot map, for batched writes (`put_slots`).
+    slots_fd: std::os::fd::OwnedFd,
 }
 
 impl KernelMaps {
@@ -74,6 +76,12 @@ impl KernelMaps {
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
             HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
+        let slots_fd = match &slots {
+            Map::HashMap(data) => std::os::fd::AsFd::as_fd(data.fd())
+                .try_clone_to_owned()
+                .map_err(|e| bpf_err(format!("map {MAP_SLOTS}: duplicating its descriptor"), e))?,
+            _ => return Err(DatapathError::MissingMap { name: MAP_SLOTS }),
+        };
         let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
         let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
         let counters_fd = match &counters {
@@ -120,6 +128,7 @@ impl KernelMaps {
             caps,
             nr_cpus,
             counters_fd,
+            slots_fd,
         })
     }
 
@@ -184,6 +193,14 @@ pub(super) fn sys(
         }
         other => MapError::Sys { map, source: std::io::Error::other(other) },
     }
+}
+
+/// A batched write's error as `sys` makes a single one's: a full map names its flag.
+fn batch_err(map: &'static str, flag: &'static str, capacity: u32, e: std::io::Error) -> MapError {
+    sys(map, flag, capacity)(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+        call: "bpf_map_update_batch",
+        io_error: e,
+    }))
 }
 
 pub(super) fn absent_ok<T>(r: Result<T, aya::maps::MapError>) -> Result<Option<T>, aya::maps::MapError> {
@@ -279,6 +296,11 @@ impl MapWriter for KernelMaps {
     fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
         self.slots.insert(key, backend, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
+    fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
+        let fd = std::os::fd::AsFd::as_fd(&self.slots_fd);
+        crate::datapath::sys::update_batch(fd, keys, backends, size_of::<Backend>())
+            .map_err(|e| batch_err(MAP_SLOTS, "slots", self.caps.slots, e))
+    }
     fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
         absent_ok(self.slots.remove(&key)).map(|_| ()).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
@@ -313,13 +335,13 @@ impl MapWriter for KernelMaps {
         absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
     }
     fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
-        for kind in 0..COUNTERS_PER_SERVICE {
-            let zeros = PerCpuValues::try_from(vec![0u64; self.nr_cpus])
-                .map_err(|e| MapError::Sys { map: MAP_COUNTERS, source: e })?;
-            let idx = lb_common::counter_index(svc_id, kind);
-            self.counters.set(idx, zeros, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
-        }
-        Ok(())
+        // One batched write of the service's counters (contiguous indices), zero on every CPU.
+        let keys: [u32; COUNTERS_PER_SERVICE as usize] =
+            std::array::from_fn(|kind| lb_common::counter_index(svc_id, kind as u32));
+        let zeros = vec![0u64; keys.len() * self.nr_cpus];
+        let fd = std::os::fd::AsFd::as_fd(&self.counters_fd);
+        crate::datapath::sys::update_batch(fd, &keys, &zeros, 8 * self.nr_cpus)
+            .map_err(|e| batch_err(MAP_COUNTERS, "services", self.max_services, e))
     }
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
         self.names.insert(svc_id, ServiceName::new(&name.to_string()), 0).map_err(sys(
