@@ -2,9 +2,12 @@
 //! packet, their lifetime driven by the TCP state (SYN only, established, closing) or UDP's idle time. An
 //! expired entry is treated as absent; the LRU reclaims it.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_boot_ns};
-use lb_common::{CT_CLOSING, CT_DIR_IN, CT_FORWARD, CT_SEEN_REPLY, CtKey, CtValue, NatConfig, PROTO_TCP};
+use lb_common::{
+    CT_CLOSING, CT_DIR_IN, CT_DIR_OUT, CT_FORWARD, CT_SEEN_REPLY, CT_SNAT, CtKey, CtValue, NatConfig,
+    PROTO_TCP,
+};
 
-use super::packet::{Flow, TCP_FIN, TCP_RST};
+use super::packet::{Flow, TCP_FIN, TCP_RST, TCP_SYN};
 use crate::maps::{CONNTRACK, NAT_CONFIG};
 
 /// The settings the agent wrote (an array's entry always exists: all zero, the defaults, until written).
@@ -36,8 +39,14 @@ pub(crate) fn key(f: &Flow, dir: u8) -> CtKey {
 }
 
 /// The live entry at `key`, refreshed by this packet (`f`): its lifetime from now, and `CT_CLOSING` once a
-/// FIN or RST passes. The entry in the map, not a copy (the stack is bounded): its translation fields are
-/// written once, when the flow is created, and an LRU element is not reused before an RCU grace period.
+/// FIN or RST passes (on both entries of the flow: the other direction may never see a packet again). The
+/// entry in the map, not a copy (the stack is bounded): its translation fields are written once, when the
+/// flow is created, and an LRU element is not reused before an RCU grace period.
+///
+/// A SYN (a client's, or a server's SYN-ACK) on a closing flow's entry is a new connection that reuses the
+/// tuple (a client port reused after the RST or FIN): the entry is treated as absent, so a client's SYN
+/// starts a new flow and a server's SYN-ACK of a connection that is not translated (a direct connection from
+/// the same client port) is left alone.
 #[inline(always)]
 pub(crate) fn hit(key: &CtKey, f: &Flow, cfg: &NatConfig, t: u64) -> Option<&'static CtValue> {
     let p = CONNTRACK.get_ptr_mut(key)?;
@@ -49,8 +58,12 @@ pub(crate) fn hit(key: &CtKey, f: &Flow, cfg: &NatConfig, t: u64) -> Option<&'st
         return None;
     }
     let tcp = f.proto == PROTO_TCP;
-    if tcp && f.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+    if tcp && v.flags & CT_CLOSING != 0 && f.tcp_flags & TCP_SYN != 0 {
+        return None;
+    }
+    if tcp && f.tcp_flags & (TCP_FIN | TCP_RST) != 0 && v.flags & CT_CLOSING == 0 {
         v.flags |= CT_CLOSING;
+        close_other(key, v, cfg, t);
     }
     let established = v.flags & CT_SEEN_REPLY != 0;
     v.expires_ns = t + cfg.lifetime_ns(tcp, established, v.flags & CT_CLOSING != 0);
@@ -93,6 +106,47 @@ pub(crate) fn seen_reply(
             v.flags |= CT_SEEN_REPLY;
             v.expires_ns = t + cfg.lifetime_ns(tcp, true, v.flags & CT_CLOSING != 0);
         }
+    }
+}
+
+/// Mark the other entry of the flow whose entry `v` (at `key`) just saw a FIN or RST as closing too, with
+/// the closing lifetime from now. A forward entry's other one is the reply entry its translation names (the
+/// backend to the client, or with SNAT to the node's port); a reply entry's is the forward entry of its
+/// client and frontend. Out of line: its key stays off the callers' stack frames.
+#[inline(never)]
+fn close_other(key: &CtKey, v: &CtValue, cfg: &NatConfig, t: u64) {
+    let snat = v.flags & CT_SNAT != 0;
+    let other = if v.flags & CT_FORWARD != 0 {
+        let (daddr, dport, dir) =
+            if snat { (v.b, v.b_port, CT_DIR_IN) } else { (key.saddr, key.sport, CT_DIR_OUT) };
+        CtKey {
+            saddr: v.a,
+            daddr,
+            sport: v.a_port,
+            dport,
+            proto: key.proto,
+            family: key.family,
+            dir,
+            _pad: 0,
+        }
+    } else {
+        let (saddr, sport) = if snat { (v.b, v.b_port) } else { (key.daddr, key.dport) };
+        CtKey {
+            saddr,
+            daddr: v.a,
+            sport,
+            dport: v.a_port,
+            proto: key.proto,
+            family: key.family,
+            dir: CT_DIR_IN,
+            _pad: 0,
+        }
+    };
+    if let Some(p) = CONNTRACK.get_ptr_mut(other) {
+        // SAFETY: as in `hit`.
+        let o = unsafe { &mut *p };
+        o.flags |= CT_CLOSING;
+        o.expires_ns = t + cfg.lifetime_ns(true, o.flags & CT_SEEN_REPLY != 0, true);
     }
 }
 

@@ -209,3 +209,35 @@ fn tc_snat_packet_larger_than_the_uplink_mtu_is_dropped_and_counted() {
     assert_eq!(lab.ns_counter(lb_common::NS_DROP_FRAG_NEEDED), 1, "counted as such");
     assert_eq!(lab.ns_counter(lb_common::NS_DROP_NO_ROUTE), 0, "not as a missing route");
 }
+
+#[test]
+fn tc_an_rst_closes_both_entries_and_a_reused_client_port_is_a_new_connection() {
+    let mut lab = Lab::with_node_port("tc-reuse", PROTO_TCP, 30080, &format!("{LOCAL_POD}:8080"), true);
+    let client = format!("{CLIENT}:40000");
+    let np = format!("{NODE}:30080");
+    let pod = format!("{LOCAL_POD}:8080");
+    for (prog, p) in [
+        ("tc_ingress", Pkt::tcp(&client, &np, 0x02)),
+        ("tc_egress", Pkt::tcp(&pod, &client, 0x12)),
+        ("tc_ingress", Pkt::tcp(&client, &np, 0x10)),
+        ("tc_ingress", Pkt::tcp(&client, &np, 0x14)),
+    ] {
+        assert_eq!(lab.run(prog, &p.bytes()).0, PASS);
+    }
+    let ct = lab.conntrack();
+    assert_eq!(ct.len(), 2);
+    assert!(
+        ct.iter().all(|(_, v)| v.flags & lb_common::CT_CLOSING != 0),
+        "the client's RST closes the reply entry too (it would otherwise live the established timeout): {ct:?}"
+    );
+    // The same client port, now straight to the pod: its SYN-ACK is not the closed flow's reply.
+    let direct = Pkt::tcp(&pod, &client, 0x12);
+    let (rc, out) = lab.run("tc_egress", &direct.bytes());
+    assert_eq!((rc, out), (PASS, direct.bytes()), "left alone, not rewritten to the node port");
+    // And a new connection to the node port from that port is a new flow.
+    let syn = Pkt::tcp(&client, &np, 0x02);
+    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!((rc, out), (PASS, syn.to(sa(&pod)).bytes()));
+    let ct = lab.conntrack();
+    assert!(ct.iter().all(|(_, v)| v.flags & lb_common::CT_CLOSING == 0), "fresh entries: {ct:?}");
+}
