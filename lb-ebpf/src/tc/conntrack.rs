@@ -44,9 +44,9 @@ pub(crate) fn key(f: &Flow, dir: u8) -> CtKey {
 /// flow is created, and an LRU element is not reused before an RCU grace period.
 ///
 /// A SYN (a client's, or a server's SYN-ACK) on a closing flow's entry is a new connection that reuses the
-/// tuple (a client port reused after the RST or FIN): the entry is treated as absent, so a client's SYN
-/// starts a new flow and a server's SYN-ACK of a connection that is not translated (a direct connection from
-/// the same client port) is left alone.
+/// tuple (a client port reused after the RST or FIN): the entry is removed, so a client's SYN starts a new
+/// flow and a connection that is not translated (a direct one from the same client port) is left alone from
+/// its SYN-ACK on.
 #[inline(always)]
 pub(crate) fn hit(key: &CtKey, f: &Flow, cfg: &NatConfig, t: u64) -> Option<&'static CtValue> {
     let p = CONNTRACK.get_ptr_mut(key)?;
@@ -59,6 +59,7 @@ pub(crate) fn hit(key: &CtKey, f: &Flow, cfg: &NatConfig, t: u64) -> Option<&'st
     }
     let tcp = f.proto == PROTO_TCP;
     if tcp && v.flags & CT_CLOSING != 0 && f.tcp_flags & TCP_SYN != 0 {
+        remove(key);
         return None;
     }
     if tcp && f.tcp_flags & (TCP_FIN | TCP_RST) != 0 && v.flags & CT_CLOSING == 0 {

@@ -35,6 +35,123 @@ impl DataPath {
     }
 }
 
+/// A path that traffic from outside the node takes to a pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NsPath {
+    /// To the pod's IP, routed by the node: the floor.
+    Direct,
+    /// To a node port that tierlb's tc programs translate.
+    Tierlb,
+    /// To a node port of kube-proxy-style iptables rules (DNAT + masquerade).
+    Iptables,
+    /// To a node port of kube-proxy-style nftables rules (DNAT + masquerade).
+    Nftables,
+}
+
+impl NsPath {
+    /// Every path, in run and table order (direct first: the others' ratios are to it).
+    pub const ALL: [Self; 4] = [Self::Direct, Self::Tierlb, Self::Iptables, Self::Nftables];
+
+    /// The path's name in the tables and the progress lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Tierlb => "tierlb",
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
+/// A ratio taken per interleaved round: the median of the rounds and their least and greatest.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Ratio {
+    /// The median of the rounds' ratios.
+    pub median: f64,
+    /// The least.
+    pub min: f64,
+    /// The greatest.
+    pub max: f64,
+}
+
+impl Ratio {
+    /// Of the rounds' ratios `xs`.
+    pub fn of(xs: &[f64]) -> Self {
+        let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Self { median: median(xs), min, max }
+    }
+}
+
+/// The median of `xs` (NaN for none).
+pub(super) fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => f64::midpoint(v[n / 2 - 1], v[n / 2]),
+    }
+}
+
+/// One north-south row: a path at a Service count under one load mode, over interleaved rounds.
+#[derive(Clone, Debug, Serialize)]
+pub struct NsRow {
+    /// The path.
+    pub path: NsPath,
+    /// Services programmed (each path's own set; direct's figure is the same run's).
+    pub services: usize,
+    /// What one operation was.
+    pub mode: LoadMode,
+    /// Rounds.
+    pub rounds: usize,
+    /// Median over the rounds of the p50 latency, microseconds.
+    pub p50_us: f64,
+    /// Median over the rounds of the p99 latency, microseconds.
+    pub p99_us: f64,
+    /// Median over the rounds of the throughput, operations per second.
+    pub per_sec: f64,
+    /// p50 / direct's p50 of the same round.
+    pub p50_ratio: Ratio,
+    /// Throughput / direct's throughput of the same round.
+    pub per_sec_ratio: Ratio,
+    /// tierlb's tc programs' run time per packet (ingress and egress together), tierlb rows only.
+    pub tc_ns_per_packet: Option<f64>,
+    /// Failed operations over the rounds.
+    pub errors: u64,
+}
+
+impl NsRow {
+    /// The row of `path` from its rounds' results `runs` and direct's of the same rounds.
+    pub fn of(
+        path: NsPath,
+        services: usize,
+        mode: LoadMode,
+        runs: &[LoadResult],
+        direct: &[LoadResult],
+        tc_ns_per_packet: Option<f64>,
+    ) -> Self {
+        let of = |f: fn(&LoadResult) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+        let ratio = |f: fn(&LoadResult) -> f64| {
+            Ratio::of(&runs.iter().zip(direct).map(|(r, d)| f(r) / f(d)).collect::<Vec<_>>())
+        };
+        Self {
+            path,
+            services,
+            mode,
+            rounds: runs.len(),
+            p50_us: of(|r| r.p50_us),
+            p99_us: of(|r| r.p99_us),
+            per_sec: of(|r| r.per_sec),
+            p50_ratio: ratio(|r| r.p50_us),
+            per_sec_ratio: ratio(|r| r.per_sec),
+            tc_ns_per_packet,
+            errors: runs.iter().map(|r| r.errors).sum(),
+        }
+    }
+}
+
 /// One measured row: a data path at a Service count under one load mode.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
@@ -65,6 +182,8 @@ pub struct Report {
     pub seconds: f64,
     /// The data-path rows, in the order they ran.
     pub rows: Vec<Row>,
+    /// The north-south rows (traffic from outside the node), interleaved per round.
+    pub north_south: Vec<NsRow>,
     /// The control-plane figures.
     pub control: ControlPlane,
 }

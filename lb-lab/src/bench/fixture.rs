@@ -4,7 +4,10 @@
 use std::time::Duration;
 
 use super::{
-    figures::{AgentFigures, AgentSource, ControlPlane, DataPath, MapMemory, MapWrites, Report, Row, Spread},
+    figures::{
+        AgentFigures, AgentSource, ControlPlane, DataPath, MapMemory, MapWrites, NsPath, NsRow, Report, Row,
+        Spread,
+    },
     load::{LoadMode, LoadResult},
 };
 
@@ -18,6 +21,29 @@ fn result(p50: f64) -> LoadResult {
         per_sec: 1e6 / p50,
         slow: 0,
     }
+}
+
+/// North-south rows over three rounds: direct at 30 us, tierlb 1.05x (1 Service) and 1.15x (10,000) of it,
+/// iptables 1.30x; throughput in inverse proportion.
+fn north_south() -> Vec<NsRow> {
+    let mut out = Vec::new();
+    for n in [1, 10_000] {
+        for mode in LoadMode::ALL {
+            let direct: Vec<LoadResult> = [29.0, 30.0, 31.0].iter().map(|p| result(*p)).collect();
+            for path in NsPath::ALL {
+                let k = match (path, n) {
+                    (NsPath::Direct, _) => 1.0,
+                    (NsPath::Tierlb, 1) => 1.05,
+                    (NsPath::Tierlb, _) => 1.15,
+                    _ => 1.30,
+                };
+                let runs: Vec<LoadResult> = direct.iter().map(|d| result(d.p50_us * k)).collect();
+                let tc = (path == NsPath::Tierlb).then_some(95.0);
+                out.push(NsRow::of(path, n, mode, &runs, &direct, tc));
+            }
+        }
+    }
+    out
 }
 
 pub(crate) fn report() -> Report {
@@ -66,6 +92,7 @@ pub(crate) fn report() -> Report {
         threads: 2,
         seconds: 1.5,
         rows,
+        north_south: north_south(),
         control: ControlPlane {
             maps: vec![
                 MapWrites {

@@ -70,11 +70,13 @@ pub const RR_BYTES: usize = 64;
 
 /// One operation; the latency recorded is the whole of it.
 fn operation(target: SocketAddr, mode: LoadMode) -> std::io::Result<()> {
-    let mut s = TcpStream::connect(target)?;
+    // Bounded: a lost SYN or reply is an error after a few seconds, not a row that never ends.
+    let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(3))?;
     rst_close(&s);
     if mode == LoadMode::Rr {
         use std::io::{Read as _, Write as _};
         s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
         s.write_all(&[b'q'; RR_BYTES])?;
         let mut reply = [0u8; RR_BYTES];
         s.read_exact(&mut reply)?;

@@ -13,6 +13,7 @@ mod figures;
 #[cfg(test)]
 pub(crate) mod fixture;
 mod load;
+mod north_south;
 mod report;
 mod run;
 mod scale_charts;

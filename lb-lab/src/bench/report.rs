@@ -3,7 +3,7 @@
 use std::{fmt::Write as _, time::Duration};
 
 use super::{
-    figures::{AgentSource, ControlPlane, DataPath, LoadTime, Report, Spread},
+    figures::{AgentSource, ControlPlane, DataPath, LoadTime, NsPath, Report, Spread},
     load::{LoadMode, RR_BYTES},
 };
 
@@ -46,6 +46,7 @@ pub fn markdown(r: &Report) -> String {
         }
         let _ = writeln!(s, "\n![p50 latency by number of Services](bench/latency-{}.svg)", mode.as_str());
     }
+    s.push_str(&north_south(r));
     s.push_str("\n## Control plane\n\n| what | figure |\n|---|---|\n");
     for (what, figure) in control_rows(&r.control) {
         let _ = writeln!(s, "| {what} | {figure} |");
@@ -254,6 +255,9 @@ fn targets(r: &Report) -> String {
             );
         }
     }
+    for (what, measured, ok) in north_south_targets(r) {
+        row(&what, measured, ok);
+    }
     if let Some(m) = r.control.maps_at(100_000) {
         row(
             "100,000 Services x 10 endpoints programmed from scratch in under 2 s",
@@ -286,6 +290,78 @@ fn targets(r: &Report) -> String {
         );
     }
     s
+}
+
+/// The north-south section: per load mode, each path at each count, ratios per interleaved round.
+fn north_south(r: &Report) -> String {
+    if r.north_south.is_empty() {
+        return String::new();
+    }
+    let rounds = r.north_south.first().map_or(0, |x| x.rounds);
+    let mut s = format!(
+        "\n## From outside the node\n\nAn external client (its own network namespace) reaches a pod behind a node (the pod behind a veth in a namespace of its own) four ways: `direct` to the pod's IP, routed by the node; `tierlb`, a node port that the tc programs on the node's uplink translate (N Services of 10 endpoints as outside-scope frontends; the measured one, in the middle, has the pod, a local endpoint: DNAT, the client's address kept); `iptables` and `nftables`, node ports of kube-proxy-style rule sets for N Services (KUBE-NODEPORTS -> KUBE-EXT-* marking for masquerade -> KUBE-SVC-* -> KUBE-SEP-* DNAT, KUBE-POSTROUTING masquerade; a protocol . port verdict map to per-Service chains with `numgen random` and a masquerade on the mark). All four are in place at once, each on its own node ports, so they interleave: {rounds} rounds, each running every path once per operation, direct first; a ratio is taken per round against that round's direct run, and the table gives the median of the rounds and their range. The node's namespace has netfilter's nat hooks loaded for every row, as a node with kube-proxy's rules has. `tc ns/packet` is tierlb's tc_ingress and tc_egress run time per packet (`kernel.bpf_stats_enabled`).\n"
+    );
+    for mode in LoadMode::ALL {
+        let _ = write!(
+            s,
+            "\n### {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct (range) | ops/s / direct (range) | tc ns/packet | errors |\n|---|---|---|---|---|---|---|---|---|\n",
+            mode.title()
+        );
+        for x in r.north_south.iter().filter(|x| x.mode == mode) {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.1} | {:.1} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x ({:.2}-{:.2}) | {} | {} |",
+                x.path.as_str(),
+                thousands(x.services),
+                x.p50_us,
+                x.p99_us,
+                x.per_sec,
+                x.p50_ratio.median,
+                x.p50_ratio.min,
+                x.p50_ratio.max,
+                x.per_sec_ratio.median,
+                x.per_sec_ratio.min,
+                x.per_sec_ratio.max,
+                x.tc_ns_per_packet.map_or_else(|| "-".into(), |n| format!("{n:.0}")),
+                x.errors
+            );
+        }
+    }
+    s
+}
+
+/// The north-south targets as (target, measured, met): tierlb's p50 within 1.10x of direct at each count,
+/// and at 10,000 Services at least iptables' throughput.
+fn north_south_targets(r: &Report) -> Vec<(String, String, bool)> {
+    let find =
+        |path, n, mode| r.north_south.iter().find(|x| x.path == path && x.services == n && x.mode == mode);
+    let mut out = Vec::new();
+    for n in [1, 10_000] {
+        if let Some(t) = find(NsPath::Tierlb, n, LoadMode::Connect) {
+            let q = t.p50_ratio;
+            out.push((
+                format!(
+                    "from outside, tierlb's node port within 1.10x of direct at {} Services (p50, connect)",
+                    thousands(n)
+                ),
+                format!("{:.2}x (rounds {:.2}-{:.2})", q.median, q.min, q.max),
+                q.median <= 1.10,
+            ));
+        }
+    }
+    if let (Some(t), Some(i)) =
+        (find(NsPath::Tierlb, 10_000, LoadMode::Rr), find(NsPath::Iptables, 10_000, LoadMode::Rr))
+    {
+        out.push((
+            "from outside at 10,000 Services at least iptables' throughput (rr)".to_owned(),
+            format!(
+                "tierlb {:.2}x direct, iptables {:.2}x (medians of the rounds: {:.0} vs {:.0} ops/s)",
+                t.per_sec_ratio.median, i.per_sec_ratio.median, t.per_sec, i.per_sec
+            ),
+            t.per_sec_ratio.median >= i.per_sec_ratio.median,
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -355,6 +431,27 @@ mod tests {
         ] {
             assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
+    }
+
+    /// The north-south section and its targets, from rows whose ratios are known (fixture): per-round
+    /// ratios to direct, their range, and the verdicts.
+    #[test]
+    fn the_north_south_rows_and_targets_read_from_the_interleaved_ratios() {
+        let md = markdown(&super::super::fixture::report());
+        for want in [
+            "## From outside the node",
+            "| tierlb | 1 | 31.5 | 63.0 | 31746 | 1.05x (1.05-1.05) | 0.95x (0.95-0.95) | 95 | 0 |",
+            "| iptables | 10,000 | 39.0 | 78.0 | 25641 | 1.30x (1.30-1.30) | 0.77x (0.77-0.77) | - | 0 |",
+            "| from outside, tierlb's node port within 1.10x of direct at 1 Services (p50, connect) | 1.05x (rounds 1.05-1.05) | yes |",
+            "| from outside, tierlb's node port within 1.10x of direct at 10,000 Services (p50, connect) | 1.15x (rounds 1.15-1.15) | no |",
+            "| from outside at 10,000 Services at least iptables' throughput (rr) | tierlb 0.87x direct, iptables 0.77x",
+        ] {
+            assert!(md.contains(want), "missing {want:?} in\n{md}");
+        }
+        let mut r = super::super::fixture::report();
+        r.north_south.clear();
+        let md = markdown(&r);
+        assert!(!md.contains("From outside") && !md.contains("from outside"), "no rows, no section: {md}");
     }
 
     /// Without the agent's figures (they failed) the report leaves out their rows and targets.

@@ -23,7 +23,7 @@ use super::{
 };
 
 /// Feed `input` to `cmd` and time it; `Ok(None)` if it did not finish within `limit` (it is then killed).
-fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Option<Duration>> {
+pub(super) fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Option<Duration>> {
     let t0 = Instant::now();
     let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
     let mut stdin = child.stdin.take().context("stdin")?;
@@ -48,26 +48,31 @@ fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::Result<Opti
 }
 
 /// How long a rule set may take to load before the row is reported as not loaded.
-const LOAD_LIMIT: Duration = Duration::from_secs(90);
+pub(super) const LOAD_LIMIT: Duration = Duration::from_secs(90);
 
 /// A hash map entry is its key and value plus about this many bytes of the kernel's element header.
 const HASH_OVERHEAD: usize = 16;
 
 /// The load side of the bench: the client binary, the namespace and the run length.
-struct Loader<'a> {
+pub(super) struct Loader<'a> {
     /// `tierlb-lab`, whose `load` subcommand is the client.
-    lab: &'a Path,
+    pub(super) lab: &'a Path,
     /// The bench's namespace, where the client runs.
-    ns: &'a NetNs,
+    pub(super) ns: &'a NetNs,
     /// Client threads.
-    threads: usize,
+    pub(super) threads: usize,
     /// Seconds of load per row.
-    secs: f64,
+    pub(super) secs: f64,
 }
 
 impl Loader<'_> {
     /// One load run against `target`, the client confined to `cg` (tierlb's cgroup, for the tierlb rows).
-    fn run(&self, cg: Option<&Cgroup>, target: SocketAddr, mode: LoadMode) -> anyhow::Result<LoadResult> {
+    pub(super) fn run(
+        &self,
+        cg: Option<&Cgroup>,
+        target: SocketAddr,
+        mode: LoadMode,
+    ) -> anyhow::Result<LoadResult> {
         let mut cmd = Command::new(self.lab);
         confine(&mut cmd, cg, Some(self.ns))?;
         cmd.args([
@@ -128,7 +133,7 @@ impl Loader<'_> {
 }
 
 /// A program's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
-fn prog_stats(name: &str) -> Option<(u64, u64)> {
+pub(super) fn prog_stats(name: &str) -> Option<(u64, u64)> {
     let out = Command::new("bpftool").args(["prog", "show", "name", name, "--json"]).output().ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     let items = if v.is_array() { v.as_array()?.clone() } else { vec![v] };
@@ -206,6 +211,9 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     // The agent itself, from manifests and from the API server: time to ready, one change, RSS.
     let agent = agent_runs(tierlb, counts, per);
     let rule_loads = rule_set_rows(&loader, counts, per, &mut rows)?;
+    // From outside the node: at 1 and 10,000 Services, interleaved rounds.
+    let north_south =
+        super::north_south::rows(lab, &[1, 10_000], if quick { 3 } else { 5 }, loader.secs / 2.0)?;
     let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
     Ok(Report {
         kernel,
@@ -213,6 +221,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         threads: loader.threads,
         seconds: loader.secs,
         rows,
+        north_south,
         control: ControlPlane { maps: map_writes, map_memory, agent, rule_loads },
     })
 }

@@ -34,7 +34,7 @@ fn endpoints(i: usize, per: usize, n: usize) -> Vec<SocketAddr> {
 }
 
 /// The address of endpoint `e` of Service `i` with `per` endpoints each (10.200.0.0 and up).
-fn endpoint_ip(i: usize, per: usize, e: usize) -> Ipv4Addr {
+pub(super) fn endpoint_ip(i: usize, per: usize, e: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + (i * per + e) as u32)
 }
 

@@ -234,6 +234,9 @@ fn tc_an_rst_closes_both_entries_and_a_reused_client_port_is_a_new_connection() 
     let direct = Pkt::tcp(&pod, &client, 0x12);
     let (rc, out) = lab.run("tc_egress", &direct.bytes());
     assert_eq!((rc, out), (PASS, direct.bytes()), "left alone, not rewritten to the node port");
+    let data = Pkt::tcp(&pod, &client, 0x18);
+    let (rc, out) = lab.run("tc_egress", &data.bytes());
+    assert_eq!((rc, out), (PASS, data.bytes()), "and so is the rest of that connection");
     // And a new connection to the node port from that port is a new flow.
     let syn = Pkt::tcp(&client, &np, 0x02);
     let (rc, out) = lab.run("tc_ingress", &syn.bytes());

@@ -1,0 +1,305 @@
+//! The north-south rows: an external client in a namespace of its own reaches a pod behind a node (its own
+//! namespace, the pod behind a veth) four ways at each Service count: the pod's IP routed by the node
+//! (`direct`, the floor), a node port that tierlb's tc programs on the node's uplink translate (the Service
+//! maps filled through the reconciler, the pod a local endpoint: DNAT, the client's address kept), and node
+//! ports of kube-proxy-style iptables and nftables rule sets (DNAT plus masquerade, as kube-proxy writes them
+//! for `externalTrafficPolicy: Cluster`). All four are in place at once, each on its own node ports, so the
+//! rows interleave: every round runs each path once per load mode, and a path's figure is the median over the
+//! rounds of its ratio to `direct` in the same round (with the rounds' spread), which holds on a machine whose
+//! speed drifts. The node's namespace has netfilter's nat hooks loaded for every row (the rule sets), as a
+//! node with kube-proxy's rules has.
+use std::{
+    collections::BTreeSet,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    process::Command,
+};
+
+use anyhow::Context as _;
+use lb_common::FLAG_SNAT_TO_FRONTEND;
+use lb_testkit::{deployed::Node, sandbox::NetNs};
+use tierlb::{
+    datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded},
+    model::{ObjKey, ServicePortName},
+};
+
+use super::{
+    figures::{NsPath, NsRow, median},
+    load::{LoadMode, LoadResult, Sink},
+    run::{Loader, prog_stats},
+    workloads::{endpoint_ip, target},
+};
+
+const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const CLIENT: &str = "192.0.2.100";
+const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+const POD_PORT: u16 = 8080;
+
+/// The first node port of each path's Service set (Service `i` has `base + i`): apart, so that the three
+/// sets are in place at once; below the SNAT ports (61000 and up).
+fn base(path: NsPath) -> u16 {
+    match path {
+        NsPath::Direct => 0,
+        NsPath::Tierlb => 10_000,
+        NsPath::Iptables => 20_000,
+        NsPath::Nftables => 30_000,
+    }
+}
+
+/// Service `i`'s endpoints in a set of `n`: the measured one (in the middle) has the pod; the others,
+/// addresses nothing answers on (never connected to).
+fn endpoints(i: usize, per: usize, n: usize) -> Vec<SocketAddr> {
+    if i == target(n) {
+        return vec![SocketAddr::new(POD.into(), POD_PORT)];
+    }
+    (0..per).map(|e| SocketAddr::new(endpoint_ip(i, per, e).into(), POD_PORT)).collect()
+}
+
+/// The node ports of `n` Services as the agent would program them: outside-scope frontends.
+fn desired(n: usize, per: usize) -> Desired {
+    (0..n)
+        .map(|i| {
+            let port = base(NsPath::Tierlb) + i as u16;
+            let b = endpoints(i, per, n).into_iter().map(|a| addr::backend(a, 6)).collect();
+            (
+                addr::outside_frontend_key(IpAddr::V4(NODE), port, 6),
+                DesiredFrontend {
+                    name: ServicePortName::new(ObjKey::new("bench", format!("np-{i}")), "").into(),
+                    tiers: [Vec::new(), Vec::new(), b],
+                    flags: FLAG_SNAT_TO_FRONTEND,
+                    affinity_timeout_s: 0,
+                },
+            )
+        })
+        .collect()
+}
+
+/// kube-proxy's iptables node ports: KUBE-NODEPORTS (from PREROUTING for the node's own addresses) ->
+/// KUBE-EXT-* (mark for masquerade) -> KUBE-SVC-* (statistic random) -> KUBE-SEP-* DNAT; KUBE-POSTROUTING
+/// masquerades what is marked.
+pub(super) fn iptables_node_ports(n: usize, per: usize) -> String {
+    let mut chains = String::from(
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n",
+    );
+    let mut rules = String::from(
+        "-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n-A POSTROUTING -j KUBE-POSTROUTING\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n-A KUBE-POSTROUTING -j MASQUERADE --random-fully\n",
+    );
+    for i in 0..n {
+        let (ext, svc) = (format!("KUBE-EXT-{i:012X}"), format!("KUBE-SVC-{i:012X}"));
+        let _ = writeln!(chains, ":{ext} - [0:0]\n:{svc} - [0:0]");
+        let port = base(NsPath::Iptables) + i as u16;
+        let _ = writeln!(rules, "-A KUBE-NODEPORTS -p tcp -m tcp --dport {port} -j {ext}");
+        let _ = writeln!(rules, "-A {ext} -j KUBE-MARK-MASQ\n-A {ext} -j {svc}");
+        let eps = endpoints(i, per, n);
+        for (e, a) in eps.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{i:08X}{e:04X}");
+            let _ = writeln!(chains, ":{sep} - [0:0]");
+            let left = eps.len() - e;
+            if left > 1 {
+                let p = 1.0 / left as f64;
+                let _ = writeln!(rules, "-A {svc} -m statistic --mode random --probability {p:.11} -j {sep}");
+            } else {
+                let _ = writeln!(rules, "-A {svc} -j {sep}");
+            }
+            let _ = writeln!(rules, "-A {sep} -p tcp -m tcp -j DNAT --to-destination {a}");
+        }
+    }
+    chains + &rules + "COMMIT\n"
+}
+
+/// kube-proxy's nftables node ports: a protocol . port verdict map (for the node's own addresses) to a
+/// per-Service chain that marks for masquerade and picks an endpoint with `numgen random`.
+pub(super) fn nft_node_ports(n: usize, per: usize) -> String {
+    let mut s = String::from("table ip kube-proxy-np {\n");
+    let mut elems = Vec::new();
+    for i in 0..n {
+        let eps = endpoints(i, per, n);
+        let map: Vec<String> =
+            eps.iter().enumerate().map(|(e, a)| format!("{e} : {} . {}", a.ip(), a.port())).collect();
+        let _ = writeln!(
+            s,
+            "  chain ext-{i} {{\n    mark set mark or 0x4000\n    meta l4proto tcp dnat ip addr . port to numgen random mod {} map {{ {} }}\n  }}",
+            eps.len(),
+            map.join(", ")
+        );
+        elems.push(format!("tcp . {} : goto ext-{i}", base(NsPath::Nftables) + i as u16));
+    }
+    let _ = writeln!(
+        s,
+        "  map service-nodeports {{\n    type inet_proto . inet_service : verdict\n    elements = {{ {} }}\n  }}",
+        elems.join(", ")
+    );
+    s.push_str("  chain prerouting {\n    type nat hook prerouting priority -100; policy accept;\n    fib daddr type local meta l4proto . th dport vmap @service-nodeports\n  }\n");
+    s.push_str("  chain postrouting {\n    type nat hook postrouting priority 100; policy accept;\n    mark and 0x4000 == 0x4000 masquerade fully-random\n  }\n}\n");
+    s
+}
+
+/// The client's namespace, the node's (with the pod) and the backend in the pod.
+struct Lab {
+    ext: NetNs,
+    node: Node,
+    _pod: NetNs,
+    _sink: Sink,
+}
+
+impl Lab {
+    fn new() -> anyhow::Result<Self> {
+        let mut node = Node::new("bench-ns-node")?;
+        let ext = NetNs::new("bench-ns-ext")?;
+        node.netns.ip(&[
+            "link",
+            "add",
+            "eth",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "uplink",
+            "netns",
+            ext.name(),
+        ])?;
+        node.netns.ip(&["addr", "add", &format!("{NODE}/24"), "dev", "eth"])?;
+        node.netns.ip(&["link", "set", "eth", "up"])?;
+        ext.ip(&["addr", "add", &format!("{CLIENT}/24"), "dev", "uplink"])?;
+        ext.ip(&["link", "set", "uplink", "up"])?;
+        ext.ip(&["route", "add", "10.244.0.0/16", "via", &NODE.to_string()])?;
+        let pod = node.add_pod("bench-ns-pod", POD.into())?;
+        let sink = Sink::start(&pod, SocketAddr::new(POD.into(), POD_PORT))?;
+        Ok(Self { ext, node, _pod: pod, _sink: sink })
+    }
+
+    /// `CMD ARGS` in the node's namespace, `input` on its stdin.
+    fn node_cmd(&self, args: &[&str], input: &str) -> anyhow::Result<()> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", self.node.netns.name()]).args(args);
+        let took = super::run::timed(&mut cmd, input, super::run::LOAD_LIMIT)?;
+        took.map(|_| ())
+            .with_context(|| format!("{args:?} did not finish within {:?}", super::run::LOAD_LIMIT))
+    }
+}
+
+/// The address each path's measured Service is reached at, with `n` Services.
+fn target_of(path: NsPath, n: usize) -> SocketAddr {
+    match path {
+        NsPath::Direct => SocketAddr::new(POD.into(), POD_PORT),
+        _ => SocketAddr::new(NODE.into(), base(path) + target(n) as u16),
+    }
+}
+
+/// Every north-south row at each count in `counts` (10 endpoints per Service), `rounds` interleaved rounds
+/// each; `lab_bin` is `tierlb-lab`, `secs` the length of one load run.
+pub(super) fn rows(
+    lab_bin: &std::path::Path,
+    counts: &[usize],
+    rounds: usize,
+    secs: f64,
+) -> anyhow::Result<Vec<NsRow>> {
+    let per = 10;
+    let lab = Lab::new()?;
+    let loader = Loader { lab: lab_bin, ns: &lab.ext, threads: 2, secs };
+    let Loaded { mut programs, maps, ns: mut ns_maps } =
+        Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
+    ns_maps.set_local(&BTreeSet::from([IpAddr::V4(POD)]))?;
+    attach_in(&lab.node.netns, &mut programs)?;
+    let mut rec = Reconciler::new(maps);
+    let mut out = Vec::new();
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+    for &n in counts {
+        let rep = rec.apply(&desired(n, per), std::time::Instant::now());
+        anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
+        lab.node_cmd(&["iptables-restore", "-w"], &iptables_node_ports(n, per))
+            .context("iptables-restore")?;
+        lab.node_cmd(&["nft", "-f", "-"], &nft_node_ports(n, per)).context("nft -f")?;
+        for mode in LoadMode::ALL {
+            let mut runs: Vec<Vec<LoadResult>> = vec![Vec::new(); NsPath::ALL.len()];
+            let mut tc_ns = Vec::new();
+            for _ in 0..rounds {
+                for (p, path) in NsPath::ALL.iter().enumerate() {
+                    let before = (prog_stats("tc_ingress"), prog_stats("tc_egress"));
+                    runs[p].push(loader.run(None, target_of(*path, n), mode)?);
+                    let after = (prog_stats("tc_ingress"), prog_stats("tc_egress"));
+                    if *path == NsPath::Tierlb
+                        && let (Some(i0), Some(e0), Some(i1), Some(e1)) =
+                            (before.0, before.1, after.0, after.1)
+                        && i1.1 + e1.1 > i0.1 + e0.1
+                    {
+                        tc_ns.push((i1.0 + e1.0 - i0.0 - e0.0) as f64 / (i1.1 + e1.1 - i0.1 - e0.1) as f64);
+                    }
+                }
+            }
+            for (p, path) in NsPath::ALL.iter().enumerate() {
+                let row = NsRow::of(
+                    *path,
+                    n,
+                    mode,
+                    &runs[p],
+                    &runs[0],
+                    (*path == NsPath::Tierlb).then(|| median(&tc_ns)),
+                );
+                eprintln!(
+                    "bench: from outside {:<9} {n:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2})  p99 {:>7.1} us  {:>8.0} ops/s  {} errors",
+                    path.as_str(),
+                    mode.as_str(),
+                    row.p50_us,
+                    row.p50_ratio.median,
+                    row.p50_ratio.min,
+                    row.p50_ratio.max,
+                    row.p99_us,
+                    row.per_sec,
+                    row.errors
+                );
+                out.push(row);
+            }
+        }
+        let _ = lab.node_cmd(&["nft", "flush", "ruleset"], "");
+    }
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
+    drop(programs);
+    Ok(out)
+}
+
+/// Attach the tc programs to the node's uplink, from a thread inside the node's namespace.
+fn attach_in(ns: &NetNs, programs: &mut tierlb::datapath::ebpf::Programs) -> anyhow::Result<()> {
+    let file = ns.file().try_clone()?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<()> {
+            nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET)?;
+            programs.attach_device("eth", None)?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the attaching thread panicked"))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The node-port rule sets load as written (checked by the tools in a namespace of the test's own, not
+    /// committed), and their shape is kube-proxy's.
+    #[test]
+    fn the_node_port_rule_sets_are_valid_and_shaped_as_kube_proxys() {
+        let ipt = iptables_node_ports(3, 2);
+        for want in [
+            "-A PREROUTING -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS",
+            "-A KUBE-NODEPORTS -p tcp -m tcp --dport 20001 -j KUBE-EXT-000000000001",
+            "-A KUBE-EXT-000000000001 -j KUBE-MARK-MASQ",
+            "-A KUBE-SEP-000000010000 -p tcp -m tcp -j DNAT --to-destination 10.244.1.2:8080",
+            "-A KUBE-POSTROUTING -j MASQUERADE --random-fully",
+        ] {
+            assert!(ipt.contains(want), "{want} in\n{ipt}");
+        }
+        let nft = nft_node_ports(3, 2);
+        assert!(nft.contains("tcp . 30001 : goto ext-1"), "{nft}");
+        let ns = NetNs::new("bench-ns-rules").unwrap();
+        let check = |args: &[&str], input: &str| {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns.name()]).args(args);
+            let took = super::super::run::timed(&mut cmd, input, std::time::Duration::from_secs(30));
+            assert!(took.as_ref().is_ok_and(Option::is_some), "{args:?}: {took:?}\n{input}");
+        };
+        check(&["iptables-restore", "--test", "-w"], &ipt);
+        check(&["nft", "-c", "-f", "-"], &nft);
+    }
+}
