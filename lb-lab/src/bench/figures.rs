@@ -35,35 +35,6 @@ impl DataPath {
     }
 }
 
-/// A path that traffic from outside the node takes to a pod.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NsPath {
-    /// To the pod's IP, routed by the node: the floor.
-    Direct,
-    /// To a node port that tierlb's tc programs translate.
-    Tierlb,
-    /// To a node port of kube-proxy-style iptables rules (DNAT + masquerade).
-    Iptables,
-    /// To a node port of kube-proxy-style nftables rules (DNAT + masquerade).
-    Nftables,
-}
-
-impl NsPath {
-    /// Every path, in run and table order (direct first: the others' ratios are to it).
-    pub const ALL: [Self; 4] = [Self::Direct, Self::Tierlb, Self::Iptables, Self::Nftables];
-
-    /// The path's name in the tables and the progress lines.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Direct => "direct",
-            Self::Tierlb => "tierlb",
-            Self::Iptables => "iptables",
-            Self::Nftables => "nftables",
-        }
-    }
-}
-
 /// A ratio taken per interleaved round: the median of the rounds and their least and greatest.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Ratio {
@@ -98,8 +69,8 @@ pub(super) fn median(xs: &[f64]) -> f64 {
 /// One north-south row: a path at a Service count under one load mode, over interleaved rounds.
 #[derive(Clone, Debug, Serialize)]
 pub struct NsRow {
-    /// The path.
-    pub path: NsPath,
+    /// The path (from outside the node: `Tierlb` is its tc node port, the rule sets their node ports).
+    pub path: DataPath,
     /// Services programmed (each path's own set; direct's figure is the same run's).
     pub services: usize,
     /// What one operation was.
@@ -125,7 +96,7 @@ pub struct NsRow {
 impl NsRow {
     /// The row of `path` from its rounds' results `runs` and direct's of the same rounds.
     pub fn of(
-        path: NsPath,
+        path: DataPath,
         services: usize,
         mode: LoadMode,
         runs: &[LoadResult],

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use super::{
     figures::{
-        AgentFigures, AgentSource, ControlPlane, DataPath, MapMemory, MapWrites, NsPath, NsRow, Report, Row,
-        Spread,
+        AgentFigures, AgentSource, ControlPlane, DataPath, MapMemory, MapWrites, NsRow, Report, Row, Spread,
     },
     load::{LoadMode, LoadResult},
 };
@@ -30,15 +29,15 @@ fn north_south() -> Vec<NsRow> {
     for n in [1, 10_000] {
         for mode in LoadMode::ALL {
             let direct: Vec<LoadResult> = [29.0, 30.0, 31.0].iter().map(|p| result(*p)).collect();
-            for path in NsPath::ALL {
+            for path in DataPath::ALL {
                 let k = match (path, n) {
-                    (NsPath::Direct, _) => 1.0,
-                    (NsPath::Tierlb, 1) => 1.05,
-                    (NsPath::Tierlb, _) => 1.15,
+                    (DataPath::Direct, _) => 1.0,
+                    (DataPath::Tierlb, 1) => 1.05,
+                    (DataPath::Tierlb, _) => 1.15,
                     _ => 1.30,
                 };
                 let runs: Vec<LoadResult> = direct.iter().map(|d| result(d.p50_us * k)).collect();
-                let tc = (path == NsPath::Tierlb).then_some(95.0);
+                let tc = (path == DataPath::Tierlb).then_some(95.0);
                 out.push(NsRow::of(path, n, mode, &runs, &direct, tc));
             }
         }

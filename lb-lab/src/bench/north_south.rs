@@ -24,10 +24,10 @@ use tierlb::{
 };
 
 use super::{
-    figures::{NsPath, NsRow, median},
+    figures::{DataPath, NsRow, median},
     load::{LoadMode, LoadResult, Sink},
     run::{Loader, prog_stats},
-    workloads::{endpoint_ip, target},
+    workloads::{endpoints_to, svc_chains, target},
 };
 
 const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -37,29 +37,25 @@ const POD_PORT: u16 = 8080;
 
 /// The first node port of each path's Service set (Service `i` has `base + i`): apart, so that the three
 /// sets are in place at once; below the SNAT ports (61000 and up).
-fn base(path: NsPath) -> u16 {
+fn base(path: DataPath) -> u16 {
     match path {
-        NsPath::Direct => 0,
-        NsPath::Tierlb => 10_000,
-        NsPath::Iptables => 20_000,
-        NsPath::Nftables => 30_000,
+        DataPath::Direct => 0,
+        DataPath::Tierlb => 10_000,
+        DataPath::Iptables => 20_000,
+        DataPath::Nftables => 30_000,
     }
 }
 
-/// Service `i`'s endpoints in a set of `n`: the measured one (in the middle) has the pod; the others,
-/// addresses nothing answers on (never connected to).
+/// Service `i`'s endpoints in a set of `n`: the measured one (in the middle) has the pod.
 fn endpoints(i: usize, per: usize, n: usize) -> Vec<SocketAddr> {
-    if i == target(n) {
-        return vec![SocketAddr::new(POD.into(), POD_PORT)];
-    }
-    (0..per).map(|e| SocketAddr::new(endpoint_ip(i, per, e).into(), POD_PORT)).collect()
+    endpoints_to(SocketAddr::new(POD.into(), POD_PORT), i, per, n)
 }
 
 /// The node ports of `n` Services as the agent would program them: outside-scope frontends.
 fn desired(n: usize, per: usize) -> Desired {
     (0..n)
         .map(|i| {
-            let port = base(NsPath::Tierlb) + i as u16;
+            let port = base(DataPath::Tierlb) + i as u16;
             let b = endpoints(i, per, n).into_iter().map(|a| addr::backend(a, 6)).collect();
             (
                 addr::outside_frontend_key(IpAddr::V4(NODE), port, 6),
@@ -87,22 +83,10 @@ pub(super) fn iptables_node_ports(n: usize, per: usize) -> String {
     for i in 0..n {
         let (ext, svc) = (format!("KUBE-EXT-{i:012X}"), format!("KUBE-SVC-{i:012X}"));
         let _ = writeln!(chains, ":{ext} - [0:0]\n:{svc} - [0:0]");
-        let port = base(NsPath::Iptables) + i as u16;
+        let port = base(DataPath::Iptables) + i as u16;
         let _ = writeln!(rules, "-A KUBE-NODEPORTS -p tcp -m tcp --dport {port} -j {ext}");
         let _ = writeln!(rules, "-A {ext} -j KUBE-MARK-MASQ\n-A {ext} -j {svc}");
-        let eps = endpoints(i, per, n);
-        for (e, a) in eps.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{i:08X}{e:04X}");
-            let _ = writeln!(chains, ":{sep} - [0:0]");
-            let left = eps.len() - e;
-            if left > 1 {
-                let p = 1.0 / left as f64;
-                let _ = writeln!(rules, "-A {svc} -m statistic --mode random --probability {p:.11} -j {sep}");
-            } else {
-                let _ = writeln!(rules, "-A {svc} -j {sep}");
-            }
-            let _ = writeln!(rules, "-A {sep} -p tcp -m tcp -j DNAT --to-destination {a}");
-        }
+        svc_chains(&mut chains, &mut rules, &svc, i, &endpoints(i, per, n));
     }
     chains + &rules + "COMMIT\n"
 }
@@ -122,7 +106,7 @@ pub(super) fn nft_node_ports(n: usize, per: usize) -> String {
             eps.len(),
             map.join(", ")
         );
-        elems.push(format!("tcp . {} : goto ext-{i}", base(NsPath::Nftables) + i as u16));
+        elems.push(format!("tcp . {} : goto ext-{i}", base(DataPath::Nftables) + i as u16));
     }
     let _ = writeln!(
         s,
@@ -179,9 +163,9 @@ impl Lab {
 }
 
 /// The address each path's measured Service is reached at, with `n` Services.
-fn target_of(path: NsPath, n: usize) -> SocketAddr {
+fn target_of(path: DataPath, n: usize) -> SocketAddr {
     match path {
-        NsPath::Direct => SocketAddr::new(POD.into(), POD_PORT),
+        DataPath::Direct => SocketAddr::new(POD.into(), POD_PORT),
         _ => SocketAddr::new(NODE.into(), base(path) + target(n) as u16),
     }
 }
@@ -211,14 +195,14 @@ pub(super) fn rows(
             .context("iptables-restore")?;
         lab.node_cmd(&["nft", "-f", "-"], &nft_node_ports(n, per)).context("nft -f")?;
         for mode in LoadMode::ALL {
-            let mut runs: Vec<Vec<LoadResult>> = vec![Vec::new(); NsPath::ALL.len()];
+            let mut runs: Vec<Vec<LoadResult>> = vec![Vec::new(); DataPath::ALL.len()];
             let mut tc_ns = Vec::new();
             for _ in 0..rounds {
-                for (p, path) in NsPath::ALL.iter().enumerate() {
+                for (p, path) in DataPath::ALL.iter().enumerate() {
                     let before = (prog_stats("tc_ingress"), prog_stats("tc_egress"));
                     runs[p].push(loader.run(None, target_of(*path, n), mode)?);
                     let after = (prog_stats("tc_ingress"), prog_stats("tc_egress"));
-                    if *path == NsPath::Tierlb
+                    if *path == DataPath::Tierlb
                         && let (Some(i0), Some(e0), Some(i1), Some(e1)) =
                             (before.0, before.1, after.0, after.1)
                         && i1.1 + e1.1 > i0.1 + e0.1
@@ -227,14 +211,14 @@ pub(super) fn rows(
                     }
                 }
             }
-            for (p, path) in NsPath::ALL.iter().enumerate() {
+            for (p, path) in DataPath::ALL.iter().enumerate() {
                 let row = NsRow::of(
                     *path,
                     n,
                     mode,
                     &runs[p],
                     &runs[0],
-                    (*path == NsPath::Tierlb).then(|| median(&tc_ns)),
+                    (*path == DataPath::Tierlb).then(|| median(&tc_ns)),
                 );
                 eprintln!(
                     "bench: from outside {:<9} {n:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2})  p99 {:>7.1} us  {:>8.0} ops/s  {} errors",

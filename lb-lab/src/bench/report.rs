@@ -3,7 +3,7 @@
 use std::{fmt::Write as _, time::Duration};
 
 use super::{
-    figures::{AgentSource, ControlPlane, DataPath, LoadTime, NsPath, Report, Spread},
+    figures::{AgentSource, ControlPlane, DataPath, LoadTime, Report, Spread},
     load::{LoadMode, RR_BYTES},
 };
 
@@ -337,7 +337,7 @@ fn north_south_targets(r: &Report) -> Vec<(String, String, bool)> {
         |path, n, mode| r.north_south.iter().find(|x| x.path == path && x.services == n && x.mode == mode);
     let mut out = Vec::new();
     for n in [1, 10_000] {
-        if let Some(t) = find(NsPath::Tierlb, n, LoadMode::Connect) {
+        if let Some(t) = find(DataPath::Tierlb, n, LoadMode::Connect) {
             let q = t.p50_ratio;
             out.push((
                 format!(
@@ -350,7 +350,7 @@ fn north_south_targets(r: &Report) -> Vec<(String, String, bool)> {
         }
     }
     if let (Some(t), Some(i)) =
-        (find(NsPath::Tierlb, 10_000, LoadMode::Rr), find(NsPath::Iptables, 10_000, LoadMode::Rr))
+        (find(DataPath::Tierlb, 10_000, LoadMode::Rr), find(DataPath::Iptables, 10_000, LoadMode::Rr))
     {
         out.push((
             "from outside at 10,000 Services at least iptables' throughput (rr)".to_owned(),

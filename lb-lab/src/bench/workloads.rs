@@ -27,14 +27,37 @@ pub(super) fn target(n: usize) -> usize {
 
 /// Service `i`'s endpoints; only the target's exists (the others are never connected to).
 fn endpoints(i: usize, per: usize, n: usize) -> Vec<SocketAddr> {
+    endpoints_to(BACKEND.parse().expect("valid"), i, per, n)
+}
+
+/// Service `i`'s endpoints in a set of `n` whose measured one is `backend`; the others' addresses answer
+/// nothing (never connected to).
+pub(super) fn endpoints_to(backend: SocketAddr, i: usize, per: usize, n: usize) -> Vec<SocketAddr> {
     if i == target(n) {
-        return vec![BACKEND.parse().expect("valid")];
+        return vec![backend];
     }
-    (0..per).map(|e| SocketAddr::new(endpoint_ip(i, per, e).into(), 8080)).collect()
+    (0..per).map(|e| SocketAddr::new(endpoint_ip(i, per, e).into(), backend.port())).collect()
+}
+
+/// kube-proxy's KUBE-SVC-* chain of Service `i` (`svc`, statistic random over `eps`) and its KUBE-SEP-* DNAT
+/// chains: their declarations into `chains`, their rules into `rules`.
+pub(super) fn svc_chains(chains: &mut String, rules: &mut String, svc: &str, i: usize, eps: &[SocketAddr]) {
+    for (e, a) in eps.iter().enumerate() {
+        let sep = format!("KUBE-SEP-{i:08X}{e:04X}");
+        let _ = writeln!(chains, ":{sep} - [0:0]");
+        let left = eps.len() - e;
+        if left > 1 {
+            let p = 1.0 / left as f64;
+            let _ = writeln!(rules, "-A {svc} -m statistic --mode random --probability {p:.11} -j {sep}");
+        } else {
+            let _ = writeln!(rules, "-A {svc} -j {sep}");
+        }
+        let _ = writeln!(rules, "-A {sep} -p tcp -m tcp -j DNAT --to-destination {a}");
+    }
 }
 
 /// The address of endpoint `e` of Service `i` with `per` endpoints each (10.200.0.0 and up).
-pub(super) fn endpoint_ip(i: usize, per: usize, e: usize) -> Ipv4Addr {
+fn endpoint_ip(i: usize, per: usize, e: usize) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + (i * per + e) as u32)
 }
 
@@ -64,19 +87,7 @@ pub fn iptables_rules(services: usize, per: usize) -> String {
         let svc = format!("KUBE-SVC-{i:012X}");
         let _ = writeln!(s, ":{svc} - [0:0]");
         let _ = writeln!(rules, "-A KUBE-SERVICES -d {}/32 -p tcp -m tcp --dport 80 -j {svc}", vip(i));
-        let eps = endpoints(i, per, services);
-        for (e, a) in eps.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{i:08X}{e:04X}");
-            let _ = writeln!(s, ":{sep} - [0:0]");
-            let left = eps.len() - e;
-            if left > 1 {
-                let p = 1.0 / left as f64;
-                let _ = writeln!(rules, "-A {svc} -m statistic --mode random --probability {p:.11} -j {sep}");
-            } else {
-                let _ = writeln!(rules, "-A {svc} -j {sep}");
-            }
-            let _ = writeln!(rules, "-A {sep} -p tcp -m tcp -j DNAT --to-destination {a}");
-        }
+        svc_chains(&mut s, &mut rules, &svc, i, &endpoints(i, per, services));
     }
     s.push_str(&rules);
     s.push_str("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\nCOMMIT\n");
