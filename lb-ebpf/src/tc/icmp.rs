@@ -48,18 +48,7 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
     if !is_error(f.family, kind) {
         return PASS;
     }
-    let mut q = Flow {
-        saddr: [0; 4],
-        daddr: [0; 4],
-        sport: 0,
-        dport: 0,
-        proto: 0,
-        family: 0,
-        tcp_flags: 0,
-        frag: 0,
-        frag_id: 0,
-        l4: 0,
-    };
+    let mut q = Flow::default();
     if !quoted(ctx, f, &mut q) {
         return PASS;
     }

@@ -35,7 +35,7 @@ pub(crate) const TCP_RST: u8 = 0x04;
 pub(crate) const TCP_ACK: u8 = 0x10;
 
 /// A packet's flow, as it lies in the packet (addresses and ports in network order).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Flow {
     pub saddr: [u32; 4],
     pub daddr: [u32; 4],

@@ -212,9 +212,7 @@ impl NsMaps {
     ) -> Result<Self, DatapathError> {
         use lb_common::{MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
         let counters_fd = match &counters {
-            aya::maps::Map::PerCpuArray(data) => std::os::fd::AsFd::as_fd(data.fd())
-                .try_clone_to_owned()
-                .map_err(|e| bpf_err(format!("map {MAP_NS_COUNTERS}: duplicating its descriptor"), e))?,
+            aya::maps::Map::PerCpuArray(data) => super::ebpf::second_fd(data, MAP_NS_COUNTERS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_NS_COUNTERS }),
         };
         // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).
