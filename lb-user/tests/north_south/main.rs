@@ -8,6 +8,7 @@ mod affinity;
 mod fragments;
 mod icmp;
 mod lab;
+mod reuse;
 mod two_nodes;
 
 use std::{
