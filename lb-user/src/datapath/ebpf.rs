@@ -15,7 +15,6 @@ use lb_common::{MAPS, PINNED_MAPS};
 
 mod maps;
 pub use maps::KernelMaps;
-pub(in crate::datapath) use maps::second_fd;
 
 pub(crate) use super::error::bpf_err;
 pub use super::{

@@ -123,3 +123,13 @@ pub(crate) fn bpf_err<E: std::error::Error + Send + Sync + 'static>(
         DatapathError::Bpf { what, source: Box::new(e) }
     }
 }
+
+/// A second descriptor of map `name` (`data`), for what works on the map beside its typed handle.
+pub(in crate::datapath) fn second_fd(
+    data: &aya::maps::MapData,
+    name: &str,
+) -> Result<std::os::fd::OwnedFd, DatapathError> {
+    std::os::fd::AsFd::as_fd(data.fd())
+        .try_clone_to_owned()
+        .map_err(|e| bpf_err(format!("map {name}: duplicating its descriptor"), e))
+}

@@ -212,7 +212,7 @@ impl NsMaps {
     ) -> Result<Self, DatapathError> {
         use lb_common::{MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
         let counters_fd = match &counters {
-            aya::maps::Map::PerCpuArray(data) => super::ebpf::second_fd(data, MAP_NS_COUNTERS)?,
+            aya::maps::Map::PerCpuArray(data) => super::error::second_fd(data, MAP_NS_COUNTERS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_NS_COUNTERS }),
         };
         // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).

@@ -77,13 +77,13 @@ impl KernelMaps {
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
             HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
         let slots_fd = match &slots {
-            Map::HashMap(data) => second_fd(data, MAP_SLOTS)?,
+            Map::HashMap(data) => crate::datapath::error::second_fd(data, MAP_SLOTS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_SLOTS }),
         };
         let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
         let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
         let counters_fd = match &counters {
-            Map::PerCpuArray(data) => second_fd(data, MAP_COUNTERS)?,
+            Map::PerCpuArray(data) => crate::datapath::error::second_fd(data, MAP_COUNTERS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_COUNTERS }),
         };
         let counters: PerCpuArray<MapData, u64> =
@@ -189,16 +189,6 @@ pub(super) fn sys(
         }
         other => MapError::Sys { map, source: std::io::Error::other(other) },
     }
-}
-
-/// A second descriptor of map `name` (`data`), for what works on the map beside its typed handle.
-pub(in crate::datapath) fn second_fd(
-    data: &MapData,
-    name: &str,
-) -> Result<std::os::fd::OwnedFd, DatapathError> {
-    std::os::fd::AsFd::as_fd(data.fd())
-        .try_clone_to_owned()
-        .map_err(|e| bpf_err(format!("map {name}: duplicating its descriptor"), e))
 }
 
 /// A batched write's error as `sys` makes a single one's: a full map names its flag.
