@@ -126,9 +126,8 @@ async fn start_source(opts: &AgentOptions, changed: mpsc::UnboundedSender<()>) -
     }
 }
 
-async fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
+fn bind(addr: SocketAddr, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    server::listen(addr)
         .with_context(|| format!("{flag} {addr}: cannot listen (port in use? pass another address or `off`)"))
 }
 
@@ -303,7 +302,7 @@ fn end_departed_sockets(rec: &mut Reconciler<KernelMaps>, finder: &destroy::Netn
 }
 
 /// Rule 7: try again the Services whose backoff is due, without a source event; true if the maps changed.
-async fn retry_due(
+fn retry_due(
     core: &mut AgentCore<KernelMaps>,
     service_health: Option<&mut ServiceHealthServers>,
     stats: &mut AgentStats,
@@ -311,7 +310,7 @@ async fn retry_due(
     finder: &destroy::NetnsFinder,
 ) -> bool {
     let Some(r) = core.retry_due(Instant::now()) else { return false };
-    sync_service_health(service_health, stats, &r).await;
+    sync_service_health(service_health, stats, &r);
     if r.updated + r.removed > 0 {
         end_departed_sockets(core.reconciler_mut(), finder, stats);
     }
@@ -354,9 +353,9 @@ impl Sweeper {
 }
 
 /// Open or close the `healthCheckNodePort` listeners a sync asks for.
-async fn sync_service_health(sh: Option<&mut ServiceHealthServers>, stats: &mut AgentStats, r: &SyncReport) {
+fn sync_service_health(sh: Option<&mut ServiceHealthServers>, stats: &mut AgentStats, r: &SyncReport) {
     let Some(sh) = sh else { return };
-    for (port, e) in sh.sync(&r.health_ports).await {
+    for (port, e) in sh.sync(&r.health_ports) {
         stats.health_port_errors.inc();
         tracing::error!(port, error = %e, "cannot listen on healthCheckNodePort");
     }
@@ -399,11 +398,11 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // use fails the start at once) and served once the maps are loaded.
     let health = SharedHealth::default();
     let _healthz = match opts.healthz_addr {
-        Some(a) => Some(server::start_health(bind(a, "--healthz-addr").await?, health.clone())),
+        Some(a) => Some(server::start_health(bind(a, "--healthz-addr")?, health.clone())),
         None => None,
     };
     let metrics_listener =
-        if let Some(a) = opts.metrics_addr { Some(bind(a, "--metrics-addr").await?) } else { None };
+        if let Some(a) = opts.metrics_addr { Some(bind(a, "--metrics-addr")?) } else { None };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let (source, file_watcher, api_server) = start_source(&opts, tx.clone()).await?;
     let mut external = opts.external.clone();
@@ -452,7 +451,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     record(&health, &mut stats, &report, &core);
     publish(&snapshots, &mut core);
     let mut service_health = opts.service_health_bind.map(ServiceHealthServers::new);
-    sync_service_health(service_health.as_mut(), &mut stats, &report).await;
+    sync_service_health(service_health.as_mut(), &mut stats, &report);
 
     drop(tx);
     // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
@@ -474,7 +473,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 match core.sync(Instant::now()) {
                     Ok(r) => {
                         // Rule 5: everything a sync changes happens before its "synced" line (tests wait for it).
-                        sync_service_health(service_health.as_mut(), &mut stats, &r).await;
+                        sync_service_health(service_health.as_mut(), &mut stats, &r);
                         north_south.after_sync(&mut programs, &r, &core);
                         if r.updated + r.removed > 0 {
                             end_departed_sockets(core.reconciler_mut(), &finder, &stats);
@@ -490,7 +489,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             }
             _ = tick.tick() => {
                 core.collect_garbage(Instant::now());
-                let retried = retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder).await;
+                let retried = retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder);
                 snapshot_stale |= retried;
                 sweeper.sweep(&mut core, &stats, retried);
                 watchdog.check(&mut programs, &cgroup, pin_dir.as_deref(), &health);

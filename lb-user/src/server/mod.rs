@@ -23,7 +23,7 @@ pub use service_health::{ServiceHealthServers, service_health_response};
 pub const HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
 
 mod http;
-pub use http::{Limits, Response, serve, serve_with};
+pub use http::{ACCEPT_BACKLOG, Limits, Response, listen, serve, serve_with};
 
 /// What `/healthz` and `/livez` report, updated by the agent loop.
 #[derive(Debug, Default)]
@@ -305,7 +305,7 @@ mod tests {
 
     #[tokio::test]
     async fn before_the_first_sync_livez_says_alive_and_healthz_not_ready() {
-        let (l, addr) = listener().await;
+        let (l, addr) = listener();
         let health = SharedHealth::default();
         let _server = start_health(l, health.clone());
         let reply = |path| async move { get(addr, path).await.unwrap() };
@@ -356,7 +356,7 @@ mod tests {
         let mut counts = metrics::Counts::default();
         counts[lb_common::COUNTER_NODE as usize] = 7;
         let counters = Arc::new(FixedCounters(BTreeMap::from([(svc_id, counts)])));
-        let (l, addr) = listener().await;
+        let (l, addr) = listener();
         let source =
             MetricsSource { snapshot: snapshots.subscribe(), stats: stats.clone(), counters: Some(counters) };
         let _server = start_metrics(l, source);
@@ -411,7 +411,7 @@ mod tests {
         rec.apply(&frontends(&[("web", [10, 96, 0, 10])]), Instant::now());
         let snapshots = watch::Sender::new(Arc::new(Snapshot::of(&rec, 64)));
         let reads = Arc::new(CountingCounters(std::sync::atomic::AtomicUsize::new(0)));
-        let (l, addr) = listener().await;
+        let (l, addr) = listener();
         let counters: Arc<dyn ReadCounters> = reads.clone();
         let source = MetricsSource {
             snapshot: snapshots.subscribe(),
@@ -472,15 +472,15 @@ mod tests {
         assert!(reply.is_some_and(|r| r.starts_with("HTTP/1.1 200 OK")));
     }
 
-    async fn listener() -> (TcpListener, SocketAddr) {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    fn listener() -> (TcpListener, SocketAddr) {
+        let l = listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
         (l, addr)
     }
 
     #[tokio::test]
     async fn connections_over_the_limit_are_closed_at_once() {
-        let (l, addr) = listener().await;
+        let (l, addr) = listener();
         let limits = Limits { max_connections: 2, deadline: Duration::from_secs(30), ..Limits::default() };
         let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
         // Two clients that send nothing hold both connection slots.
@@ -500,7 +500,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_trickling_its_request_is_cut_off_at_the_deadline() {
-        let (l, addr) = listener().await;
+        let (l, addr) = listener();
         let limits = Limits { deadline: Duration::from_millis(500), ..Limits::default() };
         let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
         let (mut rd, mut wr) = TcpStream::connect(addr).await.unwrap().into_split();
@@ -530,7 +530,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_client_at_its_limit_is_refused_while_another_address_is_served() {
-        let (l, addr) = listener().await;
+        let (l, addr) = listener();
         let limits = Limits { per_client: 3, deadline: Duration::from_secs(30), ..Limits::default() };
         let _server = serve_with(l, limits, |_| async { Response::text(200, "ok\n") });
         let mut held = Vec::new();
@@ -551,6 +551,27 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
         // The first client's slots come back when it closes.
         drop(held);
+        answered_again(addr).await;
+    }
+
+    /// 4,000 connections (a pod's flood the agent has not drained) wait in the queue, and the one after them
+    /// is still accepted: with tokio's default backlog of 1024 the kernel drops its SYN.
+    #[tokio::test]
+    async fn a_listener_queues_4000_connections_before_the_agent_accepts_one() {
+        let l = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut queued = Vec::new();
+        for i in 0..4000 {
+            let c = tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr)).await;
+            match c {
+                Ok(Ok(c)) => queued.push(c),
+                other => panic!("connection {i} not queued: {other:?}"),
+            }
+        }
+        let _server = serve_with(l, Limits { per_client: 5000, ..Limits::default() }, |_| async {
+            Response::text(200, "ok\n")
+        });
+        drop(queued);
         answered_again(addr).await;
     }
 

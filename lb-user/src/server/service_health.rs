@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use tokio::{net::TcpListener, task::JoinHandle};
+use tokio::task::JoinHandle;
 
 use super::{Response, serve};
 use crate::agent::ServiceHealth;
@@ -42,7 +42,7 @@ impl ServiceHealthServers {
     }
 
     /// Bring the listeners in line with `want` (port -> health). Returns the ports that could not be bound.
-    pub async fn sync(&mut self, want: &BTreeMap<u16, ServiceHealth>) -> Vec<(u16, std::io::Error)> {
+    pub fn sync(&mut self, want: &BTreeMap<u16, ServiceHealth>) -> Vec<(u16, std::io::Error)> {
         self.listeners.retain(|port, (task, _)| {
             let keep = want.contains_key(port);
             if !keep {
@@ -56,7 +56,7 @@ impl ServiceHealthServers {
                 *cur.lock().expect("health lock") = h.clone();
                 continue;
             }
-            match TcpListener::bind(SocketAddr::new(self.bind, *port)).await {
+            match super::listen(SocketAddr::new(self.bind, *port)) {
                 Ok(l) => {
                     let state = Arc::new(Mutex::new(h.clone()));
                     let s2 = state.clone();
