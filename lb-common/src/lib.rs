@@ -136,16 +136,6 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 /// Service names by `svc_id`: read by `tierlb status` and by a restarted agent adopting the maps; the BPF
 /// programs never touch it.
 pub const MAP_NAMES: &str = "SVC_NAMES";
-/// Reverse translation of TCP connects and unconnected UDP sends: (socket cookie, backend) -> VIP, for
-/// getpeername and recvmsg. An LRU; `sock_release` deletes a closing socket's entries.
-pub const MAP_REVERSE: &str = "REVERSE";
-/// Connected UDP sockets by (socket cookie, backend) -> VIP and network namespace: the sockets the agent
-/// destroys when their backend leaves (user space cannot enumerate socket storage). Entries go with their
-/// socket (`sock_release`).
-pub const MAP_CONNECTED_UDP: &str = "CONNECTED_UDP";
-/// Socket-local storage (`SockState`): the reverse state of connected UDP sockets, and the record of a UDP
-/// socket's `REVERSE` entries for `sock_release`; freed with the socket.
-pub const MAP_SOCKS: &str = "SOCKS";
 /// sessionAffinity ClientIP: (frontend, client network namespace) -> (backend, last use). An LRU.
 pub const MAP_AFFINITY: &str = "AFFINITY";
 /// Backends of the frontends with sessionAffinity: (svc_id, generation, backend) -> tiers, what the data path
@@ -171,10 +161,12 @@ pub const MAPS: [&str; 12] = [
     MAP_HEALTH_CONFIG,
     MAP_OUTSIDE_AFFINITY,
 ];
-/// Maps the agent creates and pins but never opens: the socket storage (which only the kernel reads, but a
-/// restarted agent must reuse it, or live sockets would lose their reverse state) and the trace maps (which
+/// Maps the agent creates and pins but never opens: the socket storage and the per-namespace count of
+/// connected UDP sockets (which only the kernel reads, but a restarted agent must reuse them, or live
+/// sockets would lose their reverse state and their count) and the trace maps (which
 /// `tierlb trace` opens from the pins; the agent reads the lost-event count from `MAP_COUNTERS`).
-pub const PINNED_ONLY: [&str; 4] = [MAP_SOCKS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
+pub const PINNED_ONLY: [&str; 5] =
+    [MAP_SOCKS, MAP_UDP_PER_NETNS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
 /// The north-south maps (`nat`): pinned like the others, so tracked flows survive an agent restart; the
 /// agent opens them apart from `MAPS` (`datapath::tc::NsMaps`).
 pub const NS_MAPS: [&str; 5] =
@@ -203,20 +195,9 @@ pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
 pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
 /// Default entries of the backend-state map: how many backends can be marked down at once.
 pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
-/// Default entries of the reverse map of TCP sockets and unconnected UDP (an LRU: beyond this the oldest translations are
-/// forgotten); also the most connected UDP sockets tracked at once for destruction (`MAP_CONNECTED_UDP`).
-pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 /// Default entries of the sessionAffinity LRU: how many (frontend, client) pairs are remembered at once; beyond
 /// this the least recently used are forgotten (their next connect is balanced anew).
 pub const DEFAULT_MAX_AFFINITY: u32 = 65_536;
-/// How many backends one socket's storage remembers having REVERSE entries for, so `sock_release` can delete
-/// them. A socket sending to more backends (a resolver cycling through many DNS VIPs) leaves the rest to the
-/// LRU's eviction, and the data path counts `COUNTER_REVERSE_UNRECORDED`.
-pub const SOCK_LRU_RECORD: usize = 8;
-/// `SockState::flags`: the socket has an entry in `MAP_CONNECTED_UDP` (under its cookie and `backend`).
-pub const SOCK_REGISTERED: u32 = 1 << 0;
-/// `ReverseValue::flags`: passive health has counted this TCP socket's connect as failed (once per connect).
-pub const REVERSE_HEALTH_REPORTED: u32 = 1 << 0;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]
@@ -339,57 +320,6 @@ impl BackendState {
         self.flags & BACKEND_DOWN != 0 && now_ns < self.until_ns
     }
 }
-
-/// Key of a reverse entry: which socket talked to which backend.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ReverseKey {
-    /// The socket's cookie (`bpf_get_socket_cookie`), stable for the socket's life.
-    pub cookie: u64,
-    /// The backend the socket was sent to, as recvmsg/getpeername later see it.
-    pub backend: Backend,
-    /// Explicit tail padding (the key is 8-aligned); always 0 so equal keys hash equal.
-    pub _pad: u32,
-}
-const _: () = assert!(size_of::<ReverseKey>() == 32);
-
-/// What the socket asked for (the VIP and port), and the network namespace it lives in (for the agent's
-/// socket destruction, which must run inside that namespace).
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ReverseValue {
-    /// The VIP the socket asked for, network byte order (`FrontendKey::addr`).
-    pub vip: [u32; 4],
-    /// Network byte order.
-    pub port: u16,
-    /// `FAMILY_V4` or `FAMILY_V6` of the VIP.
-    pub family: u8,
-    /// Explicit padding, always 0.
-    pub _pad: u8,
-    /// `REVERSE_HEALTH_REPORTED`; 0 when written.
-    pub flags: u32,
-    /// The socket's network namespace (`bpf_get_netns_cookie`), recorded for UDP only; 0 otherwise.
-    pub netns_cookie: u64,
-}
-const _: () = assert!(size_of::<ReverseValue>() == 32);
-
-/// A socket's own reverse state, in socket-local storage (`MAP_SOCKS`), freed by the kernel with the socket.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
-pub struct SockState {
-    /// The backend a UDP connect() chose; all zero if the socket never connected to a VIP.
-    pub backend: Backend,
-    /// The frontend that connect() asked for: recvmsg and getpeername show its VIP and port.
-    pub frontend: FrontendKey,
-    /// Backends this socket has `MAP_REVERSE` entries for (sendmsg to a VIP), the first `lru_len`; deleted
-    /// with the socket by `sock_release`.
-    pub lru: [Backend; SOCK_LRU_RECORD],
-    /// How many of `lru` are set.
-    pub lru_len: u32,
-    /// `SOCK_REGISTERED`.
-    pub flags: u32,
-}
-const _: () = assert!(size_of::<SockState>() == 208);
 
 /// Key of an affinity entry: which client asked for which frontend.
 #[repr(C)]
@@ -544,6 +474,7 @@ mod choice;
 mod csum;
 mod health;
 mod nat;
+mod reverse;
 mod trace;
 pub use choice::{
     Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
@@ -555,6 +486,7 @@ pub use health::{
     syn_sent_close_reason,
 };
 pub use nat::*;
+pub use reverse::*;
 pub use trace::{
     GLOBAL_TRACE_LOST, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, OUTCOME_FAIL_OPEN,
     OUTCOME_REFUSED, OUTCOME_TRANSLATED, TRACE_AFFINITY, TRACE_ALL, TRACE_CONNECT, TRACE_HELD,

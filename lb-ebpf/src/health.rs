@@ -141,8 +141,8 @@ fn peer(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<Backend> {
     peer_backend(ops.family, ops.remote_ip4, ip6, port, PROTO_TCP)
 }
 
-/// The socket's reverse entry and backend, if connect4/6 translated it to its current peer (the `REVERSE` LRU
-/// has (its cookie, that backend)).
+/// The socket's reverse entry and backend, if connect4/6 translated it to its current peer (the socket's
+/// `REVERSE` entry names that backend).
 #[inline(always)]
 fn translated(ctx: &SockOpsContext) -> Option<(&'static mut ReverseValue, Backend)> {
     // SAFETY: the kernel passes a valid bpf_sock_ops for the program's whole run.
@@ -150,10 +150,11 @@ fn translated(ctx: &SockOpsContext) -> Option<(&'static mut ReverseValue, Backen
     let backend = peer(ops)?;
     // SAFETY: `bpf_get_socket_cookie_sock_ops` takes the sock_ops context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    let p = REVERSE.get_ptr_mut(ReverseKey { cookie, backend, _pad: 0 })?;
+    let p = REVERSE.get_ptr_mut(ReverseKey::tcp(cookie))?;
     // SAFETY: an LRU value, valid for the program's run; if the element is reused for another socket
     // meanwhile, the flag written lands on that socket's entry (it would then not count one failure).
-    Some((unsafe { &mut *p }, backend))
+    let rev = unsafe { &mut *p };
+    (rev.peer == backend).then_some((rev, backend))
 }
 
 #[sock_ops]

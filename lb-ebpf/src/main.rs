@@ -5,7 +5,7 @@
 //! - `recvmsg4`, `recvmsg6`, `getpeername4`, `getpeername6`: backend -> the VIP the socket asked for
 //!   (`reverse`: socket storage for connected sockets, an LRU for unconnected UDP).
 //! - `sock_release`: a closed socket's reverse entries go with it.
-//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, `CONNECTED_UDP`, `SOCKS`, and
+//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, `CONNECTED_UDP`, `UDP_PER_NETNS`, `SOCKS`, and
 //!   `SVC_NAMES` (user space only).
 //! - Helpers the programs call down into, never back: `affinity`, `health`, `reverse`, `trace`, over `maps` and
 //!   `counters` (`count`, the per-CPU counters every program adds to).
@@ -26,6 +26,7 @@ mod affinity;
 mod counters;
 mod health;
 mod maps;
+mod netns_count;
 mod reverse;
 mod sock;
 mod sock_addr;

@@ -1,5 +1,5 @@
-//! The fifteen maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
-//! `REVERSE`, `CONNECTED_UDP`, `AFFINITY`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG`, the socket storage
+//! The maps of the socket programs: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
+//! `REVERSE`, `CONNECTED_UDP`, `UDP_PER_NETNS`, `AFFINITY`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG`, the socket storage
 //! `SOCKS`, and the trace maps `TRACE_EVENTS`, `TRACE_CONTROL`, `TRACE_SERVICES`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
@@ -15,13 +15,13 @@ use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
     DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRAGMENTS,
     DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS,
-    DEFAULT_MAX_SOURCE_RANGES, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY,
-    MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRAGMENTS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
+    DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig,
+    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRAGMENTS,
+    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
     MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES,
-    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS,
-    NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue,
+    NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -122,6 +122,21 @@ named_map!(
     pub(crate) static CONNECTED_UDP: HashMap<ReverseKey, ReverseValue> =
         HashMap::with_max_entries(DEFAULT_MAX_REVERSE, BPF_F_NO_PREALLOC);
 );
+
+named_map!(
+    MAP_UDP_PER_NETNS == "UDP_PER_NETNS",
+    /// Connected UDP sockets registered in `CONNECTED_UDP` per network namespace: netns cookie -> count, kept
+    /// below `UDP_PER_NETNS_MAX` so that one pod cannot fill the registry. Not preallocated.
+    pub(crate) static UDP_PER_NETNS: HashMap<u64, u32> =
+        HashMap::with_max_entries(DEFAULT_MAX_UDP_NETNS, BPF_F_NO_PREALLOC);
+);
+
+/// `lb_common::udp_per_netns` of the loaded registry's capacity, set by the loader
+/// (`lb_common::GLOBAL_UDP_PER_NETNS`); the default's if it is not. Read with `read_volatile`: a plain
+/// read of a constant `static` is folded at compile time.
+#[unsafe(no_mangle)]
+pub(crate) static UDP_PER_NETNS_MAX: u32 = lb_common::udp_per_netns(DEFAULT_MAX_REVERSE);
+const _: () = assert!(same(lb_common::GLOBAL_UDP_PER_NETNS, "UDP_PER_NETNS_MAX"));
 
 named_map!(
     MAP_AFFINITY == "AFFINITY",

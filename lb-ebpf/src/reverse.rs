@@ -1,14 +1,18 @@
 //! Reverse state: which VIP a socket asked for, so that recvmsg (a reply's source) and getpeername show the
 //! VIP, not the backend. It lives exactly as long as the socket:
 //!
-//! - A TCP socket (connect4/connect6) gets one entry in the `REVERSE` LRU, keyed by (socket cookie, backend),
-//!   which `sock_release` deletes when the socket closes (its peer is that backend). Not socket storage: the
+//! - A TCP socket (connect4/connect6) gets one entry in the `REVERSE` LRU, keyed by its cookie alone
+//!   (`ReverseKey::tcp`) with the backend it was given in the value, which `sock_release` deletes when the
+//!   socket closes. A socket that connects again (after a failed connect, or `connect(AF_UNSPEC)`)
+//!   overwrites its entry: however often it reconnects it holds one, and evicts nobody's. Not socket storage: the
 //!   first `bpf_sk_storage_get` with the create flag allocates and charges the socket's storage (two slab
 //!   allocations), about three quarters of connect4's cost when it did (perf, BENCHMARKS.md); an LRU update
 //!   takes a preallocated element.
 //! - A connected UDP socket keeps it in its own storage (`SOCKS`), which the kernel frees with the socket,
 //!   written only when it changes (a reconnect to another VIP or backend), and is registered in
-//!   `CONNECTED_UDP` for the agent's socket destruction (which must find the backend it left on a reconnect).
+//!   `CONNECTED_UDP` for the agent's socket destruction (which must find the backend it left on a reconnect),
+//!   at most `UDP_PER_NETNS_MAX` sockets per network namespace (`UDP_PER_NETNS` counts them), so one pod
+//!   cannot fill the registry for the others.
 //! - An unconnected UDP socket (sendmsg4/sendmsg6, run only when the call carries an address) may talk to
 //!   many VIPs, one entry per backend: those go to the `REVERSE` LRU too, written only when missing or
 //!   different, and recorded in the socket's storage so that `sock_release` deletes them with the socket
@@ -25,6 +29,7 @@ use lb_common::{
 use crate::{
     counters::count,
     maps::{CONNECTED_UDP, REVERSE, SOCKS},
+    netns_count,
 };
 
 pub(crate) const AF_INET: u32 = 2;
@@ -34,11 +39,6 @@ pub(crate) const AF_INET6: u32 = 10;
 fn cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: the helper takes the program's context, which is what it is given.
     unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) }
-}
-
-#[inline(always)]
-fn reverse_value(fe: FrontendKey, netns_cookie: u64) -> ReverseValue {
-    ReverseValue { vip: fe.addr, port: fe.port, family: fe.family, _pad: 0, flags: 0, netns_cookie }
 }
 
 /// The backend a socket's peer address names: `family` is the socket's (`AF_INET`, `AF_INET6`), `ip6` its
@@ -61,10 +61,10 @@ pub(crate) fn peer_backend(family: u32, ip4: u32, ip6: [u32; 4], port: u16, prot
 #[inline(never)]
 pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     if backend.proto == PROTO_TCP {
-        // A TCP socket connects once (a second connect() finds it connected and never reaches this hook), so
-        // the entry is new: written without looking it up first. An LRU never fails for lack of room.
-        let key = ReverseKey { cookie: cookie(ctx), backend, _pad: 0 };
-        if REVERSE.insert(key, reverse_value(fe, 0), 0).is_err() {
+        // The socket's one entry, written without looking it up first: new, or an earlier attempt's (a
+        // connected socket's second connect() never reaches this hook), which this attempt replaces. An LRU
+        // never fails for lack of room.
+        if REVERSE.insert(ReverseKey::tcp(cookie(ctx)), ReverseValue::new(fe, backend, 0), 0).is_err() {
             count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
         }
         return;
@@ -89,17 +89,24 @@ pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: Fr
     st.frontend = fe;
     // Only the agent's destruction of connected UDP sockets reads the registry (and the namespace).
     let cookie = cookie(ctx);
-    if st.flags & SOCK_REGISTERED != 0 && old != backend {
-        let _ = CONNECTED_UDP.remove(ReverseKey { cookie, backend: old, _pad: 0 });
-        st.flags &= !SOCK_REGISTERED;
-    }
     // SAFETY: as `cookie`.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+    if st.flags & SOCK_REGISTERED != 0 && old != backend {
+        // Moved to another backend: registered anew under it (the namespace's count stays the same).
+        let _ = CONNECTED_UDP.remove(ReverseKey { cookie, backend: old, _pad: 0 });
+    } else if st.flags & SOCK_REGISTERED == 0 && !netns_count::take(netns_cookie) {
+        // Its namespace holds its share of the registry: the socket works and shows the VIP, but the agent
+        // cannot destroy it if its backend leaves.
+        count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+        return;
+    }
     let key = ReverseKey { cookie, backend, _pad: 0 };
-    if CONNECTED_UDP.insert(key, reverse_value(fe, netns_cookie), 0).is_ok() {
+    if CONNECTED_UDP.insert(key, ReverseValue::new(fe, backend, netns_cookie), 0).is_ok() {
         st.flags |= SOCK_REGISTERED;
     } else {
-        // Full: the socket works and shows the VIP, but the agent cannot destroy it if its backend leaves.
+        // Full: as above.
+        st.flags &= !SOCK_REGISTERED;
+        netns_count::give_back(netns_cookie);
         count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
     }
 }
@@ -111,7 +118,7 @@ pub(crate) fn remember_sent(ctx: &SockAddrContext, backend: Backend, fe: Fronten
     let cookie = cookie(ctx);
     let key = ReverseKey { cookie, backend, _pad: 0 };
     // No namespace for LRU entries: only connected sockets (the registry) are ever destroyed.
-    let value = reverse_value(fe, 0);
+    let value = ReverseValue::new(fe, backend, 0);
     // SAFETY: we only copy out of the value, valid for the program's run (RCU).
     if let Some(old) = unsafe { REVERSE.get(key) }
         && *old == value
@@ -162,8 +169,19 @@ pub(crate) fn recall(ctx: &SockAddrContext, backend: Backend) -> Option<Frontend
             return Some(unsafe { (*st).frontend });
         }
     }
-    let key = ReverseKey { cookie: cookie(ctx), backend, _pad: 0 };
+    let key = if backend.proto == PROTO_TCP {
+        ReverseKey::tcp(cookie(ctx))
+    } else {
+        ReverseKey { cookie: cookie(ctx), backend, _pad: 0 }
+    };
     // SAFETY: we only copy out of the value.
     let rev = unsafe { REVERSE.get(key) }?;
-    Some(FrontendKey { addr: rev.vip, port: rev.port, proto: backend.proto, family: rev.family })
+    // A TCP socket's entry is for the backend of its last translated connect: one that connected again to
+    // an address no Service has shows that address.
+    (rev.peer == backend).then_some(FrontendKey {
+        addr: rev.vip,
+        port: rev.port,
+        proto: backend.proto,
+        family: rev.family,
+    })
 }

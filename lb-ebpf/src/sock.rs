@@ -1,13 +1,13 @@
 //! `sock_release`: a socket's reverse entries outside its own storage go with it.
 //!
 //! The kernel runs `cgroup/sock_release` from `inet_release` (every IPv4/IPv6 socket of the cgroup, on its
-//! last close) before the protocol's close, so a TCP socket still has its peer, the backend its `REVERSE`
-//! entry is keyed by (one delete, a miss for a socket connect4/6 did not translate); and before
+//! last close) before the protocol's close: a TCP socket's `REVERSE` entry is keyed by its cookie alone
+//! (one delete, a miss for a socket connect4/6 did not translate); and before
 //! `__sk_destruct` frees a UDP socket's storage, which still tells which `REVERSE` entries (sendmsg) and
-//! which `CONNECTED_UDP` registration (connect) the socket made. A UDP socket without storage (it never
-//! talked to a VIP) costs one helper call.
+//! which `CONNECTED_UDP` registration (connect) the socket made, which its namespace's count in
+//! `UDP_PER_NETNS` gets back. A UDP socket without storage (it never talked to a VIP) costs one helper call.
 use aya_ebpf::{
-    helpers::generated::{bpf_get_socket_cookie, bpf_sk_storage_get},
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_sk_storage_get},
     macros::cgroup_sock,
     programs::SockContext,
 };
@@ -15,7 +15,7 @@ use lb_common::{PROTO_TCP, ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockSta
 
 use crate::{
     maps::{CONNECTED_UDP, REVERSE, SOCKS},
-    reverse::peer_backend,
+    netns_count,
 };
 
 /// The socket's release cannot be refused; 1 is the only value the verifier accepts here as "proceed".
@@ -30,14 +30,11 @@ fn sock_release(ctx: SockContext) -> i32 {
     // SAFETY: the kernel passes a valid bpf_sock for the program's whole run.
     let sk = unsafe { &*ctx.sock };
     if sk.protocol == u32::from(PROTO_TCP) {
-        // A TCP socket that closes after a RST or a failed connect keeps its peer address; one that never
-        // connected has none (family's address all zero) and misses.
-        let ip6 = [sk.dst_ip6[0], sk.dst_ip6[1], sk.dst_ip6[2], sk.dst_ip6[3]];
-        if let Some(backend) = peer_backend(sk.family, sk.dst_ip4, ip6, sk.dst_port, PROTO_TCP) {
-            // SAFETY: `bpf_get_socket_cookie_sock_proto` takes the cgroup_sock context.
-            let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
-            let _ = REVERSE.remove(ReverseKey { cookie, backend, _pad: 0 });
-        }
+        // Whatever the socket's peer is now (none after a connect that failed before its SYN, or after
+        // `connect(AF_UNSPEC)`), its one entry is under its cookie.
+        // SAFETY: `bpf_get_socket_cookie_sock_proto` takes the cgroup_sock context.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
+        let _ = REVERSE.remove(ReverseKey::tcp(cookie));
         return PROCEED;
     }
     let map = core::ptr::from_ref(&SOCKS).cast_mut().cast();
@@ -59,7 +56,11 @@ fn sock_release(ctx: SockContext) -> i32 {
         let _ = REVERSE.remove(ReverseKey { cookie, backend: st.lru[i], _pad: 0 });
     }
     if st.flags & SOCK_REGISTERED != 0 {
+        // Removed here, or already by the agent after destroying the socket: counted until now either way.
         let _ = CONNECTED_UDP.remove(ReverseKey { cookie, backend: st.backend, _pad: 0 });
+        // SAFETY: `bpf_get_netns_cookie_sock_proto` takes the cgroup_sock context (the socket's namespace,
+        // the one connect4/6 counted it in).
+        netns_count::give_back(unsafe { bpf_get_netns_cookie(ctx.sock.cast()) });
     }
     PROCEED
 }

@@ -59,7 +59,7 @@ const LB_USER_EXCEPTIONS: &[(&str, &str)] = &[("agent/run", "server")];
 
 /// lb-ebpf, bottom up: the program files (one per hook family) call down into helpers, never back.
 const LB_EBPF: &[Part] = &[
-    part("maps", &["maps", "counters"], &[]),
+    part("maps", &["maps", "counters", "netns_count"], &[]),
     part("helpers", &["affinity", "health", "reverse", "trace"], &["maps"]),
     part("programs", &["sock_addr", "sock", "tc"], &["helpers"]),
 ];

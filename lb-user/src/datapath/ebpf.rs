@@ -79,10 +79,12 @@ impl Loaded {
     pub fn load(caps: Capacities, pin_dir: Option<&Path>) -> Result<Self, DatapathError> {
         check_kernel()?;
         let object = embedded_object().ok_or(DatapathError::NoObject)?;
+        let udp_per_netns = lb_common::udp_per_netns(caps.reverse);
         let mut loader = EbpfLoader::new();
         for name in MAPS.iter().chain(&lb_common::NS_MAPS) {
             loader.map_max_entries(name, super::layout::map_size(name, caps).entries);
         }
+        loader.override_global(lb_common::GLOBAL_UDP_PER_NETNS, &udp_per_netns, true);
         let paths: Vec<(&str, PathBuf)> =
             pin_dir.map(|d| PINNED_MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
         if pin_dir.is_some() {

@@ -5,13 +5,13 @@ use std::path::PathBuf;
 use aya::maps::MapData;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, FrontendKey, FrontendValue, Health, HealthConfig,
-    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS,
-    MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
-    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
-    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue,
+    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
+    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG,
+    MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES,
+    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue,
+    NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -57,6 +57,7 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_NAT_CONFIG => (1, FIXED, 0, |_| 0),
         MAP_SOURCE_RANGES => (DEFAULT_MAX_SOURCE_RANGES, FIXED, 0, |_| 0),
         MAP_NS_COUNTERS => (NS_COUNTER_SLOTS, FIXED, 0, |_| 0),
+        MAP_UDP_PER_NETNS => (DEFAULT_MAX_UDP_NETNS, FIXED, 0, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }
@@ -76,6 +77,7 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
                 (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
             }
             MAP_SOCKS => (4, size_of::<SockState>() as u32),
+            MAP_UDP_PER_NETNS => (8, 4),
             MAP_AFFINITY => (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32),
             MAP_OUTSIDE_AFFINITY => {
                 (size_of::<OutsideAffinityKey>() as u32, size_of::<AffinityValue>() as u32)
