@@ -14,6 +14,7 @@ pub mod dns;
 pub mod manifests;
 pub mod probe;
 pub mod sandbox;
+pub mod tenant;
 
 use std::path::PathBuf;
 

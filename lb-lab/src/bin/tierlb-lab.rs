@@ -2,7 +2,8 @@
 //! `probe` connects to an address repeatedly and prints, as JSON, which backend answered each connect;
 //! `abort` makes a tenant's own connect failures (local aborts, `IP_TTL=1`);
 //! `dns` and `dns-stream` do the same for DNS over UDP; `churn` makes many short-lived sockets between a DNS
-//! query and its reply; `load` is the benchmark's load client; `bench`
+//! query and its reply; `flood` and `keep` are two pods sharing the node's reverse state; `load` is the
+//! benchmark's load client; `bench`
 //! runs the benchmark and `demo` the demo.
 use std::{
     net::SocketAddr,
@@ -93,6 +94,30 @@ enum Cmd {
         udp_connects: usize,
         #[arg(long, default_value_t = 0)]
         udp_sends: usize,
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+    },
+    /// A pod churning the node's shared reverse state (`lb_testkit::tenant::flood`): TCP sockets that
+    /// disconnect with AF_UNSPEC, one socket reconnecting, connected UDP sockets held until stdin closes.
+    Flood {
+        #[arg(long)]
+        tcp: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        unspec_sockets: usize,
+        #[arg(long, default_value_t = 0)]
+        reconnects: usize,
+        #[arg(long)]
+        dns: Option<SocketAddr>,
+        #[arg(long, default_value_t = 0)]
+        udp_hold: usize,
+    },
+    /// Another pod's TCP connection and connected UDP socket, checked on each stdin line
+    /// (`lb_testkit::tenant::keep`).
+    Keep {
+        #[arg(long)]
+        tcp: SocketAddr,
+        #[arg(long)]
+        dns: SocketAddr,
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
@@ -202,32 +227,23 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("outcome serialises"));
             ExitCode::SUCCESS
         }
+        Cmd::Flood { tcp, unspec_sockets, reconnects, dns, udp_hold } => {
+            lb_testkit::tenant::flood(&lb_testkit::tenant::FloodPlan {
+                tcp,
+                unspec_sockets,
+                reconnects,
+                dns,
+                udp_hold,
+            });
+            ExitCode::SUCCESS
+        }
+        Cmd::Keep { tcp, dns, timeout_ms } => keep(tcp, dns, timeout_ms),
         Cmd::Load { target, mode, threads, seconds } => {
             let r = lb_lab::bench::load(target, threads, Duration::from_secs_f64(seconds), mode);
             println!("{}", serde_json::to_string(&r).expect("result serialises"));
             ExitCode::SUCCESS
         }
-        Cmd::Bench { quick, report, tierlb, trace } => {
-            let me = std::env::current_exe().expect("own path");
-            let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match lb_lab::bench::run(&me, &tierlb, quick, trace) {
-                Ok(r) => {
-                    let md = lb_lab::bench::markdown(&r);
-                    print!("{md}");
-                    if let Some(dir) = report
-                        && let Err(e) = write_report(&dir, &r, &md)
-                    {
-                        eprintln!("tierlb-lab bench: writing the report: {e:#}");
-                        return ExitCode::FAILURE;
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("tierlb-lab bench: error: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Cmd::Bench { quick, report, tierlb, trace } => bench(quick, report, tierlb, trace),
         Cmd::Demo { chart_from: Some(json), out_dir, .. } => match lb_lab::demo::redraw(&json, &out_dir) {
             Ok(svg) => {
                 println!("{}", svg.display());
@@ -253,6 +269,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// `tierlb-lab bench`.
+fn bench(quick: bool, report: Option<PathBuf>, tierlb: Option<PathBuf>, trace: bool) -> ExitCode {
+    let me = std::env::current_exe().expect("own path");
+    let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
+    match lb_lab::bench::run(&me, &tierlb, quick, trace) {
+        Ok(r) => {
+            let md = lb_lab::bench::markdown(&r);
+            print!("{md}");
+            if let Some(dir) = report
+                && let Err(e) = write_report(&dir, &r, &md)
+            {
+                eprintln!("tierlb-lab bench: writing the report: {e:#}");
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tierlb-lab bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `tierlb-lab abort`.
 fn abort(target: SocketAddr, count: usize, ttl: Option<u32>, end: &str, wait_ms: u64) -> ExitCode {
     let end = if end == "wait" { lb_testkit::abort::End::Wait } else { lb_testkit::abort::End::Shutdown };
@@ -270,4 +309,14 @@ fn write_report(dir: &Path, r: &lb_lab::bench::Report, md: &str) -> anyhow::Resu
     }
     std::fs::write(dir.join("BENCHMARKS.md"), md)?;
     Ok(())
+}
+
+fn keep(tcp: SocketAddr, dns: SocketAddr, timeout_ms: u64) -> ExitCode {
+    match lb_testkit::tenant::keep(tcp, dns, Duration::from_millis(timeout_ms)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("keep: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

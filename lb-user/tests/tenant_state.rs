@@ -1,0 +1,181 @@
+//! The node's shared reverse state under a pod that churns it, as deployed (`lb_testkit::deployed`: the
+//! DaemonSet's capabilities and mounts, pods in network namespaces of their own behind veth pairs): pod A's
+//! sockets cannot take pod B's reverse translation or socket destruction away.
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    net::IpAddr,
+    path::Path,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::Duration,
+};
+
+use lb_common::{MAP_CONNECTED_UDP, MAP_REVERSE, MAP_UDP_PER_NETNS, ReverseKey, ReverseValue, udp_per_netns};
+use lb_testkit::{
+    deployed::BoxedNode,
+    dns::DnsServer,
+    manifests::{Ep, Svc, write_service},
+    sandbox::{NamedServer, NetNs, confine},
+    tenant::{Flood, Kept},
+};
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+const WEB: &str = "10.96.0.10:80";
+const DNS: &str = "10.96.0.53:53";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn dns_svc() -> Svc {
+    let mut s = Svc::new("kube-dns", ip("10.96.0.53"), 53, 53);
+    s.protocol = "UDP";
+    s
+}
+
+/// A `tierlb-lab` tool in pod `ns` and the agent's cgroup, talking over stdin/stdout.
+struct Tool {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Tool {
+    fn start(boxed: &BoxedNode, ns: &NetNs, args: &[&str]) -> Self {
+        let mut cmd = Command::new(lb_testkit::workspace_bin("tierlb-lab", "lb-lab"));
+        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
+        confine(&mut cmd, Some(&boxed.cgroup), Some(ns)).unwrap();
+        let mut child = cmd.spawn().unwrap();
+        let (stdin, stdout) = (child.stdin.take(), BufReader::new(child.stdout.take().unwrap()));
+        Self { child, stdin, stdout }
+    }
+
+    fn line<T: serde::de::DeserializeOwned>(&mut self) -> T {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"))
+    }
+
+    /// `keep`: one check.
+    fn check(&mut self) -> Kept {
+        writeln!(self.stdin.as_mut().unwrap(), "check").unwrap();
+        self.line()
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Entries of a pinned hash map with `K` keys, read with aya (the kernel's figure, not the agent's).
+fn entries<K: aya::Pod, V: aya::Pod>(path: &Path) -> Vec<(K, V)> {
+    let data = aya::maps::MapData::from_pin(path).unwrap();
+    let map = aya::maps::Map::from_map_data(data).unwrap();
+    let map: aya::maps::HashMap<_, K, V> = aya::maps::HashMap::try_from(map).unwrap();
+    map.iter().map(Result::unwrap).collect()
+}
+
+/// Pod A: 50,000 TCP sockets that each connect to a VIP, disconnect with `connect(AF_UNSPEC)` (which clears
+/// the socket's peer port) and close; one socket reconnected 50,000 times; 300,000 connected UDP sockets to
+/// the DNS VIP, held. Pod B, which connected its sockets in between: its TCP socket's getpeername() and its
+/// DNS reply's source stay the VIPs, and when its resolver leaves the agent destroys its UDP socket.
+/// Afterwards the reverse LRU holds one entry per live TCP socket (A's 50,000 closed ones left none; the
+/// reconnected one has one), and A registered no more than its share of the connected-UDP registry
+/// (1/16 of 262,144), so B's socket was registered.
+#[test]
+fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_and_destruction() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut boxed = BoxedNode::new("tenants", Path::new(TIERLB), &deploy).unwrap();
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let web_ns = boxed.node.add_pod("web", ip("10.244.1.10")).unwrap();
+    let _web = NamedServer::start(&lab, &web_ns, "10.244.1.10:8080".parse().unwrap(), "web-1").unwrap();
+    let dns_ns = boxed.node.add_pod("dns", ip("10.244.1.53")).unwrap();
+    let _dns = DnsServer::start(&dns_ns, "10.244.1.53:53".parse().unwrap(), ip("10.0.1.1")).unwrap();
+    let a = boxed.node.add_pod("pod-a", ip("10.244.1.100")).unwrap();
+    let b = boxed.node.add_pod("pod-b", ip("10.244.1.101")).unwrap();
+    write_service(
+        boxed.manifests.path(),
+        &Svc::new("web", ip("10.96.0.10"), 80, 8080),
+        &[Ep::ready(ip("10.244.1.10"), "node-1")],
+    )
+    .unwrap();
+    write_service(boxed.manifests.path(), &dns_svc(), &[Ep::ready(ip("10.244.1.53"), "node-1")]).unwrap();
+    let _agent = boxed.start_agent("node-1", &[]).unwrap();
+    let pins = boxed.bpffs.path().join("tierlb").join("node-1");
+    assert!(pins.join(MAP_REVERSE).exists(), "maps pinned in {}", pins.display());
+
+    // A churns TCP sockets, then holds 300,000 connected UDP sockets (16 processes of 18,750: one process
+    // may open 20,000 files here), more than the whole registry.
+    let mut flood = vec![Tool::start(
+        &boxed,
+        &a,
+        &["flood", "--tcp", WEB, "--unspec-sockets", "50000", "--reconnects", "50000"],
+    )];
+    let tcp: Flood = flood[0].line();
+    eprintln!("pod A, TCP: {tcp:?}");
+    assert!(tcp.errors.is_empty(), "{:?}", tcp.errors);
+    assert_eq!(tcp.reconnected_peer.as_deref(), Some(WEB));
+    for _ in 0..16 {
+        flood.push(Tool::start(&boxed, &a, &["flood", "--tcp", WEB, "--dns", DNS, "--udp-hold", "18750"]));
+    }
+    let mut held = 0;
+    for t in &mut flood[1..] {
+        let f: Flood = t.line();
+        assert!(f.errors.is_empty(), "{:?}", f.errors);
+        held += f.udp_held;
+    }
+    assert_eq!(held, 300_000, "connected UDP sockets pod A holds");
+    let share = udp_per_netns(lb_common::DEFAULT_MAX_REVERSE) as usize;
+    let registered = entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len();
+    let counts = entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS));
+    eprintln!("registry: {registered} sockets; per namespace: {counts:?}");
+    assert_eq!(registered, share, "A holds exactly its share of the registry");
+    assert_eq!(counts.iter().map(|(_, n)| *n as usize).collect::<Vec<_>>(), [share]);
+
+    // B's sockets, opened after A's flood: the reverse view and a registration of their own.
+    let mut keep = Tool::start(&boxed, &b, &["keep", "--tcp", WEB, "--dns", DNS]);
+    let k = keep.check();
+    assert_eq!(
+        (k.tcp_peer.as_deref(), k.reply_from.as_deref(), k.answer.as_deref()),
+        (Some(WEB), Some(DNS), Some("10.0.1.1")),
+        "{k:?}"
+    );
+    let lru = entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE));
+    let tcp_entries = lru.iter().filter(|(k, _)| k.backend.proto == lb_common::PROTO_TCP).count();
+    eprintln!("reverse LRU: {} entries, {tcp_entries} of TCP sockets", lru.len());
+    assert_eq!(tcp_entries, 2, "A's reconnected socket and B's: A's 50,000 closed sockets left nothing");
+    assert_eq!(entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(), share + 1);
+
+    // B's resolver leaves: the agent destroys B's socket (and A's registered ones).
+    write_service(boxed.manifests.path(), &dns_svc(), &[]).unwrap();
+    let mut ended = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let k = keep.check();
+        if k.udp_error.is_some() {
+            ended = k.udp_error;
+            break;
+        }
+    }
+    // The kernel reports the abort to a pending receive (ECONNABORTED); a send after it finds the socket
+    // disconnected (EDESTADDRREQ), which a connected socket never reports otherwise.
+    assert!(
+        matches!(ended.as_deref(), Some("ECONNABORTED" | "EDESTADDRREQ")),
+        "B's connected UDP socket was destroyed: {ended:?}"
+    );
+    assert_eq!(keep.check().tcp_peer.as_deref(), Some(WEB), "B's TCP socket still shows the VIP");
+
+    // A closes everything: its namespace's count and every entry of its sockets go.
+    drop(flood);
+    drop(keep);
+    std::thread::sleep(Duration::from_millis(500));
+    let left = (
+        entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE)).len(),
+        entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(),
+        entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS)).len(),
+    );
+    assert_eq!(left, (0, 0, 0), "(reverse LRU, registry, namespace counts) after both pods closed");
+}
