@@ -219,6 +219,7 @@ mod tests {
             tiers: [r(node), r(zone), r(cluster)],
             flags: 0,
             affinity_timeout_s: 0,
+            generation_tail: 1,
         }
     }
 

@@ -247,11 +247,13 @@ pub struct FrontendValue {
     /// out: a hash element can be reused for another key while a program still reads it (see `FRONTENDS` in
     /// lb-ebpf's maps.rs for why and why first).
     pub key: FrontendKey,
+    /// Which slot set is current: the agent writes a changed frontend's slots under a new generation, then
+    /// swaps this value in one update, so a connect never sees a half-written set. Every write of a key
+    /// has a new one (the previous value's plus one, a takeover by another Service included). Right after
+    /// the key, before every other field (see `generation_tail`).
+    pub generation: u32,
     /// The Service port's id: keys its slots, its counters and its name (never `GLOBAL_SVC_ID`).
     pub svc_id: u32,
-    /// Which slot set is current: the agent writes a changed frontend's slots under a new generation, then
-    /// swaps this value in one update, so a connect never sees a half-written set.
-    pub generation: u32,
     /// Indexed by `TIER_NODE`, `TIER_ZONE`, `TIER_CLUSTER`. Ranges may overlap and repeat a backend.
     pub tiers: [TierRange; TIER_COUNT],
     /// `FLAG_POLICY_LOCAL`, `FLAG_EMPTY_IS_DROP`.
@@ -259,8 +261,12 @@ pub struct FrontendValue {
     /// sessionAffinity ClientIP: how long (seconds, from the client's last connect) a client keeps its backend;
     /// 0 is no affinity. Its backends are in `MAP_MEMBERS`.
     pub affinity_timeout_s: u32,
+    /// `generation` again, last in the value. The data path reads it first and `generation` last: a copy
+    /// torn by a rewrite of the same key (whose `key` matches) has the two from different writes (see
+    /// `FRONTENDS` in lb-ebpf's maps.rs).
+    pub generation_tail: u32,
 }
-const _: () = assert!(size_of::<FrontendValue>() == 48);
+const _: () = assert!(size_of::<FrontendValue>() == 52);
 
 /// Key of one backend slot.
 #[repr(C)]

@@ -65,9 +65,11 @@ named_map!(
     /// only type-stable under RCU (it is not returned to the slab before a grace period), not reserved. So
     /// the program may read another frontend's value, or a mix of two while it is rewritten; hence the check.
     /// `alloc_htab_elem` writes an element's value with one forward `copy_map_value` (the key first, as it is
-    /// first), and the program copies the rest of the value before the key (`read_volatile`, in program
-    /// order): a copy that got a reused element's new bytes anywhere also gets its new key, and fails the
-    /// check. On x86 (TSO: loads are not reordered with loads, nor stores with stores) that holds as stated;
+    /// first, then the generation), and the program copies the rest of the value before them and the
+    /// value's last field, a second copy of the generation, first (`read_volatile`, in program order): a
+    /// copy that got a reused element's new bytes anywhere also gets its new key and generation, and fails
+    /// the check, for another key by the key, for the same key rewritten (twice while the program read it:
+    /// the element it held went to the second write) by the two generations, which differ. On x86 (TSO: loads are not reordered with loads, nor stores with stores) that holds as stated;
     /// on weakly ordered CPUs (arm64) the JIT emits plain loads and a torn copy that passes remains possible
     /// in principle. A failed check retries the lookup once, then fails open (counted).
     pub(crate) static FRONTENDS: HashMap<FrontendKey, FrontendValue> =

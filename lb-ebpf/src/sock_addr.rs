@@ -102,17 +102,23 @@ fn frontend(key: &FrontendKey, out: *mut FrontendValue) -> u32 {
     for _ in 0..2 {
         let Some(p) = FRONTENDS.get_ptr(key) else { return NOT_A_VIP };
         // SAFETY: a hash map value stays mapped for the program's run (RCU); its bytes may change under us,
-        // which is what the key check after the copy is for. Volatile reads keep the program order: the key
-        // (first in the value, so written first by `alloc_htab_elem`) is read last. `out` points to the
-        // caller's stack, written field by field (no reference to uninitialised memory is made).
+        // which is what the checks after the copy are for. Volatile reads keep the program order, the
+        // reverse of the order `alloc_htab_elem`'s forward copy writes them: `generation_tail` (last in the
+        // value) first, then the fields from the end down to `generation` and the key (first in the value).
+        // A copy that got any field from a later write got that write's `generation` and key too (written
+        // before every other field, read after them), and its `generation_tail` only if it got all of it: a
+        // reused element of another key fails the key check; one rewritten for the same key (two writes of
+        // it during the read) fails the generation check, since every write of a key has a new generation. `out` points to the caller's stack, written field by field (no reference to
+        // uninitialised memory is made).
         unsafe {
+            addr_of_mut!((*out).generation_tail).write(read_volatile(addr_of!((*p).generation_tail)));
+            addr_of_mut!((*out).affinity_timeout_s).write(read_volatile(addr_of!((*p).affinity_timeout_s)));
+            addr_of_mut!((*out).flags).write(read_volatile(addr_of!((*p).flags)));
+            addr_of_mut!((*out).tiers).write(read_volatile(addr_of!((*p).tiers)));
             addr_of_mut!((*out).svc_id).write(read_volatile(addr_of!((*p).svc_id)));
             addr_of_mut!((*out).generation).write(read_volatile(addr_of!((*p).generation)));
-            addr_of_mut!((*out).tiers).write(read_volatile(addr_of!((*p).tiers)));
-            addr_of_mut!((*out).flags).write(read_volatile(addr_of!((*p).flags)));
-            addr_of_mut!((*out).affinity_timeout_s).write(read_volatile(addr_of!((*p).affinity_timeout_s)));
             addr_of_mut!((*out).key).write(read_volatile(addr_of!((*p).key)));
-            if (*out).key == *key {
+            if (*out).key == *key && (*out).generation == (*out).generation_tail {
                 return FOUND;
             }
         }

@@ -207,7 +207,7 @@ impl<W: MapWriter> Reconciler<W> {
             // is freed after the grace period.
             previous => previous.map(|a| (a.value, a.desired.name == want.name)),
         };
-        match self.write_frontend(key, want, previous.filter(|(_, same)| *same).map(|(v, _)| v)) {
+        match self.write_frontend(key, want, previous) {
             Ok(value) => {
                 if let Some((old, same)) = previous {
                     let buried = Buried::new(&old, &self.applied[&key].desired, now, !same);
@@ -243,14 +243,18 @@ impl<W: MapWriter> Reconciler<W> {
     }
 
     /// Steps (1) and (2) of the swap. On failure, the new slots are removed again and nothing else changed.
+    /// `previous`: the value written now and whether it is the same Service port's (else it is taken over
+    /// with a fresh id). The generation goes up on every write of a key, so that two writes of it never
+    /// look alike to the data path's torn-copy check.
     fn write_frontend(
         &mut self,
         key: FrontendKey,
         want: &DesiredFrontend,
-        previous: Option<FrontendValue>,
+        previous: Option<(FrontendValue, bool)>,
     ) -> Result<FrontendValue, MapError> {
         let (svc_id, generation, fresh_id) = match previous {
-            Some(v) => (v.svc_id, v.generation.wrapping_add(1), false),
+            Some((v, true)) => (v.svc_id, v.generation.wrapping_add(1), false),
+            Some((v, false)) => (self.alloc_id()?, v.generation.wrapping_add(1), true),
             None => (self.alloc_id()?, 1, true),
         };
         if fresh_id {
@@ -289,8 +293,15 @@ impl<W: MapWriter> Reconciler<W> {
                 self.writer.put_member(MemberKey { svc_id, generation, backend: *backend }, *value)?;
             }
             let affinity_timeout_s = want.affinity_timeout_s;
-            let value =
-                FrontendValue { key, svc_id, generation, tiers, flags: want.flags, affinity_timeout_s };
+            let value = FrontendValue {
+                key,
+                svc_id,
+                generation,
+                tiers,
+                flags: want.flags,
+                affinity_timeout_s,
+                generation_tail: generation,
+            };
             self.writer.put_frontend(key, value)?;
             Ok(value)
         })();

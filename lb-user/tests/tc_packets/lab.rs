@@ -112,7 +112,15 @@ impl Lab {
         key.family |= SCOPE_OUTSIDE;
         let mut tiers = [TierRange::default(); 3];
         tiers[tier] = TierRange { start: 0, len: backends.len() as u16 };
-        let value = FrontendValue { key, svc_id, generation: 1, tiers, flags, affinity_timeout_s: 0 };
+        let value = FrontendValue {
+            key,
+            svc_id,
+            generation: 1,
+            tiers,
+            flags,
+            affinity_timeout_s: 0,
+            generation_tail: 1,
+        };
         let mut slots: HashMap<_, SlotKey, Backend> = HashMap::try_from(self.map(MAP_SLOTS)).unwrap();
         for (i, b) in backends.iter().enumerate() {
             let k = SlotKey { svc_id, generation: 1, index: i as u32 };

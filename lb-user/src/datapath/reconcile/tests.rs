@@ -24,6 +24,37 @@ fn want(node: &[&str], cluster: &[&str]) -> DesiredFrontend {
     }
 }
 
+/// The data path's torn-copy check compares the value's two copies of the generation, so no two writes of
+/// one key may carry the same one: a change by the same Service port, a flags-only change and a takeover by
+/// another Service (a fresh id) each write the previous generation plus one, both copies alike.
+#[test]
+fn every_write_of_a_frontend_has_a_new_generation_a_takeover_included() {
+    let mut r = Reconciler::new(FakeMaps::new(16, 64));
+    let t0 = Instant::now();
+    let k = fe("10.96.0.1:80");
+    let mut d = Desired::new();
+    let mut seen = Vec::new();
+    let mut write = |r: &mut Reconciler<FakeMaps>, d: &Desired| {
+        let rep = r.apply(d, t0);
+        assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+        let v = r.writer().frontend(k).unwrap();
+        assert_eq!(v.generation, v.generation_tail, "both copies written alike");
+        seen.push((v.svc_id, v.generation));
+    };
+    d.insert(k, want(&["10.0.0.1:8080"], &["10.0.0.1:8080"]));
+    write(&mut r, &d);
+    d.insert(k, want(&[], &["10.0.0.2:8080"]));
+    write(&mut r, &d);
+    d.insert(k, DesiredFrontend { flags: lb_common::FLAG_POLICY_LOCAL, ..want(&[], &["10.0.0.2:8080"]) });
+    write(&mut r, &d);
+    let other = Arc::new(ServicePortName::new(ObjKey::new("default", "other"), "http"));
+    d.insert(k, DesiredFrontend { name: other, ..want(&[], &["10.0.0.3:8080"]) });
+    write(&mut r, &d);
+    let generations: Vec<u32> = seen.iter().map(|(_, g)| *g).collect();
+    assert_eq!(generations, [1, 2, 3, 4], "{seen:?}");
+    assert_ne!(seen[3].0, seen[2].0, "the takeover has a fresh service id");
+}
+
 #[test]
 fn add_update_remove_with_generation_swap() {
     let mut r = Reconciler::new(FakeMaps::new(16, 64));
