@@ -2,7 +2,8 @@
 //!
 //! `flood` plays a pod that churns what it can: TCP sockets that each connect to a VIP, disconnect with
 //! `connect(AF_UNSPEC)` (the kernel clears the socket's peer port) and close; one TCP socket that reconnects
-//! many times; and many connected UDP sockets to a VIP, held open. It prints one JSON line (`Flood`) once it
+//! many times; one unconnected UDP socket that sends to many VIPs; and many connected UDP sockets to a VIP,
+//! held open. It prints one JSON line (`Flood`) once it
 //! holds them and keeps them until its stdin closes.
 //!
 //! `keep` plays another pod: a TCP connection and a connected UDP socket to VIPs, opened at start; each
@@ -33,6 +34,8 @@ pub struct FloodPlan {
     pub dns: Option<SocketAddr>,
     /// Connected UDP sockets opened and held.
     pub udp_hold: usize,
+    /// DNS servers one unconnected UDP socket sends a query to, in turn, reading each reply.
+    pub send_to: Vec<SocketAddr>,
 }
 
 /// What `flood` did.
@@ -44,6 +47,8 @@ pub struct Flood {
     pub reconnected_peer: Option<String>,
     /// Connected UDP sockets held.
     pub udp_held: usize,
+    /// Each `send_to` query's reply source (recvfrom), or the error, in order.
+    pub replies_from: Vec<String>,
     /// Seconds the whole flood took.
     pub seconds: f64,
 }
@@ -117,6 +122,9 @@ pub fn flood(plan: &FloodPlan) -> Flood {
             Err(e) => fail("tcp socket", &e),
         }
     }
+    if let Some(first) = plan.send_to.first() {
+        out.replies_from = send_each(*first, &plan.send_to);
+    }
     let mut held = Vec::with_capacity(plan.udp_hold);
     if let Some(server) = plan.dns {
         let any: SocketAddr = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
@@ -146,6 +154,29 @@ pub fn flood(plan: &FloodPlan) -> Flood {
     let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
     drop((held, reconnecting));
     out
+}
+
+/// One unconnected UDP socket (of `first`'s family) sends a query to each of `servers` and reads its reply.
+fn send_each(first: SocketAddr, servers: &[SocketAddr]) -> Vec<String> {
+    let any: SocketAddr = if first.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let s = match UdpSocket::bind(any)
+        .and_then(|s| s.set_read_timeout(Some(Duration::from_secs(2))).map(|()| s))
+    {
+        Ok(s) => s,
+        Err(e) => return vec![errno_name(&e)],
+    };
+    let mut buf = [0u8; 512];
+    servers
+        .iter()
+        .enumerate()
+        .map(|(i, server)| {
+            let q = dns::query(0x100 + i as u16, "cache.booking.svc.cluster.local", server.is_ipv6());
+            match s.send_to(&q, server).and_then(|_| s.recv_from(&mut buf)) {
+                Ok((_, from)) => from.to_string(),
+                Err(e) => errno_name(&e),
+            }
+        })
+        .collect()
 }
 
 /// One check of `keep`.

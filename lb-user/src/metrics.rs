@@ -266,8 +266,9 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
     let unrecorded = Counter::<u64>::default();
     reg.register(
         "reverse_unrecorded",
-        "Reverse entries a closing socket cannot take with it (a socket sending to over 8 backends, or socket \
-         storage or the connected-UDP registry full): left to the reverse LRU's eviction",
+        "Reverse state not recorded: entries a closing socket cannot take with it (a socket sending to over 8 \
+         backends, socket storage full), left to the reverse LRU's eviction, and connected UDP sockets not \
+         registered for destruction (the registry full, or their network namespace's share of it taken)",
         unrecorded.clone(),
     );
     for f in &snap.frontends {

@@ -104,6 +104,8 @@ pub struct Instance {
     pub frontends: Vec<FrontendStatus>,
     /// Connects that went through untranslated because of an internal error, over all Services.
     pub fail_open_total: u64,
+    /// Reverse state the data path could not record (`tierlb_reverse_unrecorded_total`), over all Services.
+    pub reverse_unrecorded_total: u64,
     /// Backends marked down now (marks not yet expired), sorted.
     pub backends_marked_down: Vec<String>,
     /// Those marks with their age and time left, sorted by backend.
@@ -216,6 +218,7 @@ impl Instance {
         let secs = |ns: u64| Duration::from_nanos(ns).as_secs_f64();
         let global = maps.counters(GLOBAL_SVC_ID)?;
         let fail_open_total = global[COUNTER_FAIL_OPEN as usize];
+        let reverse_unrecorded_total = global[lb_common::COUNTER_REVERSE_UNRECORDED as usize];
         let health_transitions = HealthTransitions {
             held: global[lb_common::GLOBAL_HEALTH_HOLDS as usize],
             healthy: global[lb_common::GLOBAL_HEALTH_RECOVERIES as usize],
@@ -237,6 +240,7 @@ impl Instance {
             node: maps.name(GLOBAL_SVC_ID)?.filter(|n| !n.is_empty()),
             frontends,
             fail_open_total,
+            reverse_unrecorded_total,
             backends_marked_down,
             marks,
             health,

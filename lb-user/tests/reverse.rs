@@ -138,3 +138,54 @@ fn a_restarted_agent_keeps_the_socket_storage() {
     assert!(!socks.exists(), "--cleanup removes the socket storage pin");
     assert!(!bpffs.path().join("node-1").join("link_sock_release").exists());
 }
+
+/// One unconnected UDP socket sends a query to each of 10 DNS Services (10 backends): every reply comes from
+/// its VIP; the socket's storage records 8 of its reverse entries, the kernel counts the other 2 as
+/// unrecorded (`reverse_unrecorded_total`), and after the socket closes exactly those 2 stay in the LRU.
+#[test]
+fn a_udp_socket_sending_to_more_than_8_backends_leaves_exactly_the_unrecorded_entries() {
+    let bpffs = BpfFs::new("rev8").unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let mut c = SimCluster::new("rev8", Path::new(TIERLB), &lab).expect("sandbox");
+    let mut vips = Vec::new();
+    for i in 1..=10u8 {
+        let pod: SocketAddr = format!("10.244.1.{}:5353", 60 + i).parse().unwrap();
+        c.add_dns_pod(pod, format!("10.0.9.{i}").parse().unwrap()).unwrap();
+        let vip: SocketAddr = format!("10.96.1.{i}:53").parse().unwrap();
+        let mut svc = Svc::new(&format!("dns-{i}"), vip.ip(), 53, 5353);
+        svc.protocol = "UDP";
+        write_service(c.manifests.path(), &svc, &[Ep::ready(pod.ip(), "node-1")]).unwrap();
+        vips.push(vip);
+    }
+    c.add_node("node-1", &["--bpffs", &pin]).unwrap();
+    let list = vips.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = c.client_command("node-1", &c.lab).unwrap();
+    cmd.args(["flood", "--tcp", WEB_VIP, "--send-to", &list]).stdin(std::process::Stdio::null());
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let f: lb_testkit::tenant::Flood = serde_json::from_slice(&out.stdout).unwrap();
+    let want: Vec<String> = vips.iter().map(ToString::to_string).collect();
+    assert_eq!(f.replies_from, want, "every reply's source is its VIP");
+    let dir = bpffs.path().join("node-1");
+    let left = entries(&dir.join(MAP_REVERSE));
+    let (ok, status, err) = {
+        let o = std::process::Command::new(TIERLB)
+            .args(["status", "-o", "json", "--bpffs", &pin])
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    assert!(ok, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    eprintln!(
+        "after the socket closed: {left} LRU entries, unrecorded {}",
+        status[0]["reverse_unrecorded_total"]
+    );
+    assert_eq!(left, 2, "the 2 entries beyond the socket's record of 8 outlive it");
+    assert_eq!(status[0]["reverse_unrecorded_total"], 2, "{status}");
+}

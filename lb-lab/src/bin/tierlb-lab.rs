@@ -110,6 +110,9 @@ enum Cmd {
         dns: Option<SocketAddr>,
         #[arg(long, default_value_t = 0)]
         udp_hold: usize,
+        /// DNS servers (comma-separated) one unconnected UDP socket sends a query to, in turn.
+        #[arg(long, value_delimiter = ',')]
+        send_to: Vec<SocketAddr>,
     },
     /// Another pod's TCP connection and connected UDP socket, checked on each stdin line
     /// (`lb_testkit::tenant::keep`).
@@ -227,13 +230,14 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("outcome serialises"));
             ExitCode::SUCCESS
         }
-        Cmd::Flood { tcp, unspec_sockets, reconnects, dns, udp_hold } => {
+        Cmd::Flood { tcp, unspec_sockets, reconnects, dns, udp_hold, send_to } => {
             lb_testkit::tenant::flood(&lb_testkit::tenant::FloodPlan {
                 tcp,
                 unspec_sockets,
                 reconnects,
                 dns,
                 udp_hold,
+                send_to,
             });
             ExitCode::SUCCESS
         }
