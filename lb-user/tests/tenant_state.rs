@@ -18,7 +18,9 @@ use lb_testkit::{
     tenant::{Flood, Kept},
 };
 
-const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+mod common;
+
+const TIERLB: &str = common::TIERLB;
 const WEB: &str = "10.96.0.10:80";
 const DNS: &str = "10.96.0.53:53";
 
@@ -68,6 +70,18 @@ impl Drop for Tool {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The agent's `/metrics`, on the port the DaemonSet passes, from the node's namespace.
+fn metrics(boxed: &BoxedNode) -> String {
+    let port = boxed
+        .container
+        .args
+        .iter()
+        .find_map(|a| a.strip_prefix("--metrics-addr="))
+        .and_then(|a| a.rsplit(':').next()?.parse::<u16>().ok())
+        .expect("the DaemonSet sets --metrics-addr");
+    common::get_in(&boxed.node.netns, port, "/metrics").1
 }
 
 /// Entries of a pinned hash map with `K` keys, read with aya (the kernel's figure, not the agent's).
@@ -134,6 +148,10 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     eprintln!("registry: {registered} sockets; per namespace: {counts:?}");
     assert_eq!(registered, share, "A holds exactly its share of the registry");
     assert_eq!(counts.iter().map(|(_, n)| *n as usize).collect::<Vec<_>>(), [share]);
+    // Each socket over the share is counted by the kernel, on the metrics port the DaemonSet passes.
+    let metrics = metrics(&boxed);
+    let unrecorded = format!("tierlb_reverse_unrecorded_total {}", 300_000 - registered);
+    assert!(metrics.lines().any(|l| l == unrecorded), "{unrecorded:?} not in:\n{metrics}");
 
     // B's sockets, opened after A's flood: the reverse view and a registration of their own.
     let mut keep = Tool::start(&boxed, &b, &["keep", "--tcp", WEB, "--dns", DNS]);
@@ -178,4 +196,61 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
         entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS)).len(),
     );
     assert_eq!(left, (0, 0, 0), "(reverse LRU, registry, namespace counts) after both pods closed");
+}
+
+/// As deployed, one Service over a per-Service limit (5,000 externalIPs, over the default 1,024) is refused:
+/// `/healthz` (on the port the DaemonSet's probe uses) stays 200 and names it with the limit and the flag,
+/// `tierlb_services_unprogrammed` counts it, and another Service's edit in the same sync is served to a pod.
+#[test]
+fn as_deployed_a_service_over_its_limits_is_named_on_healthz_and_metrics_while_another_is_served() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut boxed = BoxedNode::new("limits", Path::new(TIERLB), &deploy).unwrap();
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let mut servers = Vec::new();
+    let mut pods = Vec::new();
+    for (i, addr) in ["10.244.1.10", "10.244.1.11"].iter().enumerate() {
+        let ns = boxed.node.add_pod(&format!("web-{i}"), ip(addr)).unwrap();
+        let at = std::net::SocketAddr::new(ip(addr), 8080);
+        servers.push(NamedServer::start(&lab, &ns, at, &format!("web-{}", i + 1)).unwrap());
+        pods.push(ns);
+    }
+    let client = boxed.node.add_pod("client", ip("10.244.1.100")).unwrap();
+    let web = Svc::new("web", ip("10.96.0.10"), 80, 8080);
+    write_service(boxed.manifests.path(), &web, &[Ep::ready(ip("10.244.1.10"), "node-1")]).unwrap();
+    let mut ips = Svc::new("ips", ip("10.96.0.11"), 80, 8080).service();
+    let many: Vec<String> = (0..5_000).map(|i| format!("198.18.{}.{}", i / 250, i % 250 + 1)).collect();
+    ips["spec"]["externalIPs"] = serde_json::json!(many);
+    let slices =
+        Svc::new("ips", ip("10.96.0.11"), 80, 8080).slices(&[Ep::ready(ip("10.244.1.10"), "node-1")]);
+    let docs: Vec<String> = std::iter::once(ips).chain(slices).map(|d| d.to_string()).collect();
+    lb_testkit::manifests::write_atomic(boxed.manifests.path(), "ips.yaml", &docs.join("\n---\n")).unwrap();
+    let _agent = boxed.start_agent("node-1", &[]).unwrap();
+    // The edit after the refusal: web gets its second endpoint, ips stays over its limit.
+    write_service(
+        boxed.manifests.path(),
+        &web,
+        &[Ep::ready(ip("10.244.1.10"), "node-1"), Ep::ready(ip("10.244.1.11"), "node-1")],
+    )
+    .unwrap();
+    let both = common::eventually(10, || {
+        let r = boxed.probe(&client, WEB, 20).unwrap();
+        r.count("web-1") > 0 && r.count("web-2") > 0 && r.failures() == 0
+    });
+    assert!(both, "web's edit is served");
+    let healthz = boxed.container.probes.iter().find(|(p, _)| p == "/healthz").expect("a /healthz probe").1;
+    let (code, body) = common::get_in(&boxed.node.netns, healthz, "/healthz");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let refused = body["unprogrammedServices"].as_array().unwrap();
+    assert_eq!(refused.len(), 1, "{body}");
+    assert_eq!(refused[0]["service"], "default/ips", "{body}");
+    let reasons = refused[0]["reasons"].to_string();
+    assert!(
+        reasons.contains("over its limit: 5000 externalIPs")
+            && reasons.contains("--max-external-ips-per-service 1024"),
+        "{reasons}"
+    );
+    let metrics = metrics(&boxed);
+    assert!(metrics.lines().any(|l| l == "tierlb_services_unprogrammed 1"), "{metrics}");
+    drop((servers, pods));
 }
