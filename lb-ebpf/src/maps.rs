@@ -5,6 +5,8 @@
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
 //! `pub(crate)` is enough: the symbol `#[map]` exports is what puts a map in the object.
+use core::ptr::{addr_of, addr_of_mut, read_volatile};
+
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::SkStorage,
@@ -75,6 +77,40 @@ named_map!(
     pub(crate) static FRONTENDS: HashMap<FrontendKey, FrontendValue> =
         HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS, 0);
 );
+
+/// Copy the `FRONTENDS` value at `p` into `out` in the order its checks need, and check it: true if the
+/// copy is whole and of `key`.
+///
+/// Volatile reads keep the program order, the reverse of the order `alloc_htab_elem`'s forward copy writes
+/// the value: `generation_tail` (last in the value) first, then the fields from the end down to
+/// `generation` and the key (first in the value). A copy that got any field from a later write got that
+/// write's `generation` and key too (written before every other field, read after them), and its
+/// `generation_tail` only if it got all of it: an element reused for another key fails the key check; one
+/// rewritten for the same key (two writes of it during the read) fails the generation check, since every
+/// write of a key has a new generation. `out` is written field by field (no reference to uninitialised
+/// memory is made).
+///
+/// # Safety
+/// `p` is a `FRONTENDS` value, mapped for the program's run (RCU; its bytes may change under us, which is
+/// what the checks are for); `out` is valid for writes.
+#[inline(always)]
+pub(crate) unsafe fn copy_frontend(
+    p: *const FrontendValue,
+    out: *mut FrontendValue,
+    key: &FrontendKey,
+) -> bool {
+    // SAFETY: as the caller promises.
+    unsafe {
+        addr_of_mut!((*out).generation_tail).write(read_volatile(addr_of!((*p).generation_tail)));
+        addr_of_mut!((*out).affinity_timeout_s).write(read_volatile(addr_of!((*p).affinity_timeout_s)));
+        addr_of_mut!((*out).flags).write(read_volatile(addr_of!((*p).flags)));
+        addr_of_mut!((*out).tiers).write(read_volatile(addr_of!((*p).tiers)));
+        addr_of_mut!((*out).svc_id).write(read_volatile(addr_of!((*p).svc_id)));
+        addr_of_mut!((*out).generation).write(read_volatile(addr_of!((*p).generation)));
+        addr_of_mut!((*out).key).write(read_volatile(addr_of!((*p).key)));
+        (*out).key == *key && (*out).generation == (*out).generation_tail
+    }
+}
 
 named_map!(
     MAP_SLOTS == "SLOTS",

@@ -1,10 +1,7 @@
 //! The eight cgroup sock_addr programs: `connect4`/`connect6` and `sendmsg4`/`sendmsg6` translate a Service
 //! VIP to a backend (`translate`, which also records the VIP: `reverse`); `recvmsg4`/`recvmsg6` (a UDP
 //! reply's source) and `getpeername4`/`getpeername6` turn the backend back into that VIP (`restore`).
-use core::{
-    mem::MaybeUninit,
-    ptr::{addr_of, addr_of_mut, read_volatile},
-};
+use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::bpf_sock_addr,
@@ -22,7 +19,7 @@ use crate::{
     affinity,
     counters::count,
     health::{self, is_down},
-    maps::{FRONTENDS, SLOTS},
+    maps::{FRONTENDS, SLOTS, copy_frontend},
     reverse, trace,
 };
 
@@ -95,32 +92,16 @@ const TORN: u32 = 2;
 /// Copy the frontend at `key` into `out` (`FOUND`: every field written), or say why not (`NOT_A_VIP`,
 /// `TORN`: `out` may be partly written). Out of line, with an out-parameter: its copies stay off the connect
 /// programs' stack, which the verifier bounds over a call chain (512 bytes). `out` is not zeroed first: a
-/// 48-byte `Default` compiles to a call of compiler-builtins' byte-at-a-time `memset`, a tenth of the
+/// 52-byte `Default` compiles to a call of compiler-builtins' byte-at-a-time `memset`, a tenth of the
 /// program's instructions on every connect.
 #[inline(never)]
 fn frontend(key: &FrontendKey, out: *mut FrontendValue) -> u32 {
     for _ in 0..2 {
         let Some(p) = FRONTENDS.get_ptr(key) else { return NOT_A_VIP };
-        // SAFETY: a hash map value stays mapped for the program's run (RCU); its bytes may change under us,
-        // which is what the checks after the copy are for. Volatile reads keep the program order, the
-        // reverse of the order `alloc_htab_elem`'s forward copy writes them: `generation_tail` (last in the
-        // value) first, then the fields from the end down to `generation` and the key (first in the value).
-        // A copy that got any field from a later write got that write's `generation` and key too (written
-        // before every other field, read after them), and its `generation_tail` only if it got all of it: a
-        // reused element of another key fails the key check; one rewritten for the same key (two writes of
-        // it during the read) fails the generation check, since every write of a key has a new generation. `out` points to the caller's stack, written field by field (no reference to
-        // uninitialised memory is made).
-        unsafe {
-            addr_of_mut!((*out).generation_tail).write(read_volatile(addr_of!((*p).generation_tail)));
-            addr_of_mut!((*out).affinity_timeout_s).write(read_volatile(addr_of!((*p).affinity_timeout_s)));
-            addr_of_mut!((*out).flags).write(read_volatile(addr_of!((*p).flags)));
-            addr_of_mut!((*out).tiers).write(read_volatile(addr_of!((*p).tiers)));
-            addr_of_mut!((*out).svc_id).write(read_volatile(addr_of!((*p).svc_id)));
-            addr_of_mut!((*out).generation).write(read_volatile(addr_of!((*p).generation)));
-            addr_of_mut!((*out).key).write(read_volatile(addr_of!((*p).key)));
-            if (*out).key == *key && (*out).generation == (*out).generation_tail {
-                return FOUND;
-            }
+        // SAFETY: a hash map value stays mapped for the program's run (RCU); `out` points to the caller's
+        // stack, which `copy_frontend` writes field by field.
+        if unsafe { copy_frontend(p, out, key) } {
+            return FOUND;
         }
     }
     TORN

@@ -19,8 +19,6 @@ mod icmp;
 mod packet;
 mod route;
 
-use core::ptr::{addr_of, read_volatile};
-
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
     helpers::bpf_get_prandom_u32,
@@ -44,7 +42,7 @@ use crate::{
     affinity,
     counters::{count, count_ns},
     health::is_down,
-    maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS, SOURCE_RANGES},
+    maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS, SOURCE_RANGES, copy_frontend},
     trace,
 };
 
@@ -196,18 +194,14 @@ fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -
     route::forward(ctx, f.family, f.proto, &src, &dst)
 }
 
-/// Copy the frontend at `key` into `out`, checked against its own key (see `FRONTENDS` in maps.rs: an element
-/// can be reused while it is read); `false`: no frontend, or torn twice (fail open, counted).
+/// Copy the frontend at `key` into `out`, checked (`maps::copy_frontend`: an element can be reused while it
+/// is read); `false`: no frontend, or torn twice (fail open, counted).
 #[inline(always)]
 fn frontend(key: &FrontendKey, out: &mut FrontendValue) -> bool {
     for _ in 0..2 {
         let Some(p) = FRONTENDS.get_ptr(key) else { return false };
-        // SAFETY: a hash value stays mapped for the program's run; the key, first in the value, is read last.
-        unsafe {
-            *out = read_volatile(p);
-            out.key = read_volatile(addr_of!((*p).key));
-        }
-        if out.key == *key {
+        // SAFETY: a hash value stays mapped for the program's run; `out` is the caller's.
+        if unsafe { copy_frontend(p, out, key) } {
             return true;
         }
     }
