@@ -191,6 +191,9 @@ pub struct PortPlan {
     /// The Service port (JSON: `service` and `port_name`).
     #[serde(flatten)]
     pub name: ServicePortName,
+    /// The Service's `metadata.creationTimestamp` (seconds since the epoch), for `claims::vip_winner`.
+    #[serde(skip)]
+    pub created: Option<i64>,
     /// The port number clients connect to.
     pub port: u16,
     /// Its protocol.
@@ -495,6 +498,7 @@ fn plan_port<'a>(
     };
     PortPlan {
         name: ServicePortName::new(svc.key.clone(), port.name.clone()),
+        created: svc.created,
         port: port.port,
         protocol: port.protocol,
         family,

@@ -1,6 +1,7 @@
 //! Which Service programs a frontend (VIP, port, protocol) that several Services claim. The API server never
 //! gives one cluster IP to two Services, but manifests can, and externalIPs and ingress IPs can be anything;
-//! the winner is `plan::vip_winner`'s (a cluster IP's claim, then the first in namespace/name order), the same
+//! the winner is `plan::vip_winner`'s (a cluster IP's claim, then the oldest Service, then the first in
+//! namespace/name order), the same
 //! whatever the order the objects arrived in, and when it leaves the frontend the next claimant is programmed
 //! without a restart.
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +21,11 @@ pub(super) fn claimed(model: &Model, svc: &ObjKey, mine: &Desired) -> Vec<(Front
     mine.keys().map(|k| (*k, !cluster_ips.contains(&addr::frontend_addr(k).ip()))).collect()
 }
 
+/// Service `svc`'s `metadata.creationTimestamp`, which orders its claims (none if it is gone or has none).
+pub(super) fn created(model: &Model, svc: &ObjKey) -> Option<i64> {
+    model.services.get(svc).and_then(|s| s.created)
+}
+
 /// Every frontend's claimants, and every Service's frontends.
 #[derive(Debug, Default)]
 pub(super) struct Claims {
@@ -36,12 +42,14 @@ impl Claims {
     }
 
     /// Replace `service`'s claims by `keys` (each with whether it is an external address; none: the Service
-    /// is gone). Returns the frontends whose claimants changed.
+    /// is gone); `created` is its creation time. Returns the frontends whose claimants changed.
     pub(super) fn set(
         &mut self,
         service: &ObjKey,
+        created: Option<i64>,
         keys: impl IntoIterator<Item = (FrontendKey, bool)>,
     ) -> BTreeSet<FrontendKey> {
+        let created = Claimant::created(created);
         let claims: BTreeMap<FrontendKey, bool> = keys.into_iter().collect();
         let new: Vec<FrontendKey> = claims.keys().copied().collect();
         let old = self.by_service.remove(service).unwrap_or_default();
@@ -50,7 +58,9 @@ impl Claims {
             let Some(who) = self.by_frontend.get_mut(key) else { continue };
             let before = who.len();
             // Dropped, or now claimed the other way (a cluster IP became an externalIP): claimed again below.
-            who.retain(|c| c.service != *service || claims.get(key) == Some(&c.external));
+            who.retain(|c| {
+                c.service != *service || (claims.get(key) == Some(&c.external) && c.created == created)
+            });
             if who.len() != before {
                 changed.insert(*key);
             }
@@ -61,7 +71,7 @@ impl Claims {
         for (key, external) in &claims {
             let who = self.by_frontend.entry(*key).or_default();
             if !who.iter().any(|c| c.service == *service) {
-                who.push(Claimant { external: *external, service: service.clone() });
+                who.push(Claimant { external: *external, created, service: service.clone() });
                 changed.insert(*key);
             }
         }
@@ -115,7 +125,7 @@ mod tests {
         for order in [["b", "a"], ["a", "b"]] {
             let mut c = Claims::default();
             for name in order {
-                c.set(&svc(name), [(fe(80), false)]);
+                c.set(&svc(name), None, [(fe(80), false)]);
             }
             assert_eq!(c.winner(&fe(80)), Some(&svc("a")), "{order:?}");
             assert_eq!(c.lost(), 1);
@@ -126,22 +136,46 @@ mod tests {
             assert_eq!(conflicts, [(fe(80), vec![svc("a"), svc("b")])]);
         }
         let mut c = Claims::default();
-        c.set(&ObjKey::new("zeta", "a"), [(fe(80), false)]);
-        c.set(&ObjKey::new("alpha", "z"), [(fe(80), false)]);
+        c.set(&ObjKey::new("zeta", "a"), None, [(fe(80), false)]);
+        c.set(&ObjKey::new("alpha", "z"), None, [(fe(80), false)]);
         assert_eq!(c.winner(&fe(80)), Some(&ObjKey::new("alpha", "z")), "the namespace sorts first");
+    }
+
+    /// kubernetes#69599's case: a Service created later with another's externalIP does not take it, though
+    /// its namespace sorts first; with equal (or unknown) times, name order decides.
+    #[test]
+    fn of_two_services_on_one_external_address_the_older_keeps_it() {
+        let (old, new) = (ObjKey::new("shop", "web"), ObjKey::new("aaa", "web"));
+        for order in [[(&old, 1_000), (&new, 2_000)], [(&new, 2_000), (&old, 1_000)]] {
+            let mut c = Claims::default();
+            for (who, at) in order {
+                c.set(who, Some(at), [(fe(80), true)]);
+            }
+            assert_eq!(c.winner(&fe(80)), Some(&old), "{order:?}");
+        }
+        let mut c = Claims::default();
+        c.set(&old, Some(1_000), [(fe(80), true)]);
+        c.set(&new, None, [(fe(80), true)]);
+        assert_eq!(c.winner(&fe(80)), Some(&old), "an unknown time is later than any known one");
+        c.set(&new, Some(1_000), [(fe(80), true)]);
+        assert_eq!(c.winner(&fe(80)), Some(&new), "the same time: name order; the new time replaced the old");
     }
 
     #[test]
     fn when_the_winner_leaves_the_next_claimant_wins_and_the_conflict_ends() {
         let mut c = Claims::default();
-        c.set(&svc("a"), [(fe(80), false), (fe(443), false)]);
-        c.set(&svc("b"), [(fe(80), false)]);
-        assert_eq!(c.set(&svc("a"), [(fe(443), false)]), BTreeSet::from([fe(80)]), "only port 80 changed");
+        c.set(&svc("a"), None, [(fe(80), false), (fe(443), false)]);
+        c.set(&svc("b"), None, [(fe(80), false)]);
+        assert_eq!(
+            c.set(&svc("a"), None, [(fe(443), false)]),
+            BTreeSet::from([fe(80)]),
+            "only port 80 changed"
+        );
         assert_eq!(c.winner(&fe(80)), Some(&svc("b")));
         assert_eq!(c.conflicts().count(), 0);
-        assert_eq!(c.set(&svc("a"), []), BTreeSet::from([fe(443)]));
+        assert_eq!(c.set(&svc("a"), None, []), BTreeSet::from([fe(443)]));
         assert_eq!(c.winner(&fe(443)), None);
-        assert!(c.set(&svc("b"), [(fe(80), false)]).is_empty(), "an unchanged claim changes nothing");
+        assert!(c.set(&svc("b"), None, [(fe(80), false)]).is_empty(), "an unchanged claim changes nothing");
     }
 
     #[test]
@@ -152,16 +186,16 @@ mod tests {
         for order in [[&evil, &dns], [&dns, &evil]] {
             let mut c = Claims::default();
             for who in order {
-                c.set(who, [(fe(53), *who == evil)]);
+                c.set(who, None, [(fe(53), *who == evil)]);
             }
             assert_eq!(c.winner(&fe(53)), Some(&dns), "{order:?}");
         }
         // The same Service moving its claim from external to cluster IP changes the frontend's claimants.
         let mut c = Claims::default();
-        c.set(&evil, [(fe(53), true)]);
-        c.set(&dns, [(fe(53), true)]);
+        c.set(&evil, None, [(fe(53), true)]);
+        c.set(&dns, None, [(fe(53), true)]);
         assert_eq!(c.winner(&fe(53)), Some(&evil), "both external: name order");
-        assert_eq!(c.set(&dns, [(fe(53), false)]), BTreeSet::from([fe(53)]));
+        assert_eq!(c.set(&dns, None, [(fe(53), false)]), BTreeSet::from([fe(53)]));
         assert_eq!(c.winner(&fe(53)), Some(&dns));
     }
 }

@@ -3,7 +3,7 @@
 //! - `tracker`: the model, and which Services a change touches (kube-proxy's change trackers);
 //! - `sync`: one sync without kernel or runtime (`AgentCore`), tested against in-memory maps;
 //! - `claims`: which Service programs a VIP:port several claim (`plan::VIP_RULE`: a cluster IP over an
-//!   external address, then the first in namespace/name order);
+//!   external address, then the oldest Service, then the first in namespace/name order);
 //! - `retry`: Services the data path could not take, tried again on a timer with backoff;
 //! - `limits`: what one Service may take of the maps (`--max-*-per-service`), and the Services refused;
 //! - `no_local`: kube-proxy's count of Local-policy ports without a local endpoint;

@@ -155,7 +155,11 @@ impl<W: MapWriter> AgentCore<W> {
                 keys.extend(self.retries.due(now));
                 let mut planned = self.plan_services(keys.iter(), &node, &BTreeSet::new(), &mut newly_filled);
                 for (svc, mine) in &planned {
-                    conflicted.extend(self.claims.set(svc, claims::claimed(self.tracker.model(), svc, mine)));
+                    conflicted.extend(self.claims.set(
+                        svc,
+                        claims::created(self.tracker.model(), svc),
+                        claims::claimed(self.tracker.model(), svc, mine),
+                    ));
                 }
                 // A frontend whose winner changed to a Service not planned now (the old winner left it): plan
                 // that Service too, so its frontend is programmed.
@@ -183,7 +187,11 @@ impl<W: MapWriter> AgentCore<W> {
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
                 let planned = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
                 for (svc, mine) in &planned {
-                    conflicted.extend(self.claims.set(svc, claims::claimed(self.tracker.model(), svc, mine)));
+                    conflicted.extend(self.claims.set(
+                        svc,
+                        claims::created(self.tracker.model(), svc),
+                        claims::claimed(self.tracker.model(), svc, mine),
+                    ));
                 }
                 let desired = self.winners(planned);
                 (None, self.reconciler.apply(&desired, now))

@@ -236,8 +236,8 @@ fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
             .flat_map(|(_, w)| w.clone())
             .collect::<Vec<_>>()
     };
-    let rule = "(of Services on one VIP:port, a cluster IP wins over an external address, then the first in \
-                namespace/name order is programmed)";
+    let rule = "(of Services on one VIP:port, a cluster IP wins over an external address, then the oldest \
+                Service, then the first in namespace/name order is programmed)";
     assert_eq!(
         warnings("a"),
         [format!("10.96.0.10:80/TCP is also claimed by default/b: default/a is programmed {rule}")]
@@ -252,6 +252,42 @@ fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
     assert!(warnings("c").is_empty(), "another port of the VIP is no conflict");
     let text = crate::explain::explain(&model, &node, &ObjKey::new("default", "b")).unwrap();
     assert!(text.contains("warning: 10.96.0.10:80/TCP is also claimed by default/a"), "{text}");
+}
+
+/// Two Services list one externalIP (kubernetes#69599): the one created first keeps it, in the plan and in
+/// the agent's maps, though the later one's namespace sorts first; the warning names both.
+#[test]
+fn of_two_services_on_one_external_ip_the_older_is_programmed_whatever_the_names() {
+    let tmp = TempDir::new("plan-older").unwrap();
+    let dir = tmp.path();
+    for (ns, vip, created, ep) in [
+        ("shop", "10.96.0.10", "2026-01-02T03:04:05Z", "10.0.0.1"),
+        ("aaa", "10.96.0.20", "2026-06-01T00:00:00Z", "10.0.0.2"),
+    ] {
+        let mut docs = vec![Svc::new("web", ip(vip), 80, 8080).service()];
+        docs.extend(Svc::new("web", ip(vip), 80, 8080).slices(&eps(&[ep])));
+        for d in &mut docs {
+            d["metadata"]["namespace"] = serde_json::json!(ns);
+        }
+        docs[0]["metadata"]["creationTimestamp"] = serde_json::json!(created);
+        docs[0]["spec"]["externalIPs"] = serde_json::json!(["192.0.2.80"]);
+        write_atomic(dir, &format!("{ns}.yaml"), &to_yaml(&docs)).unwrap();
+    }
+    let model = ManifestDir::new(dir).load().unwrap().model;
+    let node = crate::model::NodeInfo::resolve("node-1", None, &model);
+    let p = crate::plan::plan(&model, &node);
+    let lints = crate::lint::lint(&model, &node, &p);
+    let warned: Vec<String> = lints.ports.iter().flatten().map(ToString::to_string).collect();
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.contains("192.0.2.80:80/TCP is also claimed by shop/web: aaa/web is NOT programmed")),
+        "{warned:?}"
+    );
+    let mut a = agent(dir, 1 << 16);
+    a.sync(Instant::now()).unwrap();
+    let on = programmed(&a);
+    assert_eq!(on.get("192.0.2.80:80").map(String::as_str), Some("shop/web:main"), "{on:?}");
 }
 
 /// A Service and its slices, each carrying `labels` (the EndpointSlice controller copies a Service's labels

@@ -148,6 +148,9 @@ pub struct ServicePort {
 pub struct Service {
     /// Namespace and name.
     pub key: ObjKey,
+    /// `metadata.creationTimestamp`, seconds since the epoch (none in a manifest that leaves it out): of
+    /// two Services claiming one external address, the older keeps it (`plan::VIP_RULE`).
+    pub created: Option<i64>,
     /// `spec.type`.
     pub type_: ServiceType,
     /// Empty for a headless Service (`clusterIP: None`).

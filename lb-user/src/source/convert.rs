@@ -144,6 +144,7 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
     let load_balancer_source_ranges = source_ranges(&spec, annotations.get(ANNOTATION_LB_SOURCE_RANGES))?;
     Ok(Service {
         key,
+        created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         type_,
         cluster_ips,
         ports,
