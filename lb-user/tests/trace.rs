@@ -155,12 +155,14 @@ fn setup() -> Fixture {
 }
 
 #[test]
-fn trace_streams_each_decision_with_its_reason_and_pod_filters_by_service_and_counts_lost_events() {
+fn trace_streams_each_decision_with_its_reason_filters_counts_lost_events_and_is_one_per_instance() {
     let f = setup();
     every_decision_is_one_event_with_its_reason(&f);
     the_service_filter_is_applied_in_the_kernel(&f);
+    the_vip_and_pod_filters_select_what_is_traced(&f);
     events_lost_while_the_consumer_is_stopped_are_counted(&f);
     a_killed_trace_stops_tracing_when_its_lease_runs_out(&f);
+    a_killed_traces_switch_is_taken_over_and_a_second_live_trace_refused(&f);
 }
 
 /// Everything traced: each kind of decision, as many events as decisions; the switch off afterwards.
@@ -275,6 +277,70 @@ fn the_service_filter_is_applied_in_the_kernel(f: &Fixture) {
     let vips: BTreeSet<&str> = events.iter().filter_map(|e| e["vip"].as_str()).collect();
     assert_eq!((events.len(), vips), (4, BTreeSet::from(["10.96.0.10:80"])));
     assert_eq!(switch_state(f.bpffs.path()), (0, 0, 0), "off, and the selection cleared");
+}
+
+/// `--vip IP:PORT` and `--vip IP` select frontends in the kernel (one port of web, or each port of the
+/// address); `--pod` keeps the decisions of one pod's processes only (the caller's cgroup), whatever others
+/// connect to.
+fn the_vip_and_pod_filters_select_what_is_traced(f: &Fixture) {
+    let Fixture { c, pod_a, pod_b, pin, .. } = f;
+    for filter in ["10.96.0.10:80", "10.96.0.10"] {
+        let t = Trace::start(pin, f.pod_logs.path(), &["--vip", filter]);
+        assert_eq!(
+            switch_state(f.bpffs.path()).0,
+            lb_common::TRACE_SELECTED,
+            "--vip {filter}: in the kernel"
+        );
+        probe_in(c, pod_a, vip("10.96.0.20:80"), 3);
+        probe_in(c, pod_a, vip("10.96.0.10:80"), 4);
+        let (events, _) = t.stop();
+        let vips: BTreeSet<&str> = events.iter().filter_map(|e| e["vip"].as_str()).collect();
+        assert_eq!((events.len(), vips), (4, BTreeSet::from(["10.96.0.10:80"])), "--vip {filter}");
+    }
+    let t = Trace::start(pin, f.pod_logs.path(), &["--pod", "default/client-b"]);
+    probe_in(c, pod_a, vip("10.96.0.10:80"), 3);
+    probe_in(c, pod_b, vip("10.96.0.10:80"), 5);
+    let (events, _) = t.stop();
+    let pods: BTreeSet<&str> = events.iter().filter_map(|e| e["pod"].as_str()).collect();
+    assert_eq!((events.len(), pods), (5, BTreeSet::from(["default/client-b"])), "--pod default/client-b");
+}
+
+/// Right after a trace was SIGKILLed (its switch left on; the process not reaped yet, a zombie, which holds
+/// no switch), the next trace takes the switch over; while it
+/// runs, a second one is refused at once, naming the first one's pid; stopped, it leaves the switch off.
+fn a_killed_traces_switch_is_taken_over_and_a_second_live_trace_refused(f: &Fixture) {
+    let Fixture { c, pod_a, pin, .. } = f;
+    let killed = Trace::start(pin, f.pod_logs.path(), &[]);
+    killed.child.signal(nix::sys::signal::Signal::SIGKILL);
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Trace::start(pin, f.pod_logs.path(), &[]);
+    let mut second = Command::new(TIERLB)
+        .args(["trace", "--bpffs", pin, "-o", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > end {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second trace ran beside the first");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut err).unwrap();
+    let pid = format!("another `tierlb trace` (pid {}) is tracing this agent", t.child.pid());
+    assert!(!status.success() && err.contains(&pid), "{status}: {err}");
+    probe_in(c, pod_a, vip("10.96.0.10:80"), 3);
+    let (events, _) = t.stop();
+    assert_eq!(events.len(), 3, "the trace that took over gets its events, none the killed one left unread");
+    assert_eq!(switch_state(Path::new(pin)).0, lb_common::TRACE_OFF, "off after it");
+    drop(killed);
 }
 
 /// The consumer stopped: the ring buffer (256 KiB, about 1,800 events of 136 bytes) fills, and every decision is either

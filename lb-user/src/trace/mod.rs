@@ -212,6 +212,9 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
                 );
             }
         }
+        // Events a trace killed before it read them are still in the ring: dropped here (the switch is
+        // off since `take`), not shown as this trace's.
+        while s.ring.next().is_some() {}
         s.lost_before = s.lost();
         s.switch.start(if selective { TRACE_SELECTED } else { TRACE_ALL })?;
     }

@@ -109,4 +109,14 @@ impl Drop for Switch {
 /// Whether `pid` is a live `tierlb` process (a pid reused by another program does not hold the switch).
 fn is_trace(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "tierlb")
+        && !is_zombie(pid)
+}
+
+/// A process that has exited and not been reaped yet (state `Z` in `/proc/PID/stat`, after the command
+/// name, which may hold spaces and parentheses): it traces nothing any more.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
 }
