@@ -146,8 +146,15 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     let registered = entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len();
     let counts = entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS));
     eprintln!("registry: {registered} sockets; per namespace: {counts:?}");
-    assert_eq!(registered, share, "A holds exactly its share of the registry");
-    assert_eq!(counts.iter().map(|(_, n)| *n as usize).collect::<Vec<_>>(), [share]);
+    // The count takes no lock: A's processes registering at once may pass the share by one socket per
+    // program run in flight that read the count just below it (one per CPU, or two where a run was
+    // preempted inside that window).
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(
+        (share..=share + 2 * cpus).contains(&registered),
+        "A holds its share of the registry: {registered}"
+    );
+    assert_eq!(counts.iter().map(|(_, n)| *n as usize).collect::<Vec<_>>(), [registered]);
     // Each socket over the share is counted by the kernel, on the metrics port the DaemonSet passes.
     let metrics = metrics(&boxed);
     let unrecorded = format!("tierlb_reverse_unrecorded_total {}", 300_000 - registered);
@@ -165,7 +172,7 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     let tcp_entries = lru.iter().filter(|(k, _)| k.backend.proto == lb_common::PROTO_TCP).count();
     eprintln!("reverse LRU: {} entries, {tcp_entries} of TCP sockets", lru.len());
     assert_eq!(tcp_entries, 2, "A's reconnected socket and B's: A's 50,000 closed sockets left nothing");
-    assert_eq!(entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(), share + 1);
+    assert_eq!(entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(), registered + 1);
 
     // B's resolver leaves: the agent destroys B's socket (and A's registered ones).
     write_service(boxed.manifests.path(), &dns_svc(), &[]).unwrap();

@@ -54,6 +54,33 @@ pub(crate) fn get_in(netns: &lb_testkit::sandbox::NetNs, port: u16, path: &str) 
     })
 }
 
+/// The named checks of one story told in one fixture: each runs even after an earlier one failed, and
+/// `finish` fails the test naming every check that failed with its message, so one failure hides none of
+/// the others.
+#[derive(Default)]
+pub(crate) struct Checks {
+    failed: Vec<String>,
+}
+
+impl Checks {
+    /// Run check `name`; a panic in it is recorded, not propagated.
+    pub(crate) fn check(&mut self, name: &str, f: impl FnOnce()) {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            let msg = e
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            self.failed.push(format!("{name}: {msg}"));
+        }
+    }
+
+    /// Fail if any check did, listing them.
+    pub(crate) fn finish(self) {
+        assert!(self.failed.is_empty(), "{} checks failed:\n{}", self.failed.len(), self.failed.join("\n"));
+    }
+}
+
 /// Poll `check` every 20 ms for up to `secs`; true as soon as it holds.
 pub(crate) fn eventually(secs: u64, mut check: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
