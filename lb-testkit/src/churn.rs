@@ -49,7 +49,8 @@ pub struct Outcome {
     pub seconds: f64,
 }
 
-fn unspecified(for_addr: SocketAddr) -> SocketAddr {
+/// The unspecified address (port 0) of `for_addr`'s family: where a client socket binds.
+pub(crate) fn unspecified(for_addr: SocketAddr) -> SocketAddr {
     if for_addr.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal")
 }
 

@@ -19,7 +19,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{dns, probe::errno_name};
+use crate::{churn::unspecified, dns, probe::errno_name};
 
 /// What `flood` does.
 #[derive(Clone, Debug)]
@@ -78,8 +78,11 @@ fn disconnect(fd: i32) -> std::io::Result<()> {
 }
 
 fn tcp_socket(to: SocketAddr) -> std::io::Result<socket2::Socket> {
-    let domain = if to.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
-    socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+    socket2::Socket::new(
+        socket2::Domain::for_address(to),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
 }
 
 /// Run `plan`, print `Flood` once the sockets are held, hold them until stdin closes.
@@ -127,8 +130,8 @@ pub fn flood(plan: &FloodPlan) -> Flood {
     }
     let mut held = Vec::with_capacity(plan.udp_hold);
     if let Some(server) = plan.dns {
-        let any: SocketAddr = if server.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
-        let domain = if server.is_ipv4() { socket2::Domain::IPV4 } else { socket2::Domain::IPV6 };
+        let any = unspecified(server);
+        let domain = socket2::Domain::for_address(server);
         // SO_REUSEADDR: more sockets than ephemeral ports (28,232) may share the ports.
         let one = || -> std::io::Result<socket2::Socket> {
             let s = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
@@ -158,7 +161,7 @@ pub fn flood(plan: &FloodPlan) -> Flood {
 
 /// One unconnected UDP socket (of `first`'s family) sends a query to each of `servers` and reads its reply.
 fn send_each(first: SocketAddr, servers: &[SocketAddr]) -> Vec<String> {
-    let any: SocketAddr = if first.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let any = unspecified(first);
     let s = match UdpSocket::bind(any)
         .and_then(|s| s.set_read_timeout(Some(Duration::from_secs(2))).map(|()| s))
     {
@@ -195,7 +198,7 @@ pub struct Kept {
 /// Open a TCP connection to `tcp` and a connected UDP socket to `dns`; print `Kept` for each stdin line.
 pub fn keep(tcp: SocketAddr, dns_vip: SocketAddr, timeout: Duration) -> std::io::Result<()> {
     let t = TcpStream::connect_timeout(&tcp, timeout)?;
-    let any: SocketAddr = if dns_vip.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("literal");
+    let any = unspecified(dns_vip);
     let u = UdpSocket::bind(any)?;
     u.connect(dns_vip)?;
     u.set_read_timeout(Some(timeout))?;
