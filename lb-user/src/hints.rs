@@ -61,10 +61,6 @@ pub fn mode(svc: &Service) -> HintMode {
     }
 }
 
-fn zone_of(ep: &Endpoint) -> Option<&str> {
-    ep.zone.as_deref().filter(|z| !z.is_empty())
-}
-
 /// Why Auto mode wrote no hints (the controller's `TopologyAwareHintsDisabled` event messages).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum AutoDisabled {
@@ -108,28 +104,23 @@ impl std::fmt::Display for AutoDisabled {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Allocation {
-    minimum: usize,
-    maximum: usize,
-}
-
-/// The controller's `getAllocations`: per zone, how many endpoints it should get by CPU share.
-fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Allocation>, AutoDisabled> {
+/// The controller's `SetNodes` then `getAllocations`: per zone, how many endpoints it should get by CPU
+/// share (`desired`, at least the zone's minimum: its share less the overload threshold, rounded up). Nodes labelled control-plane (or master) and nodes not Ready are left out; any other node without a
+/// zone or with no allocatable CPU turns hints off.
+fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, f64>, AutoDisabled> {
     // Summed in u128: a Node may report up to u64::MAX millicores (the API server accepts
     // `18446744073709551615m`), and no number of such Nodes overflows a u128.
     let mut cpu_by_zone: BTreeMap<String, u128> = BTreeMap::new();
     let mut total = 0u128;
-    for node in model.nodes.values() {
-        let (Some(zone), Some(cpu)) =
-            (node.zone.as_deref().filter(|z| !z.is_empty()), node.allocatable_cpu_millis)
-        else {
+    for node in model.nodes.values().filter(|n| !n.cpu_share_excluded) {
+        let zone = node.zone.as_deref().filter(|z| !z.is_empty());
+        let (Some(zone), Some(cpu)) = (zone, node.allocatable_cpu_millis.filter(|c| *c > 0)) else {
             return Err(AutoDisabled::InsufficientNodeInfo);
         };
         *cpu_by_zone.entry(zone.to_owned()).or_default() += u128::from(cpu);
         total += u128::from(cpu);
     }
-    if cpu_by_zone.is_empty() || total == 0 {
+    if total == 0 {
         return Err(AutoDisabled::InsufficientNodeInfo);
     }
     let zones = cpu_by_zone.len();
@@ -140,22 +131,17 @@ fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, Alloc
         return Err(AutoDisabled::InsufficientNumberOfEndpoints { endpoints, zones });
     }
     let mut remaining = endpoints;
-    let mut min_total = 0usize;
     let mut out = BTreeMap::new();
     for (zone, cpu) in &cpu_by_zone {
         let desired = (*cpu as f64 / total as f64) * endpoints as f64;
         #[expect(clippy::cast_sign_loss, reason = "a share of the endpoints, never negative")]
         let minimum = (desired * (1.0 / (1.0 + OVERLOAD_THRESHOLD))).ceil() as usize;
-        min_total += minimum;
         // The controller checks `remaining < 0`; in usize that is the subtraction failing.
         let Some(left) = remaining.checked_sub(minimum) else {
             return Err(AutoDisabled::MinAllocationExceedsOverloadThreshold { endpoints, zones });
         };
         remaining = left;
-        out.insert(zone.clone(), Allocation { minimum, maximum: 0 });
-    }
-    for a in out.values_mut() {
-        a.maximum = a.minimum + endpoints - min_total;
+        out.insert(zone.clone(), desired.max(minimum as f64));
     }
     Ok(out)
 }
@@ -169,7 +155,14 @@ pub struct HintOutcome {
     pub auto_disabled: Option<AutoDisabled>,
 }
 
-/// Rewrite the hints of a Service's slices as the controller would.
+/// `EndpointReady` of the controller, which requires `ready` set and true. The controller always sets it, so
+/// a slice that leaves it out was written by hand, and reads as kube-proxy reads it: ready.
+fn ready(ep: &Endpoint) -> bool {
+    ep.is_ready()
+}
+
+/// Rewrite the hints of a Service's slices as the controller would write them to slices that carry none
+/// (the reconciler's `topologyCache.AddHints`, else `trafficdist.ReconcileHints`, else hints removed).
 pub fn apply(model: &Model, svc: &Service, slices: &mut [EndpointSlice]) -> HintOutcome {
     let mode = mode(svc);
     let mut auto_disabled = None;
@@ -177,79 +170,70 @@ pub fn apply(model: &Model, svc: &Service, slices: &mut [EndpointSlice]) -> Hint
         HintMode::PreferSameZone { .. } | HintMode::PreferSameNode => {
             let with_node = mode == HintMode::PreferSameNode;
             for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
-                // Not-ready endpoints keep whatever hints they had (the controller skips them).
-                if !ep.is_ready() {
+                // Not-ready endpoints keep whatever hints they had (the controller skips them). A zone or
+                // node name that is set but empty is copied as it is, as the controller copies the pointer.
+                if !ready(ep) {
                     continue;
                 }
-                ep.for_zones = zone_of(ep).map(|z| vec![z.to_owned()]);
-                ep.for_nodes = if with_node {
-                    ep.node_name.clone().filter(|n| !n.is_empty()).map(|n| vec![n])
-                } else {
-                    None
-                };
+                ep.for_zones = ep.zone.clone().map(|z| vec![z]);
+                ep.for_nodes = if with_node { ep.node_name.clone().map(|n| vec![n]) } else { None };
             }
         }
-        HintMode::None { .. } => remove(slices),
+        HintMode::None { .. } => remove(slices.iter_mut()),
         HintMode::AutoAnnotation => {
-            if let Err(why) = auto_hints(model, slices) {
-                remove(slices);
-                auto_disabled = Some(why);
+            // Per address type, as the controller reconciles a Service once per address type: one family
+            // may get hints while the other gets none.
+            let mut types = Vec::new();
+            for s in slices.iter() {
+                if !types.contains(&s.address_type) {
+                    types.push(s.address_type);
+                }
+            }
+            for t in types {
+                let mut family: Vec<&mut EndpointSlice> =
+                    slices.iter_mut().filter(|s| s.address_type == t).collect();
+                if let Err(why) = auto_hints(model, &mut family) {
+                    remove(family.into_iter());
+                    auto_disabled.get_or_insert(why);
+                }
             }
         }
     }
     HintOutcome { mode, auto_disabled }
 }
 
-fn remove(slices: &mut [EndpointSlice]) {
-    for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+fn remove<'a>(slices: impl Iterator<Item = &'a mut EndpointSlice>) {
+    for ep in slices.flat_map(|s| s.endpoints.iter_mut()) {
         ep.for_nodes = None;
         ep.for_zones = None;
     }
 }
 
-/// The controller's `AddHints`: own zone first, then move hints from zones over their maximum to zones
-/// under their minimum. Go iterates maps in random order; here zones are taken sorted, so results are stable.
-fn auto_hints(model: &Model, slices: &mut [EndpointSlice]) -> Result<(), AutoDisabled> {
-    let ready = slices.iter().flat_map(|s| &s.endpoints).filter(|e| e.is_ready()).count();
-    let alloc = allocations(model, ready)?;
+/// The controller's `AddHints` for one address type: every ready endpoint hinted for its own zone, then
+/// whole endpoints moved from zones over their desired share to zones under it
+/// (`getGivingAndReceivingZones`, `redistributeHints`). Go iterates maps in random order, so where zones
+/// tie the controller may pick either; here zones are taken sorted, so results are stable.
+fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), AutoDisabled> {
+    let total = slices.iter().flat_map(|s| &s.endpoints).filter(|e| ready(e)).count();
+    let desired = allocations(model, total)?;
     let mut allocated: BTreeMap<String, usize> = BTreeMap::new();
-    for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
-        if !ep.is_ready() {
-            ep.for_nodes = None;
-            ep.for_zones = None;
-            continue;
-        }
-        let Some(zone) = zone_of(ep).map(str::to_owned) else {
+    for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()).filter(|e| ready(e)) {
+        let Some(zone) = ep.zone.clone().filter(|z| !z.is_empty()) else {
             return Err(AutoDisabled::NoZoneSpecified);
         };
         *allocated.entry(zone.clone()).or_default() += 1;
         ep.for_nodes = None;
         ep.for_zones = Some(vec![zone]);
     }
-    let mut giving: BTreeMap<String, usize> = BTreeMap::new();
-    let mut receiving: BTreeMap<String, usize> = BTreeMap::new();
-    for (zone, a) in &alloc {
-        let have = allocated.get(zone).copied().unwrap_or(0);
-        if have < a.minimum {
-            receiving.insert(zone.clone(), a.minimum - have);
-        } else if have > a.maximum {
-            giving.insert(zone.clone(), have - a.maximum);
-        }
-    }
-    for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()) {
+    let (mut giving, mut receiving) = giving_and_receiving(&desired, &allocated);
+    for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()).filter(|e| ready(e)) {
         if giving.is_empty() || receiving.is_empty() {
             break;
         }
-        if !ep.is_ready() {
-            continue;
-        }
-        let Some(zone) = zone_of(ep).map(str::to_owned) else {
+        let Some(zone) = ep.zone.clone().filter(|z| giving.contains_key(z)) else {
             continue;
         };
-        if giving.get(&zone).copied().unwrap_or(0) == 0 {
-            continue;
-        }
-        let Some(to) = receiving.iter().find(|(_, n)| **n > 0).map(|(z, _)| z.clone()) else {
+        let Some(to) = receiving.keys().next().cloned() else {
             break;
         };
         ep.for_zones = Some(vec![to.clone()]);
@@ -257,6 +241,47 @@ fn auto_hints(model: &Model, slices: &mut [EndpointSlice]) -> Result<(), AutoDis
         decrement(&mut receiving, &to);
     }
     Ok(())
+}
+
+/// The controller's `getGivingAndReceivingZones`: how many whole endpoints each zone gives and receives.
+/// Each round moves one endpoint from the zone with the most surplus to the zone with the most need; it
+/// stops when either is under half an endpoint, or both under one.
+fn giving_and_receiving(
+    desired: &BTreeMap<String, f64>,
+    allocated: &BTreeMap<String, usize>,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let mut surplus: BTreeMap<&str, f64> = BTreeMap::new();
+    let mut need: BTreeMap<&str, f64> = BTreeMap::new();
+    for (zone, want) in desired {
+        let have = allocated.get(zone).copied().unwrap_or(0) as f64;
+        if have > *want {
+            surplus.insert(zone, have - want);
+        } else if have < *want {
+            need.insert(zone, want - have);
+        }
+    }
+    let (mut giving, mut receiving) = (BTreeMap::new(), BTreeMap::new());
+    while let (Some((from, give)), Some((to, take))) = (most(&surplus), most(&need)) {
+        if (give < 1.0 && take < 1.0) || give < 0.5 || take < 0.5 {
+            break;
+        }
+        *giving.entry(from.to_owned()).or_default() += 1;
+        *receiving.entry(to.to_owned()).or_default() += 1;
+        *surplus.get_mut(from).expect("picked from the map") -= 1.0;
+        *need.get_mut(to).expect("picked from the map") -= 1.0;
+    }
+    (giving, receiving)
+}
+
+/// `getMost`: the zone with the largest positive value, the first in order on a tie.
+fn most<'a>(values: &BTreeMap<&'a str, f64>) -> Option<(&'a str, f64)> {
+    let mut best: Option<(&str, f64)> = None;
+    for (zone, v) in values {
+        if *v > best.map_or(0.0, |b| b.1) {
+            best = Some((zone, *v));
+        }
+    }
+    best
 }
 
 fn decrement(m: &mut BTreeMap<String, usize>, k: &str) {
@@ -296,10 +321,7 @@ pub fn fill_for(model: &Model, svc: &Service) -> Option<Vec<EndpointSlice>> {
         return None;
     }
     let mut owned: Vec<EndpointSlice> = slices.into_iter().cloned().collect();
-    let outcome = apply(model, svc, &mut owned);
-    if matches!(outcome.mode, HintMode::None { .. }) || outcome.auto_disabled.is_some() {
-        return None;
-    }
+    apply(model, svc, &mut owned);
     if carries_no_hints(&owned.iter().collect::<Vec<_>>()) {
         return None;
     }

@@ -291,6 +291,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
                 name: n.name.clone(),
                 zone: n.zone.clone(),
                 allocatable_cpu_millis: Some(n.cpu),
+                cpu_share_excluded: false,
                 addresses: Vec::new(),
             },
         );

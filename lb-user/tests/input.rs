@@ -482,6 +482,35 @@ fn huge_allocatable_cpu_does_not_overflow_the_hints_emulation() {
     );
 }
 
+/// The Nodes the `topology-mode: Auto` emulation leaves out of the CPU shares, as the controller's topology
+/// cache does (`hasExcludedLabels`, `isNodeReady`), read from the manifest.
+#[test]
+fn control_plane_and_not_ready_nodes_are_left_out_of_the_cpu_shares() {
+    let cases = [
+        ("a worker", "labels: {topology.kubernetes.io/zone: a}}", "", false),
+        ("control-plane", "labels: {node-role.kubernetes.io/control-plane: ''}}", "", true),
+        ("master", "labels: {node-role.kubernetes.io/master: 'true'}}", "", true),
+        ("Ready", "labels: {}}", ", conditions: [{type: Ready, status: 'True'}]", false),
+        ("not Ready", "labels: {}}", ", conditions: [{type: Ready, status: 'False'}]", true),
+        ("Ready unknown", "labels: {}}", ", conditions: [{type: Ready, status: Unknown}]", true),
+        (
+            "no Ready condition (hand-written)",
+            "labels: {}}",
+            ", conditions: [{type: DiskPressure, status: 'False'}]",
+            false,
+        ),
+    ];
+    for (name, meta, conditions, excluded) in cases {
+        let text = node(&format!(
+            "metadata: {{name: n1, {meta}\nstatus: {{allocatable: {{cpu: '4'}}{conditions}}}\n"
+        ));
+        let (objects, diagnostics) = parse_text(Path::new("x.yaml"), &text);
+        assert!(diagnostics.is_empty(), "{name}: {diagnostics:?}");
+        let m = model_of(objects);
+        assert_eq!(m.nodes["n1"].cpu_share_excluded, excluded, "{name}");
+    }
+}
+
 fn run_plan(dir: &Path) -> (i32, String, String) {
     let out = Command::new(TIERLB)
         .args(["plan", "--node", "n1", "--manifests"])

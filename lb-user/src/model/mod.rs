@@ -307,6 +307,11 @@ pub struct Node {
     pub zone: Option<String>,
     /// Allocatable CPU in millicores (used by the `topology-mode: Auto` hint emulation).
     pub allocatable_cpu_millis: Option<u64>,
+    /// Left out of the `topology-mode: Auto` CPU shares, as the controller's topology cache leaves them out:
+    /// labelled `node-role.kubernetes.io/control-plane` or `.../master`, or a `Ready` condition that is not
+    /// `True`. (A Node with no `Ready` condition at all counts: the controller would leave it out, but
+    /// hand-written manifests seldom carry `status.conditions`.)
+    pub cpu_share_excluded: bool,
     /// `status.addresses` of type `InternalIP` and `ExternalIP` that parse as IPs, in their order.
     pub addresses: Vec<NodeAddress>,
 }

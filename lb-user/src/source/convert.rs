@@ -357,5 +357,11 @@ fn convert_node(node: &core::Node) -> Result<Node, FieldError> {
             Some(NodeAddress { kind, ip: a.address.parse().ok()? })
         })
         .collect();
-    Ok(Node { name, zone, allocatable_cpu_millis, addresses })
+    let labels = node.metadata.labels.as_ref();
+    let role = ["node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"]
+        .iter()
+        .any(|k| labels.is_some_and(|l| l.contains_key(*k)));
+    let ready = node.status.iter().flat_map(|s| s.conditions.iter().flatten()).find(|c| c.type_ == "Ready");
+    let cpu_share_excluded = role || ready.is_some_and(|c| c.status != "True");
+    Ok(Node { name, zone, allocatable_cpu_millis, cpu_share_excluded, addresses })
 }

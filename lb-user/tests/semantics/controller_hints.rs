@@ -192,3 +192,105 @@ fn manifests_without_hints_get_the_controllers_hints() {
     let mut m = model(psn(), &[e("10.0.0.1", "n1").nodes(&["n2"]), e("10.0.0.2", "n2").nodes(&["n2"])]);
     assert!(hints::fill_missing(&mut m).is_empty());
 }
+
+/// Zone hints per zone name, over every endpoint of the slices.
+fn zone_counts(slices: &[EndpointSlice]) -> Vec<(String, usize)> {
+    let mut counts = std::collections::BTreeMap::new();
+    for e in slices.iter().flat_map(|s| &s.endpoints) {
+        *counts.entry(e.for_zones.clone().map_or("-".to_owned(), |z| z.join(","))).or_insert(0) += 1;
+    }
+    counts.into_iter().collect()
+}
+
+/// One corner case of `controller_corner_cases_as_its_source_has_them`.
+struct Corner {
+    name: &'static str,
+    nodes: Vec<NodeSpec>,
+    /// Nodes left out of the CPU shares (control-plane, not Ready).
+    excluded: &'static [&'static str],
+    eps: Vec<E>,
+    want: Vec<(String, usize)>,
+}
+
+/// Where the hint emulation once differed from the controller's source (found by the oracle,
+/// `hint_oracle.rs`), one named case each.
+#[test]
+fn controller_corner_cases_as_its_source_has_them() {
+    let three = [("n1", Some("a"), Some(4000)), ("n2", Some("b"), Some(4000)), ("n3", Some("c"), Some(4000))];
+    let ab = [("n1", Some("a"), Some(4000)), ("n2", Some("b"), Some(4000))];
+    let in_zone = |z: &'static str, n: usize| -> Vec<E> {
+        (0..n)
+            .map(|i| e(["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"][i], "n1").zone(z))
+            .collect()
+    };
+    let counts = |v: &[(&str, usize)]| v.iter().map(|(z, n)| ((*z).to_owned(), *n)).collect::<Vec<_>>();
+    let cases = [
+        Corner {
+            // desired 3.33 each: a and b give 1.67, c needs 3.33; the controller moves whole endpoints
+            // while either side has half an endpoint left (a, b, a), not only down to each zone's maximum.
+            name: "5/5/0 endpoints over three equal zones end 3/4/3",
+            nodes: three.to_vec(),
+            excluded: &[],
+            eps: [in_zone("a", 5), in_zone("b", 5)].concat(),
+            want: counts(&[("a", 3), ("b", 4), ("c", 3)]),
+        },
+        Corner {
+            name: "a control-plane or not-Ready node's zone gets no share",
+            nodes: [ab.to_vec(), vec![("n3", Some("c"), Some(4000))]].concat(),
+            excluded: &["n3"],
+            eps: [in_zone("a", 1), in_zone("b", 1)].concat(),
+            want: counts(&[("a", 1), ("b", 1)]),
+        },
+        Corner {
+            name: "a node with zero allocatable CPU turns hints off",
+            nodes: [ab.to_vec(), vec![("n3", Some("b"), Some(0))]].concat(),
+            excluded: &[],
+            eps: [in_zone("a", 1), in_zone("b", 1)].concat(),
+            want: counts(&[("-", 2)]),
+        },
+    ];
+    for c in cases {
+        let (mut m, s) = auto_model(&c.nodes, &c.eps);
+        for n in c.excluded {
+            m.nodes.get_mut(*n).unwrap().cpu_share_excluded = true;
+        }
+        let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
+        hints::apply(&m, &s, &mut slices);
+        assert_eq!(zone_counts(&slices), c.want, "{}", c.name);
+    }
+}
+
+/// Auto mode allocates each address type on its own: a dual-stack Service's IPv4 endpoints get hints while
+/// its single IPv6 endpoint, fewer than the zones, gets none (counted together, all three would).
+#[test]
+fn auto_mode_allocates_each_address_family_on_its_own() {
+    let (mut m, s) = auto_model(
+        &[("n1", Some("a"), Some(4000)), ("n2", Some("b"), Some(4000))],
+        &[e("10.0.0.1", "n1").zone("a"), e("10.0.0.2", "n2").zone("b")],
+    );
+    let v6 = slice("web-v6", AddressType::IPv6, 8080, &[e("fd00::1", "n1").zone("a")]);
+    m.slices.insert(v6.key.clone(), v6);
+    let filled = hints::fill_for(&m, &s).expect("the IPv4 slice is hinted");
+    let by_family = |t: AddressType| {
+        let s: Vec<EndpointSlice> = filled.iter().filter(|s| s.address_type == t).cloned().collect();
+        zone_counts(&s)
+    };
+    assert_eq!(by_family(AddressType::IPv4), [("a".to_owned(), 1), ("b".to_owned(), 1)]);
+    assert_eq!(by_family(AddressType::IPv6), [("-".to_owned(), 1)]);
+}
+
+/// `trafficdist` copies a zone or node name that is set, even empty: an endpoint with `zone: ""` gets the
+/// zone hint `""` (which kube-proxy matches on a node without a zone label).
+#[test]
+fn prefer_same_node_copies_set_but_empty_zone_and_node_names() {
+    let mut m = model(psn(), &[]);
+    let mut sl = slice("web-abc", AddressType::IPv4, 8080, &[e("10.0.0.1", "n1").zone("")]);
+    sl.endpoints[0].node_name = Some(String::new());
+    m.slices.insert(sl.key.clone(), sl);
+    let filled = hints::fill_for(&m, &m.services[&ObjKey::new("default", "web")]).expect("hinted");
+    let ep = &filled[0].endpoints[0];
+    assert_eq!(
+        (ep.for_nodes.clone(), ep.for_zones.clone()),
+        (Some(vec![String::new()]), Some(vec![String::new()]))
+    );
+}

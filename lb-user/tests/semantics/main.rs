@@ -14,6 +14,7 @@ use tierlb::{
 
 mod controller_hints;
 mod external;
+mod hint_oracle;
 mod lints;
 mod oracle;
 mod props;
