@@ -75,6 +75,12 @@ pub enum KubeError {
         #[source]
         source: kube::Error,
     },
+    /// The access reviews were not answered in time.
+    #[error("the API server did not answer the agent's access reviews within {timeout:?}")]
+    NoAnswer {
+        /// How long the agent waited.
+        timeout: Duration,
+    },
     /// A watcher did not deliver its first list in time.
     #[error("the API server did not deliver the initial {kind} list within {timeout:?}")]
     NotReady {
@@ -282,15 +288,19 @@ where
 }
 
 impl KubeSource {
-    /// Check access, start the watchers, and wait (up to `ready_timeout`) until each has listed its kind.
-    pub async fn start(
+    /// Check access, start the watchers, and wait until each has listed its kind, all within `ready_timeout`
+    /// (the agent gives up after a minute, and says which list or the access reviews did not come).
+    pub async fn start_with_timeout(
         client: Client,
         node: &str,
         changed: mpsc::UnboundedSender<()>,
         ready_timeout: Duration,
     ) -> Result<Self, KubeError> {
-        check_access(&client).await?;
         let deadline = tokio::time::Instant::now() + ready_timeout;
+        match tokio::time::timeout_at(deadline, check_access(&client)).await {
+            Ok(checked) => checked?,
+            Err(_) => return Err(KubeError::NoAnswer { timeout: ready_timeout }),
+        }
         let (tx, events) = mpsc::unbounded_channel();
         let queued = PendingChanges::default();
         // kube-proxy's label filter, server-side, on the Services and EndpointSlices (not the Node), as its
@@ -351,19 +361,6 @@ impl KubeSource {
             }
         }
         Ok(source)
-    }
-
-    /// Wait for the first lists, but not forever (nor for an access review that does not answer).
-    pub async fn start_with_timeout(
-        client: Client,
-        node: &str,
-        changed: mpsc::UnboundedSender<()>,
-        timeout: Duration,
-    ) -> Result<Self, KubeError> {
-        match tokio::time::timeout(timeout, Self::start(client, node, changed, timeout)).await {
-            Ok(r) => r,
-            Err(_) => Err(KubeError::NotReady { kind: "Service, EndpointSlice or Node", timeout }),
-        }
     }
 
     /// Take the events delivered since the last call: per object named, its last state (`None`: gone).

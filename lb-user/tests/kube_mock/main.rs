@@ -4,7 +4,12 @@
 //! an expired watch and the relist after it, and a missing RBAC rule reported by name. The server
 //! (`server.rs`) is strict: any request it would not serve as the agent means it (an unknown path, a missing
 //! or other selector, a watch without bookmarks or not resuming at the last resourceVersion, an access
-//! review in the wrong API group) fails the test.
+//! review in the wrong API group) fails the test. `edges.rs`: an expired continue token (410, the list starts
+//! over), an object labelled away arriving as a deletion, a first list or access review that never comes.
+//!
+//! What the mock does not do that an API server does: streaming lists (`sendInitialEvents`), the
+//! `resourceVersionMatch` rules, field selectors other than `metadata.name=`, label selectors other than
+//! `!key`, throttling (429 with Retry-After), watches the server itself times out after `timeoutSeconds`.
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex},
@@ -24,6 +29,7 @@ use tierlb::{
 };
 use tokio::sync::mpsc;
 
+mod edges;
 mod faces;
 mod server;
 
@@ -350,16 +356,7 @@ async fn kube_proxys_label_selector_is_sent_on_every_service_and_slice_list_and_
 #[tokio::test]
 async fn a_long_list_is_read_page_by_page_and_a_bookmark_moves_the_resume_point() {
     let mut s = script();
-    // 1,201 Services: three pages of the watcher's 500.
-    let services: Vec<Value> = (0..1_201)
-        .map(|i| {
-            let mut svc = service();
-            svc["metadata"]["name"] = json!(format!("s{i}"));
-            svc["spec"]["clusterIP"] = json!(format!("10.97.{}.{}", i / 250, i % 250 + 1));
-            svc
-        })
-        .collect();
-    s.lists.insert("services", (json!(services), "10"));
+    s.lists.insert("services", (edges::many_services(), "10"));
     // The first Service watch sends only a BOOKMARK, then drops: the resumed watch must start at the
     // bookmark's resourceVersion (the server checks), and the bookmark changes nothing.
     let bookmark = json!({"type": "BOOKMARK",

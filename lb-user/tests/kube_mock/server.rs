@@ -32,6 +32,19 @@ pub(crate) struct Script {
     /// The last resourceVersion the server handed out per resource (a list's, or an event's): where the next
     /// watch must start.
     pub(crate) last_rv: BTreeMap<&'static str, String>,
+    /// How many `continue` requests to answer with 410 Expired, as an API server answers a token older than
+    /// its compaction window ("The provided continue parameter is too old").
+    pub(crate) expire_continues: usize,
+    /// `continue` parameter of each list request, per resource (`None`: a first page).
+    pub(crate) continues: BTreeMap<&'static str, Vec<Option<String>>>,
+    /// Resources whose list requests are never answered (an API server that lists forever).
+    pub(crate) hang_lists: Vec<&'static str>,
+    /// The list requests held open for `hang_lists`.
+    pub(crate) hung_lists: Vec<tower_test::mock::SendResponse<Response<Body>>>,
+    /// Access reviews are never answered.
+    pub(crate) hang_reviews: bool,
+    /// The access reviews held open for `hang_reviews`.
+    pub(crate) hung_reviews: Vec<tower_test::mock::SendResponse<Response<Body>>>,
     /// (API group, resource, verb) of every access review asked.
     pub(crate) reviews: Vec<(String, String, String)>,
     /// Requests a real API server would not serve as the agent meant them, or that break kube-proxy's
@@ -110,6 +123,16 @@ fn not_found(what: &str) -> Response<Body> {
                         "code": 404, "message": what});
     let mut r = Response::new(Body::from(serde_json::to_vec(&status).unwrap()));
     *r.status_mut() = http::StatusCode::NOT_FOUND;
+    r
+}
+
+/// 410 Gone with reason Expired, as an API server answers a continue token or resourceVersion it no longer
+/// has.
+pub(crate) fn expired(message: &str) -> Response<Body> {
+    let status = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired",
+                        "code": 410, "message": message});
+    let mut r = Response::new(Body::from(serde_json::to_vec(&status).unwrap()));
+    *r.status_mut() = http::StatusCode::GONE;
     r
 }
 
@@ -192,7 +215,18 @@ pub(crate) async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
         let uri = req.uri().clone();
         let (method, path) = (req.method().clone(), uri.path().to_owned());
         if method == http::Method::POST && path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" {
-            send.send_response(review(req, &script).await);
+            let send = {
+                let mut s = script.lock().unwrap();
+                if s.hang_reviews {
+                    s.hung_reviews.push(send);
+                    None
+                } else {
+                    Some(send)
+                }
+            };
+            if let Some(send) = send {
+                send.send_response(review(req, &script).await);
+            }
             continue;
         }
         let served = SERVED.iter().find(|(p, ..)| *p == path).filter(|_| method == http::Method::GET);
@@ -224,6 +258,16 @@ pub(crate) async fn serve(mut handle: Handle, script: Arc<Mutex<Script>>) {
             continue;
         }
         *s.list_calls.entry(resource).or_default() += 1;
+        s.continues.entry(resource).or_default().push(p.get("continue").cloned());
+        if s.hang_lists.contains(&resource) {
+            s.hung_lists.push(send);
+            continue;
+        }
+        if p.contains_key("continue") && s.expire_continues > 0 {
+            s.expire_continues -= 1;
+            send.send_response(expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."));
+            continue;
+        }
         let (list, rv) = s.lists[resource].clone();
         s.last_rv.insert(resource, rv.to_owned());
         let list: Vec<Value> = list.as_array().unwrap().iter().filter(|i| selected(&p, i)).cloned().collect();

@@ -1,0 +1,108 @@
+//! What an API server does that the happy path never shows: a continue token that expires between pages
+//! (410, the list starts over), an object that gains one of kube-proxy's excluding labels (the watch, which
+//! filters by label, sends it as a deletion carrying the new label), and an API server that never finishes
+//! a first list or never answers the access reviews (the agent gives up, naming which).
+use super::*;
+
+/// 1,201 Services: three pages of the watcher's 500.
+pub(crate) fn many_services() -> Value {
+    let services: Vec<Value> = (0..1_201)
+        .map(|i| {
+            let mut svc = service();
+            svc["metadata"]["name"] = json!(format!("s{i}"));
+            svc["spec"]["clusterIP"] = json!(format!("10.97.{}.{}", i / 250, i % 250 + 1));
+            svc
+        })
+        .collect();
+    json!(services)
+}
+
+#[tokio::test]
+async fn an_expired_continue_token_starts_the_list_over_from_its_first_page() {
+    let mut s = script();
+    s.lists.insert("services", (many_services(), "10"));
+    s.expire_continues = 1;
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, _rx, server) = started(&script).await;
+    let Changes::All(model) = source.refresh().unwrap().changes else { panic!("the first refresh is whole") };
+    assert_eq!(model.services.len(), 1_201, "every Service, once");
+    let s = script.lock().unwrap();
+    // The first page, its continue refused with 410, then the list again from the start: three pages.
+    let pages: Vec<Option<&str>> = s.continues["services"].iter().map(Option::as_deref).collect();
+    assert_eq!(pages, [None, Some("500"), None, Some("500"), Some("1000")], "{pages:?}");
+    drop(s);
+    finish(&script, &server);
+}
+
+#[tokio::test]
+async fn an_object_that_gains_an_excluding_label_arrives_as_a_deletion_and_is_removed() {
+    let mut s = script();
+    let mut other = service();
+    other["metadata"]["name"] = json!("api");
+    other["spec"]["clusterIP"] = json!("10.96.0.11");
+    s.lists.insert("services", (json!([service(), other.clone()]), "10"));
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, mut rx, server) = started(&script).await;
+    let mut tracker = ChangeTracker::default();
+    assert!(follow(&mut source, &mut tracker).0.is_empty());
+    assert_eq!(tracker.model().services.len(), 2);
+
+    // shop/api is labelled for another proxy: the watch (label-filtered) sends DELETED with the object as it
+    // is now, label included; a slice labelled headless the same way.
+    other["metadata"]["labels"] = json!({"service.kubernetes.io/service-proxy-name": "other-proxy"});
+    other["metadata"]["resourceVersion"] = json!("11");
+    let gone = json!({"type": "DELETED", "object": other});
+    while rx.try_recv().is_ok() {}
+    let sc = script.clone();
+    wait_for(move || release(&sc, "services", vec![gone.clone()])).await;
+    tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap();
+    let mut labelled = slice("21", &[("10.244.1.5", "node-1")]);
+    labelled["metadata"]["labels"]["service.kubernetes.io/headless"] = json!("");
+    deliver(&script, &mut rx, json!({"type": "DELETED", "object": labelled})).await;
+
+    let (diagnostics, _) = follow(&mut source, &mut tracker);
+    assert!(diagnostics.is_empty(), "{diagnostics:?}");
+    let m = tracker.model();
+    assert_eq!(m.services.keys().collect::<Vec<_>>(), [&ObjKey::new("shop", "web")], "api removed");
+    assert!(m.slices.values().next().is_none(), "the slice removed");
+    finish(&script, &server);
+}
+
+#[tokio::test]
+async fn a_first_list_that_never_comes_gives_up_naming_the_kind() {
+    let mut s = script();
+    s.hang_lists = vec!["endpointslices"];
+    let script = Arc::new(Mutex::new(s));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script.clone()));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let t0 = std::time::Instant::now();
+    let started =
+        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(2))
+            .await;
+    let waited = t0.elapsed();
+    let err = started.err().expect("no source without the slices");
+    assert!(matches!(err, KubeError::NotReady { kind: "EndpointSlice", .. }), "{err}");
+    assert_eq!(err.to_string(), "the API server did not deliver the initial EndpointSlice list within 2s");
+    assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(4), "gave up after {waited:?}");
+    // The Services were listed meanwhile: the kind named is the one that did not come.
+    assert_eq!(script.lock().unwrap().list_calls.get("services"), Some(&1));
+    finish(&script, &server);
+}
+
+#[tokio::test]
+async fn access_reviews_that_never_answer_give_up_too() {
+    let mut s = script();
+    s.hang_reviews = true;
+    let script = Arc::new(Mutex::new(s));
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script.clone()));
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let started =
+        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(1))
+            .await;
+    let err = started.err().expect("no source without access");
+    assert_eq!(err.to_string(), "the API server did not answer the agent's access reviews within 1s");
+    assert!(script.lock().unwrap().list_calls.is_empty(), "nothing listed before access is known");
+    finish(&script, &server);
+}
