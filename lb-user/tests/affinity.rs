@@ -1,7 +1,8 @@
 //! In-kernel tests of `sessionAffinity: ClientIP`, decided in the data path: a client (its network namespace;
 //! every client of a `SimCluster` shares one) keeps its backend while it keeps connecting, spreads again
 //! once its timeout has run out since its last connect, loses a backend that leaves or is marked down without
-//! a failed connect, and is held within the tier the topology rules select.
+//! a failed connect, and is held within the tier the topology rules select; as deployed, each pod is a client
+//! of its own, and `--max-affinity` caps the clients remembered (an evicted client is balanced anew).
 mod common;
 
 use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
@@ -192,40 +193,67 @@ fn udp_clients_stick_too_through_sendmsg_and_connect_in_both_families() {
     }
 }
 
-/// As `deploy/` runs the agent (`lb_testkit::deployed`), with every pod in its own network namespace: each
-/// pod is a client of its own, and the node's own processes are one more.
+/// A node run as `deploy/` runs the agent (`lb_testkit::deployed`): web (affinity timeout 600 s) on three
+/// backend pods of node-1, `clients` client pods, each in its own network namespace, and the agent started
+/// with `extra` flags.
+struct DeployedWeb {
+    boxed: lb_testkit::deployed::BoxedNode,
+    clients: Vec<lb_testkit::sandbox::NetNs>,
+    _servers: Vec<(lb_testkit::sandbox::NamedServer, lb_testkit::sandbox::NetNs)>,
+    _agent: lb_testkit::deployed::AgentBox,
+}
+
+impl DeployedWeb {
+    fn start(tag: &str, clients: usize, extra: &[&str]) -> Self {
+        use lb_testkit::{deployed::BoxedNode, sandbox::NamedServer};
+        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let binary = std::path::Path::new(common::TIERLB);
+        let mut boxed = BoxedNode::new(tag, binary, &deploy).unwrap();
+        let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+        let mut eps = Vec::new();
+        let mut servers = Vec::new();
+        for i in 1..=3 {
+            let ip: std::net::IpAddr = format!("10.244.{i}.30").parse().unwrap();
+            let ns = boxed.node.add_pod(&format!("web-{i}"), ip).unwrap();
+            servers.push((
+                NamedServer::start(&lab, &ns, SocketAddr::new(ip, 8080), &format!("web-{i}")).unwrap(),
+                ns,
+            ));
+            eps.push(Ep::ready(ip, "node-1"));
+        }
+        let clients = (1..=clients)
+            .map(|i| {
+                let ip = format!("10.244.{}.{}", 9 + i / 250, i % 250 + 1).parse().unwrap();
+                boxed.node.add_pod(&format!("client-{i}"), ip).unwrap()
+            })
+            .collect();
+        let mut svc = Svc::new("web", vip().ip(), 80, 8080);
+        svc.session_affinity_timeout = Some(600);
+        write_service(boxed.manifests.path(), &svc, &eps).unwrap();
+        let agent = boxed.start_agent("node-1", extra).unwrap();
+        Self { boxed, clients, _servers: servers, _agent: agent }
+    }
+
+    /// The backend all `n` connects of the pod in `ns` reached.
+    fn connect(&self, ns: &lb_testkit::sandbox::NetNs, n: usize, what: &str) -> String {
+        only_backend(&self.boxed.probe(ns, &vip().to_string(), n).unwrap(), what)
+    }
+
+    /// web's frontend in `tierlb status` (the DaemonSet pins under the node's /sys/fs/bpf/tierlb).
+    fn frontend(&self) -> serde_json::Value {
+        frontend_status(self.boxed.bpffs.path().join("tierlb").to_str().unwrap())
+    }
+}
+
+/// As `deploy/` runs the agent, with every pod in its own network namespace: each pod is a client of its
+/// own, and the node's own processes are one more.
 #[test]
 fn as_deployed_each_pod_keeps_its_own_backend() {
-    use lb_testkit::{deployed::BoxedNode, sandbox::NamedServer};
-    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    let binary = std::path::Path::new(common::TIERLB);
-    let mut boxed = BoxedNode::new("aff-deployed", binary, &deploy).unwrap();
-    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
-    let mut eps = Vec::new();
-    let mut servers = Vec::new();
-    for i in 1..=3 {
-        let ip: std::net::IpAddr = format!("10.244.{i}.30").parse().unwrap();
-        let ns = boxed.node.add_pod(&format!("web-{i}"), ip).unwrap();
-        servers.push((
-            NamedServer::start(&lab, &ns, SocketAddr::new(ip, 8080), &format!("web-{i}")).unwrap(),
-            ns,
-        ));
-        eps.push(Ep::ready(ip, "node-1"));
-    }
-    let clients: Vec<_> = (1..=10)
-        .map(|i| {
-            boxed.node.add_pod(&format!("client-{i}"), format!("10.244.9.{i}").parse().unwrap()).unwrap()
-        })
-        .collect();
-    let mut svc = Svc::new("web", vip().ip(), 80, 8080);
-    svc.session_affinity_timeout = Some(600);
-    write_service(boxed.manifests.path(), &svc, &eps).unwrap();
-    let _agent = boxed.start_agent("node-1", &[]).unwrap();
-    let target = vip().to_string();
+    let web = DeployedWeb::start("aff-deployed", 10, &[]);
     let mut chosen = BTreeSet::new();
-    for (i, ns) in clients.iter().chain([&boxed.node.netns]).enumerate() {
-        let first = only_backend(&boxed.probe(ns, &target, 10).unwrap(), &format!("client {i}"));
-        assert_eq!(only_backend(&boxed.probe(ns, &target, 10).unwrap(), &format!("client {i} again")), first);
+    for (i, ns) in web.clients.iter().chain([&web.boxed.node.netns]).enumerate() {
+        let first = web.connect(ns, 10, &format!("client {i}"));
+        assert_eq!(web.connect(ns, 10, &format!("client {i} again")), first);
         chosen.insert(first);
     }
     // 11 clients choosing among 3 backends at random all chose one with probability 3^-10.
@@ -233,10 +261,27 @@ fn as_deployed_each_pod_keeps_its_own_backend() {
     eprintln!(
         "11 clients (10 pods, the node), 20 connects each: each on one backend, together on {chosen:?}"
     );
-    // The DaemonSet pins under the node's /sys/fs/bpf/tierlb.
-    let pins = boxed.bpffs.path().join("tierlb");
-    let (ok, out, err) = tierlb(&["status", "-o", "json", "--bpffs", pins.to_str().unwrap()]);
-    assert!(ok, "{err}");
-    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(st[0]["frontends"][0]["session_affinity"]["clients"], 11, "{out}");
+    assert_eq!(web.frontend()["session_affinity"]["clients"], 11);
+}
+
+/// `--max-affinity 8`, as deployed: 24 pods connect, the LRU remembers at most 8 of them, and the first
+/// pod, whose entry the 23 after it pushed out, is balanced anew on its next connect (no affinity hit, no
+/// failed connect) while the last pod's next connect goes to its remembered backend.
+#[test]
+fn as_deployed_max_affinity_caps_the_clients_remembered_and_an_evicted_client_is_balanced_anew() {
+    let web = DeployedWeb::start("aff-max", 24, &["--max-affinity", "8"]);
+    for (i, ns) in web.clients.iter().enumerate() {
+        web.connect(ns, 2, &format!("client {i}"));
+    }
+    let hits = |f: &serde_json::Value| f["connections"]["affinity"].as_u64().unwrap();
+    let before = web.frontend();
+    let remembered = before["session_affinity"]["clients"].as_u64().unwrap();
+    assert!((1..=8).contains(&remembered), "24 clients, capacity 8: {remembered} remembered");
+    // Each pod's second connect went to its remembered backend: 24 hits.
+    assert_eq!(hits(&before), 24, "{before}");
+    web.connect(&web.clients[0], 1, "the first client again");
+    let after_first = web.frontend();
+    assert_eq!(hits(&after_first), hits(&before), "the first client's entry was evicted: balanced anew");
+    web.connect(&web.clients[23], 1, "the last client again");
+    assert_eq!(hits(&web.frontend()), hits(&after_first) + 1, "the last client is still remembered");
 }
