@@ -3,8 +3,8 @@
 //! manifest edits is written atomically and clients connect through every VIP from a pod. Then:
 //! - no connect failed, and none reached another Service's pod, for the Services that always kept a ready
 //!   endpoint;
-//! - after the last restart the pinned maps equal the plan (`tierlb plan` for the final manifests against
-//!   `tierlb status` read from the pins);
+//! - after the last restart the pinned maps (`tierlb status` read from the pins) hold what the rules give the
+//!   final Services, written out by hand in `Service::expected`, and what `tierlb plan` gives them;
 //! - no leak: every slot in SLOTS belongs to a programmed tier, and the ids named in SVC_NAMES are exactly
 //!   the frontends' ids.
 //!
@@ -24,7 +24,10 @@ use std::{
 };
 
 use lb_testkit::{
-    chaos::{ProbeLoop, Rng, differences, frontends_of_plan, frontends_of_status, seed_from_env},
+    chaos::{
+        FrontendView, Frontends, ProbeLoop, Rng, differences, frontends_of_plan, frontends_of_status,
+        seed_from_env,
+    },
     deployed::{AgentBox, BoxPaths, Container, Node},
     manifests::{self, Ep, Svc, to_yaml, write_atomic, write_service},
     probe::Report,
@@ -139,6 +142,53 @@ impl Service {
         }
     }
 
+    /// What node-1 (zone a) must hold for this Service as the edits left it, written out from the rules
+    /// (DESIGN.md's semantics: kube-proxy's sets, the controller's hints the agent fills in) rather than
+    /// computed by `tierlb plan`: (frontend key, view), none for a deleted Service. Pod 0 is node-1's (zone
+    /// a), pod 1 node-2's (zone a), pod 2 node-3's (zone b).
+    fn expected(&self) -> Option<(String, FrontendView)> {
+        if !self.present {
+            return None;
+        }
+        let addr = |p: usize| SocketAddr::new(pod_ip(self.index, p), 8080).to_string();
+        let pods = |f: &dyn Fn(usize, &PodState) -> bool| -> Vec<String> {
+            let mut v: Vec<String> =
+                self.pods.iter().enumerate().filter(|(p, st)| f(*p, st)).map(|(p, _)| addr(p)).collect();
+            v.sort();
+            v
+        };
+        let ready = |_: usize, st: &PodState| *st == PodState::Ready;
+        let terminating = |_: usize, st: &PodState| *st == PodState::Terminating;
+        let local = self.svc.internal_traffic_policy == Some("Local");
+        let tiers = if local {
+            // The local set: node-1's ready pod, else node-1's serving terminating pod; no topology.
+            let mut set = pods(&|p, st| p == 0 && ready(p, st));
+            if set.is_empty() {
+                set = pods(&|p, st| p == 0 && terminating(p, st));
+            }
+            [set, Vec::new(), Vec::new()]
+        } else {
+            let td = self.svc.traffic_distribution.as_deref();
+            // Every ready pod gets a hint for its own node (PreferSameNode) and its own zone (both values),
+            // so the all-or-nothing rules hold and a tier exists when one of its pods is ready.
+            let node =
+                if td == Some("PreferSameNode") { pods(&|p, st| p == 0 && ready(p, st)) } else { Vec::new() };
+            let zone = if td.is_some() { pods(&|p, st| p <= 1 && ready(p, st)) } else { Vec::new() };
+            let mut cluster = pods(&ready);
+            if cluster.is_empty() {
+                cluster = pods(&terminating);
+            }
+            [node, zone, cluster]
+        };
+        let view = FrontendView {
+            service: format!("default/{}", self.svc.name),
+            port_name: "main".into(),
+            policy: if local { "Local" } else { "Cluster" }.into(),
+            tiers,
+        };
+        Some((format!("{}/TCP", vip(self.index)), view))
+    }
+
     /// Write it as a user's config management would (temp file + rename), or delete its file.
     fn write(&self, dir: &Path) {
         if self.present {
@@ -240,17 +290,24 @@ impl World {
         })
     }
 
-    /// What differs between the plan of the manifests now and the pinned maps, and what leaked: an empty list
-    /// when the maps are exactly the plan. Also the figures of the maps (frontends, slots, named ids).
-    fn check_maps(&self) -> (Vec<String>, String) {
+    /// What differs between the pinned maps and what the Services must be given (`Service::expected`, and
+    /// `tierlb plan` of the manifests now), and what leaked: an empty list when the maps are exactly both.
+    /// Also the figures of the maps (frontends, slots, named ids).
+    fn check_maps(&self, services: &[Service]) -> (Vec<String>, String) {
         let dir = self.manifests.path().to_str().unwrap();
         let plan = tierlb_json(&["plan", "--node", "node-1", "--manifests", dir, "-o", "json"]);
         let base = self.pin_base();
         let status =
             tierlb_json(&["status", "--bpffs", base.to_str().unwrap(), "--instance", "node-1", "-o", "json"]);
-        let want = frontends_of_plan(&plan).unwrap();
         let got = frontends_of_status(&status[0]).unwrap();
-        let mut problems = differences(&want, &got);
+        let by_hand: Frontends = services.iter().filter_map(Service::expected).collect();
+        let mut problems: Vec<String> =
+            differences(&by_hand, &got).into_iter().map(|d| format!("by the rules: {d}")).collect();
+        problems.extend(
+            differences(&frontends_of_plan(&plan).unwrap(), &got)
+                .into_iter()
+                .map(|d| format!("by tierlb plan: {d}")),
+        );
 
         let maps = KernelMaps::open_pinned(&base.join("node-1")).unwrap();
         let programmed = read_back(&maps).unwrap();
@@ -452,7 +509,7 @@ fn the_agent_killed_at_random_during_manifest_edits_loses_no_connect_and_leaves_
     // The last agent catches up with the final manifests, and its grace period for old slots ends.
     let t_last = Instant::now();
     let (problems, figures) = loop {
-        let (problems, figures) = world.check_maps();
+        let (problems, figures) = world.check_maps(&services);
         if problems.is_empty() || t_last.elapsed() > Duration::from_secs(10) {
             break (problems, figures);
         }

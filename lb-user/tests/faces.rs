@@ -260,6 +260,9 @@ impl ReadCounters for Refusals {
     }
 }
 
+/// The encoder alone: which counter index becomes which `reason`, which map capacity and error counter
+/// which line, from values fed in. That real refusals are counted (REJECT and DROP from the kernel) is
+/// `claims.rs`'s `tierlb_connections_refused_total by reason`, from connects.
 #[test]
 fn metrics_serve_refusals_by_reason_map_capacities_and_the_error_counters() {
     let mut desired = Desired::new();
