@@ -1,6 +1,8 @@
 //! The reconciler target: a sequence of applies (whole or per Service), waits and collections against
-//! small in-memory maps (so that maps fill up and ids run out), checked after every step against the state
-//! the maps must hold, and against a fresh reconciler applying that state.
+//! small in-memory maps (so that maps fill up and ids run out), checked after every step against `Model`,
+//! the reconciler's contract written a second time without its code: which frontends an apply must refuse
+//! (out of service ids, slots or member entries, counting what waits for its grace period), what the maps
+//! then hold, and how many slots, member entries and named ids are in use.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -12,7 +14,8 @@ use arbitrary::Arbitrary;
 use lb_common::{Backend, FrontendKey, MemberKey, MemberValue, PROTO_TCP, TIER_COUNT};
 use tierlb::{
     datapath::{
-        Desired, DesiredFrontend, MapReader as _, ReadBack, Reconciler, addr, fake::FakeMaps, read_back,
+        DEFAULT_GRACE, Desired, DesiredFrontend, MapReader as _, ReadBack, Reconciler, addr, fake::FakeMaps,
+        read_back,
     },
     model::{ObjKey, ServicePortName},
 };
@@ -108,25 +111,115 @@ fn live_members(frontends: &BTreeMap<FrontendKey, ReadBack>) -> BTreeMap<MemberK
     want
 }
 
+/// What the maps hold by the reconciler's contract (module `datapath::reconcile`'s documentation), kept
+/// without its code. Each live frontend holds one service id, its backends' slots and (with sessionAffinity)
+/// one member entry per distinct backend; a replaced generation's slots and members, and the id of a removed
+/// or taken-over frontend, stay in use until a collection (an apply collects first once the oldest burial is
+/// `DEFAULT_GRACE` old). An apply removes what is gone, then writes the desired frontends in key order; a
+/// write that lacks an id, slots or member entries fails alone and leaves the frontend as it was.
+struct Model {
+    max_ids: usize,
+    max_slots: usize,
+    live: BTreeMap<FrontendKey, DesiredFrontend>,
+    /// (when, slots, member entries, ids) waiting for their grace period.
+    buried: Vec<(Instant, usize, usize, usize)>,
+}
+
+fn slots_of(d: &DesiredFrontend) -> usize {
+    d.tiers.iter().map(Vec::len).sum()
+}
+
+fn members_of(d: &DesiredFrontend) -> usize {
+    if d.affinity_timeout_s == 0 {
+        return 0;
+    }
+    d.tiers.iter().flatten().collect::<BTreeSet<_>>().len()
+}
+
+impl Model {
+    fn used(&self) -> (usize, usize, usize) {
+        let (mut slots, mut members, mut ids) = (0, 0, self.live.len());
+        for d in self.live.values() {
+            slots += slots_of(d);
+            members += members_of(d);
+        }
+        for (_, s, m, i) in &self.buried {
+            slots += s;
+            members += m;
+            ids += i;
+        }
+        (slots, members, ids)
+    }
+
+    fn bury(&mut self, now: Instant, d: &DesiredFrontend, id: bool) {
+        self.buried.push((now, slots_of(d), members_of(d), usize::from(id)));
+    }
+
+    /// The frontends the apply must refuse.
+    fn apply(&mut self, gone: &[FrontendKey], desired: &Desired, now: Instant) -> BTreeSet<FrontendKey> {
+        if self.buried.first().is_some_and(|b| now.duration_since(b.0) >= DEFAULT_GRACE) {
+            self.buried.clear();
+        }
+        for k in gone {
+            if let Some(d) = self.live.remove(k) {
+                self.bury(now, &d, true);
+            }
+        }
+        let mut refused = BTreeSet::new();
+        for (k, want) in desired {
+            let old = self.live.get(k).cloned();
+            if old.as_ref() == Some(want) {
+                continue;
+            }
+            let fresh_id = old.as_ref().is_none_or(|o| o.name != want.name);
+            let (slots, members, ids) = self.used();
+            if (fresh_id && ids >= self.max_ids)
+                || slots + slots_of(want) > self.max_slots
+                || members + members_of(want) > self.max_slots
+            {
+                refused.insert(*k);
+                continue;
+            }
+            if let Some(o) = old {
+                self.bury(now, &o, fresh_id);
+            }
+            self.live.insert(*k, want.clone());
+        }
+        refused
+    }
+}
+
 /// Run the steps, panicking at the first broken invariant.
 pub fn run(steps: &Steps) {
     let max_services = u32::from(steps.max_services % 16) + 1;
     let max_slots = u32::from(steps.max_slots % 64) + 4;
     let mut r = Reconciler::new(FakeMaps::new(max_services, max_slots));
-    // What the maps must hold: the last desired state, less the frontends that failed (which keep theirs).
-    let mut state = Desired::new();
+    let mut model = Model {
+        max_ids: max_services as usize,
+        max_slots: max_slots as usize,
+        live: BTreeMap::new(),
+        buried: Vec::new(),
+    };
     let start = Instant::now();
     let mut now = start;
     for op in steps.ops.iter().take(24) {
-        let (report, wanted, scope) = match op {
+        let (report, refused) = match op {
             Op::Apply(list) => {
                 let d = desired(list, None);
-                (r.apply(&d, now), d, None)
+                let gone: Vec<FrontendKey> =
+                    model.live.keys().filter(|k| !d.contains_key(k)).copied().collect();
+                (r.apply(&d, now), model.apply(&gone, &d, now))
             }
             Op::ApplyServices(svcs, list) => {
                 let svcs: BTreeSet<ObjKey> = svcs.iter().take(4).map(|s| service(*s)).collect();
                 let d = desired(list, Some(&svcs));
-                (r.apply_services(&svcs, &d, now), d, Some(svcs))
+                let gone: Vec<FrontendKey> = model
+                    .live
+                    .iter()
+                    .filter(|(k, f)| svcs.contains(&f.name.service) && !d.contains_key(k))
+                    .map(|(k, _)| *k)
+                    .collect();
+                (r.apply_services(&svcs, &d, now), model.apply(&gone, &d, now))
             }
             Op::Wait(ms) => {
                 now += Duration::from_millis(u64::from(*ms));
@@ -134,38 +227,22 @@ pub fn run(steps: &Steps) {
             }
             Op::Collect => {
                 r.collect_garbage(now);
+                model.buried.clear();
                 continue;
             }
         };
         let failed: BTreeSet<FrontendKey> = report.errors.iter().map(|e| e.frontend).collect();
-        let mut next: Desired = match &scope {
-            None => Desired::new(),
-            // Frontends of other Services stay as they are.
-            Some(svcs) => state
-                .iter()
-                .filter(|(_, d)| !svcs.contains(&d.name.service))
-                .map(|(k, d)| (*k, d.clone()))
-                .collect(),
-        };
-        for (k, d) in &wanted {
-            if !failed.contains(k) {
-                next.insert(*k, d.clone());
-            }
-        }
-        for k in &failed {
-            match state.get(k) {
-                Some(old) => next.insert(*k, old.clone()),
-                None => next.remove(k),
-            };
-        }
-        state = next;
+        assert_eq!(failed, refused, "frontends refused by {op:?} (reconciler, model): {:?}", report.errors);
         let got = contents(r.writer());
-        assert_eq!(got, of(&state), "maps after {op:?} (errors: {:?})", report.errors);
-        // A fresh reconciler with room for everything writes the same contents.
-        let mut fresh = Reconciler::new(FakeMaps::new(64, 4096));
-        let fresh_report = fresh.apply(&state, now);
-        assert!(fresh_report.errors.is_empty(), "{:?}", fresh_report.errors);
-        assert_eq!(got, contents(fresh.writer()), "fresh apply after {op:?}");
+        assert_eq!(got, of(&model.live), "maps after {op:?} (errors: {:?})", report.errors);
+        let (slots, members, ids) = model.used();
+        let maps = r.writer();
+        let names = (1..=max_services).filter(|id| maps.name(*id).expect("fake maps").is_some()).count();
+        assert_eq!(
+            (maps.slot_count(), maps.member_map().len(), names),
+            (slots, members, ids),
+            "slots, member entries and named ids in use after {op:?} (maps, model)"
+        );
     }
     // Once the grace period is over, only the live frontends' slots and ids remain.
     r.collect_garbage(now + Duration::from_secs(3600));
