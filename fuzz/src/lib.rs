@@ -4,6 +4,7 @@ pub mod canonical;
 pub mod cluster;
 pub mod invariants;
 pub mod sequence;
+pub mod steps;
 
 pub use canonical::canonical;
 pub use invariants::check_object;

@@ -5,82 +5,22 @@
 //! then hold, and how many slots, member entries and named ids are in use.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr},
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use arbitrary::Arbitrary;
 use lb_common::{Backend, FrontendKey, MemberKey, MemberValue, PROTO_TCP, TIER_COUNT};
 use tierlb::{
     datapath::{
         DEFAULT_GRACE, Desired, DesiredFrontend, MapReader as _, ReadBack, Reconciler, addr, fake::FakeMaps,
         read_back,
     },
-    model::{ObjKey, ServicePortName},
+    model::ServicePortName,
 };
 
-/// The generated run.
-#[derive(Arbitrary, Debug)]
-pub struct Steps {
-    max_services: u8,
-    max_slots: u8,
-    ops: Vec<Op>,
-}
-
-#[derive(Arbitrary, Debug)]
-enum Op {
-    /// `apply` of everything.
-    Apply(Vec<GenFrontend>),
-    /// `apply_services` for these Services (the frontends of other Services are dropped from the list).
-    ApplyServices(Vec<u8>, Vec<GenFrontend>),
-    /// Time passes (milliseconds).
-    Wait(u16),
-    /// `collect_garbage` now.
-    Collect,
-}
-
-#[derive(Arbitrary, Debug)]
-struct GenFrontend {
-    vip: u8,
-    port: u8,
-    service: u8,
-    tiers: [Vec<u8>; TIER_COUNT],
-    flags: u8,
-}
-
-fn service(i: u8) -> ObjKey {
-    ObjKey::new("ns", format!("s{}", i % 4))
-}
-
-fn desired(list: &[GenFrontend], only: Option<&BTreeSet<ObjKey>>) -> Desired {
-    let mut d = Desired::new();
-    for f in list.iter().take(12) {
-        let svc = service(f.service);
-        if only.is_some_and(|o| !o.contains(&svc)) {
-            continue;
-        }
-        let backend = |h: &u8| {
-            addr::backend(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 244, 0, h % 16 + 1)), 8080), PROTO_TCP)
-        };
-        let tiers = f.tiers.each_ref().map(|t| t.iter().take(6).map(backend).collect::<Vec<Backend>>());
-        d.insert(
-            addr::frontend_key(
-                IpAddr::V4(Ipv4Addr::new(10, 96, 0, f.vip % 8 + 1)),
-                80 + u16::from(f.port % 3),
-                PROTO_TCP,
-            ),
-            DesiredFrontend {
-                name: Arc::new(ServicePortName::new(svc, "")),
-                tiers,
-                flags: u32::from(f.flags % 4),
-                // Every other frontend with sessionAffinity, so member entries are written and buried too.
-                affinity_timeout_s: if f.flags & 4 != 0 { 60 } else { 0 },
-            },
-        );
-    }
-    d
-}
+pub use crate::steps::Steps;
+use crate::steps::{Op, desired, service, services};
 
 type Contents = BTreeMap<FrontendKey, ([Vec<Backend>; TIER_COUNT], u32, u32)>;
 
@@ -191,8 +131,7 @@ impl Model {
 
 /// Run the steps, panicking at the first broken invariant.
 pub fn run(steps: &Steps) {
-    let max_services = u32::from(steps.max_services % 16) + 1;
-    let max_slots = u32::from(steps.max_slots % 64) + 4;
+    let (max_services, max_slots) = (steps.max_services(), steps.max_slots());
     let mut r = Reconciler::new(FakeMaps::new(max_services, max_slots));
     let mut model = Model {
         max_ids: max_services as usize,
@@ -202,7 +141,7 @@ pub fn run(steps: &Steps) {
     };
     let start = Instant::now();
     let mut now = start;
-    for op in steps.ops.iter().take(24) {
+    for op in steps.ops() {
         let (report, refused) = match op {
             Op::Apply(list) => {
                 let d = desired(list, None);
@@ -211,7 +150,7 @@ pub fn run(steps: &Steps) {
                 (r.apply(&d, now), model.apply(&gone, &d, now))
             }
             Op::ApplyServices(svcs, list) => {
-                let svcs: BTreeSet<ObjKey> = svcs.iter().take(4).map(|s| service(*s)).collect();
+                let svcs = services(svcs);
                 let d = desired(list, Some(&svcs));
                 let gone: Vec<FrontendKey> = model
                     .live

@@ -9,6 +9,9 @@
 //! conntrack: the kernel evicts from per-CPU free lists, an order no fake can predict; the fake keeps every
 //! entry) and `ReverseOccupancy::lru` (always 0 in the fake). Needs root (loads the BPF object; attaches
 //! nothing).
+//!
+//! Two generators: this file's own (seeded, with backend marks), and the reconcile fuzz target's
+//! (`fuzz/src/steps.rs`, the same file compiled here), fed its committed seeds and seeded random bytes.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -28,6 +31,9 @@ use tierlb::{
     },
     model::{ObjKey, ServicePortName},
 };
+
+#[path = "../../fuzz/src/steps.rs"]
+mod steps;
 
 fn service(i: u64) -> ObjKey {
     ObjKey::new("ns", format!("s{i}"))
@@ -210,4 +216,99 @@ fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kern
         assert!(k[n as usize - 1].is_err(), "{map}: the kernel refuses one more: {k:?}");
         assert_eq!(f, k, "{map}: the fake's writes (left) and the kernel's (right)");
     }
+}
+
+/// The map sizes the fuzz target's runs are given here: loading the BPF object takes seconds, so each run
+/// takes the nearest of nine sizes (its own service and slot capacities rounded up) and the maps of a size
+/// are loaded once, emptied by the run's reconciler at its end (everything removed, the grace period over)
+/// and handed to the next run's.
+fn bucket(run: &steps::Steps) -> (u32, u32) {
+    let up = |n: u32, of: &[u32]| *of.iter().find(|b| **b >= n).unwrap_or(of.last().unwrap());
+    (up(run.max_services(), &[2, 5, 16]), up(run.max_slots(), &[8, 24, 67]))
+}
+
+/// The reconcile fuzz target's runs (its committed seeds, then 60 from seeded random bytes), each against a
+/// reconciler over `FakeMaps` and one over the kernel's maps of the same size (`bucket`): after every step,
+/// the same refusals and the same contents.
+#[test]
+fn the_fuzz_targets_runs_give_the_same_refusals_and_maps_in_the_fake_and_the_kernel() {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (loads BPF)");
+    let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/reconcile");
+    let mut inputs: Vec<(String, Vec<u8>)> = std::fs::read_dir(&seeds)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            (path.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&path).unwrap())
+        })
+        .collect();
+    inputs.sort();
+    assert!(inputs.len() >= 10, "the committed seeds: {seeds:?}");
+    let mut rng = Rng::new(32);
+    for i in 0..60 {
+        let bytes = (0..rng.below(1500) + 16).map(|_| rng.below(256) as u8).collect();
+        inputs.push((format!("random {i}"), bytes));
+    }
+    let mut loaded: BTreeMap<(u32, u32), tierlb::datapath::ebpf::KernelMaps> = BTreeMap::new();
+    let (mut runs, mut steps_run, mut refusals) = (0, 0, 0);
+    for (name, bytes) in &inputs {
+        let Ok(run) =
+            <steps::Steps as arbitrary::Arbitrary>::arbitrary(&mut arbitrary::Unstructured::new(bytes))
+        else {
+            continue;
+        };
+        let (services, slots) = bucket(&run);
+        let caps = Capacities { services, slots, backends: 16, reverse: 64, affinity: 64, conntrack: 64 };
+        let maps = match loaded.remove(&(services, slots)) {
+            Some(maps) => maps,
+            None => Loaded::load(caps, None).expect("the BPF object loads").maps,
+        };
+        let mut kernel = Reconciler::new(maps);
+        let mut fake = Reconciler::new(FakeMaps::new(services, slots).with_backends(caps.backends));
+        let mut now = Instant::now();
+        for (n, op) in run.ops().iter().enumerate() {
+            let (k, f) = match op {
+                steps::Op::Apply(list) => {
+                    let d = steps::desired(list, None);
+                    (kernel.apply(&d, now), fake.apply(&d, now))
+                }
+                steps::Op::ApplyServices(svcs, list) => {
+                    let svcs = steps::services(svcs);
+                    let d = steps::desired(list, Some(&svcs));
+                    (kernel.apply_services(&svcs, &d, now), fake.apply_services(&svcs, &d, now))
+                }
+                steps::Op::Wait(ms) => {
+                    now += Duration::from_millis(u64::from(*ms));
+                    continue;
+                }
+                steps::Op::Collect => {
+                    kernel.collect_garbage(now);
+                    fake.collect_garbage(now);
+                    assert_eq!(state(fake.writer()), state(kernel.writer()), "{name} step {n} (collect)");
+                    continue;
+                }
+            };
+            refusals += k.errors.len();
+            assert_eq!(errors(&f), errors(&k), "{name} step {n}: refusals (fake, kernel)");
+            assert_eq!(
+                state(fake.writer()),
+                state(kernel.writer()),
+                "{name} step {n}: {op:?} (fake, kernel)"
+            );
+            steps_run += 1;
+        }
+        // Emptied for the next run of this size.
+        now += Duration::from_hours(1);
+        assert!(kernel.apply(&Desired::new(), now).errors.is_empty(), "{name}: emptying");
+        kernel.collect_garbage(now + Duration::from_hours(1));
+        let empty = state(kernel.writer());
+        assert!(empty.frontends.is_empty() && empty.slots.is_empty() && empty.members.is_empty(), "{name}");
+        assert!(empty.names.is_empty(), "{name}: names left {:?}", empty.names);
+        loaded.insert((services, slots), kernel.into_writer());
+        runs += 1;
+    }
+    eprintln!(
+        "{runs} runs ({} map sizes loaded), {steps_run} applies, {refusals} refusals, the fake agreeing on each",
+        loaded.len()
+    );
+    assert!(refusals > 0, "the runs never filled a map: the comparison of refusals is empty");
 }

@@ -106,6 +106,11 @@ impl<W: MapWriter> Reconciler<W> {
         &self.writer
     }
 
+    /// The maps back (to give them to another reconciler once this one has emptied them).
+    pub fn into_writer(self) -> W {
+        self.writer
+    }
+
     /// The maps, for writes outside the diff (marking backends down, dropping reverse entries).
     pub fn writer_mut(&mut self) -> &mut W {
         &mut self.writer
