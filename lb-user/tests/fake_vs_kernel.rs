@@ -33,6 +33,7 @@ use tierlb::{
 };
 
 #[path = "../../fuzz/src/steps.rs"]
+#[expect(unreachable_pub, reason = "the fuzz crate's API, where the file is a public module")]
 mod steps;
 
 fn service(i: u64) -> ObjKey {
