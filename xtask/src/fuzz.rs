@@ -1,6 +1,6 @@
 //! `cargo xtask fuzz [--time S | --runs N | --long] [--dev] [TARGET]`: the cargo-fuzz targets of `fuzz/`
 //! (libFuzzer, AddressSanitizer, release with debug assertions so that an integer overflow is a crash), each for
-//! S seconds or N executions. `--long` is the real search: 1,000,000 executions per target (about 10 minutes
+//! S seconds or N executions. `--long` is the real search: 1,000,000 executions per target (20 to 45 minutes
 //! each on this 2-core machine, optimised), what a finding is reported from; `cargo xtask test`'s 15 s runs
 //! only check that the targets hold on their seeds. A crash leaves its input in `fuzz/artifacts/TARGET/`;
 //! each becomes a named test in lb-user/tests/fuzz_regressions.rs (or, for an oracle's own mistake, a fix of
