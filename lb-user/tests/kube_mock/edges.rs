@@ -73,13 +73,8 @@ async fn a_first_list_that_never_comes_gives_up_naming_the_kind() {
     let mut s = script();
     s.hang_lists = vec!["endpointslices"];
     let script = Arc::new(Mutex::new(s));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script.clone()));
-    let (tx, _rx) = mpsc::unbounded_channel();
     let t0 = std::time::Instant::now();
-    let started =
-        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(2))
-            .await;
+    let (started, _rx, server) = start_within(&script, Duration::from_secs(2)).await;
     let waited = t0.elapsed();
     let err = started.err().expect("no source without the slices");
     assert!(matches!(err, KubeError::NotReady { kind: "EndpointSlice", .. }), "{err}");
@@ -95,12 +90,7 @@ async fn access_reviews_that_never_answer_give_up_too() {
     let mut s = script();
     s.hang_reviews = true;
     let script = Arc::new(Mutex::new(s));
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script.clone()));
-    let (tx, _rx) = mpsc::unbounded_channel();
-    let started =
-        KubeSource::start_with_timeout(Client::new(svc, "default"), "node-1", tx, Duration::from_secs(1))
-            .await;
+    let (started, _rx, server) = start_within(&script, Duration::from_secs(1)).await;
     let err = started.err().expect("no source without access");
     assert_eq!(err.to_string(), "the API server did not answer the agent's access reviews within 1s");
     assert!(script.lock().unwrap().list_calls.is_empty(), "nothing listed before access is known");

@@ -84,16 +84,22 @@ async fn wait_for(mut f: impl FnMut() -> bool) {
     panic!("condition not reached in 5 s");
 }
 
-/// A source starting against the mock API server playing `script`: the source (or why it did not start), its
-/// change signal, and the server task.
-async fn start(
-    script: &Arc<Mutex<Script>>,
-) -> (Result<KubeSource, KubeError>, mpsc::UnboundedReceiver<()>, tokio::task::JoinHandle<()>) {
+/// What `start` and `start_within` give: the source (or why it did not start), its change signal, and the
+/// server task.
+type Started = (Result<KubeSource, KubeError>, mpsc::UnboundedReceiver<()>, tokio::task::JoinHandle<()>);
+
+/// A source starting against the mock API server playing `script`, given 10 s.
+async fn start(script: &Arc<Mutex<Script>>) -> Started {
+    start_within(script, Duration::from_secs(10)).await
+}
+
+/// A source starting against the mock API server playing `script`, giving up after `timeout`.
+async fn start_within(script: &Arc<Mutex<Script>>, timeout: Duration) -> Started {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let server = tokio::spawn(serve(handle, script.clone()));
     let (tx, rx) = mpsc::unbounded_channel();
     let client = Client::new(svc, "default");
-    (KubeSource::start_with_timeout(client, "node-1", tx, Duration::from_secs(10)).await, rx, server)
+    (KubeSource::start_with_timeout(client, "node-1", tx, timeout).await, rx, server)
 }
 
 /// `start`, which must succeed.
