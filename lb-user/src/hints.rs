@@ -105,8 +105,9 @@ impl std::fmt::Display for AutoDisabled {
 }
 
 /// The controller's `SetNodes` then `getAllocations`: per zone, how many endpoints it should get by CPU
-/// share (`desired`, at least the zone's minimum: its share less the overload threshold, rounded up). Nodes labelled control-plane (or master) and nodes not Ready are left out; any other node without a
-/// zone or with no allocatable CPU turns hints off.
+/// share (`desired`, at least the zone's minimum: its share less the overload threshold, rounded up).
+/// Nodes labelled control-plane (or master) and nodes not Ready are left out; any other node without a zone
+/// or with no allocatable CPU turns hints off.
 fn allocations(model: &Model, endpoints: usize) -> Result<BTreeMap<String, f64>, AutoDisabled> {
     // Summed in u128: a Node may report up to u64::MAX millicores (the API server accepts
     // `18446744073709551615m`), and no number of such Nodes overflows a u128.
