@@ -138,6 +138,13 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_NAMES: &str = "SVC_NAMES";
 /// sessionAffinity ClientIP: (frontend, client network namespace) -> (backend, last use). An LRU.
 pub const MAP_AFFINITY: &str = "AFFINITY";
+/// sessionAffinity ClientIP for the network namespaces a pod's processes create themselves: keyed as
+/// `MAP_AFFINITY`, used for a connect from a namespace that is not the first one its cgroup connected from
+/// (`MAP_CGROUP_NETNS`), so that namespaces made inside a pod evict only each other's entries. An LRU.
+pub const MAP_NESTED_AFFINITY: &str = "NESTED_AFFINITY";
+/// cgroup id -> the network namespace (cookie) of the first connect to an affinity frontend made from that
+/// cgroup: the pod's own namespace. An LRU written and read by the kernel only.
+pub const MAP_CGROUP_NETNS: &str = "CGROUP_NETNS";
 /// Backends of the frontends with sessionAffinity: (svc_id, generation, backend) -> tiers, what the data path
 /// checks an affinity entry against.
 pub const MAP_MEMBERS: &str = "MEMBERS";
@@ -147,7 +154,7 @@ pub const MAP_HEALTH: &str = "HEALTH";
 /// Passive health settings (`HealthConfig`), one entry, written by the agent at start.
 pub const MAP_HEALTH_CONFIG: &str = "HEALTH_CONFIG";
 /// Every map the agent opens by type, in the order the agent pins them.
-pub const MAPS: [&str; 12] = [
+pub const MAPS: [&str; 13] = [
     MAP_FRONTENDS,
     MAP_SLOTS,
     MAP_BACKEND_STATE,
@@ -160,13 +167,14 @@ pub const MAPS: [&str; 12] = [
     MAP_HEALTH,
     MAP_HEALTH_CONFIG,
     MAP_OUTSIDE_AFFINITY,
+    MAP_NESTED_AFFINITY,
 ];
-/// Maps the agent creates and pins but never opens: the socket storage and the per-namespace count of
-/// connected UDP sockets (which only the kernel reads, but a restarted agent must reuse them, or live
-/// sockets would lose their reverse state and their count) and the trace maps (which
+/// Maps the agent creates and pins but never opens: the socket storage, the per-namespace count of
+/// connected UDP sockets and each cgroup's first namespace (which only the kernel reads, but a restarted agent
+/// must reuse them, or live sockets would lose their reverse state and their count) and the trace maps (which
 /// `tierlb trace` opens from the pins; the agent reads the lost-event count from `MAP_COUNTERS`).
-pub const PINNED_ONLY: [&str; 5] =
-    [MAP_SOCKS, MAP_UDP_PER_NETNS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
+pub const PINNED_ONLY: [&str; 6] =
+    [MAP_SOCKS, MAP_UDP_PER_NETNS, MAP_CGROUP_NETNS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
 /// The north-south maps (`nat`): pinned like the others, so tracked flows survive an agent restart; the
 /// agent opens them apart from `MAPS` (`datapath::tc::NsMaps`).
 pub const NS_MAPS: [&str; 5] =
@@ -198,6 +206,9 @@ pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
 /// Default entries of the sessionAffinity LRU: how many (frontend, client) pairs are remembered at once; beyond
 /// this the least recently used are forgotten (their next connect is balanced anew).
 pub const DEFAULT_MAX_AFFINITY: u32 = 65_536;
+/// Entries of `MAP_CGROUP_NETNS`: cgroups remembered with their first network namespace (a node's containers,
+/// live and recently gone; the least recently connecting are forgotten and learnt again on their next connect).
+pub const DEFAULT_MAX_CGROUPS: u32 = 16_384;
 
 /// A Service frontend: VIP, port and protocol. For IPv4 only `addr[0]` is used.
 #[repr(C)]

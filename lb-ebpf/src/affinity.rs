@@ -3,10 +3,17 @@
 //! fresh (the timeout runs from its last connect), the backend is a member of the frontend's current generation and not marked down, and it
 //! sits in the tier the topology rules select (`lb_common::keep_sticky`). Otherwise the normal choice runs
 //! and the entry is replaced: a backend that left or went down never fails a connect.
+//!
+//! A pod is one cgroup per container, and a container cannot make cgroups, but it may be allowed to make
+//! network namespaces (`unshare(CLONE_NEWNET)` in a user namespace of its own). So a connect's namespace is
+//! judged against its cgroup's first one (`CGROUP_NETNS`, learnt on the cgroup's first affinity connect): from
+//! that namespace the client's entry lives in `AFFINITY`, from any other in `NESTED_AFFINITY`. Namespaces made
+//! by the thousand then evict only each other's entries, never a pod's.
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use aya_ebpf::{
-    helpers::{bpf_get_netns_cookie, bpf_ktime_get_boot_ns},
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_ktime_get_boot_ns},
     maps::LruHashMap,
     programs::SockAddrContext,
 };
@@ -18,10 +25,11 @@ use lb_common::{
 use crate::{
     counters::count,
     health::{self, is_down},
-    maps::{AFFINITY, MEMBERS, OUTSIDE_AFFINITY},
+    maps::{AFFINITY, CGROUP_NETNS, MEMBERS, NESTED_AFFINITY, OUTSIDE_AFFINITY},
 };
 
-/// sessionAffinity for one connect, after the tier choice: the client is its network namespace (`sticky`).
+/// sessionAffinity for one connect, after the tier choice: the client is its network namespace (`sticky`), in
+/// `AFFINITY` if it is its cgroup's first namespace, else in `NESTED_AFFINITY` (see the module's comment).
 /// Out of line: its locals stay off the connect programs' stack, which the verifier bounds over a call chain
 /// (512 bytes).
 #[inline(never)]
@@ -33,9 +41,28 @@ pub(crate) fn apply(
     health: bool,
 ) -> bool {
     // SAFETY: helpers without preconditions (the cookie helper takes the program's context).
-    let (now_ns, netns_cookie) =
-        unsafe { (bpf_ktime_get_boot_ns(), bpf_get_netns_cookie(ctx.sock_addr.cast())) };
-    sticky(&AFFINITY, &AffinityKey { frontend: *key, _pad: 0, netns_cookie }, fe, choice, health, now_ns)
+    let (now_ns, netns_cookie, cgroup) = unsafe {
+        (bpf_ktime_get_boot_ns(), bpf_get_netns_cookie(ctx.sock_addr.cast()), bpf_get_current_cgroup_id())
+    };
+    let map = if first_netns(cgroup, netns_cookie) { &AFFINITY } else { &NESTED_AFFINITY };
+    sticky(map, &AffinityKey { frontend: *key, _pad: 0, netns_cookie }, fe, choice, health, now_ns)
+}
+
+/// Whether `netns` is the first network namespace `cgroup` made an affinity connect from, learning it if the
+/// cgroup is new (or was forgotten). If `CGROUP_NETNS` cannot take it (every CPU's free list empty), the
+/// connect counts as its pod's.
+#[inline(always)]
+fn first_netns(cgroup: u64, netns: u64) -> bool {
+    // SAFETY: a plain copy out of an LRU value.
+    if let Some(first) = unsafe { CGROUP_NETNS.get(cgroup) }.copied() {
+        return first == netns;
+    }
+    if CGROUP_NETNS.insert(cgroup, netns, u64::from(BPF_NOEXIST)).is_ok() {
+        return true;
+    }
+    // Another CPU learnt this cgroup meanwhile.
+    // SAFETY: as above.
+    unsafe { CGROUP_NETNS.get(cgroup) }.copied().is_none_or(|first| first == netns)
 }
 
 /// sessionAffinity for a new flow from outside the node (the tc programs), after the tier choice: the client

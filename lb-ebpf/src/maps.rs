@@ -1,5 +1,5 @@
 //! The maps of the socket programs: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `SVC_NAMES` (user space only),
-//! `REVERSE`, `CONNECTED_UDP`, `UDP_PER_NETNS`, `AFFINITY`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG`, the socket storage
+//! `REVERSE`, `CONNECTED_UDP`, `UDP_PER_NETNS`, `AFFINITY`, `NESTED_AFFINITY`, `CGROUP_NETNS`, `MEMBERS`, `HEALTH`, `HEALTH_CONFIG`, the socket storage
 //! `SOCKS`, and the trace maps `TRACE_EVENTS`, `TRACE_CONTROL`, `TRACE_SERVICES`. User space opens them by the `lb_common::MAP_*` constants, but `#[map(name = ..)]` takes only a
 //! literal (it becomes the symbol's `export_name`); `named_map!` checks at compile time that each literal is
 //! its constant, so the two spellings cannot drift apart.
@@ -15,15 +15,16 @@ use aya_ebpf::{
 };
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRAGMENTS,
-    DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS,
-    DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig,
-    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRAGMENTS,
-    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
-    MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES,
-    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue,
-    NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey,
-    SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CGROUPS, DEFAULT_MAX_CONNTRACK,
+    DEFAULT_MAX_FRAGMENTS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE,
+    DEFAULT_MAX_SLOTS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health,
+    HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_CONNTRACK,
+    MAP_COUNTERS, MAP_FRAGMENTS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
+    MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY,
+    MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
+    MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
+    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -183,6 +184,23 @@ named_map!(
     /// replaced by the client's next connect, or evicted).
     pub(crate) static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
         LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+);
+
+named_map!(
+    MAP_NESTED_AFFINITY == "NESTED_AFFINITY",
+    /// sessionAffinity ClientIP for network namespaces a pod's processes made themselves (a connect from a
+    /// namespace other than its cgroup's first, `CGROUP_NETNS`): keyed and sized as `AFFINITY`, apart from it
+    /// so that a process creating namespaces evicts only entries of such namespaces, never a pod's.
+    pub(crate) static NESTED_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+);
+
+named_map!(
+    MAP_CGROUP_NETNS == "CGROUP_NETNS",
+    /// cgroup id -> netns cookie of the first connect to an affinity frontend from that cgroup (a container's
+    /// cgroup: its pod's namespace). Kernel only. An LRU: only cgroups, which a pod cannot create, take entries.
+    pub(crate) static CGROUP_NETNS: LruHashMap<u64, u64> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_CGROUPS, 0);
 );
 
 named_map!(

@@ -466,11 +466,22 @@ impl BoxedNode {
     /// `count` requests to `target`, back to back, from a `tierlb-lab probe` in `netns` (a pod's, or the
     /// node's own) and the agent's cgroup.
     pub fn probe(&self, netns: &NetNs, target: &str, count: usize) -> anyhow::Result<crate::probe::Report> {
+        self.probe_in(&self.cgroup, netns, target, count)
+    }
+
+    /// `probe` from `cgroup` (a pod's own, below the agent's, as the kubelet makes one per pod).
+    pub fn probe_in(
+        &self,
+        cgroup: &crate::sandbox::Cgroup,
+        netns: &NetNs,
+        target: &str,
+        count: usize,
+    ) -> anyhow::Result<crate::probe::Report> {
         let mut cmd = Command::new(crate::workspace_bin("tierlb-lab", "lb-lab"));
         let count = count.to_string();
         cmd.args(["probe", "--target", target, "--count", &count, "--interval-ms", "0"]);
         cmd.stdout(Stdio::piped()).stdin(Stdio::null());
-        confine(&mut cmd, Some(&self.cgroup), Some(netns))?;
+        confine(&mut cmd, Some(cgroup), Some(netns))?;
         let out = cmd.spawn()?.wait_with_output()?;
         serde_json::from_slice(&out.stdout).context("probe output")
     }

@@ -194,9 +194,11 @@ fn udp_clients_stick_too_through_sendmsg_and_connect_in_both_families() {
 }
 
 /// A node run as `deploy/` runs the agent (`lb_testkit::deployed`): web (affinity timeout 600 s) on three
-/// backend pods of node-1, `clients` client pods, each in its own network namespace, and the agent started
-/// with `extra` flags.
+/// backend pods of node-1, `clients` client pods, each in its own network namespace and cgroup (below the
+/// agent's, as the kubelet makes them), and the agent started with `extra` flags.
 struct DeployedWeb {
+    /// Before `boxed`: fields drop in order, and these cgroups sit in the agent's.
+    client_cgroups: Vec<lb_testkit::sandbox::Cgroup>,
     boxed: lb_testkit::deployed::BoxedNode,
     clients: Vec<lb_testkit::sandbox::NetNs>,
     _servers: Vec<(lb_testkit::sandbox::NamedServer, lb_testkit::sandbox::NetNs)>,
@@ -221,22 +223,31 @@ impl DeployedWeb {
             ));
             eps.push(Ep::ready(ip, "node-1"));
         }
-        let clients = (1..=clients)
+        let clients: Vec<_> = (1..=clients)
             .map(|i| {
                 let ip = format!("10.244.{}.{}", 9 + i / 250, i % 250 + 1).parse().unwrap();
                 boxed.node.add_pod(&format!("client-{i}"), ip).unwrap()
             })
             .collect();
+        let client_cgroups = (1..=clients.len())
+            .map(|i| lb_testkit::sandbox::Cgroup::nested(&boxed.cgroup, &format!("kubepods/podclient{i}")))
+            .collect::<anyhow::Result<_>>()
+            .unwrap();
         let mut svc = Svc::new("web", vip().ip(), 80, 8080);
         svc.session_affinity_timeout = Some(600);
         write_service(boxed.manifests.path(), &svc, &eps).unwrap();
         let agent = boxed.start_agent("node-1", extra).unwrap();
-        Self { boxed, clients, _servers: servers, _agent: agent }
+        Self { client_cgroups, boxed, clients, _servers: servers, _agent: agent }
     }
 
-    /// The backend all `n` connects of the pod in `ns` reached.
+    /// The backend all `n` connects of the pod in `ns` reached: a client pod's from its cgroup, the node's
+    /// own from the agent's.
     fn connect(&self, ns: &lb_testkit::sandbox::NetNs, n: usize, what: &str) -> String {
-        only_backend(&self.boxed.probe(ns, &vip().to_string(), n).unwrap(), what)
+        let cgroup = match self.clients.iter().position(|c| std::ptr::eq(c, ns)) {
+            Some(i) => &self.client_cgroups[i],
+            None => &self.boxed.cgroup,
+        };
+        only_backend(&self.boxed.probe_in(cgroup, ns, &vip().to_string(), n).unwrap(), what)
     }
 
     /// web's frontend in `tierlb status` (the DaemonSet pins under the node's /sys/fs/bpf/tierlb).
@@ -284,4 +295,52 @@ fn as_deployed_max_affinity_caps_the_clients_remembered_and_an_evicted_client_is
     assert_eq!(hits(&after_first), hits(&before), "the first client's entry was evicted: balanced anew");
     web.connect(&web.clients[23], 1, "the last client again");
     assert_eq!(hits(&web.frontend()), hits(&after_first) + 1, "the last client is still remembered");
+}
+
+/// A pod allowed to make network namespaces (`unshare(CLONE_NEWNET)`) is one client per namespace, but its
+/// namespaces compete only with each other: as deployed with `--max-affinity 8`, a victim pod is remembered,
+/// then an attacker pod (its own container cgroup, as the kubelet makes one per container) connects from
+/// its own namespace and from 40 namespaces it made. The victim's next connect still goes to its remembered
+/// backend; the attacker's pod namespace is still remembered too, and the 40 took at most 8 entries of their
+/// own (`NESTED_AFFINITY`), counted as clients.
+#[test]
+fn as_deployed_namespaces_a_pod_makes_evict_only_each_other_never_another_pods_affinity() {
+    use std::process::{Command, Stdio};
+    let mut web = DeployedWeb::start("aff-nested", 1, &["--max-affinity", "8"]);
+    let attacker_ns = web.boxed.node.add_pod("attacker", "10.244.20.1".parse().unwrap()).unwrap();
+    let attacker_cg =
+        lb_testkit::sandbox::Cgroup::nested(&web.boxed.cgroup, "kubepods/podattacker/ctr").unwrap();
+    let hits = |f: &serde_json::Value| f["connections"]["affinity"].as_u64().unwrap();
+    let victim = &web.clients[0];
+    let first = web.connect(victim, 2, "the victim");
+    let lab = lb_testkit::workspace_bin("tierlb-lab", "lb-lab");
+    let probe_args = ["probe", "--target", "10.96.0.20:80", "--count", "1", "--interval-ms", "0"];
+    let run = |cmd: &mut Command| {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::null());
+        lb_testkit::sandbox::confine(cmd, Some(&attacker_cg), Some(&attacker_ns)).unwrap();
+        let out = cmd.spawn().unwrap().wait_with_output().unwrap();
+        serde_json::from_slice::<Report>(&out.stdout).expect("probe output")
+    };
+    // The attacker's pod namespace first (its cgroup's first connect), remembered on its second connect.
+    for _ in 0..2 {
+        let r = run(Command::new(&lab).args(probe_args));
+        only_backend(&r, "the attacker from its pod's namespace");
+    }
+    let before = hits(&web.frontend());
+    // 40 namespaces of its own: only loopback in each, so every connect fails after connect4 chose (and
+    // remembered) a backend.
+    for _ in 0..40 {
+        run(Command::new("unshare").arg("--net").arg(&lab).args(probe_args));
+    }
+    let status = web.frontend();
+    let clients = status["session_affinity"]["clients"].as_u64().unwrap();
+    assert!((3..=10).contains(&clients), "2 pods and at most 8 made namespaces remembered: {clients}");
+    assert_eq!(web.connect(victim, 1, "the victim again"), first, "the victim lost its backend");
+    let after = hits(&web.frontend());
+    assert_eq!(after, before + 1, "the victim's connect was balanced anew: its entry was evicted");
+    only_backend(&run(Command::new(&lab).args(probe_args)), "the attacker's pod again");
+    assert_eq!(hits(&web.frontend()), after + 1, "the attacker's pod namespace lost its entry");
+    eprintln!(
+        "40 namespaces made in one pod, capacity 8: {clients} clients remembered, both pods kept theirs"
+    );
 }

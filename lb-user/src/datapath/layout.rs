@@ -5,13 +5,14 @@ use std::path::PathBuf;
 use aya::maps::MapData;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue,
-    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
-    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG,
-    MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES,
-    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue,
-    NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey,
-    SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    DEFAULT_MAX_CGROUPS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS,
+    FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS,
+    MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG,
+    MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS,
+    MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
+    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS,
+    NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -34,7 +35,9 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
     let (entries, flag, value, value_of): (u32, _, _, fn(u32) -> u32) = match name {
         MAP_FRONTENDS => (caps.services, "services", caps.services, same),
         MAP_SLOTS | MAP_MEMBERS => (caps.slots, "slots", caps.slots, same),
-        MAP_AFFINITY | MAP_OUTSIDE_AFFINITY => (caps.affinity, "affinity", caps.affinity, same),
+        MAP_AFFINITY | MAP_NESTED_AFFINITY | MAP_OUTSIDE_AFFINITY => {
+            (caps.affinity, "affinity", caps.affinity, same)
+        }
         MAP_BACKEND_STATE | MAP_HEALTH => (caps.backends, "backends", caps.backends, same),
         // One entry, whatever the flags.
         MAP_HEALTH_CONFIG => (1, "backends", caps.backends, |_| 0),
@@ -58,6 +61,7 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_SOURCE_RANGES => (DEFAULT_MAX_SOURCE_RANGES, FIXED, 0, |_| 0),
         MAP_NS_COUNTERS => (NS_COUNTER_SLOTS, FIXED, 0, |_| 0),
         MAP_UDP_PER_NETNS => (DEFAULT_MAX_UDP_NETNS, FIXED, 0, |_| 0),
+        MAP_CGROUP_NETNS => (DEFAULT_MAX_CGROUPS, FIXED, 0, |_| 0),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }
@@ -78,7 +82,10 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             }
             MAP_SOCKS => (4, size_of::<SockState>() as u32),
             MAP_UDP_PER_NETNS => (8, 4),
-            MAP_AFFINITY => (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32),
+            MAP_AFFINITY | MAP_NESTED_AFFINITY => {
+                (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32)
+            }
+            MAP_CGROUP_NETNS => (8, 8),
             MAP_OUTSIDE_AFFINITY => {
                 (size_of::<OutsideAffinityKey>() as u32, size_of::<AffinityValue>() as u32)
             }

@@ -8,8 +8,9 @@ use aya::{
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS,
-    MAPS, MemberKey, MemberValue, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_NESTED_AFFINITY, MAP_OUTSIDE_AFFINITY,
+    MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey, MemberValue, OutsideAffinityKey, ReverseKey, ReverseValue,
+    ServiceName, SlotKey,
 };
 
 use super::{Capacities, DatapathError, bpf_err};
@@ -18,7 +19,7 @@ use crate::{
     model::ServicePortName,
 };
 
-/// The twelve maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
+/// The thirteen maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
 /// read by the kernel only).
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
@@ -33,6 +34,7 @@ pub struct KernelMaps {
     health: HashMap<MapData, Backend, Health>,
     health_config: Array<MapData, HealthConfig>,
     outside_affinity: HashMap<MapData, OutsideAffinityKey, AffinityValue>,
+    nested_affinity: HashMap<MapData, AffinityKey, AffinityValue>,
     /// What `wait_for_readers` updates (an RCU grace period per update).
     rcu: crate::datapath::rcu::RcuWaiter,
     max_services: u32,
@@ -72,6 +74,7 @@ impl KernelMaps {
             health,
             health_config,
             outside_affinity,
+            nested_affinity,
         ]: [Map; MAPS.len()] =
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
@@ -96,6 +99,7 @@ impl KernelMaps {
         let health = HashMap::try_from(health).map_err(conv(MAP_HEALTH))?;
         let health_config = Array::try_from(health_config).map_err(conv(MAP_HEALTH_CONFIG))?;
         let outside_affinity = HashMap::try_from(outside_affinity).map_err(conv(MAP_OUTSIDE_AFFINITY))?;
+        let nested_affinity = HashMap::try_from(nested_affinity).map_err(conv(MAP_NESTED_AFFINITY))?;
         let caps = caps.unwrap_or(Capacities {
             services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
             slots: u32::MAX,
@@ -118,6 +122,7 @@ impl KernelMaps {
             health,
             health_config,
             outside_affinity,
+            nested_affinity,
             rcu: crate::datapath::rcu::RcuWaiter::new()
                 .map_err(|e| bpf_err("creating the grace-period map", e))?,
             max_services: caps.services,
@@ -268,9 +273,13 @@ impl MapReader for KernelMaps {
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError> {
         self.members.iter().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_MEMBERS, "slots", self.caps.slots))
     }
+    /// The pods' entries and those of namespaces made inside pods (`NESTED_AFFINITY`): each is a client.
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError> {
         let all = self.affinity.iter().collect::<Result<Vec<_>, _>>();
-        all.map_err(sys(MAP_AFFINITY, "affinity", self.caps.affinity))
+        let mut all = all.map_err(sys(MAP_AFFINITY, "affinity", self.caps.affinity))?;
+        let nested = self.nested_affinity.iter().collect::<Result<Vec<_>, _>>();
+        all.extend(nested.map_err(sys(MAP_NESTED_AFFINITY, "affinity", self.caps.affinity))?);
+        Ok(all)
     }
     fn outside_affinity_entries(&self) -> Result<Vec<(OutsideAffinityKey, AffinityValue)>, MapError> {
         let all = self.outside_affinity.iter().collect::<Result<Vec<_>, _>>();
