@@ -9,8 +9,8 @@ use std::{
 
 use arbitrary::Arbitrary;
 use tierlb::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Model, Node, ObjKey, Policy, Protocol, Service,
-    ServicePort, SlicePort,
+    AddressType, Conditions, Endpoint, EndpointSlice, Model, Name, Node, ObjKey, Policy, Protocol, Service,
+    ServicePort, SlicePort, intern,
 };
 
 /// Node names: the planned node is `NODES[0]`.
@@ -68,11 +68,11 @@ fn proto(udp: bool) -> Protocol {
     if udp { Protocol::Udp } else { Protocol::Tcp }
 }
 
-fn names(pool: &[&str], v: Option<&Vec<u8>>) -> Option<Vec<String>> {
+fn names(pool: &[&str], v: Option<&Vec<u8>>) -> Option<Vec<Name>> {
     v.map(|v| {
-        let mut out: Vec<String> = Vec::new();
+        let mut out: Vec<Name> = Vec::new();
         for i in v.iter().take(8) {
-            let n = pick(pool, *i).to_owned();
+            let n = intern(pick(pool, *i));
             if !out.contains(&n) {
                 out.push(n);
             }
@@ -172,8 +172,8 @@ impl Cluster {
                             serving: e.serving,
                             terminating: e.terminating,
                         },
-                        node_name: e.node.map(|x| pick(&NODES, x).to_owned()),
-                        zone: e.zone.map(|x| pick(&ZONES, x).to_owned()),
+                        node_name: e.node.map(|x| intern(pick(&NODES, x))),
+                        zone: e.zone.map(|x| intern(pick(&ZONES, x))),
                         for_nodes: names(&NODES, e.for_nodes.as_ref()),
                         for_zones: names(&ZONES, e.for_zones.as_ref()),
                     })
@@ -258,11 +258,11 @@ fn sorted<'a>(it: impl Iterator<Item = &'a Ep<'a>>) -> Vec<SocketAddr> {
     v
 }
 
-fn node_hints(e: &Endpoint) -> &Option<Vec<String>> {
+fn node_hints(e: &Endpoint) -> &Option<Vec<Name>> {
     &e.for_nodes
 }
 
-fn zone_hints(e: &Endpoint) -> &Option<Vec<String>> {
+fn zone_hints(e: &Endpoint) -> &Option<Vec<Name>> {
     &e.for_zones
 }
 
@@ -285,11 +285,11 @@ fn categorize(svc: &Service, eps: &[Ep<'_>], node: &str, zone: Option<&str>) -> 
         return Expected { tiers: [set, Vec::new(), Vec::new()], local: true };
     }
     let r: Vec<&Ep<'_>> = eps.iter().filter(|e| ready(e.e)).collect();
-    let all = |f: fn(&Endpoint) -> &Option<Vec<String>>| {
+    let all = |f: fn(&Endpoint) -> &Option<Vec<Name>>| {
         !r.is_empty() && r.iter().all(|e| f(e.e).as_ref().is_some_and(|v| !v.is_empty()))
     };
-    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> &Option<Vec<String>>, want: &str| {
-        f(e.e).as_ref().is_some_and(|v| v.iter().any(|x| x == want))
+    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> &Option<Vec<Name>>, want: &str| {
+        f(e.e).as_ref().is_some_and(|v| v.iter().any(|x| **x == *want))
     };
     let node_tier = if all(node_hints) && r.iter().any(|e| names(e, node_hints, node)) {
         sorted(r.iter().copied().filter(|e| names(e, node_hints, node)))

@@ -120,7 +120,7 @@ fn slice(s: &EndpointSlice) -> Result<(), Broken> {
             return Err("bad nodeName".into());
         }
         for hints in [&e.for_nodes, &e.for_zones].into_iter().flatten() {
-            let distinct: BTreeSet<&String> = hints.iter().collect();
+            let distinct: BTreeSet<&tierlb::model::Name> = hints.iter().collect();
             if hints.len() > 8 || distinct.len() != hints.len() {
                 return Err("too many or repeated hints".into());
             }

@@ -127,7 +127,7 @@ impl NodeArgs {
                 .values()
                 .flat_map(|s| &s.endpoints)
                 .find(|e| e.node_name.as_deref() == Some(self.node.as_str()) && e.zone.is_some())
-                .and_then(|e| e.zone.clone());
+                .and_then(|e| e.zone.as_deref().map(str::to_owned));
             if let Some(z) = &zone {
                 eprintln!(
                     "note: no Node {} in the source: zone {z} taken from its endpoints (--zone sets it)",

@@ -222,7 +222,7 @@ fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), Au
         let Some(zone) = ep.zone.clone().filter(|z| !z.is_empty()) else {
             return Err(AutoDisabled::NoZoneSpecified);
         };
-        *allocated.entry(zone.clone()).or_default() += 1;
+        *allocated.entry(zone.to_string()).or_default() += 1;
         ep.for_nodes = None;
         ep.for_zones = Some(vec![zone]);
     }
@@ -231,13 +231,13 @@ fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), Au
         if giving.is_empty() || receiving.is_empty() {
             break;
         }
-        let Some(zone) = ep.zone.clone().filter(|z| giving.contains_key(z)) else {
+        let Some(zone) = ep.zone.clone().filter(|z| giving.contains_key(&**z)) else {
             continue;
         };
         let Some(to) = receiving.keys().next().cloned() else {
             break;
         };
-        ep.for_zones = Some(vec![to.clone()]);
+        ep.for_zones = Some(vec![crate::model::intern(&to)]);
         decrement(&mut giving, &zone);
         decrement(&mut receiving, &to);
     }

@@ -321,7 +321,11 @@ fn decide_topology(endpoints: &[PortEndpoint], node: &NodeInfo) -> TopologyDecis
 }
 
 /// The all-or-nothing rule for one kind of hint: `wanted` is the node name or zone to look for.
-fn hint_reason(ready: &[&PortEndpoint], hints: impl Fn(&Endpoint) -> &[String], wanted: &str) -> HintReason {
+fn hint_reason(
+    ready: &[&PortEndpoint],
+    hints: impl Fn(&Endpoint) -> &[crate::model::Name],
+    wanted: &str,
+) -> HintReason {
     if ready.is_empty() {
         return HintReason::NoReadyEndpoint;
     }
@@ -331,7 +335,7 @@ fn hint_reason(ready: &[&PortEndpoint], hints: impl Fn(&Endpoint) -> &[String], 
     if let Some(bare) = ready.iter().find(|e| hints(&e.endpoint).is_empty()) {
         return HintReason::EndpointWithoutHint { endpoint: bare.addr.ip() };
     }
-    let named = ready.iter().find(|e| hints(&e.endpoint).iter().any(|h| h == wanted));
+    let named = ready.iter().find(|e| hints(&e.endpoint).iter().any(|h| **h == *wanted));
     match named {
         Some(e) => HintReason::Named { ready: ready.len(), endpoint: e.addr.ip() },
         None => HintReason::NoneNamesThis { ready: ready.len() },
@@ -348,7 +352,7 @@ fn addrs<'a>(eps: impl Iterator<Item = &'a PortEndpoint>) -> Vec<SocketAddr> {
 fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo, topology: &TopologyDecision) -> Tiers {
     let ready = || endpoints.iter().filter(|e| e.endpoint.is_ready());
     let node_tier = if topology.node.used() {
-        addrs(ready().filter(|e| e.endpoint.node_hints().contains(&node.name)))
+        addrs(ready().filter(|e| e.endpoint.node_hints().iter().any(|h| **h == *node.name)))
     } else {
         Vec::new()
     };
@@ -356,7 +360,7 @@ fn cluster_tiers(endpoints: &[PortEndpoint], node: &NodeInfo, topology: &Topolog
     // what kube-proxy uses: it is the data path's first fallback.
     let zone_tier = if topology.zone.used() {
         let z = node.zone.as_deref().unwrap_or_default();
-        addrs(ready().filter(|e| e.endpoint.zone_hints().iter().any(|h| h == z)))
+        addrs(ready().filter(|e| e.endpoint.zone_hints().iter().any(|h| **h == *z)))
     } else {
         Vec::new()
     };
@@ -466,7 +470,7 @@ pub fn port_plan(
 }
 
 /// Ready endpoints with a non-empty hint of one kind.
-fn ready_hinted(endpoints: &[PortEndpoint], hints: fn(&Endpoint) -> &[String]) -> usize {
+fn ready_hinted(endpoints: &[PortEndpoint], hints: fn(&Endpoint) -> &[crate::model::Name]) -> usize {
     endpoints.iter().filter(|e| e.endpoint.is_ready() && !hints(&e.endpoint).is_empty()).count()
 }
 

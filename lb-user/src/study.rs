@@ -22,7 +22,7 @@ use crate::{
     hints,
     model::{
         AddressType, Conditions, Endpoint, EndpointSlice, Model, Node, NodeInfo, ObjKey, Policy, Protocol,
-        Service, ServicePort, SlicePort,
+        Service, ServicePort, SlicePort, intern,
     },
 };
 pub use catalog::{ModelInfo, models_text};
@@ -321,10 +321,10 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
             serving: Some(e.serving.unwrap_or(e.ready || e.terminating)),
             terminating: Some(e.terminating),
         },
-        node_name: Some(e.node.clone()),
-        zone: zone_of(&e.node),
-        for_nodes: e.for_nodes.clone(),
-        for_zones: e.for_zones.clone(),
+        node_name: Some(intern(&e.node)),
+        zone: zone_of(&e.node).as_deref().map(intern),
+        for_nodes: e.for_nodes.as_ref().map(|v| v.iter().map(|n| intern(n)).collect()),
+        for_zones: e.for_zones.as_ref().map(|v| v.iter().map(|z| intern(z)).collect()),
     };
     let mut slice = EndpointSlice {
         key: ObjKey::new("study", "svc-1"),

@@ -392,9 +392,12 @@ fn measure(name: &str, connects: usize) -> (BTreeMap<String, f64>, BTreeMap<Stri
         let ip = e.address.unwrap();
         c.add_pod(SocketAddr::new(ip, 8080), &ip.to_string()).unwrap();
         let mut ep = Ep::ready(ip, e.node_name.as_deref().unwrap());
-        ep.zone.clone_from(&e.zone);
-        ep.for_nodes.clone_from(&e.for_nodes);
-        ep.for_zones.clone_from(&e.for_zones);
+        let names = |v: &Option<Vec<tierlb::model::Name>>| {
+            v.as_ref().map(|v| v.iter().map(ToString::to_string).collect())
+        };
+        ep.zone = e.zone.as_deref().map(str::to_owned);
+        ep.for_nodes = names(&e.for_nodes);
+        ep.for_zones = names(&e.for_zones);
         eps.push(ep);
     }
     let vip: IpAddr = "10.96.0.99".parse().unwrap();

@@ -246,7 +246,7 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
                 .slices
                 .values()
                 .flat_map(|s| &s.endpoints)
-                .any(|e| e.node_name.as_ref() == Some(node));
+                .any(|e| e.node_name.as_deref() == Some(node.as_str()));
         anyhow::ensure!(known, "--drain {node}: no Node and no endpoint of this name in {}", input.origin);
     }
     let defaults = Timings::default();

@@ -39,9 +39,9 @@ pub fn cluster_nodes(model: &Model) -> Vec<NodeInfo> {
     for svc in model.services.values() {
         for ep in model.slices_of(&svc.key).flat_map(|s| &s.endpoints) {
             if let Some(n) = &ep.node_name {
-                let z = zones.entry(n.clone()).or_default();
+                let z = zones.entry(n.to_string()).or_default();
                 if z.is_none() {
-                    z.clone_from(&ep.zone);
+                    *z = ep.zone.as_deref().map(str::to_owned);
                 }
             }
         }

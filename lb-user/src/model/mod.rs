@@ -9,9 +9,11 @@ use std::{
 use serde::Serialize;
 
 mod ids;
+mod names;
 pub mod node_addresses;
 mod proxy_label;
 pub use ids::{Kind, ObjKey, ObjectId, ParseNameError, ServicePortName};
+pub use names::{Name, forget_unused as forget_unused_names, intern};
 pub use proxy_label::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ProxyLabel};
 
 /// "TCP", "UDP" or "SCTP" for a map key's protocol number (`Protocol::number`; the data path holds no other).
@@ -215,14 +217,14 @@ pub struct Endpoint {
     pub address: Option<IpAddr>,
     /// Its conditions as written.
     pub conditions: Conditions,
-    /// `nodeName`: the endpoint is local to the node of that name.
-    pub node_name: Option<String>,
-    /// `zone`.
-    pub zone: Option<String>,
+    /// `nodeName`: the endpoint is local to the node of that name (interned: `intern`).
+    pub node_name: Option<Name>,
+    /// `zone` (interned).
+    pub zone: Option<Name>,
     /// `hints.forNodes[].name`; `None` when the hint list is absent.
-    pub for_nodes: Option<Vec<String>>,
+    pub for_nodes: Option<Vec<Name>>,
     /// `hints.forZones[].name`.
-    pub for_zones: Option<Vec<String>>,
+    pub for_zones: Option<Vec<Name>>,
 }
 
 impl Endpoint {
@@ -239,11 +241,11 @@ impl Endpoint {
         self.conditions.terminating.unwrap_or(false)
     }
     /// The node names of `hints.forNodes` (none when absent).
-    pub fn node_hints(&self) -> &[String] {
+    pub fn node_hints(&self) -> &[Name] {
         self.for_nodes.as_deref().unwrap_or_default()
     }
     /// The zone names of `hints.forZones` (none when absent).
-    pub fn zone_hints(&self) -> &[String] {
+    pub fn zone_hints(&self) -> &[Name] {
         self.for_zones.as_deref().unwrap_or_default()
     }
 }

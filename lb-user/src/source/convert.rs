@@ -18,7 +18,7 @@ use super::{
 };
 use crate::model::{
     AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, NodeAddress, NodeAddressKind, ObjKey,
-    ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort,
+    ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort, intern,
 };
 
 /// The conversion, unless validation found problems (a conversion error on a field validation already
@@ -290,19 +290,22 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
         endpoints.push(Endpoint {
             address,
             conditions: Conditions { ready: c.ready, serving: c.serving, terminating: c.terminating },
-            node_name: ep.node_name.clone(),
-            zone: ep.zone.clone(),
+            node_name: ep.node_name.as_deref().map(intern),
+            zone: ep.zone.as_deref().map(intern),
             for_nodes: hints
                 .and_then(|h| h.for_nodes.as_ref())
-                .map(|v| v.iter().map(|n| n.name.clone()).collect()),
+                .map(|v| v.iter().map(|n| intern(&n.name)).collect()),
             for_zones: hints
                 .and_then(|h| h.for_zones.as_ref())
-                .map(|v| v.iter().map(|z| z.name.clone()).collect()),
+                .map(|v| v.iter().map(|z| intern(&z.name)).collect()),
         });
     }
     let service_name = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
     let trigger =
         slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME));
+    // Exactly as many as there are: a slice's endpoints are most of the agent's memory.
+    endpoints.shrink_to_fit();
+    ports.shrink_to_fit();
     Ok(EndpointSlice {
         key,
         service_name,

@@ -92,14 +92,14 @@ fn endpoints(m: &Model, svc: &Service) -> Vec<ScEndpoint> {
             let hinted = e.for_nodes.is_some() || e.for_zones.is_some();
             ScEndpoint {
                 ip: pe.addr.ip(),
-                node: e.node_name.clone().unwrap_or_default(),
+                node: e.node_name.as_deref().unwrap_or_default().to_owned(),
                 ready: e.is_ready(),
                 terminating: e.is_terminating(),
                 serving: Some(e.is_serving()),
                 crash: Crash::Running,
                 // Hints exactly as written (`no_hints`: none at all, so the scenario does not fill them).
-                for_nodes: e.for_nodes.clone(),
-                for_zones: e.for_zones.clone(),
+                for_nodes: e.for_nodes.as_ref().map(|v| v.iter().map(ToString::to_string).collect()),
+                for_zones: e.for_zones.as_ref().map(|v| v.iter().map(ToString::to_string).collect()),
                 no_hints: !hinted,
             }
         })
@@ -112,7 +112,7 @@ pub fn endpoint_zones(m: &Model) -> BTreeMap<String, String> {
     let mut zones = BTreeMap::new();
     for e in m.slices.values().flat_map(|s| &s.endpoints) {
         if let (Some(node), Some(zone)) = (&e.node_name, e.zone.as_ref().filter(|z| !z.is_empty())) {
-            zones.entry(node.clone()).or_insert_with(|| zone.clone());
+            zones.entry(node.to_string()).or_insert_with(|| zone.to_string());
         }
     }
     zones

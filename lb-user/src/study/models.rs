@@ -149,7 +149,7 @@ impl View<'_> {
 
     /// Whether `e`'s zone hints name this node's zone.
     pub(super) fn has_zone_hint(&self, e: &PortEndpoint) -> bool {
-        self.zone().is_some_and(|z| e.endpoint.zone_hints().iter().any(|h| h == z))
+        self.zone().is_some_and(|z| e.endpoint.zone_hints().iter().any(|h| **h == *z))
     }
 
     /// `spec.trafficDistribution`.
@@ -225,7 +225,7 @@ fn calico(v: &View<'_>, rule: CalicoRule) -> Route {
             .iter()
             .copied()
             .filter(eligible)
-            .filter(|e| node_hints_seen && e.endpoint.node_hints().contains(&v.node.name))
+            .filter(|e| node_hints_seen && e.endpoint.node_hints().iter().any(|h| **h == *v.node.name))
             .collect();
         let for_zone: Vec<&PortEndpoint> =
             all.iter().copied().filter(eligible).filter(|e| v.has_zone_hint(e)).collect();

@@ -358,8 +358,8 @@ pub fn survey(
         let mut nodes = node_names.clone();
         for s in m.slices_of(&svc.key) {
             for e in &s.endpoints {
-                if let Some(n) = e.node_name.as_ref().filter(|n| !nodes.contains(n)) {
-                    nodes.push(n.clone());
+                if let Some(n) = e.node_name.as_deref().filter(|n| !nodes.iter().any(|m| m == n)) {
+                    nodes.push(n.to_owned());
                 }
             }
         }

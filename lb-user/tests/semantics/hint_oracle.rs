@@ -149,7 +149,7 @@ fn add_hints(m: &Model, eps: &[&Endpoint], hints: &mut [Hints]) {
         if !endpoint_ready(e) {
             continue;
         }
-        let zone = e.zone.clone().unwrap_or_default();
+        let zone = e.zone.as_deref().unwrap_or_default().to_owned();
         if zone.is_empty() {
             remove_hints(hints);
             return;
@@ -166,7 +166,7 @@ fn add_hints(m: &Model, eps: &[&Endpoint], hints: &mut [Hints]) {
         if giving.is_empty() || receiving.is_empty() {
             return;
         }
-        let giving_zone = e.zone.clone().unwrap_or_default();
+        let giving_zone = e.zone.as_deref().unwrap_or_default().to_owned();
         if giving_zone.is_empty() || giving.get(&giving_zone).copied().unwrap_or(0) <= 0 {
             continue;
         }
@@ -194,9 +194,12 @@ fn prefer_close(eps: &[&Endpoint], hints: &mut [Hints], generate_node_hints: boo
         if !endpoint_ready(e) {
             continue;
         }
-        let for_zones: Vec<String> = e.zone.iter().cloned().collect();
-        let for_nodes: Vec<String> =
-            if generate_node_hints { e.node_name.iter().cloned().collect() } else { Vec::new() };
+        let for_zones: Vec<String> = e.zone.iter().map(ToString::to_string).collect();
+        let for_nodes: Vec<String> = if generate_node_hints {
+            e.node_name.iter().map(ToString::to_string).collect()
+        } else {
+            Vec::new()
+        };
         hints[i] = if e.zone.is_some() || (generate_node_hints && e.node_name.is_some()) {
             Some((for_zones, for_nodes))
         } else {
@@ -231,6 +234,11 @@ fn controller(m: &Model, svc: &Service, slices: &[EndpointSlice]) -> Vec<Vec<Hin
 }
 
 /// The model's view of a `Hints`: absent lists as `None`.
+/// The model's hint names as strings, to compare with the controller's.
+fn names(v: Option<&Vec<tierlb::model::Name>>) -> Option<Vec<String>> {
+    v.map(|v| v.iter().map(ToString::to_string).collect())
+}
+
 fn as_model(h: &Hints) -> (Option<Vec<String>>, Option<Vec<String>>) {
     let list = |v: &Vec<String>| Some(v.clone()).filter(|v| !v.is_empty());
     h.as_ref().map_or((None, None), |(zones, nodes)| (list(nodes), list(zones)))
@@ -290,7 +298,7 @@ fn build(
         let name = format!("node-{i}");
         let n = Node {
             name: name.clone(),
-            zone: pick(&ZONES, *zone).map(str::to_owned),
+            zone: pick(&ZONES, *zone).map(Into::into),
             allocatable_cpu_millis: pick(&CPUS, *cpu),
             cpu_share_excluded: *excluded,
             ..Node::default()
@@ -309,8 +317,8 @@ fn build(
                     ready: [None, Some(true), Some(false)][*ready],
                     ..Conditions::default()
                 },
-                node_name: pick(&NAMES, *name).map(str::to_owned),
-                zone: pick(&ZONES, *zone).map(str::to_owned),
+                node_name: pick(&NAMES, *name).map(Into::into),
+                zone: pick(&ZONES, *zone).map(Into::into),
                 for_nodes: None,
                 for_zones: None,
             })
@@ -335,7 +343,7 @@ proptest! {
         hints::apply(&m, &s, &mut got);
         for (sl, hints) in got.iter().zip(&want) {
             for (e, h) in sl.endpoints.iter().zip(hints) {
-                prop_assert_eq!((e.for_nodes.clone(), e.for_zones.clone()), as_model(h), "{} {:?}", sl.key.name, e);
+                prop_assert_eq!((names(e.for_nodes.as_ref()), names(e.for_zones.as_ref())), as_model(h), "{} {:?}", sl.key.name, e);
             }
         }
         let any = want.iter().flatten().any(Option::is_some);

@@ -88,7 +88,7 @@ impl E {
         self
     }
     fn build(&self) -> Endpoint {
-        let strings = |v: Option<&[&str]>| v.map(|v| v.iter().map(|s| (*s).to_owned()).collect());
+        let strings = |v: Option<&[&str]>| v.map(|v| v.iter().map(|s| (*s).into()).collect());
         Endpoint {
             address: Some(self.ip.parse().unwrap()),
             conditions: Conditions {
@@ -96,8 +96,8 @@ impl E {
                 serving: self.serving,
                 terminating: self.terminating,
             },
-            node_name: Some(self.node.to_owned()).filter(|n| !n.is_empty()),
-            zone: self.zone.map(str::to_owned),
+            node_name: Some(self.node.into()).filter(|n: &tierlb::model::Name| !n.is_empty()),
+            zone: self.zone.map(Into::into),
             for_nodes: strings(self.for_nodes),
             for_zones: strings(self.for_zones),
         }

@@ -193,10 +193,10 @@ fn make_slice(
             Endpoint {
                 address,
                 conditions: id.conditions,
-                node_name: NODES.get(node).map(|n| (*n).to_owned()),
-                zone: id.zone.map(str::to_owned),
-                for_nodes: id.for_nodes,
-                for_zones: id.for_zones,
+                node_name: NODES.get(node).map(|n| (*n).into()),
+                zone: id.zone.map(Into::into),
+                for_nodes: id.for_nodes.map(|v| v.into_iter().map(Into::into).collect()),
+                for_zones: id.for_zones.map(|v| v.into_iter().map(Into::into).collect()),
             }
         })
         .collect();
