@@ -144,7 +144,8 @@ impl Cluster {
                     internal_policy: if s.local { Policy::Local } else { Policy::Cluster },
                     traffic_distribution,
                     ..Service::default()
-                },
+                }
+                .into(),
             );
             for (k, sl) in s.slices.iter().take(3).enumerate() {
                 let mut sports: Vec<SlicePort> = Vec::new();
@@ -183,7 +184,7 @@ impl Cluster {
                     skey.clone(),
                     EndpointSlice {
                         key: skey,
-                        service_name: Some(key.name.clone()),
+                        service_name: Some(key.name.to_string()),
                         address_type: if sl.v6 { AddressType::IPv6 } else { AddressType::IPv4 },
                         ports: sports,
                         endpoints,

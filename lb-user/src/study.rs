@@ -348,7 +348,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         }
     }
     m.slices.insert(slice.key.clone(), slice);
-    m.services.insert(key, svc);
+    m.services.insert(key, svc.into());
     m
 }
 

@@ -87,8 +87,8 @@ pub(super) fn health_port(svc: &Service, p: &PortPlan) -> Option<(u16, ServiceHe
     Some((
         port,
         ServiceHealth {
-            namespace: svc.key.namespace.clone(),
-            name: svc.key.name.clone(),
+            namespace: svc.key.namespace.to_string(),
+            name: svc.key.name.to_string(),
             local_endpoints: p.counts.local_ready,
         },
     ))

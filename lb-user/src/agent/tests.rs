@@ -232,7 +232,7 @@ fn plan_and_explain_name_both_services_on_one_vip_and_which_is_programmed() {
         p.services
             .iter()
             .zip(&lints.ports)
-            .filter(|(s, _)| s.name.service.name == svc)
+            .filter(|(s, _)| *s.name.service.name == *svc)
             .flat_map(|(_, w)| w.clone())
             .collect::<Vec<_>>()
     };
@@ -481,4 +481,42 @@ fn the_frontend_and_slot_limits_refuse_a_service_after_planning() {
             u[0].reasons
         );
     }
+}
+
+/// The memory structure, not a figure: after a sync, each Service and EndpointSlice is one allocation shared
+/// by the source and the model (a deep copy anywhere on the way makes its count 1), node and zone names and
+/// namespaces are one allocation each however many endpoints and keys name them, and a slice holds exactly
+/// its endpoints.
+#[test]
+fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
+    use std::sync::Arc;
+    let tmp = TempDir::new("agent-memory").unwrap();
+    let dir = tmp.path();
+    for (name, vip) in [("alpha", "10.96.0.11"), ("beta", "10.96.0.12")] {
+        let eps =
+            [Ep::ready(ip("10.0.0.1"), "node-1").zone("a"), Ep::ready(ip("10.0.0.2"), "node-2").zone("a")];
+        write_service(dir, &Svc::new(name, ip(vip), 80, 8080), &eps).unwrap();
+    }
+    let mut a = agent(dir, 64);
+    a.sync(Instant::now()).unwrap();
+    let m = a.model();
+    assert_eq!(m.services.len(), 2);
+    for svc in m.services.values() {
+        assert_eq!(Arc::strong_count(svc), 2, "{}: held by the source and the model only", svc.key);
+    }
+    let slices: Vec<Arc<crate::model::EndpointSlice>> =
+        m.slices.values().map(|s| m.slices.get_shared(&s.key).unwrap()).collect();
+    assert_eq!(slices.len(), 2);
+    for s in &slices {
+        // The source's, the model's and the one taken just above.
+        assert_eq!(Arc::strong_count(s), 3, "{}: held by the source and the model only", s.key);
+        assert_eq!(s.endpoints.capacity(), s.endpoints.len(), "{}: endpoints exactly", s.key);
+    }
+    let (x, y) = (&slices[0].endpoints[0], &slices[1].endpoints[0]);
+    assert_eq!(x.node_name.as_deref(), Some("node-1"));
+    assert!(Arc::ptr_eq(x.node_name.as_ref().unwrap(), y.node_name.as_ref().unwrap()), "node name copied");
+    assert!(Arc::ptr_eq(x.zone.as_ref().unwrap(), y.zone.as_ref().unwrap()), "zone copied");
+    assert!(Arc::ptr_eq(&slices[0].key.namespace, &slices[1].key.namespace), "namespace copied");
+    let keys: Vec<&ObjKey> = m.services.keys().collect();
+    assert!(Arc::ptr_eq(&keys[0].namespace, &keys[1].namespace), "namespace copied");
 }

@@ -118,7 +118,7 @@ impl ChangeTracker {
         &self,
         services: &BTreeSet<ObjKey>,
         slices: &BTreeSet<ObjKey>,
-    ) -> (BTreeMap<ObjKey, Option<Service>>, BTreeMap<ObjKey, Option<Arc<EndpointSlice>>>) {
+    ) -> (BTreeMap<ObjKey, Option<Arc<Service>>>, BTreeMap<ObjKey, Option<Arc<EndpointSlice>>>) {
         let svc = services.iter().map(|k| (k.clone(), self.model.services.get(k).cloned())).collect();
         let sl = slices.iter().map(|k| (k.clone(), self.model.slices.get_shared(k))).collect();
         (svc, sl)
@@ -170,7 +170,7 @@ impl ChangeTracker {
         match o {
             Object::Service(s) => {
                 touched.insert(s.key.clone());
-                self.model.put_service(*s);
+                self.model.put_service(s);
             }
             Object::EndpointSlice(s) => {
                 touched.extend(s.owner());

@@ -81,7 +81,7 @@ impl FaceSource {
                 })?,
         };
         if let Some(ns) = namespace {
-            input.model.services.retain(|k, _| k.namespace == *ns);
+            input.model.services.retain(|k, _| *k.namespace == *ns);
         }
         Ok(input)
     }

@@ -46,7 +46,7 @@ pub struct ExplainArgs {
 
 /// `tierlb explain`: the explanation text.
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
-    if let Some(ns) = args.source.namespace.as_ref().filter(|ns| **ns != args.service.namespace) {
+    if let Some(ns) = args.source.namespace.as_ref().filter(|ns| ns.as_str() != &*args.service.namespace) {
         anyhow::bail!(
             "--namespace {ns} does not hold Service {}: drop --namespace (explain reads its Service's)",
             args.service

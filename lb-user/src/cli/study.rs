@@ -133,8 +133,8 @@ fn crashed_pod(
     let mut found: BTreeMap<&ObjKey, Vec<IpAddr>> = BTreeMap::new();
     for (ip, k) in pods {
         let hit = match text.split_once('/') {
-            Some((ns, name)) => k.namespace == ns && k.name == name,
-            None => k.name == text,
+            Some((ns, name)) => *k.namespace == *ns && *k.name == *name,
+            None => *k.name == *text,
         };
         if hit {
             found.entry(k).or_default().push(*ip);

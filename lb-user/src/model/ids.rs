@@ -7,16 +7,18 @@ use serde::Serialize;
 /// `namespace/name` of a namespaced object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct ObjKey {
-    /// The namespace (`default` when a manifest leaves it out; empty for a cluster-scoped object).
-    pub namespace: String,
-    /// The object's name.
-    pub name: String,
+    /// The namespace (`default` when a manifest leaves it out; empty for a cluster-scoped object), interned:
+    /// a cluster has few.
+    pub namespace: super::Name,
+    /// The object's name. Shared: the many maps keyed by a Service (model, plans, claims, topology, the
+    /// reconciler) hold one allocation of it, not a copy each.
+    pub name: super::Name,
 }
 
 impl ObjKey {
     /// `namespace/name`.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+    pub fn new(namespace: impl AsRef<str>, name: impl Into<super::Name>) -> Self {
+        Self { namespace: super::intern(namespace.as_ref()), name: name.into() }
     }
 }
 
@@ -135,7 +137,7 @@ impl ObjectId {
         Self { kind, key }
     }
     /// A Node (cluster-scoped).
-    pub fn node(name: impl Into<String>) -> Self {
+    pub fn node(name: impl Into<super::Name>) -> Self {
         Self { kind: Kind::Node, key: ObjKey::new("", name) }
     }
 }

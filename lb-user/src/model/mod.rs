@@ -1,7 +1,7 @@
 //! tierlb's own view of the cluster: the parts of Services, EndpointSlices and Nodes the semantics read.
 //! Independent of k8s-openapi so the plan is pure and easy to build in tests.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     sync::Arc,
 };
@@ -340,10 +340,10 @@ pub struct NodeAddress {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
     /// Services by key (those kube-proxy would program; `put_service` keeps the others apart).
-    pub services: BTreeMap<ObjKey, Service>,
+    pub services: BTreeMap<ObjKey, Arc<Service>>,
     /// Services whose labels make kube-proxy skip them (`Service::not_proxied`): never planned, listed by
     /// `plan` and `explain` with the reason.
-    pub skipped: BTreeMap<ObjKey, Service>,
+    pub skipped: BTreeMap<ObjKey, Arc<Service>>,
     /// EndpointSlices, indexed by their Service.
     pub slices: Slices,
     /// Nodes by name.
@@ -353,7 +353,9 @@ pub struct Model {
 impl Model {
     /// Add or replace a Service: among `services`, or among `skipped` when a label keeps kube-proxy away (a
     /// Service that gains or loses the label moves).
-    pub fn put_service(&mut self, s: Service) {
+    /// Shared with the source that delivered it (`source::Object::Service`): one copy in memory.
+    pub fn put_service(&mut self, s: impl Into<Arc<Service>>) {
+        let s = s.into();
         let (to, from) = match s.not_proxied {
             Some(_) => (&mut self.skipped, &mut self.services),
             None => (&mut self.services, &mut self.skipped),
@@ -381,8 +383,9 @@ impl Model {
 pub struct Slices {
     /// Shared with the source that delivered them (one copy of every endpoint in memory, not two).
     by_key: BTreeMap<ObjKey, Arc<EndpointSlice>>,
-    /// Service key (namespace, `kubernetes.io/service-name`) -> its slices' keys.
-    by_service: BTreeMap<ObjKey, BTreeSet<ObjKey>>,
+    /// Service key (namespace, `kubernetes.io/service-name`) -> its slices' keys, sorted (a Service has one
+    /// or two slices: a sorted `Vec` is a tenth of a `BTreeSet`'s node).
+    by_service: BTreeMap<ObjKey, Vec<ObjKey>>,
 }
 
 impl PartialEq for Slices {
@@ -419,7 +422,10 @@ impl Slices {
             self.unindex(&key, old);
         }
         if let Some(owner) = owner {
-            self.by_service.entry(owner).or_default().insert(key);
+            let keys = self.by_service.entry(owner).or_default();
+            if let Err(at) = keys.binary_search(&key) {
+                keys.insert(at, key);
+            }
         }
         previous
     }
@@ -439,7 +445,9 @@ impl Slices {
             return;
         }
         if let Some(set) = self.by_service.get_mut(&owner) {
-            set.remove(key);
+            if let Ok(at) = set.binary_search(key) {
+                set.remove(at);
+            }
             if set.is_empty() {
                 self.by_service.remove(&owner);
             }
@@ -559,7 +567,7 @@ mod tests {
     }
 
     fn names<'a>(s: &'a Slices, svc: &str) -> Vec<&'a str> {
-        s.of(&ObjKey::new("ns", svc)).map(|x| x.key.name.as_str()).collect()
+        s.of(&ObjKey::new("ns", svc)).map(|x| &*x.key.name).collect()
     }
 
     #[test]

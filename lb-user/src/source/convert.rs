@@ -38,7 +38,7 @@ fn validated<T>(mut errors: Invalid, converted: Result<T, FieldError>) -> Result
 
 fn key_of(meta: &ObjectMeta) -> Result<ObjKey, FieldError> {
     let name = meta.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| err("metadata.name", "missing"))?;
-    Ok(ObjKey { namespace: namespace_of(meta), name })
+    Ok(ObjKey::new(namespace_of(meta), name))
 }
 
 /// A manifest without `metadata.namespace` is in namespace "default" (as `kubectl apply` would put it).

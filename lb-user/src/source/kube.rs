@@ -153,7 +153,7 @@ impl Raw {
 
     fn convert(&self) -> Result<Object, convert::Invalid> {
         match self {
-            Self::Service(o) => convert::service(o).map(|s| Object::Service(Box::new(s))),
+            Self::Service(o) => convert::service(o).map(|s| Object::Service(Arc::new(s))),
             Self::EndpointSlice(o) => convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into())),
             Self::Node(o) => convert::node(o).map(Object::Node),
         }

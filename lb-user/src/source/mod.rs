@@ -83,8 +83,8 @@ impl Changes {
 /// One object a source delivers, converted to the model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
-    /// A Service (boxed: it is several times the size of the others).
-    Service(Box<Service>),
+    /// A Service, shared with the model.
+    Service(Arc<Service>),
     /// An EndpointSlice, shared with the model (slices hold most of the memory).
     EndpointSlice(Arc<EndpointSlice>),
     /// A Node.
@@ -104,7 +104,7 @@ impl Object {
     /// Put it into `model`, replacing an object with the same id.
     pub fn insert_into(self, model: &mut Model) {
         match self {
-            Self::Service(s) => model.put_service(*s),
+            Self::Service(s) => model.put_service(s),
             Self::EndpointSlice(s) => {
                 model.slices.insert_shared(s.key.clone(), s);
             }

@@ -301,7 +301,7 @@ pub fn phases(what_if: &WhatIf, eps: &[ScEndpoint], t: Timings) -> Vec<ScPhase> 
 pub fn find_service<'a>(m: &'a Model, text: &str, origin: &str) -> Result<&'a Service, String> {
     let (ns, name) =
         text.split_once('/').ok_or_else(|| format!("--service {text:?}: write it NAMESPACE/NAME"))?;
-    m.services.get(&ObjKey::new(ns, name)).ok_or_else(|| {
+    m.services.get(&ObjKey::new(ns, name)).map(|s| &**s).ok_or_else(|| {
         format!(
             "--service {text}: no such Service in {origin} (check the name; --namespace reads one namespace)"
         )

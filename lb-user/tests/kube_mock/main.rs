@@ -332,7 +332,7 @@ async fn kube_proxys_label_selector_is_sent_on_every_service_and_slice_list_and_
     assert!(follow(&mut source, &mut tracker).0.is_empty());
     let m = tracker.model();
     assert_eq!(m.services.keys().collect::<Vec<_>>(), [&ObjKey::new("shop", "web")]);
-    assert_eq!(m.slices.values().map(|s| s.key.name.as_str()).collect::<Vec<_>>(), ["web-1"]);
+    assert_eq!(m.slices.values().map(|s| &*s.key.name).collect::<Vec<_>>(), ["web-1"]);
 
     let want = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
     let sc = script.clone();

@@ -190,11 +190,11 @@ fn an_external_ip_on_another_services_cluster_ip_is_not_programmed_whatever_the_
         external_ips: vec!["10.96.0.10".parse().unwrap()],
         ..svc()
     };
-    m.services.insert(evil.key.clone(), evil);
+    m.services.insert(evil.key.clone(), evil.into());
     let p = plan::plan(&m, &on_node("n1", None));
     let lints = lint::lint(&m, &on_node("n1", None), &p);
     let warning = |ns: &str| {
-        let i = p.services.iter().position(|s| s.name.service.namespace == ns).unwrap();
+        let i = p.services.iter().position(|s| *s.name.service.namespace == *ns).unwrap();
         lints.ports[i].join("\n")
     };
     assert!(

@@ -325,7 +325,7 @@ fn build(
             .collect();
         m.slices.insert(sl.key.clone(), sl);
     }
-    m.services.insert(s.key.clone(), s.clone());
+    m.services.insert(s.key.clone(), s.clone().into());
     (m, s)
 }
 

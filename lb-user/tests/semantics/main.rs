@@ -130,7 +130,7 @@ fn model(svc: Service, eps: &[E]) -> Model {
     let mut m = Model::default();
     let s = slice("web-abc", AddressType::IPv4, 8080, eps);
     m.slices.insert(s.key.clone(), s);
-    m.services.insert(svc.key.clone(), svc);
+    m.services.insert(svc.key.clone(), svc.into());
     m
 }
 

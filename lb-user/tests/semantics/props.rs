@@ -237,7 +237,7 @@ fn model_of(input: &Input) -> Model {
     for s in &input.slices {
         m.slices.insert(s.key.clone(), s.clone());
     }
-    m.services.insert(input.svc.key.clone(), input.svc.clone());
+    m.services.insert(input.svc.key.clone(), input.svc.clone().into());
     // What the agent does for slices without hints; the oracle reads the slices as filled.
     hints::fill_missing(&mut m);
     m

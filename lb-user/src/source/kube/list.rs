@@ -127,7 +127,7 @@ pub async fn snapshot(client: Client, namespace: Option<&str>) -> Result<Snapsho
     for s in &services {
         take(
             convert::id_of(Kind::Service, &s.metadata),
-            convert::service(s).map(|s| Object::Service(Box::new(s))),
+            convert::service(s).map(|s| Object::Service(std::sync::Arc::new(s))),
         );
     }
     for s in &slices {

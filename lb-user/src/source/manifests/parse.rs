@@ -77,7 +77,7 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
         ("Service", "v1") => {
             push(
                 convert_with(value, convert::service),
-                |s| Object::Service(Box::new(s)),
+                |s| Object::Service(std::sync::Arc::new(s)),
                 label.as_deref(),
                 &diag,
                 out,
