@@ -242,7 +242,11 @@ fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &
 
 /// After a sync that changed what is applied (every change counts as added, updated or removed) or a Service
 /// port's topology: a new metrics snapshot. Scrapes read it; nothing is computed in the loop for a scrape.
+/// With `/metrics` off nothing reads them, and none is built (a snapshot is a copy per frontend).
 fn publish<W: MapWriter>(snapshots: &watch::Sender<Arc<Snapshot>>, core: &mut AgentCore<W>) {
+    if snapshots.receiver_count() == 0 {
+        return;
+    }
     let slot_capacity = snapshots.borrow().slot_capacity;
     let topology = core.topology();
     snapshots.send_replace(Arc::new(Snapshot::of(core.reconciler(), slot_capacity).with_topology(topology)));

@@ -179,7 +179,7 @@ impl ChangeTracker {
                 }
             }
             Object::Node(n) => {
-                self.model.nodes.insert(n.name.clone(), n);
+                self.model.nodes.insert(n.name.clone(), *n);
                 return true;
             }
         }

@@ -155,7 +155,7 @@ impl Raw {
         match self {
             Self::Service(o) => convert::service(o).map(|s| Object::Service(Arc::new(s))),
             Self::EndpointSlice(o) => convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into())),
-            Self::Node(o) => convert::node(o).map(Object::Node),
+            Self::Node(o) => convert::node(o).map(|n| Object::Node(Box::new(n))),
         }
     }
 }

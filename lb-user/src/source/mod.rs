@@ -87,8 +87,8 @@ pub enum Object {
     Service(Arc<Service>),
     /// An EndpointSlice, shared with the model (slices hold most of the memory).
     EndpointSlice(Arc<EndpointSlice>),
-    /// A Node.
-    Node(Node),
+    /// A Node (boxed: the other variants are a pointer, and sources hold many objects).
+    Node(Box<Node>),
 }
 
 impl Object {
@@ -109,7 +109,7 @@ impl Object {
                 model.slices.insert_shared(s.key.clone(), s);
             }
             Self::Node(n) => {
-                model.nodes.insert(n.name.clone(), n);
+                model.nodes.insert(n.name.clone(), *n);
             }
         }
     }

@@ -205,7 +205,8 @@ fn a_restarted_agent_adopts_the_maps_and_rewrites_only_what_changed() {
     // A new frontend gets a fresh id, not one in use.
     d.insert(fe("10.96.0.3:80"), want(&[], &["10.0.0.4:80"]));
     second.apply(&d, t0);
-    let ids: BTreeSet<u32> = second.writer().frontends().unwrap().iter().map(|(_, v)| v.svc_id).collect();
+    let ids: std::collections::BTreeSet<u32> =
+        second.writer().frontends().unwrap().iter().map(|(_, v)| v.svc_id).collect();
     assert_eq!(ids.len(), 3);
     assert_eq!(
         second

@@ -138,7 +138,7 @@ pub async fn snapshot(client: Client, namespace: Option<&str>) -> Result<Snapsho
         );
     }
     for n in &nodes {
-        take(convert::id_of(Kind::Node, &n.metadata), convert::node(n).map(Object::Node));
+        take(convert::id_of(Kind::Node, &n.metadata), convert::node(n).map(|n| Object::Node(Box::new(n))));
     }
     Ok(snap)
 }

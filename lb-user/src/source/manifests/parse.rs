@@ -91,7 +91,13 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
             out,
         ),
         ("Node", "v1") => {
-            push(convert_with(value, convert::node), Object::Node, label.as_deref(), &diag, out);
+            push(
+                convert_with(value, convert::node),
+                |n| Object::Node(Box::new(n)),
+                label.as_deref(),
+                &diag,
+                out,
+            );
         }
         ("Service" | "EndpointSlice" | "Node", v) => out.diagnostics.push(diag(
             Severity::Error,
