@@ -1,10 +1,12 @@
 //! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces, without
 //! those kube-proxy's label selector leaves out: `ProxyLabel`) and this node's Node object, with backoff.
 //!
-//! Each watch task hands its events, in order, to the source through a channel and wakes the agent; a
-//! refresh converts only the objects those events name, and hands over only what that changed (after the
-//! first refresh, which hands over the whole model). An unchanged resourceVersion is not converted again
-//! (a relist repeats every object); an object whose new version does not convert keeps its last good one;
+//! Each watch task converts every object as it arrives (the API server's object is dropped there: during
+//! the first list the whole cluster waits in the channel, converted) and hands its events, in order, to the
+//! source through a channel and wakes the agent; a refresh takes only the objects those events name, and
+//! hands over only what that changed (after the first refresh, which hands over the whole model). An
+//! unchanged resourceVersion is not taken again (a relist repeats every object); an object whose new
+//! version does not convert keeps its last good one;
 //! when a watch expired and the watcher listed again, what the new list lacks is removed.
 //!
 //! No reflector store (kube-rs' usual companion of `watcher`): nothing would read it, since the converted
@@ -124,53 +126,36 @@ pub async fn check_access(client: &Client) -> Result<(), KubeError> {
     Ok(())
 }
 
-/// An object of a kind tierlb reads, as the API server sent it (boxed: they differ in size, and travel
-/// through a channel).
+/// An object of a kind tierlb reads, converted in the watch task as it arrives: its id, its resourceVersion
+/// and the model object (or why it does not convert). The API server's object is dropped there, so what
+/// waits in the channel (the whole cluster during the first list) is the compact form, not the raw one.
 #[derive(Debug)]
-enum Raw {
-    Service(Box<core::Service>),
-    EndpointSlice(Box<discovery::EndpointSlice>),
-    Node(Box<core::Node>),
+struct Raw {
+    id: ObjectId,
+    version: Option<String>,
+    converted: Result<Object, convert::Invalid>,
 }
 
 impl Raw {
+    fn of(kind: Kind, meta: &kube::api::ObjectMeta, converted: Result<Object, convert::Invalid>) -> Self {
+        Self { id: convert::id_of(kind, meta), version: meta.resource_version.clone(), converted }
+    }
+
+    fn service(o: &core::Service) -> Self {
+        Self::of(Kind::Service, &o.metadata, convert::service(o).map(|s| Object::Service(Arc::new(s))))
+    }
+
+    fn endpoint_slice(o: &discovery::EndpointSlice) -> Self {
+        let converted = convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into()));
+        Self::of(Kind::EndpointSlice, &o.metadata, converted)
+    }
+
+    fn node(o: &core::Node) -> Self {
+        Self::of(Kind::Node, &o.metadata, convert::node(o).map(|n| Object::Node(Box::new(n))))
+    }
+
     fn id(&self) -> ObjectId {
-        match self {
-            Self::Service(o) => convert::id_of(Kind::Service, &o.metadata),
-            Self::EndpointSlice(o) => convert::id_of(Kind::EndpointSlice, &o.metadata),
-            Self::Node(o) => convert::id_of(Kind::Node, &o.metadata),
-        }
-    }
-
-    fn resource_version(&self) -> Option<&str> {
-        let meta = match self {
-            Self::Service(o) => &o.metadata,
-            Self::EndpointSlice(o) => &o.metadata,
-            Self::Node(o) => &o.metadata,
-        };
-        meta.resource_version.as_deref()
-    }
-
-    fn convert(&self) -> Result<Object, convert::Invalid> {
-        match self {
-            Self::Service(o) => convert::service(o).map(|s| Object::Service(Arc::new(s))),
-            Self::EndpointSlice(o) => convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into())),
-            Self::Node(o) => convert::node(o).map(|n| Object::Node(Box::new(n))),
-        }
-    }
-}
-
-/// Drop what tierlb never reads from an object's metadata before it waits in the channel: managedFields (often
-/// the largest part of an object) and the annotations other than the ones `convert` reads (a
-/// `kubectl.kubernetes.io/last-applied-configuration` repeats the whole spec). As kube-runtime's store
-/// transforms do; here in the watch task, since the source keeps no store.
-fn strip(meta: &mut kube::api::ObjectMeta) {
-    meta.managed_fields = None;
-    if let Some(a) = &mut meta.annotations {
-        a.retain(|k, _| convert::ANNOTATIONS_READ.contains(&k.as_str()));
-        if a.is_empty() {
-            meta.annotations = None;
-        }
+        self.id.clone()
     }
 }
 
@@ -240,7 +225,7 @@ fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
     kind: Kind,
-    wrap: fn(K) -> Raw,
+    wrap: fn(&K) -> Raw,
     events: mpsc::UnboundedSender<Delivery>,
     changed: mpsc::UnboundedSender<()>,
     queued: Option<Arc<AtomicI64>>,
@@ -261,10 +246,10 @@ where
         let mut stream = pin!(watcher(api, cfg).default_backoff());
         while let Some(event) = stream.next().await {
             let delivery = match event {
-                Ok(watcher::Event::Apply(o)) => Delivery::Apply(wrap(o)),
-                Ok(watcher::Event::Delete(o)) => Delivery::Delete(wrap(o)),
+                Ok(watcher::Event::Apply(o)) => Delivery::Apply(wrap(&o)),
+                Ok(watcher::Event::Delete(o)) => Delivery::Delete(wrap(&o)),
                 Ok(watcher::Event::Init) => Delivery::ListStart(kind),
-                Ok(watcher::Event::InitApply(o)) => Delivery::Listed(wrap(o)),
+                Ok(watcher::Event::InitApply(o)) => Delivery::Listed(wrap(&o)),
                 Ok(watcher::Event::InitDone) => Delivery::ListDone(kind),
                 Err(e) => {
                     tracing::warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
@@ -311,10 +296,7 @@ impl KubeSource {
             Api::<core::Service>::all(client.clone()),
             not_for_other_proxies.clone(),
             Kind::Service,
-            |mut o| {
-                strip(&mut o.metadata);
-                Raw::Service(Box::new(o))
-            },
+            Raw::service,
             tx.clone(),
             changed.clone(),
             Some(queued.services.clone()),
@@ -323,27 +305,14 @@ impl KubeSource {
             Api::<discovery::EndpointSlice>::all(client.clone()),
             not_for_other_proxies,
             Kind::EndpointSlice,
-            |mut o| {
-                strip(&mut o.metadata);
-                Raw::EndpointSlice(Box::new(o))
-            },
+            Raw::endpoint_slice,
             tx.clone(),
             changed.clone(),
             Some(queued.endpoint_slices.clone()),
         );
         let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
-        let (t3, nodes) = spawn_watch(
-            Api::<core::Node>::all(client),
-            node_cfg,
-            Kind::Node,
-            |mut o| {
-                strip(&mut o.metadata);
-                Raw::Node(Box::new(o))
-            },
-            tx,
-            changed,
-            None,
-        );
+        let (t3, nodes) =
+            spawn_watch(Api::<core::Node>::all(client), node_cfg, Kind::Node, Raw::node, tx, changed, None);
         // Built before waiting, so that a failed start stops the watchers (Drop).
         let source = Self {
             events,
@@ -420,12 +389,11 @@ impl KubeSource {
                 continue;
             };
             let entry = self.converted.entry(id.clone()).or_default();
-            let version = raw.resource_version();
-            if version.is_some() && entry.version.as_deref() == version {
+            if raw.version.is_some() && entry.version == raw.version {
                 continue;
             }
-            entry.version = version.map(str::to_owned);
-            match raw.convert() {
+            entry.version = raw.version;
+            match raw.converted {
                 Ok(o) => {
                     self.errors.remove(&id);
                     if entry.used.as_ref() != Some(&o) {
