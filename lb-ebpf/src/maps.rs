@@ -115,16 +115,22 @@ pub(crate) unsafe fn copy_frontend(
 
 named_map!(
     MAP_SLOTS == "SLOTS",
-    /// Backend slots of every frontend's tiers, by (svc_id, generation, index).
-    pub(crate) static SLOTS: HashMap<SlotKey, Backend> = HashMap::with_max_entries(DEFAULT_MAX_SLOTS, 0);
+    /// Backend slots of every frontend's tiers, by (svc_id, generation, index). Not preallocated: its memory
+    /// is charged to the agent's memory cgroup (as every map's), and a preallocated million slots (104 MiB)
+    /// is more than the DaemonSet's limit allows; elements come and go per generation, freed after readers
+    /// (RCU) as the slots of a generation are after their grace period.
+    pub(crate) static SLOTS: HashMap<SlotKey, Backend> =
+        HashMap::with_max_entries(DEFAULT_MAX_SLOTS, BPF_F_NO_PREALLOC);
 );
 
 named_map!(
     MAP_BACKEND_STATE == "BACKEND_STATE",
     /// Backends marked down until a time (`BackendState`); absent or expired means up. One write moves new
     /// connects away.
+    /// Not preallocated: marks are few, and a preallocated map costs its capacity (28 MiB) in the agent's
+    /// memory cgroup.
     pub(crate) static BACKEND_STATE: HashMap<Backend, BackendState> =
-        HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, 0);
+        HashMap::with_max_entries(DEFAULT_MAX_BACKENDS, BPF_F_NO_PREALLOC);
 );
 
 named_map!(
@@ -136,9 +142,10 @@ named_map!(
 
 named_map!(
     MAP_NAMES == "SVC_NAMES",
-    /// Service names by svc_id, for user space only (status, adoption after a restart).
+    /// Service names by svc_id, for user space only (status, adoption after a restart). Not preallocated:
+    /// it costs the names it holds, not its capacity.
     pub(crate) static SVC_NAMES: HashMap<u32, ServiceName> =
-        HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, 0);
+        HashMap::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, BPF_F_NO_PREALLOC);
 );
 
 named_map!(

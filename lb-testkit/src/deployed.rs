@@ -13,7 +13,9 @@
 //! - Only two things differ from a node: the source (`--manifests` instead of `--kube`) and the cgroup (a
 //!   child cgroup instead of the cgroup2 root, never a root one).
 //!
-//! Not emulated: the seccomp profile (the runtime's RuntimeDefault), resource limits.
+//! Not emulated: the seccomp profile (the runtime's RuntimeDefault), the CPU limit. The memory limit is:
+//! the agent runs in a memory cgroup of the container's `limits.memory`, which the kernel charges the BPF
+//! maps to as well.
 use std::{
     fmt::Write as _,
     net::IpAddr,
@@ -63,6 +65,8 @@ pub struct Container {
     pub mounts: Vec<HostMount>,
     /// (path, port) of each HTTP probe (liveness, readiness, startup).
     pub probes: Vec<(String, u16)>,
+    /// `resources.limits.memory` in bytes.
+    pub memory_limit: Option<u64>,
 }
 
 impl Container {
@@ -152,6 +156,7 @@ impl Container {
             host_network: pod["hostNetwork"].as_bool().unwrap_or(false),
             mounts,
             probes,
+            memory_limit: c["resources"]["limits"]["memory"].as_str().and_then(quantity),
         }
     }
 
@@ -238,6 +243,21 @@ pub struct BoxPaths<'a> {
 pub struct AgentBox {
     child: Child,
     root: TempDir,
+    /// The container's memory limit (after `child`: removed once the agent is gone).
+    _memory: Option<crate::sandbox::Cgroup>,
+}
+
+/// A Kubernetes memory quantity in bytes (`512Mi`, `1Gi`, `268435456`; the binary suffixes only).
+fn quantity(q: &str) -> Option<u64> {
+    let (digits, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let scale = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(scale)
 }
 
 /// The directory (under /sys/fs/cgroup) of the cgroup2 mount, on hybrid hosts `unified`.
@@ -355,8 +375,12 @@ impl AgentBox {
             cmd.env(k, v);
         }
         cmd.env("NO_COLOR", "1");
-        confine(&mut cmd, None, Some(&node.netns))?;
-        Ok(Self { child: Child::spawn(&mut cmd)?, root })
+        let memory = match c.memory_limit {
+            Some(bytes) => crate::sandbox::Cgroup::memory_limited("agent-memory", bytes)?,
+            None => None,
+        };
+        confine(&mut cmd, memory.as_ref(), Some(&node.netns))?;
+        Ok(Self { child: Child::spawn(&mut cmd)?, root, _memory: memory })
     }
 
     /// Wait for `needle` in the log after byte `from` (e.g. `tierlb agent ready`), or for the box to end.

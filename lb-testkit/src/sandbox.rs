@@ -159,6 +159,28 @@ impl Cgroup {
         Ok(Self { path, above: made })
     }
 
+    /// A cgroup whose memory is limited to `bytes`, as the kubelet gives a container its `limits.memory`
+    /// (kernel memory, the BPF maps its processes create, included): in the cgroup2 root where the memory
+    /// controller is enabled for its children (`memory.max`), else in cgroup v1's memory hierarchy
+    /// (`memory.limit_in_bytes`, hybrid hosts). `None` where neither is there.
+    pub fn memory_limited(tag: &str, bytes: u64) -> anyhow::Result<Option<Self>> {
+        let root = cgroup2_root()?;
+        let enabled = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+        let (parent, file) = if enabled.split_whitespace().any(|c| c == "memory") {
+            (root, "memory.max")
+        } else if Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+            (PathBuf::from("/sys/fs/cgroup/memory"), "memory.limit_in_bytes")
+        } else {
+            return Ok(None);
+        };
+        let path = parent.join(unique(tag));
+        std::fs::create_dir(&path).with_context(|| format!("creating cgroup {}", path.display()))?;
+        let cg = Self { path, above: Vec::new() };
+        std::fs::write(cg.path.join(file), bytes.to_string())
+            .with_context(|| format!("setting {} of {}", file, cg.path.display()))?;
+        Ok(Some(cg))
+    }
+
     /// Its directory in the cgroup2 mount (where programs attach and `cgroup.procs` is).
     pub fn path(&self) -> &Path {
         &self.path
