@@ -180,17 +180,29 @@ fn agent_figures(
     Ok(figures)
 }
 
-/// The agent's figures from each source at 10,000 and 100,000 Services (those of `counts`); a run that fails
-/// is left out, with the reason on stderr.
-pub(super) fn agent_runs(tierlb: &Path, counts: &[usize], per: usize) -> Vec<AgentFigures> {
+/// The agent's figures alone, from each source at `services` Services x 10 endpoints (any count: for the
+/// sizing table in deploy/README.md), each printed as it is measured; a source that fails says why.
+pub fn agent_only(tierlb: &Path, services: usize) -> Vec<AgentFigures> {
+    from_each_source(tierlb, services, 10)
+}
+
+fn from_each_source(tierlb: &Path, n: usize, per: usize) -> Vec<AgentFigures> {
     let mut agent = Vec::new();
-    for &n in counts.iter().filter(|n| **n == 10_000 || **n == 100_000) {
-        for source in AgentSource::ALL {
-            match agent_figures(tierlb, source, n, per) {
-                Ok(a) => agent.push(a),
-                Err(e) => eprintln!("bench: agent figures ({}, {n} services): {e:#}", source.as_str()),
-            }
+    for source in AgentSource::ALL {
+        match agent_figures(tierlb, source, n, per) {
+            Ok(a) => agent.push(a),
+            Err(e) => eprintln!("bench: agent figures ({}, {n} services): {e:#}", source.as_str()),
         }
     }
     agent
+}
+
+/// The agent's figures from each source at 10,000 and 100,000 Services (those of `counts`); a run that fails
+/// is left out, with the reason on stderr.
+pub(super) fn agent_runs(tierlb: &Path, counts: &[usize], per: usize) -> Vec<AgentFigures> {
+    counts
+        .iter()
+        .filter(|n| **n == 10_000 || **n == 100_000)
+        .flat_map(|&n| from_each_source(tierlb, n, per))
+        .collect()
 }

@@ -20,6 +20,7 @@ mod scale_charts;
 mod tracing;
 mod workloads;
 
+pub use agent::agent_only;
 pub use charts::charts;
 pub use figures::{
     AgentFigures, AgentSource, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad,

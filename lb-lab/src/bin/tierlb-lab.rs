@@ -146,6 +146,10 @@ enum Cmd {
         /// Run the tierlb rows with `tierlb trace` consuming every decision (connect4's cost, tracing on).
         #[arg(long)]
         trace: bool,
+        /// Only the agent's figures (start to ready, one edit, RSS) from both sources at N Services x 10
+        /// endpoints, printed as measured: what deploy/README.md's sizing table is made of.
+        #[arg(long, value_name = "N")]
+        agent_only: Option<usize>,
     },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
     Demo {
@@ -247,7 +251,17 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("result serialises"));
             ExitCode::SUCCESS
         }
-        Cmd::Bench { quick, report, tierlb, trace } => bench(quick, report, tierlb, trace),
+        Cmd::Bench { agent_only: Some(n), tierlb, .. } => {
+            let me = std::env::current_exe().expect("own path");
+            let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
+            // Each run prints its figures as it ends; a source that fails says why.
+            if lb_lab::bench::agent_only(&tierlb, n).len() == 2 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Cmd::Bench { quick, report, tierlb, trace, agent_only: None } => bench(quick, report, tierlb, trace),
         Cmd::Demo { chart_from: Some(json), out_dir, .. } => match lb_lab::demo::redraw(&json, &out_dir) {
             Ok(svg) => {
                 println!("{}", svg.display());

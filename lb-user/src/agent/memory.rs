@@ -5,7 +5,8 @@
 //! - `limit_arenas`: two arenas, before the runtime's threads exist (the agent has two workers and a few
 //!   blocking threads; fewer arenas mean less memory stranded in half-empty ones).
 //! - `trim_after`: `malloc_trim(0)` after a sync that changed many frontends hands every free page of every arena back
-//!   (madvise), which is what the resident size then shows.
+//!   (madvise), which is what the resident size then shows; the node and zone names no endpoint names any
+//!   more leave the interning table then too.
 
 /// Syncs that changed at least this many frontends are followed by a trim (the first sync, a relist).
 pub const TRIM_AFTER: usize = 1_000;
@@ -19,7 +20,76 @@ pub fn limit_arenas() {
 /// After a sync that changed at least `TRIM_AFTER` frontends: return free heap pages to the kernel.
 pub fn trim_after(r: &super::SyncReport) {
     if r.added + r.updated + r.removed >= TRIM_AFTER {
+        crate::model::forget_unused_names();
         // SAFETY: malloc_trim walks the allocator's own free lists; no pointer of ours is involved.
         unsafe { libc::malloc_trim(0) };
+    }
+}
+
+/// What an agent's memory cgroup needs for `services` Services of about 10 endpoints at the default `--max-*`
+/// capacities: the BPF maps, which the kernel charges to the cgroup of the process that made them (166 MiB
+/// loaded and empty, mostly the preallocated LRUs; 1.3 KiB more per Service, its slots and names), plus the
+/// agent's resident memory with half again as headroom (the `--kube` agent's 30 MiB and 5.8 KiB per
+/// Service, measured between 10,000 and 100,000). deploy/README.md, "Sizing the agent's memory", makes its
+/// table from the same figures.
+pub fn needed_bytes(services: usize) -> u64 {
+    let n = services as u64;
+    let maps = 166 * 1024 * 1024 + n * 1_331;
+    let resident = 30 * 1024 * 1024 + n * 5_939;
+    maps + resident + resident / 2
+}
+
+/// The memory limit of the agent's own cgroup, if it has one and it can be read: cgroup2's `memory.max` at
+/// the path `/proc/self/cgroup` gives (`0::PATH`) below the mount (`/sys/fs/cgroup`, or
+/// `/sys/fs/cgroup/unified` on hybrid hosts; in a container with its own cgroup namespace the path is `/`),
+/// else cgroup v1's `memory.limit_in_bytes` where the memory controller is a v1 hierarchy (`N:memory:PATH`).
+pub fn own_limit() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |file: String| parse_limit(&std::fs::read_to_string(file).ok()?);
+    let v2 = own.lines().find_map(|l| l.strip_prefix("0::")).map(|p| p.trim().trim_end_matches('/'));
+    let v1 = own.lines().find_map(|l| l.split_once(":memory:")).map(|(_, p)| p.trim().trim_end_matches('/'));
+    v2.and_then(|p| {
+        ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"].iter().find_map(|m| read(format!("{m}{p}/memory.max")))
+    })
+    .or_else(|| read(format!("/sys/fs/cgroup/memory{}/memory.limit_in_bytes", v1?)))
+}
+
+/// `memory.max`'s content: a byte count, or `max` (no limit); v1's "no limit" is a huge count, which no
+/// need reaches.
+fn parse_limit(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// Warn, once the first sync says how many Services the cluster has, when the cgroup's limit is below what
+/// they need: the kernel would kill the agent in a loop as the cluster grows past it.
+pub fn check_limit(services: usize) {
+    let Some(limit) = own_limit() else { return };
+    let need = needed_bytes(services);
+    if limit < need {
+        tracing::warn!(
+            services,
+            limit_mib = limit >> 20,
+            needed_mib = need >> 20,
+            "the agent's memory limit is below what this many Services need (deploy/README.md, \"Sizing the \
+             agent's memory\"): raise limits.memory in the DaemonSet, or the agent is killed and restarted in a loop"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_need_follows_the_sizing_table_and_memory_max_parses() {
+        // deploy/README.md's rows: the DaemonSet's 512Mi holds 30,000 Services, not 31,000; 10,000 need more
+        // than 256Mi; 50,000 fit 768Mi and 100,000 1280Mi.
+        assert!(needed_bytes(30_000) <= 512 << 20);
+        assert!(needed_bytes(31_000) > 512 << 20);
+        assert!(needed_bytes(10_000) > 256 << 20 && needed_bytes(10_000) <= 384 << 20);
+        assert!(needed_bytes(50_000) <= 768 << 20);
+        assert!(needed_bytes(100_000) <= 1280 << 20);
+        assert_eq!(parse_limit("268435456\n"), Some(268_435_456));
+        assert_eq!(parse_limit("max\n"), None);
     }
 }

@@ -446,6 +446,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     memory::trim_after(&report);
     log_sync(&report);
+    memory::check_limit(core.model().services.len());
     refuse_other_instances(&cgroup, pin_dir.as_deref())?;
     programs.attach(&cgroup, pin_dir.as_deref())?;
     let mut watchdog = Watchdog { ours: programs.ids()?, last: Instant::now(), superseded: false };

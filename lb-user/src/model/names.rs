@@ -42,4 +42,14 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &intern("node-2")));
     }
+
+    #[test]
+    fn a_name_nothing_holds_is_forgotten_and_one_still_held_is_kept() {
+        let (gone, kept) = (intern("node-that-left"), intern("node-that-stays"));
+        let weak = Arc::downgrade(&gone);
+        drop(gone);
+        forget_unused();
+        assert!(weak.upgrade().is_none(), "the table still holds a name no endpoint names");
+        assert!(Arc::ptr_eq(&kept, &intern("node-that-stays")));
+    }
 }
