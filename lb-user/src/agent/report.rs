@@ -85,6 +85,11 @@ pub struct SyncReport {
     pub health_ports: BTreeMap<u16, ServiceHealth>,
     /// How long the sync took.
     pub duration: Duration,
+    /// Of that: reading the source's changes (converted objects) and tracking them (`read`), writing the
+    /// maps (`program`); the rest is planning (plans, claims, topology).
+    pub read: Duration,
+    /// Writing the maps (the reconciler's apply).
+    pub program: Duration,
     /// What the source's changes brought in (kube-proxy's change counts and trigger times).
     pub taken: Taken,
     /// Planned Service ports with a Local policy and no local endpoint, after the sync.
@@ -126,6 +131,9 @@ pub(super) fn log_sync(r: &SyncReport) {
         errors = r.errors.len(),
         zone = %zone,
         took_us = r.duration.as_micros() as u64,
+        read_us = r.read.as_micros() as u64,
+        plan_us = r.duration.saturating_sub(r.read + r.program).as_micros() as u64,
+        program_us = r.program.as_micros() as u64,
         "synced"
     );
 }

@@ -408,7 +408,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let metrics_listener =
         if let Some(a) = opts.metrics_addr { Some(bind(a, "--metrics-addr")?) } else { None };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let started = Instant::now();
     let (source, file_watcher, api_server) = start_source(&opts, tx.clone()).await?;
+    let source_ready = started.elapsed();
     let mut external = opts.external.clone();
     for addr in api_server {
         tracing::info!(%addr, "the API server's address: no Service frontend may take it");
@@ -420,7 +422,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         Some(base) => Some(pins::prepare(base, opts.instance.as_deref().unwrap_or(&opts.node))?),
         None => None,
     };
+    let loading = Instant::now();
     let Loaded { mut programs, maps, ns } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
+    let load = loading.elapsed();
     let mut north_south = super::north_south::NorthSouth::new(ns, opts.devices.clone(), pin_dir.as_deref());
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
         .with_external(external)
@@ -461,7 +465,23 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     drop(tx);
     // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
     let devices = north_south.devices();
-    tracing::info!(node = %opts.node, cgroup = %cgroup.display(), programs = ?PROGRAMS, ?devices, "tierlb agent ready");
+    // Start to ready, by phase: the source's start (with --kube its lists, converted as they arrive), loading
+    // the programs and maps, then the first sync's reading of the source (with manifests: every file), plan
+    // and map writes.
+    let ms = |d: Duration| d.as_millis() as u64;
+    tracing::info!(
+        node = %opts.node,
+        cgroup = %cgroup.display(),
+        programs = ?PROGRAMS,
+        ?devices,
+        start_ms = ms(started.elapsed()),
+        source_ms = ms(source_ready),
+        load_ms = ms(load),
+        read_ms = ms(report.read),
+        plan_ms = ms(report.duration.saturating_sub(report.read + report.program)),
+        program_ms = ms(report.program),
+        "tierlb agent ready"
+    );
     let finder = destroy::NetnsFinder::new(opts.host_proc.clone());
     warn_unless_destruction_works(&finder);
     let mut tick = tokio::time::interval(Duration::from_millis(25));

@@ -124,6 +124,7 @@ impl<W: MapWriter> AgentCore<W> {
         let started = Instant::now();
         let refresh = self.source.refresh()?;
         let touched = self.tracker.apply(refresh.changes);
+        let read = started.elapsed();
         let (name, zone) = (&self.node_name, self.zone_flag.as_deref());
         let node = NodeInfo::resolve_with(name, zone, self.tracker.model(), &self.external);
         let mut report = self.plan_and_apply(touched, node, now);
@@ -131,6 +132,7 @@ impl<W: MapWriter> AgentCore<W> {
         report.diagnostics = refresh.diagnostics;
         report.stale = refresh.stale;
         report.duration = started.elapsed();
+        report.read = read;
         Ok(report)
     }
 
@@ -150,6 +152,7 @@ impl<W: MapWriter> AgentCore<W> {
     fn plan_and_apply(&mut self, touched: Touched, node: NodeInfo, now: Instant) -> SyncReport {
         let mut newly_filled = Vec::new();
         let mut conflicted = BTreeSet::new();
+        let program;
         let (tried, applied) = match touched {
             Touched::Services(mut keys) if self.node.as_ref() == Some(&node) => {
                 keys.extend(self.retries.due(now));
@@ -172,7 +175,9 @@ impl<W: MapWriter> AgentCore<W> {
                 planned.extend(self.plan_services(heirs.iter(), &node, &BTreeSet::new(), &mut newly_filled));
                 keys.extend(heirs);
                 let desired = self.winners(planned);
+                let programming = Instant::now();
                 let applied = self.reconciler.apply_services(&keys, &desired, now);
+                program = programming.elapsed();
                 (Some(keys), applied)
             }
             // Everything, or the same changes on a node whose zone moved.
@@ -194,7 +199,10 @@ impl<W: MapWriter> AgentCore<W> {
                     ));
                 }
                 let desired = self.winners(planned);
-                (None, self.reconciler.apply(&desired, now))
+                let programming = Instant::now();
+                let applied = self.reconciler.apply(&desired, now);
+                program = programming.elapsed();
+                (None, applied)
             }
         };
         let replanned = tried.as_ref().map_or(self.tracker.model().services.len(), BTreeSet::len);
@@ -231,6 +239,7 @@ impl<W: MapWriter> AgentCore<W> {
             hints_newly_filled: newly_filled,
             health_ports,
             no_local: self.no_local.total(),
+            program,
             ..SyncReport::default()
         }
     }
