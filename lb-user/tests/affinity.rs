@@ -205,6 +205,14 @@ struct DeployedWeb {
     _agent: lb_testkit::deployed::AgentBox,
 }
 
+impl Drop for DeployedWeb {
+    /// The clients' cgroups, last first: the first one made `kubepods` above them all and removes it, which
+    /// it can only once the others are gone (in field order the agent's cgroup would then stay too).
+    fn drop(&mut self) {
+        while self.client_cgroups.pop().is_some() {}
+    }
+}
+
 impl DeployedWeb {
     fn start(tag: &str, clients: usize, extra: &[&str]) -> Self {
         use lb_testkit::{deployed::BoxedNode, sandbox::NamedServer};
