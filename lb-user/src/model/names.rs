@@ -3,19 +3,18 @@
 //! of a `String` per endpoint.
 use std::{
     collections::HashSet,
-    sync::{Arc, Mutex},
+    sync::{Arc, LazyLock, Mutex},
 };
 
 /// A shared node or zone name.
 pub type Name = Arc<str>;
 
-static NAMES: Mutex<Option<HashSet<Name>>> = Mutex::new(None);
+static NAMES: LazyLock<Mutex<HashSet<Name>>> = LazyLock::new(Mutex::default);
 
 /// The one shared copy of `s`. The table keeps every name seen (a cluster's node and zone names: a few
 /// thousand at most); `forget_unused` drops those nothing holds any more.
 pub fn intern(s: &str) -> Name {
     let mut table = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let table = table.get_or_insert_with(HashSet::new);
     if let Some(n) = table.get(s) {
         return n.clone();
     }
@@ -27,9 +26,7 @@ pub fn intern(s: &str) -> Name {
 /// Drop the names only the table holds (nodes and zones that left the cluster).
 pub fn forget_unused() {
     let mut table = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(t) = table.as_mut() {
-        t.retain(|n| Arc::strong_count(n) > 1);
-    }
+    table.retain(|n| Arc::strong_count(n) > 1);
 }
 
 #[cfg(test)]
