@@ -15,7 +15,7 @@ use lb_testkit::{
 
 use super::{
     apiserver::ApiServer,
-    figures::{AgentFigures, AgentSource, Spread},
+    figures::{AgentFigures, AgentSource, Phases, Spread},
     workloads::{EDITED, EDITED_FILE, service_docs, service_yaml, write_agent_manifests},
 };
 
@@ -121,6 +121,13 @@ fn agent_figures(
         std::thread::sleep(Duration::from_millis(20));
     }
     let ready = t0.elapsed();
+    let phases = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "tierlb agent ready")
+        .and_then(|v| Phases::of_ready_line(&v["fields"]))
+        .context("the agent's ready line without its phases")?;
     // Let the start settle (a source may sync more than once while its watches start) before editing.
     let mut seen = synced().len();
     let mut quiet = Instant::now();
@@ -168,6 +175,7 @@ fn agent_figures(
         edit_took: Spread::of(took_us.iter().map(|us| us / 1e3).collect()),
         edit_wall: Spread::of(wall_ms),
         rss_bytes: rss_kib * 1024,
+        phases,
     };
     eprintln!(
         "bench: agent ({}) {services} services: ready {:.2} s, one edit median {:.3} ms (wall {:.1} ms), RSS {} MiB",
@@ -177,6 +185,7 @@ fn agent_figures(
         figures.edit_wall.median_ms,
         figures.rss_bytes >> 20
     );
+    eprintln!("bench: agent ({}) {services} services: start by phase {}", source.as_str(), phases.describe());
     Ok(figures)
 }
 

@@ -153,6 +153,9 @@ pub struct Report {
     pub seconds: f64,
     /// The data-path rows, in the order they ran.
     pub rows: Vec<Row>,
+    /// tierlb's connects made on the node against direct, interleaved per round (the ratios the targets
+    /// judge).
+    pub east_west: Vec<NsRow>,
     /// The north-south rows (traffic from outside the node), interleaved per round.
     pub north_south: Vec<NsRow>,
     /// The control-plane figures.
@@ -252,6 +255,52 @@ pub struct AgentFigures {
     pub edit_wall: Spread,
     /// Resident set size after the edits (VmRSS).
     pub rss_bytes: u64,
+    /// Start to ready by phase, from the agent's ready line.
+    pub phases: Phases,
+}
+
+/// The agent's start to ready by phase (its `tierlb agent ready` line): the source's start (with `--kube`
+/// the lists, converted as they arrive), loading the programs and maps, and the first sync's reading of the
+/// source, plan and map writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Phases {
+    /// `source_ms`.
+    pub source: Duration,
+    /// `load_ms`.
+    pub load: Duration,
+    /// `read_ms`.
+    pub read: Duration,
+    /// `plan_ms`.
+    pub plan: Duration,
+    /// `program_ms`.
+    pub program: Duration,
+}
+
+impl Phases {
+    /// From the ready line's fields; `None` if one is missing.
+    pub fn of_ready_line(fields: &serde_json::Value) -> Option<Self> {
+        let ms = |k: &str| fields[k].as_u64().map(Duration::from_millis);
+        Some(Self {
+            source: ms("source_ms")?,
+            load: ms("load_ms")?,
+            read: ms("read_ms")?,
+            plan: ms("plan_ms")?,
+            program: ms("program_ms")?,
+        })
+    }
+
+    /// "source 210 ms, load 1318 ms, read 851 ms, plan 74 ms, program 155 ms".
+    pub fn describe(&self) -> String {
+        let ms = |d: Duration| d.as_millis();
+        format!(
+            "source {} ms, load {} ms, read {} ms, plan {} ms, program {} ms",
+            ms(self.source),
+            ms(self.load),
+            ms(self.read),
+            ms(self.plan),
+            ms(self.program)
+        )
+    }
 }
 
 /// Median and maximum of repeated timings, in milliseconds.

@@ -16,7 +16,7 @@ use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 
 use super::{
     agent::agent_runs,
-    figures::{ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad},
+    figures::{ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, NsRow, Report, Row, RuleLoad},
     load::{BACKEND, LoadMode, LoadResult, Sink},
     tracing::Tracing,
     workloads::{EDITED, RULE_SETS, desired, target, vip},
@@ -130,6 +130,64 @@ impl Loader<'_> {
         }
         Ok(rows)
     }
+
+    /// tierlb at `services` Services and direct, interleaved: `rounds` rounds, each running direct then
+    /// tierlb once per load mode, so a slower minute of the machine lands on both. Per mode: tierlb's row (the
+    /// round with the median p50, connect4's and sock_ops' cost over all rounds; direct runs outside the
+    /// cgroup and runs neither) and the ratios to direct taken per round.
+    fn interleaved(
+        &self,
+        services: usize,
+        cg: &Cgroup,
+        target: SocketAddr,
+        rounds: usize,
+    ) -> anyhow::Result<(Vec<Row>, Vec<NsRow>)> {
+        let backend: SocketAddr = BACKEND.parse()?;
+        let (mut rows, mut ratios) = (Vec::new(), Vec::new());
+        for mode in LoadMode::ALL {
+            let before = (prog_stats("connect4"), prog_stats("sock_ops"));
+            let (mut direct, mut tierlb) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                direct.push(self.run(None, backend, mode)?);
+                tierlb.push(self.run(Some(cg), target, mode)?);
+            }
+            let after = (prog_stats("connect4"), prog_stats("sock_ops"));
+            let per_run = |b: Option<(u64, u64)>, a: Option<(u64, u64)>| match (b, a) {
+                (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
+                _ => None,
+            };
+            let mut by_p50: Vec<&LoadResult> = tierlb.iter().collect();
+            by_p50.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
+            let row = Row {
+                path: DataPath::Tierlb,
+                services,
+                mode,
+                result: by_p50[by_p50.len() / 2].clone(),
+                bpf_ns_per_run: per_run(before.0, after.0),
+                sock_ops_ns_per_run: per_run(before.1, after.1),
+            };
+            let ratio = NsRow::of(DataPath::Tierlb, services, mode, &tierlb, &direct, None);
+            eprintln!(
+                "bench: tierlb    {services:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2}, {rounds} rounds)  p99 {:>7.1} us  {:>8.0} ops/s  {} errors{}",
+                mode.as_str(),
+                ratio.p50_us,
+                ratio.p50_ratio.median,
+                ratio.p50_ratio.min,
+                ratio.p50_ratio.max,
+                ratio.p99_us,
+                ratio.per_sec,
+                ratio.errors,
+                row.bpf_ns_per_run.map(|n| format!("  connect4 {n:.0} ns/run")).unwrap_or_default()
+                    + &row
+                        .sock_ops_ns_per_run
+                        .map(|n| format!("  sock_ops {n:.0} ns/run"))
+                        .unwrap_or_default()
+            );
+            rows.push(row);
+            ratios.push(ratio);
+        }
+        Ok((rows, ratios))
+    }
 }
 
 /// A program's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
@@ -161,6 +219,8 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
 
     // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
     let mut map_writes = Vec::new();
+    let mut east_west = Vec::new();
+    let rounds = if quick { 3 } else { 5 };
     let map_memory;
     {
         let cg = Cgroup::new("bench")?;
@@ -192,12 +252,10 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
                 eprintln!("bench: maps {n} services: programmed in {took:.2?}, one change {one_change:.2?}");
                 map_writes.push(MapWrites { services: n, program: took, one_change });
             }
-            rows.extend(loader.rows(
-                DataPath::Tierlb,
-                n,
-                Some(&cg),
-                SocketAddr::new(IpAddr::V4(vip(target(n))), 80),
-            )?);
+            let (tierlb, ratios) =
+                loader.interleaved(n, &cg, SocketAddr::new(IpAddr::V4(vip(target(n))), 80), rounds)?;
+            rows.extend(tierlb);
+            east_west.extend(ratios);
         }
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
         let slots: usize = rec.applied().map(|(_, _, d)| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
@@ -212,8 +270,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     let agent = agent_runs(tierlb, counts, per);
     let rule_loads = rule_set_rows(&loader, counts, per, &mut rows)?;
     // From outside the node: at 1 and 10,000 Services, interleaved rounds.
-    let north_south =
-        super::north_south::rows(lab, &[1, 10_000], if quick { 3 } else { 5 }, loader.secs / 2.0)?;
+    let north_south = super::north_south::rows(lab, &[1, 10_000], rounds, loader.secs / 2.0)?;
     let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
     Ok(Report {
         kernel,
@@ -221,6 +278,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         threads: loader.threads,
         seconds: loader.secs,
         rows,
+        east_west,
         north_south,
         control: ControlPlane { maps: map_writes, map_memory, agent, rule_loads },
     })
