@@ -7,8 +7,9 @@
 mod parse;
 
 use std::{
-    collections::{BTreeMap, HashMap, btree_map::Entry},
+    collections::{BTreeMap, BTreeSet, HashMap, btree_map::Entry},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use self::parse::{FileContents, parse_file};
@@ -33,6 +34,51 @@ pub struct ManifestDir {
     /// Duplicate-object errors from the last full assembly.
     duplicates: Vec<Diagnostic>,
     assembled: bool,
+    /// What a file watcher saw since the last refresh; without one, every refresh looks at every file.
+    watched: Option<Watched>,
+}
+
+/// What a file watcher saw in the directory for the next refresh: the manifest files named in its events,
+/// or that the directory is to be looked at whole (an event on the directory itself, on the kubelet's
+/// `..data` swap of a ConfigMap or Secret volume, or a watcher that lost events), so an edit costs one
+/// file's stat and read however many files there are.
+#[derive(Clone, Debug, Default)]
+pub struct Watched(Arc<Mutex<Seen>>);
+
+#[derive(Debug, Default)]
+struct Seen {
+    all: bool,
+    paths: BTreeSet<PathBuf>,
+}
+
+impl Watched {
+    /// An event on `path` in `dir` (or on `dir`): noted; whether it calls for a refresh (an editor's swap
+    /// file or a log kept beside the manifests does not).
+    pub fn saw(&self, dir: &Path, path: &Path) -> bool {
+        let mut seen = self.0.lock().expect("watched lock");
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        // Anything but a file of the directory (which a watch of it does not report) is taken as a change
+        // to the directory.
+        if path.parent() != Some(dir) || name.starts_with("..") {
+            seen.all = true;
+        } else if is_manifest_file_name(path) {
+            seen.paths.insert(path.to_owned());
+        } else {
+            return false;
+        }
+        true
+    }
+
+    /// The watcher lost events or cannot name them: the next refresh looks at every file.
+    pub fn everything(&self) {
+        self.0.lock().expect("watched lock").all = true;
+    }
+
+    /// The paths seen since the last call, or `None` when every file is to be looked at.
+    fn take(&self) -> Option<BTreeSet<PathBuf>> {
+        let seen = std::mem::take(&mut *self.0.lock().expect("watched lock"));
+        (!seen.all).then_some(seen.paths)
+    }
 }
 
 #[derive(Debug)]
@@ -47,6 +93,9 @@ struct FileState {
     /// `used` came from a clean version (so it is the one to keep while the file has errors).
     good: bool,
 }
+
+/// A file and its stamp.
+type StampedFile = (PathBuf, Stamp);
 
 /// What tells that a file changed without reading it: a save rewrites it (new size or mtime/ctime) or
 /// replaces it (new inode).
@@ -87,6 +136,13 @@ impl ManifestDir {
     /// The directory `dir`, not read yet (the first `refresh` or `load` reads it).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into(), ..Self::default() }
+    }
+
+    /// The directory `dir` with a file watcher's events: a refresh after the first looks only at the files
+    /// the watcher named through the returned handle.
+    pub fn watched(dir: impl Into<PathBuf>) -> (Self, Watched) {
+        let watched = Watched::default();
+        (Self { dir: dir.into(), watched: Some(watched.clone()), ..Self::default() }, watched)
     }
 
     /// The directory.
@@ -166,6 +222,35 @@ impl ManifestDir {
         Ok(Loaded { model, diagnostics: r.diagnostics, stale_files })
     }
 
+    /// The files to look at (with their stamps) and the files that are gone: those the watcher named since
+    /// the last refresh, or every file of the directory (the first refresh, no watcher, or a watcher that
+    /// asks for it).
+    fn changed_files(&self) -> std::io::Result<(Vec<StampedFile>, Vec<PathBuf>)> {
+        let named = self.watched.as_ref().and_then(Watched::take).filter(|_| self.assembled);
+        let Some(named) = named else {
+            let files = self.files()?;
+            let gone = self
+                .files
+                .keys()
+                .filter(|p| files.binary_search_by(|(f, _)| f.cmp(p)).is_err())
+                .cloned()
+                .collect();
+            return Ok((files, gone));
+        };
+        // A file that could not be read is tried again on every refresh, as without a watcher.
+        let unread = self.files.iter().filter(|(_, f)| f.stamp.is_none()).map(|(p, _)| p.clone());
+        let named: BTreeSet<PathBuf> = named.into_iter().chain(unread).collect();
+        let (mut files, mut gone) = (Vec::new(), Vec::new());
+        for path in named {
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_file() => files.push((path, Stamp::of(&m))),
+                _ if self.files.contains_key(&path) => gone.push(path),
+                _ => {}
+            }
+        }
+        Ok((files, gone))
+    }
+
     fn objects(&self) -> Vec<(PathBuf, Object)> {
         self.files.iter().flat_map(|(p, f)| f.used.iter().map(move |o| (p.clone(), o.clone()))).collect()
     }
@@ -175,15 +260,9 @@ impl ModelSource for ManifestDir {
     /// Read the files that changed since the last refresh. Fails only when the directory itself cannot be
     /// read.
     fn refresh(&mut self) -> std::io::Result<Refresh> {
-        let files = self.files()?;
+        let (files, gone) = self.changed_files()?;
         // (objects the file gave before, objects it gives now) for every file that changed (its edit).
         let mut edits: Vec<(Vec<Object>, Vec<Object>)> = Vec::new();
-        let gone: Vec<PathBuf> = self
-            .files
-            .keys()
-            .filter(|p| files.binary_search_by(|(f, _)| f.cmp(p)).is_err())
-            .cloned()
-            .collect();
         for path in gone {
             if let Some(state) = self.files.remove(&path) {
                 edits.push((state.used, Vec::new()));
@@ -338,6 +417,45 @@ mod tests {
         assert_eq!(web.cluster_ips[0].to_string(), "10.96.0.10");
         assert!(loaded.diagnostics.iter().any(|x| x.message.contains("duplicate")
             && matches!(&x.origin, Origin::File { path, .. } if path.ends_with("b.yaml"))));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn ip_of(loaded: &Loaded, name: &str) -> String {
+        loaded.model.services[&ObjKey::new("default", name)].cluster_ips[0].to_string()
+    }
+
+    /// With a watcher, a refresh reads only the files its events named (an edit is one file's stat and
+    /// read); an event on the directory, the kubelet's `..data` swap or a lost event reads them all; a
+    /// hidden file's event calls for nothing.
+    #[test]
+    fn with_a_watcher_a_refresh_reads_only_the_files_named() {
+        let d = tempdir("watched");
+        let api = GOOD.replace("name: web", "name: api");
+        std::fs::write(d.join("a.yaml"), GOOD).unwrap();
+        std::fs::write(d.join("b.yaml"), api.replace("10.96.0.10", "10.96.0.12")).unwrap();
+        let (mut md, seen) = ManifestDir::watched(&d);
+        assert_eq!(md.load().unwrap().model.services.len(), 2, "the first refresh reads everything");
+        // Both files change; only a.yaml's event is seen.
+        std::fs::write(d.join("a.yaml"), GOOD.replace("10.96.0.10", "10.96.0.20")).unwrap();
+        std::fs::write(d.join("b.yaml"), api.replace("10.96.0.10", "10.96.0.22")).unwrap();
+        assert!(seen.saw(&d, &d.join("a.yaml")));
+        assert!(!seen.saw(&d, &d.join(".a.yaml.swp")), "a hidden file is not a manifest");
+        assert!(!seen.saw(&d, &d.join("notes.txt")));
+        let loaded = md.load().unwrap();
+        assert_eq!(
+            (ip_of(&loaded, "web").as_str(), ip_of(&loaded, "api").as_str()),
+            ("10.96.0.20", "10.96.0.12")
+        );
+        // A file removed: its event names it.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        assert!(seen.saw(&d, &d.join("a.yaml")));
+        assert_eq!(md.load().unwrap().model.services.len(), 1);
+        // The kubelet's atomic writer swaps `..data`; every file is looked at.
+        assert!(seen.saw(&d, &d.join("..data")));
+        assert_eq!(ip_of(&md.load().unwrap(), "api"), "10.96.0.22");
+        std::fs::write(d.join("b.yaml"), api.replace("10.96.0.10", "10.96.0.32")).unwrap();
+        seen.everything();
+        assert_eq!(ip_of(&md.load().unwrap(), "api"), "10.96.0.32");
         std::fs::remove_dir_all(&d).unwrap();
     }
 
