@@ -105,15 +105,7 @@ fn agent_figures(
         .stderr(std::fs::File::create(&log)?);
     let t0 = Instant::now();
     let mut child = Child::spawn(&mut cmd)?;
-    let synced = || -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v["fields"]["message"] == "synced")
-            .map(|v| v["fields"].clone())
-            .collect()
-    };
+    let synced = || log_fields(&log, "synced");
     while !std::fs::read_to_string(&log).unwrap_or_default().contains("tierlb agent ready") {
         if t0.elapsed() > Duration::from_mins(3) || matches!(child.inner().try_wait(), Ok(Some(_))) {
             bail!("agent did not start: {}", std::fs::read_to_string(&log).unwrap_or_default());
@@ -121,12 +113,9 @@ fn agent_figures(
         std::thread::sleep(Duration::from_millis(20));
     }
     let ready = t0.elapsed();
-    let phases = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["fields"]["message"] == "tierlb agent ready")
-        .and_then(|v| Phases::of_ready_line(&v["fields"]))
+    let phases = log_fields(&log, "tierlb agent ready")
+        .first()
+        .and_then(Phases::of_ready_line)
         .context("the agent's ready line without its phases")?;
     // Let the start settle (a source may sync more than once while its watches start) before editing.
     let mut seen = synced().len();
@@ -139,6 +128,7 @@ fn agent_figures(
         }
     }
     let mut took_us = Vec::new();
+    let mut parts = [("read_us", Vec::new()), ("plan_us", Vec::new()), ("program_us", Vec::new())];
     let mut wall_ms = Vec::new();
     for k in 0..EDITS {
         let before = synced().len();
@@ -154,6 +144,9 @@ fn agent_figures(
         wall_ms.push(t.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(line["replanned"] == 1 && line["updated"] == 1, "edit {k}: {line}");
         took_us.push(line["took_us"].as_f64().context("took_us")?);
+        for (k, v) in &mut parts {
+            v.push(line[*k].as_f64().unwrap_or_default() / 1e3);
+        }
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
     // "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
@@ -186,7 +179,23 @@ fn agent_figures(
         figures.rss_bytes >> 20
     );
     eprintln!("bench: agent ({}) {services} services: start by phase {}", source.as_str(), phases.describe());
+    let [read, plan, program] = parts.map(|(_, v)| Spread::of(v).median_ms);
+    eprintln!(
+        "bench: agent ({}) {services} services: one edit by phase (medians) read {read:.3} ms, plan {plan:.3} ms, program {program:.3} ms",
+        source.as_str()
+    );
     Ok(figures)
+}
+
+/// The fields of the agent's JSON log lines with `message`, in order.
+fn log_fields(log: &Path, message: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == message)
+        .map(|v| v["fields"].clone())
+        .collect()
 }
 
 /// The agent's figures alone, from each source at `services` Services x 10 endpoints (any count: for the

@@ -2,14 +2,16 @@
 //! which devices they are attached to, their settings (the node addresses SNAT uses), the set of this node's
 //! endpoints (reached without SNAT), and the UDP flows to departed backends (removed, as kube-proxy flushes
 //! their conntrack entries). The frontends themselves are lowered with the others (`lower::frontends`).
+mod contributions;
+
 use std::{
-    collections::BTreeSet,
-    net::IpAddr,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
-use lb_common::{Backend, NatConfig};
+use lb_common::NatConfig;
 
+use self::contributions::{Contributions, Delta};
 use super::{AgentCore, SyncReport};
 use crate::{
     datapath::{
@@ -17,7 +19,7 @@ use crate::{
         ebpf::Programs,
         tc::{self, NsMaps},
     },
-    model::{Model, NodeInfo},
+    model::NodeInfo,
 };
 
 /// What the agent keeps of the north-south data path between syncs.
@@ -26,14 +28,21 @@ pub(super) struct NorthSouth {
     /// `--devices` (`None`: the devices holding the NodePort addresses).
     devices: Option<Vec<String>>,
     pin_dir: Option<PathBuf>,
-    attached: BTreeSet<String>,
+    attached: std::collections::BTreeSet<String>,
     config: Option<NatConfig>,
-    /// The local-endpoint set and the source ranges last written (`None`: not yet, or the write failed), so
-    /// a sync that changes neither costs no map syscalls; the first write reads the maps (an earlier agent's
-    /// pinned contents) and makes them equal.
-    local: Option<BTreeSet<IpAddr>>,
-    ranges: Option<BTreeSet<tc::SourceRange>>,
+    /// What the Services add to the local-endpoint set, the source ranges and the UDP backends (`None`: not
+    /// taken yet). A sync that planned a few Services writes only what they change; the first sync and one
+    /// that replanned everything read the maps (an earlier agent's pinned contents) and make them equal to
+    /// every Service's part.
+    written: Option<Contributions>,
+    /// When a write last failed (a full map): the maps are made whole again at most every
+    /// [`REWRITE_AFTER_FAILURE`], not on every sync, so an overfull map does not make each edit cost every
+    /// Service.
+    failed: Option<Instant>,
 }
+
+/// How long after a failed write the maps are rewritten whole.
+const REWRITE_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 impl NorthSouth {
     pub(super) fn new(maps: NsMaps, devices: Option<Vec<String>>, pin_dir: Option<&Path>) -> Self {
@@ -41,10 +50,10 @@ impl NorthSouth {
             maps,
             devices,
             pin_dir: pin_dir.map(Path::to_owned),
-            attached: BTreeSet::new(),
+            attached: std::collections::BTreeSet::new(),
             config: None,
-            local: None,
-            ranges: None,
+            written: None,
+            failed: None,
         }
     }
 
@@ -57,24 +66,14 @@ impl NorthSouth {
         }
     }
 
-    /// After a sync: settings, local endpoints, devices (attaching to any new one). Errors are logged and
-    /// leave the rest working (an unattachable device does not stop the agent).
-    pub(super) fn sync(&mut self, programs: &mut Programs, node: &NodeInfo, model: &Model) {
+    /// After a sync: settings and devices (attaching to any new one). Errors are logged and leave the rest
+    /// working (an unattachable device does not stop the agent).
+    fn sync(&mut self, programs: &mut Programs, node: &NodeInfo) {
         let config = nat_config(node);
         if self.config != Some(config) {
             match self.maps.set_config(config) {
                 Ok(()) => self.config = Some(config),
                 Err(e) => tracing::error!(error = %e, "cannot write the north-south settings"),
-            }
-        }
-        let local = local_endpoints(model, &node.name);
-        if self.local.as_ref() != Some(&local) {
-            match self.maps.set_local(&local) {
-                Ok(()) => self.local = Some(local),
-                Err(e) => {
-                    self.local = None;
-                    tracing::error!(error = %e, "cannot write this node's endpoints for traffic from outside");
-                }
             }
         }
         for device in self.wanted(node) {
@@ -93,38 +92,46 @@ impl NorthSouth {
         }
     }
 
-    /// After a sync or retry: `sync` with its node and, when frontends changed, forget the UDP flows to
-    /// backends no applied frontend holds any more.
+    /// After a sync or retry: `sync` with its node; the local endpoints and source ranges of the Services it
+    /// planned written, and the UDP flows to backends no applied frontend holds any more forgotten.
     pub(super) fn after_sync<W: MapWriter>(
         &mut self,
         programs: &mut Programs,
         r: &SyncReport,
         core: &AgentCore<W>,
     ) {
-        if let Some(node) = &r.node {
-            self.sync(programs, node, core.model());
-        }
-        let ranges = source_ranges(core);
-        if self.ranges.as_ref() != Some(&ranges) {
-            match self.maps.set_source_ranges(&ranges) {
-                Ok(()) => self.ranges = Some(ranges),
-                Err(e) => {
-                    self.ranges = None;
-                    tracing::error!(error = %e, "cannot write loadBalancerSourceRanges");
-                }
+        let Some(node) = &r.node else { return };
+        self.sync(programs, node);
+        let (model, rec) = (core.model(), core.reconciler());
+        let rewrite = self.failed.is_some_and(|t| t.elapsed() >= REWRITE_AFTER_FAILURE);
+        if !rewrite && let (Some(written), Some(services)) = (self.written.as_mut(), &r.touched) {
+            let services: Vec<_> = services.iter().cloned().collect();
+            let delta = written.update(model, &node.name, rec, &services);
+            if !self.write(&delta) {
+                self.failed.get_or_insert_with(Instant::now);
             }
+            return;
         }
+        let all = Contributions::of_all(model, &node.name, rec);
+        let local = self.maps.set_local(&all.local().collect());
+        log_failure(local.as_ref().err(), "cannot write this node's endpoints for traffic from outside");
+        let ranges = self.maps.set_source_ranges(&all.ranges().collect());
+        log_failure(ranges.as_ref().err(), "cannot write loadBalancerSourceRanges");
         if r.updated + r.removed > 0 {
-            let backends: BTreeSet<Backend> =
-                core.reconciler().applied().flat_map(|(_, _, d)| d.tiers.iter().flatten()).copied().collect();
-            let forgotten = self.maps.forget_udp_except(&backends);
-            if forgotten > 0 {
-                tracing::info!(
-                    flows = forgotten,
-                    "forgot UDP flows from outside the node to departed backends"
-                );
-            }
+            log_forgotten(self.maps.forget_udp_except(&all.udp().collect()));
         }
+        self.failed = (local.is_err() || ranges.is_err()).then(Instant::now);
+        self.written = Some(all);
+    }
+
+    /// Write what changed; false (logged) if a write failed.
+    fn write(&mut self, d: &Delta) -> bool {
+        let local = self.maps.update_local(&d.local_added, &d.local_removed);
+        log_failure(local.as_ref().err(), "cannot write this node's endpoints for traffic from outside");
+        let ranges = self.maps.update_source_ranges(&d.ranges_added, &d.ranges_removed);
+        log_failure(ranges.as_ref().err(), "cannot write loadBalancerSourceRanges");
+        log_forgotten(self.maps.forget_udp_to(&d.udp_departed));
+        local.is_ok() && ranges.is_ok()
     }
 
     /// A handle on the tc programs' counters for `/metrics` (`None`, logged, if it cannot be made).
@@ -157,32 +164,14 @@ pub(super) fn nat_config(node: &NodeInfo) -> NatConfig {
     c
 }
 
-/// The source-range entries of every applied outside frontend that has them (`FLAG_SOURCE_RANGES`): the
-/// ranges of the Service that frontend is programmed for (`plan::source_ranges`, the plan's rule), so a
-/// Service that lost a contested address adds none.
-fn source_ranges<W: MapWriter>(core: &AgentCore<W>) -> BTreeSet<tc::SourceRange> {
-    let model = core.model();
-    let mut out = BTreeSet::new();
-    for (key, value, desired) in core.reconciler().applied() {
-        if !key.is_outside() || value.flags & lb_common::FLAG_SOURCE_RANGES == 0 {
-            continue;
-        }
-        let Some(svc) = model.services.get(&desired.name.service) else { continue };
-        let family = crate::model::Family::of(&addr::frontend_addr(key).ip());
-        out.extend(crate::plan::source_ranges(svc, family).into_iter().map(|c| (*key, c)));
+fn log_failure(e: Option<&impl std::fmt::Display>, what: &str) {
+    if let Some(e) = e {
+        tracing::error!(error = %e, "{what}");
     }
-    out
 }
 
-/// The addresses of every endpoint on node `node` (`nodeName`), whatever its Service: traffic from outside
-/// to them keeps the client's address.
-pub(super) fn local_endpoints(model: &Model, node: &str) -> BTreeSet<IpAddr> {
-    model
-        .services
-        .keys()
-        .flat_map(|k| model.slices_of(k))
-        .flat_map(|s| &s.endpoints)
-        .filter(|e| e.node_name.as_deref() == Some(node))
-        .filter_map(|e| e.address)
-        .collect()
+fn log_forgotten(flows: usize) {
+    if flows > 0 {
+        tracing::info!(flows, "forgot UDP flows from outside the node to departed backends");
+    }
 }

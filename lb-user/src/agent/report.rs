@@ -67,6 +67,8 @@ pub struct SyncReport {
     pub removed: usize,
     /// Services planned in this sync: those a change touched, or all of them.
     pub replanned: usize,
+    /// The Services planned (with those whose frontends moved to them); `None`: every Service.
+    pub touched: Option<std::collections::BTreeSet<ObjKey>>,
     /// Frontends that could not be applied (they keep their previous state; retried with backoff, see
     /// `retry`).
     pub errors: Vec<ApplyError>,

@@ -26,11 +26,7 @@ use crate::{
     },
     metrics::{AgentStats, KernelCounters, ReadCounters, Snapshot},
     server::{self, MetricsSource, ServiceHealthServers, SharedHealth},
-    source::{
-        ModelSource, Severity,
-        kube::KubeSource,
-        manifests::{ManifestDir, is_manifest_file_name},
-    },
+    source::{ModelSource, Severity, kube::KubeSource, manifests::ManifestDir},
 };
 
 /// Where the agent reads Services, EndpointSlices and Nodes.
@@ -93,25 +89,35 @@ async fn start_source(opts: &AgentOptions, changed: mpsc::UnboundedSender<()>) -
                 "--manifests {}: not a directory (it should hold Service, EndpointSlice and Node YAML files)",
                 dir.display()
             );
-            // Only events on files the loader reads (or on the directory itself) trigger a reload: a log, an
-            // editor's swap file or a temporary file written in the directory would otherwise resync on each
-            // write. A rename into place names the new file, which counts.
-            let watched = dir.clone();
+            // Only events on files the loader reads (or on the directory itself, or the kubelet's swap of a
+            // ConfigMap volume's `..data`) trigger a reload, of the files they name: a log, an editor's swap
+            // file or a temporary file written in the directory would otherwise resync on each write. A
+            // rename into place names the new file, which counts.
+            let watched_dir = dir.clone();
+            let (source, seen) = ManifestDir::watched(dir);
             let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                let relevant = |ev: &notify::Event| {
-                    ev.need_rescan()
-                        || ev.paths.is_empty()
-                        || (!ev.kind.is_access()
-                            && ev.paths.iter().any(|p| *p == watched || is_manifest_file_name(p)))
+                let Ok(ev) = res else {
+                    seen.everything();
+                    let _ = changed.send(());
+                    return;
                 };
-                if res.is_ok_and(|ev| relevant(&ev)) {
+                if ev.kind.is_access() && !ev.need_rescan() {
+                    return;
+                }
+                let relevant = if ev.need_rescan() || ev.paths.is_empty() {
+                    seen.everything();
+                    true
+                } else {
+                    ev.paths.iter().fold(false, |any, p| seen.saw(&watched_dir, p) | any)
+                };
+                if relevant {
                     let _ = changed.send(());
                 }
             })
             .context("starting the file watcher (inotify)")?;
             notify::Watcher::watch(&mut w, dir, notify::RecursiveMode::NonRecursive)
                 .with_context(|| format!("watching {}", dir.display()))?;
-            Ok((Box::new(ManifestDir::new(dir)), Some(w), Vec::new()))
+            Ok((Box::new(source), Some(w), Vec::new()))
         }
         Source::Kube => {
             let config = kube::Config::infer()
@@ -308,6 +314,7 @@ fn end_departed_sockets(rec: &mut Reconciler<KernelMaps>, finder: &destroy::Netn
 /// Rule 7: try again the Services whose backoff is due, without a source event; true if the maps changed.
 fn retry_due(
     core: &mut AgentCore<KernelMaps>,
+    (north_south, programs): (&mut super::north_south::NorthSouth, &mut crate::datapath::ebpf::Programs),
     service_health: Option<&mut ServiceHealthServers>,
     stats: &mut AgentStats,
     health: &SharedHealth,
@@ -315,6 +322,7 @@ fn retry_due(
 ) -> bool {
     let Some(r) = core.retry_due(Instant::now()) else { return false };
     sync_service_health(service_health, stats, &r);
+    north_south.after_sync(programs, &r, core);
     if r.updated + r.removed > 0 {
         end_departed_sockets(core.reconciler_mut(), finder, stats);
     }
@@ -514,7 +522,14 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
             }
             _ = tick.tick() => {
                 core.collect_garbage(Instant::now());
-                let retried = retry_due(&mut core, service_health.as_mut(), &mut stats, &health, &finder);
+                let retried = retry_due(
+                    &mut core,
+                    (&mut north_south, &mut programs),
+                    service_health.as_mut(),
+                    &mut stats,
+                    &health,
+                    &finder,
+                );
                 snapshot_stale |= retried;
                 sweeper.sweep(&mut core, &stats, retried);
                 watchdog.check(&mut programs, &cgroup, pin_dir.as_deref(), &health);

@@ -233,6 +233,7 @@ impl<W: MapWriter> AgentCore<W> {
             updated: applied.updated,
             removed: applied.removed,
             replanned,
+            touched: tried,
             errors: applied.errors,
             conflicts,
             hints_filled: self.hints_filled.len(),

@@ -122,6 +122,20 @@ impl<W: MapWriter> Reconciler<W> {
         self.applied.iter().map(|(k, a)| (k, &a.value, &a.desired))
     }
 
+    /// The frontends applied for `service`.
+    pub fn applied_of<'a>(
+        &'a self,
+        service: &ObjKey,
+    ) -> impl Iterator<Item = (&'a FrontendKey, &'a FrontendValue, &'a DesiredFrontend)> + 'a {
+        let keys = self.by_service.get(service).map(Vec::as_slice).unwrap_or_default();
+        keys.iter().filter_map(|k| self.applied.get_key_value(k)).map(|(k, a)| (k, &a.value, &a.desired))
+    }
+
+    /// The frontend `key` as applied.
+    pub fn applied_get(&self, key: &FrontendKey) -> Option<(&FrontendValue, &DesiredFrontend)> {
+        self.applied.get(key).map(|a| (&a.value, &a.desired))
+    }
+
     fn alloc_id(&mut self) -> Result<u32, MapError> {
         if let Some(id) = self.free_ids.pop() {
             return Ok(id);

@@ -157,6 +157,17 @@ pub struct NsMaps {
 /// One `loadBalancerSourceRanges` entry: the outside frontend and the range.
 pub type SourceRange = (lb_common::FrontendKey, crate::model::node_addresses::Cidr);
 
+/// A local endpoint's key in `LOCAL_BACKENDS`.
+fn local_key(ip: IpAddr) -> lb_common::CtAddr {
+    lb_common::CtAddr { addr: super::addr::words(ip) }
+}
+
+/// A source range's prefix length and key in `SOURCE_RANGES`.
+fn range_key((fe, c): &SourceRange) -> (u32, lb_common::SourceRangeKey) {
+    let data = lb_common::SourceRangeKey { frontend: *fe, client: super::addr::words(c.ip) };
+    (lb_common::SOURCE_RANGE_FRONTEND_BITS + u32::from(c.len), data)
+}
+
 /// What the conntrack table holds now, for status and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConntrackStats {
@@ -240,12 +251,28 @@ impl NsMaps {
     /// Make the local-endpoint set `want`: add what is missing, delete what is not wanted.
     pub fn set_local(&mut self, want: &BTreeSet<IpAddr>) -> Result<(), DatapathError> {
         let have: BTreeSet<lb_common::CtAddr> = self.local.keys().filter_map(Result::ok).collect();
-        let want: BTreeSet<lb_common::CtAddr> =
-            want.iter().map(|ip| lb_common::CtAddr { addr: super::addr::words(*ip) }).collect();
-        for k in have.difference(&want) {
+        let want: BTreeSet<lb_common::CtAddr> = want.iter().map(|ip| local_key(*ip)).collect();
+        self.write_local(want.difference(&have), have.difference(&want))
+    }
+
+    /// Add `added` to the local-endpoint set and take `removed` out of it.
+    pub fn update_local(&mut self, added: &[IpAddr], removed: &[IpAddr]) -> Result<(), DatapathError> {
+        let (added, removed): (Vec<_>, Vec<_>) = (
+            added.iter().map(|ip| local_key(*ip)).collect(),
+            removed.iter().map(|ip| local_key(*ip)).collect(),
+        );
+        self.write_local(added.iter(), removed.iter())
+    }
+
+    fn write_local<'a>(
+        &mut self,
+        added: impl Iterator<Item = &'a lb_common::CtAddr>,
+        removed: impl Iterator<Item = &'a lb_common::CtAddr>,
+    ) -> Result<(), DatapathError> {
+        for k in removed {
             let _ = self.local.remove(k);
         }
-        for k in want.difference(&have) {
+        for k in added {
             self.local.insert(*k, 1, 0).map_err(map_err(lb_common::MAP_LOCAL_BACKENDS))?;
         }
         Ok(())
@@ -253,18 +280,33 @@ impl NsMaps {
 
     /// Make the source-range trie hold exactly `want`.
     pub fn set_source_ranges(&mut self, want: &BTreeSet<SourceRange>) -> Result<(), DatapathError> {
-        use aya::maps::lpm_trie::Key;
-        let key = |(fe, c): &SourceRange| {
-            let data = lb_common::SourceRangeKey { frontend: *fe, client: super::addr::words(c.ip) };
-            (lb_common::SOURCE_RANGE_FRONTEND_BITS + u32::from(c.len), data)
-        };
-        let want: BTreeSet<(u32, lb_common::SourceRangeKey)> = want.iter().map(key).collect();
+        let want: BTreeSet<(u32, lb_common::SourceRangeKey)> = want.iter().map(range_key).collect();
         let have: BTreeSet<(u32, lb_common::SourceRangeKey)> =
             self.source_ranges.keys().filter_map(Result::ok).map(|k| (k.prefix_len(), k.data())).collect();
-        for (len, data) in have.difference(&want) {
+        self.write_source_ranges(want.difference(&have), have.difference(&want))
+    }
+
+    /// Add `added` to the source-range trie and take `removed` out of it.
+    pub fn update_source_ranges(
+        &mut self,
+        added: &[SourceRange],
+        removed: &[SourceRange],
+    ) -> Result<(), DatapathError> {
+        let (added, removed): (Vec<_>, Vec<_>) =
+            (added.iter().map(range_key).collect(), removed.iter().map(range_key).collect());
+        self.write_source_ranges(added.iter(), removed.iter())
+    }
+
+    fn write_source_ranges<'a>(
+        &mut self,
+        added: impl Iterator<Item = &'a (u32, lb_common::SourceRangeKey)>,
+        removed: impl Iterator<Item = &'a (u32, lb_common::SourceRangeKey)>,
+    ) -> Result<(), DatapathError> {
+        use aya::maps::lpm_trie::Key;
+        for (len, data) in removed {
             let _ = self.source_ranges.remove(&Key::new(*len, *data));
         }
-        for (len, data) in want.difference(&have) {
+        for (len, data) in added {
             self.source_ranges
                 .insert(&Key::new(*len, *data), 1, 0)
                 .map_err(map_err(lb_common::MAP_SOURCE_RANGES))?;
@@ -294,6 +336,11 @@ impl NsMaps {
     /// `backends` any more: kube-proxy flushes a removed endpoint's UDP conntrack, or a client's datagrams
     /// would go on to the departed backend for as long as it keeps sending. TCP flows are left to end.
     pub fn forget_udp_except(&mut self, backends: &BTreeSet<lb_common::Backend>) -> usize {
+        self.forget_udp_where(|b| !backends.contains(b))
+    }
+
+    /// Forget the UDP flows to the backends `departed` says are gone; how many.
+    fn forget_udp_where(&mut self, departed: impl Fn(&lb_common::Backend) -> bool) -> usize {
         let gone: Vec<lb_common::CtKey> = self
             .conntrack
             .iter()
@@ -304,8 +351,7 @@ impl NsMaps {
                 }
                 let (addr, port) =
                     if v.flags & lb_common::CT_FORWARD != 0 { (v.a, v.a_port) } else { (k.saddr, k.sport) };
-                let b = lb_common::Backend { addr, port, proto: k.proto, family: k.family };
-                !backends.contains(&b)
+                departed(&lb_common::Backend { addr, port, proto: k.proto, family: k.family })
             })
             .map(|(k, _)| k)
             .collect();
@@ -313,6 +359,15 @@ impl NsMaps {
             let _ = self.conntrack.remove(k);
         }
         gone.len()
+    }
+
+    /// Forget the UDP flows to `departed` (backends no frontend holds any more); how many.
+    pub fn forget_udp_to(&mut self, departed: &[lb_common::Backend]) -> usize {
+        if departed.is_empty() {
+            return 0;
+        }
+        let departed: BTreeSet<lb_common::Backend> = departed.iter().copied().collect();
+        self.forget_udp_where(|b| departed.contains(b))
     }
 
     /// The counters by `NS_*` kind, summed over CPUs.

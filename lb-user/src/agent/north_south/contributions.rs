@@ -1,0 +1,286 @@
+//! What each Service and frontend adds to the maps the tc programs read besides the frontends: this node's
+//! endpoint addresses (`LOCAL_BACKENDS`), the source ranges of load-balancer frontends (`SOURCE_RANGES`) and
+//! the UDP backends whose flows stay in the conntrack map. Kept per Service and per frontend, with a count
+//! per address, so that a sync which planned a few Services changes only what those Services add: an edit
+//! costs the same at 100 Services as at 100,000 (the whole sets were rebuilt and compared on every sync).
+use std::{collections::BTreeMap, net::IpAddr};
+
+use lb_common::{Backend, FrontendKey, PROTO_UDP};
+
+use crate::{
+    datapath::{MapWriter, Reconciler, addr, tc::SourceRange},
+    model::{Family, Model, ObjKey, node_addresses::Cidr},
+};
+
+/// One frontend's part: its source ranges and, for a UDP frontend, its backends.
+#[derive(Debug, Default, PartialEq)]
+struct Frontend {
+    ranges: Box<[Cidr]>,
+    udp: Box<[Backend]>,
+}
+
+/// What changed in the sets since the last update: entries to add and to remove, and the UDP backends no
+/// frontend holds any more (their flows are to be forgotten).
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Delta {
+    pub local_added: Vec<IpAddr>,
+    pub local_removed: Vec<IpAddr>,
+    pub ranges_added: Vec<SourceRange>,
+    pub ranges_removed: Vec<SourceRange>,
+    pub udp_departed: Vec<Backend>,
+}
+
+/// The sets, with what each Service and frontend added to them.
+#[derive(Debug, Default)]
+pub(super) struct Contributions {
+    /// This node's endpoint addresses by Service (only Services that have some).
+    local_of: BTreeMap<ObjKey, Box<[IpAddr]>>,
+    /// How many Services each address is an endpoint of.
+    local: BTreeMap<IpAddr, u32>,
+    /// The frontends with a part, by the Service they were applied for when it was taken.
+    frontends_of: BTreeMap<ObjKey, Vec<FrontendKey>>,
+    frontends: BTreeMap<FrontendKey, Frontend>,
+    /// How many frontends each UDP backend is a backend of.
+    udp: BTreeMap<Backend, u32>,
+}
+
+impl Contributions {
+    /// Every Service's part, from scratch.
+    pub(super) fn of_all<W: MapWriter>(model: &Model, node: &str, rec: &Reconciler<W>) -> Self {
+        let mut c = Self::default();
+        let services: Vec<ObjKey> = model.services.keys().cloned().collect();
+        c.update(model, node, rec, &services);
+        c
+    }
+
+    /// This node's endpoint addresses.
+    pub(super) fn local(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.local.keys().copied()
+    }
+
+    /// Every source range.
+    pub(super) fn ranges(&self) -> impl Iterator<Item = SourceRange> + '_ {
+        self.frontends.iter().flat_map(|(k, f)| f.ranges.iter().map(|c| (*k, *c)))
+    }
+
+    /// Every UDP backend.
+    pub(super) fn udp(&self) -> impl Iterator<Item = Backend> + '_ {
+        self.udp.keys().copied()
+    }
+
+    /// Take the parts of `services` again (the Services a sync planned, with those whose frontends it moved)
+    /// and say what changed in the sets.
+    pub(super) fn update<W: MapWriter>(
+        &mut self,
+        model: &Model,
+        node: &str,
+        rec: &Reconciler<W>,
+        services: &[ObjKey],
+    ) -> Delta {
+        let mut delta = Delta::default();
+        let mut touched: BTreeMap<IpAddr, bool> = BTreeMap::new();
+        let mut frontends: Vec<FrontendKey> = Vec::new();
+        for svc in services {
+            let old = self.local_of.remove(svc).unwrap_or_default();
+            let mut new: Vec<IpAddr> = model
+                .slices_of(svc)
+                .filter(|_| model.services.contains_key(svc))
+                .flat_map(|s| &s.endpoints)
+                .filter(|e| e.node_name.as_deref() == Some(node))
+                .filter_map(|e| e.address)
+                .collect();
+            new.sort_unstable();
+            new.dedup();
+            for ip in old.iter().chain(&new) {
+                touched.entry(*ip).or_insert_with(|| self.local.contains_key(ip));
+            }
+            for ip in &old {
+                count_down(&mut self.local, ip);
+            }
+            for ip in &new {
+                *self.local.entry(*ip).or_default() += 1;
+            }
+            if !new.is_empty() {
+                self.local_of.insert(svc.clone(), new.into_boxed_slice());
+            }
+            frontends.extend(self.frontends_of.remove(svc).unwrap_or_default());
+            frontends.extend(rec.applied_of(svc).map(|(k, _, _)| *k));
+        }
+        for (ip, was) in touched {
+            match (was, self.local.contains_key(&ip)) {
+                (false, true) => delta.local_added.push(ip),
+                (true, false) => delta.local_removed.push(ip),
+                _ => {}
+            }
+        }
+        frontends.sort_unstable();
+        frontends.dedup();
+        let mut udp_touched: BTreeMap<Backend, bool> = BTreeMap::new();
+        for key in frontends {
+            let old = self.frontends.remove(&key).unwrap_or_default();
+            let (new, owner) = match rec.applied_get(&key) {
+                Some((value, desired)) => (frontend_part(model, &key, value.flags, desired), Some(desired)),
+                None => (Frontend::default(), None),
+            };
+            delta
+                .ranges_removed
+                .extend(old.ranges.iter().filter(|c| !new.ranges.contains(c)).map(|c| (key, *c)));
+            delta
+                .ranges_added
+                .extend(new.ranges.iter().filter(|c| !old.ranges.contains(c)).map(|c| (key, *c)));
+            for b in old.udp.iter().chain(new.udp.iter()) {
+                udp_touched.entry(*b).or_insert_with(|| self.udp.contains_key(b));
+            }
+            for b in &old.udp {
+                count_down(&mut self.udp, b);
+            }
+            for b in &new.udp {
+                *self.udp.entry(*b).or_default() += 1;
+            }
+            if new != Frontend::default()
+                && let Some(desired) = owner
+            {
+                let of = self.frontends_of.entry(desired.name.service.clone()).or_default();
+                if !of.contains(&key) {
+                    of.push(key);
+                }
+                self.frontends.insert(key, new);
+            }
+        }
+        delta.udp_departed = udp_touched
+            .into_iter()
+            .filter(|(b, was)| *was && !self.udp.contains_key(b))
+            .map(|(b, _)| b)
+            .collect();
+        delta
+    }
+}
+
+fn count_down<K: Ord>(counts: &mut BTreeMap<K, u32>, k: &K) {
+    if let Some(n) = counts.get_mut(k) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(k);
+        }
+    }
+}
+
+/// A frontend's part: the ranges of the Service it is programmed for if it is an outside frontend that has
+/// them (`FLAG_SOURCE_RANGES`; `plan::source_ranges`, so a Service that lost a contested address adds none),
+/// and its backends if it is UDP.
+fn frontend_part(
+    model: &Model,
+    key: &FrontendKey,
+    flags: u32,
+    desired: &crate::datapath::DesiredFrontend,
+) -> Frontend {
+    let ranges = match model.services.get(&desired.name.service) {
+        Some(svc) if key.is_outside() && flags & lb_common::FLAG_SOURCE_RANGES != 0 => {
+            crate::plan::source_ranges(svc, Family::of(&addr::frontend_addr(key).ip())).into_boxed_slice()
+        }
+        _ => Box::default(),
+    };
+    let udp = if key.proto == PROTO_UDP {
+        let mut b: Vec<Backend> = desired.tiers.iter().flatten().copied().collect();
+        b.sort_unstable();
+        b.dedup();
+        b.into_boxed_slice()
+    } else {
+        Box::default()
+    };
+    Frontend { ranges, udp }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeSet, net::IpAddr, time::Instant};
+
+    use lb_testkit::{
+        manifests::{Ep, Svc, to_yaml, write_atomic, write_service},
+        sandbox::TempDir,
+    };
+    use serde_json::json;
+
+    use super::{Contributions, Delta};
+    use crate::{agent::AgentCore, datapath::fake::FakeMaps, source::manifests::ManifestDir};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A LoadBalancer Service with one UDP port, an ingress IP and `ranges`, its endpoint on node-1.
+    fn write_lb(dir: &std::path::Path, ranges: &[&str]) {
+        let mut svc = Svc::new("lb", ip("10.96.0.30"), 53, 5353);
+        svc.protocol = "UDP";
+        let mut docs = vec![svc.service()];
+        docs[0]["spec"]["type"] = json!("LoadBalancer");
+        docs[0]["spec"]["loadBalancerSourceRanges"] = json!(ranges);
+        docs[0]["status"] = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.30"}]}});
+        docs.extend(svc.slices(&[Ep::ready(ip("10.1.0.4"), "node-1")]));
+        write_atomic(dir, "lb.yaml", &to_yaml(&docs)).unwrap();
+    }
+
+    fn sets(
+        c: &Contributions,
+    ) -> (BTreeSet<IpAddr>, BTreeSet<super::SourceRange>, BTreeSet<lb_common::Backend>) {
+        (c.local().collect(), c.ranges().collect(), c.udp().collect())
+    }
+
+    /// Sync, take the planned Services' parts again, and check the sets against every Service's part taken
+    /// from scratch; the delta.
+    fn step(core: &mut AgentCore<FakeMaps>, c: &mut Contributions) -> Delta {
+        let r = core.sync(Instant::now()).unwrap();
+        let touched: Vec<_> = r.touched.expect("a sync of a few Services").into_iter().collect();
+        let delta = c.update(core.model(), "node-1", core.reconciler(), &touched);
+        let scratch = Contributions::of_all(core.model(), "node-1", core.reconciler());
+        assert_eq!(sets(c), sets(&scratch), "taken again for {touched:?} vs from scratch");
+        delta
+    }
+
+    /// Taking again only the Services a sync planned keeps the sets what every Service's part gives, and
+    /// the delta is exactly what changed: an address two Services share stays while one of them has it, a
+    /// UDP backend departs when no frontend holds it, a changed range replaces the old one.
+    #[test]
+    fn the_parts_of_the_services_planned_keep_the_sets_as_from_scratch() {
+        let tmp = TempDir::new("ns-contrib").unwrap();
+        let dir = tmp.path();
+        let web = Svc::new("web", ip("10.96.0.10"), 80, 8080);
+        let mut dns = Svc::new("dns", ip("10.96.0.20"), 53, 5353);
+        dns.protocol = "UDP";
+        let shared = Ep::ready(ip("10.1.0.1"), "node-1");
+        write_service(dir, &web, &[shared.clone(), Ep::ready(ip("10.1.0.2"), "node-2")]).unwrap();
+        write_service(dir, &dns, &[shared.clone(), Ep::ready(ip("10.1.0.3"), "node-1")]).unwrap();
+        write_lb(dir, &["198.51.100.0/24"]);
+        let mut core =
+            AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 4096));
+        core.sync(Instant::now()).unwrap();
+        let mut c = Contributions::of_all(core.model(), "node-1", core.reconciler());
+        let (local, ranges, udp) = sets(&c);
+        assert_eq!(local, [ip("10.1.0.1"), ip("10.1.0.3"), ip("10.1.0.4")].into());
+        assert_eq!(ranges.len(), 1, "{ranges:?}");
+        assert_eq!(udp.len(), 3, "dns's two backends and lb's: {udp:?}");
+
+        // dns lets go of the shared address: web still has it; its UDP backend departs.
+        write_service(dir, &dns, &[Ep::ready(ip("10.1.0.3"), "node-1")]).unwrap();
+        let d = step(&mut core, &mut c);
+        assert_eq!((d.local_added, d.local_removed), (vec![], vec![]));
+        assert_eq!(d.udp_departed.len(), 1);
+        assert_eq!(crate::datapath::addr::backend_addr(&d.udp_departed[0]).ip(), ip("10.1.0.1"));
+
+        // web goes: the address is no longer an endpoint here.
+        std::fs::remove_file(dir.join("web.yaml")).unwrap();
+        let d = step(&mut core, &mut c);
+        assert_eq!((d.local_added, d.local_removed), (vec![], vec![ip("10.1.0.1")]));
+
+        // lb's range changes: one out, one in.
+        write_lb(dir, &["192.0.2.0/24"]);
+        let d = step(&mut core, &mut c);
+        assert_eq!((d.ranges_added.len(), d.ranges_removed.len()), (1, 1), "{d:?}");
+        assert_eq!(d.ranges_added[0].1.to_string(), "192.0.2.0/24");
+
+        // dns comes back to the shared address.
+        write_service(dir, &dns, &[shared, Ep::ready(ip("10.1.0.3"), "node-1")]).unwrap();
+        let d = step(&mut core, &mut c);
+        assert_eq!(d.local_added, vec![ip("10.1.0.1")]);
+    }
+}
