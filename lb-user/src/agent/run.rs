@@ -417,8 +417,28 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         if let Some(a) = opts.metrics_addr { Some(bind(a, "--metrics-addr")?) } else { None };
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let started = Instant::now();
-    let (source, file_watcher, api_server) = start_source(&opts, tx.clone()).await?;
-    let source_ready = started.elapsed();
+    let pin_dir = match &opts.bpffs {
+        Some(base) => Some(pins::prepare(base, opts.instance.as_deref().unwrap_or(&opts.node))?),
+        None => None,
+    };
+    // The programs are verified and the maps made while the source starts (with --kube, its lists): the
+    // two take seconds each at 100,000 Services and need nothing of each other.
+    // Whichever fails first fails the start at once (a missing permission is not reported a minute later,
+    // once the API server answered).
+    let loading = {
+        let (capacities, pin_dir) = (opts.capacities, pin_dir.clone());
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            Loaded::load(capacities, pin_dir.as_deref()).map(|l| (l, t.elapsed()))
+        })
+    };
+    let source = async {
+        let opened = start_source(&opts, tx.clone()).await?;
+        anyhow::Ok((opened, started.elapsed()))
+    };
+    let loading = async { anyhow::Ok(loading.await.context("loading the programs")??) };
+    let (((source, file_watcher, api_server), source_ready), (Loaded { mut programs, maps, ns }, load)) =
+        tokio::try_join!(source, loading)?;
     let mut external = opts.external.clone();
     for addr in api_server {
         tracing::info!(%addr, "the API server's address: no Service frontend may take it");
@@ -426,13 +446,6 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     let source_name = source.describe();
     let pending = source.pending();
-    let pin_dir = match &opts.bpffs {
-        Some(base) => Some(pins::prepare(base, opts.instance.as_deref().unwrap_or(&opts.node))?),
-        None => None,
-    };
-    let loading = Instant::now();
-    let Loaded { mut programs, maps, ns } = Loaded::load(opts.capacities, pin_dir.as_deref())?;
-    let load = loading.elapsed();
     let mut north_south = super::north_south::NorthSouth::new(ns, opts.devices.clone(), pin_dir.as_deref());
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
         .with_external(external)
@@ -473,9 +486,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     drop(tx);
     // Rule 4: last, everything (programs, servers, listeners) is up when this line appears.
     let devices = north_south.devices();
-    // Start to ready, by phase: the source's start (with --kube its lists, converted as they arrive), loading
-    // the programs and maps, then the first sync's reading of the source (with manifests: every file), plan
-    // and map writes.
+    // Start to ready, by phase: the source's start (with --kube its lists, converted as they arrive) and, at
+    // the same time, loading the programs and maps; then the first sync's reading of the source (with
+    // manifests: every file), plan and map writes.
     let ms = |d: Duration| d.as_millis() as u64;
     tracing::info!(
         node = %opts.node,
