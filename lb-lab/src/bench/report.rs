@@ -70,29 +70,34 @@ const MISSES: &str = "
 What was measured about the targets while working on them (a 2-core VM; `perf record -a -g` with cpu-clock
 samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run misses is in the table above:
 
-- connect4 per call: its figure moves by about +-15% between runs on this VM (this session's runs at 10,000
-  Services: 418 to 566 ns), so 500 ns sits inside the noise. A perf profile of connect4 puts the (socket
-  cookie, backend) insert into the `REVERSE` LRU (`htab_lru_map_update_elem`, which getpeername() and
+- connect4 per call: its figure moves by about +-15% between runs on this VM (418 to 566 ns at 10,000
+  Services in one session's runs), so 500 ns sits inside the noise. A perf profile of connect4 puts the
+  (socket cookie, backend) insert into the `REVERSE` LRU (`htab_lru_map_update_elem`, which getpeername() and
   recvmsg() need) at about three fifths of its samples and the hash lookups (frontend, slot, marks, and
-  passive health, which is now looked up only while its map holds entries) at about a quarter. Done: a TCP socket's reverse state moved from socket storage, whose creation on every connect
-  (`bpf_local_storage_alloc`, slab allocation, memcg charge) was 77% of connect4's samples at 0.9-1.1 us per
-  call, to that LRU; the frontend copied without a byte-at-a-time `memset` call; passive health looked up only
-  while its map holds entries. Not done: the same gate for the marks map.
-- p50 connect against direct: the p50s here are 9-20 us, read at 1 us resolution, and direct's own p50 moved
-  between 9 and 18 us from run to run on this VM; the gap to direct is larger than connect4's own cost and was
-  not profiled further (sock_ops, the other program on a connect, costs about 50-80 ns per call).
+  passive health, looked up only while its map holds entries) at about a quarter. Done: a TCP socket's
+  reverse state moved from socket storage, whose creation on every connect (`bpf_local_storage_alloc`, slab
+  allocation, memcg charge) was 77% of connect4's samples at 0.9-1.1 us per call, to that LRU. Not done: the
+  same gate for the marks map.
+- p50 connect against direct: measured in interleaved rounds (direct, then tierlb, per round; the ratio per
+  round), because rows measured one after another turned a slower minute of this VM into a ratio (one run
+  had 1.07x at 1 Service and 1.36x at 10,000, a day later 1.42x and 1.38x). The p50s are 9-20 us read at
+  1 us resolution; the gap to direct is larger than connect4's and sock_ops' own cost together and has not
+  been profiled with kernel stacks on both paths yet.
 - Programming the maps from scratch: one `bpf(BPF_MAP_UPDATE_ELEM)` syscall per element, 1.1 million elements
-  at 100,000 Services x 10 endpoints (frontends and slots); this session's runs took 1.9 to 2.4 s. aya 0.14 has
-  no batch-update API (`BPF_MAP_UPDATE_BATCH`), the next step.
-- The agent's RSS: the agent holds each endpoint in several forms (the source's converted objects, the model,
-  the plans, the lowered map state and the reconciler's applied state). Tried: malloc arenas limited to two and
-  trimmed after syncs that change many frontends, and the kube source dropping managedFields and unread
-  annotations before it buffers an object (together, in one quick run, the kube path at 10,000 Services went
-  from 449 to 133 MiB). Sharing endpoint data between those forms is the next step.
-- Start to ready at 100,000 Services: includes the map writes above; the rest (reading, converting and
-  planning 100,000 Services) was not profiled.
-- One edit at 100,000 Services from manifest files: the manifests source looks at every file of its directory
-  on each change (1,001 files here), the kube source does not; not profiled further.
+  at 100,000 Services x 10 endpoints (frontends and slots), 1.9 to 2.6 s in the runs made. aya 0.14 has no
+  batch-update API; `BPF_MAP_UPDATE_BATCH` through a raw syscall is the next step.
+- The agent's RSS: names are interned, Services and EndpointSlices shared between the source and the model,
+  keys shared by reference count, indexes sorted vectors, and the kube source converts each object in its
+  watch task (heap at 10,000 Services from manifests 72 -> 40 MB). What the profile shows next: the endpoint
+  itself (104 bytes), the reconciler's per-frontend records (its applied tiers), the claims and topology rows,
+  and the Service struct (328 bytes).
+- Start to ready at 100,000 Services: the ready line gives the phases (the control-plane table). From the API
+  server the lists and their conversion take most of it (the programs load meanwhile); then planning every
+  Service and the map writes above. From manifests, parsing 200,000 YAML documents (on both CPUs).
+- One edit: the manifests source reads only the file its watch named, and after a sync only the planned
+  Services' parts of the north-south maps are written (before, every sync rebuilt this node's endpoint set,
+  the source ranges and the UDP backends of every Service and read `LOCAL_BACKENDS` back: about 90% of the
+  agent's CPU per edit, tens of ms at 10,000 Services and most of a second at 100,000, outside `took_us`).
 - The map-level one change at 10,000 and 50,000 Services (tens of ms, against 0.02 ms at 100,000) follows a
   from-scratch refill of maps emptied just before; not investigated.
 ";
