@@ -91,42 +91,22 @@ impl Loader<'_> {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
-    /// One row per load mode for a data path at `services` Services.
-    fn rows(
-        &self,
-        path: DataPath,
-        services: usize,
-        cg: Option<&Cgroup>,
-        target: SocketAddr,
-    ) -> anyhow::Result<Vec<Row>> {
+    /// One row per load mode for a path outside tierlb's cgroup (direct, a rule set) at `services` Services.
+    fn rows(&self, path: DataPath, services: usize, target: SocketAddr) -> anyhow::Result<Vec<Row>> {
         let mut rows = Vec::new();
         for mode in LoadMode::ALL {
-            let before = cg.map(|_| (prog_stats("connect4"), prog_stats("sock_ops")));
-            let result = self.run(cg, target, mode)?;
-            let after = cg.map(|_| (prog_stats("connect4"), prog_stats("sock_ops")));
-            let per_run = |b: Option<(u64, u64)>, a: Option<(u64, u64)>| match (b, a) {
-                (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
-                _ => None,
-            };
-            let (bpf_ns_per_run, sock_ops_ns_per_run) = match (before, after) {
-                (Some(b), Some(a)) => (per_run(b.0, a.0), per_run(b.1, a.1)),
-                _ => (None, None),
-            };
-            let r = Row { path, services, mode, result, bpf_ns_per_run, sock_ops_ns_per_run };
+            let result = self.run(None, target, mode)?;
             eprintln!(
-                "bench: {:<9} {:>6} services  {:<7}  p50 {:>6.1} us  p99 {:>7.1} us  {:>8.0} ops/s  {} errors  {} slow{}",
-                r.path.as_str(),
-                r.services,
-                r.mode.as_str(),
-                r.result.p50_us,
-                r.result.p99_us,
-                r.result.per_sec,
-                r.result.errors,
-                r.result.slow,
-                r.bpf_ns_per_run.map(|n| format!("  connect4 {n:.0} ns/run")).unwrap_or_default()
-                    + &r.sock_ops_ns_per_run.map(|n| format!("  sock_ops {n:.0} ns/run")).unwrap_or_default()
+                "bench: {:<9} {services:>6} services  {:<7}  p50 {:>6.1} us  p99 {:>7.1} us  {:>8.0} ops/s  {} errors  {} slow",
+                path.as_str(),
+                mode.as_str(),
+                result.p50_us,
+                result.p99_us,
+                result.per_sec,
+                result.errors,
+                result.slow,
             );
-            rows.push(r);
+            rows.push(Row { path, services, mode, result, bpf_ns_per_run: None, sock_ops_ns_per_run: None });
         }
         Ok(rows)
     }
@@ -152,10 +132,6 @@ impl Loader<'_> {
                 tierlb.push(self.run(Some(cg), target, mode)?);
             }
             let after = (prog_stats("connect4"), prog_stats("sock_ops"));
-            let per_run = |b: Option<(u64, u64)>, a: Option<(u64, u64)>| match (b, a) {
-                (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
-                _ => None,
-            };
             let mut by_p50: Vec<&LoadResult> = tierlb.iter().collect();
             by_p50.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
             let row = Row {
@@ -190,6 +166,14 @@ impl Loader<'_> {
     }
 }
 
+/// Run time per call between two `prog_stats` readings, if the program ran in between.
+fn per_run(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    match (before, after) {
+        (Some((t0, c0)), Some((t1, c1))) if c1 > c0 => Some((t1 - t0) as f64 / (c1 - c0) as f64),
+        _ => None,
+    }
+}
+
 /// A program's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
 pub(super) fn prog_stats(name: &str) -> Option<(u64, u64)> {
     let out = Command::new("bpftool").args(["prog", "show", "name", name, "--json"]).output().ok()?;
@@ -215,7 +199,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     // fail before the nat OUTPUT chain could DNAT them. Inside this namespace only.
     ns.ip(&["route", "add", "10.96.0.0/12", "dev", "lo"])?;
     let _sink = Sink::start(&ns, backend)?;
-    let mut rows = loader.rows(DataPath::Direct, 0, None, backend)?;
+    let mut rows = loader.rows(DataPath::Direct, 0, backend)?;
 
     // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
     let mut map_writes = Vec::new();
@@ -358,7 +342,7 @@ fn rule_set_rows(
                 continue;
             };
             rule_loads.push(RuleLoad { tool: set.tool, services: n, took: LoadTime::Done(took) });
-            rows.extend(loader.rows(set.path, n, None, SocketAddr::new(IpAddr::V4(vip(target(n))), 80))?);
+            rows.extend(loader.rows(set.path, n, SocketAddr::new(IpAddr::V4(vip(target(n))), 80))?);
             flush();
         }
     }
