@@ -105,8 +105,7 @@ impl NorthSouth {
         let (model, rec) = (core.model(), core.reconciler());
         let rewrite = self.failed.is_some_and(|t| t.elapsed() >= REWRITE_AFTER_FAILURE);
         if !rewrite && let (Some(written), Some(services)) = (self.written.as_mut(), &r.touched) {
-            let services: Vec<_> = services.iter().cloned().collect();
-            let delta = written.update(model, &node.name, rec, &services);
+            let delta = written.update(model, &node.name, rec, services);
             if !self.write(&delta) {
                 self.failed.get_or_insert_with(Instant::now);
             }

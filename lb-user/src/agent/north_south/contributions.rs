@@ -48,8 +48,7 @@ impl Contributions {
     /// Every Service's part, from scratch.
     pub(super) fn of_all<W: MapWriter>(model: &Model, node: &str, rec: &Reconciler<W>) -> Self {
         let mut c = Self::default();
-        let services: Vec<ObjKey> = model.services.keys().cloned().collect();
-        c.update(model, node, rec, &services);
+        c.update(model, node, rec, model.services.keys());
         c
     }
 
@@ -70,12 +69,12 @@ impl Contributions {
 
     /// Take the parts of `services` again (the Services a sync planned, with those whose frontends it moved)
     /// and say what changed in the sets.
-    pub(super) fn update<W: MapWriter>(
+    pub(super) fn update<'a, W: MapWriter>(
         &mut self,
         model: &Model,
         node: &str,
         rec: &Reconciler<W>,
-        services: &[ObjKey],
+        services: impl IntoIterator<Item = &'a ObjKey>,
     ) -> Delta {
         let mut delta = Delta::default();
         let mut touched: BTreeMap<IpAddr, bool> = BTreeMap::new();
