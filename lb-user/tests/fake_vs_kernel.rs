@@ -219,6 +219,49 @@ fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kern
     }
 }
 
+/// The batched writes (`BPF_MAP_UPDATE_BATCH`) of the maps the reconciler writes in batches, one entry past
+/// each capacity in one operation: the kernel writes the entries before the refusal and refuses with the single
+/// write's error; the fake does the same.
+#[test]
+fn a_batch_past_a_maps_capacity_writes_what_fits_in_the_fake_and_the_kernel() {
+    assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (loads BPF)");
+    let caps = Capacities { services: 3, slots: 5, backends: 2, reverse: 64, affinity: 64, conntrack: 64 };
+    let Loaded { mut maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
+    let mut fake = FakeMaps::new(caps.services, caps.slots);
+    let frontends: Vec<_> = (0..=caps.services)
+        .map(|i| addr::frontend_key(IpAddr::V4(Ipv4Addr::new(10, 96, 1, i as u8 + 1)), 80, PROTO_TCP))
+        .collect();
+    let slots: Vec<_> =
+        (0..=caps.slots).map(|i| lb_common::SlotKey { svc_id: 1, generation: 1, index: i }).collect();
+    let backends: Vec<_> = (0..=caps.slots).map(|i| backend(u64::from(i))).collect();
+    let members: Vec<_> =
+        backends.iter().map(|b| lb_common::MemberKey { svc_id: 1, generation: 1, backend: *b }).collect();
+    let name = ServicePortName::new(service(0), "");
+    let ids: Vec<u32> = (1..=caps.services + 1).collect();
+    let write = |w: &mut dyn MapWriter| -> Vec<Result<(), String>> {
+        [
+            w.put_frontends(&frontends, &vec![lb_common::FrontendValue::default(); frontends.len()]),
+            w.put_slots(&slots, &backends),
+            w.put_members(&members, &vec![lb_common::MemberValue { tiers: 1 }; members.len()]),
+            // Ids 0 to --max-services fit; one past the capacity is refused.
+            w.put_names(&ids, &vec![&name; ids.len()]).and_then(|()| w.put_names(&[0, 100], &[&name, &name])),
+        ]
+        .into_iter()
+        .map(|r| r.map_err(|e| e.to_string()))
+        .collect()
+    };
+    let k = write(&mut maps);
+    let f = write(&mut fake);
+    assert!(k.iter().all(Result::is_err), "each batch is refused at its last entry: {k:?}");
+    assert_eq!(f, k, "the fake's refusals (left) and the kernel's (right)");
+    let held = |m: &dyn MapReader| {
+        let names = (0..=101).filter(|i| m.name(*i).unwrap().is_some()).count();
+        (m.frontends().unwrap().len(), m.slot_keys().unwrap().len(), m.members().unwrap().len(), names)
+    };
+    let full = (caps.services as usize, caps.slots as usize, caps.slots as usize, caps.services as usize + 1);
+    assert_eq!((held(&fake), held(&maps)), (full, full), "what fits is written (fake, kernel)");
+}
+
 /// The map sizes the fuzz target's runs are given here: loading the BPF object takes seconds, so each run
 /// takes the nearest of nine sizes (its own service and slot capacities rounded up) and the maps of a size
 /// are loaded once, emptied by the run's reconciler at its end (everything removed, the grace period over)

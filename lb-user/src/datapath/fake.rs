@@ -38,6 +38,8 @@ pub struct FakeMaps {
     writes: usize,
     /// `put_slots` calls (each one map operation in the kernel's maps).
     slot_batches: usize,
+    /// `put_frontends` calls, likewise.
+    frontend_batches: usize,
 }
 
 impl FakeMaps {
@@ -83,6 +85,10 @@ impl FakeMaps {
     /// Batched slot writes so far (`MapWriter::put_slots`).
     pub fn slot_batches(&self) -> usize {
         self.slot_batches
+    }
+    /// Batched frontend writes so far (`MapWriter::put_frontends`).
+    pub fn frontend_batches(&self) -> usize {
+        self.frontend_batches
     }
     /// A connected UDP socket's registration, as connect4 writes one.
     pub fn put_connected_udp(&mut self, key: ReverseKey, value: ReverseValue) {
@@ -187,6 +193,10 @@ impl MapWriter for FakeMaps {
         self.frontends.insert(key, value);
         Ok(())
     }
+    fn put_frontends(&mut self, keys: &[FrontendKey], values: &[FrontendValue]) -> Result<(), MapError> {
+        self.frontend_batches += 1;
+        keys.iter().zip(values).try_for_each(|(k, v)| self.put_frontend(*k, *v))
+    }
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
         self.writes += 1;
         self.frontends.remove(&key);
@@ -245,8 +255,10 @@ impl MapWriter for FakeMaps {
         self.marks.remove(&backend);
         Ok(())
     }
-    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
-        self.counters.remove(&svc_id);
+    fn reset_counters(&mut self, svc_ids: &[u32]) -> Result<(), MapError> {
+        for id in svc_ids {
+            self.counters.remove(id);
+        }
         Ok(())
     }
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {

@@ -148,8 +148,8 @@ pub trait MapReader {
 pub trait MapWriter: MapReader {
     /// Write one backend slot.
     fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError>;
-    /// Write `keys[i]` -> `backends[i]` (a generation's slots), in one map operation where the maps have
-    /// one (`BPF_MAP_UPDATE_BATCH`). On an error some of them may be written, as one by one.
+    /// Write `keys[i]` -> `backends[i]` (the slots of one generation or of many), in one map operation where
+    /// the maps have one (`BPF_MAP_UPDATE_BATCH`). On an error some of them may be written, as one by one.
     fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
         for (k, b) in keys.iter().zip(backends) {
             self.put_slot(*k, *b)?;
@@ -160,10 +160,20 @@ pub trait MapWriter: MapReader {
     fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError>;
     /// Write (or replace, in one update) a frontend's value.
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
+    /// Write `keys[i]` -> `values[i]`, each as `put_frontend` does, in one map operation where the maps have
+    /// one; in order, stopping at the first error (the ones before it written).
+    fn put_frontends(&mut self, keys: &[FrontendKey], values: &[FrontendValue]) -> Result<(), MapError> {
+        keys.iter().zip(values).try_for_each(|(k, v)| self.put_frontend(*k, *v))
+    }
     /// Delete a frontend (absent is fine).
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError>;
     /// Write one member entry of a frontend with sessionAffinity.
     fn put_member(&mut self, key: MemberKey, value: MemberValue) -> Result<(), MapError>;
+    /// Write `keys[i]` -> `values[i]` (member entries), in one map operation where the maps have one; on an
+    /// error some of them may be written.
+    fn put_members(&mut self, keys: &[MemberKey], values: &[MemberValue]) -> Result<(), MapError> {
+        keys.iter().zip(values).try_for_each(|(k, v)| self.put_member(*k, *v))
+    }
     /// Delete one member entry (absent is fine).
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError>;
     /// Delete a backend's passive-health entry (absent is fine).
@@ -175,10 +185,16 @@ pub trait MapWriter: MapReader {
     fn put_backend_mark(&mut self, backend: Backend, mark: BackendState) -> Result<(), MapError>;
     /// Delete a backend's mark (absent is fine): it is up again.
     fn delete_backend_mark(&mut self, backend: Backend) -> Result<(), MapError>;
-    /// Zero a service id's counters (a reused id must not inherit another Service's counts).
-    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError>;
+    /// Zero the counters of these service ids (a reused id must not inherit another Service's counts), in one
+    /// map operation where the maps have one.
+    fn reset_counters(&mut self, svc_ids: &[u32]) -> Result<(), MapError>;
     /// Store the Service port a service id serves.
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError>;
+    /// Store `names[i]` as the Service port `svc_ids[i]` serves, in one map operation where the maps have
+    /// one; on an error some of them may be stored.
+    fn put_names(&mut self, svc_ids: &[u32], names: &[&ServicePortName]) -> Result<(), MapError> {
+        svc_ids.iter().zip(names).try_for_each(|(id, n)| self.put_name(*id, n))
+    }
     /// Forget a service id's name.
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
     /// Drop a connected UDP socket's registration (it was destroyed, or its namespace is gone); absent is

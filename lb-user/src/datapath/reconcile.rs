@@ -22,7 +22,7 @@ use std::{
     time::Instant,
 };
 
-use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID, MemberKey, SlotKey, TIER_COUNT, TierRange};
+use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID};
 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
 use crate::model::{ObjKey, ServicePortName};
@@ -30,6 +30,7 @@ use crate::model::{ObjKey, ServicePortName};
 mod adopt;
 mod grace;
 mod members;
+mod write;
 
 pub use adopt::AdoptReport;
 use grace::Buried;
@@ -187,9 +188,21 @@ impl<W: MapWriter> Reconciler<W> {
         for key in gone {
             self.remove_frontend(key, now, &mut report);
         }
+        let mut jobs = Vec::new();
         for (key, want) in desired {
-            self.upsert_frontend(*key, want, now, &mut report);
+            let previous = match self.applied.get(key) {
+                Some(a) if &a.desired == want => {
+                    report.unchanged += 1;
+                    continue;
+                }
+                previous => previous.map(|a| (a.value, a.desired.name == want.name)),
+            };
+            jobs.push(write::Job { key: *key, want, previous });
+            if jobs.len() == write::CHUNK {
+                self.write_jobs(std::mem::take(&mut jobs), now, &mut report);
+            }
         }
+        self.write_jobs(jobs, now, &mut report);
         report
     }
 
@@ -206,40 +219,6 @@ impl<W: MapWriter> Reconciler<W> {
             }
             Err(error) => {
                 report.errors.push(ApplyError { name: applied.desired.name.clone(), frontend: key, error });
-            }
-        }
-    }
-
-    fn upsert_frontend(
-        &mut self,
-        key: FrontendKey,
-        want: &DesiredFrontend,
-        now: Instant,
-        report: &mut ApplyReport,
-    ) {
-        let previous = match self.applied.get(&key) {
-            Some(a) if &a.desired == want => {
-                report.unchanged += 1;
-                return;
-            }
-            // Whether the frontend stays with the same Service port: a VIP taken over by another Service
-            // gets a fresh service id (its own name and counters) in the same one-update swap, and the old id
-            // is freed after the grace period.
-            previous => previous.map(|a| (a.value, a.desired.name == want.name)),
-        };
-        match self.write_frontend(key, want, previous) {
-            Ok(value) => {
-                if let Some((old, same)) = previous {
-                    let buried = Buried::new(&old, &self.applied[&key].desired, now, !same);
-                    self.graveyard.push_back(buried);
-                    report.updated += 1;
-                } else {
-                    report.added += 1;
-                }
-                self.index(key, Applied { value, desired: want.clone() });
-            }
-            Err(error) => {
-                report.errors.push(ApplyError { name: want.name.clone(), frontend: key, error });
             }
         }
     }
@@ -265,87 +244,6 @@ impl<W: MapWriter> Reconciler<W> {
                 self.by_service.remove(service);
             }
         }
-    }
-
-    /// Steps (1) and (2) of the swap. On failure, the new slots are removed again and nothing else changed.
-    /// `previous`: the value written now and whether it is the same Service port's (else it is taken over
-    /// with a fresh id). The generation goes up on every write of a key, so that two writes of it never
-    /// look alike to the data path's torn-copy check.
-    fn write_frontend(
-        &mut self,
-        key: FrontendKey,
-        want: &DesiredFrontend,
-        previous: Option<(FrontendValue, bool)>,
-    ) -> Result<FrontendValue, MapError> {
-        let (svc_id, generation, fresh_id) = match previous {
-            Some((v, true)) => (v.svc_id, v.generation.wrapping_add(1), false),
-            Some((v, false)) => (self.alloc_id()?, v.generation.wrapping_add(1), true),
-            None => (self.alloc_id()?, 1, true),
-        };
-        if fresh_id {
-            // A reused id must not inherit another Service's counts.
-            let named =
-                self.writer.reset_counters(svc_id).and_then(|()| self.writer.put_name(svc_id, &want.name));
-            if let Err(e) = named {
-                self.free_ids.push(svc_id);
-                return Err(e);
-            }
-        }
-        let mut tiers = [TierRange::default(); TIER_COUNT];
-        let mut written: u32 = 0;
-        let members = members::of(want);
-        let result = (|| {
-            // The generation's slots, tier after tier, in one batched write.
-            let mut keys = Vec::with_capacity(want.tiers.iter().map(Vec::len).sum());
-            let mut backends = Vec::with_capacity(keys.capacity());
-            let mut index: u32 = 0;
-            for (t, tier) in want.tiers.iter().enumerate() {
-                let len = u16::try_from(tier.len()).map_err(|_| MapError::TierTooLong { len: tier.len() })?;
-                let start =
-                    u16::try_from(index).map_err(|_| MapError::TierTooLong { len: index as usize })?;
-                tiers[t] = TierRange { start, len };
-                for b in tier {
-                    keys.push(SlotKey { svc_id, generation, index });
-                    backends.push(*b);
-                    index += 1;
-                }
-            }
-            // On an error, any of them may be written: all are removed below.
-            written = index;
-            self.writer.put_slots(&keys, &backends)?;
-            // Before the swap, like the slots: a connect that reads the new value finds its members.
-            for (backend, value) in &members {
-                self.writer.put_member(MemberKey { svc_id, generation, backend: *backend }, *value)?;
-            }
-            let affinity_timeout_s = want.affinity_timeout_s;
-            let value = FrontendValue {
-                key,
-                svc_id,
-                generation,
-                tiers,
-                flags: want.flags,
-                affinity_timeout_s,
-                generation_tail: generation,
-            };
-            self.writer.put_frontend(key, value)?;
-            Ok(value)
-        })();
-        if result.is_err() {
-            for i in 0..written {
-                // Best effort: these slots were never visible to the data path.
-                let _ = self.writer.delete_slot(SlotKey { svc_id, generation, index: i });
-            }
-            for backend in members.keys() {
-                // Nor these members (absent ones are fine).
-                let _ = self.writer.delete_member(MemberKey { svc_id, generation, backend: *backend });
-            }
-            if fresh_id {
-                // Nor was the name of an id that never had a frontend: it goes with the id.
-                let _ = self.writer.delete_name(svc_id);
-                self.free_ids.push(svc_id);
-            }
-        }
-        result
     }
 }
 

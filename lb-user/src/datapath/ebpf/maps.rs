@@ -1,5 +1,8 @@
 //! The maps as `MapReader` and `MapWriter`: opened from a fresh load or from an earlier agent's pins.
-use std::path::Path;
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    path::Path,
+};
 
 use aya::{
     Ebpf,
@@ -42,9 +45,38 @@ pub struct KernelMaps {
     nr_cpus: usize,
     /// A second descriptor of the counter map, from which `counters_reader` makes handles for readers off the
     /// agent loop.
-    counters_fd: std::os::fd::OwnedFd,
-    /// A second descriptor of the slot map, for batched writes (`put_slots`).
-    slots_fd: std::os::fd::OwnedFd,
+    counters_fd: OwnedFd,
+    /// Second descriptors of the maps written in batches (`put_slots`, `put_frontends`, `put_names`,
+    /// `put_members`).
+    batch_fds: BatchFds,
+}
+
+/// The maps' second descriptors for `BPF_MAP_UPDATE_BATCH` (aya's typed maps do not lend theirs).
+struct BatchFds {
+    frontends: OwnedFd,
+    slots: OwnedFd,
+    names: OwnedFd,
+    members: OwnedFd,
+}
+
+/// A second descriptor of the hash map `map` named `name`.
+fn hash_fd(map: &Map, name: &'static str) -> Result<OwnedFd, DatapathError> {
+    match map {
+        Map::HashMap(data) => crate::datapath::error::second_fd(data, name),
+        _ => Err(DatapathError::MissingMap { name }),
+    }
+}
+
+/// One batched write of `keys[i]` -> `values[i]` into the map behind `fd`, its error as `sys` makes a single
+/// one's.
+fn batch<K: aya::Pod, V: aya::Pod>(
+    fd: &OwnedFd,
+    keys: &[K],
+    values: &[V],
+    (map, flag, capacity): (&'static str, &'static str, u32),
+) -> Result<(), MapError> {
+    crate::datapath::sys::update_batch(fd.as_fd(), keys, values, size_of::<V>())
+        .map_err(|e| batch_err(map, flag, capacity, e))
 }
 
 impl KernelMaps {
@@ -77,12 +109,14 @@ impl KernelMaps {
             nested_affinity,
         ]: [Map; MAPS.len()] =
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
+        let batch_fds = BatchFds {
+            frontends: hash_fd(&frontends, MAP_FRONTENDS)?,
+            slots: hash_fd(&slots, MAP_SLOTS)?,
+            names: hash_fd(&names, MAP_NAMES)?,
+            members: hash_fd(&members, MAP_MEMBERS)?,
+        };
         let frontends: HashMap<MapData, FrontendKey, FrontendValue> =
             HashMap::try_from(frontends).map_err(conv(MAP_FRONTENDS))?;
-        let slots_fd = match &slots {
-            Map::HashMap(data) => crate::datapath::error::second_fd(data, MAP_SLOTS)?,
-            _ => return Err(DatapathError::MissingMap { name: MAP_SLOTS }),
-        };
         let slots = HashMap::try_from(slots).map_err(conv(MAP_SLOTS))?;
         let state = HashMap::try_from(state).map_err(conv(MAP_BACKEND_STATE))?;
         let counters_fd = match &counters {
@@ -129,7 +163,7 @@ impl KernelMaps {
             caps,
             nr_cpus,
             counters_fd,
-            slots_fd,
+            batch_fds,
         })
     }
 
@@ -302,15 +336,16 @@ impl MapWriter for KernelMaps {
         self.slots.insert(key, backend, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
     fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
-        let fd = std::os::fd::AsFd::as_fd(&self.slots_fd);
-        crate::datapath::sys::update_batch(fd, keys, backends, size_of::<Backend>())
-            .map_err(|e| batch_err(MAP_SLOTS, "slots", self.caps.slots, e))
+        batch(&self.batch_fds.slots, keys, backends, (MAP_SLOTS, "slots", self.caps.slots))
     }
     fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
         absent_ok(self.slots.remove(&key)).map(|_| ()).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
         self.frontends.insert(key, value, 0).map_err(sys(MAP_FRONTENDS, "services", self.caps.services))
+    }
+    fn put_frontends(&mut self, keys: &[FrontendKey], values: &[FrontendValue]) -> Result<(), MapError> {
+        batch(&self.batch_fds.frontends, keys, values, (MAP_FRONTENDS, "services", self.caps.services))
     }
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
         absent_ok(self.frontends.remove(&key)).map(|_| ()).map_err(sys(
@@ -321,6 +356,9 @@ impl MapWriter for KernelMaps {
     }
     fn put_member(&mut self, key: MemberKey, value: MemberValue) -> Result<(), MapError> {
         self.members.insert(key, value, 0).map_err(sys(MAP_MEMBERS, "slots", self.caps.slots))
+    }
+    fn put_members(&mut self, keys: &[MemberKey], values: &[MemberValue]) -> Result<(), MapError> {
+        batch(&self.batch_fds.members, keys, values, (MAP_MEMBERS, "slots", self.caps.slots))
     }
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError> {
         absent_ok(self.members.remove(&key)).map(|_| ()).map_err(sys(MAP_MEMBERS, "slots", self.caps.slots))
@@ -339,10 +377,12 @@ impl MapWriter for KernelMaps {
         let err = sys(MAP_BACKEND_STATE, "backends", self.caps.backends);
         absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
     }
-    fn reset_counters(&mut self, svc_id: u32) -> Result<(), MapError> {
-        // One batched write of the service's counters (contiguous indices), zero on every CPU.
-        let keys: [u32; COUNTERS_PER_SERVICE as usize] =
-            std::array::from_fn(|kind| lb_common::counter_index(svc_id, kind as u32));
+    fn reset_counters(&mut self, svc_ids: &[u32]) -> Result<(), MapError> {
+        // Each id's counters (contiguous indices), zero on every CPU, all in one batched write.
+        let keys: Vec<u32> = svc_ids
+            .iter()
+            .flat_map(|&id| (0..COUNTERS_PER_SERVICE).map(move |kind| lb_common::counter_index(id, kind)))
+            .collect();
         let zeros = vec![0u64; keys.len() * self.nr_cpus];
         let fd = std::os::fd::AsFd::as_fd(&self.counters_fd);
         crate::datapath::sys::update_batch(fd, &keys, &zeros, 8 * self.nr_cpus)
@@ -354,6 +394,10 @@ impl MapWriter for KernelMaps {
             "services",
             self.max_services,
         ))
+    }
+    fn put_names(&mut self, svc_ids: &[u32], names: &[&ServicePortName]) -> Result<(), MapError> {
+        let values: Vec<ServiceName> = names.iter().map(|n| ServiceName::new(&n.to_string())).collect();
+        batch(&self.batch_fds.names, svc_ids, &values, (MAP_NAMES, "services", self.max_services))
     }
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError> {
         absent_ok(self.names.remove(&svc_id)).map(|_| ()).map_err(sys(

@@ -1,7 +1,7 @@
 //! The reconciler against `FakeMaps`: generations, grace periods, ids, members, batching.
 use std::net::SocketAddr;
 
-use lb_common::Backend;
+use lb_common::{Backend, MemberKey, SlotKey};
 
 use super::*;
 use crate::datapath::{MapReader as _, fake::FakeMaps};
@@ -244,7 +244,7 @@ fn service_ids_are_reused_with_fresh_counters() {
 }
 
 #[test]
-fn a_generations_slots_are_written_in_one_batch_per_frontend() {
+fn many_frontends_are_written_in_one_map_operation_per_map() {
     let mut r = Reconciler::new(FakeMaps::new(16, 64));
     let mut d = Desired::new();
     for i in 1..=3 {
@@ -252,8 +252,45 @@ fn a_generations_slots_are_written_in_one_batch_per_frontend() {
     }
     let rep = r.apply(&d, Instant::now());
     assert!(rep.errors.is_empty(), "{:?}", rep.errors);
-    assert_eq!(r.writer().slot_batches(), 3, "one map operation for each frontend's slots");
+    let batches = (r.writer().slot_batches(), r.writer().frontend_batches());
+    assert_eq!(batches, (1, 1), "the three frontends' slots in one operation, their values in another");
     assert_eq!(r.writer().slot_keys().unwrap().len(), 9, "every slot written");
+    // One change is a batch of one.
+    d.insert(fe("10.96.0.2:80"), want(&[], &["10.0.0.2:80"]));
+    r.apply(&d, Instant::now());
+    assert_eq!((r.writer().slot_batches(), r.writer().frontend_batches()), (2, 2));
+}
+
+/// A batch of frontend values refused part way (the frontend map full): those that fit are applied, the one
+/// refused is reported with its own name and leaves nothing behind (its slots, its name, its id).
+#[test]
+fn a_full_frontend_map_refuses_only_the_frontends_that_do_not_fit() {
+    let mut r = Reconciler::new(FakeMaps::new(2, 64));
+    let mut d = Desired::new();
+    for i in 1..=3 {
+        let name =
+            Arc::new(ServicePortName::new(ObjKey::new("default", format!("web-{i}").as_str()), "http"));
+        d.insert(fe(&format!("10.96.0.{i}:80")), DesiredFrontend { name, ..want(&[], &["10.0.0.1:80"]) });
+    }
+    let rep = r.apply(&d, Instant::now());
+    assert_eq!(rep.added, 2);
+    assert_eq!(rep.errors.len(), 1, "{:?}", rep.errors);
+    let msg = rep.errors[0].to_string();
+    assert!(msg.contains("default/web-3:http") && msg.contains("10.96.0.3:80"), "{msg}");
+    assert!(r.writer().frontend(fe("10.96.0.3:80")).is_none());
+    assert_eq!(r.writer().slot_count(), 2, "the refused frontend's slot is removed again");
+    let ids: Vec<u32> =
+        (1..=2).map(|i| r.writer().frontend(fe(&format!("10.96.0.{i}:80"))).unwrap().svc_id).collect();
+    let names: Vec<Option<String>> = (0..=4).map(|id| r.writer().name(id).unwrap()).collect();
+    let kept = names.iter().flatten().count();
+    assert_eq!(kept, 2, "only the applied frontends' ids keep a name: {names:?} (ids {ids:?})");
+    // The refused frontend's id was freed: with room again it is applied under it.
+    d.remove(&fe("10.96.0.1:80"));
+    r.apply(&d, Instant::now());
+    r.collect_garbage(Instant::now());
+    let rep = r.apply(&d, Instant::now());
+    assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+    assert!(r.writer().frontend(fe("10.96.0.3:80")).is_some());
 }
 
 #[test]

@@ -1,0 +1,191 @@
+//! Steps (1) and (2) of the swap for many frontends at once: what comes before the swap (a fresh id's zeroed
+//! counters and name, the new generation's slots and members) for up to `CHUNK` frontends in one map operation
+//! per map, then their frontend values in one more. A batch the kernel refuses (a full map) is undone and its
+//! frontends written again one by one, so each failure is reported against its own frontend and every other
+//! one is applied, as when each was written alone.
+//!
+//! The order the data path needs holds across the batch: every slot and member of the chunk is in the maps
+//! before any frontend value that points at them.
+use std::time::Instant;
+
+use lb_common::{
+    Backend, FrontendKey, FrontendValue, MemberKey, MemberValue, SlotKey, TIER_COUNT, TierRange,
+};
+
+use super::{Applied, ApplyError, ApplyReport, Reconciler, grace::Buried, members};
+use crate::datapath::{DesiredFrontend, MapError, MapWriter};
+
+/// Frontends written per round of batches: about 1,000 frontends x 10 slots are a few hundred KiB of keys and
+/// values, and 100,000 Services take a few hundred map operations instead of 400,000.
+pub(super) const CHUNK: usize = 1024;
+
+/// A frontend to write: its key, what is wanted, and the value applied before with whether it stays with the
+/// same Service port (else it is taken over with a fresh id).
+pub(super) struct Job<'a> {
+    pub(super) key: FrontendKey,
+    pub(super) want: &'a DesiredFrontend,
+    pub(super) previous: Option<(FrontendValue, bool)>,
+}
+
+impl Job<'_> {
+    fn error(&self, error: MapError) -> ApplyError {
+        ApplyError { name: self.want.name.clone(), frontend: self.key, error }
+    }
+}
+
+/// A job with its id and generation chosen: the value the swap writes and what is written before it.
+struct Prepared<'a> {
+    job: Job<'a>,
+    value: FrontendValue,
+    /// A new id: its counters are zeroed and its name written before the swap, and freed if that fails.
+    fresh_id: bool,
+    slots: Vec<Backend>,
+    members: Vec<(Backend, MemberValue)>,
+}
+
+impl Prepared<'_> {
+    fn slot_keys(&self) -> impl Iterator<Item = SlotKey> + '_ {
+        let (svc_id, generation) = (self.value.svc_id, self.value.generation);
+        (0..self.slots.len() as u32).map(move |index| SlotKey { svc_id, generation, index })
+    }
+    fn member_keys(&self) -> impl Iterator<Item = MemberKey> + '_ {
+        let (svc_id, generation) = (self.value.svc_id, self.value.generation);
+        self.members.iter().map(move |(backend, _)| MemberKey { svc_id, generation, backend: *backend })
+    }
+}
+
+/// The slot ranges of `want`'s tiers, laid out tier after tier.
+fn tier_ranges(want: &DesiredFrontend) -> Result<[TierRange; TIER_COUNT], MapError> {
+    let mut tiers = [TierRange::default(); TIER_COUNT];
+    let mut index = 0usize;
+    for (t, tier) in want.tiers.iter().enumerate() {
+        let len = u16::try_from(tier.len()).map_err(|_| MapError::TierTooLong { len: tier.len() })?;
+        let start = u16::try_from(index).map_err(|_| MapError::TierTooLong { len: index })?;
+        tiers[t] = TierRange { start, len };
+        index += tier.len();
+    }
+    Ok(tiers)
+}
+
+impl<W: MapWriter> Reconciler<W> {
+    /// Write `jobs` (at most `CHUNK`), batched; what fails is reported per frontend and leaves its previous
+    /// state untouched.
+    pub(super) fn write_jobs(&mut self, jobs: Vec<Job<'_>>, now: Instant, report: &mut ApplyReport) {
+        let mut ready = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match self.prepare(&job) {
+                Ok((value, fresh_id)) => ready.push(Prepared {
+                    value,
+                    fresh_id,
+                    slots: job.want.tiers.iter().flatten().copied().collect(),
+                    members: members::of(job.want).into_iter().collect(),
+                    job,
+                }),
+                Err(error) => report.errors.push(job.error(error)),
+            }
+        }
+        if ready.is_empty() {
+            return;
+        }
+        // (1) What the new values point at.
+        if let Err(error) = self.write_before_swap(&ready) {
+            for p in &ready {
+                self.undo(p);
+            }
+            if let [one] = ready.as_slice() {
+                report.errors.push(one.job.error(error));
+            } else {
+                // Which frontend the map refused is not told: each again on its own.
+                for p in ready {
+                    self.write_jobs(vec![p.job], now, report);
+                }
+            }
+            return;
+        }
+        // (2) The swap, every frontend of the chunk in one operation.
+        let keys: Vec<FrontendKey> = ready.iter().map(|p| p.job.key).collect();
+        let values: Vec<FrontendValue> = ready.iter().map(|p| p.value).collect();
+        if self.writer.put_frontends(&keys, &values).is_ok() {
+            for p in &ready {
+                self.book(p, now, report);
+            }
+            return;
+        }
+        // Those before the one refused are written: each again on its own (writing the same value again
+        // changes nothing a reader sees).
+        for p in ready {
+            match self.writer.put_frontend(p.job.key, p.value) {
+                Ok(()) => self.book(&p, now, report),
+                Err(error) => {
+                    self.undo(&p);
+                    report.errors.push(p.job.error(error));
+                }
+            }
+        }
+    }
+
+    /// The value `job`'s swap writes, and whether its id is fresh. The generation goes up on every write of a
+    /// key, so that two writes of it never look alike to the data path's torn-copy check.
+    fn prepare(&mut self, job: &Job<'_>) -> Result<(FrontendValue, bool), MapError> {
+        let tiers = tier_ranges(job.want)?;
+        let (svc_id, generation, fresh_id) = match job.previous {
+            Some((v, true)) => (v.svc_id, v.generation.wrapping_add(1), false),
+            Some((v, false)) => (self.alloc_id()?, v.generation.wrapping_add(1), true),
+            None => (self.alloc_id()?, 1, true),
+        };
+        let value = FrontendValue {
+            key: job.key,
+            svc_id,
+            generation,
+            tiers,
+            flags: job.want.flags,
+            affinity_timeout_s: job.want.affinity_timeout_s,
+            generation_tail: generation,
+        };
+        Ok((value, fresh_id))
+    }
+
+    /// Step (1) for the whole chunk: fresh ids' counters zeroed (a reused id must not inherit another Service's
+    /// counts) and names stored, then every slot and member. On an error any of them may be written.
+    fn write_before_swap(&mut self, ready: &[Prepared<'_>]) -> Result<(), MapError> {
+        let fresh: Vec<&Prepared<'_>> = ready.iter().filter(|p| p.fresh_id).collect();
+        let ids: Vec<u32> = fresh.iter().map(|p| p.value.svc_id).collect();
+        self.writer.reset_counters(&ids)?;
+        let names: Vec<_> = fresh.iter().map(|p| &*p.job.want.name).collect();
+        self.writer.put_names(&ids, &names)?;
+        let keys: Vec<SlotKey> = ready.iter().flat_map(Prepared::slot_keys).collect();
+        let backends: Vec<Backend> = ready.iter().flat_map(|p| p.slots.iter().copied()).collect();
+        self.writer.put_slots(&keys, &backends)?;
+        let keys: Vec<MemberKey> = ready.iter().flat_map(Prepared::member_keys).collect();
+        let values: Vec<MemberValue> = ready.iter().flat_map(|p| p.members.iter().map(|(_, v)| *v)).collect();
+        self.writer.put_members(&keys, &values)
+    }
+
+    /// Remove what step (1) may have written for `p` (best effort: none of it was ever visible to the data
+    /// path), and free its fresh id with its name.
+    fn undo(&mut self, p: &Prepared<'_>) {
+        for key in p.slot_keys() {
+            let _ = self.writer.delete_slot(key);
+        }
+        for key in p.member_keys() {
+            let _ = self.writer.delete_member(key);
+        }
+        if p.fresh_id {
+            let _ = self.writer.delete_name(p.value.svc_id);
+            self.free_ids.push(p.value.svc_id);
+        }
+    }
+
+    /// `p` is written: the generation it replaced waits for its grace period, and it is applied.
+    fn book(&mut self, p: &Prepared<'_>, now: Instant, report: &mut ApplyReport) {
+        let key = p.job.key;
+        if let Some((old, same)) = p.job.previous {
+            let buried = Buried::new(&old, &self.applied[&key].desired, now, !same);
+            self.graveyard.push_back(buried);
+            report.updated += 1;
+        } else {
+            report.added += 1;
+        }
+        self.index(key, Applied { value: p.value, desired: p.job.want.clone() });
+    }
+}
