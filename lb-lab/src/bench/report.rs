@@ -81,11 +81,22 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
 - p50 connect against direct: measured in interleaved rounds (direct, then tierlb, per round; the ratio per
   round), because rows measured one after another turned a slower minute of this VM into a ratio (one run
   had 1.07x at 1 Service and 1.36x at 10,000, a day later 1.42x and 1.38x). The p50s are 9-20 us read at
-  1 us resolution; the gap to direct is larger than connect4's and sock_ops' own cost together and has not
-  been profiled with kernel stacks on both paths yet.
-- Programming the maps from scratch: one `bpf(BPF_MAP_UPDATE_ELEM)` syscall per element, 1.1 million elements
-  at 100,000 Services x 10 endpoints (frontends and slots), 1.9 to 2.6 s in the runs made. aya 0.14 has no
-  batch-update API; `BPF_MAP_UPDATE_BATCH` through a raw syscall is the next step.
+  1 us resolution. Profiled with kernel stacks (`perf record -a -g` over a quick run's connect rows, the
+  load threads' samples): the cgroup hooks tierlb adds come to about 1.4 us per connect, scaled from
+  connect4's measured cost per run (connect4 0.47% of the threads' samples, with the kernel's sock_addr
+  dispatch 0.58%; sock_ops 0.54%, of which the program itself 0.13%: it runs on every state change of the
+  connection, which passive health asks for (`BPF_SOCK_OPS_STATE_CB_FLAG`), and each run pays the kernel's
+  dispatch; the release hook 0.22%). That is the p50 gap (direct 10-11 us, tierlb 12 us on the quick run):
+  no other part of the connect path differs. The agent is not running during these rows (the bench fills the
+  maps itself). What would close it: fewer sock_ops runs per connection, connect4's reverse insert; not done.
+- Programming the maps from scratch: batched (`BPF_MAP_UPDATE_BATCH` through a raw syscall), up to 1,024
+  frontends per round in six map operations (counters, names, slots, members, frontend values). From the
+  agent's start at 100,000 Services x 10 endpoints, interleaved runs of the binary before and after: program
+  1.60 s -> 1.43 s (median of four each). Most of what is left is the kernel's own insert into the
+  non-preallocated `SLOTS` hash (`htab_map_update_elem` under `generic_map_update_batch`, about 0.9 s for
+  1,000,000 slots in the profile); under 1 s needs a cheaper slot map (preallocated: about 100 MiB more
+  charged to the agent at load; or an array with the agent placing generations), not done. The row above
+  times the reconciler alone, after the emptied maps' old slots are collected as the agent's timer does.
 - The agent's RSS: names are interned, Services and EndpointSlices shared between the source and the model,
   keys shared by reference count, indexes sorted vectors, and the kube source converts each object in its
   watch task (heap at 10,000 Services from manifests 72 -> 40 MB). What the profile shows next: the endpoint
@@ -98,8 +109,10 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
   Services' parts of the north-south maps are written (before, every sync rebuilt this node's endpoint set,
   the source ranges and the UDP backends of every Service and read `LOCAL_BACKENDS` back: about 90% of the
   agent's CPU per edit, tens of ms at 10,000 Services and most of a second at 100,000, outside `took_us`).
-- The map-level one change at 10,000 and 50,000 Services (tens of ms, against 0.02 ms at 100,000) follows a
-  from-scratch refill of maps emptied just before; not investigated.
+- The map-level one change (tens of ms at 10,000 and 50,000 Services in earlier runs, 0.02 ms at 100,000) was
+  the bench's, not the agent's: the first apply after the maps were emptied collected the emptied Services'
+  old slots (one delete each) before its own write, since no timer had run; at 100,000 the from-scratch write
+  itself had paid for it. The bench now collects them first, as the agent's timer does.
 ";
 
 /// The control-plane table: (what, figure), in the order they were measured.
