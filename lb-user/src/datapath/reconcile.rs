@@ -195,6 +195,9 @@ impl<W: MapWriter> Reconciler<W> {
                     report.unchanged += 1;
                     continue;
                 }
+                // Whether the frontend stays with the same Service port: a VIP taken over by another
+                // Service gets a fresh service id (its own name and counters) in the same one-update swap,
+                // and the old id is freed after the grace period.
                 previous => previous.map(|a| (a.value, a.desired.name == want.name)),
             };
             jobs.push(write::Job { key: *key, want, previous });
