@@ -240,7 +240,12 @@ fn a_batch_past_a_maps_capacity_writes_what_fits_in_the_fake_and_the_kernel() {
     let ids: Vec<u32> = (1..=caps.services + 1).collect();
     let write = |w: &mut dyn MapWriter| -> Vec<Result<(), String>> {
         [
-            w.put_frontends(&frontends, &vec![lb_common::FrontendValue::default(); frontends.len()]),
+            w.put_frontends(&frontends, &vec![lb_common::FrontendValue::default(); frontends.len()]).map_err(
+                |(written, e)| {
+                    assert_eq!(written, frontends.len() - 1, "the count written before the refusal");
+                    e
+                },
+            ),
             w.put_slots(&slots, &backends),
             w.put_members(&members, &vec![lb_common::MemberValue { tiers: 1 }; members.len()]),
             // Ids 0 to --max-services fit; one past the capacity is refused.

@@ -193,9 +193,13 @@ impl MapWriter for FakeMaps {
         self.frontends.insert(key, value);
         Ok(())
     }
-    fn put_frontends(&mut self, keys: &[FrontendKey], values: &[FrontendValue]) -> Result<(), MapError> {
+    fn put_frontends(
+        &mut self,
+        keys: &[FrontendKey],
+        values: &[FrontendValue],
+    ) -> Result<(), (usize, MapError)> {
         self.frontend_batches += 1;
-        keys.iter().zip(values).try_for_each(|(k, v)| self.put_frontend(*k, *v))
+        super::frontends_one_by_one(self, keys, values)
     }
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
         self.writes += 1;

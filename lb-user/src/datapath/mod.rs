@@ -161,9 +161,13 @@ pub trait MapWriter: MapReader {
     /// Write (or replace, in one update) a frontend's value.
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
     /// Write `keys[i]` -> `values[i]`, each as `put_frontend` does, in one map operation where the maps have
-    /// one; in order, stopping at the first error (the ones before it written).
-    fn put_frontends(&mut self, keys: &[FrontendKey], values: &[FrontendValue]) -> Result<(), MapError> {
-        keys.iter().zip(values).try_for_each(|(k, v)| self.put_frontend(*k, *v))
+    /// one; in order, stopping at the first error, which comes with how many were written before it.
+    fn put_frontends(
+        &mut self,
+        keys: &[FrontendKey],
+        values: &[FrontendValue],
+    ) -> Result<(), (usize, MapError)> {
+        frontends_one_by_one(self, keys, values)
     }
     /// Delete a frontend (absent is fine).
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError>;
@@ -204,6 +208,18 @@ pub trait MapWriter: MapReader {
     /// maps before it (a frontend value that pointed at old slots) is no longer in use. One wait covers every
     /// write made before it, so callers wait once per batch. In-memory maps have no readers to wait for.
     fn wait_for_readers(&mut self) -> Result<(), MapError>;
+}
+
+/// `MapWriter::put_frontends` for maps without a batch operation: `put_frontend` for each, in order.
+pub(crate) fn frontends_one_by_one<W: MapWriter + ?Sized>(
+    w: &mut W,
+    keys: &[FrontendKey],
+    values: &[FrontendValue],
+) -> Result<(), (usize, MapError)> {
+    for (i, (k, v)) in keys.iter().zip(values).enumerate() {
+        w.put_frontend(*k, *v).map_err(|e| (i, e))?;
+    }
+    Ok(())
 }
 
 /// Reverse entries outside socket storage, read from the maps.

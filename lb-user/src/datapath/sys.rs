@@ -29,21 +29,23 @@ struct BatchAttr {
 /// Write `keys[i]` -> the `i`th value of `values` into the map `fd` with one `BPF_MAP_UPDATE_BATCH` (kernel
 /// 5.6; the kernel writes them one by one, without a syscall each). `values` holds `keys.len()` values of
 /// `value_bytes` each, laid out as the map's lookup returns them (a per-CPU map: one per possible CPU, each
-/// 8-aligned); `EINVAL` if its length says otherwise. On an error, the first elements the kernel wrote stay
-/// written, as with single updates.
+/// 8-aligned); `EINVAL` if its length says otherwise. On an error, the elements the kernel wrote before it
+/// stay written, as with single updates, and their number comes with the error (the kernel writes it back
+/// into the attr's `count` on every path of `generic_map_update_batch`).
 pub(crate) fn update_batch<K: aya::Pod, V: aya::Pod>(
     fd: std::os::fd::BorrowedFd<'_>,
     keys: &[K],
     values: &[V],
     value_bytes: usize,
-) -> std::io::Result<()> {
+) -> Result<(), (std::io::Error, usize)> {
+    let refused = |errno| (std::io::Error::from_raw_os_error(errno), 0);
     if keys.is_empty() {
         return Ok(());
     }
     if size_of_val(values) != keys.len() * value_bytes {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        return Err(refused(libc::EINVAL));
     }
-    let count = u32::try_from(keys.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::E2BIG))?;
+    let count = u32::try_from(keys.len()).map_err(|_| refused(libc::E2BIG))?;
     let mut attr = BatchAttr {
         keys: keys.as_ptr() as u64,
         values: values.as_ptr() as u64,
@@ -51,5 +53,5 @@ pub(crate) fn update_batch<K: aya::Pod, V: aya::Pod>(
         map_fd: std::os::fd::AsRawFd::as_raw_fd(&fd).cast_unsigned(),
         ..BatchAttr::default()
     };
-    bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(|_| ())
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(|_| ()).map_err(|e| (e, attr.count as usize))
 }

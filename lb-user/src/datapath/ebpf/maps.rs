@@ -68,15 +68,25 @@ fn hash_fd(map: &Map, name: &'static str) -> Result<OwnedFd, DatapathError> {
 }
 
 /// One batched write of `keys[i]` -> `values[i]` into the map behind `fd`, its error as `sys` makes a single
-/// one's.
-fn batch<K: aya::Pod, V: aya::Pod>(
+/// one's, with how many were written before it.
+fn batch_counted<K: aya::Pod, V: aya::Pod>(
     fd: &OwnedFd,
     keys: &[K],
     values: &[V],
     (map, flag, capacity): (&'static str, &'static str, u32),
-) -> Result<(), MapError> {
+) -> Result<(), (usize, MapError)> {
     crate::datapath::sys::update_batch(fd.as_fd(), keys, values, size_of::<V>())
-        .map_err(|e| batch_err(map, flag, capacity, e))
+        .map_err(|(e, written)| (written, batch_err(map, flag, capacity, e)))
+}
+
+/// `batch_counted` without the count.
+fn batch<K: aya::Pod, V: aya::Pod>(
+    fd: &OwnedFd,
+    keys: &[K],
+    values: &[V],
+    what: (&'static str, &'static str, u32),
+) -> Result<(), MapError> {
+    batch_counted(fd, keys, values, what).map_err(|(_, e)| e)
 }
 
 impl KernelMaps {
@@ -344,8 +354,17 @@ impl MapWriter for KernelMaps {
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
         self.frontends.insert(key, value, 0).map_err(sys(MAP_FRONTENDS, "services", self.caps.services))
     }
-    fn put_frontends(&mut self, keys: &[FrontendKey], values: &[FrontendValue]) -> Result<(), MapError> {
-        batch(&self.batch_fds.frontends, keys, values, (MAP_FRONTENDS, "services", self.caps.services))
+    fn put_frontends(
+        &mut self,
+        keys: &[FrontendKey],
+        values: &[FrontendValue],
+    ) -> Result<(), (usize, MapError)> {
+        batch_counted(
+            &self.batch_fds.frontends,
+            keys,
+            values,
+            (MAP_FRONTENDS, "services", self.caps.services),
+        )
     }
     fn delete_frontend(&mut self, key: FrontendKey) -> Result<(), MapError> {
         absent_ok(self.frontends.remove(&key)).map(|_| ()).map_err(sys(
@@ -386,7 +405,7 @@ impl MapWriter for KernelMaps {
         let zeros = vec![0u64; keys.len() * self.nr_cpus];
         let fd = std::os::fd::AsFd::as_fd(&self.counters_fd);
         crate::datapath::sys::update_batch(fd, &keys, &zeros, 8 * self.nr_cpus)
-            .map_err(|e| batch_err(MAP_COUNTERS, "services", self.max_services, e))
+            .map_err(|(e, _)| batch_err(MAP_COUNTERS, "services", self.max_services, e))
     }
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
         self.names.insert(svc_id, ServiceName::new(&name.to_string()), 0).map_err(sys(

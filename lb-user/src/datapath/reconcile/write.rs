@@ -1,8 +1,9 @@
 //! Steps (1) and (2) of the swap for many frontends at once: what comes before the swap (a fresh id's zeroed
 //! counters and name, the new generation's slots and members) for up to `CHUNK` frontends in one map operation
 //! per map, then their frontend values in one more. A batch the kernel refuses (a full map) is undone and its
-//! frontends written again one by one, so each failure is reported against its own frontend and every other
-//! one is applied, as when each was written alone.
+//! frontends written again one by one, so the outcome is that of writing each alone in key order: each
+//! failure is reported against its own frontend, every other one is applied, and an id one failure frees goes
+//! to the next frontend that needs one (the reconcile fuzz target's model checks exactly this).
 //!
 //! The order the data path needs holds across the batch: every slot and member of the chunk is in the maps
 //! before any frontend value that points at them.
@@ -68,11 +69,14 @@ fn tier_ranges(want: &DesiredFrontend) -> Result<[TierRange; TIER_COUNT], MapErr
 }
 
 impl<W: MapWriter> Reconciler<W> {
-    /// Write `jobs` (at most `CHUNK`), batched; what fails is reported per frontend and leaves its previous
-    /// state untouched.
+    /// Write `jobs` (at most `CHUNK`, in key order), batched, with the outcome of writing them one by one in
+    /// that order: what fails is reported per frontend and leaves its previous state untouched, and a service
+    /// id freed by one frontend's failure goes to the next that needs one.
     pub(super) fn write_jobs(&mut self, jobs: Vec<Job<'_>>, now: Instant, report: &mut ApplyReport) {
+        let single = jobs.len() == 1;
         let mut ready = Vec::with_capacity(jobs.len());
-        for job in jobs {
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
             match self.prepare(&job) {
                 Ok((value, fresh_id)) => ready.push(Prepared {
                     value,
@@ -81,46 +85,65 @@ impl<W: MapWriter> Reconciler<W> {
                     members: members::of(job.want).into_iter().collect(),
                     job,
                 }),
-                Err(error) => report.errors.push(job.error(error)),
+                Err(error) if single => return report.errors.push(job.error(error)),
+                // Out of service ids (or a tier too long): one by one, since which frontend gets an id another's
+                // failure frees depends on the order. Nothing is written yet.
+                Err(_) => {
+                    return self.one_by_one(
+                        ready,
+                        false,
+                        None,
+                        std::iter::once(job).chain(jobs),
+                        now,
+                        report,
+                    );
+                }
             }
-        }
-        if ready.is_empty() {
-            return;
         }
         // (1) What the new values point at.
         if let Err(error) = self.write_before_swap(&ready) {
-            for p in &ready {
-                self.undo(p);
-            }
+            // Which frontend the map refused is not told: one by one.
             if let [one] = ready.as_slice() {
-                report.errors.push(one.job.error(error));
-            } else {
-                // Which frontend the map refused is not told: each again on its own.
-                for p in ready {
-                    self.write_jobs(vec![p.job], now, report);
-                }
+                self.undo(one, true);
+                return report.errors.push(one.job.error(error));
             }
-            return;
+            return self.one_by_one(ready, true, None, std::iter::empty(), now, report);
         }
         // (2) The swap, every frontend of the chunk in one operation.
         let keys: Vec<FrontendKey> = ready.iter().map(|p| p.job.key).collect();
         let values: Vec<FrontendValue> = ready.iter().map(|p| p.value).collect();
-        if self.writer.put_frontends(&keys, &values).is_ok() {
-            for p in &ready {
-                self.book(p, now, report);
-            }
-            return;
+        let written = self.writer.put_frontends(&keys, &values);
+        let mut ready = ready.into_iter();
+        let Err((before, error)) = written else {
+            return ready.for_each(|p| self.book(&p, now, report));
+        };
+        // The first `before` are written, the next was refused, the rest were not tried.
+        ready.by_ref().take(before).for_each(|p| self.book(&p, now, report));
+        let refused = ready.next().map(|p| (p, error));
+        self.one_by_one(ready.collect(), true, refused, std::iter::empty(), now, report);
+    }
+
+    /// Undo `ready` (`written`: step (1) may have written their entries) in reverse, which gives their ids back
+    /// in the order they were taken, then `refused` (reported with `error`: its id is the first one taken
+    /// again, as when it fails alone), then write each of `ready` and of `then` on its own.
+    fn one_by_one<'a>(
+        &mut self,
+        ready: Vec<Prepared<'a>>,
+        written: bool,
+        refused: Option<(Prepared<'a>, MapError)>,
+        then: impl Iterator<Item = Job<'a>>,
+        now: Instant,
+        report: &mut ApplyReport,
+    ) {
+        for p in ready.iter().rev() {
+            self.undo(p, written);
         }
-        // Those before the one refused are written: each again on its own (writing the same value again
-        // changes nothing a reader sees).
-        for p in ready {
-            match self.writer.put_frontend(p.job.key, p.value) {
-                Ok(()) => self.book(&p, now, report),
-                Err(error) => {
-                    self.undo(&p);
-                    report.errors.push(p.job.error(error));
-                }
-            }
+        if let Some((p, error)) = refused {
+            self.undo(&p, true);
+            report.errors.push(p.job.error(error));
+        }
+        for job in ready.into_iter().map(|p| p.job).chain(then) {
+            self.write_jobs(vec![job], now, report);
         }
     }
 
@@ -161,17 +184,21 @@ impl<W: MapWriter> Reconciler<W> {
         self.writer.put_members(&keys, &values)
     }
 
-    /// Remove what step (1) may have written for `p` (best effort: none of it was ever visible to the data
-    /// path), and free its fresh id with its name.
-    fn undo(&mut self, p: &Prepared<'_>) {
-        for key in p.slot_keys() {
-            let _ = self.writer.delete_slot(key);
-        }
-        for key in p.member_keys() {
-            let _ = self.writer.delete_member(key);
+    /// Give back `p`'s fresh id and, if step (1) may have written them (`written`), remove its entries (best
+    /// effort: none of them was ever visible to the data path) and the id's name.
+    fn undo(&mut self, p: &Prepared<'_>, written: bool) {
+        if written {
+            for key in p.slot_keys() {
+                let _ = self.writer.delete_slot(key);
+            }
+            for key in p.member_keys() {
+                let _ = self.writer.delete_member(key);
+            }
+            if p.fresh_id {
+                let _ = self.writer.delete_name(p.value.svc_id);
+            }
         }
         if p.fresh_id {
-            let _ = self.writer.delete_name(p.value.svc_id);
             self.free_ids.push(p.value.svc_id);
         }
     }
