@@ -261,10 +261,11 @@ fn many_frontends_are_written_in_one_map_operation_per_map() {
     assert_eq!((r.writer().slot_batches(), r.writer().frontend_batches()), (2, 2));
 }
 
-/// A batch of frontend values refused part way (the frontend map full): those that fit are applied, the one
-/// refused is reported with its own name and leaves nothing behind (its slots, its name, its id).
+/// A round with more frontends than service ids (the frontend map holds one per id, so it is never the one
+/// that fills): those that get an id are applied, the one without is reported with its own name and leaves
+/// nothing behind (no slot, no name).
 #[test]
-fn a_full_frontend_map_refuses_only_the_frontends_that_do_not_fit() {
+fn out_of_service_ids_only_the_frontends_without_one_are_refused() {
     let mut r = Reconciler::new(FakeMaps::new(2, 64));
     let mut d = Desired::new();
     for i in 1..=3 {
