@@ -40,14 +40,17 @@ struct Prepared<'a> {
     value: FrontendValue,
     /// A new id: its counters are zeroed and its name written before the swap, and freed if that fails.
     fresh_id: bool,
-    slots: Vec<Backend>,
     members: Vec<(Backend, MemberValue)>,
 }
 
 impl Prepared<'_> {
+    /// The generation's slots, tier after tier, as `tier_ranges` lays them out.
+    fn slots(&self) -> impl Iterator<Item = Backend> + '_ {
+        self.job.want.tiers.iter().flatten().copied()
+    }
     fn slot_keys(&self) -> impl Iterator<Item = SlotKey> + '_ {
         let (svc_id, generation) = (self.value.svc_id, self.value.generation);
-        (0..self.slots.len() as u32).map(move |index| SlotKey { svc_id, generation, index })
+        (0..).zip(self.slots()).map(move |(index, _)| SlotKey { svc_id, generation, index })
     }
     fn member_keys(&self) -> impl Iterator<Item = MemberKey> + '_ {
         let (svc_id, generation) = (self.value.svc_id, self.value.generation);
@@ -73,6 +76,10 @@ impl<W: MapWriter> Reconciler<W> {
     /// that order: what fails is reported per frontend and leaves its previous state untouched, and a service
     /// id freed by one frontend's failure goes to the next that needs one.
     pub(super) fn write_jobs(&mut self, jobs: Vec<Job<'_>>, now: Instant, report: &mut ApplyReport) {
+        if jobs.is_empty() {
+            // A sync that changed nothing, or a last round that would be empty: no map operation.
+            return;
+        }
         let single = jobs.len() == 1;
         let mut ready = Vec::with_capacity(jobs.len());
         let mut jobs = jobs.into_iter();
@@ -81,7 +88,6 @@ impl<W: MapWriter> Reconciler<W> {
                 Ok((value, fresh_id)) => ready.push(Prepared {
                     value,
                     fresh_id,
-                    slots: job.want.tiers.iter().flatten().copied().collect(),
                     members: members::of(job.want).into_iter().collect(),
                     job,
                 }),
@@ -177,7 +183,7 @@ impl<W: MapWriter> Reconciler<W> {
         let names: Vec<_> = fresh.iter().map(|p| &*p.job.want.name).collect();
         self.writer.put_names(&ids, &names)?;
         let keys: Vec<SlotKey> = ready.iter().flat_map(Prepared::slot_keys).collect();
-        let backends: Vec<Backend> = ready.iter().flat_map(|p| p.slots.iter().copied()).collect();
+        let backends: Vec<Backend> = ready.iter().flat_map(Prepared::slots).collect();
         self.writer.put_slots(&keys, &backends)?;
         let keys: Vec<MemberKey> = ready.iter().flat_map(Prepared::member_keys).collect();
         let values: Vec<MemberValue> = ready.iter().flat_map(|p| p.members.iter().map(|(_, v)| *v)).collect();
