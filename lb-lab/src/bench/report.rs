@@ -86,13 +86,14 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
   connect4's measured cost per run (connect4 0.47% of the threads' samples, with the kernel's sock_addr
   dispatch 0.58%; sock_ops 0.54%, of which the program itself 0.13%: it runs on every state change of the
   connection, which passive health asks for (`BPF_SOCK_OPS_STATE_CB_FLAG`), and each run pays the kernel's
-  dispatch; the release hook 0.22%). That is the p50 gap (direct 10-11 us, tierlb 12 us on the quick run):
-  no other part of the connect path differs. The agent is not running during these rows (the bench fills the
+  dispatch; the release hook 0.22%). That is about the p50 gap (direct 10-11 us, tierlb 12 us on the quick
+  run, read at 1 us resolution); the rest is the same connect to the same backend, though no per-function
+  comparison of the two paths was made. The agent is not running during these rows (the bench fills the
   maps itself). What would close it: fewer sock_ops runs per connection, connect4's reverse insert; not done.
 - Programming the maps from scratch: batched (`BPF_MAP_UPDATE_BATCH` through a raw syscall), up to 1,024
-  frontends per round in six map operations (counters, names, slots, members, frontend values). From the
+  frontends per round in five map operations (counters, names, slots, members, frontend values). From the
   agent's start at 100,000 Services x 10 endpoints, interleaved runs of the binary before and after: program
-  1.60 s -> 1.43 s (median of four each). Most of what is left is the kernel's own insert into the
+  1.61 s -> 1.44 s (median of four each). Most of what is left is the kernel's own insert into the
   non-preallocated `SLOTS` hash (`htab_map_update_elem` under `generic_map_update_batch`, about 0.9 s for
   1,000,000 slots in the profile); under 1 s needs a cheaper slot map (preallocated: about 100 MiB more
   charged to the agent at load; or an array with the agent placing generations), not done. The row above
