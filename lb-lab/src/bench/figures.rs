@@ -158,6 +158,8 @@ pub struct Report {
     pub east_west: Vec<NsRow>,
     /// The north-south rows (traffic from outside the node), interleaved per round.
     pub north_south: Vec<NsRow>,
+    /// Conntrack memory of flows from outside the node: tierlb's table, then nf_conntrack's.
+    pub conntrack: Vec<CtMemory>,
     /// The control-plane figures.
     pub control: ControlPlane,
 }
@@ -169,6 +171,26 @@ impl Report {
             x.path == path && x.mode == mode && (x.services == services || path == DataPath::Direct)
         })
     }
+}
+
+/// A conntrack table's memory with a number of flows from outside the node in it.
+#[derive(Clone, Debug, Serialize)]
+pub struct CtMemory {
+    /// `tierlb` (its tc programs' table) or `nf_conntrack` (kube-proxy's rules).
+    pub table: String,
+    /// Flows the table held when it was read (tierlb: live forward entries; nf_conntrack: its count).
+    pub flows: usize,
+    /// Entries (tierlb keeps two a flow).
+    pub entries: usize,
+    /// The table's memory: tierlb's map as the kernel accounts it (allocated when loaded, whatever it
+    /// holds), nf_conntrack's slab growth over its flows.
+    pub bytes: u64,
+    /// The kernel's unreclaimable slab growth while the flows were made.
+    pub slab_growth: u64,
+    /// Flows the table holds at most (tierlb's LRU: its entries / 2), `None` where it grows on demand.
+    pub capacity_flows: Option<u64>,
+    /// nf_conntrack's entries in the node's namespace when the table was read.
+    pub nf_conntrack_alongside: usize,
 }
 
 /// The control-plane figures of a run.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use super::{
     figures::{
-        AgentFigures, AgentSource, ControlPlane, DataPath, MapMemory, MapWrites, NsRow, Phases, Report, Row,
-        Spread,
+        AgentFigures, AgentSource, ControlPlane, CtMemory, DataPath, MapMemory, MapWrites, NsRow, Phases,
+        Report, Row, Spread,
     },
     load::{LoadMode, LoadResult},
 };
@@ -44,6 +44,30 @@ fn north_south() -> Vec<NsRow> {
         }
     }
     out
+}
+
+/// tierlb's table (40 MiB preallocated) and nf_conntrack (30 MiB grown) at 100,000 flows.
+fn conntrack() -> Vec<CtMemory> {
+    vec![
+        CtMemory {
+            table: "tierlb".into(),
+            flows: 100_000,
+            entries: 200_000,
+            bytes: 40 << 20,
+            slab_growth: 0,
+            capacity_flows: Some(131_072),
+            nf_conntrack_alongside: 0,
+        },
+        CtMemory {
+            table: "nf_conntrack".into(),
+            flows: 100_000,
+            entries: 100_000,
+            bytes: 30 << 20,
+            slab_growth: 30 << 20,
+            capacity_flows: None,
+            nf_conntrack_alongside: 100_000,
+        },
+    ]
 }
 
 /// tierlb's connects on the node against direct over three rounds: 1.02x at 1 Service, 1.04x at 10,000,
@@ -108,6 +132,7 @@ pub(crate) fn report() -> Report {
         rows,
         east_west: east_west(),
         north_south: north_south(),
+        conntrack: conntrack(),
         control: ControlPlane {
             maps: vec![
                 MapWrites {

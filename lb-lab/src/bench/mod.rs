@@ -9,6 +9,7 @@
 mod agent;
 mod apiserver;
 mod charts;
+mod conntrack;
 mod figures;
 #[cfg(test)]
 pub(crate) mod fixture;
@@ -23,8 +24,8 @@ mod workloads;
 pub use agent::agent_only;
 pub use charts::charts;
 pub use figures::{
-    AgentFigures, AgentSource, ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, Report, Row, RuleLoad,
-    Spread,
+    AgentFigures, AgentSource, ControlPlane, CtMemory, DataPath, LoadTime, MapMemory, MapWrites, Report, Row,
+    RuleLoad, Spread,
 };
 pub use load::{LoadMode, LoadResult, RR_BYTES, load};
 pub use report::markdown;

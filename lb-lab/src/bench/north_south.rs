@@ -30,10 +30,10 @@ use super::{
     workloads::{endpoints_to, svc_chains, target},
 };
 
-const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+pub(super) const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 const CLIENT: &str = "192.0.2.100";
-const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
-const POD_PORT: u16 = 8080;
+pub(super) const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+pub(super) const POD_PORT: u16 = 8080;
 
 /// The first node port of each path's Service set (Service `i` has `base + i`): apart, so that the three
 /// sets are in place at once; below the SNAT ports (61000 and up).
@@ -119,15 +119,15 @@ pub(super) fn nft_node_ports(n: usize, per: usize) -> String {
 }
 
 /// The client's namespace, the node's (with the pod) and the backend in the pod.
-struct Lab {
-    ext: NetNs,
-    node: Node,
+pub(super) struct Lab {
+    pub(super) ext: NetNs,
+    pub(super) node: Node,
     _pod: NetNs,
     _sink: Sink,
 }
 
 impl Lab {
-    fn new() -> anyhow::Result<Self> {
+    pub(super) fn new() -> anyhow::Result<Self> {
         let mut node = Node::new("bench-ns-node")?;
         let ext = NetNs::new("bench-ns-ext")?;
         node.netns.ip(&[
@@ -153,7 +153,7 @@ impl Lab {
     }
 
     /// `CMD ARGS` in the node's namespace, `input` on its stdin.
-    fn node_cmd(&self, args: &[&str], input: &str) -> anyhow::Result<()> {
+    pub(super) fn node_cmd(&self, args: &[&str], input: &str) -> anyhow::Result<()> {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", self.node.netns.name()]).args(args);
         let took = super::run::timed(&mut cmd, input, super::run::LOAD_LIMIT)?;
@@ -243,7 +243,7 @@ pub(super) fn rows(
 }
 
 /// Attach the tc programs to the node's uplink, from a thread inside the node's namespace.
-fn attach_in(ns: &NetNs, programs: &mut tierlb::datapath::ebpf::Programs) -> anyhow::Result<()> {
+pub(super) fn attach_in(ns: &NetNs, programs: &mut tierlb::datapath::ebpf::Programs) -> anyhow::Result<()> {
     let file = ns.file().try_clone()?;
     std::thread::scope(|s| {
         s.spawn(|| -> anyhow::Result<()> {

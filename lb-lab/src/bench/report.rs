@@ -48,6 +48,7 @@ pub fn markdown(r: &Report) -> String {
     }
     s.push_str(&east_west(r));
     s.push_str(&north_south(r));
+    s.push_str(&conntrack(r));
     s.push_str("\n## Control plane\n\n| what | figure |\n|---|---|\n");
     for (what, figure) in control_rows(&r.control) {
         let _ = writeln!(s, "| {what} | {figure} |");
@@ -369,6 +370,31 @@ fn north_south(r: &Report) -> String {
     s
 }
 
+/// Each conntrack table's memory with the flows of the run in it.
+fn conntrack(r: &Report) -> String {
+    let Some(first) = r.conntrack.first() else { return String::new() };
+    let mut s = format!(
+        "\n### Conntrack memory at {} tracked flows\n\nAn external client sends one UDP datagram from each of {} (address, port) pairs to a node port whose endpoint is the pod (local: DNAT, the client's address kept), on the namespaces above (fresh ones). First tierlb's tc programs translate them, with no netfilter rule in the node's namespace; then, the programs detached, kube-proxy-style iptables rules for the same node port (`externalTrafficPolicy: Local`: KUBE-NODEPORTS -> KUBE-EXT -> KUBE-SVL -> KUBE-SEP DNAT), which nf_conntrack tracks (kube-proxy's nftables mode tracks with it too). A datagram the node's backlog dropped is sent again, up to three passes. tierlb's memory is its map's as the kernel accounts it (fdinfo `memlock`): an LRU hash preallocated when the programs load (two entries a flow), the same whatever it holds; nf_conntrack's is the growth of the kernel's unreclaimable slab (`SUnreclaim`) over its flows: the objects and their extensions, allocated as flows start (its hash table of buckets is allocated once, apart). `nf_conntrack beside` is nf_conntrack's count in the node's namespace when the table was read.\n\n| table | flows tracked | entries | memory (MiB) | bytes per tracked flow | flows at most | slab growth (MiB) | nf_conntrack beside |\n|---|---|---|---|---|---|---|---|\n",
+        thousands(first.flows),
+        thousands(first.flows)
+    );
+    for c in &r.conntrack {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.1} | {:.0} | {} | {:.1} | {} |",
+            c.table,
+            thousands(c.flows),
+            thousands(c.entries),
+            mib(c.bytes),
+            c.bytes as f64 / c.flows.max(1) as f64,
+            c.capacity_flows.map_or_else(|| "grows on demand".into(), |n| thousands(n as usize)),
+            mib(c.slab_growth),
+            thousands(c.nf_conntrack_alongside)
+        );
+    }
+    s
+}
+
 /// The connects made on the node, tierlb against direct in interleaved rounds: the ratios the targets judge.
 fn east_west(r: &Report) -> String {
     let Some(first) = r.east_west.first() else { return String::new() };
@@ -527,7 +553,7 @@ mod tests {
     }
 
     /// The north-south section and its targets, from rows whose ratios are known (fixture): per-round
-    /// ratios to direct, their range, and the verdicts.
+    /// ratios to direct, their range, and the verdicts; the conntrack tables' memory per flow.
     #[test]
     fn the_north_south_rows_and_targets_read_from_the_interleaved_ratios() {
         let md = markdown(&super::super::fixture::report());
@@ -538,13 +564,18 @@ mod tests {
             "| from outside, tierlb's node port within 1.10x of direct at 1 Services (p50, connect) | 1.05x (rounds 1.05-1.05) | yes |",
             "| from outside, tierlb's node port within 1.10x of direct at 10,000 Services (p50, connect) | 1.15x (rounds 1.15-1.15) | no |",
             "| from outside at 10,000 Services at least iptables' throughput (rr) | tierlb 0.87x direct, iptables 0.77x",
+            "### Conntrack memory at 100,000 tracked flows",
+            "| tierlb | 100,000 | 200,000 | 40.0 | 419 | 131,072 | 0.0 | 0 |",
+            "| nf_conntrack | 100,000 | 100,000 | 30.0 | 315 | grows on demand | 30.0 | 100,000 |",
         ] {
             assert!(md.contains(want), "missing {want:?} in\n{md}");
         }
         let mut r = super::super::fixture::report();
         r.north_south.clear();
+        r.conntrack.clear();
         let md = markdown(&r);
         assert!(!md.contains("From outside") && !md.contains("from outside"), "no rows, no section: {md}");
+        assert!(!md.contains("Conntrack memory"), "no tables measured, no table: {md}");
     }
 
     /// Without the agent's figures (they failed) the report leaves out their rows and targets.

@@ -52,6 +52,8 @@ pub(super) const LOAD_LIMIT: Duration = Duration::from_secs(90);
 
 /// A hash map entry is its key and value plus about this many bytes of the kernel's element header.
 const HASH_OVERHEAD: usize = 16;
+/// Flows from outside the node the conntrack tables are measured with.
+const CONNTRACK_FLOWS: usize = 100_000;
 
 /// The load side of the bench: the client binary, the namespace and the run length.
 pub(super) struct Loader<'a> {
@@ -258,6 +260,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     let rule_loads = rule_set_rows(&loader, counts, per, &mut rows)?;
     // From outside the node: at 1 and 10,000 Services, interleaved rounds.
     let north_south = super::north_south::rows(lab, &[1, 10_000], rounds, loader.secs / 2.0)?;
+    let conntrack = super::conntrack::memory(CONNTRACK_FLOWS)?;
     let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
     Ok(Report {
         kernel,
@@ -267,6 +270,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         rows,
         east_west,
         north_south,
+        conntrack,
         control: ControlPlane { maps: map_writes, map_memory, agent, rule_loads },
     })
 }

@@ -151,6 +151,8 @@ pub struct NsMaps {
     counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
     /// A second descriptor of the counters, for readers off the agent loop (`/metrics`).
     counters_fd: std::os::fd::OwnedFd,
+    /// A second descriptor of the conntrack table, for its fdinfo (`conntrack_memory`).
+    conntrack_fd: std::os::fd::OwnedFd,
     source_ranges: aya::maps::lpm_trie::LpmTrie<aya::maps::MapData, lb_common::SourceRangeKey, u32>,
 }
 
@@ -226,6 +228,10 @@ impl NsMaps {
             aya::maps::Map::PerCpuArray(data) => super::error::second_fd(data, MAP_NS_COUNTERS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_NS_COUNTERS }),
         };
+        let conntrack_fd = match &conntrack {
+            aya::maps::Map::LruHashMap(data) => super::error::second_fd(data, MAP_CONNTRACK)?,
+            _ => return Err(DatapathError::MissingMap { name: MAP_CONNTRACK }),
+        };
         // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).
         Ok(Self {
             local: aya::maps::HashMap::try_from(local).map_err(map_err(MAP_LOCAL_BACKENDS))?,
@@ -233,6 +239,7 @@ impl NsMaps {
             conntrack: aya::maps::HashMap::try_from(conntrack).map_err(map_err(MAP_CONNTRACK))?,
             counters: aya::maps::PerCpuArray::try_from(counters).map_err(map_err(MAP_NS_COUNTERS))?,
             counters_fd,
+            conntrack_fd,
             source_ranges: aya::maps::lpm_trie::LpmTrie::try_from(source_ranges)
                 .map_err(map_err(lb_common::MAP_SOURCE_RANGES))?,
         })
@@ -330,6 +337,15 @@ impl NsMaps {
             }
         }
         s
+    }
+
+    /// The conntrack table's memory as the kernel accounts it (`memlock` in the map's fdinfo: its
+    /// `map_mem_usage`, every preallocated element included), `None` if the kernel does not say.
+    pub fn conntrack_memory(&self) -> Option<u64> {
+        use std::os::fd::AsRawFd as _;
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.conntrack_fd.as_raw_fd())).ok()?;
+        info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
     }
 
     /// Delete the UDP entries whose backend (forward: its destination; reply: its source) is not in
