@@ -204,7 +204,7 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
     pub max_affinity: u32,
     /// Capacity: conntrack entries of traffic from outside the node (an LRU, two entries per flow; about
-    /// 144 bytes each, preallocated: the default is about 36 MiB). Beyond it the least recently used flow is
+    /// 160 bytes each with the hash table's buckets, preallocated: the default is 40 MiB). Beyond it the least recently used flow is
     /// forgotten.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK)]
     pub max_conntrack: u32,
