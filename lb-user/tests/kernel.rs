@@ -615,3 +615,56 @@ fn a_full_map_is_an_error_naming_the_service_and_the_others_keep_working() {
     let left_out = c.probe("node-1", "10.96.0.12:80".parse().unwrap(), 3, Duration::ZERO).unwrap();
     assert_eq!(left_out.errors().get("ENETUNREACH"), Some(&3), "{:?}", left_out.errors());
 }
+
+/// The maps' memory is the kernel's own accounting: the preallocated frontend map holds its capacity before
+/// anything is written and stays the same, the slot map (not preallocated) grows with what it holds, and the
+/// conntrack LRU is preallocated at its capacity.
+#[test]
+fn the_maps_memory_is_read_from_the_kernels_accounting() {
+    use tierlb::datapath::{
+        Desired, DesiredFrontend, Reconciler,
+        ebpf::{Capacities, Loaded},
+    };
+    require_root();
+    let caps = Capacities { services: 1_000, slots: 20_000, conntrack: 4_096, ..Capacities::default() };
+    let Loaded { maps, ns, .. } = Loaded::load(caps, None).expect("the BPF object loads");
+    let kv = |k: usize, v: usize| (k + v) as u64;
+    let ct = ns.conntrack_memory().expect("conntrack memory");
+    let per_ct = kv(size_of::<lb_common::CtKey>(), size_of::<lb_common::CtValue>());
+    assert!(ct >= u64::from(caps.conntrack) * per_ct, "preallocated: {ct}");
+    let mut rec = Reconciler::new(maps);
+    let by_map =
+        |rec: &Reconciler<tierlb::datapath::ebpf::KernelMaps>| -> std::collections::BTreeMap<&str, u64> {
+            rec.writer().service_memory().into_iter().map(|(m, b)| (m, b.expect(m))).collect()
+        };
+    let before = by_map(&rec);
+    let d: Desired = (0..500u32)
+        .map(|i| {
+            let vip = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + i));
+            let b = (0..10).map(|e| addr::backend(SocketAddr::new(ip(1, e), 8080), 6)).collect();
+            let name =
+                tierlb::model::ServicePortName::new(tierlb::model::ObjKey::new("ns", format!("s{i}")), "");
+            (
+                addr::frontend_key(vip, 80, 6),
+                DesiredFrontend {
+                    name: name.into(),
+                    tiers: [Vec::new(), Vec::new(), b],
+                    flags: 0,
+                    affinity_timeout_s: 0,
+                },
+            )
+        })
+        .collect();
+    let rep = rec.apply(&d, Instant::now());
+    assert!(rep.errors.is_empty(), "{rep:?}");
+    let after = by_map(&rec);
+    let per_fe = kv(size_of::<lb_common::FrontendKey>(), size_of::<lb_common::FrontendValue>());
+    assert!(before["FRONTENDS"] >= u64::from(caps.services) * per_fe, "preallocated: {before:?}");
+    assert_eq!(before["FRONTENDS"], after["FRONTENDS"], "a preallocated map's memory does not move");
+    let per_slot = kv(size_of::<lb_common::SlotKey>(), size_of::<lb_common::Backend>());
+    assert!(
+        after["SLOTS"] >= before["SLOTS"] + 5_000 * per_slot,
+        "5,000 slots held: {before:?} -> {after:?}"
+    );
+    assert!(after["SVC_NAMES"] > before["SVC_NAMES"], "500 names held: {before:?} -> {after:?}");
+}

@@ -230,13 +230,20 @@ pub struct MapWrites {
     pub one_change: Duration,
 }
 
-/// An estimate of the Service maps' memory: keys, values and the kernel's per-element hash overhead.
-#[derive(Clone, Copy, Debug, Serialize)]
+/// The Service maps' memory as the kernel accounts it (fdinfo `memlock`), by map.
+#[derive(Clone, Debug, Serialize)]
 pub struct MapMemory {
     /// Services programmed when it was taken.
     pub services: usize,
-    /// The estimate.
-    pub bytes: u64,
+    /// Each map's name and bytes (a map the kernel gave no figure for is left out).
+    pub maps: Vec<(String, u64)>,
+}
+
+impl MapMemory {
+    /// The maps' bytes together.
+    pub fn bytes(&self) -> u64 {
+        self.maps.iter().map(|(_, b)| b).sum()
+    }
 }
 
 /// Where the agent read the Services from.

@@ -146,7 +146,10 @@ pub(crate) fn report() -> Report {
                     one_change: Duration::from_micros(15),
                 },
             ],
-            map_memory: MapMemory { services: 100_000, bytes: 50 << 20 },
+            map_memory: MapMemory {
+                services: 100_000,
+                maps: vec![("FRONTENDS".into(), 30 << 20), ("SLOTS".into(), 20 << 20)],
+            },
             agent: vec![
                 AgentFigures {
                     source: AgentSource::Manifests,

@@ -10,7 +10,6 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use lb_common::{Backend, FrontendKey, FrontendValue, SlotKey};
 use lb_testkit::sandbox::{Cgroup, NetNs, confine};
 use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 
@@ -50,8 +49,6 @@ pub(super) fn timed(cmd: &mut Command, input: &str, limit: Duration) -> anyhow::
 /// How long a rule set may take to load before the row is reported as not loaded.
 pub(super) const LOAD_LIMIT: Duration = Duration::from_secs(90);
 
-/// A hash map entry is its key and value plus about this many bytes of the kernel's element header.
-const HASH_OVERHEAD: usize = 16;
 /// Flows from outside the node the conntrack tables are measured with.
 const CONNTRACK_FLOWS: usize = 100_000;
 
@@ -247,11 +244,9 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
             east_west.extend(ratios);
         }
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
-        let slots: usize = rec.applied().map(|(_, _, d)| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
-        let map_bytes = slots * (size_of::<SlotKey>() + size_of::<Backend>() + HASH_OVERHEAD)
-            + rec.applied().count() * (size_of::<FrontendKey>() + size_of::<FrontendValue>() + HASH_OVERHEAD);
-        map_memory =
-            MapMemory { services: counts.last().copied().unwrap_or_default(), bytes: map_bytes as u64 };
+        let maps =
+            rec.writer().service_memory().into_iter().filter_map(|(m, b)| Some((m.into(), b?))).collect();
+        map_memory = MapMemory { services: counts.last().copied().unwrap_or_default(), maps };
         drop(programs);
     }
 

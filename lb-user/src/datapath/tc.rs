@@ -342,10 +342,7 @@ impl NsMaps {
     /// The conntrack table's memory as the kernel accounts it (`memlock` in the map's fdinfo: its
     /// `map_mem_usage`, every preallocated element included), `None` if the kernel does not say.
     pub fn conntrack_memory(&self) -> Option<u64> {
-        use std::os::fd::AsRawFd as _;
-        let info =
-            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.conntrack_fd.as_raw_fd())).ok()?;
-        info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse().ok())
+        super::sys::map_memory(std::os::fd::AsFd::as_fd(&self.conntrack_fd))
     }
 
     /// Delete the UDP entries whose backend (forward: its destination; reply: its source) is not in

@@ -187,6 +187,19 @@ impl KernelMaps {
         ))
     }
 
+    /// The Service maps' memory as the kernel accounts it (`sys::map_memory`), by map: the frontends
+    /// (preallocated), their slots, their affinity members and their names (not preallocated: what they hold).
+    pub fn service_memory(&self) -> [(&'static str, Option<u64>); 4] {
+        use std::os::fd::AsFd as _;
+        let b = &self.batch_fds;
+        [
+            (MAP_FRONTENDS, crate::datapath::sys::map_memory(b.frontends.as_fd())),
+            (MAP_SLOTS, crate::datapath::sys::map_memory(b.slots.as_fd())),
+            (MAP_MEMBERS, crate::datapath::sys::map_memory(b.members.as_fd())),
+            (MAP_NAMES, crate::datapath::sys::map_memory(b.names.as_fd())),
+        ]
+    }
+
     /// Another handle on the per-CPU counter map, for a reader off the agent loop (`/metrics`): two
     /// descriptors of one map are independent in the kernel, and a per-CPU lookup is a copy, so reads through
     /// it neither wait on nor disturb the loop's writes.
