@@ -41,8 +41,9 @@ pub const MAP_SOURCE_RANGES: &str = "SOURCE_RANGES";
 pub const DEFAULT_MAX_SOURCE_RANGES: u32 = 65_536;
 /// Per-CPU counters of the tc programs by `NS_*` kind.
 pub const MAP_NS_COUNTERS: &str = "NS_COUNTERS";
-/// IPv4 datagrams of translated flows in fragments: (source, destination, IP id, protocol) -> the ports of
-/// their first fragment, for the later ones, which carry none. An LRU the kernel alone uses (not pinned).
+/// Datagrams of translated flows in fragments (IPv4, and IPv6 with a Fragment header): (source,
+/// destination, id, protocol) -> the ports of their first fragment, for the later ones, which carry none.
+/// An LRU the kernel alone uses (not pinned).
 pub const MAP_FRAGMENTS: &str = "FRAGMENTS";
 /// Entries of `MAP_FRAGMENTS`: datagrams in flight at once.
 pub const DEFAULT_MAX_FRAGMENTS: u32 = 16_384;
@@ -102,8 +103,9 @@ pub const NS_DROP_NO_ROUTE: u32 = 7;
 /// Passed untranslated: a TCP segment that is not a SYN for a frontend with no conntrack entry (an expired
 /// or evicted flow, or not ours).
 pub const NS_PASS_NOT_SYN: u32 = 8;
-/// Passed untranslated: an IPv4 later fragment whose first fragment was not translated (not a translated
-/// flow's, or ahead of it), or an IPv6 packet with extension headers before its L4 header.
+/// Passed untranslated: a later fragment (IPv4, or IPv6 with a Fragment header) whose first fragment was not
+/// translated (not a translated flow's, or ahead of it), or an IPv6 packet with extension headers other than
+/// one Fragment header before its L4 header.
 pub const NS_PASS_FRAGMENT: u32 = 9;
 /// Passed untranslated: a slot the frontend points at is missing (fail open, as the socket programs).
 pub const NS_FAIL_OPEN: u32 = 10;

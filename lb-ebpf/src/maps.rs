@@ -298,15 +298,17 @@ named_map!(
     pub(crate) static NS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(NS_COUNTER_SLOTS, 0);
 );
 
-/// `MAP_FRAGMENTS`' key: an IPv4 datagram as its fragments name it (addresses and id in network order).
+/// `MAP_FRAGMENTS`' key: a datagram as its fragments name it (addresses and id in network order; the IPv4
+/// id in the first two bytes of `id`, the IPv6 Fragment header's 32 bits whole).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct FragKey {
-    pub saddr: u32,
-    pub daddr: u32,
-    pub id: u16,
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+    pub id: u32,
     pub proto: u8,
-    pub _pad: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
 }
 
 /// `MAP_FRAGMENTS`' value: the first fragment's ports (network order) and when they stop applying.
@@ -321,7 +323,8 @@ pub(crate) struct FragPorts {
 
 named_map!(
     MAP_FRAGMENTS == "FRAGMENTS",
-    /// The ports of fragmented IPv4 datagrams of translated flows, from their first fragment.
+    /// The ports of fragmented datagrams of translated flows (IPv4, and IPv6 with a Fragment header), from
+    /// their first fragment.
     pub(crate) static FRAGMENTS: LruHashMap<FragKey, FragPorts> =
         LruHashMap::with_max_entries(DEFAULT_MAX_FRAGMENTS, 0);
 );

@@ -1,16 +1,18 @@
-//! IPv4 fragments of translated flows, tracked as Cilium does (`bpf/lib/ipv4.h`): only a datagram's first
-//! fragment carries its ports, so when a first fragment is translated its ports are kept under the
-//! datagram's (source, destination, IP id, protocol), and the later fragments take them from there and get
-//! the same conntrack entry's address rewrite (their bytes hold no TCP/UDP header; the first fragment's
-//! checksum update covers the whole datagram). A later fragment with no kept ports (not a translated flow's,
-//! or ahead of its first fragment) is passed on untranslated and counted (`NS_PASS_FRAGMENT`). IPv6
-//! fragments (an extension header) are not tracked. The key is what every fragment carries; a datagram
-//! of the same client to the same node address that is not translated but reuses a kept IP id within the
-//! lifetime (its sender's id counter wrapped) would have its later fragments rewritten like the kept one's.
+//! Fragments of translated flows, tracked as Cilium does (`bpf/lib/ipv4.h`, `ipv6.h`): only a datagram's
+//! first fragment carries its ports, so when a first fragment is translated its ports are kept under the
+//! datagram's (source, destination, id, protocol), and the later fragments take them from there and get the
+//! same conntrack entry's address rewrite (their bytes hold no TCP/UDP header; the first fragment's checksum
+//! update covers the whole datagram). IPv4's id is the header's 16 bits; IPv6's the 32 of a Fragment header
+//! directly after the fixed header (the form a sender's stack and the kernel's own fragmentation use; a
+//! datagram with other extension headers before it is passed on, counted). A later fragment with no kept
+//! ports (not a translated flow's, or ahead of its first fragment) is passed on untranslated and counted
+//! (`NS_PASS_FRAGMENT`). The key is what every fragment carries; a datagram of the same client to the same
+//! node address that is not translated but reuses a kept id within the lifetime (its sender's id counter
+//! wrapped) would have its later fragments rewritten like the kept one's.
 use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
 use lb_common::{FRAGMENT_LIFETIME_NS, NS_PASS_FRAGMENT};
 
-use super::PASS;
+use super::{PASS, packet::Flow};
 use crate::{
     counters::count_ns,
     maps::{FRAGMENTS, FragKey, FragPorts},
@@ -24,16 +26,16 @@ pub(crate) const FIRST: u8 = 1;
 pub(crate) const LATER: u8 = 2;
 
 #[inline(always)]
-fn key(saddr: u32, daddr: u32, id: u16, proto: u8) -> FragKey {
-    FragKey { saddr, daddr, id, proto, _pad: 0 }
+fn key(f: &Flow) -> FragKey {
+    FragKey { saddr: f.saddr, daddr: f.daddr, id: f.frag_id, proto: f.proto, family: f.family, _pad: [0; 2] }
 }
 
-/// The ports a later fragment's datagram had in its first fragment, if that was translated within the
-/// lifetime.
+/// The ports a later fragment's datagram (`f`'s addresses, protocol, family and `frag_id`) had in its first
+/// fragment, if that was translated within the lifetime.
 #[inline(always)]
-pub(crate) fn ports(saddr: u32, daddr: u32, id: u16, proto: u8) -> Option<(u16, u16)> {
+pub(crate) fn ports(f: &Flow) -> Option<(u16, u16)> {
     // SAFETY: a plain read of an LRU value.
-    let p = unsafe { FRAGMENTS.get(key(saddr, daddr, id, proto)) }?;
+    let p = unsafe { FRAGMENTS.get(key(f)) }?;
     if p.expires_ns <= now() {
         return None;
     }
@@ -47,12 +49,12 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_boot_ns() }
 }
 
-/// Keep the ports (`sport`, `dport`) of a datagram's first fragment, just translated, for its later
-/// fragments: the datagram is its source, destination, IP id and protocol, as they arrived.
+/// Keep the ports of `f`, a datagram's first fragment just translated, for its later fragments: the datagram
+/// is its source, destination, id and protocol, as they arrived.
 #[inline(always)]
-pub(crate) fn record(saddr: u32, daddr: u32, id: u16, proto: u8, sport: u16, dport: u16) {
-    let v = FragPorts { sport, dport, _pad: 0, expires_ns: now() + FRAGMENT_LIFETIME_NS };
-    let _ = FRAGMENTS.insert(key(saddr, daddr, id, proto), v, 0);
+pub(crate) fn record(f: &Flow) {
+    let v = FragPorts { sport: f.sport, dport: f.dport, _pad: 0, expires_ns: now() + FRAGMENT_LIFETIME_NS };
+    let _ = FRAGMENTS.insert(key(f), v, 0);
 }
 
 /// A fragment that is passed on untranslated: counted.

@@ -3,7 +3,7 @@
 //! load-balancer ingress IPs and externalIPs (frontends with `SCOPE_OUTSIDE`), and its replies.
 //!
 //! - `packet`: parse a flow, rewrite addresses and ports with incremental checksums;
-//! - `fragment`: IPv4 fragments of translated flows, the first fragment's ports kept for the later ones;
+//! - `fragment`: IPv4 and IPv6 fragments of translated flows, the first fragment's ports kept for the later ones;
 //! - `icmp`: ICMP errors about a translated flow, translated back (path MTU discovery, port unreachable);
 //! - `conntrack`: the two entries of a translated flow and their lifetimes;
 //! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check.
@@ -182,7 +182,7 @@ fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -
         return DROP;
     }
     if f.frag == fragment::FIRST {
-        fragment::record(f.saddr[0], f.daddr[0], f.frag_id, f.proto, f.sport, f.dport);
+        fragment::record(f);
     }
     count_ns(NS_TRANSLATED);
     if !snat {

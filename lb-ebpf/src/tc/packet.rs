@@ -21,6 +21,10 @@ const IPV4_TTL: usize = ETH_LEN + 8;
 pub(crate) const IPV4_SRC: usize = ETH_LEN + 12;
 pub(crate) const IPV4_DST: usize = ETH_LEN + 16;
 const IPV6_HOP: usize = ETH_LEN + 7;
+/// IPv6 next-header values: the Fragment header, and the other extension headers that may come before TCP/UDP
+/// (hop-by-hop options, routing, destination options).
+const NEXTHDR_FRAGMENT: u8 = 44;
+const NEXTHDR_OTHER_EXT: [u8; 3] = [0, 43, 60];
 pub(crate) const IPV6_SRC: usize = ETH_LEN + 8;
 pub(crate) const IPV6_DST: usize = ETH_LEN + 24;
 pub(crate) const IPV6_LEN: usize = 40;
@@ -45,11 +49,12 @@ pub(crate) struct Flow {
     pub family: u8,
     /// TCP flags (0 for UDP).
     pub tcp_flags: u8,
-    /// `fragment::WHOLE`, `FIRST` or `LATER` (IPv4; a later fragment has no L4 header: its ports are the
-    /// first fragment's, and only its addresses are rewritten).
+    /// `fragment::WHOLE`, `FIRST` or `LATER` (a later fragment has no L4 header: its ports are the first
+    /// fragment's, and only its addresses are rewritten).
     pub frag: u8,
-    /// The IPv4 id of a fragment.
-    pub frag_id: u16,
+    /// The id of a fragment as it lies in the packet: IPv4's 16 bits (in the first two bytes), or the
+    /// IPv6 Fragment header's 32.
+    pub frag_id: u32,
     /// Offset of the L4 header.
     pub l4: usize,
 }
@@ -59,8 +64,8 @@ pub(crate) struct Flow {
 pub(crate) enum Parsed {
     /// A TCP or UDP packet whose ports are in it (written to the `Flow`).
     Flow,
-    /// An IPv4 later fragment whose first fragment was not translated, or IPv6 with an extension header
-    /// before TCP/UDP: passed on untranslated.
+    /// A later fragment whose first fragment was not translated, or IPv6 with an extension header other
+    /// than one Fragment header before TCP/UDP: passed on untranslated.
     Fragment,
     /// ICMP (IPv4) or ICMPv6 directly after the IP header: the outer addresses, the family, `proto` and
     /// `l4` (the ICMP header's offset) are written to the `Flow`; the ports and flags are not.
@@ -108,36 +113,56 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
             if icmp {
                 return Parsed::Other;
             }
-            f.frag_id = id;
+            f.frag_id = u32::from(id);
             // The fragment offset (13 bits) is zero in the first fragment only.
-            if frag.trailing_zeros() >= 13 {
-                f.frag = fragment::FIRST;
-            } else {
-                let Some((sport, dport)) = fragment::ports(s, d, id, proto) else { return Parsed::Fragment };
-                f.sport = sport;
-                f.dport = dport;
-                f.frag = fragment::LATER;
-                return Parsed::Flow;
+            let later = frag.trailing_zeros() < 13;
+            if let Some(p) = fragment_kind(f, later) {
+                return p;
             }
         }
         if icmp {
             return Parsed::Icmp;
         }
     } else if eth_proto == ETH_P_IPV6 {
-        let Ok(next) = ctx.load::<u8>(ETH_LEN + 6) else { return Parsed::Other };
-        let icmp = next == PROTO_ICMPV6;
-        if next != PROTO_TCP && next != PROTO_UDP && !icmp {
-            // Hop-by-hop, routing, fragment or destination options before the L4 header.
-            return if matches!(next, 0 | 43 | 44 | 60) { Parsed::Fragment } else { Parsed::Other };
-        }
+        let Ok(mut next) = ctx.load::<u8>(ETH_LEN + 6) else { return Parsed::Other };
         let (Ok(s), Ok(d)) = (ctx.load::<[u32; 4]>(IPV6_SRC), ctx.load::<[u32; 4]>(IPV6_DST)) else {
             return Parsed::Other;
         };
         f.saddr = s;
         f.daddr = d;
-        f.proto = next;
         f.family = FAMILY_V6;
         f.l4 = ETH_LEN + IPV6_LEN;
+        let mut later = None;
+        if next == NEXTHDR_FRAGMENT {
+            // next header, reserved, offset (13 bits) | 2 reserved | more fragments, id (32 bits).
+            let (Ok(inner), Ok(off_m), Ok(id)) =
+                (ctx.load::<u8>(f.l4), ctx.load::<u16>(f.l4 + 2), ctx.load::<u32>(f.l4 + 4))
+            else {
+                return Parsed::Other;
+            };
+            let off_m = u16::from_be(off_m);
+            // Offset 0 and no more fragments: an atomic fragment (RFC 6946), the datagram whole.
+            if off_m & 0xfff9 != 0 {
+                later = Some(off_m >> 3 != 0);
+            }
+            next = inner;
+            f.frag_id = id;
+            f.l4 += 8;
+        }
+        let icmp = next == PROTO_ICMPV6;
+        if next != PROTO_TCP && next != PROTO_UDP && !icmp {
+            return if NEXTHDR_OTHER_EXT.contains(&next) { Parsed::Fragment } else { Parsed::Other };
+        }
+        f.proto = next;
+        if let Some(later) = later {
+            // An ICMPv6 error is never fragmented (RFC 4443 2.4 (c): at most the minimum MTU).
+            if icmp {
+                return Parsed::Other;
+            }
+            if let Some(p) = fragment_kind(f, later) {
+                return p;
+            }
+        }
         if icmp {
             return Parsed::Icmp;
         }
@@ -152,6 +177,22 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         f.tcp_flags = flags;
     }
     Parsed::Flow
+}
+
+/// A fragment (`later`: not the first) of the datagram whose addresses, protocol, family and id `f` holds:
+/// the first is marked and parsed on as a whole packet (`None`); a later one takes its ports from the first
+/// (`Parsed::Flow`), or is passed on without them (`Parsed::Fragment`).
+#[inline(always)]
+fn fragment_kind(f: &mut Flow, later: bool) -> Option<Parsed> {
+    if !later {
+        f.frag = fragment::FIRST;
+        return None;
+    }
+    let Some((sport, dport)) = fragment::ports(f) else { return Some(Parsed::Fragment) };
+    f.sport = sport;
+    f.dport = dport;
+    f.frag = fragment::LATER;
+    Some(Parsed::Flow)
 }
 
 /// Offset of the L4 checksum and the flags its updates take (UDP over IPv4 may carry no checksum: 0 stays 0,
@@ -183,8 +224,10 @@ fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i
         ctx.store(off, &to[0], 0)?;
     } else {
         let off = if dst { IPV6_DST } else { IPV6_SRC };
-        for i in 0..4 {
-            ctx.l4_csum_replace(csum, u64::from(from[i]), u64::from(to[i]), pseudo | 4)?;
+        if f.frag != fragment::LATER {
+            for i in 0..4 {
+                ctx.l4_csum_replace(csum, u64::from(from[i]), u64::from(to[i]), pseudo | 4)?;
+            }
         }
         ctx.store(off, to, 0)?;
     }

@@ -240,11 +240,14 @@ pub(crate) fn src_of(p: &[u8]) -> SocketAddr {
     }
 }
 
-/// The IPv4 frame `p` split at L4 byte `at` (a multiple of 8) into two fragments, as a sender fragments a
+/// The frame `p` split at L4 byte `at` (a multiple of 8) into two fragments, as a sender fragments a
 /// datagram larger than its MTU: the first with the TCP/UDP header and More Fragments set, the second at
-/// offset `at`; DF clear, IP id `id` in both, each header's checksum computed here.
+/// offset `at`; IPv4: DF clear, IP id `id` in both, each header's checksum computed here; IPv6: `fragments6`.
 pub(crate) fn fragments(p: &Pkt, at: usize, id: u16) -> [Vec<u8>; 2] {
-    assert!(p.src.is_ipv4() && at.is_multiple_of(8));
+    if p.src.is_ipv6() {
+        return fragments6(p, at, u32::from(id));
+    }
+    assert!(at.is_multiple_of(8));
     let whole = p.bytes();
     let (hdr, l4) = whole.split_at(34);
     let piece = |frag: u16, data: &[u8]| {
@@ -259,4 +262,24 @@ pub(crate) fn fragments(p: &Pkt, at: usize, id: u16) -> [Vec<u8>; 2] {
         f
     };
     [piece(0x2000, &l4[..at]), piece((at / 8) as u16, &l4[at..])]
+}
+
+/// The IPv6 frame `p` split as `fragments` splits an IPv4 one: a Fragment header (id `id`) directly after
+/// the fixed header of each, More Fragments set in the first.
+fn fragments6(p: &Pkt, at: usize, id: u32) -> [Vec<u8>; 2] {
+    assert!(at.is_multiple_of(8));
+    let whole = p.bytes();
+    let (hdr, l4) = whole.split_at(54);
+    let piece = |off_m: u16, data: &[u8]| {
+        let mut f = hdr.to_vec();
+        f[18..20].copy_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+        let proto = f[20];
+        f[20] = 44;
+        f.extend_from_slice(&[proto, 0]);
+        f.extend_from_slice(&off_m.to_be_bytes());
+        f.extend_from_slice(&id.to_be_bytes());
+        f.extend_from_slice(data);
+        f
+    };
+    [piece(1, &l4[..at]), piece(at as u16, &l4[at..])]
 }
