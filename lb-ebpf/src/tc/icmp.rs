@@ -24,7 +24,7 @@ use lb_common::{
 
 use super::{
     DROP, PASS, conntrack,
-    packet::{ETH_LEN, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC},
+    packet::{ETH_LEN, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC, NEXTHDR_FRAGMENT},
     route,
 };
 use crate::{counters::count_ns, maps::CONNTRACK};
@@ -97,7 +97,7 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
 }
 
 /// The quoted packet's flow into `q` (`q.l4`: its TCP/UDP header's offset): `false` when it is not TCP or
-/// UDP of `f`'s family, or a later fragment (no ports).
+/// UDP of `f`'s family, or a later fragment (no ports); an IPv6 first fragment's Fragment header is skipped.
 #[inline(always)]
 fn quoted(ctx: &TcContext, f: &Flow, q: &mut Flow) -> bool {
     let ih = f.l4 + ICMP_LEN;
@@ -118,15 +118,27 @@ fn quoted(ctx: &TcContext, f: &Flow, q: &mut Flow) -> bool {
         q.proto = proto;
         q.l4 = ih + ihl;
     } else {
-        let (Ok(next), Ok(s), Ok(d)) =
+        let (Ok(mut next), Ok(s), Ok(d)) =
             (ctx.load::<u8>(ih + 6), ctx.load::<[u32; 4]>(ih + 8), ctx.load::<[u32; 4]>(ih + 24))
         else {
             return false;
         };
         q.saddr = s;
         q.daddr = d;
-        q.proto = next;
         q.l4 = ih + IPV6_LEN;
+        if next == NEXTHDR_FRAGMENT {
+            // A fragment quoted (packet too big about a fragmented datagram): the first one carries the
+            // ports, a later one none.
+            let (Ok(inner), Ok(off_m)) = (ctx.load::<u8>(q.l4), ctx.load::<u16>(q.l4 + 2)) else {
+                return false;
+            };
+            if u16::from_be(off_m) >> 3 != 0 {
+                return false;
+            }
+            next = inner;
+            q.l4 += 8;
+        }
+        q.proto = next;
     }
     if q.proto != PROTO_TCP && q.proto != PROTO_UDP {
         return false;

@@ -23,7 +23,7 @@ pub(crate) const IPV4_DST: usize = ETH_LEN + 16;
 const IPV6_HOP: usize = ETH_LEN + 7;
 /// IPv6 next-header values: the Fragment header, and the other extension headers that may come before TCP/UDP
 /// (hop-by-hop options, routing, destination options).
-const NEXTHDR_FRAGMENT: u8 = 44;
+pub(crate) const NEXTHDR_FRAGMENT: u8 = 44;
 const NEXTHDR_OTHER_EXT: [u8; 3] = [0, 43, 60];
 pub(crate) const IPV6_SRC: usize = ETH_LEN + 8;
 pub(crate) const IPV6_DST: usize = ETH_LEN + 24;

@@ -163,6 +163,30 @@ fn tc_icmpv6_packet_too_big_about_a_reply_reaches_the_local_pod() {
     assert!(icmp_checksums_valid(&out));
 }
 
+/// A router's packet too big about the first fragment of a pod's fragmented IPv6 reply (UDP, a Fragment
+/// header in the quote) reaches the pod, the quote as the pod sent it.
+#[test]
+fn tc_icmpv6_packet_too_big_about_a_reply_fragment_reaches_the_local_pod() {
+    let pod = "[fd00:244:1::2]:53";
+    let mut lab = Lab::new("icmp-v6-frag");
+    lab.frontend("[2001:db8::1]:30053", PROTO_UDP, 2, &[pod], FLAG_SNAT_TO_FRONTEND);
+    lab.local("fd00:244:1::2");
+    let client = "[2001:db8::64]:40000";
+    let q = Pkt::udp(client, "[2001:db8::1]:30053");
+    assert_eq!(lab.run("tc_ingress", &q.bytes()).0, PASS);
+    let reply = Pkt { len: 1600, ..Pkt::udp(pod, client) };
+    let left = reply.from(sa("[2001:db8::1]:30053"));
+    let err = IcmpError {
+        quote_first_fragment: Some((1200, 9)),
+        ..IcmpError::new("2001:db8::fe", "2001:db8::1", PACKET_TOO_BIG, 0, 1280, left)
+    };
+    let (rc, out) = lab.run("tc_ingress", &err.bytes());
+    assert_eq!(rc, PASS);
+    let want = IcmpError { dst: "fd00:244:1::2".parse().unwrap(), quote: reply, ..err };
+    assert_eq!(out, want.bytes(), "to the pod, its fragment quoted as it left the pod");
+    assert!(icmp_checksums_valid(&out));
+}
+
 #[test]
 fn tc_icmp_that_is_no_error_about_a_tracked_flow_passes_untouched() {
     let pod = format!("{LOCAL_POD}:53");

@@ -152,6 +152,8 @@ pub(crate) struct IcmpError {
     pub(crate) rest: u32,
     pub(crate) quote: Pkt,
     pub(crate) quote_len: Option<usize>,
+    /// Quote only the first of `fragments(quote, at, id)` (at, id), not the whole packet.
+    pub(crate) quote_first_fragment: Option<(usize, u16)>,
     pub(crate) ttl: u8,
     pub(crate) smac: [u8; 6],
     pub(crate) dmac: [u8; 6],
@@ -168,6 +170,7 @@ impl IcmpError {
             rest,
             quote,
             quote_len: None,
+            quote_first_fragment: None,
             ttl: 64,
             smac: CLIENT_MAC,
             dmac: NODE_MAC,
@@ -175,7 +178,10 @@ impl IcmpError {
     }
 
     pub(crate) fn bytes(&self) -> Vec<u8> {
-        let mut q = self.quote.bytes()[14..].to_vec();
+        let mut q = match self.quote_first_fragment {
+            Some((at, id)) => fragments(&self.quote, at, id)[0][14..].to_vec(),
+            None => self.quote.bytes()[14..].to_vec(),
+        };
         if let Some(n) = self.quote_len {
             q.truncate(n);
         }
