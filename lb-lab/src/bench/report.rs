@@ -81,14 +81,15 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
   same gate for the marks map.
 - p50 connect against direct: measured in interleaved rounds (direct, then tierlb, per round; the ratio per
   round), because rows measured one after another turned a slower minute of this VM into a ratio (one run
-  had 1.07x at 1 Service and 1.36x at 10,000, a day later 1.42x and 1.38x). The p50s are 9-20 us read at
-  1 us resolution. Profiled with kernel stacks (`perf record -a -g` over a quick run's connect rows, the
+  had 1.07x at 1 Service and 1.36x at 10,000, a day later 1.42x and 1.38x). The p50s are 9-20 us, recorded
+  to the nanosecond (3 significant digits; earlier runs read whole microseconds, which moved the ratio in
+  steps of about 10%). Profiled with kernel stacks (`perf record -a -g` over a quick run's connect rows, the
   load threads' samples): the cgroup hooks tierlb adds come to about 1.4 us per connect, scaled from
   connect4's measured cost per run (connect4 0.47% of the threads' samples, with the kernel's sock_addr
   dispatch 0.58%; sock_ops 0.54%, of which the program itself 0.13%: it runs on every state change of the
   connection, which passive health asks for (`BPF_SOCK_OPS_STATE_CB_FLAG`), and each run pays the kernel's
-  dispatch; the release hook 0.22%). That is about the p50 gap (direct 10-11 us, tierlb 12 us on the quick
-  run, read at 1 us resolution); the rest is the same connect to the same backend, though no per-function
+  dispatch; the release hook 0.22%). That is most of the p50 gap (a quick run at nanosecond resolution:
+  direct 9.7 us, tierlb 11.4 us); the rest is the same connect to the same backend, though no per-function
   comparison of the two paths was made. The agent is not running during these rows (the bench fills the
   maps itself). What would close it: fewer sock_ops runs per connection, connect4's reverse insert; not done.
 - Programming the maps from scratch: batched (`BPF_MAP_UPDATE_BATCH` through a raw syscall), up to 1,024
