@@ -12,7 +12,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
 use lb_common::{FRAGMENT_LIFETIME_NS, NS_PASS_FRAGMENT};
 
-use super::{PASS, packet::Flow};
+use super::PASS;
 use crate::{
     counters::count_ns,
     maps::{FRAGMENTS, FragKey, FragPorts},
@@ -25,17 +25,12 @@ pub(crate) const FIRST: u8 = 1;
 /// `Flow::frag`: a later fragment, its ports taken from the first one's (`ports`).
 pub(crate) const LATER: u8 = 2;
 
-#[inline(always)]
-fn key(f: &Flow) -> FragKey {
-    FragKey { saddr: f.saddr, daddr: f.daddr, id: f.frag_id, proto: f.proto, family: f.family, _pad: [0; 2] }
-}
-
-/// The ports a later fragment's datagram (`f`'s addresses, protocol, family and `frag_id`) had in its first
+/// The ports a later fragment's datagram (`key`: its addresses, id, protocol and family) had in its first
 /// fragment, if that was translated within the lifetime.
 #[inline(always)]
-pub(crate) fn ports(f: &Flow) -> Option<(u16, u16)> {
+pub(crate) fn ports(key: &FragKey) -> Option<(u16, u16)> {
     // SAFETY: a plain read of an LRU value.
-    let p = unsafe { FRAGMENTS.get(key(f)) }?;
+    let p = unsafe { FRAGMENTS.get(key) }?;
     if p.expires_ns <= now() {
         return None;
     }
@@ -49,12 +44,12 @@ fn now() -> u64 {
     unsafe { bpf_ktime_get_boot_ns() }
 }
 
-/// Keep the ports of `f`, a datagram's first fragment just translated, for its later fragments: the datagram
-/// is its source, destination, id and protocol, as they arrived.
+/// Keep the ports (`sport`, `dport`) of a datagram's first fragment, just translated, for its later
+/// fragments: the datagram is `key`, its source, destination, id and protocol as they arrived.
 #[inline(always)]
-pub(crate) fn record(f: &Flow) {
-    let v = FragPorts { sport: f.sport, dport: f.dport, _pad: 0, expires_ns: now() + FRAGMENT_LIFETIME_NS };
-    let _ = FRAGMENTS.insert(key(f), v, 0);
+pub(crate) fn record(key: &FragKey, sport: u16, dport: u16) {
+    let v = FragPorts { sport, dport, _pad: 0, expires_ns: now() + FRAGMENT_LIFETIME_NS };
+    let _ = FRAGMENTS.insert(key, v, 0);
 }
 
 /// A fragment that is passed on untranslated: counted.

@@ -182,7 +182,7 @@ fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -
         return DROP;
     }
     if f.frag == fragment::FIRST {
-        fragment::record(f);
+        fragment::record(&packet::frag_key(f), f.sport, f.dport);
     }
     count_ns(NS_TRANSLATED);
     if !snat {

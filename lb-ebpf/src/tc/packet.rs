@@ -11,6 +11,7 @@ use aya_ebpf::{
 use lb_common::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 
 use super::fragment;
+use crate::maps::FragKey;
 
 /// Ethernet header length (the tc programs attach to Ethernet-like devices: veth, physical NICs, bridges).
 pub(crate) const ETH_LEN: usize = 14;
@@ -179,6 +180,12 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
     Parsed::Flow
 }
 
+/// The datagram a fragment of `f` belongs to, as `fragment` keeps it: its addresses, id, protocol and family.
+#[inline(always)]
+pub(crate) fn frag_key(f: &Flow) -> FragKey {
+    FragKey { saddr: f.saddr, daddr: f.daddr, id: f.frag_id, proto: f.proto, family: f.family, _pad: [0; 2] }
+}
+
 /// A fragment (`later`: not the first) of the datagram whose addresses, protocol, family and id `f` holds:
 /// the first is marked and parsed on as a whole packet (`None`); a later one takes its ports from the first
 /// (`Parsed::Flow`), or is passed on without them (`Parsed::Fragment`).
@@ -188,7 +195,7 @@ fn fragment_kind(f: &mut Flow, later: bool) -> Option<Parsed> {
         f.frag = fragment::FIRST;
         return None;
     }
-    let Some((sport, dport)) = fragment::ports(f) else { return Some(Parsed::Fragment) };
+    let Some((sport, dport)) = fragment::ports(&frag_key(f)) else { return Some(Parsed::Fragment) };
     f.sport = sport;
     f.dport = dport;
     f.frag = fragment::LATER;
