@@ -104,8 +104,8 @@ pub const NS_DROP_NO_ROUTE: u32 = 7;
 /// or evicted flow, or not ours).
 pub const NS_PASS_NOT_SYN: u32 = 8;
 /// Passed untranslated: a later fragment (IPv4, or IPv6 with a Fragment header) whose first fragment was not
-/// translated (not a translated flow's, or ahead of it), or an IPv6 packet with extension headers other than
-/// one Fragment header before its L4 header.
+/// translated (not a translated flow's, or ahead of it), or an IPv6 packet to a unicast address with extension
+/// headers other than one Fragment header before its L4 header (multicast, such as MLD, is not counted).
 pub const NS_PASS_FRAGMENT: u32 = 9;
 /// Passed untranslated: a slot the frontend points at is missing (fail open, as the socket programs).
 pub const NS_FAIL_OPEN: u32 = 10;

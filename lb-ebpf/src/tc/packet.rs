@@ -152,7 +152,14 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         }
         let icmp = next == PROTO_ICMPV6;
         if next != PROTO_TCP && next != PROTO_UDP && !icmp {
-            return if NEXTHDR_OTHER_EXT.contains(&next) { Parsed::Fragment } else { Parsed::Other };
+            // Counted only when it could be a frontend's: a multicast destination (ff00::/8: MLD reports carry
+            // a hop-by-hop header) never is.
+            let unicast = d[0].to_ne_bytes()[0] != 0xff;
+            return if unicast && NEXTHDR_OTHER_EXT.contains(&next) {
+                Parsed::Fragment
+            } else {
+                Parsed::Other
+            };
         }
         f.proto = next;
         if let Some(later) = later {

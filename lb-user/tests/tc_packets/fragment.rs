@@ -106,7 +106,7 @@ fn tc_fragments_not_of_a_translated_flow_or_ahead_of_their_first_pass_untouched_
 }
 
 /// IPv6 with an extension header other than one Fragment header before UDP (hop-by-hop options): not
-/// parsed, passed untouched and counted, even to a frontend.
+/// parsed, passed untouched and counted, even to a frontend; to a multicast group (MLD), not counted.
 #[test]
 fn tc_ipv6_with_another_extension_header_passes_untouched_and_counted() {
     let (client, node, pod) = V6;
@@ -122,4 +122,9 @@ fn tc_ipv6_with_another_extension_header_passes_untouched_and_counted() {
     let (rc, out) = lab.run("tc_ingress", &p);
     assert_eq!((rc, &out), (PASS, &p));
     assert_eq!(lab.ns_counter(NS_PASS_FRAGMENT), 1, "counted");
+    // To a multicast group (an MLD report has a hop-by-hop header): never a frontend's, passed uncounted.
+    p[38..54].copy_from_slice(&"ff02::16".parse::<std::net::Ipv6Addr>().unwrap().octets());
+    let (rc, out) = lab.run("tc_ingress", &p);
+    assert_eq!((rc, &out), (PASS, &p));
+    assert_eq!(lab.ns_counter(NS_PASS_FRAGMENT), 1, "a multicast packet is not counted");
 }
