@@ -118,6 +118,19 @@ impl NetNs {
     pub fn enter_current_thread(&self) -> anyhow::Result<()> {
         nix::sched::setns(self.file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).context("setns")
     }
+
+    /// `f` on a thread of its own inside the namespace (the caller's thread stays where it is): what it
+    /// returns, or an error if it could not enter or panicked.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> anyhow::Result<T> + Send) -> anyhow::Result<T> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                self.enter_current_thread()?;
+                f()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread in netns {} panicked", self.name))?
+        })
+    }
 }
 
 impl Drop for NetNs {

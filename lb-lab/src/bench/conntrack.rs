@@ -16,7 +16,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use lb_common::FLAG_SNAT_TO_FRONTEND;
+use lb_common::{FLAG_SNAT_TO_FRONTEND, PROTO_UDP};
 use tierlb::{
     datapath::{Desired, DesiredFrontend, Reconciler, addr, ebpf::Loaded, marks::boottime_ns},
     model::{ObjKey, ServicePortName},
@@ -100,9 +100,9 @@ pub(super) fn memory(flows: usize) -> anyhow::Result<Vec<CtMemory>> {
 
 /// One UDP node port, its one endpoint the pod (local: DNAT, the client's address kept).
 fn desired() -> Desired {
-    let b = vec![addr::backend(SocketAddr::new(POD.into(), POD_PORT), 17)];
+    let b = vec![addr::backend(SocketAddr::new(POD.into(), POD_PORT), PROTO_UDP)];
     [(
-        addr::outside_frontend_key(IpAddr::V4(NODE), NODE_PORT, 17),
+        addr::outside_frontend_key(IpAddr::V4(NODE), NODE_PORT, PROTO_UDP),
         DesiredFrontend {
             name: ServicePortName::new(ObjKey::new("bench", "conntrack"), "").into(),
             tiers: [Vec::new(), Vec::new(), b],
@@ -161,34 +161,27 @@ fn send_until(
 
 /// One datagram from each of the first `flows` (source, port) pairs, from a thread in the client's namespace.
 fn send_flows(lab: &Lab, sources: &[Ipv4Addr], flows: usize, to: SocketAddr) -> anyhow::Result<()> {
-    std::thread::scope(|s| {
-        s.spawn(|| -> anyhow::Result<()> {
-            lab.ext.enter_current_thread()?;
-            let pairs = sources.iter().flat_map(|ip| PORTS.map(move |p| SocketAddr::new((*ip).into(), p)));
-            for (i, from) in pairs.take(flows).enumerate() {
-                let sock = UdpSocket::bind(from).with_context(|| format!("bind {from}"))?;
-                sock.send_to(b"x", to).with_context(|| format!("send from {from}"))?;
-                if i % BURST == BURST - 1 {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
+    lab.ext.run(|| {
+        let pairs = sources.iter().flat_map(|ip| PORTS.map(move |p| SocketAddr::new((*ip).into(), p)));
+        for (i, from) in pairs.take(flows).enumerate() {
+            let sock = UdpSocket::bind(from).with_context(|| format!("bind {from}"))?;
+            sock.send_to(b"x", to).with_context(|| format!("send from {from}"))?;
+            if i % BURST == BURST - 1 {
+                std::thread::sleep(Duration::from_millis(1));
             }
-            Ok(())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the sending thread panicked"))?
+        }
+        Ok(())
     })
 }
 
-/// nf_conntrack's entries in the node's namespace.
+/// nf_conntrack's entries in the node's namespace (its sysctls are the reading thread's namespace's).
 fn nf_conntrack_count(lab: &Lab) -> anyhow::Result<usize> {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", lab.node.netns.name(), "cat", "/proc/sys/net/netfilter/nf_conntrack_count"])
-        .output()?;
-    // Without the nf_conntrack module loaded the file is missing: no flow is tracked there.
-    if !out.status.success() {
-        return Ok(0);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+    lab.node.netns.run(|| match std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count") {
+        Ok(n) => Ok(n.trim().parse()?),
+        // Without the nf_conntrack module loaded the file is missing: no flow is tracked there.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(anyhow::Error::new(e).context("reading nf_conntrack_count")),
+    })
 }
 
 /// The kernel's unreclaimable slab (`SUnreclaim`), bytes.

@@ -244,16 +244,7 @@ pub(super) fn rows(
 
 /// Attach the tc programs to the node's uplink, from a thread inside the node's namespace.
 pub(super) fn attach_in(ns: &NetNs, programs: &mut tierlb::datapath::ebpf::Programs) -> anyhow::Result<()> {
-    let file = ns.file().try_clone()?;
-    std::thread::scope(|s| {
-        s.spawn(|| -> anyhow::Result<()> {
-            nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET)?;
-            programs.attach_device("eth", None)?;
-            Ok(())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the attaching thread panicked"))?
-    })
+    ns.run(|| Ok(programs.attach_device("eth", None)?))
 }
 
 #[cfg(test)]
