@@ -204,8 +204,8 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
     pub max_affinity: u32,
     /// Capacity: conntrack entries of traffic from outside the node (an LRU, two entries per flow; about
-    /// 160 bytes each with the hash table's buckets, preallocated: the default is 40 MiB). Beyond it the least recently used flow is
-    /// forgotten.
+    /// 160 bytes each with the hash table's buckets, preallocated: the default is 40 MiB). Beyond it the least
+    /// recently used flow is forgotten.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK)]
     pub max_conntrack: u32,
     /// Per Service: frontends (VIP or node address, port, protocol) one Service may have; a Service with more

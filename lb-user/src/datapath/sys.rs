@@ -10,9 +10,10 @@ pub(crate) fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c
     if r < 0 { Err(std::io::Error::last_os_error()) } else { Ok(r) }
 }
 
-/// The memory of the map behind `fd` as the kernel accounts it: `memlock` in its fdinfo, the map type's
-/// `map_mem_usage` (5.19+: every preallocated element, or the elements held of one that is not, and the
-/// buckets); `None` if the kernel does not say.
+/// The memory of the map behind `fd` as the kernel accounts it: `memlock` in its fdinfo, since 6.4 the map
+/// type's `map_mem_usage` (a hash map: its buckets, sized by its capacity, and every element if preallocated,
+/// else those it holds; before 6.4 an estimate from key, value and capacity); `None` if the kernel does not
+/// say.
 pub(crate) fn map_memory(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(&fd);
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;

@@ -188,7 +188,8 @@ impl KernelMaps {
     }
 
     /// The Service maps' memory as the kernel accounts it (`sys::map_memory`), by map: the frontends
-    /// (preallocated), their slots, their affinity members and their names (not preallocated: what they hold).
+    /// (preallocated), their slots, their affinity members and their names (not preallocated: their buckets,
+    /// sized by capacity, and what they hold).
     pub fn service_memory(&self) -> [(&'static str, Option<u64>); 4] {
         use std::os::fd::AsFd as _;
         let b = &self.batch_fds;
