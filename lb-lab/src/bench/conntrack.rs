@@ -44,8 +44,8 @@ pub(super) fn memory(flows: usize) -> anyhow::Result<Vec<CtMemory>> {
     let to = SocketAddr::new(NODE.into(), NODE_PORT);
     let mut out = Vec::new();
     {
-        let Loaded { mut programs, maps, ns: mut ns_maps } =
-            Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
+        let caps = tierlb::datapath::ebpf::Capacities::default();
+        let Loaded { mut programs, maps, ns: mut ns_maps } = Loaded::load(caps, None)?;
         ns_maps.set_local(&std::collections::BTreeSet::from([IpAddr::V4(POD)]))?;
         attach_in(&lab.node.netns, &mut programs)?;
         let mut rec = Reconciler::new(maps);
@@ -57,14 +57,13 @@ pub(super) fn memory(flows: usize) -> anyhow::Result<Vec<CtMemory>> {
         let slab1 = unreclaimable_slab()?;
         let stats = ns_maps.conntrack_stats(boottime_ns());
         let bytes = ns_maps.conntrack_memory().context("the conntrack map's fdinfo has no memlock")?;
-        let capacity = tierlb::datapath::ebpf::Capacities::default().conntrack / 2;
         out.push(CtMemory {
             table: "tierlb".into(),
             flows: tracked,
             entries: stats.entries,
             bytes,
             slab_growth: slab1.saturating_sub(slab0),
-            capacity_flows: Some(u64::from(capacity)),
+            capacity_flows: Some(u64::from(caps.conntrack / 2)),
             nf_conntrack_alongside: nf_conntrack_count(&lab)?,
         });
         drop(programs);
