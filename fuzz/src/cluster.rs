@@ -9,8 +9,8 @@ use std::{
 
 use arbitrary::Arbitrary;
 use tierlb::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Model, Name, Node, ObjKey, Policy, Protocol, Service,
-    ServicePort, SlicePort, intern,
+    AddressType, Conditions, Endpoint, EndpointSlice, Model, Name, NameList, Node, ObjKey, Policy, Protocol,
+    Service, ServicePort, SlicePort, intern, intern_list,
 };
 
 /// Node names: the planned node is `NODES[0]`.
@@ -68,7 +68,7 @@ fn proto(udp: bool) -> Protocol {
     if udp { Protocol::Udp } else { Protocol::Tcp }
 }
 
-fn names(pool: &[&str], v: Option<&Vec<u8>>) -> Option<Vec<Name>> {
+fn names(pool: &[&str], v: Option<&Vec<u8>>) -> Option<NameList> {
     v.map(|v| {
         let mut out: Vec<Name> = Vec::new();
         for i in v.iter().take(8) {
@@ -77,7 +77,7 @@ fn names(pool: &[&str], v: Option<&Vec<u8>>) -> Option<Vec<Name>> {
                 out.push(n);
             }
         }
-        out
+        intern_list(out)
     })
 }
 
@@ -259,11 +259,11 @@ fn sorted<'a>(it: impl Iterator<Item = &'a Ep<'a>>) -> Vec<SocketAddr> {
     v
 }
 
-fn node_hints(e: &Endpoint) -> &Option<Vec<Name>> {
+fn node_hints(e: &Endpoint) -> &Option<NameList> {
     &e.for_nodes
 }
 
-fn zone_hints(e: &Endpoint) -> &Option<Vec<Name>> {
+fn zone_hints(e: &Endpoint) -> &Option<NameList> {
     &e.for_zones
 }
 
@@ -286,10 +286,10 @@ fn categorize(svc: &Service, eps: &[Ep<'_>], node: &str, zone: Option<&str>) -> 
         return Expected { tiers: [set, Vec::new(), Vec::new()], local: true };
     }
     let r: Vec<&Ep<'_>> = eps.iter().filter(|e| ready(e.e)).collect();
-    let all = |f: fn(&Endpoint) -> &Option<Vec<Name>>| {
+    let all = |f: fn(&Endpoint) -> &Option<NameList>| {
         !r.is_empty() && r.iter().all(|e| f(e.e).as_ref().is_some_and(|v| !v.is_empty()))
     };
-    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> &Option<Vec<Name>>, want: &str| {
+    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> &Option<NameList>, want: &str| {
         f(e.e).as_ref().is_some_and(|v| v.iter().any(|x| **x == *want))
     };
     let node_tier = if all(node_hints) && r.iter().any(|e| names(e, node_hints, node)) {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{Endpoint, EndpointSlice, Model, ObjKey, Service};
+use crate::model::{Endpoint, EndpointSlice, Model, ObjKey, Service, intern_list};
 
 /// `trafficDistribution` value: the deprecated alias of `PreferSameZone`.
 pub const PREFER_CLOSE: &str = "PreferClose";
@@ -176,8 +176,9 @@ pub fn apply(model: &Model, svc: &Service, slices: &mut [EndpointSlice]) -> Hint
                 if !ready(ep) {
                     continue;
                 }
-                ep.for_zones = ep.zone.clone().map(|z| vec![z]);
-                ep.for_nodes = if with_node { ep.node_name.clone().map(|n| vec![n]) } else { None };
+                ep.for_zones = ep.zone.clone().map(|z| intern_list(vec![z]));
+                ep.for_nodes =
+                    if with_node { ep.node_name.clone().map(|n| intern_list(vec![n])) } else { None };
             }
         }
         HintMode::None { .. } => remove(slices.iter_mut()),
@@ -224,7 +225,7 @@ fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), Au
         };
         *allocated.entry(zone.to_string()).or_default() += 1;
         ep.for_nodes = None;
-        ep.for_zones = Some(vec![zone]);
+        ep.for_zones = Some(intern_list(vec![zone]));
     }
     let (mut giving, mut receiving) = giving_and_receiving(&desired, &allocated);
     for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()).filter(|e| ready(e)) {
@@ -237,7 +238,7 @@ fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), Au
         let Some(to) = receiving.keys().next().cloned() else {
             break;
         };
-        ep.for_zones = Some(vec![crate::model::intern(&to)]);
+        ep.for_zones = Some(intern_list(vec![crate::model::intern(&to)]));
         decrement(&mut giving, &zone);
         decrement(&mut receiving, &to);
     }

@@ -22,7 +22,7 @@ use crate::{
     hints,
     model::{
         AddressType, Conditions, Endpoint, EndpointSlice, Model, Node, NodeInfo, ObjKey, Policy, Protocol,
-        Service, ServicePort, SlicePort, intern,
+        Service, ServicePort, SlicePort, intern, intern_list,
     },
 };
 pub use catalog::{ModelInfo, models_text};
@@ -323,8 +323,8 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         },
         node_name: Some(intern(&e.node)),
         zone: zone_of(&e.node).as_deref().map(intern),
-        for_nodes: e.for_nodes.as_ref().map(|v| v.iter().map(|n| intern(n)).collect()),
-        for_zones: e.for_zones.as_ref().map(|v| v.iter().map(|z| intern(z)).collect()),
+        for_nodes: e.for_nodes.as_ref().map(|v| intern_list(v.iter().map(|n| intern(n)).collect())),
+        for_zones: e.for_zones.as_ref().map(|v| intern_list(v.iter().map(|z| intern(z)).collect())),
     };
     let mut slice = EndpointSlice {
         key: ObjKey::new("study", "svc-1"),

@@ -10,7 +10,7 @@ use lb_common::FrontendKey;
 
 use crate::{
     datapath::{Desired, addr},
-    model::{Model, ObjKey},
+    model::{Model, ObjKey, compact},
     plan::{self, Claimant},
 };
 
@@ -71,7 +71,7 @@ impl Claims {
         for (key, external) in &claims {
             let who = self.by_frontend.entry(*key).or_default();
             if !who.iter().any(|c| c.service == *service) {
-                who.push(Claimant { external: *external, created, service: service.clone() });
+                compact::push_exact(who, Claimant { external: *external, created, service: service.clone() });
                 changed.insert(*key);
             }
         }

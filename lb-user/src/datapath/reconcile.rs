@@ -25,7 +25,7 @@ use std::{
 use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID};
 
 use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
-use crate::model::{ObjKey, ServicePortName};
+use crate::model::{ObjKey, ServicePortName, compact};
 
 mod adopt;
 mod grace;
@@ -227,10 +227,7 @@ impl<W: MapWriter> Reconciler<W> {
     }
 
     fn index(&mut self, key: FrontendKey, applied: Applied) {
-        let keys = self.by_service.entry(applied.desired.name.service.clone()).or_default();
-        if let Err(at) = keys.binary_search(&key) {
-            keys.insert(at, key);
-        }
+        compact::insert_sorted(self.by_service.entry(applied.desired.name.service.clone()).or_default(), key);
         if let Some(old) = self.applied.insert(key, applied)
             && old.desired.name.service != self.applied[&key].desired.name.service
         {
@@ -240,9 +237,7 @@ impl<W: MapWriter> Reconciler<W> {
 
     fn unindex(&mut self, service: &ObjKey, key: FrontendKey) {
         if let Some(keys) = self.by_service.get_mut(service) {
-            if let Ok(at) = keys.binary_search(&key) {
-                keys.remove(at);
-            }
+            compact::remove_sorted(keys, &key);
             if keys.is_empty() {
                 self.by_service.remove(service);
             }

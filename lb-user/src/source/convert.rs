@@ -18,7 +18,8 @@ use super::{
 };
 use crate::model::{
     AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, NodeAddress, NodeAddressKind, ObjKey,
-    ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort, intern,
+    ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort, compact::exact, intern,
+    intern_list,
 };
 
 /// The conversion, unless validation found problems (a conversion error on a field validation already
@@ -142,18 +143,19 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
     let annotations = svc.metadata.annotations.clone().unwrap_or_default();
     let session_affinity_timeout = session_affinity(&spec)?;
     let load_balancer_source_ranges = source_ranges(&spec, annotations.get(ANNOTATION_LB_SOURCE_RANGES))?;
+    // Kept for the Service's life: no room for more than it has (`compact`).
     Ok(Service {
         key,
         created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         type_,
-        cluster_ips,
-        ports,
+        cluster_ips: exact(cluster_ips),
+        ports: exact(ports),
         internal_policy: policy("spec.internalTrafficPolicy", spec.internal_traffic_policy.as_deref())?,
         external_policy: policy("spec.externalTrafficPolicy", spec.external_traffic_policy.as_deref())?,
-        external_ips,
-        load_balancer_ips,
-        load_balancer_proxy_ips,
-        load_balancer_source_ranges,
+        external_ips: exact(external_ips),
+        load_balancer_ips: exact(load_balancer_ips),
+        load_balancer_proxy_ips: exact(load_balancer_proxy_ips),
+        load_balancer_source_ranges: exact(load_balancer_source_ranges),
         health_check_node_port,
         traffic_distribution: spec.traffic_distribution.clone(),
         topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
@@ -294,18 +296,17 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
             zone: ep.zone.as_deref().map(intern),
             for_nodes: hints
                 .and_then(|h| h.for_nodes.as_ref())
-                .map(|v| v.iter().map(|n| intern(&n.name)).collect()),
+                .map(|v| intern_list(v.iter().map(|n| intern(&n.name)).collect())),
             for_zones: hints
                 .and_then(|h| h.for_zones.as_ref())
-                .map(|v| v.iter().map(|z| intern(&z.name)).collect()),
+                .map(|v| intern_list(v.iter().map(|z| intern(&z.name)).collect())),
         });
     }
     let service_name = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
     let trigger =
         slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME));
     // Exactly as many as there are: a slice's endpoints are most of the agent's memory.
-    endpoints.shrink_to_fit();
-    ports.shrink_to_fit();
+    let (endpoints, ports) = (exact(endpoints), exact(ports));
     Ok(EndpointSlice {
         key,
         service_name,

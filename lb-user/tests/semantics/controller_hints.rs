@@ -9,7 +9,7 @@ fn hinted(td: Option<&str>, eps: &[E]) -> (Vec<Endpoint>, hints::HintOutcome) {
     (slices.into_iter().flat_map(|s| s.endpoints).collect(), out)
 }
 
-fn strs(v: Option<&[tierlb::model::Name]>) -> Option<Vec<&str>> {
+fn strs(v: Option<&Vec<tierlb::model::Name>>) -> Option<Vec<&str>> {
     v.map(|v| v.iter().map(|n| &**n).collect())
 }
 

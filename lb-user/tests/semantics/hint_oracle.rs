@@ -343,7 +343,7 @@ proptest! {
         hints::apply(&m, &s, &mut got);
         for (sl, hints) in got.iter().zip(&want) {
             for (e, h) in sl.endpoints.iter().zip(hints) {
-                prop_assert_eq!((names(e.for_nodes.as_ref()), names(e.for_zones.as_ref())), as_model(h), "{} {:?}", sl.key.name, e);
+                prop_assert_eq!((names(e.for_nodes.as_deref()), names(e.for_zones.as_deref())), as_model(h), "{} {:?}", sl.key.name, e);
             }
         }
         let any = want.iter().flatten().any(Option::is_some);

@@ -88,7 +88,9 @@ impl E {
         self
     }
     fn build(&self) -> Endpoint {
-        let strings = |v: Option<&[&str]>| v.map(|v| v.iter().map(|s| (*s).into()).collect());
+        let strings = |v: Option<&[&str]>| {
+            v.map(|v| tierlb::model::intern_list(v.iter().map(|s| (*s).into()).collect()))
+        };
         Endpoint {
             address: Some(self.ip.parse().unwrap()),
             conditions: Conditions {

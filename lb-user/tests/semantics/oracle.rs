@@ -50,8 +50,8 @@ pub(crate) fn endpoints(
                 // `len(endpoint.Addresses) == 0`: skipped.
                 let Some(ip) = ep.address else { continue };
                 let is_local = ep.node_name.as_deref() == Some(node);
-                let set_of = |v: &Option<Vec<tierlb::model::Name>>| {
-                    v.iter().flatten().map(ToString::to_string).collect::<BTreeSet<_>>()
+                let set_of = |v: &Option<tierlb::model::NameList>| {
+                    v.iter().flat_map(|l| l.iter()).map(ToString::to_string).collect::<BTreeSet<_>>()
                 };
                 let info = KpEndpoint {
                     addr: SocketAddr::new(ip, sp.port),

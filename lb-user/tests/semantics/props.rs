@@ -195,8 +195,12 @@ fn make_slice(
                 conditions: id.conditions,
                 node_name: NODES.get(node).map(|n| (*n).into()),
                 zone: id.zone.map(Into::into),
-                for_nodes: id.for_nodes.map(|v| v.into_iter().map(Into::into).collect()),
-                for_zones: id.for_zones.map(|v| v.into_iter().map(Into::into).collect()),
+                for_nodes: id
+                    .for_nodes
+                    .map(|v| tierlb::model::intern_list(v.into_iter().map(Into::into).collect())),
+                for_zones: id
+                    .for_zones
+                    .map(|v| tierlb::model::intern_list(v.into_iter().map(Into::into).collect())),
             }
         })
         .collect();

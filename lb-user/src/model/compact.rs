@@ -1,0 +1,72 @@
+//! Vectors that hold exactly what they hold. A `Vec` that grows by `push` doubles from a capacity of 4, so
+//! the one frontend key or claimant most Services have took room for four: at 100,000 Services these spare
+//! slots were megabytes of the agent's heap (the heap profile's `finish_grow` under `Claims::set`,
+//! `Slices::insert_shared` and the reconciler's index). The model's and the agent's long-lived vectors grow
+//! through these instead.
+
+/// `v` with no spare capacity (what a parse built by pushing, before it is kept).
+pub fn exact<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
+}
+
+/// Push `x` growing `v` by exactly one.
+pub fn push_exact<T>(v: &mut Vec<T>, x: T) {
+    v.reserve_exact(1);
+    v.push(x);
+}
+
+/// Insert `x` into the sorted `v` unless it is there, growing `v` by exactly one; whether it was inserted.
+pub fn insert_sorted<T: Ord>(v: &mut Vec<T>, x: T) -> bool {
+    match v.binary_search(&x) {
+        Ok(_) => false,
+        Err(at) => {
+            v.reserve_exact(1);
+            v.insert(at, x);
+            true
+        }
+    }
+}
+
+/// Remove `x` from the sorted `v`; whether it was there. The room it took is given back: a set that shrank
+/// from many to few does not keep the many's capacity.
+pub fn remove_sorted<T: Ord>(v: &mut Vec<T>, x: &T) -> bool {
+    let Ok(at) = v.binary_search(x) else { return false };
+    v.remove(at);
+    if v.capacity() > 2 * v.len() {
+        v.shrink_to_fit();
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vector_grown_one_at_a_time_holds_no_spare_room() {
+        let mut v = Vec::new();
+        for x in [3, 1, 2, 1] {
+            insert_sorted(&mut v, x);
+            assert_eq!(v.capacity(), v.len(), "{v:?}");
+        }
+        assert_eq!(v, [1, 2, 3]);
+        push_exact(&mut v, 9);
+        assert_eq!((v.len(), v.capacity()), (4, 4));
+        let mut grown: Vec<u8> = Vec::new();
+        grown.extend(std::iter::once(1).filter(|_| true));
+        assert!(grown.capacity() > 1, "std's growth is what this module avoids");
+        assert_eq!(exact(grown).capacity(), 1);
+    }
+
+    #[test]
+    fn removing_gives_the_room_back() {
+        let mut v: Vec<u32> = (0..16).collect();
+        for x in 0..14 {
+            assert!(remove_sorted(&mut v, &x));
+        }
+        assert!(!remove_sorted(&mut v, &0));
+        assert_eq!(v, [14, 15]);
+        assert!(v.capacity() <= 4, "{}", v.capacity());
+    }
+}
