@@ -41,6 +41,12 @@ impl Claims {
         *self = Self::default();
     }
 
+    /// Rebuild the maps with full nodes (`compact::repack`).
+    pub(super) fn repack(&mut self) {
+        compact::repack(&mut self.by_frontend);
+        compact::repack(&mut self.by_service);
+    }
+
     /// Replace `service`'s claims by `keys` (each with whether it is an external address; none: the Service
     /// is gone); `created` is its creation time. Returns the frontends whose claimants changed.
     pub(super) fn set(

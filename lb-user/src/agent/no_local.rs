@@ -86,6 +86,11 @@ pub(super) struct NoLocal {
 }
 
 impl NoLocal {
+    /// Rebuild the map with full nodes (`compact::repack`).
+    pub(super) fn repack(&mut self) {
+        crate::model::compact::repack(&mut self.per_service);
+    }
+
     /// Forget a Service (it is replanned, or gone).
     pub(super) fn remove(&mut self, key: &ObjKey) {
         if let Some(old) = self.per_service.remove(key) {

@@ -469,7 +469,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         .map(|l| start_metrics(l, &snapshots, &stats, core.reconciler().writer(), ns_counters));
     // Rule 3: the maps are filled before the programs are attached, so the first connect sees the full plan.
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
-    memory::trim_after(&report);
+    memory::trim_after(&report, &mut core);
     log_sync(&report);
     memory::check_limit(core.model().services.len());
     refuse_other_instances(&cgroup, pin_dir.as_deref())?;
@@ -527,7 +527,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                         }
                         record(&health, &mut stats, &r, &core);
                         snapshot_stale |= r.added + r.updated + r.removed > 0 || core.topology_changed();
-                        memory::trim_after(&r);
+                        memory::trim_after(&r, &mut core);
                         log_sync(&r);
                     }
                     Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),

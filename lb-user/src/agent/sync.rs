@@ -102,6 +102,22 @@ impl<W: MapWriter> AgentCore<W> {
         Self { external, ..self }
     }
 
+    /// Rebuild every map kept per Service or per frontend (the source's, the model's, the plans' records, the
+    /// reconciler's) with full nodes (`model::compact::repack`): after a sync that inserted many in key order,
+    /// their nodes are a little over half full.
+    pub fn repack(&mut self) {
+        use crate::model::compact::{repack, repack_set};
+        self.source.repack();
+        self.tracker.repack();
+        self.reconciler.repack();
+        repack(&mut self.planned);
+        repack_set(&mut self.hints_filled);
+        repack(&mut self.health);
+        self.claims.repack();
+        self.no_local.repack();
+        self.topology.repack();
+    }
+
     /// The model as the source has it now.
     pub fn model(&self) -> &crate::model::Model {
         self.tracker.model()

@@ -484,17 +484,20 @@ fn the_frontend_and_slot_limits_refuse_a_service_after_planning() {
 }
 
 /// The memory structure, not a figure: after a sync, each Service and EndpointSlice is one allocation shared
-/// by the source and the model (a deep copy anywhere on the way makes its count 1), node and zone names and
-/// namespaces are one allocation each however many endpoints and keys name them, and a slice holds exactly
-/// its endpoints.
+/// by the source and the model (a deep copy anywhere on the way makes its count 1), node and zone names,
+/// hint lists and namespaces are one allocation each however many endpoints and keys name them, and a slice
+/// holds exactly its endpoints. The maps rebuilt with full nodes (`repack`, after a large sync) still serve
+/// the next edit.
 #[test]
 fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
     use std::sync::Arc;
     let tmp = TempDir::new("agent-memory").unwrap();
     let dir = tmp.path();
     for (name, vip) in [("alpha", "10.96.0.11"), ("beta", "10.96.0.12")] {
-        let eps =
-            [Ep::ready(ip("10.0.0.1"), "node-1").zone("a"), Ep::ready(ip("10.0.0.2"), "node-2").zone("a")];
+        let eps = [
+            Ep::ready(ip("10.0.0.1"), "node-1").zone("a").prefer_same_node(),
+            Ep::ready(ip("10.0.0.2"), "node-2").zone("a").prefer_same_node(),
+        ];
         write_service(dir, &Svc::new(name, ip(vip), 80, 8080), &eps).unwrap();
     }
     let mut a = agent(dir, 64);
@@ -516,7 +519,22 @@ fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
     assert_eq!(x.node_name.as_deref(), Some("node-1"));
     assert!(Arc::ptr_eq(x.node_name.as_ref().unwrap(), y.node_name.as_ref().unwrap()), "node name copied");
     assert!(Arc::ptr_eq(x.zone.as_ref().unwrap(), y.zone.as_ref().unwrap()), "zone copied");
+    let (xn, yn) = (x.for_nodes.as_ref().unwrap(), y.for_nodes.as_ref().unwrap());
+    assert_eq!(xn.as_slice(), [crate::model::intern("node-1")]);
+    assert!(Arc::ptr_eq(xn, yn), "forNodes list copied");
+    assert!(
+        Arc::ptr_eq(x.for_zones.as_ref().unwrap(), y.for_zones.as_ref().unwrap()),
+        "forZones list copied"
+    );
     assert!(Arc::ptr_eq(&slices[0].key.namespace, &slices[1].key.namespace), "namespace copied");
     let keys: Vec<&ObjKey> = m.services.keys().collect();
     assert!(Arc::ptr_eq(&keys[0].namespace, &keys[1].namespace), "namespace copied");
+    drop(slices);
+    let before = programmed(&a);
+    a.repack();
+    assert_eq!(programmed(&a), before, "repacking changed what is programmed");
+    let eps = [Ep::ready(ip("10.0.0.3"), "node-1")];
+    write_service(dir, &Svc::new("alpha", ip("10.96.0.11"), 80, 8080), &eps).unwrap();
+    let edit = a.sync(Instant::now()).unwrap();
+    assert_eq!((edit.added, edit.updated, edit.removed), (0, 1, 0), "the edit after a repack");
 }

@@ -18,6 +18,13 @@ pub(super) struct Topology {
     all: Option<Arc<Vec<ServiceTopology>>>,
 }
 
+impl Topology {
+    /// Rebuild the map with full nodes (`compact::repack`).
+    pub(super) fn repack(&mut self) {
+        crate::model::compact::repack(&mut self.by_service);
+    }
+}
+
 /// The rows of one Service's plans.
 fn rows(svc: &Service, plans: &[PortPlan]) -> Vec<ServiceTopology> {
     plans

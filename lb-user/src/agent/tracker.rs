@@ -61,6 +61,11 @@ fn family(s: &EndpointSlice) -> Option<Family> {
 }
 
 impl ChangeTracker {
+    /// Rebuild the model's maps with full nodes (`Model::repack`).
+    pub fn repack(&mut self) {
+        self.model.repack();
+    }
+
     /// The model as of the last change.
     pub fn model(&self) -> &Model {
         &self.model

@@ -118,6 +118,12 @@ impl<W: MapWriter> Reconciler<W> {
         &mut self.writer
     }
 
+    /// Rebuild the records with full nodes (`compact::repack`).
+    pub fn repack(&mut self) {
+        compact::repack(&mut self.applied);
+        compact::repack(&mut self.by_service);
+    }
+
     /// Frontends as applied, with their map value.
     pub fn applied(&self) -> impl Iterator<Item = (&FrontendKey, &FrontendValue, &DesiredFrontend)> {
         self.applied.iter().map(|(k, a)| (k, &a.value, &a.desired))

@@ -3,6 +3,11 @@
 //! slots were megabytes of the agent's heap (the heap profile's `finish_grow` under `Claims::set`,
 //! `Slices::insert_shared` and the reconciler's index). The model's and the agent's long-lived vectors grow
 //! through these instead.
+//!
+//! The same holds for B-trees: one filled in key order (the first sync inserts every Service in order) splits
+//! each full leaf into 6 and 5 and never comes back to the left one, so its nodes stay a little over half
+//! full. `repack` rebuilds a map from its sorted entries, which fills every node; the agent does it after a
+//! sync that changed many frontends, before it hands free memory back (`agent::memory`).
 
 /// `v` with no spare capacity (what a parse built by pushing, before it is kept).
 pub fn exact<T>(mut v: Vec<T>) -> Vec<T> {
@@ -39,6 +44,17 @@ pub fn remove_sorted<T: Ord>(v: &mut Vec<T>, x: &T) -> bool {
     true
 }
 
+/// Rebuild `map` with full nodes (see the module's note). Linear: its entries come out sorted and are
+/// bulk-loaded.
+pub fn repack<K: Ord, V>(map: &mut std::collections::BTreeMap<K, V>) {
+    *map = std::mem::take(map).into_iter().collect();
+}
+
+/// `repack` for a set.
+pub fn repack_set<K: Ord>(set: &mut std::collections::BTreeSet<K>) {
+    *set = std::mem::take(set).into_iter().collect();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,6 +73,18 @@ mod tests {
         grown.extend(std::iter::once(1).filter(|_| true));
         assert!(grown.capacity() > 1, "std's growth is what this module avoids");
         assert_eq!(exact(grown).capacity(), 1);
+    }
+
+    #[test]
+    fn a_repacked_map_is_the_same_map() {
+        let mut m: std::collections::BTreeMap<u32, String> = (0..1000).map(|i| (i, i.to_string())).collect();
+        m.retain(|k, _| k % 3 != 0);
+        let before: Vec<_> = m.clone().into_iter().collect();
+        repack(&mut m);
+        assert_eq!(m.into_iter().collect::<Vec<_>>(), before);
+        let mut s: std::collections::BTreeSet<u32> = (0..100).collect();
+        repack_set(&mut s);
+        assert!(s.iter().copied().eq(0..100));
     }
 
     #[test]

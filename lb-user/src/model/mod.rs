@@ -376,6 +376,15 @@ impl Model {
         self.skipped.remove(key);
     }
 
+    /// Rebuild the maps with full nodes (`compact::repack`).
+    pub fn repack(&mut self) {
+        compact::repack(&mut self.services);
+        compact::repack(&mut self.skipped);
+        compact::repack(&mut self.nodes);
+        compact::repack(&mut self.slices.by_key);
+        compact::repack(&mut self.slices.by_service);
+    }
+
     /// The EndpointSlices that belong to a Service (same namespace, `kubernetes.io/service-name` label), in
     /// key order.
     pub fn slices_of<'a>(&'a self, svc: &'a ObjKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {

@@ -81,7 +81,9 @@ pub fn service(svc: &core::Service) -> Result<Service, Invalid> {
 
 fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
     let key = key_of(&svc.metadata)?;
-    let spec = svc.spec.clone().unwrap_or_default();
+    // Borrowed, not cloned, as the annotations below (kubectl's last-applied copy of the whole object among
+    // them).
+    let spec = validate::spec_of(svc);
     let type_ = match spec.type_.as_deref() {
         None | Some("ClusterIP") => ServiceType::ClusterIP,
         Some("NodePort") => ServiceType::NodePort,
@@ -140,9 +142,10 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         None | Some(0) => None,
         Some(n) => Some(port("spec.healthCheckNodePort", n)?),
     };
-    let annotations = svc.metadata.annotations.clone().unwrap_or_default();
-    let session_affinity_timeout = session_affinity(&spec)?;
-    let load_balancer_source_ranges = source_ranges(&spec, annotations.get(ANNOTATION_LB_SOURCE_RANGES))?;
+    let no_annotations = std::collections::BTreeMap::new();
+    let annotations = svc.metadata.annotations.as_ref().unwrap_or(&no_annotations);
+    let session_affinity_timeout = session_affinity(spec)?;
+    let load_balancer_source_ranges = source_ranges(spec, annotations.get(ANNOTATION_LB_SOURCE_RANGES))?;
     // Kept for the Service's life: no room for more than it has (`compact`).
     Ok(Service {
         key,

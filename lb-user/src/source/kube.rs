@@ -448,6 +448,10 @@ impl ModelSource for KubeSource {
     fn pending(&self) -> Option<PendingChanges> {
         Some(self.queued.clone())
     }
+
+    fn repack(&mut self) {
+        crate::model::compact::repack(&mut self.converted);
+    }
 }
 
 /// The addresses the API server's URL names (its host resolved, as the client resolves it; port 443 by

@@ -340,6 +340,10 @@ impl ModelSource for ManifestDir {
         Ok(Refresh { changes, diagnostics, stale })
     }
 
+    fn repack(&mut self) {
+        crate::model::compact::repack(&mut self.files);
+    }
+
     fn describe(&self) -> String {
         format!("directory {}", self.dir.display())
     }

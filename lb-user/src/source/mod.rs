@@ -34,6 +34,9 @@ pub trait ModelSource: Send {
     fn pending(&self) -> Option<PendingChanges> {
         None
     }
+    /// Rebuild what the source keeps per object with full nodes (`model::compact::repack`), after a change
+    /// of many objects; nothing for a source that keeps nothing per object.
+    fn repack(&mut self) {}
 }
 
 /// Changes a source has received and not yet handed over, by kind: shared counters the source keeps and a

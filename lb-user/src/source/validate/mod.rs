@@ -86,11 +86,18 @@ fn routable_ip(e: &mut Errors, field: String, raw: &str, fix: &str) -> Option<Ip
     }
 }
 
+/// A Service's spec, borrowed (an empty one when it has none): a clone per Service, the whole spec, was a
+/// tenth of the `--kube` start's conversion.
+pub(super) fn spec_of(svc: &core::Service) -> &core::ServiceSpec {
+    static NO_SPEC: std::sync::LazyLock<core::ServiceSpec> = std::sync::LazyLock::new(Default::default);
+    svc.spec.as_ref().unwrap_or(&NO_SPEC)
+}
+
 /// `ValidateService`, for the fields tierlb reads.
 pub(crate) fn service(svc: &core::Service) -> Vec<FieldError> {
     let mut e = Errors::default();
     meta(&mut e, &svc.metadata, dns1035_label, true);
-    let spec = svc.spec.clone().unwrap_or_default();
+    let spec = spec_of(svc);
     let type_ = spec.type_.as_deref().unwrap_or("ClusterIP");
     if !matches!(type_, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
         e.push(
@@ -98,9 +105,9 @@ pub(crate) fn service(svc: &core::Service) -> Vec<FieldError> {
             format!("unknown Service type {type_:?}: use ClusterIP, NodePort, LoadBalancer or ExternalName"),
         );
     }
-    let ips = cluster_ips(&mut e, &spec, type_);
+    let ips = cluster_ips(&mut e, spec, type_);
     let headless = ips.as_slice() == ["None"];
-    ports(&mut e, &spec, type_, headless);
+    ports(&mut e, spec, type_, headless);
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
         routable_ip(
             &mut e,
@@ -118,7 +125,7 @@ pub(crate) fn service(svc: &core::Service) -> Vec<FieldError> {
             e.push(format!("status.loadBalancer.ingress[{i}].ip"), m);
         }
     }
-    traffic_policies(&mut e, &spec, type_);
+    traffic_policies(&mut e, spec, type_);
     e.0
 }
 
