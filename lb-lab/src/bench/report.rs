@@ -93,21 +93,39 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
   comparison of the two paths was made. The agent is not running during these rows (the bench fills the
   maps itself). What would close it: fewer sock_ops runs per connection, connect4's reverse insert; not done.
 - Programming the maps from scratch: batched (`BPF_MAP_UPDATE_BATCH` through a raw syscall), up to 1,024
-  frontends per round in five map operations (counters, names, slots, members, frontend values). From the
+  frontends per round in five map operations (counters, names, slots, members, frontend values). Most of it
+  is the kernel's own insert into the non-preallocated `SLOTS` hash (`htab_map_update_elem` under
+  `generic_map_update_batch`, about 0.9 s for 1,000,000 slots in the profile), whose buckets are locked one
+  at a time: a batch of 4,096 slots or members or more is written by two threads, half each. From the
   agent's start at 100,000 Services x 10 endpoints, interleaved runs of the binary before and after: program
-  1.61 s -> 1.44 s (median of four each). Most of what is left is the kernel's own insert into the
-  non-preallocated `SLOTS` hash (`htab_map_update_elem` under `generic_map_update_batch`, about 0.9 s for
-  1,000,000 slots in the profile); under 1 s needs a cheaper slot map (preallocated: about 100 MiB more
-  charged to the agent at load; or an array with the agent placing generations), not done. The row above
-  times the reconciler alone, after the emptied maps' old slots are collected as the agent's timer does.
-- The agent's RSS: names are interned, Services and EndpointSlices shared between the source and the model,
-  keys shared by reference count, indexes sorted vectors, and the kube source converts each object in its
-  watch task (heap at 10,000 Services from manifests 72 -> 40 MB). What the profile shows next: the endpoint
-  itself (104 bytes), the reconciler's per-frontend records (its applied tiers), the claims and topology rows,
-  and the Service struct (328 bytes).
+  1,181-1,205 ms -> 846-859 ms. An agent held to one CPU gets no gain from it. The row above times the
+  reconciler alone, after the emptied maps' old slots are collected as the agent's timer does.
+- The agent's RSS, earlier rounds: names interned, Services and EndpointSlices shared between the source and
+  the model, keys shared by reference count, indexes sorted vectors, each object converted in its watch task.
+  This round, from heaptrack's account of what the `--kube` agent holds at 10,000 Services: an endpoint's
+  hint lists are one interned `Arc` each (an endpoint 104 -> 72 bytes, asserted at compile time); vectors
+  kept for a Service's life hold exactly their items (a claimant or a frontend key pushed into a `Vec` took
+  room for four: 5.8 MB at 10,000 Services); after a sync that changed many frontends every B-tree kept per
+  Service is rebuilt with full nodes (filled in key order their nodes stay about half full). Live heap
+  45.2 -> 31.3 MB. The resident size follows only part of that (interleaved runs of the binaries before and
+  after: `--kube` 85-87 -> 73-74 MiB at 10,000 Services and 577 -> 482-499 MiB at 100,000; manifests 63 ->
+  55 MiB and 514 -> 427-433 MiB): memory freed between objects that stay is reused but not returned, since
+  a heap page goes back only when nothing on it lives. The `--kube` agent at 10,000 Services: 36 MiB of
+  main heap and 22 MiB of the watch threads' arena for those 31 MB, and 14 MiB of the binary's pages. A
+  fixed `M_MMAP_THRESHOLD` (list pages mapped apart) took 12 MiB off at 100,000 and added 1.2 s to the
+  lists: not kept. Not reached: 64 MiB with `--kube` at 10,000 Services, 256 MiB at 100,000 from either
+  source. What would: the objects kept from a list allocated apart from the list's transient ones, a
+  leaner Service (328 bytes) and reconciler record (its applied tiers: 200 bytes a frontend), not done.
 - Start to ready at 100,000 Services: the ready line gives the phases (the control-plane table). From the API
-  server the lists and their conversion take most of it (the programs load meanwhile); then planning every
-  Service and the map writes above. From manifests, parsing 200,000 YAML documents (on both CPUs).
+  server the lists and their conversion take most of it; the programs load meanwhile on a blocking thread
+  (a `perf record` of the `--kube` agent at 10,000 Services, without call stacks: the verifier about a
+  quarter of its samples, malloc and free about 12%, JSON parsing and conversion a few percent each). The
+  stand-in, another process, serves
+  pre-serialized pages with `managedFields` and kubectl's last-applied annotation, as an API server's watch
+  cache does, and the agent reads them into k8s-openapi's types, every field; the Service conversion no
+  longer clones the spec and annotations. Then planning every Service and the map writes above. From
+  manifests, parsing 200,000 YAML documents (on both CPUs). Not reached: 5 s from the API server; what
+  would: deserializing only the fields tierlb reads (a watcher over a slim type), not done.
 - One edit: the manifests source reads only the file its watch named, and after a sync only the planned
   Services' parts of the north-south maps are written (before, every sync rebuilt this node's endpoint set,
   the source ranges and the UDP backends of every Service and read `LOCAL_BACKENDS` back: about 90% of the
