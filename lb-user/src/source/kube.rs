@@ -11,6 +11,7 @@
 //!
 //! No reflector store (kube-rs' usual companion of `watcher`): nothing would read it, since the converted
 //! objects are what the agent needs, and it would keep a second, raw copy of every EndpointSlice.
+mod lean;
 pub mod list;
 
 use std::{
@@ -28,7 +29,6 @@ use futures::StreamExt as _;
 use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec},
     core::v1 as core,
-    discovery::v1 as discovery,
 };
 use kube::{
     Api, Client,
@@ -141,11 +141,13 @@ impl Raw {
         Self { id: convert::id_of(kind, meta), version: meta.resource_version.clone(), converted }
     }
 
-    fn service(o: &core::Service) -> Self {
+    fn service(o: &lean::LeanService) -> Self {
+        let o = &o.0;
         Self::of(Kind::Service, &o.metadata, convert::service(o).map(|s| Object::Service(Arc::new(s))))
     }
 
-    fn endpoint_slice(o: &discovery::EndpointSlice) -> Self {
+    fn endpoint_slice(o: &lean::LeanSlice) -> Self {
+        let o = &o.0;
         let converted = convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into()));
         Self::of(Kind::EndpointSlice, &o.metadata, converted)
     }
@@ -293,7 +295,8 @@ impl KubeSource {
         // sends a Delete when an object gains one of the labels.
         let not_for_other_proxies = watcher::Config::default().labels(&ProxyLabel::label_selector());
         let (t1, services) = spawn_watch(
-            Api::<core::Service>::all(client.clone()),
+            // Read leanly (`lean`): managedFields and the annotations never read are skipped as parsed.
+            Api::<lean::LeanService>::all(client.clone()),
             not_for_other_proxies.clone(),
             Kind::Service,
             Raw::service,
@@ -302,7 +305,7 @@ impl KubeSource {
             Some(queued.services.clone()),
         );
         let (t2, slices) = spawn_watch(
-            Api::<discovery::EndpointSlice>::all(client.clone()),
+            Api::<lean::LeanSlice>::all(client.clone()),
             not_for_other_proxies,
             Kind::EndpointSlice,
             Raw::endpoint_slice,

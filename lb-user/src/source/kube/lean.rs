@@ -1,0 +1,281 @@
+//! Services and EndpointSlices as the watchers read them off the wire: leaner than k8s-openapi reads them.
+//! `metadata.managedFields` (a JSON tree naming every field of the object again: for an EndpointSlice, its
+//! endpoints a second time) and the annotations `convert` does not read (kubectl's last-applied copy of the
+//! whole object among them) are skipped while parsing, never allocated; the rest is k8s-openapi's own types,
+//! so conversion and validation are those every other source uses. What is skipped is nothing the agent reads:
+//! the objects convert exactly as the full ones do (the tests below).
+use std::{borrow::Cow, collections::BTreeMap, fmt};
+
+use k8s_openapi::{
+    Resource as _,
+    api::{core::v1 as core, discovery::v1 as discovery},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
+use serde::{
+    Deserialize, Deserializer,
+    de::{IgnoredAny, MapAccess, Visitor},
+};
+
+use super::super::fields::ANNOTATIONS_READ;
+
+/// The parts of `metadata` tierlb (and kube-rs' watcher: the resourceVersion) reads. Fields not named here
+/// are skipped by serde without being built.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LeanMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    creation_timestamp: Option<Time>,
+    deletion_timestamp: Option<Time>,
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default, deserialize_with = "annotations_read")]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+impl From<LeanMeta> for ObjectMeta {
+    fn from(m: LeanMeta) -> Self {
+        Self {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            labels: m.labels,
+            annotations: m.annotations,
+            ..Self::default()
+        }
+    }
+}
+
+/// An annotation key: which of `ANNOTATIONS_READ` it is, if any (compared as parsed, not copied).
+struct AnnotationKey(Option<&'static str>);
+
+impl<'de> Deserialize<'de> for AnnotationKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = AnnotationKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an annotation key")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<AnnotationKey, E> {
+                Ok(AnnotationKey(ANNOTATIONS_READ.iter().copied().find(|a| *a == v)))
+            }
+        }
+        d.deserialize_str(Key)
+    }
+}
+
+/// `metadata.annotations`, only those `convert` reads.
+fn annotations_read<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct Annotations;
+    impl<'de> Visitor<'de> for Annotations {
+        type Value = Option<BTreeMap<String, String>>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of annotations")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_map(self)
+        }
+        fn visit_map<M: MapAccess<'de>>(self, mut m: M) -> Result<Self::Value, M::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(AnnotationKey(key)) = m.next_key()? {
+                match key {
+                    Some(k) => {
+                        out.insert(k.to_owned(), m.next_value::<String>()?);
+                    }
+                    None => {
+                        m.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Some(out))
+        }
+    }
+    d.deserialize_option(Annotations)
+}
+
+fn lean_meta<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    Ok(Option::<LeanMeta>::deserialize(d)?.map(ObjectMeta::from).unwrap_or_default())
+}
+
+/// A Service read leanly (the module's note); `.0` is the k8s-openapi object `convert` takes.
+#[derive(Clone, Debug, Default)]
+pub(super) struct LeanService(pub(super) core::Service);
+
+impl<'de> Deserialize<'de> for LeanService {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Wire {
+            #[serde(default, deserialize_with = "lean_meta")]
+            metadata: ObjectMeta,
+            spec: Option<core::ServiceSpec>,
+            status: Option<core::ServiceStatus>,
+        }
+        let w = Wire::deserialize(d)?;
+        Ok(Self(core::Service { metadata: w.metadata, spec: w.spec, status: w.status }))
+    }
+}
+
+/// An EndpointSlice read leanly (the module's note).
+#[derive(Clone, Debug, Default)]
+pub(super) struct LeanSlice(pub(super) discovery::EndpointSlice);
+
+impl<'de> Deserialize<'de> for LeanSlice {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Wire {
+            #[serde(default, deserialize_with = "lean_meta")]
+            metadata: ObjectMeta,
+            address_type: String,
+            #[serde(default)]
+            endpoints: Vec<discovery::Endpoint>,
+            ports: Option<Vec<discovery::EndpointPort>>,
+        }
+        let w = Wire::deserialize(d)?;
+        Ok(Self(discovery::EndpointSlice {
+            metadata: w.metadata,
+            address_type: w.address_type,
+            endpoints: w.endpoints,
+            ports: w.ports,
+        }))
+    }
+}
+
+/// kube-rs' `Resource` for a lean type: the API path, kind and metadata of the k8s-openapi type it reads.
+macro_rules! lean_resource {
+    ($lean:ty, $full:ty) => {
+        impl kube::Resource for $lean {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
+            fn kind((): &()) -> Cow<'_, str> {
+                <$full>::KIND.into()
+            }
+            fn group((): &()) -> Cow<'_, str> {
+                <$full>::GROUP.into()
+            }
+            fn version((): &()) -> Cow<'_, str> {
+                <$full>::VERSION.into()
+            }
+            fn plural((): &()) -> Cow<'_, str> {
+                <$full>::URL_PATH_SEGMENT.into()
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.0.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.0.metadata
+            }
+        }
+    };
+}
+
+lean_resource!(LeanService, core::Service);
+lean_resource!(LeanSlice, discovery::EndpointSlice);
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::source::convert;
+
+    fn served_service() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {
+                "name": "web", "namespace": "shop", "uid": "u-1", "resourceVersion": "42",
+                "creationTimestamp": "2026-11-30T12:00:00Z",
+                "labels": {"app": "web"},
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"spec\":{}}",
+                    "service.kubernetes.io/topology-mode": "Auto",
+                    "service.beta.kubernetes.io/load-balancer-source-ranges": "10.0.0.0/8",
+                    "other": "x"
+                },
+                "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:spec": {"f:ports": {}}}}]
+            },
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080, "nodePort": 30080}],
+                     "trafficDistribution": "PreferSameNode", "sessionAffinity": "ClientIP"},
+            "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}
+        })
+    }
+
+    fn served_slice() -> serde_json::Value {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {
+                "name": "web-abc", "namespace": "shop", "resourceVersion": "43",
+                "labels": {"kubernetes.io/service-name": "web"},
+                "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-30T12:00:00Z"},
+                "managedFields": [{"manager": "endpointslice-controller", "fieldsType": "FieldsV1",
+                                   "fieldsV1": {"f:endpoints": {}}}]
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "nodeName": "n1",
+                           "zone": "a", "hints": {"forNodes": [{"name": "n1"}], "forZones": [{"name": "a"}]}}],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+        })
+    }
+
+    /// What the agent reads of a lean object is what it reads of the full one, and what is skipped is gone.
+    #[test]
+    fn a_lean_object_converts_as_the_full_one_and_drops_what_is_never_read() {
+        let full: core::Service = serde_json::from_value(served_service()).unwrap();
+        let lean: LeanService = serde_json::from_value(served_service()).unwrap();
+        assert_eq!(convert::service(&lean.0).unwrap(), convert::service(&full).unwrap());
+        let id = |m: &ObjectMeta| convert::id_of(crate::model::Kind::Service, m);
+        assert_eq!(id(&lean.0.metadata), id(&full.metadata));
+        assert!(lean.0.metadata.managed_fields.is_none());
+        let kept: Vec<&str> = lean.0.metadata.annotations.iter().flatten().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kept,
+            ["service.beta.kubernetes.io/load-balancer-source-ranges", "service.kubernetes.io/topology-mode"]
+        );
+        assert_eq!(
+            kube::ResourceExt::resource_version(&lean).as_deref(),
+            Some("42"),
+            "the watcher's bookmark"
+        );
+
+        let full: discovery::EndpointSlice = serde_json::from_value(served_slice()).unwrap();
+        let lean: LeanSlice = serde_json::from_value(served_slice()).unwrap();
+        assert_eq!(convert::endpoint_slice(&lean.0).unwrap(), convert::endpoint_slice(&full).unwrap());
+        assert!(lean.0.metadata.managed_fields.is_none());
+        assert_eq!(convert::pod_refs(&lean.0), convert::pod_refs(&full));
+    }
+
+    /// The API paths kube-rs builds from the lean types are the full types' own.
+    #[test]
+    fn a_lean_type_lists_where_the_full_one_does() {
+        use kube::Resource;
+        assert_eq!(LeanService::url_path(&(), None), core::Service::url_path(&(), None));
+        assert_eq!(LeanSlice::url_path(&(), Some("ns")), discovery::EndpointSlice::url_path(&(), Some("ns")));
+        assert_eq!(LeanSlice::api_version(&()), "discovery.k8s.io/v1");
+        assert_eq!(LeanService::kind(&()), "Service");
+    }
+
+    /// Absent or null metadata and annotations read as absent, not as an error.
+    #[test]
+    fn absent_and_null_parts_read_as_absent() {
+        let s: LeanService =
+            serde_json::from_value(json!({"metadata": {"name": "a", "annotations": null}})).unwrap();
+        assert_eq!(s.0.metadata.annotations, None);
+        let s: LeanService = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(s.0.metadata, ObjectMeta::default());
+        let e: LeanSlice = serde_json::from_value(json!({"addressType": "IPv4", "metadata": null})).unwrap();
+        assert!(e.0.endpoints.is_empty());
+    }
+}
