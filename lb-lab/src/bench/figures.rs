@@ -303,6 +303,9 @@ pub struct Phases {
     pub plan: Duration,
     /// `program_ms`.
     pub program: Duration,
+    /// `attach_ms`: from the first sync's end to ready (programs attached, north-south maps, first sweep and
+    /// snapshot); zero from an agent whose ready line has none.
+    pub attach: Duration,
 }
 
 impl Phases {
@@ -315,19 +318,21 @@ impl Phases {
             read: ms("read_ms")?,
             plan: ms("plan_ms")?,
             program: ms("program_ms")?,
+            attach: ms("attach_ms").unwrap_or_default(),
         })
     }
 
-    /// "source 210 ms, load 1318 ms, read 851 ms, plan 74 ms, program 155 ms".
+    /// "source 210 ms, load 1318 ms, read 851 ms, plan 74 ms, program 155 ms, attach 40 ms".
     pub fn describe(&self) -> String {
         let ms = |d: Duration| d.as_millis();
         format!(
-            "source {} ms, load {} ms, read {} ms, plan {} ms, program {} ms",
+            "source {} ms, load {} ms, read {} ms, plan {} ms, program {} ms, attach {} ms",
             ms(self.source),
             ms(self.load),
             ms(self.read),
             ms(self.plan),
-            ms(self.program)
+            ms(self.program),
+            ms(self.attach)
         )
     }
 }
