@@ -116,16 +116,21 @@ samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run
   lists: not kept. Not reached: 64 MiB with `--kube` at 10,000 Services, 256 MiB at 100,000 from either
   source. What would: the objects kept from a list allocated apart from the list's transient ones, a
   leaner Service (328 bytes) and reconciler record (its applied tiers: 200 bytes a frontend), not done.
+  Housekeeping after the ready line rather than before it (what the attach and the first snapshot freed is
+  handed back too): 433 -> 416-417 MiB (manifests) and 489-495 -> 474-475 MiB (`--kube`) at 100,000.
 - Start to ready at 100,000 Services: the ready line gives the phases (the control-plane table). From the API
-  server the lists and their conversion take most of it; the programs load meanwhile on a blocking thread
-  (a `perf record` of the `--kube` agent at 10,000 Services, without call stacks: the verifier about a
-  quarter of its samples, malloc and free about 12%, JSON parsing and conversion a few percent each). The
-  stand-in, another process, serves
-  pre-serialized pages with `managedFields` and kubectl's last-applied annotation, as an API server's watch
-  cache does, and the agent reads them into k8s-openapi's types, every field; the Service conversion no
-  longer clones the spec and annotations. Then planning every Service and the map writes above. From
-  manifests, parsing 200,000 YAML documents (on both CPUs). Not reached: 5 s from the API server; what
-  would: deserializing only the fields tierlb reads (a watcher over a slim type), not done.
+  server the lists and their conversion come first; the programs load meanwhile on a blocking thread (a
+  `perf record` of the `--kube` agent at 10,000 Services, without call stacks: the verifier about a quarter
+  of its samples, malloc and free about 12%). The stand-in, another process, serves pre-serialized pages
+  with `managedFields` and kubectl's last-applied annotation, as an API server's watch cache does. The
+  watchers read Services and EndpointSlices leanly (`source/kube/lean.rs`): `managedFields` (a JSON tree
+  naming every field again; for a slice its endpoints a second time) and the annotations tierlb never reads
+  are skipped while parsing, the rest is k8s-openapi's types (interleaved runs at 100,000: source 4.6-5.0 s
+  -> 2.2-2.5 s, ready 8.2-8.8 s -> 5.5-5.7 s); the Service conversion no longer clones the spec and
+  annotations. Then planning every Service and the map writes above, then `attach` (the first sync's end to
+  ready): its half second was the north-south maps' bookkeeping of this node's 400,000 endpoints for a
+  delta nothing reads on the first pass, now skipped there. The first sync's memory housekeeping (repack,
+  trim) follows the ready line. From manifests, parsing 200,000 YAML documents (on both CPUs).
 - One edit: the manifests source reads only the file its watch named, and after a sync only the planned
   Services' parts of the north-south maps are written (before, every sync rebuilt this node's endpoint set,
   the source ranges and the UDP backends of every Service and read `LOCAL_BACKENDS` back: about 90% of the

@@ -48,7 +48,9 @@ impl Contributions {
     /// Every Service's part, from scratch.
     pub(super) fn of_all<W: MapWriter>(model: &Model, node: &str, rec: &Reconciler<W>) -> Self {
         let mut c = Self::default();
-        c.update(model, node, rec, model.services.keys());
+        // Nothing was written before: no delta to keep (at 100,000 Services its bookkeeping of 400,000 local
+        // endpoints was most of the half second this took, between the first sync and ready).
+        c.take(model, node, rec, model.services.keys(), false);
         c
     }
 
@@ -76,6 +78,18 @@ impl Contributions {
         rec: &Reconciler<W>,
         services: impl IntoIterator<Item = &'a ObjKey>,
     ) -> Delta {
+        self.take(model, node, rec, services, true)
+    }
+
+    /// `update`; without `track`, the sets only (the delta comes back empty).
+    fn take<'a, W: MapWriter>(
+        &mut self,
+        model: &Model,
+        node: &str,
+        rec: &Reconciler<W>,
+        services: impl IntoIterator<Item = &'a ObjKey>,
+        track: bool,
+    ) -> Delta {
         let mut delta = Delta::default();
         let mut touched: BTreeMap<IpAddr, bool> = BTreeMap::new();
         let mut frontends: Vec<FrontendKey> = Vec::new();
@@ -90,7 +104,7 @@ impl Contributions {
                 .collect();
             new.sort_unstable();
             new.dedup();
-            for ip in old.iter().chain(&new) {
+            for ip in old.iter().chain(&new).filter(|_| track) {
                 touched.entry(*ip).or_insert_with(|| self.local.contains_key(ip));
             }
             for ip in &old {
@@ -121,14 +135,16 @@ impl Contributions {
                 Some((value, desired)) => (frontend_part(model, &key, value.flags, desired), Some(desired)),
                 None => (Frontend::default(), None),
             };
-            delta
-                .ranges_removed
-                .extend(old.ranges.iter().filter(|c| !new.ranges.contains(c)).map(|c| (key, *c)));
-            delta
-                .ranges_added
-                .extend(new.ranges.iter().filter(|c| !old.ranges.contains(c)).map(|c| (key, *c)));
-            for b in old.udp.iter().chain(new.udp.iter()) {
-                udp_touched.entry(*b).or_insert_with(|| self.udp.contains_key(b));
+            if track {
+                delta
+                    .ranges_removed
+                    .extend(old.ranges.iter().filter(|c| !new.ranges.contains(c)).map(|c| (key, *c)));
+                delta
+                    .ranges_added
+                    .extend(new.ranges.iter().filter(|c| !old.ranges.contains(c)).map(|c| (key, *c)));
+                for b in old.udp.iter().chain(new.udp.iter()) {
+                    udp_touched.entry(*b).or_insert_with(|| self.udp.contains_key(b));
+                }
             }
             for b in &old.udp {
                 count_down(&mut self.udp, b);
