@@ -64,85 +64,9 @@ pub fn markdown(r: &Report) -> String {
 }
 
 /// What bounds the figures that miss their targets, as measured while making them (perf, bpf_stats): prose
-/// kept with the generator, so a regenerated report keeps it; update it with what a new run shows.
-const MISSES: &str = "
-## Where targets are missed, and what bounds them
-
-What was measured about the targets while working on them (a 2-core VM; `perf record -a -g` with cpu-clock
-samples and BPF JIT symbols, `kernel.bpf_stats_enabled`); which targets this run misses is in the table above:
-
-- connect4 per call: its figure moves by about +-15% between runs on this VM (418 to 566 ns at 10,000
-  Services in one session's runs), so 500 ns sits inside the noise. A perf profile of connect4 puts the
-  (socket cookie, backend) insert into the `REVERSE` LRU (`htab_lru_map_update_elem`, which getpeername() and
-  recvmsg() need) at about three fifths of its samples and the hash lookups (frontend, slot, marks, and
-  passive health, looked up only while its map holds entries) at about a quarter. Done: a TCP socket's
-  reverse state moved from socket storage, whose creation on every connect (`bpf_local_storage_alloc`, slab
-  allocation, memcg charge) was 77% of connect4's samples at 0.9-1.1 us per call, to that LRU. Not done: the
-  same gate for the marks map.
-- p50 connect against direct: measured in interleaved rounds (direct, then tierlb, per round; the ratio per
-  round), because rows measured one after another turned a slower minute of this VM into a ratio (one run
-  had 1.07x at 1 Service and 1.36x at 10,000, a day later 1.42x and 1.38x). The p50s are 9-20 us, recorded
-  to the nanosecond (3 significant digits; earlier runs read whole microseconds, which moved the ratio in
-  steps of about 10%). Profiled with kernel stacks (`perf record -a -g` over a quick run's connect rows, the
-  load threads' samples): the cgroup hooks tierlb adds come to about 1.4 us per connect, scaled from
-  connect4's measured cost per run (connect4 0.47% of the threads' samples, with the kernel's sock_addr
-  dispatch 0.58%; sock_ops 0.54%, of which the program itself 0.13%: it runs on every state change of the
-  connection, which passive health asks for (`BPF_SOCK_OPS_STATE_CB_FLAG`), and each run pays the kernel's
-  dispatch; the release hook 0.22%). That is most of the p50 gap (a quick run at nanosecond resolution:
-  direct 9.7 us, tierlb 11.4 us); the rest is the same connect to the same backend, though no per-function
-  comparison of the two paths was made. The agent is not running during these rows (the bench fills the
-  maps itself). What would close it: fewer sock_ops runs per connection, connect4's reverse insert; not done.
-- Programming the maps from scratch: batched (`BPF_MAP_UPDATE_BATCH` through a raw syscall), up to 1,024
-  frontends per round in five map operations (counters, names, slots, members, frontend values). Most of it
-  is the kernel's own insert into the non-preallocated `SLOTS` hash (`htab_map_update_elem` under
-  `generic_map_update_batch`, about 0.9 s for 1,000,000 slots in the profile), whose buckets are locked one
-  at a time: a batch of 4,096 slots or members or more is written by two threads, half each. From the
-  agent's start at 100,000 Services x 10 endpoints, interleaved runs of the binary before and after: program
-  1,181-1,205 ms -> 846-859 ms. An agent held to one CPU gets no gain from it. The row above times the
-  reconciler alone, after the emptied maps' old slots are collected as the agent's timer does.
-- The agent's RSS, earlier rounds: names interned, Services and EndpointSlices shared between the source and
-  the model, keys shared by reference count, indexes sorted vectors, each object converted in its watch task.
-  This round, from heaptrack's account of what the `--kube` agent holds at 10,000 Services: an endpoint's
-  hint lists are one interned `Arc` each (an endpoint 104 -> 72 bytes, asserted at compile time); vectors
-  kept for a Service's life hold exactly their items (a claimant or a frontend key pushed into a `Vec` took
-  room for four: 5.8 MB at 10,000 Services); after a sync that changed many frontends every B-tree kept per
-  Service is rebuilt with full nodes (filled in key order their nodes stay about half full). Live heap
-  45.2 -> 31.3 MB. The resident size follows only part of that (interleaved runs of the binaries before and
-  after: `--kube` 85-87 -> 73-74 MiB at 10,000 Services and 577 -> 482-499 MiB at 100,000; manifests 63 ->
-  55 MiB and 514 -> 427-433 MiB): memory freed between objects that stay is reused but not returned, since
-  a heap page goes back only when nothing on it lives. The `--kube` agent at 10,000 Services: 36 MiB of
-  main heap and 22 MiB of the watch threads' arena for those 31 MB, and 14 MiB of the binary's pages. A
-  fixed `M_MMAP_THRESHOLD` (list pages mapped apart) took 12 MiB off at 100,000 and added 1.2 s to the
-  lists: not kept. Not reached: 64 MiB with `--kube` at 10,000 Services, 256 MiB at 100,000 from either
-  source. What would: the objects kept from a list allocated apart from the list's transient ones, a
-  leaner Service (328 bytes) and reconciler record (its applied tiers: 200 bytes a frontend), not done.
-  Housekeeping after the ready line rather than before it (what the attach and the first snapshot freed is
-  handed back too): 433 -> 416-417 MiB (manifests) and 489-495 -> 474-475 MiB (`--kube`) at 100,000.
-- Start to ready at 100,000 Services: the ready line gives the phases (the control-plane table). From the API
-  server the lists and their conversion come first; the programs load meanwhile on a blocking thread (a
-  `perf record` of the `--kube` agent at 10,000 Services, without call stacks: the verifier about a quarter
-  of its samples, malloc and free about 12%). The stand-in, another process, serves pre-serialized pages
-  with `managedFields` and kubectl's last-applied annotation, as an API server's watch cache does. The
-  watchers read Services and EndpointSlices leanly (`source/kube/lean.rs`): `managedFields` (a JSON tree
-  naming every field again; for a slice its endpoints a second time) and the annotations tierlb never reads
-  are skipped while parsing, the rest is k8s-openapi's types (interleaved runs at 100,000: source 4.6-5.0 s
-  -> 2.2-2.5 s, ready 8.2-8.8 s -> 5.5-5.7 s); the Service conversion no longer clones the spec and
-  annotations. Then planning every Service and the map writes above, then `attach` (the first sync's end to
-  ready), about half a second at 100,000 Services: nearly all of it the north-south maps' first pass over
-  every Service (this node's 400,000 endpoints; a `perf record` of that window: B-tree lookups by Service
-  key, their string compares a fifth of the samples, then the kernel map writes). Keeping no delta on that
-  pass took it from 0.62 s to 0.5 s (single runs, not interleaved); not reduced further. The first sync's
-  memory housekeeping (repack, trim) follows the ready line. From manifests, parsing 200,000 YAML
-  documents (on both CPUs).
-- One edit: the manifests source reads only the file its watch named, and after a sync only the planned
-  Services' parts of the north-south maps are written (before, every sync rebuilt this node's endpoint set,
-  the source ranges and the UDP backends of every Service and read `LOCAL_BACKENDS` back: about 90% of the
-  agent's CPU per edit, tens of ms at 10,000 Services and most of a second at 100,000, outside `took_us`).
-- The map-level one change (tens of ms at 10,000 and 50,000 Services in earlier runs, 0.02 ms at 100,000) was
-  the bench's, not the agent's: the first apply after the maps were emptied collected the emptied Services'
-  old slots (one delete each) before its own write, since no timer had run; at 100,000 the from-scratch write
-  itself had paid for it. The bench now collects them first, as the agent's timer does.
-";
+/// kept with the generator (`misses.md`), so a regenerated report keeps it; update it with what a new run
+/// shows.
+const MISSES: &str = include_str!("misses.md");
 
 /// The control-plane table: (what, figure), in the order they were measured.
 fn control_rows(c: &ControlPlane) -> Vec<(String, String)> {
