@@ -616,13 +616,59 @@ fn a_full_map_is_an_error_naming_the_service_and_the_others_keep_working() {
     assert_eq!(left_out.errors().get("ENETUNREACH"), Some(&3), "{:?}", left_out.errors());
 }
 
+/// 500 Services of 10 cluster-tier backends each (5,000 slots: one round of batches, long enough that the
+/// kernel maps write it on two threads), with sessionAffinity of `affinity_s` seconds (then 5,000 members).
+fn five_hundred_services(affinity_s: u32) -> tierlb::datapath::Desired {
+    (0..500u32)
+        .map(|i| {
+            let vip = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + i));
+            let b = (0..10).map(|e| addr::backend(SocketAddr::new(ip(1, e), 8080), 6)).collect();
+            let name =
+                tierlb::model::ServicePortName::new(tierlb::model::ObjKey::new("ns", format!("s{i}")), "");
+            (
+                addr::frontend_key(vip, 80, 6),
+                tierlb::datapath::DesiredFrontend {
+                    name: name.into(),
+                    tiers: [Vec::new(), Vec::new(), b],
+                    flags: 0,
+                    affinity_timeout_s: affinity_s,
+                },
+            )
+        })
+        .collect()
+}
+
+/// A batch of slots and members long enough to be written by two threads (`PARALLEL_MIN`) is in the kernel's
+/// maps whole: every frontend reads back with every slot of its tiers, and every member entry is there.
+#[test]
+fn a_batch_written_by_two_threads_is_in_the_maps_whole() {
+    use tierlb::datapath::{
+        MapReader as _, Reconciler,
+        ebpf::{Capacities, Loaded},
+        read_back,
+    };
+    require_root();
+    let caps = Capacities { services: 1_000, slots: 20_000, ..Capacities::default() };
+    let Loaded { maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
+    let mut rec = Reconciler::new(maps);
+    let d = five_hundred_services(30);
+    let rep = rec.apply(&d, Instant::now());
+    assert!(rep.errors.is_empty(), "{rep:?}");
+    let back = read_back(rec.writer()).expect("the maps read back");
+    assert_eq!(back.len(), d.len());
+    for (key, want) in &d {
+        assert_eq!(back[key].tiers, want.tiers, "{}", addr::frontend_addr(key));
+    }
+    assert_eq!(rec.writer().members().expect("members").len(), 5_000, "one member entry per backend");
+}
+
 /// The maps' memory is the kernel's own accounting: the preallocated frontend map holds its capacity before
 /// anything is written and stays the same, the slot map (not preallocated) grows with what it holds, and the
 /// conntrack LRU is preallocated at its capacity.
 #[test]
 fn the_maps_memory_is_read_from_the_kernels_accounting() {
     use tierlb::datapath::{
-        Desired, DesiredFrontend, Reconciler,
+        Reconciler,
         ebpf::{Capacities, Loaded},
     };
     require_root();
@@ -638,23 +684,7 @@ fn the_maps_memory_is_read_from_the_kernels_accounting() {
             rec.writer().service_memory().into_iter().map(|(m, b)| (m, b.expect(m))).collect()
         };
     let before = by_map(&rec);
-    let d: Desired = (0..500u32)
-        .map(|i| {
-            let vip = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + i));
-            let b = (0..10).map(|e| addr::backend(SocketAddr::new(ip(1, e), 8080), 6)).collect();
-            let name =
-                tierlb::model::ServicePortName::new(tierlb::model::ObjKey::new("ns", format!("s{i}")), "");
-            (
-                addr::frontend_key(vip, 80, 6),
-                DesiredFrontend {
-                    name: name.into(),
-                    tiers: [Vec::new(), Vec::new(), b],
-                    flags: 0,
-                    affinity_timeout_s: 0,
-                },
-            )
-        })
-        .collect();
+    let d = five_hundred_services(0);
     let rep = rec.apply(&d, Instant::now());
     assert!(rep.errors.is_empty(), "{rep:?}");
     let after = by_map(&rec);
