@@ -505,8 +505,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         attach_ms = ms(synced.elapsed()),
         "tierlb agent ready"
     );
-    // Memory housekeeping after the first sync (repacking every map, handing free pages back: about a tenth of
-    // a second at 100,000 Services) waits until the node is served.
+    // Memory housekeeping after the first sync (repacking every map, handing free pages back) waits until the
+    // node is served.
     memory::trim_after(&report, &mut core);
     let finder = destroy::NetnsFinder::new(opts.host_proc.clone());
     warn_unless_destruction_works(&finder);

@@ -48,8 +48,8 @@ impl Contributions {
     /// Every Service's part, from scratch.
     pub(super) fn of_all<W: MapWriter>(model: &Model, node: &str, rec: &Reconciler<W>) -> Self {
         let mut c = Self::default();
-        // Nothing was written before: no delta to keep (at 100,000 Services its bookkeeping of 400,000 local
-        // endpoints was most of the half second this took, between the first sync and ready).
+        // Nothing was written before: no delta to keep (at 100,000 Services, 400,000 local endpoints: this
+        // pass took 0.62 s with the delta and 0.5 s without, single runs).
         c.take(model, node, rec, model.services.keys(), false);
         c
     }
@@ -104,8 +104,10 @@ impl Contributions {
                 .collect();
             new.sort_unstable();
             new.dedup();
-            for ip in old.iter().chain(&new).filter(|_| track) {
-                touched.entry(*ip).or_insert_with(|| self.local.contains_key(ip));
+            if track {
+                for ip in old.iter().chain(&new) {
+                    touched.entry(*ip).or_insert_with(|| self.local.contains_key(ip));
+                }
             }
             for ip in &old {
                 count_down(&mut self.local, ip);

@@ -86,8 +86,7 @@ fn routable_ip(e: &mut Errors, field: String, raw: &str, fix: &str) -> Option<Ip
     }
 }
 
-/// A Service's spec, borrowed (an empty one when it has none): a clone per Service, the whole spec, was a
-/// tenth of the `--kube` start's conversion.
+/// A Service's spec, borrowed (an empty one when it has none), not cloned per Service.
 pub(super) fn spec_of(svc: &core::Service) -> &core::ServiceSpec {
     static NO_SPEC: std::sync::LazyLock<core::ServiceSpec> = std::sync::LazyLock::new(Default::default);
     svc.spec.as_ref().unwrap_or(&NO_SPEC)
