@@ -5,6 +5,15 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use tierlb::cli::{Cli, Command, LogFormat};
 
+/// jemalloc, for the agent's memory (`tierlb::agent::memory` says why and what it measured).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// The options jemalloc reads at its first allocation, by the symbol tikv-jemalloc-sys's prefixed build looks
+/// for: a pointer to a NUL-terminated string.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static MALLOC_CONF: &u8 = &tierlb::agent::memory::MALLOC_CONF[0];
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -25,7 +34,6 @@ fn main() -> ExitCode {
         }
         Command::Agent(a) => {
             let opts = a.options();
-            tierlb::agent::memory::limit_arenas();
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -70,5 +78,20 @@ fn main() -> ExitCode {
             eprintln!("tierlb: error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tierlb::agent::memory::jemalloc_value;
+
+    #[test]
+    fn the_binarys_jemalloc_runs_with_the_agents_options() {
+        // `#[global_allocator]` above is what routes Rust's allocations to it; these are the options it runs
+        // with (a conf it could not find or parse leaves jemalloc's defaults: 8 arenas on 2 CPUs, 10 s decay).
+        assert_eq!(jemalloc_value::<u32>(c"opt.narenas"), Some(2), "MALLOC_CONF not read");
+        assert_eq!(jemalloc_value::<bool>(c"opt.background_thread"), Some(true));
+        assert_eq!(jemalloc_value::<isize>(c"opt.dirty_decay_ms"), Some(1_000));
+        assert_eq!(jemalloc_value::<isize>(c"opt.muzzy_decay_ms"), Some(0));
     }
 }

@@ -1,36 +1,88 @@
 //! Giving memory back: the agent's peak is its start (every object read, converted and planned at once) and a
-//! relist; afterwards it holds only the model, the plans and what the maps hold. glibc keeps freed memory in
-//! its arenas (one per thread that contended, up to 8 per CPU) and returns it to the kernel only from the top
-//! of a heap, so without help the resident size after the start stays near the peak.
-//! - `limit_arenas`: two arenas, before the runtime's threads exist (the agent has two workers and a few
-//!   blocking threads; fewer arenas mean less memory stranded in half-empty ones).
+//! relist; afterwards it holds only the model, the plans and what the maps hold.
+//! - The binary allocates with jemalloc (`main.rs` makes it the global allocator, with `MALLOC_CONF`). glibc's
+//!   malloc put the objects the agent keeps between the transients of the lists they came from, and returns
+//!   memory to the kernel only where a whole page is free, so after the start the resident size stayed near
+//!   the peak: interleaved on one machine (`tierlb-lab bench --agent-only`), the `--kube` agent at 100,000
+//!   Services was 475 MiB resident with glibc and 364 MiB with jemalloc, from manifests 414 and 351 MiB (65 and
+//!   62, 53 and 53 MiB at 10,000), and its start to ready 7.35 and 5.83 s. jemalloc keeps objects of one size
+//!   class together in slabs and returns the pages freed a second ago from a background thread.
 //! - `trim_after`: after a sync that changed many frontends, the B-trees rebuilt with full nodes
-//!   (`model::compact::repack`), then `malloc_trim(0)`, which hands every free page of every arena back
-//!   (madvise): what the resident size then shows. The node and zone names and hint lists nothing holds any
-//!   more leave the interning tables then too. A page that still holds one live object stays: freed memory
-//!   between kept objects is reused, not returned.
+//!   (`model::compact::repack`), the names nothing holds any more forgotten, and then every arena's free pages
+//!   returned at once (`purge`): what the resident size then shows. A page that still holds one live object
+//!   stays: freed memory between kept objects is reused, not returned.
+
+use std::ffi::CStr;
 
 /// Syncs that changed at least this many frontends are followed by a trim (the first sync, a relist).
 pub const TRIM_AFTER: usize = 1_000;
 
-/// At most two malloc arenas (glibc's `M_ARENA_MAX`); call before any thread starts. (A fixed
-/// `M_MMAP_THRESHOLD` of 128 KiB, so that list pages are mappings of their own rather than blocks between the
-/// objects kept from them, took 12 MiB off the `--kube` agent's 495 MiB at 100,000 Services and added 1.2 s
-/// to its lists: not kept.)
-pub fn limit_arenas() {
-    // SAFETY: mallopt only changes the allocator's parameters; no pointer is involved.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
-}
+/// jemalloc's options for the agent, NUL-terminated as its `malloc_conf` is read: two arenas (the agent has two
+/// runtime workers and a few blocking threads; fewer arenas strand less memory in half-empty ones), a
+/// background thread that purges, and pages freed for a second handed back to the kernel (`MADV_DONTNEED`,
+/// no lazy "muzzy" stage: the resident size is what the agent uses).
+pub const MALLOC_CONF: &[u8] = b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 /// After a sync that changed at least `TRIM_AFTER` frontends: the agent's maps rebuilt with full nodes
-/// (`AgentCore::repack`), then free heap pages returned to the kernel.
+/// (`AgentCore::repack`), the unused names forgotten, then free heap pages returned to the kernel.
 pub fn trim_after<W: crate::datapath::MapWriter>(r: &super::SyncReport, core: &mut super::AgentCore<W>) {
     if r.added + r.updated + r.removed >= TRIM_AFTER {
         core.repack();
         crate::model::forget_unused_names();
-        // SAFETY: malloc_trim walks the allocator's own free lists; no pointer of ours is involved.
-        unsafe { libc::malloc_trim(0) };
+        purge();
     }
+}
+
+/// Return every jemalloc arena's free pages to the kernel now (`arena.<MALLCTL_ARENAS_ALL>.purge`, 4096 being
+/// jemalloc's "all arenas" index). Where jemalloc is not the global allocator (the library's tests), it only
+/// purges jemalloc's own empty arenas.
+pub fn purge() {
+    // SAFETY: a void mallctl: no old or new value is read or written.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"arena.4096.purge".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(errno = rc, "jemalloc's purge failed");
+    }
+}
+
+/// A value jemalloc's `mallctl` reads out as plain bytes.
+pub trait Plain: Copy + Default + sealed::Sealed {}
+impl Plain for bool {}
+impl Plain for u32 {}
+impl Plain for usize {}
+impl Plain for isize {}
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for bool {}
+    impl Sealed for u32 {}
+    impl Sealed for usize {}
+    impl Sealed for isize {}
+}
+
+/// One of jemalloc's values by name (`opt.narenas` is a `u32`, `opt.background_thread` a `bool`,
+/// `opt.dirty_decay_ms` an `isize`); `None` when jemalloc has no such name or its type has another size.
+pub fn jemalloc_value<T: Plain>(name: &CStr) -> Option<T> {
+    let mut value = T::default();
+    let mut len = size_of::<T>();
+    // SAFETY: `value` is `len` writable bytes of a type with no invalid bit patterns jemalloc could write
+    // (jemalloc checks that `len` is its value's size, else returns EINVAL and writes nothing).
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            (&raw mut value).cast(),
+            &raw mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0 && len == size_of::<T>()).then_some(value)
 }
 
 /// What an agent's memory cgroup needs for `services` Services of about 10 endpoints at the default `--max-*`
@@ -98,5 +150,16 @@ mod tests {
         assert!(needed_bytes(100_000) <= 1024 << 20 && needed_bytes(100_000) > 896 << 20);
         assert_eq!(parse_limit("268435456\n"), Some(268_435_456));
         assert_eq!(parse_limit("max\n"), None);
+    }
+
+    #[test]
+    fn jemalloc_values_are_read_by_name_and_type() {
+        // The library's tests do not run with main.rs's options, so these are jemalloc's defaults.
+        assert!(jemalloc_value::<u32>(c"opt.narenas").is_some_and(|n| n >= 1));
+        assert!(jemalloc_value::<isize>(c"opt.dirty_decay_ms").is_some());
+        assert_eq!(jemalloc_value::<u32>(c"opt.dirty_decay_ms"), None, "another size than jemalloc's");
+        assert_eq!(jemalloc_value::<u32>(c"opt.no_such_option"), None);
+        assert_eq!(MALLOC_CONF.last(), Some(&0));
+        purge();
     }
 }
