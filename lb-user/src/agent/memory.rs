@@ -24,10 +24,15 @@ pub const TRIM_AFTER: usize = 1_000;
 pub const MALLOC_CONF: &[u8] = b"narenas:2,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 /// After a sync that changed at least `TRIM_AFTER` frontends: the agent's maps rebuilt with full nodes
-/// (`AgentCore::repack`), the unused names forgotten, then free heap pages returned to the kernel.
-pub fn trim_after<W: crate::datapath::MapWriter>(r: &super::SyncReport, core: &mut super::AgentCore<W>) {
+/// (`AgentCore::repack`, `NorthSouth::repack`), the unused names forgotten, then free heap pages returned to the kernel.
+pub(super) fn trim_after<W: crate::datapath::MapWriter>(
+    r: &super::SyncReport,
+    core: &mut super::AgentCore<W>,
+    north_south: &mut super::north_south::NorthSouth,
+) {
     if r.added + r.updated + r.removed >= TRIM_AFTER {
         core.repack();
+        north_south.repack();
         crate::model::forget_unused_names();
         purge();
     }

@@ -57,6 +57,13 @@ impl NorthSouth {
         }
     }
 
+    /// Rebuild the sets' maps with full nodes (`memory::trim_after`).
+    pub(super) fn repack(&mut self) {
+        if let Some(c) = &mut self.written {
+            c.repack();
+        }
+    }
+
     /// The devices the programs belong on now.
     fn wanted(&self, node: &NodeInfo) -> Vec<String> {
         match &self.devices {

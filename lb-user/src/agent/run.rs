@@ -507,7 +507,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     );
     // Memory housekeeping after the first sync (repacking every map, handing free pages back) waits until the
     // node is served.
-    memory::trim_after(&report, &mut core);
+    memory::trim_after(&report, &mut core, &mut north_south);
     let finder = destroy::NetnsFinder::new(opts.host_proc.clone());
     warn_unless_destruction_works(&finder);
     let mut tick = tokio::time::interval(Duration::from_millis(25));
@@ -532,7 +532,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                         }
                         record(&health, &mut stats, &r, &core);
                         snapshot_stale |= r.added + r.updated + r.removed > 0 || core.topology_changed();
-                        memory::trim_after(&r, &mut core);
+                        memory::trim_after(&r, &mut core, &mut north_south);
                         log_sync(&r);
                     }
                     Err(e) => tracing::error!(source = %source_name, error = %e, "cannot read the source; keeping the current maps"),

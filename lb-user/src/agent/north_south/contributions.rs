@@ -54,6 +54,17 @@ impl Contributions {
         c
     }
 
+    /// Rebuild the maps with full nodes (`model::compact::repack`; after `of_all` inserted them in key order,
+    /// their nodes are a little over half full).
+    pub(super) fn repack(&mut self) {
+        use crate::model::compact::repack;
+        repack(&mut self.local_of);
+        repack(&mut self.local);
+        repack(&mut self.frontends_of);
+        repack(&mut self.frontends);
+        repack(&mut self.udp);
+    }
+
     /// This node's endpoint addresses.
     pub(super) fn local(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.local.keys().copied()
