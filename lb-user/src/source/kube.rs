@@ -137,8 +137,11 @@ struct Raw {
 }
 
 impl Raw {
+    /// The id of a converted object shares its key (the source keeps both as long as the object lives: one
+    /// allocation of the name, not two).
     fn of(kind: Kind, meta: &kube::api::ObjectMeta, converted: Result<Object, convert::Invalid>) -> Self {
-        Self { id: convert::id_of(kind, meta), version: meta.resource_version.clone(), converted }
+        let id = converted.as_ref().map_or_else(|_| convert::id_of(kind, meta), Object::id);
+        Self { id, version: meta.resource_version.clone(), converted }
     }
 
     fn service(o: &lean::LeanService) -> Self {

@@ -230,6 +230,28 @@ mod tests {
         })
     }
 
+    /// The source keeps an object's id (its `converted` map's key) and the object: one allocation of the name.
+    #[test]
+    fn a_converted_objects_id_shares_its_name() {
+        let svc = super::super::Raw::service(&serde_json::from_value(served_service()).unwrap());
+        let slice = super::super::Raw::endpoint_slice(&serde_json::from_value(served_slice()).unwrap());
+        for raw in [svc, slice] {
+            let key = match raw.converted.as_ref().unwrap() {
+                crate::source::Object::Service(s) => &s.key,
+                crate::source::Object::EndpointSlice(s) => &s.key,
+                crate::source::Object::Node(_) => unreachable!(),
+            };
+            assert_eq!(raw.id.key, *key);
+            assert!(std::sync::Arc::ptr_eq(&raw.id.key.name, &key.name), "{}: the name held twice", raw.id);
+        }
+        // Not converted: the id still names the object.
+        let mut bad = served_service();
+        bad["spec"]["ports"][0]["port"] = json!(0);
+        let raw = super::super::Raw::service(&serde_json::from_value(bad).unwrap());
+        assert!(raw.converted.is_err());
+        assert_eq!(raw.id.to_string(), "Service shop/web");
+    }
+
     /// What the agent reads of a lean object is what it reads of the full one, and what is skipped is gone.
     #[test]
     fn a_lean_object_converts_as_the_full_one_and_drops_what_is_never_read() {
