@@ -133,8 +133,7 @@ impl Cluster {
                 .flat_map(|x| x.endpoints.iter().take(8))
                 .any(|e| e.for_nodes.is_some() || e.for_zones.is_some());
             // Without any hint the agent would write the controller's: kept out, that is `hints`' own test.
-            let traffic_distribution =
-                (hinted && s.distribution % 3 == 1).then(|| "PreferSameNode".to_owned());
+            let traffic_distribution = (hinted && s.distribution % 3 == 1).then(|| "PreferSameNode".into());
             m.services.insert(
                 key.clone(),
                 Service {

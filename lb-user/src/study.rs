@@ -308,9 +308,9 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         } else {
             Policy::Cluster
         },
-        traffic_distribution: sc.service.traffic_distribution.clone(),
-        topology_mode_annotation: sc.service.topology_mode.clone(),
-        topology_aware_hints_annotation: sc.service.topology_aware_hints.clone(),
+        traffic_distribution: sc.service.traffic_distribution.as_deref().map(intern),
+        topology_mode_annotation: sc.service.topology_mode.as_deref().map(intern),
+        topology_aware_hints_annotation: sc.service.topology_aware_hints.as_deref().map(intern),
         ..Service::default()
     };
     let zone_of = |node: &str| sc.nodes.iter().find(|n| n.name == node).and_then(|n| n.zone.clone());

@@ -517,8 +517,11 @@ fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
     }
     let (x, y) = (&slices[0].endpoints[0], &slices[1].endpoints[0]);
     assert_eq!(x.node_name.as_deref(), Some("node-1"));
-    assert!(Arc::ptr_eq(x.node_name.as_ref().unwrap(), y.node_name.as_ref().unwrap()), "node name copied");
-    assert!(Arc::ptr_eq(x.zone.as_ref().unwrap(), y.zone.as_ref().unwrap()), "zone copied");
+    assert!(
+        crate::model::Name::ptr_eq(x.node_name.as_ref().unwrap(), y.node_name.as_ref().unwrap()),
+        "node name copied"
+    );
+    assert!(crate::model::Name::ptr_eq(x.zone.as_ref().unwrap(), y.zone.as_ref().unwrap()), "zone copied");
     let (xn, yn) = (x.for_nodes.as_ref().unwrap(), y.for_nodes.as_ref().unwrap());
     assert_eq!(xn.as_slice(), [crate::model::intern("node-1")]);
     assert!(Arc::ptr_eq(xn, yn), "forNodes list copied");
@@ -526,9 +529,12 @@ fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
         Arc::ptr_eq(x.for_zones.as_ref().unwrap(), y.for_zones.as_ref().unwrap()),
         "forZones list copied"
     );
-    assert!(Arc::ptr_eq(&slices[0].key.namespace, &slices[1].key.namespace), "namespace copied");
+    assert!(
+        crate::model::Name::ptr_eq(&slices[0].key.namespace, &slices[1].key.namespace),
+        "namespace copied"
+    );
     let keys: Vec<&ObjKey> = m.services.keys().collect();
-    assert!(Arc::ptr_eq(&keys[0].namespace, &keys[1].namespace), "namespace copied");
+    assert!(crate::model::Name::ptr_eq(&keys[0].namespace, &keys[1].namespace), "namespace copied");
     drop(slices);
     let before = programmed(&a);
     a.repack();

@@ -15,6 +15,10 @@ pub struct ObjKey {
     pub name: super::Name,
 }
 
+// Two thin names: the key of a dozen maps per Service (model, plans, claims, topology, the reconciler), so
+// a regression that makes it wider costs that many times over.
+const _: () = assert!(size_of::<ObjKey>() == 16);
+
 impl ObjKey {
     /// `namespace/name`.
     pub fn new(namespace: impl AsRef<str>, name: impl Into<super::Name>) -> Self {

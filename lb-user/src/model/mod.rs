@@ -179,12 +179,13 @@ pub struct Service {
     pub load_balancer_source_ranges: Vec<node_addresses::Cidr>,
     /// `spec.healthCheckNodePort` (externalTrafficPolicy Local on a LoadBalancer Service).
     pub health_check_node_port: Option<u16>,
-    /// `spec.trafficDistribution` as written (unknown values are kept so they can be linted).
-    pub traffic_distribution: Option<String>,
+    /// `spec.trafficDistribution` as written (unknown values are kept so they can be linted). Interned, as
+    /// the two annotations: a cluster's Services write a few values.
+    pub traffic_distribution: Option<Name>,
     /// `service.kubernetes.io/topology-mode`.
-    pub topology_mode_annotation: Option<String>,
+    pub topology_mode_annotation: Option<Name>,
     /// The deprecated `service.kubernetes.io/topology-aware-hints`, which wins over `topology-mode`.
-    pub topology_aware_hints_annotation: Option<String>,
+    pub topology_aware_hints_annotation: Option<Name>,
     /// `spec.sessionAffinity: ClientIP`: its `sessionAffinityConfig.clientIP.timeoutSeconds` (default 10800);
     /// `None` for no affinity.
     pub session_affinity_timeout: Option<u32>,
@@ -233,7 +234,7 @@ pub struct Endpoint {
 
 // What one endpoint costs the agent, most of its memory (10 per Service in the scale runs): a regression that
 // makes it larger fails here, not in a benchmark.
-const _: () = assert!(size_of::<Endpoint>() <= 72);
+const _: () = assert!(size_of::<Endpoint>() <= 56);
 
 impl Endpoint {
     /// `ready`, nil counting as true.

@@ -160,9 +160,9 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         load_balancer_proxy_ips: exact(load_balancer_proxy_ips),
         load_balancer_source_ranges: exact(load_balancer_source_ranges),
         health_check_node_port,
-        traffic_distribution: spec.traffic_distribution.clone(),
-        topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).cloned(),
-        topology_aware_hints_annotation: annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS).cloned(),
+        traffic_distribution: spec.traffic_distribution.as_deref().map(intern),
+        topology_mode_annotation: annotations.get(ANNOTATION_TOPOLOGY_MODE).map(|v| intern(v)),
+        topology_aware_hints_annotation: annotations.get(ANNOTATION_TOPOLOGY_AWARE_HINTS).map(|v| intern(v)),
         session_affinity_timeout,
         not_proxied: ProxyLabel::of(svc.metadata.labels.as_ref()),
     })

@@ -173,10 +173,10 @@ pub fn scenario(
         description: description(svc),
         nodes: nodes.into_values().collect(),
         service: ScService {
-            traffic_distribution: svc.traffic_distribution.clone(),
+            traffic_distribution: svc.traffic_distribution.as_deref().map(str::to_owned),
             internal_traffic_policy: (svc.internal_policy == Policy::Local).then(|| "Local".to_owned()),
-            topology_mode: svc.topology_mode_annotation.clone(),
-            topology_aware_hints: svc.topology_aware_hints_annotation.clone(),
+            topology_mode: svc.topology_mode_annotation.as_deref().map(str::to_owned),
+            topology_aware_hints: svc.topology_aware_hints_annotation.as_deref().map(str::to_owned),
         },
         endpoints: eps,
         phases,

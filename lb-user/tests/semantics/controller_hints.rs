@@ -2,7 +2,7 @@
 use super::*;
 
 fn hinted(td: Option<&str>, eps: &[E]) -> (Vec<Endpoint>, hints::HintOutcome) {
-    let s = Service { traffic_distribution: td.map(str::to_owned), ..svc() };
+    let s = Service { traffic_distribution: td.map(Into::into), ..svc() };
     let m = model(s.clone(), eps);
     let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
     let out = hints::apply(&m, &s, &mut slices);
@@ -68,8 +68,8 @@ fn topology_annotation_takes_precedence_over_the_field_and_the_deprecated_one_wi
     ];
     for (mode_ann, deprecated, want) in cases {
         let s = Service {
-            topology_mode_annotation: mode_ann.map(str::to_owned),
-            topology_aware_hints_annotation: deprecated.map(str::to_owned),
+            topology_mode_annotation: mode_ann.map(Into::into),
+            topology_aware_hints_annotation: deprecated.map(Into::into),
             ..base.clone()
         };
         assert_eq!(hints::mode(&s), want, "topology-mode {mode_ann:?}, topology-aware-hints {deprecated:?}");

@@ -286,11 +286,11 @@ fn build(
     (td, mode, deprecated, nodes, slices): &(usize, usize, usize, Vec<NodeSpec>, Vec<SliceSpec>),
 ) -> (Model, Service) {
     let s = Service {
-        traffic_distribution: pick(&TDS, *td).map(str::to_owned),
-        topology_mode_annotation: pick(&ANNOTATIONS, *mode).map(str::to_owned),
+        traffic_distribution: pick(&TDS, *td).map(Into::into),
+        topology_mode_annotation: pick(&ANNOTATIONS, *mode).map(Into::into),
         // The deprecated annotation: absent, or (rarely) present with a value.
         topology_aware_hints_annotation: [None, None, None, Some("Auto"), Some("")][deprecated % 5]
-            .map(str::to_owned),
+            .map(Into::into),
         ..svc()
     };
     let mut m = Model::default();

@@ -131,7 +131,7 @@ fn make_service(
         } else {
             Vec::new()
         },
-        traffic_distribution: td.map(str::to_owned),
+        traffic_distribution: td.map(Into::into),
         ..Service::default()
     }
 }

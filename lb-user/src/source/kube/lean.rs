@@ -242,7 +242,11 @@ mod tests {
                 crate::source::Object::Node(_) => unreachable!(),
             };
             assert_eq!(raw.id.key, *key);
-            assert!(std::sync::Arc::ptr_eq(&raw.id.key.name, &key.name), "{}: the name held twice", raw.id);
+            assert!(
+                crate::model::Name::ptr_eq(&raw.id.key.name, &key.name),
+                "{}: the name held twice",
+                raw.id
+            );
         }
         // Not converted: the id still names the object.
         let mut bad = served_service();
