@@ -93,5 +93,9 @@ mod tests {
         assert_eq!(jemalloc_value::<bool>(c"opt.background_thread"), Some(true));
         assert_eq!(jemalloc_value::<isize>(c"opt.dirty_decay_ms"), Some(1_000));
         assert_eq!(jemalloc_value::<isize>(c"opt.muzzy_decay_ms"), Some(0));
+        // And the heap is jemalloc's: what this test holds is in its statistics.
+        let held = vec![1u8; 4 << 20];
+        let h = tierlb::agent::memory::heap_stats().expect("jemalloc's statistics");
+        assert!(h.allocated >= held.len() && h.resident >= h.allocated, "{h:?}");
     }
 }

@@ -9,7 +9,8 @@
 //!   class together in slabs and returns the pages freed a second ago from a background thread.
 //! - `trim_after`: after a sync that changed many frontends, the B-trees rebuilt with full nodes
 //!   (`model::compact::repack`), the names nothing holds any more forgotten, and then every arena's free pages
-//!   returned at once (`purge`): what the resident size then shows. A page that still holds one live object
+//!   returned at once (`purge`): what the resident size then shows. It logs jemalloc's figures then
+//!   (`heap_stats`: what the objects take and the pages held for them). A page that still holds one live object
 //!   stays: freed memory between kept objects is reused, not returned.
 
 use std::ffi::CStr;
@@ -35,7 +36,47 @@ pub(super) fn trim_after<W: crate::datapath::MapWriter>(
         north_south.repack();
         crate::model::forget_unused_names();
         purge();
+        if let Some(h) = heap_stats() {
+            tracing::info!(
+                allocated_mib = h.allocated >> 20,
+                resident_mib = h.resident >> 20,
+                "the heap after the trim: what the agent's objects take, and the pages the allocator holds for them"
+            );
+        }
     }
+}
+
+/// jemalloc's account of the heap, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct HeapStats {
+    /// What live allocations take (`stats.allocated`).
+    pub allocated: usize,
+    /// The pages jemalloc has resident: the allocations, their slabs' free room and its metadata
+    /// (`stats.resident`).
+    pub resident: usize,
+}
+
+/// The heap's figures now (jemalloc's statistics refreshed by writing `epoch`); `None` when they cannot be
+/// read.
+pub fn heap_stats() -> Option<HeapStats> {
+    let mut epoch: u64 = 1;
+    // SAFETY: `epoch` takes a u64 written from `epoch`'s 8 bytes; nothing is read back.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"epoch".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut epoch).cast(),
+            size_of::<u64>(),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some(HeapStats {
+        allocated: jemalloc_value(c"stats.allocated")?,
+        resident: jemalloc_value(c"stats.resident")?,
+    })
 }
 
 /// Return every jemalloc arena's free pages to the kernel now (`arena.<MALLCTL_ARENAS_ALL>.purge`, 4096 being
@@ -166,5 +207,7 @@ mod tests {
         assert_eq!(jemalloc_value::<u32>(c"opt.no_such_option"), None);
         assert_eq!(MALLOC_CONF.last(), Some(&0));
         purge();
+        let h = heap_stats().expect("jemalloc's statistics");
+        assert!(h.resident >= h.allocated, "{h:?}");
     }
 }
