@@ -59,18 +59,7 @@ pub struct HeapStats {
 /// The heap's figures now (jemalloc's statistics refreshed by writing `epoch`); `None` when they cannot be
 /// read.
 pub fn heap_stats() -> Option<HeapStats> {
-    let mut epoch: u64 = 1;
-    // SAFETY: `epoch` takes a u64 written from `epoch`'s 8 bytes; nothing is read back.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            c"epoch".as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            (&raw mut epoch).cast(),
-            size_of::<u64>(),
-        )
-    };
-    if rc != 0 {
+    if control(c"epoch", Some(1)) != 0 {
         return None;
     }
     Some(HeapStats {
@@ -83,19 +72,23 @@ pub fn heap_stats() -> Option<HeapStats> {
 /// jemalloc's "all arenas" index). Where jemalloc is not the global allocator (the library's tests), it only
 /// purges jemalloc's own empty arenas.
 pub fn purge() {
-    // SAFETY: a void mallctl: no old or new value is read or written.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            c"arena.4096.purge".as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
+    let rc = control(c"arena.4096.purge", None);
     if rc != 0 {
         tracing::debug!(errno = rc, "jemalloc's purge failed");
     }
+}
+
+/// Write `value` to jemalloc's control `name`, or nothing for a control that takes no value (a purge);
+/// mallctl's return: 0, or the errno it refused with. Nothing is read back.
+fn control(name: &CStr, value: Option<u64>) -> std::ffi::c_int {
+    let mut v = value.unwrap_or_default();
+    let (new, len) = match value {
+        Some(_) => ((&raw mut v).cast(), size_of::<u64>()),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: `new` is null with length 0, or `v`'s 8 bytes, which jemalloc only reads (it checks the length
+    // against the control's type and refuses with EINVAL otherwise); no old value is asked for.
+    unsafe { tikv_jemalloc_sys::mallctl(name.as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), new, len) }
 }
 
 /// A value jemalloc's `mallctl` reads out as plain bytes.
