@@ -13,7 +13,7 @@ use crate::{
 /// The topology rows of every planned Service.
 #[derive(Default)]
 pub(super) struct Topology {
-    by_service: BTreeMap<ObjKey, Vec<ServiceTopology>>,
+    by_service: BTreeMap<ObjKey, Box<[ServiceTopology]>>,
     /// The list as last built; `None` after a change.
     all: Option<Arc<Vec<ServiceTopology>>>,
 }
@@ -26,7 +26,7 @@ impl Topology {
 }
 
 /// The rows of one Service's plans.
-fn rows(svc: &Service, plans: &[PortPlan]) -> Vec<ServiceTopology> {
+fn rows(svc: &Service, plans: &[PortPlan]) -> Box<[ServiceTopology]> {
     plans
         .iter()
         .map(|p| {
@@ -34,15 +34,20 @@ fn rows(svc: &Service, plans: &[PortPlan]) -> Vec<ServiceTopology> {
             ServiceTopology {
                 name: p.name.clone(),
                 family: p.family,
-                requested: s.requested.as_str(),
-                applied: s.applied.as_str(),
-                reason: s.reason.as_str(),
-                ready: p.counts.ready,
-                ready_node_hinted: p.counts.ready_node_hinted,
-                ready_zone_hinted: p.counts.ready_zone_hinted,
+                requested: s.requested,
+                applied: s.applied,
+                reason: s.reason,
+                ready: count(p.counts.ready),
+                ready_node_hinted: count(p.counts.ready_node_hinted),
+                ready_zone_hinted: count(p.counts.ready_zone_hinted),
             }
         })
         .collect()
+}
+
+/// An endpoint count as a row keeps it (a Service has far fewer than 4 billion).
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 impl Topology {
