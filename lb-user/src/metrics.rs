@@ -83,7 +83,7 @@ impl Snapshot {
         let frontends = rec
             .applied()
             .map(|(key, value, desired)| {
-                slots_used += desired.tiers.iter().map(Vec::len).sum::<usize>();
+                slots_used += desired.slots.len();
                 FrontendEntry {
                     key: *key,
                     name: desired.name.clone(),

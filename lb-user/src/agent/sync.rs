@@ -341,7 +341,7 @@ impl<W: MapWriter> AgentCore<W> {
     fn applied_among(&self, wanted: &BTreeSet<lb_common::Backend>) -> BTreeSet<lb_common::Backend> {
         self.reconciler
             .applied()
-            .flat_map(|(_, _, d)| d.tiers.iter().flatten())
+            .flat_map(|(_, _, d)| d.slots)
             .filter(|b| wanted.contains(b))
             .copied()
             .collect()
@@ -490,7 +490,7 @@ fn refuse<W: MapWriter>(
     let kept: Desired = reconciler
         .applied()
         .filter(|(_, _, d)| d.name.service == *key)
-        .map(|(k, _, d)| (*k, d.clone()))
+        .map(|(k, _, d)| (*k, d.to_desired()))
         .collect();
     if let Some(old) = planned.remove(key) {
         *frontends -= old;

@@ -312,7 +312,7 @@ pub fn destroy_departed<W: MapWriter>(rec: &mut Reconciler<W>, finder: &NetnsFin
     let current: BTreeMap<FrontendKey, BTreeSet<Backend>> = rec
         .applied()
         .filter(|(k, _, _)| k.proto == PROTO_UDP)
-        .map(|(k, _, d)| (*k, d.tiers.iter().flatten().copied().collect()))
+        .map(|(k, _, d)| (*k, d.slots.iter().copied().collect()))
         .collect();
     let down: BTreeSet<Backend> = rec.writer().backends_down().unwrap_or_default().into_iter().collect();
     destroy_udp_sockets(rec.writer_mut(), finder, |fe, b| {

@@ -39,7 +39,7 @@ use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
 };
-pub use reconcile::{AdoptReport, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
+pub use reconcile::{AdoptReport, AppliedFrontend, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
 use crate::model::ServicePortName;
 

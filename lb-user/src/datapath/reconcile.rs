@@ -24,23 +24,20 @@ use std::{
 
 use lb_common::{FrontendKey, FrontendValue, GLOBAL_SVC_ID};
 
-use super::{Desired, DesiredFrontend, MapError, MapWriter, addr};
+use super::{Desired, MapError, MapWriter, addr};
 use crate::model::{ObjKey, ServicePortName, compact};
 
 mod adopt;
+mod applied;
 mod grace;
 mod members;
 mod write;
 
 pub use adopt::AdoptReport;
+use applied::Applied;
+pub use applied::AppliedFrontend;
 use grace::Buried;
 pub use grace::DEFAULT_GRACE;
-
-#[derive(Clone, Debug)]
-struct Applied {
-    value: FrontendValue,
-    desired: DesiredFrontend,
-}
 
 /// A frontend that could not be applied; its previous state (if any) is untouched.
 #[derive(Debug, thiserror::Error)]
@@ -125,22 +122,22 @@ impl<W: MapWriter> Reconciler<W> {
     }
 
     /// Frontends as applied, with their map value.
-    pub fn applied(&self) -> impl Iterator<Item = (&FrontendKey, &FrontendValue, &DesiredFrontend)> {
-        self.applied.iter().map(|(k, a)| (k, &a.value, &a.desired))
+    pub fn applied(&self) -> impl Iterator<Item = (&FrontendKey, &FrontendValue, AppliedFrontend<'_>)> {
+        self.applied.iter().map(|(k, a)| (k, &a.value, a.view()))
     }
 
     /// The frontends applied for `service`.
     pub fn applied_of<'a>(
         &'a self,
         service: &ObjKey,
-    ) -> impl Iterator<Item = (&'a FrontendKey, &'a FrontendValue, &'a DesiredFrontend)> + 'a {
+    ) -> impl Iterator<Item = (&'a FrontendKey, &'a FrontendValue, AppliedFrontend<'a>)> + 'a {
         let keys = self.by_service.get(service).map(Vec::as_slice).unwrap_or_default();
-        keys.iter().filter_map(|k| self.applied.get_key_value(k)).map(|(k, a)| (k, &a.value, &a.desired))
+        keys.iter().filter_map(|k| self.applied.get_key_value(k)).map(|(k, a)| (k, &a.value, a.view()))
     }
 
     /// The frontend `key` as applied.
-    pub fn applied_get(&self, key: &FrontendKey) -> Option<(&FrontendValue, &DesiredFrontend)> {
-        self.applied.get(key).map(|a| (&a.value, &a.desired))
+    pub fn applied_get(&self, key: &FrontendKey) -> Option<(&FrontendValue, AppliedFrontend<'_>)> {
+        self.applied.get(key).map(|a| (&a.value, a.view()))
     }
 
     fn alloc_id(&mut self) -> Result<u32, MapError> {
@@ -197,14 +194,14 @@ impl<W: MapWriter> Reconciler<W> {
         let mut jobs = Vec::new();
         for (key, want) in desired {
             let previous = match self.applied.get(key) {
-                Some(a) if &a.desired == want => {
+                Some(a) if a.view().is(want) => {
                     report.unchanged += 1;
                     continue;
                 }
                 // Whether the frontend stays with the same Service port: a VIP taken over by another
                 // Service gets a fresh service id (its own name and counters) in the same one-update swap,
                 // and the old id is freed after the grace period.
-                previous => previous.map(|a| (a.value, a.desired.name == want.name)),
+                previous => previous.map(|a| (a.value, a.name == want.name)),
             };
             jobs.push(write::Job { key: *key, want, previous });
             if jobs.len() == write::CHUNK {
@@ -219,25 +216,25 @@ impl<W: MapWriter> Reconciler<W> {
         let Some(applied) = self.applied.get(&key) else { return };
         match self.writer.delete_frontend(key) {
             Ok(()) => {
-                let buried = Buried::new(&applied.value, &applied.desired, now, true);
+                let buried = Buried::new(&applied.value, &applied.view(), now, true);
                 self.graveyard.push_back(buried);
                 if let Some(applied) = self.applied.remove(&key) {
-                    self.unindex(&applied.desired.name.service, key);
+                    self.unindex(&applied.name.service, key);
                 }
                 report.removed += 1;
             }
             Err(error) => {
-                report.errors.push(ApplyError { name: applied.desired.name.clone(), frontend: key, error });
+                report.errors.push(ApplyError { name: applied.name.clone(), frontend: key, error });
             }
         }
     }
 
     fn index(&mut self, key: FrontendKey, applied: Applied) {
-        compact::insert_sorted(self.by_service.entry(applied.desired.name.service.clone()).or_default(), key);
+        compact::insert_sorted(self.by_service.entry(applied.name.service.clone()).or_default(), key);
         if let Some(old) = self.applied.insert(key, applied)
-            && old.desired.name.service != self.applied[&key].desired.name.service
+            && old.name.service != self.applied[&key].name.service
         {
-            self.unindex(&old.desired.name.service, key);
+            self.unindex(&old.name.service, key);
         }
     }
 

@@ -145,7 +145,7 @@ impl Contributions {
         for key in frontends {
             let old = self.frontends.remove(&key).unwrap_or_default();
             let (new, owner) = match rec.applied_get(&key) {
-                Some((value, desired)) => (frontend_part(model, &key, value.flags, desired), Some(desired)),
+                Some((value, applied)) => (frontend_part(model, &key, value.flags, &applied), Some(applied)),
                 None => (Frontend::default(), None),
             };
             if track {
@@ -200,7 +200,7 @@ fn frontend_part(
     model: &Model,
     key: &FrontendKey,
     flags: u32,
-    desired: &crate::datapath::DesiredFrontend,
+    desired: &crate::datapath::AppliedFrontend<'_>,
 ) -> Frontend {
     let ranges = match model.services.get(&desired.name.service) {
         Some(svc) if key.is_outside() && flags & lb_common::FLAG_SOURCE_RANGES != 0 => {
@@ -209,7 +209,7 @@ fn frontend_part(
         _ => Box::default(),
     };
     let udp = if key.proto == PROTO_UDP {
-        let mut b: Vec<Backend> = desired.tiers.iter().flatten().copied().collect();
+        let mut b: Vec<Backend> = desired.slots.to_vec();
         b.sort_unstable();
         b.dedup();
         b.into_boxed_slice()

@@ -5,7 +5,7 @@ use lb_common::GLOBAL_SVC_ID;
 
 use super::{Applied, Reconciler};
 use crate::{
-    datapath::{DesiredFrontend, MapError, MapWriter},
+    datapath::{MapError, MapWriter},
     model::ServicePortName,
 };
 
@@ -41,13 +41,8 @@ impl<W: MapWriter> Reconciler<W> {
                 report.unnamed += 1;
                 ServicePortName::default()
             });
-            let desired = DesiredFrontend {
-                name: Arc::new(name),
-                tiers: rb.tiers.clone(),
-                flags: rb.value.flags,
-                affinity_timeout_s: rb.value.affinity_timeout_s,
-            };
-            self.index(*key, Applied { value: rb.value, desired });
+            let slots = rb.tiers.iter().flatten().copied().collect();
+            self.index(*key, Applied::of_slots(rb.value, Arc::new(name), slots));
             used.insert(rb.value.svc_id);
             report.frontends += 1;
         }

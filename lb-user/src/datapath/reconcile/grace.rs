@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use lb_common::{Backend, FrontendValue, MemberKey, SlotKey};
 
-use super::{Reconciler, members};
-use crate::datapath::{DesiredFrontend, MapWriter};
+use super::{AppliedFrontend, Reconciler, members};
+use crate::datapath::MapWriter;
 
 /// How long old slots outlive the frontend update that stopped pointing at them when the kernel's grace
 /// period cannot be waited for (`MapWriter::wait_for_readers` failed). Programs finish in microseconds.
@@ -24,15 +24,20 @@ pub(super) struct Buried {
 }
 
 impl Buried {
-    /// The generation `value` points at, holding what `desired` asked for.
-    pub(super) fn new(value: &FrontendValue, desired: &DesiredFrontend, now: Instant, free_id: bool) -> Self {
+    /// The generation `value` points at, holding `applied`.
+    pub(super) fn new(
+        value: &FrontendValue,
+        applied: &AppliedFrontend<'_>,
+        now: Instant,
+        free_id: bool,
+    ) -> Self {
         let count = value.tiers.iter().map(|r| u32::from(r.start) + u32::from(r.len)).max().unwrap_or(0);
         Self {
             since: now,
             svc_id: value.svc_id,
             generation: value.generation,
             count,
-            members: members::of(desired).into_keys().collect(),
+            members: members::of(applied.affinity_timeout_s, applied.tiers).into_keys().collect(),
             free_id,
         }
     }

@@ -3,17 +3,16 @@
 //! them; the data path uses a client's remembered backend only if it is a member of the current generation.
 use std::collections::BTreeMap;
 
-use lb_common::{Backend, MemberValue};
+use lb_common::{Backend, MemberValue, TIER_COUNT};
 
-use crate::datapath::DesiredFrontend;
-
-/// Each backend of `want` once, with the tiers it is in; none without sessionAffinity.
-pub(super) fn of(want: &DesiredFrontend) -> BTreeMap<Backend, MemberValue> {
+/// Each backend of `tiers` once, with the tiers it is in; none without sessionAffinity
+/// (`affinity_timeout_s` 0).
+pub(super) fn of(affinity_timeout_s: u32, tiers: [&[Backend]; TIER_COUNT]) -> BTreeMap<Backend, MemberValue> {
     let mut out: BTreeMap<Backend, MemberValue> = BTreeMap::new();
-    if want.affinity_timeout_s == 0 {
+    if affinity_timeout_s == 0 {
         return out;
     }
-    for (tier, backends) in want.tiers.iter().enumerate() {
+    for (tier, backends) in tiers.into_iter().enumerate() {
         for b in backends {
             out.entry(*b).or_default().tiers |= 1 << tier;
         }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use lb_common::{Backend, MemberKey, SlotKey};
 
 use super::*;
-use crate::datapath::{MapReader as _, fake::FakeMaps};
+use crate::datapath::{DesiredFrontend, MapReader as _, fake::FakeMaps};
 
 fn be(s: &str) -> Backend {
     addr::backend(s.parse::<SocketAddr>().unwrap(), 6)

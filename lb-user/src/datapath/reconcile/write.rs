@@ -88,7 +88,12 @@ impl<W: MapWriter> Reconciler<W> {
                 Ok((value, fresh_id)) => ready.push(Prepared {
                     value,
                     fresh_id,
-                    members: members::of(job.want).into_iter().collect(),
+                    members: members::of(
+                        job.want.affinity_timeout_s,
+                        job.want.tiers.each_ref().map(Vec::as_slice),
+                    )
+                    .into_iter()
+                    .collect(),
                     job,
                 }),
                 Err(error) if single => return report.errors.push(job.error(error)),
@@ -213,12 +218,12 @@ impl<W: MapWriter> Reconciler<W> {
     fn book(&mut self, p: &Prepared<'_>, now: Instant, report: &mut ApplyReport) {
         let key = p.job.key;
         if let Some((old, same)) = p.job.previous {
-            let buried = Buried::new(&old, &self.applied[&key].desired, now, !same);
+            let buried = Buried::new(&old, &self.applied[&key].view(), now, !same);
             self.graveyard.push_back(buried);
             report.updated += 1;
         } else {
             report.added += 1;
         }
-        self.index(key, Applied { value: p.value, desired: p.job.want.clone() });
+        self.index(key, Applied::new(p.value, p.job.want));
     }
 }
