@@ -8,36 +8,29 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::Labels;
-use crate::{
-    model::{Family as IpFamily, ServicePortName},
-    plan::{Requested, SelectedTier, TopologyReason},
-};
+use super::{Labels, gauge};
+use crate::model::{Family as IpFamily, ServicePortName};
 
-/// One Service port in one family, as the agent planned it last. The agent keeps one per planned Service
-/// port: the decision as the plan's enums and the counts as `u32` (56 bytes; with the label strings and
-/// `usize` counts it was 120).
+/// One Service port in one family, as the agent planned it last.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceTopology {
     /// The Service port.
     pub name: ServicePortName,
     /// Its IP family.
     pub family: IpFamily,
-    /// What the Service asks for.
-    pub requested: Requested,
-    /// The tier this node applies to internal traffic.
-    pub applied: SelectedTier,
-    /// Why.
-    pub reason: TopologyReason,
+    /// `plan::Requested::as_str`.
+    pub requested: &'static str,
+    /// `plan::SelectedTier::as_str` of internal traffic.
+    pub applied: &'static str,
+    /// `plan::TopologyReason::as_str`.
+    pub reason: &'static str,
     /// Ready endpoints.
-    pub ready: u32,
+    pub ready: usize,
     /// Ready endpoints with a node hint.
-    pub ready_node_hinted: u32,
+    pub ready_node_hinted: usize,
     /// Ready endpoints with a zone hint.
-    pub ready_zone_hinted: u32,
+    pub ready_zone_hinted: usize,
 }
-
-const _: () = assert!(size_of::<ServiceTopology>() <= 56);
 
 impl ServiceTopology {
     fn base(&self) -> Labels {
@@ -68,16 +61,16 @@ pub(super) fn register(reg: &mut Registry, rows: &[ServiceTopology]) {
     );
     for r in rows {
         let mut l = r.base();
-        l.push(("requested".into(), r.requested.as_str().into()));
-        l.push(("applied".into(), r.applied.as_str().into()));
-        l.push(("reason".into(), r.reason.as_str().into()));
+        l.push(("requested".into(), r.requested.into()));
+        l.push(("applied".into(), r.applied.into()));
+        l.push(("reason".into(), r.reason.into()));
         topo.get_or_create(&l).set(1);
         for (hint, with) in [("node", r.ready_node_hinted), ("zone", r.ready_zone_hinted)] {
             for (hinted, n) in [("true", with), ("false", r.ready.saturating_sub(with))] {
                 let mut l = r.base();
                 l.push(("hint".into(), hint.into()));
                 l.push(("hinted".into(), hinted.into()));
-                ready.get_or_create(&l).set(i64::from(n));
+                ready.get_or_create(&l).set(gauge(n));
             }
         }
     }
