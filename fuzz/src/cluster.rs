@@ -9,8 +9,8 @@ use std::{
 
 use arbitrary::Arbitrary;
 use tierlb::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Model, Name, NameList, Node, ObjKey, Policy, Protocol,
-    Service, ServicePort, SlicePort, intern, intern_list,
+    AddressType, Conditions, Endpoint, EndpointSlice, Hints, Model, Name, NameList, Node, ObjKey, Policy,
+    Protocol, Service, ServicePort, SlicePort, intern, intern_list,
 };
 
 /// Node names: the planned node is `NODES[0]`.
@@ -174,8 +174,10 @@ impl Cluster {
                         },
                         node_name: e.node.map(|x| intern(pick(&NODES, x))),
                         zone: e.zone.map(|x| intern(pick(&ZONES, x))),
-                        for_nodes: names(&NODES, e.for_nodes.as_ref()),
-                        for_zones: names(&ZONES, e.for_zones.as_ref()),
+                        hints: Hints::new(
+                            names(&NODES, e.for_nodes.as_ref()),
+                            names(&ZONES, e.for_zones.as_ref()),
+                        ),
                     })
                     .collect();
                 let skey = ObjKey::new("ns", format!("s{i}-{k}"));
@@ -258,12 +260,12 @@ fn sorted<'a>(it: impl Iterator<Item = &'a Ep<'a>>) -> Vec<SocketAddr> {
     v
 }
 
-fn node_hints(e: &Endpoint) -> &Option<NameList> {
-    &e.for_nodes
+fn node_hints(e: &Endpoint) -> Option<&NameList> {
+    e.hints.for_nodes()
 }
 
-fn zone_hints(e: &Endpoint) -> &Option<NameList> {
-    &e.for_zones
+fn zone_hints(e: &Endpoint) -> Option<&NameList> {
+    e.hints.for_zones()
 }
 
 fn ready(e: &Endpoint) -> bool {
@@ -285,11 +287,11 @@ fn categorize(svc: &Service, eps: &[Ep<'_>], node: &str, zone: Option<&str>) -> 
         return Expected { tiers: [set, Vec::new(), Vec::new()], local: true };
     }
     let r: Vec<&Ep<'_>> = eps.iter().filter(|e| ready(e.e)).collect();
-    let all = |f: fn(&Endpoint) -> &Option<NameList>| {
-        !r.is_empty() && r.iter().all(|e| f(e.e).as_ref().is_some_and(|v| !v.is_empty()))
+    let all = |f: fn(&Endpoint) -> Option<&NameList>| {
+        !r.is_empty() && r.iter().all(|e| f(e.e).is_some_and(|v| !v.is_empty()))
     };
-    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> &Option<NameList>, want: &str| {
-        f(e.e).as_ref().is_some_and(|v| v.iter().any(|x| **x == *want))
+    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> Option<&NameList>, want: &str| {
+        f(e.e).is_some_and(|v| v.iter().any(|x| **x == *want))
     };
     let node_tier = if all(node_hints) && r.iter().any(|e| names(e, node_hints, node)) {
         sorted(r.iter().copied().filter(|e| names(e, node_hints, node)))

@@ -119,7 +119,7 @@ fn slice(s: &EndpointSlice) -> Result<(), Broken> {
         if e.node_name.as_deref().is_some_and(|n| !subdomain(n)) {
             return Err("bad nodeName".into());
         }
-        for hints in [&e.for_nodes, &e.for_zones].into_iter().flatten() {
+        for hints in [e.hints.for_nodes(), e.hints.for_zones()].into_iter().flatten() {
             let distinct: BTreeSet<&tierlb::model::Name> = hints.iter().collect();
             if hints.len() > 8 || distinct.len() != hints.len() {
                 return Err("too many or repeated hints".into());

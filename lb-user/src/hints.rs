@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::model::{Endpoint, EndpointSlice, Model, ObjKey, Service, intern_list};
+use crate::model::{Endpoint, EndpointSlice, Hints, Model, ObjKey, Service, intern_list};
 
 /// `trafficDistribution` value: the deprecated alias of `PreferSameZone`.
 pub const PREFER_CLOSE: &str = "PreferClose";
@@ -176,9 +176,10 @@ pub fn apply(model: &Model, svc: &Service, slices: &mut [EndpointSlice]) -> Hint
                 if !ready(ep) {
                     continue;
                 }
-                ep.for_zones = ep.zone.clone().map(|z| intern_list(vec![z]));
-                ep.for_nodes =
+                let for_zones = ep.zone.clone().map(|z| intern_list(vec![z]));
+                let for_nodes =
                     if with_node { ep.node_name.clone().map(|n| intern_list(vec![n])) } else { None };
+                ep.hints = Hints::new(for_nodes, for_zones);
             }
         }
         HintMode::None { .. } => remove(slices.iter_mut()),
@@ -206,8 +207,7 @@ pub fn apply(model: &Model, svc: &Service, slices: &mut [EndpointSlice]) -> Hint
 
 fn remove<'a>(slices: impl Iterator<Item = &'a mut EndpointSlice>) {
     for ep in slices.flat_map(|s| s.endpoints.iter_mut()) {
-        ep.for_nodes = None;
-        ep.for_zones = None;
+        ep.hints = Hints::default();
     }
 }
 
@@ -224,8 +224,7 @@ fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), Au
             return Err(AutoDisabled::NoZoneSpecified);
         };
         *allocated.entry(zone.to_string()).or_default() += 1;
-        ep.for_nodes = None;
-        ep.for_zones = Some(intern_list(vec![zone]));
+        ep.hints = Hints::new(None, Some(intern_list(vec![zone])));
     }
     let (mut giving, mut receiving) = giving_and_receiving(&desired, &allocated);
     for ep in slices.iter_mut().flat_map(|s| s.endpoints.iter_mut()).filter(|e| ready(e)) {
@@ -238,7 +237,8 @@ fn auto_hints(model: &Model, slices: &mut [&mut EndpointSlice]) -> Result<(), Au
         let Some(to) = receiving.keys().next().cloned() else {
             break;
         };
-        ep.for_zones = Some(intern_list(vec![crate::model::intern(&to)]));
+        ep.hints =
+            Hints::new(ep.hints.for_nodes().cloned(), Some(intern_list(vec![crate::model::intern(&to)])));
         decrement(&mut giving, &zone);
         decrement(&mut receiving, &to);
     }
@@ -297,7 +297,7 @@ fn decrement(m: &mut BTreeMap<String, usize>, k: &str) {
 
 /// True when no endpoint of these slices carries any hint.
 pub fn carries_no_hints(slices: &[&EndpointSlice]) -> bool {
-    slices.iter().flat_map(|s| &s.endpoints).all(|e| e.for_nodes.is_none() && e.for_zones.is_none())
+    slices.iter().flat_map(|s| &s.endpoints).all(|e| e.hints.is_empty())
 }
 
 /// For `--manifests` mode: fill in hints for every Service whose slices carry none, as the controller would.

@@ -144,7 +144,7 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo
         _ => {}
     }
     let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.endpoint.is_ready()).collect();
-    let hinted = |e: &PortEndpoint| e.endpoint.for_nodes.is_some() || e.endpoint.for_zones.is_some();
+    let hinted = |e: &PortEndpoint| !e.endpoint.hints.is_empty();
     let with_hints = ready.iter().filter(|e| hinted(e)).count();
     let expects_hints = matches!(mode, HintMode::PreferSameZone { .. } | HintMode::PreferSameNode);
     if !ready.is_empty() && with_hints == 0 && expects_hints && svc.internal_policy == Policy::Cluster {

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     hints,
     model::{
-        AddressType, Conditions, Endpoint, EndpointSlice, Model, Node, NodeInfo, ObjKey, Policy, Protocol,
-        Service, ServicePort, SlicePort, intern, intern_list,
+        AddressType, Conditions, Endpoint, EndpointSlice, Hints, Model, Node, NodeInfo, ObjKey, Policy,
+        Protocol, Service, ServicePort, SlicePort, intern, intern_list,
     },
 };
 pub use catalog::{ModelInfo, models_text};
@@ -323,8 +323,10 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         },
         node_name: Some(intern(&e.node)),
         zone: zone_of(&e.node).as_deref().map(intern),
-        for_nodes: e.for_nodes.as_ref().map(|v| intern_list(v.iter().map(|n| intern(n)).collect())),
-        for_zones: e.for_zones.as_ref().map(|v| intern_list(v.iter().map(|z| intern(z)).collect())),
+        hints: Hints::new(
+            e.for_nodes.as_ref().map(|v| intern_list(v.iter().map(|n| intern(n)).collect())),
+            e.for_zones.as_ref().map(|v| intern_list(v.iter().map(|z| intern(z)).collect())),
+        ),
     };
     let mut slice = EndpointSlice {
         key: ObjKey::new("study", "svc-1"),
@@ -340,11 +342,9 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     hints::apply(&m, &svc, &mut controller);
     for (i, e) in eps.iter().enumerate() {
         if e.no_hints {
-            slice.endpoints[i].for_nodes = None;
-            slice.endpoints[i].for_zones = None;
+            slice.endpoints[i].hints = Hints::default();
         } else if e.for_nodes.is_none() && e.for_zones.is_none() {
-            slice.endpoints[i].for_nodes.clone_from(&controller[0].endpoints[i].for_nodes);
-            slice.endpoints[i].for_zones.clone_from(&controller[0].endpoints[i].for_zones);
+            slice.endpoints[i].hints.clone_from(&controller[0].endpoints[i].hints);
         }
     }
     m.slices.insert(slice.key.clone(), slice);

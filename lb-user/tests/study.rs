@@ -392,12 +392,11 @@ fn measure(name: &str, connects: usize) -> (BTreeMap<String, f64>, BTreeMap<Stri
         let ip = e.address.unwrap();
         c.add_pod(SocketAddr::new(ip, 8080), &ip.to_string()).unwrap();
         let mut ep = Ep::ready(ip, e.node_name.as_deref().unwrap());
-        let names = |v: &Option<tierlb::model::NameList>| {
-            v.as_ref().map(|v| v.iter().map(ToString::to_string).collect())
-        };
+        let names =
+            |v: Option<&tierlb::model::NameList>| v.map(|v| v.iter().map(ToString::to_string).collect());
         ep.zone = e.zone.as_deref().map(str::to_owned);
-        ep.for_nodes = names(&e.for_nodes);
-        ep.for_zones = names(&e.for_zones);
+        ep.for_nodes = names(e.hints.for_nodes());
+        ep.for_zones = names(e.hints.for_zones());
         eps.push(ep);
     }
     let vip: IpAddr = "10.96.0.99".parse().unwrap();

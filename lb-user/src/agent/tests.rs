@@ -522,13 +522,11 @@ fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
         "node name copied"
     );
     assert!(crate::model::Name::ptr_eq(x.zone.as_ref().unwrap(), y.zone.as_ref().unwrap()), "zone copied");
-    let (xn, yn) = (x.for_nodes.as_ref().unwrap(), y.for_nodes.as_ref().unwrap());
+    assert_eq!(x.hints, y.hints);
+    let (xn, yn) = (x.hints.for_nodes().unwrap(), y.hints.for_nodes().unwrap());
     assert_eq!(xn.as_slice(), [crate::model::intern("node-1")]);
     assert!(Arc::ptr_eq(xn, yn), "forNodes list copied");
-    assert!(
-        Arc::ptr_eq(x.for_zones.as_ref().unwrap(), y.for_zones.as_ref().unwrap()),
-        "forZones list copied"
-    );
+    assert!(Arc::ptr_eq(x.hints.for_zones().unwrap(), y.hints.for_zones().unwrap()), "forZones list copied");
     assert!(
         crate::model::Name::ptr_eq(&slices[0].key.namespace, &slices[1].key.namespace),
         "namespace copied"

@@ -15,7 +15,7 @@ pub mod node_addresses;
 mod proxy_label;
 mod slices;
 pub use ids::{Kind, ObjKey, ObjectId, ParseNameError, ServicePortName};
-pub use names::{Name, NameList, forget_unused as forget_unused_names, intern, intern_list};
+pub use names::{Hints, Name, NameList, forget_unused as forget_unused_names, intern, intern_list};
 pub use proxy_label::{LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ProxyLabel};
 pub use slices::Slices;
 
@@ -225,16 +225,15 @@ pub struct Endpoint {
     pub node_name: Option<Name>,
     /// `zone` (interned).
     pub zone: Option<Name>,
-    /// `hints.forNodes[].name`; `None` when the hint list is absent. Interned (`intern_list`): shared by the
-    /// endpoints with the same list.
-    pub for_nodes: Option<NameList>,
-    /// `hints.forZones[].name` (interned).
-    pub for_zones: Option<NameList>,
+    /// `hints.forNodes[].name` and `hints.forZones[].name`, interned as a pair (`Hints`): shared by the
+    /// endpoints with the same lists.
+    #[serde(flatten)]
+    pub hints: Hints,
 }
 
 // What one endpoint costs the agent, most of its memory (10 per Service in the scale runs): a regression that
 // makes it larger fails here, not in a benchmark.
-const _: () = assert!(size_of::<Endpoint>() <= 56);
+const _: () = assert!(size_of::<Endpoint>() <= 48);
 
 impl Endpoint {
     /// `ready`, nil counting as true.
@@ -251,11 +250,11 @@ impl Endpoint {
     }
     /// The node names of `hints.forNodes` (none when absent).
     pub fn node_hints(&self) -> &[Name] {
-        self.for_nodes.as_deref().map_or(&[], Vec::as_slice)
+        self.hints.for_nodes().map_or(&[], |l| l.as_slice())
     }
     /// The zone names of `hints.forZones` (none when absent).
     pub fn zone_hints(&self) -> &[Name] {
-        self.for_zones.as_deref().map_or(&[], Vec::as_slice)
+        self.hints.for_zones().map_or(&[], |l| l.as_slice())
     }
 }
 

@@ -17,9 +17,9 @@ use super::{
     validate,
 };
 use crate::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Kind, Node, NodeAddress, NodeAddressKind, ObjKey,
-    ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort, compact::exact, intern,
-    intern_list,
+    AddressType, Conditions, Endpoint, EndpointSlice, Hints, Kind, Node, NodeAddress, NodeAddressKind,
+    ObjKey, ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort, compact::exact,
+    intern, intern_list,
 };
 
 /// The conversion, unless validation found problems (a conversion error on a field validation already
@@ -297,12 +297,14 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
             conditions: Conditions { ready: c.ready, serving: c.serving, terminating: c.terminating },
             node_name: ep.node_name.as_deref().map(intern),
             zone: ep.zone.as_deref().map(intern),
-            for_nodes: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .map(|v| intern_list(v.iter().map(|n| intern(&n.name)).collect())),
-            for_zones: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|v| intern_list(v.iter().map(|z| intern(&z.name)).collect())),
+            hints: Hints::new(
+                hints
+                    .and_then(|h| h.for_nodes.as_ref())
+                    .map(|v| intern_list(v.iter().map(|n| intern(&n.name)).collect())),
+                hints
+                    .and_then(|h| h.for_zones.as_ref())
+                    .map(|v| intern_list(v.iter().map(|z| intern(&z.name)).collect())),
+            ),
         });
     }
     let service_name = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();

@@ -89,7 +89,7 @@ fn endpoints(m: &Model, svc: &Service) -> Vec<ScEndpoint> {
         .into_iter()
         .map(|pe| {
             let e = &pe.endpoint;
-            let hinted = e.for_nodes.is_some() || e.for_zones.is_some();
+            let hinted = !e.hints.is_empty();
             ScEndpoint {
                 ip: pe.addr.ip(),
                 node: e.node_name.as_deref().unwrap_or_default().to_owned(),
@@ -98,8 +98,8 @@ fn endpoints(m: &Model, svc: &Service) -> Vec<ScEndpoint> {
                 serving: Some(e.is_serving()),
                 crash: Crash::Running,
                 // Hints exactly as written (`no_hints`: none at all, so the scenario does not fill them).
-                for_nodes: e.for_nodes.as_ref().map(|v| v.iter().map(ToString::to_string).collect()),
-                for_zones: e.for_zones.as_ref().map(|v| v.iter().map(ToString::to_string).collect()),
+                for_nodes: e.hints.for_nodes().map(|v| v.iter().map(ToString::to_string).collect()),
+                for_zones: e.hints.for_zones().map(|v| v.iter().map(ToString::to_string).collect()),
                 no_hints: !hinted,
             }
         })

@@ -35,8 +35,8 @@ fn controller_hints_per_traffic_distribution_value() {
     ];
     for c in cases {
         let (eps, _) = hinted(c.td, &[e("10.0.0.1", "n1").zone("a").nodes(&["old"]).zones(&["old"])]);
-        assert_eq!(strs(eps[0].for_nodes.as_deref()), c.nodes, "{}", c.name);
-        assert_eq!(strs(eps[0].for_zones.as_deref()), c.zones, "{}", c.name);
+        assert_eq!(strs(eps[0].hints.for_nodes().map(|l| &**l)), c.nodes, "{}", c.name);
+        assert_eq!(strs(eps[0].hints.for_zones().map(|l| &**l)), c.zones, "{}", c.name);
     }
 }
 
@@ -47,12 +47,12 @@ fn controller_skips_not_ready_endpoints_and_writes_no_zone_hint_without_a_zone()
         &[e("10.0.0.1", "n1").terminating().nodes(&["old"]), e("10.0.0.2", "n2")],
     );
     assert_eq!(
-        strs(eps[0].for_nodes.as_deref()),
+        strs(eps[0].hints.for_nodes().map(|l| &**l)),
         Some(vec!["old"]),
         "not-ready endpoints keep their old hints"
     );
-    assert_eq!(strs(eps[1].for_nodes.as_deref()), Some(vec!["n2"]));
-    assert_eq!(eps[1].for_zones, None, "no zone, no zone hint");
+    assert_eq!(strs(eps[1].hints.for_nodes().map(|l| &**l)), Some(vec!["n2"]));
+    assert_eq!(eps[1].hints.for_zones(), None, "no zone, no zone hint");
 }
 
 #[test]
@@ -156,7 +156,7 @@ fn auto_mode_safeguards_disable_hints() {
         let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
         let out = hints::apply(&m, &s, &mut slices);
         assert_eq!(out.auto_disabled, want, "{name}");
-        let any_hint = slices.iter().flat_map(|s| &s.endpoints).any(|e| e.for_zones.is_some());
+        let any_hint = slices.iter().flat_map(|s| &s.endpoints).any(|e| e.hints.for_zones().is_some());
         assert_eq!(any_hint, want.is_none(), "{name}");
     }
 }
@@ -176,7 +176,7 @@ fn auto_mode_moves_hints_from_overloaded_zones_by_cpu_share() {
     let mut slices: Vec<EndpointSlice> = m.slices.values().cloned().collect();
     hints::apply(&m, &s, &mut slices);
     let zones: Vec<String> =
-        slices[0].endpoints.iter().map(|e| e.for_zones.clone().unwrap().join(",")).collect();
+        slices[0].endpoints.iter().map(|e| e.hints.for_zones().unwrap().join(",")).collect();
     assert_eq!(zones.iter().filter(|z| *z == "b").count(), 2, "{zones:?}");
     assert_eq!(zones.iter().filter(|z| *z == "a").count(), 2, "{zones:?}");
 }
@@ -197,7 +197,7 @@ fn manifests_without_hints_get_the_controllers_hints() {
 fn zone_counts(slices: &[EndpointSlice]) -> Vec<(String, usize)> {
     let mut counts = std::collections::BTreeMap::new();
     for e in slices.iter().flat_map(|s| &s.endpoints) {
-        *counts.entry(e.for_zones.clone().map_or("-".to_owned(), |z| z.join(","))).or_insert(0) += 1;
+        *counts.entry(e.hints.for_zones().map_or("-".to_owned(), |z| z.join(","))).or_insert(0) += 1;
     }
     counts.into_iter().collect()
 }
@@ -290,7 +290,7 @@ fn prefer_same_node_copies_set_but_empty_zone_and_node_names() {
     let filled = hints::fill_for(&m, &m.services[&ObjKey::new("default", "web")]).expect("hinted");
     let ep = &filled[0].endpoints[0];
     assert_eq!(
-        (strs(ep.for_nodes.as_deref()), strs(ep.for_zones.as_deref())),
+        (strs(ep.hints.for_nodes().map(|l| &**l)), strs(ep.hints.for_zones().map(|l| &**l))),
         (Some(vec![""]), Some(vec![""]))
     );
 }

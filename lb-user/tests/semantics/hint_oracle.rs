@@ -319,8 +319,7 @@ fn build(
                 },
                 node_name: pick(&NAMES, *name).map(Into::into),
                 zone: pick(&ZONES, *zone).map(Into::into),
-                for_nodes: None,
-                for_zones: None,
+                hints: tierlb::model::Hints::default(),
             })
             .collect();
         m.slices.insert(sl.key.clone(), sl);
@@ -343,7 +342,7 @@ proptest! {
         hints::apply(&m, &s, &mut got);
         for (sl, hints) in got.iter().zip(&want) {
             for (e, h) in sl.endpoints.iter().zip(hints) {
-                prop_assert_eq!((names(e.for_nodes.as_deref()), names(e.for_zones.as_deref())), as_model(h), "{} {:?}", sl.key.name, e);
+                prop_assert_eq!((names(e.hints.for_nodes().map(|l| &**l)), names(e.hints.for_zones().map(|l| &**l))), as_model(h), "{} {:?}", sl.key.name, e);
             }
         }
         let any = want.iter().flatten().any(Option::is_some);

@@ -100,8 +100,7 @@ impl E {
             },
             node_name: Some(self.node.into()).filter(|n: &tierlb::model::Name| !n.is_empty()),
             zone: self.zone.map(Into::into),
-            for_nodes: strings(self.for_nodes),
-            for_zones: strings(self.for_zones),
+            hints: tierlb::model::Hints::new(strings(self.for_nodes), strings(self.for_zones)),
         }
     }
 }

@@ -50,7 +50,7 @@ pub(crate) fn endpoints(
                 // `len(endpoint.Addresses) == 0`: skipped.
                 let Some(ip) = ep.address else { continue };
                 let is_local = ep.node_name.as_deref() == Some(node);
-                let set_of = |v: &Option<tierlb::model::NameList>| {
+                let set_of = |v: Option<&tierlb::model::NameList>| {
                     v.iter().flat_map(|l| l.iter()).map(ToString::to_string).collect::<BTreeSet<_>>()
                 };
                 let info = KpEndpoint {
@@ -59,8 +59,8 @@ pub(crate) fn endpoints(
                     ready: ep.conditions.ready.is_none_or(|r| r),
                     serving: ep.conditions.serving.is_none_or(|s| s),
                     terminating: ep.conditions.terminating == Some(true),
-                    zone_hints: set_of(&ep.for_zones),
-                    node_hints: set_of(&ep.for_nodes),
+                    zone_hints: set_of(ep.hints.for_zones()),
+                    node_hints: set_of(ep.hints.for_nodes()),
                 };
                 if !set.contains_key(&info.addr) || is_local {
                     set.insert(info.addr, info);

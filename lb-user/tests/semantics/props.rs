@@ -195,12 +195,10 @@ fn make_slice(
                 conditions: id.conditions,
                 node_name: NODES.get(node).map(|n| (*n).into()),
                 zone: id.zone.map(Into::into),
-                for_nodes: id
-                    .for_nodes
-                    .map(|v| tierlb::model::intern_list(v.into_iter().map(Into::into).collect())),
-                for_zones: id
-                    .for_zones
-                    .map(|v| tierlb::model::intern_list(v.into_iter().map(Into::into).collect())),
+                hints: tierlb::model::Hints::new(
+                    id.for_nodes.map(|v| tierlb::model::intern_list(v.into_iter().map(Into::into).collect())),
+                    id.for_zones.map(|v| tierlb::model::intern_list(v.into_iter().map(Into::into).collect())),
+                ),
             }
         })
         .collect();
