@@ -29,8 +29,8 @@ pub(super) fn created(model: &Model, svc: &ObjKey) -> Option<i64> {
 /// Every frontend's claimants, and every Service's frontends.
 #[derive(Debug, Default)]
 pub(super) struct Claims {
-    by_frontend: BTreeMap<FrontendKey, Vec<Claimant>>,
-    by_service: BTreeMap<ObjKey, Vec<FrontendKey>>,
+    by_frontend: BTreeMap<FrontendKey, compact::Few<Claimant>>,
+    by_service: BTreeMap<ObjKey, compact::Few<FrontendKey>>,
     /// Frontends with more than one claimant (kept so that reporting them walks only them).
     contested: BTreeSet<FrontendKey>,
 }
@@ -57,7 +57,7 @@ impl Claims {
     ) -> BTreeSet<FrontendKey> {
         let created = Claimant::created(created);
         let claims: BTreeMap<FrontendKey, bool> = keys.into_iter().collect();
-        let new: Vec<FrontendKey> = claims.keys().copied().collect();
+        let new: compact::Few<FrontendKey> = claims.keys().copied().collect();
         let old = self.by_service.remove(service).unwrap_or_default();
         let mut changed = BTreeSet::new();
         for key in &old {
@@ -77,7 +77,7 @@ impl Claims {
         for (key, external) in &claims {
             let who = self.by_frontend.entry(*key).or_default();
             if !who.iter().any(|c| c.service == *service) {
-                compact::push_exact(who, Claimant { external: *external, created, service: service.clone() });
+                who.push(Claimant { external: *external, created, service: service.clone() });
                 changed.insert(*key);
             }
         }

@@ -81,7 +81,7 @@ pub struct Reconciler<W: MapWriter> {
     applied: BTreeMap<FrontendKey, Applied>,
     /// The applied frontends of each Service (for `apply_services`), sorted: a Service has a few, and a
     /// sorted `Vec` takes a tenth of a `BTreeSet`'s node.
-    by_service: BTreeMap<ObjKey, Vec<FrontendKey>>,
+    by_service: BTreeMap<ObjKey, compact::Few<FrontendKey>>,
     free_ids: Vec<u32>,
     next_id: u32,
     graveyard: VecDeque<Buried>,
@@ -131,7 +131,7 @@ impl<W: MapWriter> Reconciler<W> {
         &'a self,
         service: &ObjKey,
     ) -> impl Iterator<Item = (&'a FrontendKey, &'a FrontendValue, AppliedFrontend<'a>)> + 'a {
-        let keys = self.by_service.get(service).map(Vec::as_slice).unwrap_or_default();
+        let keys = self.by_service.get(service).map(compact::Few::as_slice).unwrap_or_default();
         keys.iter().filter_map(|k| self.applied.get_key_value(k)).map(|(k, a)| (k, &a.value, a.view()))
     }
 

@@ -9,6 +9,11 @@
 //! full. `repack` rebuilds a map from its sorted entries, which fills every node; the agent does it after a
 //! sync that changed many frontends, before it hands free memory back (`agent::memory`).
 
+/// A per-Service or per-frontend list that usually holds one element (a Service's frontend keys and slices, a
+/// frontend's claimants), kept inline: a list of one is no allocation and 16 bytes smaller than a `Vec` of
+/// one and its heap block (`SmallVec` with `union`: the element, or a pointer and length, and a capacity).
+pub type Few<T> = smallvec::SmallVec<[T; 1]>;
+
 /// `v` with no spare capacity (what a parse built by pushing, before it is kept).
 pub fn exact<T>(mut v: Vec<T>) -> Vec<T> {
     v.shrink_to_fit();
@@ -22,7 +27,7 @@ pub fn push_exact<T>(v: &mut Vec<T>, x: T) {
 }
 
 /// Insert `x` into the sorted `v` unless it is there, growing `v` by exactly one; whether it was inserted.
-pub fn insert_sorted<T: Ord>(v: &mut Vec<T>, x: T) -> bool {
+pub fn insert_sorted<T: Ord>(v: &mut Few<T>, x: T) -> bool {
     match v.binary_search(&x) {
         Ok(_) => false,
         Err(at) => {
@@ -35,7 +40,7 @@ pub fn insert_sorted<T: Ord>(v: &mut Vec<T>, x: T) -> bool {
 
 /// Remove `x` from the sorted `v`; whether it was there. The room it took is given back: a set that shrank
 /// from many to few does not keep the many's capacity.
-pub fn remove_sorted<T: Ord>(v: &mut Vec<T>, x: &T) -> bool {
+pub fn remove_sorted<T: Ord>(v: &mut Few<T>, x: &T) -> bool {
     let Ok(at) = v.binary_search(x) else { return false };
     v.remove(at);
     if v.capacity() > 2 * v.len() {
@@ -61,12 +66,20 @@ mod tests {
 
     #[test]
     fn a_vector_grown_one_at_a_time_holds_no_spare_room() {
-        let mut v = Vec::new();
-        for x in [3, 1, 2, 1] {
+        let mut v: Few<u32> = Few::new();
+        insert_sorted(&mut v, 3);
+        assert!(!v.spilled(), "one element is held inline");
+        for x in [1, 2, 1] {
             insert_sorted(&mut v, x);
             assert_eq!(v.capacity(), v.len(), "{v:?}");
         }
-        assert_eq!(v, [1, 2, 3]);
+        assert_eq!(v.as_slice(), [1, 2, 3]);
+        for x in [1, 2] {
+            remove_sorted(&mut v, &x);
+        }
+        assert!(!v.spilled(), "back to one, back inline");
+        assert_eq!(size_of::<Few<[u8; 16]>>(), 24, "a key and a capacity, no more");
+        let mut v = vec![1, 2, 3];
         push_exact(&mut v, 9);
         assert_eq!((v.len(), v.capacity()), (4, 4));
         let mut grown: Vec<u8> = Vec::new();
@@ -89,12 +102,12 @@ mod tests {
 
     #[test]
     fn removing_gives_the_room_back() {
-        let mut v: Vec<u32> = (0..16).collect();
+        let mut v: Few<u32> = (0..16).collect();
         for x in 0..14 {
             assert!(remove_sorted(&mut v, &x));
         }
         assert!(!remove_sorted(&mut v, &0));
-        assert_eq!(v, [14, 15]);
+        assert_eq!(v.as_slice(), [14, 15]);
         assert!(v.capacity() <= 4, "{}", v.capacity());
     }
 }

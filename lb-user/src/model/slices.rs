@@ -11,7 +11,7 @@ pub struct Slices {
     by_key: BTreeMap<ObjKey, Arc<EndpointSlice>>,
     /// Service key (namespace, `kubernetes.io/service-name`) -> its slices' keys, sorted (a Service has one
     /// or two slices: a sorted `Vec` is a tenth of a `BTreeSet`'s node).
-    by_service: BTreeMap<ObjKey, Vec<ObjKey>>,
+    by_service: BTreeMap<ObjKey, compact::Few<ObjKey>>,
 }
 
 impl PartialEq for Slices {

@@ -38,7 +38,7 @@ pub(super) struct Contributions {
     /// How many Services each address is an endpoint of.
     local: BTreeMap<IpAddr, u32>,
     /// The frontends with a part, by the Service they were applied for when it was taken.
-    frontends_of: BTreeMap<ObjKey, Vec<FrontendKey>>,
+    frontends_of: BTreeMap<ObjKey, crate::model::compact::Few<FrontendKey>>,
     frontends: BTreeMap<FrontendKey, Frontend>,
     /// How many frontends each UDP backend is a backend of.
     udp: BTreeMap<Backend, u32>,
