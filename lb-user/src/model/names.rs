@@ -147,8 +147,16 @@ mod tests {
         assert_ne!(Hints::new(nodes(), None), a);
         assert!(Hints::new(None, None).is_empty());
         assert_eq!(size_of::<Hints>(), 8, "one pointer");
+        // An endpoint's JSON (`tierlb plan --output json`) keeps the two fields it had.
+        let e = crate::model::Endpoint { hints: a.clone(), ..Default::default() };
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["for_nodes"], serde_json::json!(["node-h"]));
+        assert_eq!(json["for_zones"], serde_json::json!(["zone-h"]));
+        assert!(json.get("hints").is_none(), "{json}");
+        let none = serde_json::to_value(crate::model::Endpoint::default()).unwrap();
+        assert!(none["for_nodes"].is_null() && none["for_zones"].is_null(), "{none}");
         let weak = Arc::downgrade(pa);
-        drop((a, b));
+        drop((a, b, e));
         forget_unused();
         assert!(weak.upgrade().is_none(), "the table still holds hints no endpoint holds");
     }
