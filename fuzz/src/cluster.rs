@@ -138,8 +138,8 @@ impl Cluster {
                 key.clone(),
                 Service {
                     key: key.clone(),
-                    cluster_ips,
-                    ports: ports.clone(),
+                    cluster_ips: cluster_ips.into(),
+                    ports: ports.clone().into(),
                     internal_policy: if s.local { Policy::Local } else { Policy::Cluster },
                     traffic_distribution,
                     ..Service::default()

@@ -301,8 +301,9 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
     let v6 = eps.first().is_some_and(|e| e.ip.is_ipv6());
     let svc = Service {
         key: key.clone(),
-        cluster_ips: vec![if v6 { VIP6 } else { VIP }.parse().expect("valid")],
-        ports: vec![ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp, node_port: None }],
+        cluster_ips: [if v6 { VIP6 } else { VIP }.parse().expect("valid")].into(),
+        ports: [ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp, node_port: None }]
+            .into(),
         internal_policy: if sc.service.internal_traffic_policy.as_deref() == Some("Local") {
             Policy::Local
         } else {

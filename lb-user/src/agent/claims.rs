@@ -17,7 +17,7 @@ use crate::{
 /// `mine`, the frontends Service `svc` wants, as claims: external unless the address is one of its cluster IPs
 /// (a Service gone from the model claims nothing).
 pub(super) fn claimed(model: &Model, svc: &ObjKey, mine: &Desired) -> Vec<(FrontendKey, bool)> {
-    let cluster_ips = model.services.get(svc).map(|s| s.cluster_ips.as_slice()).unwrap_or_default();
+    let cluster_ips = model.services.get(svc).map(|s| &*s.cluster_ips).unwrap_or_default();
     mine.keys().map(|k| (*k, !cluster_ips.contains(&addr::frontend_addr(k).ip()))).collect()
 }
 

@@ -128,9 +128,9 @@ fn external_frontends_are_node_ports_on_node_addresses_vip_mode_ingress_ips_and_
     let ip = |text: &str| text.parse::<IpAddr>().unwrap();
     let mut service = reachable(Policy::Cluster, Policy::Cluster);
     service.type_ = ServiceType::LoadBalancer;
-    service.load_balancer_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")];
-    service.load_balancer_proxy_ips = vec![ip("192.0.2.20")];
-    service.external_ips = vec![ip("198.51.100.7"), ip("203.0.113.9"), ip("192.0.2.10")];
+    service.load_balancer_ips = vec![ip("192.0.2.10"), ip("2001:db8::10")].into();
+    service.load_balancer_proxy_ips = vec![ip("192.0.2.20")].into();
+    service.external_ips = vec![ip("198.51.100.7"), ip("203.0.113.9"), ip("192.0.2.10")].into();
     let the_model = model(service, &[e("10.2.0.1", "n2")]);
     let the_node = NodeInfo {
         node_port_addresses: vec![ip("10.0.0.1"), ip("172.16.0.1"), ip("fd00::1")],
@@ -175,7 +175,7 @@ fn external_frontends_are_node_ports_on_node_addresses_vip_mode_ingress_ips_and_
 fn only_proxy_mode_ingress_ips_do_not_make_a_port_externally_reachable() {
     // kube-proxy's ExternallyAccessible counts LoadBalancerVIPs, which leave out ipMode Proxy.
     let mut s = svc();
-    s.load_balancer_proxy_ips = vec!["192.0.2.20".parse().unwrap()];
+    s.load_balancer_proxy_ips = vec!["192.0.2.20".parse().unwrap()].into();
     let p = plan::plan(&model(s, &[e("10.2.0.1", "n2")]), &on_node("n1", None));
     assert!(p.services[0].external.is_none());
 }
@@ -186,8 +186,8 @@ fn an_external_ip_on_another_services_cluster_ip_is_not_programmed_whatever_the_
     // "aaa/evil" sorts before "default/web" and lists web's cluster IP as an externalIP (CVE-2020-8554).
     let evil = Service {
         key: ObjKey::new("aaa", "evil"),
-        cluster_ips: vec!["10.96.0.66".parse().unwrap()],
-        external_ips: vec!["10.96.0.10".parse().unwrap()],
+        cluster_ips: vec!["10.96.0.66".parse().unwrap()].into(),
+        external_ips: vec!["10.96.0.10".parse().unwrap()].into(),
         ..svc()
     };
     m.services.insert(evil.key.clone(), evil.into());
@@ -285,9 +285,9 @@ fn addresses_that_are_not_a_services_to_take_are_never_translated() {
             service.ports[0].node_port = None;
             service.type_ = ServiceType::LoadBalancer;
             if as_external_ip {
-                service.external_ips = vec![ip];
+                service.external_ips = vec![ip].into();
             } else {
-                service.load_balancer_ips = vec![ip];
+                service.load_balancer_ips = vec![ip].into();
             }
             let the_model = model(service, &[e("10.2.0.1", "n2")]);
             let the_node = NodeInfo {

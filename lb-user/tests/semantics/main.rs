@@ -109,8 +109,9 @@ fn svc() -> Service {
     Service {
         key: ObjKey::new("default", "web"),
         type_: ServiceType::ClusterIP,
-        cluster_ips: vec!["10.96.0.10".parse().unwrap()],
-        ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None }],
+        cluster_ips: vec!["10.96.0.10".parse().unwrap()].into(),
+        ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None }]
+            .into(),
         ..Service::default()
     }
 }

@@ -121,15 +121,15 @@ fn make_service(
     Service {
         key: ObjKey::new("default", "web"),
         type_,
-        cluster_ips: [vec![v4], vec![v6], vec![v4, v6], vec![v6, v4]][fam].clone(),
+        cluster_ips: [vec![v4], vec![v6], vec![v4, v6], vec![v6, v4]][fam].clone().into(),
         ports,
         internal_policy: if itp { Policy::Local } else { Policy::Cluster },
         external_policy: if etp { Policy::Local } else { Policy::Cluster },
-        external_ips: pick(eips, ["203.0.113.1", "2001:db8::1"]),
+        external_ips: pick(eips, ["203.0.113.1", "2001:db8::1"]).into(),
         load_balancer_ips: if type_ == ServiceType::LoadBalancer {
-            pick(lbips, ["198.51.100.1", "2001:db8::2"])
+            pick(lbips, ["198.51.100.1", "2001:db8::2"]).into()
         } else {
-            Vec::new()
+            Vec::new().into()
         },
         traffic_distribution: td.map(Into::into),
         ..Service::default()

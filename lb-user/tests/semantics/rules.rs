@@ -246,12 +246,12 @@ fn external_policy_local_applies_only_to_externally_reachable_ports() {
         },
         X {
             name: "load-balancer ingress IP",
-            svc: etp(|s| s.load_balancer_ips = vec!["192.0.2.10".parse().unwrap()]),
+            svc: etp(|s| s.load_balancer_ips = vec!["192.0.2.10".parse().unwrap()].into()),
             external: Some(SelectedTier::Local),
         },
         X {
             name: "external IP",
-            svc: etp(|s| s.external_ips = vec!["192.0.2.11".parse().unwrap()]),
+            svc: etp(|s| s.external_ips = vec!["192.0.2.11".parse().unwrap()].into()),
             external: Some(SelectedTier::Local),
         },
     ];
@@ -345,7 +345,7 @@ fn duplicate_ip_port_across_slices_is_merged_keeping_the_local_copy() {
 #[test]
 fn endpoints_of_the_other_ip_family_are_ignored() {
     let mut s = svc();
-    s.cluster_ips = vec!["10.96.0.10".parse().unwrap(), "fd00::10".parse().unwrap()];
+    s.cluster_ips = vec!["10.96.0.10".parse().unwrap(), "fd00::10".parse().unwrap()].into();
     let mut m = model(s, &[e("10.0.0.1", "n1")]);
     let v6 = slice("web-v6", AddressType::IPv6, 8080, &[e("fd00::1", "n2")]);
     m.slices.insert(v6.key.clone(), v6);
@@ -402,7 +402,7 @@ fn only_the_first_address_of_an_endpoint_counts_and_headless_services_get_no_pla
     assert_eq!(ips(&internal(&m, &node("n2", None)).endpoints), ["10.0.0.3"]);
     assert_eq!(ips(&internal(&m, &node("n1", None)).endpoints), ["10.0.0.1"]);
     let mut headless = svc();
-    headless.cluster_ips.clear();
+    headless.cluster_ips = Box::default();
     let m = model(headless, &[e("10.0.0.1", "n1")]);
     assert!(plan::plan(&m, &node("n1", None)).services.is_empty());
 }
