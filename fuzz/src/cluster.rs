@@ -185,9 +185,9 @@ impl Cluster {
                     skey.clone(),
                     EndpointSlice {
                         key: skey,
-                        service_name: Some(key.name.to_string()),
+                        service_name: Some(key.name.clone()),
                         address_type: if sl.v6 { AddressType::IPv6 } else { AddressType::IPv4 },
-                        ports: sports,
+                        ports: sports.into(),
                         endpoints,
                         not_proxied: None,
                         last_change_trigger_time: None,

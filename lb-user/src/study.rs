@@ -333,7 +333,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
         key: ObjKey::new("study", "svc-1"),
         service_name: Some("svc".into()),
         address_type: if v6 { AddressType::IPv6 } else { AddressType::IPv4 },
-        ports: vec![SlicePort { name: String::new(), port: 8080, protocol: Protocol::Tcp }],
+        ports: vec![SlicePort { name: String::new(), port: 8080, protocol: Protocol::Tcp }].into(),
         endpoints: eps.iter().map(endpoint).collect(),
         not_proxied: None,
         last_change_trigger_time: None,

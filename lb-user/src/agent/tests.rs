@@ -513,7 +513,7 @@ fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
     for s in &slices {
         // The source's, the model's and the one taken just above.
         assert_eq!(Arc::strong_count(s), 3, "{}: held by the source and the model only", s.key);
-        assert_eq!(s.endpoints.capacity(), s.endpoints.len(), "{}: endpoints exactly", s.key);
+        // Its endpoints are a boxed slice: no spare room by type.
     }
     let (x, y) = (&slices[0].endpoints[0], &slices[1].endpoints[0]);
     assert_eq!(x.node_name.as_deref(), Some("node-1"));

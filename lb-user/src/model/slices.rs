@@ -120,10 +120,10 @@ mod tests {
     fn slice(name: &str, service: Option<&str>) -> EndpointSlice {
         EndpointSlice {
             key: ObjKey::new("ns", name),
-            service_name: service.map(str::to_owned),
+            service_name: service.map(crate::model::Name::from),
             address_type: AddressType::IPv4,
-            ports: Vec::new(),
-            endpoints: Vec::new(),
+            ports: Vec::new().into(),
+            endpoints: Vec::new().into(),
             not_proxied: None,
             last_change_trigger_time: None,
         }

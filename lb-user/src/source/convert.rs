@@ -17,7 +17,7 @@ use super::{
     validate,
 };
 use crate::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Hints, Kind, Node, NodeAddress, NodeAddressKind,
+    AddressType, Conditions, Endpoint, EndpointSlice, Hints, Kind, Name, Node, NodeAddress, NodeAddressKind,
     ObjKey, ObjectId, Protocol, ProxyLabel, Service, ServicePort, ServiceType, SlicePort, compact::exact,
     intern, intern_list,
 };
@@ -307,7 +307,12 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
             ),
         });
     }
-    let service_name = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)).cloned();
+    let service_name = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .map(|n| Name::from(n.as_str()));
     let trigger =
         slice.metadata.annotations.as_ref().and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME));
     // Exactly as many as there are: a slice's endpoints are most of the agent's memory.
@@ -316,8 +321,8 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
         key,
         service_name,
         address_type,
-        ports,
-        endpoints,
+        ports: ports.into_boxed_slice(),
+        endpoints: endpoints.into_boxed_slice(),
         not_proxied: ProxyLabel::of(slice.metadata.labels.as_ref()),
         last_change_trigger_time: trigger.and_then(|t| trigger_time(t)),
     })

@@ -121,7 +121,7 @@ fn slice(name: &str, family: AddressType, port: u16, eps: &[E]) -> EndpointSlice
         key: ObjKey::new("default", name),
         service_name: Some("web".into()),
         address_type: family,
-        ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
+        ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }].into(),
         endpoints: eps.iter().map(E::build).collect(),
         not_proxied: None,
         last_change_trigger_time: None,
