@@ -57,7 +57,7 @@ impl Claims {
     ) -> BTreeSet<FrontendKey> {
         let created = Claimant::created(created);
         let claims: BTreeMap<FrontendKey, bool> = keys.into_iter().collect();
-        let new: compact::Few<FrontendKey> = claims.keys().copied().collect();
+        let new = compact::Few::from_vec(claims.keys().copied().collect());
         let old = self.by_service.remove(service).unwrap_or_default();
         let mut changed = BTreeSet::new();
         for key in &old {
@@ -67,6 +67,9 @@ impl Claims {
             who.retain(|c| {
                 c.service != *service || (claims.get(key) == Some(&c.external) && c.created == created)
             });
+            if who.spilled() && who.len() < before {
+                who.shrink_to_fit();
+            }
             if who.len() != before {
                 changed.insert(*key);
             }
@@ -77,6 +80,7 @@ impl Claims {
         for (key, external) in &claims {
             let who = self.by_frontend.entry(*key).or_default();
             if !who.iter().any(|c| c.service == *service) {
+                who.reserve_exact(1);
                 who.push(Claimant { external: *external, created, service: service.clone() });
                 changed.insert(*key);
             }

@@ -80,7 +80,7 @@ pub struct Reconciler<W: MapWriter> {
     writer: W,
     applied: BTreeMap<FrontendKey, Applied>,
     /// The applied frontends of each Service (for `apply_services`), sorted: a Service has a few, and a
-    /// sorted `Vec` takes a tenth of a `BTreeSet`'s node.
+    /// sorted `Few` (one inline) takes a tenth of a `BTreeSet`'s node.
     by_service: BTreeMap<ObjKey, compact::Few<FrontendKey>>,
     free_ids: Vec<u32>,
     next_id: u32,

@@ -10,7 +10,7 @@ pub struct Slices {
     /// Shared with the source that delivered them (one copy of every endpoint in memory, not two).
     by_key: BTreeMap<ObjKey, Arc<EndpointSlice>>,
     /// Service key (namespace, `kubernetes.io/service-name`) -> its slices' keys, sorted (a Service has one
-    /// or two slices: a sorted `Vec` is a tenth of a `BTreeSet`'s node).
+    /// or two slices: a sorted `Few`, one inline, is a tenth of a `BTreeSet`'s node).
     by_service: BTreeMap<ObjKey, compact::Few<ObjKey>>,
 }
 

@@ -41,8 +41,7 @@ impl<W: MapWriter> Reconciler<W> {
                 report.unnamed += 1;
                 ServicePortName::default()
             });
-            let slots = rb.tiers.iter().flatten().copied().collect();
-            self.index(*key, Applied::of_slots(rb.value, Arc::new(name), slots));
+            self.index(*key, Applied::adopted(rb.value, Arc::new(name), &rb.tiers));
             used.insert(rb.value.svc_id);
             report.frontends += 1;
         }

@@ -11,6 +11,10 @@ use crate::{datapath::DesiredFrontend, model::ServicePortName};
 #[derive(Clone, Debug)]
 pub(super) struct Applied {
     pub(super) value: FrontendValue,
+    /// The slots are not laid out as the value's ranges say (adopted maps with a missing slot, or ranges
+    /// that overlap or leave gaps, which this agent never writes): the record matches no desired state, so
+    /// the next apply rewrites the frontend. In the value's padding.
+    stale: bool,
     pub(super) name: Arc<ServicePortName>,
     slots: Box<[Backend]>,
 }
@@ -21,12 +25,23 @@ const _: () = assert!(size_of::<Applied>() <= 80);
 impl Applied {
     /// `value` was written for `want`.
     pub(super) fn new(value: FrontendValue, want: &DesiredFrontend) -> Self {
-        Self::of_slots(value, want.name.clone(), want.tiers.iter().flatten().copied().collect())
+        let slots = want.tiers.iter().flatten().copied().collect();
+        Self { value, stale: false, name: want.name.clone(), slots }
     }
 
-    /// `value` was written with `slots` (laid out as its tier ranges say) for the Service port `name`.
-    pub(super) fn of_slots(value: FrontendValue, name: Arc<ServicePortName>, slots: Box<[Backend]>) -> Self {
-        Self { value, name, slots }
+    /// What the maps hold for a frontend an earlier agent wrote: `value` and the slots read back per tier
+    /// (a slot missing from the map is missing from its tier).
+    pub(super) fn adopted(value: FrontendValue, name: Arc<ServicePortName>, tiers: &[Vec<Backend>]) -> Self {
+        let mut next = 0usize;
+        let laid_out = value.tiers.iter().zip(tiers).all(|(range, read)| {
+            // An empty tier reads nothing wherever it starts.
+            let starts = range.len == 0 || usize::from(range.start) == next;
+            let ok = starts && read.len() == usize::from(range.len);
+            next += read.len();
+            ok
+        });
+        let slots = tiers.iter().flatten().copied().collect();
+        Self { value, stale: !laid_out, name, slots }
     }
 
     /// The record, borrowed.
@@ -42,6 +57,7 @@ impl Applied {
             slots: &self.slots,
             flags: self.value.flags,
             affinity_timeout_s: self.value.affinity_timeout_s,
+            stale: self.stale,
         }
     }
 }
@@ -59,12 +75,15 @@ pub struct AppliedFrontend<'a> {
     pub flags: u32,
     /// sessionAffinity ClientIP timeout in seconds; 0 is none.
     pub affinity_timeout_s: u32,
+    /// Adopted maps not laid out as the value says (`tiers` may then not be what the data path reads).
+    pub stale: bool,
 }
 
 impl AppliedFrontend<'_> {
     /// Whether this is what `want` asks for (nothing to write).
     pub fn is(&self, want: &DesiredFrontend) -> bool {
-        self.flags == want.flags
+        !self.stale
+            && self.flags == want.flags
             && self.affinity_timeout_s == want.affinity_timeout_s
             && self.tiers.iter().zip(&want.tiers).all(|(have, want)| *have == want.as_slice())
             && *self.name == want.name
@@ -124,5 +143,21 @@ mod tests {
         let mut other = want.clone();
         other.flags = 0;
         assert!(!view.is(&other), "flags that differ are a write");
+        // Adopted as written, it is the same record; with a slot missing from the maps it matches nothing,
+        // even a desired state its remaining slots would seem to equal.
+        let read_back = [vec![a], vec![a, b], vec![a, b, c]];
+        assert!(Applied::adopted(value, want.name.clone(), &read_back).view().is(&want));
+        let missing = [vec![], vec![a, b], vec![a, b, c]];
+        let looks_like = DesiredFrontend { tiers: [vec![a, b], vec![a, b, c], vec![]], ..want.clone() };
+        let adopted = Applied::adopted(value, want.name.clone(), &missing);
+        assert!(!adopted.view().is(&looks_like) && !adopted.view().is(&want));
+        let overlapping = FrontendValue {
+            tiers: [TierRange { start: 0, len: 1 }, TierRange { start: 0, len: 1 }, TierRange::default()],
+            ..value
+        };
+        let one = DesiredFrontend { tiers: [vec![a], vec![a], vec![]], ..want.clone() };
+        assert!(
+            !Applied::adopted(overlapping, want.name.clone(), &[vec![a], vec![a], vec![]]).view().is(&one)
+        );
     }
 }

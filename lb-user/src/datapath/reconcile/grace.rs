@@ -37,7 +37,8 @@ impl Buried {
             svc_id: value.svc_id,
             generation: value.generation,
             count,
-            members: members::of(applied.affinity_timeout_s, applied.tiers).into_keys().collect(),
+            // Every backend of the generation, whichever tier the record says it is in (only the keys go).
+            members: members::of(applied.affinity_timeout_s, [applied.slots, &[], &[]]).into_keys().collect(),
             free_id,
         }
     }
