@@ -128,13 +128,17 @@ pub fn jemalloc_value<T: Plain>(name: &CStr) -> Option<T> {
 /// capacities: the BPF maps, which the kernel charges to the cgroup of the process that made them (166 MiB
 /// loaded and empty, mostly the preallocated LRUs; 1.3 KiB more per Service, its slots and names), plus the
 /// agent's resident memory with half again as headroom (the `--kube` agent's 21 MiB and 2.3 KiB per
-/// Service: 42.9 MiB at 10,000 Services and 245.0 MiB at 100,000 in the bench's full run). deploy/README.md,
-/// "Sizing the agent's memory", makes its table from the same figures.
-pub fn needed_bytes(services: usize) -> u64 {
+/// Service: 42.9 MiB at 10,000 Services and 245.0 MiB at 100,000 in the bench's full run, which runs it
+/// without `/metrics`). With `/metrics` served (`scraped`), what a scrape adds on top: the registry and the
+/// text it builds, and the text kept for the next scrape, 17 MiB and 6.4 KiB per Service (the agent's RSS
+/// during three scrapes over its RSS before them: 77 MiB more at 10,000 Services, 624 MiB at 100,000,
+/// `--kube`). deploy/README.md, "Sizing the agent's memory", makes its tables from the same figures.
+pub fn needed_bytes(services: usize, scraped: bool) -> u64 {
     let n = services as u64;
     let maps = 166 * 1024 * 1024 + n * 1_331;
     let resident = 21 * 1024 * 1024 + n * 2_355;
-    maps + resident + resident / 2
+    let scrape = if scraped { 17 * 1024 * 1024 + n * 6_554 } else { 0 };
+    maps + resident + resident / 2 + scrape
 }
 
 /// The memory limit of the agent's own cgroup, if it has one and it can be read: cgroup2's `memory.max` at
@@ -159,10 +163,11 @@ fn parse_limit(text: &str) -> Option<u64> {
 }
 
 /// Warn, once the first sync says how many Services the cluster has, when the cgroup's limit is below what
-/// they need: the kernel would kill the agent in a loop as the cluster grows past it.
-pub fn check_limit(services: usize) {
+/// they need (`scraped`: `/metrics` is served): the kernel would kill the agent in a loop as the cluster
+/// grows past it.
+pub fn check_limit(services: usize, scraped: bool) {
     let Some(limit) = own_limit() else { return };
-    let need = needed_bytes(services);
+    let need = needed_bytes(services, scraped);
     if limit < need {
         tracing::warn!(
             services,
@@ -182,11 +187,19 @@ mod tests {
     fn the_need_follows_the_sizing_table_and_memory_max_parses() {
         // deploy/README.md's rows: the request (256Mi) holds 12,000 Services; the DaemonSet's 512Mi limit
         // holds 67,000, not 68,000; 95,000 fit 640Mi, 100,000 need more and fit 768Mi.
-        assert!(needed_bytes(12_000) <= 256 << 20 && needed_bytes(13_000) > 256 << 20);
-        assert!(needed_bytes(67_000) <= 512 << 20);
-        assert!(needed_bytes(68_000) > 512 << 20);
-        assert!(needed_bytes(95_000) <= 640 << 20 && needed_bytes(96_000) > 640 << 20);
-        assert!(needed_bytes(100_000) <= 768 << 20 && needed_bytes(100_000) > 640 << 20);
+        let bare = |n| needed_bytes(n, false);
+        assert!(bare(12_000) <= 256 << 20 && bare(13_000) > 256 << 20);
+        assert!(bare(67_000) <= 512 << 20);
+        assert!(bare(68_000) > 512 << 20);
+        assert!(bare(95_000) <= 640 << 20 && bare(96_000) > 640 << 20);
+        assert!(bare(100_000) <= 768 << 20 && bare(100_000) > 640 << 20);
+        // Scraped (`/metrics` on, as the DaemonSet runs it): 512Mi holds 27,000 Services, 768Mi 50,000, 1Gi
+        // 74,000, and 100,000 need 1408Mi.
+        let scraped = |n| needed_bytes(n, true);
+        assert!(scraped(27_000) <= 512 << 20 && scraped(28_000) > 512 << 20);
+        assert!(scraped(50_000) <= 768 << 20 && scraped(51_000) > 768 << 20);
+        assert!(scraped(74_000) <= 1024 << 20 && scraped(75_000) > 1024 << 20);
+        assert!(scraped(100_000) <= 1408 << 20 && scraped(100_000) > 1280 << 20);
         assert_eq!(parse_limit("268435456\n"), Some(268_435_456));
         assert_eq!(parse_limit("max\n"), None);
     }

@@ -471,7 +471,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let report = core.sync(Instant::now()).with_context(|| format!("reading {source_name}"))?;
     let synced = Instant::now();
     log_sync(&report);
-    memory::check_limit(core.model().services.len());
+    memory::check_limit(core.model().services.len(), opts.metrics_addr.is_some());
     refuse_other_instances(&cgroup, pin_dir.as_deref())?;
     programs.attach(&cgroup, pin_dir.as_deref())?;
     let mut watchdog = Watchdog { ours: programs.ids()?, last: Instant::now(), superseded: false };
