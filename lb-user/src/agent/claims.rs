@@ -80,8 +80,7 @@ impl Claims {
         for (key, external) in &claims {
             let who = self.by_frontend.entry(*key).or_default();
             if !who.iter().any(|c| c.service == *service) {
-                who.reserve_exact(1);
-                who.push(Claimant { external: *external, created, service: service.clone() });
+                compact::push_exact(who, Claimant { external: *external, created, service: service.clone() });
                 changed.insert(*key);
             }
         }

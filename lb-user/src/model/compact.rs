@@ -21,8 +21,8 @@ pub fn exact<T>(mut v: Vec<T>) -> Vec<T> {
     v
 }
 
-/// Push `x` growing `v` by exactly one.
-pub fn push_exact<T>(v: &mut Vec<T>, x: T) {
+/// Push `x` growing `v` by exactly one (a spilled `SmallVec` would double).
+pub fn push_exact<T>(v: &mut Few<T>, x: T) {
     v.reserve_exact(1);
     v.push(x);
 }
@@ -86,7 +86,7 @@ mod tests {
         remove_sorted(&mut two, &2);
         assert!(!two.spilled(), "two down to one gives the heap block back");
         assert_eq!(size_of::<Few<[u8; 16]>>(), 24, "a key and a capacity, no more");
-        let mut v = vec![1, 2, 3];
+        let mut v: Few<u32> = Few::from_vec(vec![1, 2, 3]);
         push_exact(&mut v, 9);
         assert_eq!((v.len(), v.capacity()), (4, 4));
         let mut grown: Vec<u8> = Vec::new();

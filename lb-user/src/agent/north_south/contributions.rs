@@ -170,7 +170,7 @@ impl Contributions {
             {
                 let of = self.frontends_of.entry(desired.name.service.clone()).or_default();
                 if !of.contains(&key) {
-                    of.push(key);
+                    crate::model::compact::push_exact(of, key);
                 }
                 self.frontends.insert(key, new);
             }
