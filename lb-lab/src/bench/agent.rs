@@ -149,13 +149,10 @@ fn agent_figures(
         }
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
-    // "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
-    let rss_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix(" kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("no VmRSS in the agent's status: {status}"))?;
+    let rss_kib =
+        status_kib(&status, "VmRSS:").with_context(|| format!("no VmRSS in the agent's status: {status}"))?;
+    // Its peak (the start's first list and plan), what a memory limit must hold: deploy/README.md's sizing.
+    let peak_kib = status_kib(&status, "VmHWM:").unwrap_or_default();
     drop(child);
     if let Feed::Api(api, _) = &feed {
         let unknown = api.unknown.load(std::sync::atomic::Ordering::Relaxed);
@@ -171,12 +168,13 @@ fn agent_figures(
         phases,
     };
     eprintln!(
-        "bench: agent ({}) {services} services: ready {:.2} s, one edit median {:.3} ms (wall {:.1} ms), RSS {} MiB",
+        "bench: agent ({}) {services} services: ready {:.2} s, one edit median {:.3} ms (wall {:.1} ms), RSS {} MiB (peak {:.1} MiB)",
         source.as_str(),
         ready.as_secs_f64(),
         figures.edit_took.median_ms,
         figures.edit_wall.median_ms,
-        figures.rss_bytes >> 20
+        figures.rss_bytes >> 20,
+        peak_kib as f64 / 1024.0
     );
     eprintln!("bench: agent ({}) {services} services: start by phase {}", source.as_str(), phases.describe());
     let [read, plan, program] = parts.map(|(_, v)| Spread::of(v).median_ms);
@@ -185,6 +183,11 @@ fn agent_figures(
         source.as_str()
     );
     Ok(figures)
+}
+
+/// A `/proc/PID/status` field in KiB: "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    status.lines().find_map(|l| l.strip_prefix(field))?.trim().strip_suffix(" kB")?.trim().parse().ok()
 }
 
 /// The fields of the agent's JSON log lines with `message`, in order.

@@ -132,7 +132,8 @@ pub fn jemalloc_value<T: Plain>(name: &CStr) -> Option<T> {
 /// bench's `--agent-only` runs; its RSS after the trim is 21 MiB and 2.3 KiB per Service, 42.9 and 245.0 MiB
 /// in the full run) unless `/metrics` is served (`scraped`): a scrape adds 17 MiB and 6.4 KiB per Service
 /// to that RSS (the registry and the text it builds, and the text kept for the next scrape: the RSS during
-/// three scrapes over the RSS before them, 77 MiB more at 10,000 Services and 624 MiB at 100,000).
+/// three scrapes over the RSS before them, 77 MiB more at 10,000 Services and 624 MiB at 100,000, measured
+/// once with a patch of the lab that is not in the repository).
 /// deploy/README.md, "Sizing the agent's memory", makes its tables from the same figures.
 pub fn needed_bytes(services: usize, scraped: bool) -> u64 {
     const MIB: u64 = 1024 * 1024;
