@@ -29,5 +29,5 @@ pub use figures::{
 };
 pub use load::{LoadMode, LoadResult, RR_BYTES, load};
 pub use report::markdown;
-pub use run::run;
+pub use run::{on_node_only, run};
 pub use workloads::{iptables_rules, nft_rules};

@@ -112,8 +112,8 @@ impl Loader<'_> {
 
     /// tierlb at `services` Services and direct, interleaved: `rounds` rounds, each running direct then
     /// tierlb once per load mode, so a slower minute of the machine lands on both. Per mode: tierlb's row (the
-    /// round with the median p50, connect4's and sock_ops' cost over all rounds; direct runs outside the
-    /// cgroup and runs neither) and the ratios to direct taken per round.
+    /// round with the median p50; connect4's and sock_ops' cost from one more run with the kernel's statistics
+    /// on; direct runs outside the cgroup and runs neither) and the ratios to direct taken per round.
     fn interleaved(
         &self,
         services: usize,
@@ -124,13 +124,20 @@ impl Loader<'_> {
         let backend: SocketAddr = BACKEND.parse()?;
         let (mut rows, mut ratios) = (Vec::new(), Vec::new());
         for mode in LoadMode::ALL {
-            let before = (prog_stats("connect4"), prog_stats("sock_ops"));
             let (mut direct, mut tierlb) = (Vec::new(), Vec::new());
             for _ in 0..rounds {
                 direct.push(self.run(None, backend, mode)?);
                 tierlb.push(self.run(Some(cg), target, mode)?);
             }
-            let after = (prog_stats("connect4"), prog_stats("sock_ops"));
+            // The BPF cost per run from one more tierlb run with the kernel's statistics on: they add two clock
+            // reads and a counter update to every program run (connect4, each sock_ops callback, the release
+            // hook), which the rounds above, and a node, run without.
+            let (before, after) = {
+                let _stats = BpfStats::on();
+                let before = (prog_stats("connect4"), prog_stats("sock_ops"));
+                self.run(Some(cg), target, mode)?;
+                (before, (prog_stats("connect4"), prog_stats("sock_ops")))
+            };
             let mut by_p50: Vec<&LoadResult> = tierlb.iter().collect();
             by_p50.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
             let row = Row {
@@ -165,6 +172,26 @@ impl Loader<'_> {
     }
 }
 
+/// `kernel.bpf_stats_enabled` on while it lives (it was off before: nothing on these machines runs with it).
+/// Only around the runs that read programs' run times: with it on, every BPF program run also reads the clock
+/// twice and updates a per-CPU counter, a cost of the measurement that a node does not pay.
+pub(super) struct BpfStats;
+
+impl BpfStats {
+    pub(super) fn on() -> Self {
+        let _ = std::fs::write(BPF_STATS_SYSCTL, "1");
+        Self
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS_SYSCTL, "0");
+    }
+}
+
+const BPF_STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
 /// Run time per call between two `prog_stats` readings, if the program ran in between.
 fn per_run(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
     match (before, after) {
@@ -185,70 +212,39 @@ pub(super) fn prog_stats(name: &str) -> Option<(u64, u64)> {
         .max_by_key(|x| x.1)
 }
 
-/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs. `trace`: the tierlb rows run with
-/// `tierlb trace` consuming every decision (connect4's cost with tracing on).
-pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Result<Report> {
-    let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000, 100_000] };
-    let per = 10;
+/// What the on-node section measured: tierlb's rows, their interleaved ratios to direct, the map writes and
+/// the maps' memory at the largest count.
+struct OnNode {
+    rows: Vec<Row>,
+    east_west: Vec<NsRow>,
+    map_writes: Vec<MapWrites>,
+    map_memory: MapMemory,
+}
+
+/// The bench's namespace with the backend on the pod IP and a route for the Service range.
+fn bench_ns() -> anyhow::Result<NetNs> {
     let ns = NetNs::new("bench")?;
-    let loader = Loader { lab, ns: &ns, threads: 2, secs: if quick { 1.5 } else { 4.0 } };
     let backend: SocketAddr = BACKEND.parse()?;
     ns.add_address(backend.ip())?;
     // kube-proxy nodes route the Service range somewhere; without a route, locally generated packets to a VIP
     // fail before the nat OUTPUT chain could DNAT them. Inside this namespace only.
     ns.ip(&["route", "add", "10.96.0.0/12", "dev", "lo"])?;
+    Ok(ns)
+}
+
+/// Run the whole benchmark. `quick`: fewer Service counts and shorter runs. `trace`: the tierlb rows run with
+/// `tierlb trace` consuming every decision (connect4's cost with tracing on).
+pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Result<Report> {
+    let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000, 100_000] };
+    let per = 10;
+    let ns = bench_ns()?;
+    let loader = Loader { lab, ns: &ns, threads: 2, secs: if quick { 1.5 } else { 4.0 } };
+    let backend: SocketAddr = BACKEND.parse()?;
     let _sink = Sink::start(&ns, backend)?;
     let mut rows = loader.rows(DataPath::Direct, 0, backend)?;
-
-    // tierlb: the data path loaded in this process, attached to a bench cgroup, maps filled directly.
-    let mut map_writes = Vec::new();
-    let mut east_west = Vec::new();
     let rounds = if quick { 3 } else { 5 };
-    let map_memory;
-    {
-        let cg = Cgroup::new("bench")?;
-        let caps =
-            tierlb::datapath::ebpf::Capacities { services: 120_000, slots: 1_200_000, ..Default::default() };
-        let tracing = trace.then(Tracing::new).transpose()?;
-        let Loaded { mut programs, maps, .. } = Loaded::load(caps, tracing.as_ref().map(Tracing::pins))?;
-        let mut rec = Reconciler::new(maps);
-        // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
-        let health = tierlb::datapath::health::HealthSettings::default().config();
-        tierlb::datapath::MapWriter::set_health_config(rec.writer_mut(), health)?;
-        // As the agent's first sweep does: the health lookups gated off while the map is empty.
-        tierlb::datapath::health::gate(rec.writer_mut())?;
-        programs.attach(cg.path(), None)?;
-        let _tracer = tracing.as_ref().map(|t| t.start(tierlb)).transpose()?;
-        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
-        for &n in counts {
-            let d = desired(n, per);
-            if n >= 10_000 {
-                // From scratch: the maps emptied first, then every Service written. What the emptying buried
-                // is collected first, as the agent's timer does within milliseconds (else the first apply
-                // after it pays for deleting the old slots: the tens of ms the one change once measured).
-                rec.apply(&Desired::default(), Instant::now());
-                rec.collect_garbage(Instant::now());
-            }
-            let t0 = Instant::now();
-            let rep = rec.apply(&d, Instant::now());
-            anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
-            let took = t0.elapsed();
-            if n >= 10_000 {
-                let one_change = one_change_in_the_maps(&mut rec, &d)?;
-                eprintln!("bench: maps {n} services: programmed in {took:.2?}, one change {one_change:.2?}");
-                map_writes.push(MapWrites { services: n, program: took, one_change });
-            }
-            let (tierlb, ratios) =
-                loader.interleaved(n, &cg, SocketAddr::new(IpAddr::V4(vip(target(n))), 80), rounds)?;
-            rows.extend(tierlb);
-            east_west.extend(ratios);
-        }
-        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "0");
-        let maps =
-            rec.writer().service_memory().into_iter().filter_map(|(m, b)| Some((m.into(), b?))).collect();
-        map_memory = MapMemory { services: counts.last().copied().unwrap_or_default(), maps };
-        drop(programs);
-    }
+    let on_node = on_node(&loader, tierlb, counts, per, rounds, trace)?;
+    rows.extend(on_node.rows);
 
     // The agent itself, from manifests and from the API server: time to ready, one change, RSS.
     let agent = agent_runs(tierlb, counts, per);
@@ -263,11 +259,82 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         threads: loader.threads,
         seconds: loader.secs,
         rows,
-        east_west,
+        east_west: on_node.east_west,
         north_south,
         conntrack,
-        control: ControlPlane { maps: map_writes, map_memory, agent, rule_loads },
+        control: ControlPlane { maps: on_node.map_writes, map_memory: on_node.map_memory, agent, rule_loads },
     })
+}
+
+/// Only the on-node connect path, for profiling and for comparing two builds of the data path: tierlb
+/// against direct in `rounds` interleaved rounds of `secs` seconds at each of `counts` Services (and the
+/// maps programmed from scratch at 10,000 and more), printed as measured.
+pub fn on_node_only(
+    lab: &Path,
+    tierlb: &Path,
+    counts: &[usize],
+    rounds: usize,
+    secs: f64,
+) -> anyhow::Result<()> {
+    let ns = bench_ns()?;
+    let loader = Loader { lab, ns: &ns, threads: 2, secs };
+    let _sink = Sink::start(&ns, BACKEND.parse()?)?;
+    on_node(&loader, tierlb, counts, 10, rounds, false).map(drop)
+}
+
+/// tierlb on the node: the data path loaded in this process, attached to a bench cgroup, maps filled
+/// directly (from scratch at 10,000 Services and more, timed, then one change), and at each count the
+/// interleaved rounds against direct.
+fn on_node(
+    loader: &Loader,
+    tierlb: &Path,
+    counts: &[usize],
+    per: usize,
+    rounds: usize,
+    trace: bool,
+) -> anyhow::Result<OnNode> {
+    let mut map_writes = Vec::new();
+    let (mut rows, mut east_west) = (Vec::new(), Vec::new());
+    let cg = Cgroup::new("bench")?;
+    let caps =
+        tierlb::datapath::ebpf::Capacities { services: 120_000, slots: 1_200_000, ..Default::default() };
+    let tracing = trace.then(Tracing::new).transpose()?;
+    let Loaded { mut programs, maps, .. } = Loaded::load(caps, tracing.as_ref().map(Tracing::pins))?;
+    let mut rec = Reconciler::new(maps);
+    // As the agent runs by default: passive health on (connect4 consults it, sock_ops follows connects).
+    let health = tierlb::datapath::health::HealthSettings::default().config();
+    tierlb::datapath::MapWriter::set_health_config(rec.writer_mut(), health)?;
+    // As the agent's first sweep does: the health lookups gated off while the map is empty.
+    tierlb::datapath::health::gate(rec.writer_mut())?;
+    programs.attach(cg.path(), None)?;
+    let _tracer = tracing.as_ref().map(|t| t.start(tierlb)).transpose()?;
+    for &n in counts {
+        let d = desired(n, per);
+        if n >= 10_000 {
+            // From scratch: the maps emptied first, then every Service written. What the emptying buried is
+            // collected first, as the agent's timer does within milliseconds (else the first apply after it
+            // pays for deleting the old slots: the tens of ms the one change once measured).
+            rec.apply(&Desired::default(), Instant::now());
+            rec.collect_garbage(Instant::now());
+        }
+        let t0 = Instant::now();
+        let rep = rec.apply(&d, Instant::now());
+        anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
+        let took = t0.elapsed();
+        if n >= 10_000 {
+            let one_change = one_change_in_the_maps(&mut rec, &d)?;
+            eprintln!("bench: maps {n} services: programmed in {took:.2?}, one change {one_change:.2?}");
+            map_writes.push(MapWrites { services: n, program: took, one_change });
+        }
+        let (tierlb, ratios) =
+            loader.interleaved(n, &cg, SocketAddr::new(IpAddr::V4(vip(target(n))), 80), rounds)?;
+        rows.extend(tierlb);
+        east_west.extend(ratios);
+    }
+    let maps = rec.writer().service_memory().into_iter().filter_map(|(m, b)| Some((m.into(), b?))).collect();
+    let map_memory = MapMemory { services: counts.last().copied().unwrap_or_default(), maps };
+    drop(programs);
+    Ok(OnNode { rows, east_west, map_writes, map_memory })
 }
 
 /// One EndpointSlice change at the map level: the changed Service's frontends only (what the agent hands

@@ -150,6 +150,16 @@ enum Cmd {
         /// endpoints, printed as measured: what deploy/README.md's sizing table is made of.
         #[arg(long, value_name = "N")]
         agent_only: Option<usize>,
+        /// Only the on-node connect path at these Service counts (comma-separated): tierlb against direct in
+        /// interleaved rounds, printed as measured (for profiling, or comparing two builds of the data path).
+        #[arg(long, value_name = "COUNTS", value_delimiter = ',', conflicts_with_all = ["agent_only", "report", "quick"])]
+        on_node: Option<Vec<usize>>,
+        /// Rounds per Service count with --on-node.
+        #[arg(long, default_value_t = 5, requires = "on_node")]
+        rounds: usize,
+        /// Seconds of load per run with --on-node.
+        #[arg(long, default_value_t = 2.0, requires = "on_node")]
+        seconds: f64,
     },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
     Demo {
@@ -251,17 +261,17 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("result serialises"));
             ExitCode::SUCCESS
         }
-        Cmd::Bench { agent_only: Some(n), tierlb, .. } => {
+        Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, rounds, seconds } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            // Each run prints its figures as it ends; a source that fails says why.
-            if lb_lab::bench::agent_only(&tierlb, n).len() == 2 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            match (on_node, agent_only) {
+                (Some(counts), _) => on_node_only(&me, &tierlb, &counts, rounds, seconds),
+                // Each run prints its figures as it ends; a source that fails says why.
+                (None, Some(n)) if lb_lab::bench::agent_only(&tierlb, n).len() == 2 => ExitCode::SUCCESS,
+                (None, Some(_)) => ExitCode::FAILURE,
+                (None, None) => bench(&me, &tierlb, quick, report, trace),
             }
         }
-        Cmd::Bench { quick, report, tierlb, trace, agent_only: None } => bench(quick, report, tierlb, trace),
         Cmd::Demo { chart_from: Some(json), out_dir, .. } => match lb_lab::demo::redraw(&json, &out_dir) {
             Ok(svg) => {
                 println!("{}", svg.display());
@@ -288,10 +298,8 @@ fn main() -> ExitCode {
 }
 
 /// `tierlb-lab bench`.
-fn bench(quick: bool, report: Option<PathBuf>, tierlb: Option<PathBuf>, trace: bool) -> ExitCode {
-    let me = std::env::current_exe().expect("own path");
-    let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-    match lb_lab::bench::run(&me, &tierlb, quick, trace) {
+fn bench(me: &Path, tierlb: &Path, quick: bool, report: Option<PathBuf>, trace: bool) -> ExitCode {
+    match lb_lab::bench::run(me, tierlb, quick, trace) {
         Ok(r) => {
             let md = lb_lab::bench::markdown(&r);
             print!("{md}");
@@ -303,6 +311,17 @@ fn bench(quick: bool, report: Option<PathBuf>, tierlb: Option<PathBuf>, trace: b
             }
             ExitCode::SUCCESS
         }
+        Err(e) => {
+            eprintln!("tierlb-lab bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `tierlb-lab bench --on-node COUNTS`.
+fn on_node_only(me: &Path, tierlb: &Path, counts: &[usize], rounds: usize, seconds: f64) -> ExitCode {
+    match lb_lab::bench::on_node_only(me, tierlb, counts, rounds, seconds) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tierlb-lab bench: error: {e:#}");
             ExitCode::FAILURE
