@@ -698,3 +698,46 @@ fn the_maps_memory_is_read_from_the_kernels_accounting() {
     );
     assert!(after["SVC_NAMES"] > before["SVC_NAMES"], "500 names held: {before:?} -> {after:?}");
 }
+
+/// Counters start at zero for a Service id given out on maps an earlier agent pinned, which count under ids
+/// this agent has not given out yet: the writer skips zeroing only on counter maps its own load created.
+#[test]
+fn an_id_given_out_on_reused_pinned_maps_starts_with_zero_counters() {
+    use tierlb::datapath::{
+        MapReader as _, Reconciler,
+        ebpf::{Capacities, Loaded},
+    };
+    require_root();
+    let bpffs = BpfFs::new("counters").expect("a bpffs");
+    let caps = Capacities { services: 1_000, slots: 20_000, ..Capacities::default() };
+    let d = five_hundred_services(0);
+    let index = |id: u32| lb_common::counter_index(id, lb_common::COUNTER_CLUSTER);
+    {
+        let Loaded { maps, .. } = Loaded::load(caps, Some(bpffs.path())).expect("the BPF object loads");
+        let mut rec = Reconciler::new(maps);
+        assert!(rec.apply(&d, Instant::now()).errors.is_empty());
+    }
+    // An earlier agent's counts under every id it may have used (as connects through its frontends leave).
+    let path = bpffs.path().join(lb_common::MAP_COUNTERS);
+    let data = aya::maps::MapData::from_pin(&path).expect("the pinned counters");
+    let mut counters = aya::maps::PerCpuArray::<_, u64>::try_from(aya::maps::Map::PerCpuArray(data))
+        .expect("a per-CPU array");
+    let cpus = aya::util::nr_cpus().expect("CPUs");
+    for id in 1..=600 {
+        let counts = aya::maps::PerCpuValues::try_from(vec![7u64; cpus]).expect("one per CPU");
+        counters.set(index(id), counts, 0).expect("written");
+    }
+    let Loaded { maps, .. } = Loaded::load(caps, Some(bpffs.path())).expect("the pinned maps are reused");
+    // A reconciler over the reused maps that does not adopt them: it gives out ids from the first again.
+    let mut rec = Reconciler::new(maps);
+    rec.apply(&tierlb::datapath::Desired::default(), Instant::now());
+    assert!(rec.apply(&d, Instant::now()).errors.is_empty());
+    // Ids 1 to 500 given out again (`GLOBAL_SVC_ID` is 0): zeroed. 501 and up: not given out, not touched.
+    for id in [1, 250, 500] {
+        assert_eq!(
+            rec.writer().counters(id).expect("counters")[lb_common::COUNTER_CLUSTER as usize],
+            0,
+            "id {id}"
+        );
+    }
+}

@@ -11,7 +11,7 @@ use aya::{
         links::{CgroupAttachMode, FdLink},
     },
 };
-use lb_common::{MAPS, PINNED_MAPS};
+use lb_common::{MAP_COUNTERS, MAPS, PINNED_MAPS};
 
 mod maps;
 pub use maps::KernelMaps;
@@ -93,6 +93,8 @@ impl Loaded {
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
         }
+        // A counter map pinned by an earlier agent is reused with its counts; else the load creates it zeroed.
+        let counters_created = !paths.iter().any(|(name, path)| *name == MAP_COUNTERS && path.exists());
         let mut ebpf = loader.load(object).map_err(|e| bpf_err("loading the BPF object", e))?;
         for name in PROGRAMS {
             let verified = match program(&mut ebpf, name)? {
@@ -104,7 +106,7 @@ impl Loaded {
             verified.map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
         }
         super::tc::load(&mut ebpf)?;
-        let maps = KernelMaps::from_ebpf(&mut ebpf, caps)?;
+        let maps = KernelMaps::from_ebpf(&mut ebpf, caps, counters_created)?;
         let ns = super::tc::NsMaps::from_ebpf(&mut ebpf)?;
         Ok(Self { programs: Programs { ebpf }, maps, ns })
     }

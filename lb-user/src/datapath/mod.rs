@@ -199,6 +199,19 @@ pub trait MapWriter: MapReader {
     fn put_names(&mut self, svc_ids: &[u32], names: &[&ServicePortName]) -> Result<(), MapError> {
         svc_ids.iter().zip(names).try_for_each(|(id, n)| self.put_name(*id, n))
     }
+    /// `put_names` and `put_slots` of one swap's first step, at once where the maps gain from it (the kernel
+    /// maps write a long batch's names beside its slots, on another thread); on an error some of either may
+    /// be written.
+    fn put_names_and_slots(
+        &mut self,
+        svc_ids: &[u32],
+        names: &[&ServicePortName],
+        keys: &[SlotKey],
+        backends: &[Backend],
+    ) -> Result<(), MapError> {
+        self.put_names(svc_ids, names)?;
+        self.put_slots(keys, backends)
+    }
     /// Forget a service id's name.
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
     /// Drop a connected UDP socket's registration (it was destroyed, or its namespace is gone); absent is

@@ -46,6 +46,11 @@ pub struct KernelMaps {
     /// A second descriptor of the counter map, from which `counters_reader` makes handles for readers off the
     /// agent loop.
     counters_fd: OwnedFd,
+    /// Service ids from this one up were never given out on these maps: their counters still hold the zeros
+    /// the kernel created the map with, so `reset_counters` leaves them alone (zeroing 100,000 new ids' counters
+    /// was about a sixth of programming that many Services from scratch). `u32::MAX` for maps that may have
+    /// counted under any id: pinned by an earlier agent and reused, or opened from pins.
+    counters_zero_from: u32,
     /// Second descriptors of the maps written in batches (`put_slots`, `put_frontends`, `put_names`,
     /// `put_members`).
     batch_fds: BatchFds,
@@ -107,6 +112,28 @@ fn batch_parallel<K: aya::Pod + Sync, V: aya::Pod + Sync>(
     })
 }
 
+/// `names[i]` as the name of `svc_ids[i]` in `SVC_NAMES` (behind `fd`), in one batch.
+fn put_names(
+    fd: &OwnedFd,
+    svc_ids: &[u32],
+    names: &[&ServicePortName],
+    max_services: u32,
+) -> Result<(), MapError> {
+    let values: Vec<ServiceName> = names.iter().map(|n| ServiceName::new(&n.to_string())).collect();
+    batch(fd, svc_ids, &values, (MAP_NAMES, "services", max_services))
+}
+
+/// Of `svc_ids`, about to be given out, those whose counters may hold counts: the ids below `zero_from` (ids
+/// from it up were never given out, see `KernelMaps::counters_zero_from`). `zero_from` moves past every id of
+/// `svc_ids`, which will count from now on.
+fn ids_to_zero(svc_ids: &[u32], zero_from: &mut u32) -> Vec<u32> {
+    let dirty = svc_ids.iter().copied().filter(|&id| id < *zero_from).collect();
+    if let Some(&max) = svc_ids.iter().max() {
+        *zero_from = (*zero_from).max(max.saturating_add(1));
+    }
+    dirty
+}
+
 /// `batch_counted` without the count.
 fn batch<K: aya::Pod, V: aya::Pod>(
     fd: &OwnedFd,
@@ -118,16 +145,25 @@ fn batch<K: aya::Pod, V: aya::Pod>(
 }
 
 impl KernelMaps {
-    pub(super) fn from_ebpf(ebpf: &mut Ebpf, caps: Capacities) -> Result<Self, DatapathError> {
+    /// The maps of a load; `counters_created`: the load created the counter map (none was pinned to reuse).
+    pub(super) fn from_ebpf(
+        ebpf: &mut Ebpf,
+        caps: Capacities,
+        counters_created: bool,
+    ) -> Result<Self, DatapathError> {
         let mut maps = Vec::with_capacity(MAPS.len());
         for name in MAPS {
             maps.push(ebpf.take_map(name).ok_or(DatapathError::MissingMap { name })?);
         }
-        Self::from_maps(maps, Some(caps))
+        Self::from_maps(maps, Some(caps), counters_created)
     }
 
     /// `maps` in the order of `MAPS`.
-    fn from_maps(maps: Vec<Map>, caps: Option<Capacities>) -> Result<Self, DatapathError> {
+    fn from_maps(
+        maps: Vec<Map>,
+        caps: Option<Capacities>,
+        counters_created: bool,
+    ) -> Result<Self, DatapathError> {
         fn conv(name: &'static str) -> impl Fn(aya::maps::MapError) -> DatapathError {
             move |e| bpf_err(format!("map {name}"), e)
         }
@@ -201,6 +237,7 @@ impl KernelMaps {
             caps,
             nr_cpus,
             counters_fd,
+            counters_zero_from: if counters_created { lb_common::GLOBAL_SVC_ID + 1 } else { u32::MAX },
             batch_fds,
         })
     }
@@ -260,7 +297,7 @@ impl KernelMaps {
         for name in MAPS {
             maps.push(open(name)?);
         }
-        Self::from_maps(maps, None)
+        Self::from_maps(maps, None, false)
     }
 }
 
@@ -439,6 +476,10 @@ impl MapWriter for KernelMaps {
         absent_ok(self.state.remove(&backend)).map(|_| ()).map_err(err)
     }
     fn reset_counters(&mut self, svc_ids: &[u32]) -> Result<(), MapError> {
+        let svc_ids = ids_to_zero(svc_ids, &mut self.counters_zero_from);
+        if svc_ids.is_empty() {
+            return Ok(());
+        }
         // Each id's counters (contiguous indices), zero on every CPU, all in one batched write.
         let keys: Vec<u32> = svc_ids
             .iter()
@@ -457,8 +498,28 @@ impl MapWriter for KernelMaps {
         ))
     }
     fn put_names(&mut self, svc_ids: &[u32], names: &[&ServicePortName]) -> Result<(), MapError> {
-        let values: Vec<ServiceName> = names.iter().map(|n| ServiceName::new(&n.to_string())).collect();
-        batch(&self.batch_fds.names, svc_ids, &values, (MAP_NAMES, "services", self.max_services))
+        put_names(&self.batch_fds.names, svc_ids, names, self.max_services)
+    }
+    fn put_names_and_slots(
+        &mut self,
+        svc_ids: &[u32],
+        names: &[&ServicePortName],
+        keys: &[SlotKey],
+        backends: &[Backend],
+    ) -> Result<(), MapError> {
+        let slots = (MAP_SLOTS, "slots", self.caps.slots);
+        if keys.len() < PARALLEL_MIN {
+            put_names(&self.batch_fds.names, svc_ids, names, self.max_services)?;
+            return batch(&self.batch_fds.slots, keys, backends, slots);
+        }
+        // A long batch (programming many Services): the names (one allocating insert each, a sixth of the
+        // slots' time when written first) on a thread of their own beside the slots' two.
+        let (fds, max_services) = (&self.batch_fds, self.max_services);
+        std::thread::scope(|s| {
+            let naming = s.spawn(|| put_names(&fds.names, svc_ids, names, max_services));
+            let slotted = batch_parallel(&fds.slots, keys, backends, slots);
+            naming.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)).and(slotted)
+        })
     }
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError> {
         absent_ok(self.names.remove(&svc_id)).map(|_| ()).map_err(sys(
@@ -476,5 +537,27 @@ impl MapWriter for KernelMaps {
     }
     fn wait_for_readers(&mut self) -> Result<(), MapError> {
         self.rcu.wait().map_err(|source| MapError::Sys { map: crate::datapath::rcu::MAP_NAME, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ids_to_zero;
+
+    /// Ids never given out are left alone and the bound moves past what is given out now; ids below it (given
+    /// out before, freed, reused) are zeroed; on maps that may have counted anywhere every id is.
+    #[test]
+    fn only_ids_that_may_have_counted_are_zeroed() {
+        let mut zero_from = 1;
+        assert_eq!(ids_to_zero(&[1, 2, 3, 4], &mut zero_from), Vec::<u32>::new(), "new maps, new ids");
+        assert_eq!(zero_from, 5);
+        assert_eq!(ids_to_zero(&[4, 9], &mut zero_from), vec![4], "4 was given out before");
+        assert_eq!(zero_from, 10, "5 to 9 count as given out: zeroed if ever handed out");
+        assert_eq!(ids_to_zero(&[7], &mut zero_from), vec![7]);
+        assert_eq!(ids_to_zero(&[], &mut zero_from), Vec::<u32>::new());
+        assert_eq!(zero_from, 10);
+        let mut reused = u32::MAX;
+        assert_eq!(ids_to_zero(&[2, 70_000], &mut reused), vec![2, 70_000], "pinned maps: all");
+        assert_eq!(reused, u32::MAX);
     }
 }

@@ -186,10 +186,9 @@ impl<W: MapWriter> Reconciler<W> {
         let ids: Vec<u32> = fresh.iter().map(|p| p.value.svc_id).collect();
         self.writer.reset_counters(&ids)?;
         let names: Vec<_> = fresh.iter().map(|p| &*p.job.want.name).collect();
-        self.writer.put_names(&ids, &names)?;
         let keys: Vec<SlotKey> = ready.iter().flat_map(Prepared::slot_keys).collect();
         let backends: Vec<Backend> = ready.iter().flat_map(Prepared::slots).collect();
-        self.writer.put_slots(&keys, &backends)?;
+        self.writer.put_names_and_slots(&ids, &names, &keys, &backends)?;
         let keys: Vec<MemberKey> = ready.iter().flat_map(Prepared::member_keys).collect();
         let values: Vec<MemberValue> = ready.iter().flat_map(|p| p.members.iter().map(|(_, v)| *v)).collect();
         self.writer.put_members(&keys, &values)
