@@ -24,7 +24,7 @@ use tierlb::{
 };
 
 use super::{
-    figures::{DataPath, NsRow, median},
+    figures::{DataPath, NsRow},
     load::{LoadMode, LoadResult, Sink},
     run::{BpfStats, Loader, prog_stats},
     workloads::{endpoints_to, svc_chains, target},
@@ -195,7 +195,6 @@ pub(super) fn rows(
         lab.node_cmd(&["nft", "-f", "-"], &nft_node_ports(n, per)).context("nft -f")?;
         for mode in LoadMode::ALL {
             let mut runs: Vec<Vec<LoadResult>> = vec![Vec::new(); DataPath::ALL.len()];
-            let mut tc_ns = Vec::new();
             for _ in 0..rounds {
                 for (p, path) in DataPath::ALL.iter().enumerate() {
                     runs[p].push(loader.run(None, target_of(*path, n), mode)?);
@@ -203,17 +202,19 @@ pub(super) fn rows(
             }
             // The tc programs' cost per packet from one more tierlb run with the kernel's statistics on (they
             // add clock reads to every program run, on every path through the uplink: not in the rounds).
-            {
+            let tc_ns = {
                 let _stats = BpfStats::on();
                 let before = (prog_stats("tc_ingress"), prog_stats("tc_egress"));
                 loader.run(None, target_of(DataPath::Tierlb, n), mode)?;
                 let after = (prog_stats("tc_ingress"), prog_stats("tc_egress"));
-                if let (Some(i0), Some(e0), Some(i1), Some(e1)) = (before.0, before.1, after.0, after.1)
-                    && i1.1 + e1.1 > i0.1 + e0.1
-                {
-                    tc_ns.push((i1.0 + e1.0 - i0.0 - e0.0) as f64 / (i1.1 + e1.1 - i0.1 - e0.1) as f64);
+                match (before.0, before.1, after.0, after.1) {
+                    (Some(i0), Some(e0), Some(i1), Some(e1)) if i1.1 + e1.1 > i0.1 + e0.1 => {
+                        (i1.0 + e1.0 - i0.0 - e0.0) as f64 / (i1.1 + e1.1 - i0.1 - e0.1) as f64
+                    }
+                    // As the median of no reading was.
+                    _ => f64::NAN,
                 }
-            }
+            };
             for (p, path) in DataPath::ALL.iter().enumerate() {
                 let row = NsRow::of(
                     *path,
@@ -221,7 +222,7 @@ pub(super) fn rows(
                     mode,
                     &runs[p],
                     &runs[0],
-                    (*path == DataPath::Tierlb).then(|| median(&tc_ns)),
+                    (*path == DataPath::Tierlb).then_some(tc_ns),
                 );
                 eprintln!(
                     "bench: from outside {:<9} {n:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2})  p99 {:>7.1} us  {:>8.0} ops/s  {} errors",

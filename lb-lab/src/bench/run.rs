@@ -172,21 +172,24 @@ impl Loader<'_> {
     }
 }
 
-/// `kernel.bpf_stats_enabled` on while it lives (it was off before: nothing on these machines runs with it).
-/// Only around the runs that read programs' run times: with it on, every BPF program run also reads the clock
-/// twice and updates a per-CPU counter, a cost of the measurement that a node does not pay.
-pub(super) struct BpfStats;
+/// `kernel.bpf_stats_enabled` on while it lives, then back to what it was. Only around the runs that read
+/// programs' run times: with it on, every BPF program run also reads the clock twice and updates a per-CPU
+/// counter, a cost of the measurement that a node does not pay.
+pub(super) struct BpfStats {
+    before: Option<String>,
+}
 
 impl BpfStats {
     pub(super) fn on() -> Self {
+        let before = std::fs::read_to_string(BPF_STATS_SYSCTL).ok();
         let _ = std::fs::write(BPF_STATS_SYSCTL, "1");
-        Self
+        Self { before }
     }
 }
 
 impl Drop for BpfStats {
     fn drop(&mut self) {
-        let _ = std::fs::write(BPF_STATS_SYSCTL, "0");
+        let _ = std::fs::write(BPF_STATS_SYSCTL, self.before.as_deref().unwrap_or("0"));
     }
 }
 

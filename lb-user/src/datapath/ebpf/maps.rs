@@ -507,11 +507,11 @@ impl MapWriter for KernelMaps {
         keys: &[SlotKey],
         backends: &[Backend],
     ) -> Result<(), MapError> {
-        let slots = (MAP_SLOTS, "slots", self.caps.slots);
         if keys.len() < PARALLEL_MIN {
-            put_names(&self.batch_fds.names, svc_ids, names, self.max_services)?;
-            return batch(&self.batch_fds.slots, keys, backends, slots);
+            self.put_names(svc_ids, names)?;
+            return self.put_slots(keys, backends);
         }
+        let slots = (MAP_SLOTS, "slots", self.caps.slots);
         // A long batch (programming many Services): the names (one allocating insert each; at 100,000 Services
         // about 170 ms before the slots' 550 ms when written first) on a thread of their own beside the slots'
         // two.
