@@ -294,3 +294,33 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// The agent as deployed programs a sync long enough for its map writer's threads (1,024 frontends of 5 slots
+/// a round: the slots on two threads and the names on a third, `PARALLEL_MIN` 4,096 slots), with the
+/// DaemonSet's capabilities and namespaces, and those Services serve.
+#[test]
+fn the_agent_as_deployed_programs_a_sync_long_enough_for_its_writer_threads() {
+    let lab = Lab::new("deployed-bulk");
+    let eps: Vec<Ep> =
+        ["10.244.1.10:node-1", "10.244.2.10:node-2", "10.244.2.11:node-2", "10.244.2.12:node-2"]
+            .iter()
+            .map(|e| {
+                let (addr, node) = e.split_once(':').unwrap();
+                Ep::ready(ip(addr), node).prefer_same_node()
+            })
+            .collect();
+    let base = u32::from(std::net::Ipv4Addr::new(10, 96, 16, 0));
+    for i in 0..1_100u32 {
+        let vip = IpAddr::V4(std::net::Ipv4Addr::from(base + i));
+        write_service(lab.manifests.path(), &Svc::new(&format!("bulk-{i}"), vip, 80, 8080), &eps).unwrap();
+    }
+    let _agent = lab.start_agent();
+    for vip in ["10.96.16.0:80", "10.96.18.75:80"] {
+        let args = ["probe", "--target", vip, "--count", "10", "--interval-ms", "0"];
+        let r = report(lab.client(&args).spawn().unwrap());
+        assert_eq!(r.failures(), 0, "{vip}: {:?}", r.errors());
+        assert_eq!(r.count("web-node-1"), 10, "{vip}: node-local endpoint: {:?}", r.by_backend());
+    }
+    let log = std::fs::read_to_string(&lab.log).unwrap();
+    assert!(!log.contains("\"level\":\"ERROR\""), "{log}");
+}
