@@ -9,16 +9,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use lb_common::FrontendKey;
 
 use crate::{
-    datapath::{Desired, addr},
+    datapath::{DesiredFrontend, addr},
     model::{Model, ObjKey, compact},
     plan::{self, Claimant},
 };
 
 /// `mine`, the frontends Service `svc` wants, as claims: external unless the address is one of its cluster IPs
 /// (a Service gone from the model claims nothing).
-pub(super) fn claimed(model: &Model, svc: &ObjKey, mine: &Desired) -> Vec<(FrontendKey, bool)> {
+pub(super) fn claimed(
+    model: &Model,
+    svc: &ObjKey,
+    mine: &[(FrontendKey, DesiredFrontend)],
+) -> Vec<(FrontendKey, bool)> {
     let cluster_ips = model.services.get(svc).map(|s| &*s.cluster_ips).unwrap_or_default();
-    mine.keys().map(|k| (*k, !cluster_ips.contains(&addr::frontend_addr(k).ip()))).collect()
+    mine.iter().map(|(k, _)| (*k, !cluster_ips.contains(&addr::frontend_addr(k).ip()))).collect()
 }
 
 /// Service `svc`'s `metadata.creationTimestamp`, which orders its claims (none if it is gone or has none).

@@ -7,8 +7,10 @@
 //! costs no planning either.
 use std::{collections::BTreeMap, time::SystemTime};
 
+use lb_common::FrontendKey;
+
 use crate::{
-    datapath::Desired,
+    datapath::DesiredFrontend,
     model::{Model, ObjKey, Service},
 };
 
@@ -61,7 +63,7 @@ impl ServiceLimits {
     }
 
     /// Why the frontends a Service wants may not be written: too many frontends or slots.
-    pub fn after_planning(&self, mine: &Desired) -> Option<String> {
+    pub fn after_planning(&self, mine: &[(FrontendKey, DesiredFrontend)]) -> Option<String> {
         if mine.len() > self.frontends {
             return Some(format!(
                 "{} frontends, more than one Service may have (--max-frontends-per-service {})",
@@ -69,7 +71,7 @@ impl ServiceLimits {
                 self.frontends
             ));
         }
-        let slots: usize = mine.values().map(|d| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
+        let slots: usize = mine.iter().map(|(_, d)| d.tiers.iter().map(Vec::len).sum::<usize>()).sum();
         (slots > self.slots).then(|| {
             format!(
                 "{slots} backend slots over its frontends, more than one Service may take (--max-slots-per-service \

@@ -10,7 +10,7 @@ use super::{
     ServiceHealth, SyncReport, Unprogrammed, VipConflict,
     claims::{self, Claims},
     limits::{Refused, ServiceLimits},
-    lower,
+    lower::{self, Frontends},
     no_local::NoLocal,
     retry::{Retries, Tried},
     topology::Topology,
@@ -262,12 +262,15 @@ impl<W: MapWriter> AgentCore<W> {
     }
 
     /// The frontends of `planned` each Service wins (a frontend several claim goes to `plan::vip_winner`).
-    fn winners(&self, planned: BTreeMap<ObjKey, Desired>) -> Desired {
-        let mut out = Desired::new();
-        for (svc, mine) in planned {
-            out.extend(mine.into_iter().filter(|(k, _)| self.claims.winner(k) == Some(&svc)));
-        }
-        out
+    /// Collected into a list and then built into the map at once (`BTreeMap::from_iter` sorts and fills
+    /// its nodes), rather than inserted one by one into half-full nodes.
+    fn winners(&self, planned: BTreeMap<ObjKey, Frontends>) -> Desired {
+        let claims = &self.claims;
+        let won: Frontends = planned
+            .into_iter()
+            .flat_map(|(svc, mine)| mine.into_iter().filter(move |(k, _)| claims.winner(k) == Some(&svc)))
+            .collect();
+        won.into_iter().collect()
     }
 
     /// The Services with frontends not programmed as planned, with the reasons: those that failed to apply
@@ -385,7 +388,7 @@ impl<W: MapWriter> AgentCore<W> {
         node: &NodeInfo,
         reported: &BTreeSet<ObjKey>,
         newly_filled: &mut Vec<ObjKey>,
-    ) -> BTreeMap<ObjKey, Desired> {
+    ) -> BTreeMap<ObjKey, Frontends> {
         let mut desired = BTreeMap::new();
         let model = self.tracker.model();
         for key in keys {
@@ -398,7 +401,7 @@ impl<W: MapWriter> AgentCore<W> {
                 self.no_local.remove(key);
                 self.refused.clear(key);
                 self.topology.remove(key);
-                desired.insert(key.clone(), Desired::new());
+                desired.insert(key.clone(), Frontends::new());
                 continue;
             };
             // Over a limit before planning (externalIPs, endpoints: planned not at all) or after (frontends,
@@ -479,7 +482,7 @@ fn refuse<W: MapWriter>(
     (planned, frontends): (&mut BTreeMap<ObjKey, usize>, &mut usize),
     key: &ObjKey,
     why: String,
-) -> Desired {
+) -> Frontends {
     let shown = why.clone();
     if refused.set(key, why) {
         tracing::warn!(
@@ -487,7 +490,7 @@ fn refuse<W: MapWriter>(
             "{shown}: not programmed (it keeps what it had; the other Services are not held up)"
         );
     }
-    let kept: Desired = reconciler
+    let kept: Frontends = reconciler
         .applied()
         .filter(|(_, _, d)| d.name.service == *key)
         .map(|(k, _, d)| (*k, d.to_desired()))

@@ -542,3 +542,25 @@ fn objects_are_stored_once_and_names_shared_across_the_source_and_the_model() {
     let edit = a.sync(Instant::now()).unwrap();
     assert_eq!((edit.added, edit.updated, edit.removed), (0, 1, 0), "the edit after a repack");
 }
+
+/// The memory structure of planning, not a figure: what a planned Service wants is held, until the sync's
+/// end, for every Service at once, so it is a list exactly its size (a map per Service took a 1.2 KiB
+/// B-tree leaf even for one frontend), sorted by key with each key once, as the reconciler's map reads it.
+#[test]
+fn a_planned_services_frontends_are_a_sorted_list_exactly_its_size() {
+    let tmp = TempDir::new("agent-lowered").unwrap();
+    let dir = tmp.path();
+    let mut svc = Svc::new("web", ip("10.96.0.11"), 80, 8080);
+    svc.cluster_ips.push(ip("fd00::11"));
+    svc.health_check_node_port = Some(32001);
+    let eps = [Ep::ready(ip("10.0.0.1"), "node-1"), Ep::ready(ip("fd00::1"), "node-2")];
+    write_service(dir, &svc, &eps).unwrap();
+    let model = ManifestDir::new(dir).load().unwrap().model;
+    let node = crate::model::NodeInfo::resolve("node-1", None, &model);
+    let s = model.services.values().next().unwrap();
+    let slices: Vec<&crate::model::EndpointSlice> = model.slices_of(&s.key).collect();
+    let mine = super::lower::frontends(&crate::plan::plan_service(s, &slices, &node));
+    assert_eq!(mine.len(), 2, "one frontend per cluster IP: {mine:?}");
+    assert_eq!(mine.capacity(), mine.len(), "spare room held for the whole sync");
+    assert!(mine.windows(2).all(|w| w[0].0 < w[1].0), "not sorted, or a key twice: {mine:?}");
+}
