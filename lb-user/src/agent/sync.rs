@@ -262,15 +262,12 @@ impl<W: MapWriter> AgentCore<W> {
     }
 
     /// The frontends of `planned` each Service wins (a frontend several claim goes to `plan::vip_winner`).
-    /// Collected into a list and then built into the map at once (`BTreeMap::from_iter` sorts and fills
-    /// its nodes), rather than inserted one by one into half-full nodes.
     fn winners(&self, planned: BTreeMap<ObjKey, Frontends>) -> Desired {
-        let claims = &self.claims;
-        let won: Frontends = planned
-            .into_iter()
-            .flat_map(|(svc, mine)| mine.into_iter().filter(move |(k, _)| claims.winner(k) == Some(&svc)))
-            .collect();
-        won.into_iter().collect()
+        let mut out = Desired::new();
+        for (svc, mine) in planned {
+            out.extend(mine.into_iter().filter(|(k, _)| self.claims.winner(k) == Some(&svc)));
+        }
+        out
     }
 
     /// The Services with frontends not programmed as planned, with the reasons: those that failed to apply

@@ -15,7 +15,7 @@ mod lean;
 pub mod list;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, HashSet},
     net::{IpAddr, SocketAddr},
     pin::pin,
     sync::{
@@ -218,8 +218,9 @@ pub struct KubeSource {
     converted: BTreeMap<ObjectId, Converted>,
     /// Why the current version of an object does not convert (every problem the input has now).
     errors: BTreeMap<ObjectId, Vec<Diagnostic>>,
-    /// Per kind being (re)listed: the objects the list named so far.
-    listing: BTreeMap<Kind, BTreeSet<ObjectId>>,
+    /// Per kind being (re)listed: the objects the list named so far. Hashed, not ordered: only asked whether
+    /// it holds an id (a first list of 100,000 Services and as many slices inserts and looks up every one).
+    listing: BTreeMap<Kind, HashSet<ObjectId>>,
     /// The first refresh hands over the whole model; later ones only what changed.
     delivered: bool,
     /// Object events in `events` not yet taken by a refresh, by kind (kube-proxy's `*_changes_pending`).
@@ -382,7 +383,7 @@ impl KubeSource {
                     pending.insert(raw.id(), None);
                 }
                 Delivery::ListStart(kind) => {
-                    self.listing.insert(kind, BTreeSet::new());
+                    self.listing.insert(kind, HashSet::new());
                 }
                 Delivery::Listed(raw) => {
                     let id = raw.id();
