@@ -215,7 +215,7 @@ fn connection(
             }
             ("GET", Some(r)) => {
                 lists.fetch_add(1, Ordering::Relaxed);
-                respond(&mut out, "200 OK", &list(state, r, &q))?;
+                write_list(&mut out, state, r, &q)?;
             }
             _ => {
                 unknown.fetch_add(1, Ordering::Relaxed);
@@ -238,10 +238,13 @@ fn respond(out: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()>
     )
 }
 
-/// One page of a list: `limit` items from the offset `continue` names (the stand-in's tokens are offsets),
-/// with the `continue` of the next page while items remain. A node list honours the agent's
-/// `fieldSelector=metadata.name=NAME`.
-fn list(state: &Mutex<State>, r: usize, q: &Query) -> String {
+/// One page of a list, answered on `out`: `limit` items from the offset `continue` names (the stand-in's
+/// tokens are offsets), with the `continue` of the next page while items remain. A node list honours the
+/// agent's `fieldSelector=metadata.name=NAME`. The items are written as they are stored, through a small
+/// buffer: a page joined into one body (two copies of 1.5 MB per page at 100,000 Services) cost the stand-in
+/// about a second of page faults on the bench's two CPUs during the agent's first list, time the agent's
+/// start was measured with.
+fn write_list(out: &mut TcpStream, state: &Mutex<State>, r: usize, q: &Query) -> std::io::Result<()> {
     let st = state.lock().expect("not poisoned");
     let items = &st.resources[r].items;
     let selected: Vec<&String> = match query(q, "fieldSelector") {
@@ -258,15 +261,26 @@ fn list(state: &Mutex<State>, r: usize, q: &Query) -> String {
     let limit: usize =
         query(q, "limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
     let end = start.saturating_add(limit).min(selected.len());
-    let page: Vec<&str> = selected[start.min(end)..end].iter().map(|s| s.as_str()).collect();
+    let page = &selected[start.min(end)..end];
     let next = if end < selected.len() { format!(",\"continue\":\"{end}\"") } else { String::new() };
     let (prefix, kind) = RESOURCES[r];
     let api_version = if prefix.starts_with("/apis/") { "discovery.k8s.io/v1" } else { "v1" };
-    format!(
-        "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{{\"resourceVersion\":\"{}\"{next}}},\"items\":[{}]}}",
+    let head = format!(
+        "{{\"kind\":\"{kind}\",\"apiVersion\":\"{api_version}\",\"metadata\":{{\"resourceVersion\":\"{}\"{next}}},\"items\":[",
         st.resource_version,
-        page.join(",")
-    )
+    );
+    let commas = page.len().saturating_sub(1);
+    let length = head.len() + page.iter().map(|i| i.len()).sum::<usize>() + commas + b"]}".len();
+    let mut w = std::io::BufWriter::with_capacity(64 << 10, out);
+    write!(w, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n{head}")?;
+    for (n, item) in page.iter().enumerate() {
+        if n > 0 {
+            w.write_all(b",")?;
+        }
+        w.write_all(item.as_bytes())?;
+    }
+    w.write_all(b"]}")?;
+    w.flush()
 }
 
 /// A watch: a chunked stream of events (one JSON object per line) until `timeoutSeconds`, with a bookmark
@@ -297,4 +311,59 @@ fn watch(mut out: TcpStream, state: &Mutex<State>, r: usize, q: &Query) -> anyho
     }
     write!(out, "0\r\n\r\n")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// Each page is one well-formed list, its `Content-Length` its body's, the pages together every item
+    /// once, each page but the last naming where the next starts.
+    #[test]
+    fn a_list_is_served_in_pages_whose_length_is_their_bodys() {
+        let services: Vec<Value> = (0..5)
+            .map(|i| {
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("s{i}")},
+                            "spec": {"clusterIP": "10.96.0.1"}})
+            })
+            .collect();
+        let api = ApiServer::start(services, Vec::new(), Vec::new()).unwrap();
+        let mut names = Vec::new();
+        let mut from = String::new();
+        for page in 0.. {
+            let mut conn = TcpStream::connect(api.addr).unwrap();
+            write!(
+                conn,
+                "GET /api/v1/services?limit=2{from} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            conn.shutdown(std::net::Shutdown::Write).unwrap();
+            let mut text = String::new();
+            conn.read_to_string(&mut text).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("Content-Length: "))
+                .and_then(|l| l.parse().ok())
+                .unwrap();
+            assert_eq!(length, body.len(), "page {page}");
+            let list: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(list["kind"], "ServiceList");
+            let items = list["items"].as_array().unwrap();
+            names.extend(items.iter().map(|i| i["metadata"]["name"].as_str().unwrap().to_owned()));
+            match list["metadata"]["continue"].as_str() {
+                Some(next) => {
+                    assert_eq!(items.len(), 2, "page {page}");
+                    from = format!("&continue={next}");
+                }
+                None => break,
+            }
+        }
+        assert_eq!(names, ["s0", "s1", "s2", "s3", "s4"]);
+        assert_eq!(api.lists.load(Ordering::Relaxed), 3);
+    }
 }
