@@ -379,6 +379,10 @@ impl<W: MapWriter> AgentCore<W> {
     /// Plan these Services (with the controller's hints where their slices carry none) and return the
     /// frontends each wants; a Service no longer in the model wants none. Services newly planned with the
     /// controller's hints (not so before, nor in `reported`) are added to `newly_filled`.
+    ///
+    /// Planning a Service reads only the model (`planned`); a long batch (a full sync) is planned in chunks
+    /// of `PLAN_CHUNK`, each split between this thread and one more, then booked here in key order, so the
+    /// result is the same as one by one. A chunk's plans are dropped once booked.
     fn plan_services<'a>(
         &mut self,
         keys: impl Iterator<Item = &'a ObjKey>,
@@ -387,9 +391,39 @@ impl<W: MapWriter> AgentCore<W> {
         newly_filled: &mut Vec<ObjKey>,
     ) -> BTreeMap<ObjKey, Frontends> {
         let mut desired = BTreeMap::new();
-        let model = self.tracker.model();
-        for key in keys {
-            let Some(svc) = model.services.get(key) else {
+        let keys: Vec<&ObjKey> = keys.collect();
+        for chunk in keys.chunks(PLAN_CHUNK) {
+            let (model, limits) = (self.tracker.model(), &self.limits);
+            let plan = |k: &&ObjKey| planned(model, limits, k, node);
+            let results: Vec<Planning> = if chunk.len() < PARALLEL_PLAN_MIN {
+                chunk.iter().map(plan).collect()
+            } else {
+                let (here, there) = chunk.split_at(chunk.len() / 2);
+                std::thread::scope(|s| {
+                    let other = s.spawn(|| there.iter().map(plan).collect::<Vec<_>>());
+                    let mut out: Vec<Planning> = here.iter().map(plan).collect();
+                    out.extend(other.join().expect("a planning thread panicked"));
+                    out
+                })
+            };
+            for (key, result) in chunk.iter().zip(results) {
+                let mine = self.book(key, result, reported, newly_filled);
+                desired.insert((*key).clone(), mine);
+            }
+        }
+        desired
+    }
+
+    /// Record what planning `key` gave (`planned`) and return the frontends it wants now.
+    fn book(
+        &mut self,
+        key: &ObjKey,
+        result: Planning,
+        reported: &BTreeSet<ObjKey>,
+        newly_filled: &mut Vec<ObjKey>,
+    ) -> Frontends {
+        let (filled, plans, mine) = match result {
+            Planning::Gone => {
                 if let Some(old) = self.planned.remove(key) {
                     self.frontends -= old;
                 }
@@ -398,59 +432,38 @@ impl<W: MapWriter> AgentCore<W> {
                 self.no_local.remove(key);
                 self.refused.clear(key);
                 self.topology.remove(key);
-                desired.insert(key.clone(), Frontends::new());
-                continue;
-            };
-            // Over a limit before planning (externalIPs, endpoints: planned not at all) or after (frontends,
-            // slots): it keeps what it has.
-            let planned = if let Some(why) = self.limits.before_planning(model, svc) {
-                Err(why)
-            } else {
-                let filled = hints::fill_for(model, svc);
-                let slices: Vec<&EndpointSlice> = match &filled {
-                    Some(owned) => owned.iter().collect(),
-                    None => model.slices_of(key).collect(),
-                };
-                let plans = plan::plan_service(svc, &slices, node);
-                let mine = lower::frontends(&plans);
-                match self.limits.after_planning(&mine) {
-                    Some(why) => Err(why),
-                    None => Ok((filled.is_some(), plans, mine)),
-                }
-            };
-            let (filled, plans, mine) = match planned {
-                Ok(p) => p,
-                Err(why) => {
-                    let counts = (&mut self.planned, &mut self.frontends);
-                    desired
-                        .insert(key.clone(), refuse(&mut self.refused, &self.reconciler, counts, key, why));
-                    continue;
-                }
-            };
-            self.refused.clear(key);
-            if let Some(old) = self.planned.remove(key) {
-                self.frontends -= old;
+                return Frontends::new();
             }
-            let was_filled = self.hints_filled.remove(key) || reported.contains(key);
-            self.health.remove(key);
-            self.no_local.remove(key);
-            self.no_local.set(key, &plans);
-            self.topology.set(svc, &plans);
-            for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
-                let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
-                seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
+            Planning::Refused(why) => {
+                let counts = (&mut self.planned, &mut self.frontends);
+                return refuse(&mut self.refused, &self.reconciler, counts, key, why);
             }
-            if filled {
-                self.hints_filled.insert(key.clone());
-                if !was_filled {
-                    newly_filled.push(key.clone());
-                }
-            }
-            self.frontends += mine.len();
-            self.planned.insert(key.clone(), mine.len());
-            desired.insert(key.clone(), mine);
+            Planning::Done { filled, plans, mine } => (filled, plans, mine),
+        };
+        let model = self.tracker.model();
+        let svc = model.services.get(key).expect("a planned Service is in the model");
+        self.refused.clear(key);
+        if let Some(old) = self.planned.remove(key) {
+            self.frontends -= old;
         }
-        desired
+        let was_filled = self.hints_filled.remove(key) || reported.contains(key);
+        self.health.remove(key);
+        self.no_local.remove(key);
+        self.no_local.set(key, &plans);
+        self.topology.set(svc, &plans);
+        for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
+            let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
+            seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
+        }
+        if filled {
+            self.hints_filled.insert(key.clone());
+            if !was_filled {
+                newly_filled.push(key.clone());
+            }
+        }
+        self.frontends += mine.len();
+        self.planned.insert(key.clone(), mine.len());
+        mine
     }
 
     /// Every planned Service port's topology (`/metrics`' `tierlb_service_topology`).
@@ -466,6 +479,42 @@ impl<W: MapWriter> AgentCore<W> {
     /// Delete slots whose grace period is over (the run loop calls it every tick).
     pub fn collect_garbage(&mut self, now: Instant) {
         self.reconciler.collect_garbage(now);
+    }
+}
+
+/// Services planned per chunk of a long batch, and from how many Services in one chunk the planning is split
+/// between two threads (a full sync: at 100,000 Services planning took about 0.7 s from manifests and 1.4 s
+/// from the API server on one thread, its allocations' page faults much of it).
+const PLAN_CHUNK: usize = 4096;
+const PARALLEL_PLAN_MIN: usize = 1024;
+
+/// What planning one Service gave, before it is booked (`AgentCore::book`).
+enum Planning {
+    /// No longer in the model.
+    Gone,
+    /// Over a limit (`limits`), with why.
+    Refused(String),
+    /// Planned: whether its slices got the controller's hints, its port plans and the frontends it wants.
+    Done { filled: bool, plans: Vec<plan::PortPlan>, mine: Frontends },
+}
+
+/// Plan Service `key` for `node` within `limits`, reading only the model. Over a limit before planning
+/// (externalIPs, endpoints: planned not at all) or after (frontends, slots), it is refused.
+fn planned(model: &crate::model::Model, limits: &ServiceLimits, key: &ObjKey, node: &NodeInfo) -> Planning {
+    let Some(svc) = model.services.get(key) else { return Planning::Gone };
+    if let Some(why) = limits.before_planning(model, svc) {
+        return Planning::Refused(why);
+    }
+    let filled = hints::fill_for(model, svc);
+    let slices: Vec<&EndpointSlice> = match &filled {
+        Some(owned) => owned.iter().collect(),
+        None => model.slices_of(key).collect(),
+    };
+    let plans = plan::plan_service(svc, &slices, node);
+    let mine = lower::frontends(&plans);
+    match limits.after_planning(&mine) {
+        Some(why) => Planning::Refused(why),
+        None => Planning::Done { filled: filled.is_some(), plans, mine },
     }
 }
 

@@ -564,3 +564,56 @@ fn a_planned_services_frontends_are_a_sorted_list_exactly_its_size() {
     assert_eq!(mine.capacity(), mine.len(), "spare room held for the whole sync");
     assert!(mine.windows(2).all(|w| w[0].0 < w[1].0), "not sorted, or a key twice: {mine:?}");
 }
+
+/// A full sync of more Services than one thread plans (`PARALLEL_PLAN_MIN`): each is booked as its own, in
+/// any order the threads finish. 1,500 Services of 1, 2 or 3 endpoints under a limit of 2 slots: every
+/// third is refused for its slots and named so, every other VIP is programmed with its own Service's name
+/// and endpoints.
+#[test]
+fn services_planned_on_two_threads_are_each_booked_as_their_own() {
+    let tmp = TempDir::new("agent-parallel-plan").unwrap();
+    let dir = tmp.path();
+    let count = 1_500u32;
+    let mut docs = Vec::new();
+    for i in 0..count {
+        let vip = IpAddr::from([10, 96, (i >> 8) as u8, i as u8]);
+        let eps: Vec<Ep> =
+            (0..=i % 3).map(|e| Ep::ready(IpAddr::from([10, 1, e as u8, 1]), "node-2")).collect();
+        let svc = Svc::new(&format!("s{i}"), vip, 80, 8080);
+        docs.push(svc.service().to_string());
+        docs.extend(svc.slices(&eps).iter().map(ToString::to_string));
+    }
+    write_atomic(dir, "all.yaml", &docs.join("\n---\n")).unwrap();
+    let limits = super::limits::ServiceLimits { slots: 2, ..super::limits::DEFAULT_LIMITS };
+    let maps = FakeMaps::new(4096, 1 << 14);
+    let mut agent = AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), maps).with_limits(limits);
+    let report = agent.sync(Instant::now()).unwrap();
+    assert!(
+        report.errors.is_empty(),
+        "{} errors, the first {:?}",
+        report.errors.len(),
+        report.errors.first()
+    );
+    let refused: Vec<u32> = (0..count).filter(|i| i % 3 == 2).collect();
+    assert_eq!(report.frontends, (count as usize) - refused.len());
+    let on = programmed(&agent);
+    assert_eq!(on.len(), (count as usize) - refused.len());
+    let w = agent.reconciler().writer();
+    let backends: BTreeMap<String, usize> = datapath::read_back(w)
+        .unwrap()
+        .into_values()
+        .map(|rb| (w.name(rb.value.svc_id).unwrap().unwrap(), rb.tiers[2].len()))
+        .collect();
+    for i in (0..count).filter(|i| i % 3 != 2) {
+        let vip = format!("10.96.{}.{}:80", i >> 8, i & 0xff);
+        let name = format!("default/s{i}:main");
+        assert_eq!(on.get(&vip), Some(&name), "{vip}");
+        assert_eq!(backends[&name], (i % 3 + 1) as usize, "{name}'s endpoints");
+    }
+    let u: BTreeMap<String, String> =
+        agent.unprogrammed().into_iter().map(|u| (u.service.to_string(), u.reasons.join("; "))).collect();
+    assert_eq!(u.len(), refused.len());
+    for i in refused {
+        assert!(u[&format!("default/s{i}")].contains("3 backend slots"), "{u:?}");
+    }
+}
