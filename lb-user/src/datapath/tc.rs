@@ -53,14 +53,6 @@ pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
     out.into_iter().collect()
 }
 
-/// Load (verify) the tc programs of a loaded object.
-pub fn load(ebpf: &mut Ebpf) -> Result<(), DatapathError> {
-    for (name, _) in TC_PROGRAMS {
-        classifier(ebpf, name)?.load().map_err(|e| bpf_err(format!("verifying program {name}"), e))?;
-    }
-    Ok(())
-}
-
 fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, DatapathError> {
     let p = ebpf.program_mut(name).ok_or_else(|| DatapathError::Bpf {
         what: format!("program {name} missing"),
