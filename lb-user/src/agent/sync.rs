@@ -3,6 +3,7 @@
 //! whole agent logic runs in unit tests against the in-memory maps.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    sync::Arc,
     time::Instant,
 };
 
@@ -22,7 +23,7 @@ use crate::{
         marks::{self, SweepReport},
     },
     hints,
-    model::{EndpointSlice, NodeInfo, ObjKey, node_addresses::ExternalConfig, proto_name},
+    model::{EndpointSlice, NodeInfo, ObjKey, Service, node_addresses::ExternalConfig, proto_name},
     plan,
     source::ModelSource,
 };
@@ -380,7 +381,7 @@ impl<W: MapWriter> AgentCore<W> {
     /// frontends each wants; a Service no longer in the model wants none. Services newly planned with the
     /// controller's hints (not so before, nor in `reported`) are added to `newly_filled`.
     ///
-    /// Planning a Service reads only the model (`planned`); a long batch (a full sync) is planned in chunks
+    /// Planning a Service reads only the model (`plan_one`); a long batch (a full sync) is planned in chunks
     /// of `PLAN_CHUNK`, each split between this thread and one more, then booked here in key order, so the
     /// result is the same as one by one. A chunk's plans are dropped once booked.
     fn plan_services<'a>(
@@ -394,7 +395,7 @@ impl<W: MapWriter> AgentCore<W> {
         let keys: Vec<&ObjKey> = keys.collect();
         for chunk in keys.chunks(PLAN_CHUNK) {
             let (model, limits) = (self.tracker.model(), &self.limits);
-            let plan = |k: &&ObjKey| planned(model, limits, k, node);
+            let plan = |k: &&ObjKey| plan_one(model, limits, k, node);
             let results: Vec<Planning> = if chunk.len() < PARALLEL_PLAN_MIN {
                 chunk.iter().map(plan).collect()
             } else {
@@ -414,7 +415,7 @@ impl<W: MapWriter> AgentCore<W> {
         desired
     }
 
-    /// Record what planning `key` gave (`planned`) and return the frontends it wants now.
+    /// Record what planning `key` gave (`plan_one`) and return the frontends it wants now.
     fn book(
         &mut self,
         key: &ObjKey,
@@ -422,7 +423,7 @@ impl<W: MapWriter> AgentCore<W> {
         reported: &BTreeSet<ObjKey>,
         newly_filled: &mut Vec<ObjKey>,
     ) -> Frontends {
-        let (filled, plans, mine) = match result {
+        let (svc, filled, plans, mine) = match result {
             Planning::Gone => {
                 if let Some(old) = self.planned.remove(key) {
                     self.frontends -= old;
@@ -438,10 +439,8 @@ impl<W: MapWriter> AgentCore<W> {
                 let counts = (&mut self.planned, &mut self.frontends);
                 return refuse(&mut self.refused, &self.reconciler, counts, key, why);
             }
-            Planning::Done { filled, plans, mine } => (filled, plans, mine),
+            Planning::Done { svc, filled, plans, mine } => (svc, filled, plans, mine),
         };
-        let model = self.tracker.model();
-        let svc = model.services.get(key).expect("a planned Service is in the model");
         self.refused.clear(key);
         if let Some(old) = self.planned.remove(key) {
             self.frontends -= old;
@@ -450,8 +449,8 @@ impl<W: MapWriter> AgentCore<W> {
         self.health.remove(key);
         self.no_local.remove(key);
         self.no_local.set(key, &plans);
-        self.topology.set(svc, &plans);
-        for (port, h) in plans.iter().filter_map(|p| lower::health_port(svc, p)) {
+        self.topology.set(&svc, &plans);
+        for (port, h) in plans.iter().filter_map(|p| lower::health_port(&svc, p)) {
             let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
             seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);
         }
@@ -467,7 +466,7 @@ impl<W: MapWriter> AgentCore<W> {
     }
 
     /// Every planned Service port's topology (`/metrics`' `tierlb_service_topology`).
-    pub fn topology(&mut self) -> std::sync::Arc<Vec<crate::metrics::ServiceTopology>> {
+    pub fn topology(&mut self) -> Arc<Vec<crate::metrics::ServiceTopology>> {
         self.topology.all()
     }
 
@@ -488,19 +487,20 @@ impl<W: MapWriter> AgentCore<W> {
 const PLAN_CHUNK: usize = 4096;
 const PARALLEL_PLAN_MIN: usize = 1024;
 
-/// What planning one Service gave, before it is booked (`AgentCore::book`).
+/// What planning one Service gave (`plan_one`), before it is booked (`AgentCore::book`).
 enum Planning {
     /// No longer in the model.
     Gone,
     /// Over a limit (`limits`), with why.
     Refused(String),
-    /// Planned: whether its slices got the controller's hints, its port plans and the frontends it wants.
-    Done { filled: bool, plans: Vec<plan::PortPlan>, mine: Frontends },
+    /// Planned: the Service (so that booking need not look it up again), whether its slices got the
+    /// controller's hints, its port plans and the frontends it wants.
+    Done { svc: Arc<Service>, filled: bool, plans: Vec<plan::PortPlan>, mine: Frontends },
 }
 
 /// Plan Service `key` for `node` within `limits`, reading only the model. Over a limit before planning
 /// (externalIPs, endpoints: planned not at all) or after (frontends, slots), it is refused.
-fn planned(model: &crate::model::Model, limits: &ServiceLimits, key: &ObjKey, node: &NodeInfo) -> Planning {
+fn plan_one(model: &crate::model::Model, limits: &ServiceLimits, key: &ObjKey, node: &NodeInfo) -> Planning {
     let Some(svc) = model.services.get(key) else { return Planning::Gone };
     if let Some(why) = limits.before_planning(model, svc) {
         return Planning::Refused(why);
@@ -514,7 +514,7 @@ fn planned(model: &crate::model::Model, limits: &ServiceLimits, key: &ObjKey, no
     let mine = lower::frontends(&plans);
     match limits.after_planning(&mine) {
         Some(why) => Planning::Refused(why),
-        None => Planning::Done { filled: filled.is_some(), plans, mine },
+        None => Planning::Done { svc: svc.clone(), filled: filled.is_some(), plans, mine },
     }
 }
 
