@@ -52,7 +52,8 @@ fn live_members(frontends: &BTreeMap<FrontendKey, ReadBack>) -> BTreeMap<MemberK
 }
 
 /// What the maps hold by the reconciler's contract (module `datapath::reconcile`'s documentation), kept
-/// without its code. Each live frontend holds one service id, its backends' slots and (with sessionAffinity)
+/// without its code. Each live frontend holds one service id, its backends' slots (`SLOT_BLOCK` to an entry
+/// of the slot map) and (with sessionAffinity)
 /// one member entry per distinct backend; a replaced generation's slots and members, and the id of a removed
 /// or taken-over frontend, stay in use until a collection (an apply collects first once the oldest burial is
 /// `DEFAULT_GRACE` old). An apply removes what is gone, then writes the desired frontends in key order; a
@@ -61,12 +62,13 @@ struct Model {
     max_ids: usize,
     max_slots: usize,
     live: BTreeMap<FrontendKey, DesiredFrontend>,
-    /// (when, slots, member entries, ids) waiting for their grace period.
+    /// (when, slot entries, member entries, ids) waiting for their grace period.
     buried: Vec<(Instant, usize, usize, usize)>,
 }
 
+/// Entries of the slot map a generation of `d` takes (`SLOT_BLOCK` slots each).
 fn slots_of(d: &DesiredFrontend) -> usize {
-    d.tiers.iter().map(Vec::len).sum()
+    lb_common::slot_blocks(d.tiers.iter().map(Vec::len).sum())
 }
 
 fn members_of(d: &DesiredFrontend) -> usize {
@@ -178,7 +180,7 @@ pub fn run(steps: &Steps) {
         let maps = r.writer();
         let names = (1..=max_services).filter(|id| maps.name(*id).expect("fake maps").is_some()).count();
         assert_eq!(
-            (maps.slot_count(), maps.member_map().len(), names),
+            (maps.slot_entries(), maps.member_map().len(), names),
             (slots, members, ids),
             "slots, member entries and named ids in use after {op:?} (maps, model)"
         );
@@ -187,8 +189,11 @@ pub fn run(steps: &Steps) {
     r.collect_garbage(now + Duration::from_secs(3600));
     let maps = r.writer();
     let frontends = read_back(maps).expect("fake maps");
-    let live_slots: usize = frontends.values().map(|rb| rb.tiers.iter().map(Vec::len).sum::<usize>()).sum();
-    assert_eq!(maps.slot_count(), live_slots, "slots left behind");
+    let live_slots: usize = frontends
+        .values()
+        .map(|rb| lb_common::slot_blocks(rb.tiers.iter().map(Vec::len).sum::<usize>()))
+        .sum();
+    assert_eq!(maps.slot_entries(), live_slots, "slots left behind");
     assert_eq!(*maps.member_map(), live_members(&frontends), "member entries wrong or left behind");
     let ids: BTreeSet<u32> = frontends.values().map(|rb| rb.value.svc_id).collect();
     assert_eq!(ids.len(), frontends.len(), "two frontends share a service id");
@@ -201,7 +206,7 @@ pub fn run(steps: &Steps) {
     let report = r.apply(&Desired::new(), now);
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     r.collect_garbage(now + Duration::from_secs(3600));
-    assert_eq!(r.writer().slot_count(), 0, "slots left behind once every frontend is gone");
+    assert_eq!(r.writer().slot_entries(), 0, "slots left behind once every frontend is gone");
     assert!(r.writer().member_map().is_empty(), "member entries left behind once every frontend is gone");
     let all: Desired = (0..max_services)
         .map(|i| {

@@ -30,9 +30,10 @@ impl Steps {
         u32::from(self.max_services % 16) + 1
     }
 
-    /// SLOTS' (and MEMBERS') capacity: 4 to 67.
+    /// SLOTS' capacity in entries (`SLOT_BLOCK` slots each; a generated frontend takes up to 3), and MEMBERS':
+    /// 1 to 24.
     pub fn max_slots(&self) -> u32 {
-        u32::from(self.max_slots % 64) + 4
+        u32::from(self.max_slots % 24) + 1
     }
 
     /// The first 24 operations.

@@ -127,7 +127,7 @@ pub const BACKEND_DOWN: u32 = 1 << 0;
 // Map names, shared so user space never spells them differently from the BPF side.
 /// Service frontends: `FrontendKey` -> `FrontendValue`.
 pub const MAP_FRONTENDS: &str = "FRONTENDS";
-/// Backend slots of every tier: `SlotKey` -> `Backend`.
+/// Backend slots of every tier, `SLOT_BLOCK` to an entry: `SlotKey` -> `SlotBlock`.
 pub const MAP_SLOTS: &str = "SLOTS";
 /// Backends marked down: `Backend` -> `BackendState`; absent (or expired) means up.
 pub const MAP_BACKEND_STATE: &str = "BACKEND_STATE";
@@ -199,7 +199,8 @@ pub const PINNED_MAPS: [&str; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()] = 
 // Default capacities (the agent can change them before load).
 /// Default entries of the frontend map; the name map and the counter array are sized from it.
 pub const DEFAULT_MAX_FRONTENDS: u32 = 65_536;
-/// Default entries of the slot map: every frontend's tiers together, both generations during a swap.
+/// Default entries of the slot map (`SLOT_BLOCK` slots each; a frontend with `n` slots takes `slot_blocks(n)`):
+/// every frontend's tiers together, both generations during a swap.
 pub const DEFAULT_MAX_SLOTS: u32 = 1_048_576;
 /// Default entries of the backend-state map: how many backends can be marked down at once.
 pub const DEFAULT_MAX_BACKENDS: u32 = 262_144;
@@ -279,18 +280,61 @@ pub struct FrontendValue {
 }
 const _: () = assert!(size_of::<FrontendValue>() == 52);
 
-/// Key of one backend slot.
+/// Backend slots per entry of the slot map: a frontend's slots `8b .. 8b + 7` are one entry (`SlotKey::block`
+/// `b`). One entry per 8 slots, not per slot: writing a map entry (the kernel's allocation, hash and bucket
+/// lock) costs far more than its bytes, so 100,000 Services of 10 slots are 200,000 writes, not 1,000,000.
+pub const SLOT_BLOCK: usize = 8;
+
+/// Entries of the slot map a frontend with `slots` slots takes.
+#[inline(always)]
+#[must_use]
+pub const fn slot_blocks(slots: usize) -> usize {
+    slots.div_ceil(SLOT_BLOCK)
+}
+
+/// Key of one entry of the slot map: `SLOT_BLOCK` consecutive slots of one frontend's generation.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotKey {
-    /// `FrontendValue::svc_id` of the frontend the slot belongs to.
+    /// `FrontendValue::svc_id` of the frontend the slots belong to.
     pub svc_id: u32,
-    /// `FrontendValue::generation` the slot was written under.
+    /// `FrontendValue::generation` the slots were written under.
     pub generation: u32,
-    /// Slot index, inside one of the frontend's `TierRange`s.
-    pub index: u32,
+    /// Which `SLOT_BLOCK` slots: indexes `block * SLOT_BLOCK ..`, inside the frontend's `TierRange`s.
+    pub block: u32,
 }
 const _: () = assert!(size_of::<SlotKey>() == 12);
+
+impl SlotKey {
+    /// The entry holding slot `index` of a frontend's generation, and the slot's place in it.
+    #[inline(always)]
+    #[must_use]
+    pub const fn locate(svc_id: u32, generation: u32, index: u32) -> (Self, usize) {
+        let block = index / SLOT_BLOCK as u32;
+        (Self { svc_id, generation, block }, (index % SLOT_BLOCK as u32) as usize)
+    }
+}
+
+/// Value of one entry of the slot map: `SLOT_BLOCK` slots; the last entry of a generation is padded with
+/// zeroed backends, which no tier range reaches.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SlotBlock {
+    /// The backends of the block's slots, in index order.
+    pub slots: [Backend; SLOT_BLOCK],
+}
+const _: () = assert!(size_of::<SlotBlock>() == 20 * SLOT_BLOCK);
+
+impl SlotBlock {
+    /// `slots` (at most `SLOT_BLOCK`) at the block's start, zeroed after.
+    #[must_use]
+    pub fn of(slots: &[Backend]) -> Self {
+        let mut block = Self::default();
+        let n = slots.len().min(SLOT_BLOCK);
+        block.slots[..n].copy_from_slice(&slots[..n]);
+        block
+    }
+}
 
 /// A backend (endpoint) address; value of a slot and key of the backend-state map.
 #[repr(C)]
@@ -458,6 +502,7 @@ aya_pod!(
     FrontendKey,
     FrontendValue,
     SlotKey,
+    SlotBlock,
     Backend,
     BackendState,
     ReverseKey,

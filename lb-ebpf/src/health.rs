@@ -23,13 +23,12 @@ use aya_ebpf::{
 use lb_common::{
     Backend, Choice, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS, GLOBAL_HEALTH_RECOVERIES,
     GLOBAL_SVC_ID, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict, PROTO_TCP,
-    REVERSE_HEALTH_REPORTED, ReverseKey, ReverseValue, SlotKey, below, last_nonempty_tier,
-    syn_sent_close_reason,
+    REVERSE_HEALTH_REPORTED, ReverseKey, ReverseValue, below, last_nonempty_tier, syn_sent_close_reason,
 };
 
 use crate::{
     counters::count,
-    maps::{BACKEND_STATE, HEALTH, HEALTH_CONFIG, REVERSE, SLOTS},
+    maps::{BACKEND_STATE, HEALTH, HEALTH_CONFIG, REVERSE, backend_at},
     reverse::peer_backend,
 };
 
@@ -84,9 +83,7 @@ pub(crate) fn panic_choice(fe: &FrontendValue) -> Choice<Backend> {
     let range = fe.tiers[tier];
     // SAFETY: helper without preconditions.
     let index = u32::from(range.start) + below(unsafe { bpf_get_prandom_u32() }, u32::from(range.len));
-    let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
-    // SAFETY: a plain copy out of a hash value.
-    let Some(backend) = (unsafe { SLOTS.get(slot) }).copied() else { return Choice::Error };
+    let Some(backend) = backend_at(fe.svc_id, fe.generation, index) else { return Choice::Error };
     // SAFETY: helper without preconditions.
     if is_down(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
         return Choice::Empty;

@@ -5,11 +5,15 @@
 //! its constant, so the two spellings cannot drift apart.
 //! Sizes here are defaults; the agent overrides them before load (`EbpfLoader::set_max_entries`).
 //! `pub(crate)` is enough: the symbol `#[map]` exports is what puts a map in the object.
-use core::ptr::{addr_of, addr_of_mut, read_volatile};
+use core::{
+    mem::MaybeUninit,
+    ptr::{addr_of, addr_of_mut, read_volatile},
+};
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_PREALLOC, bpf_dynptr},
     btf_maps::SkStorage,
+    helpers::generated::{bpf_dynptr_from_mem, bpf_dynptr_read},
     macros::{btf_map, map},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
@@ -23,7 +27,7 @@ use lb_common::{
     MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY,
     MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
     MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
-    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
+    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey,
     TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
@@ -115,13 +119,44 @@ pub(crate) unsafe fn copy_frontend(
 
 named_map!(
     MAP_SLOTS == "SLOTS",
-    /// Backend slots of every frontend's tiers, by (svc_id, generation, index). Not preallocated: its memory
-    /// is charged to the agent's memory cgroup (as every map's), and a preallocated million slots (104 MiB)
-    /// is more than the DaemonSet's limit allows; elements come and go per generation, freed after readers
-    /// (RCU) as the slots of a generation are after their grace period.
-    pub(crate) static SLOTS: HashMap<SlotKey, Backend> =
+    /// Backend slots of every frontend's tiers, `SLOT_BLOCK` to an entry, by (svc_id, generation, block):
+    /// read with `backend_at`. Not preallocated: its memory is charged to the agent's memory cgroup (as every
+    /// map's), and a preallocated million entries is more than the DaemonSet's limit allows; elements come
+    /// and go per generation, freed after readers (RCU) as the slots of a generation are after their grace
+    /// period.
+    pub(crate) static SLOTS: HashMap<SlotKey, SlotBlock> =
         HashMap::with_max_entries(DEFAULT_MAX_SLOTS, BPF_F_NO_PREALLOC);
 );
+
+/// Slot `index` of the frontend's generation (`svc_id`, `generation`): one lookup of its block and a copy
+/// of its backend; `None` if the block is missing (inconsistent maps).
+#[inline(always)]
+pub(crate) fn backend_at(svc_id: u32, generation: u32, index: u32) -> Option<Backend> {
+    let mut out = MaybeUninit::<Backend>::uninit();
+    // SAFETY: `out` is this frame's, and `read_slot` writes all of it when it returns true.
+    read_slot(svc_id, generation, index, out.as_mut_ptr()).then(|| unsafe { out.assume_init() })
+}
+
+/// `backend_at`'s work, out of line: its dynptr is in a frame of its own on every call (a kernel before
+/// 6.3 refuses to initialise a dynptr stack slot twice, as a loop would). The slot is copied with
+/// `bpf_dynptr_read`, whose offset the helper checks at run time, not with an offset added to the value's
+/// pointer: the verifier would then track the offset, and with it the `TIER_SCAN` loop's counter it comes
+/// from, exactly, and explore every turn of that loop separately (sendmsg6 went past the verifier's
+/// million instructions).
+#[inline(never)]
+fn read_slot(svc_id: u32, generation: u32, index: u32, out: *mut Backend) -> bool {
+    let (key, at) = SlotKey::locate(svc_id, generation, index);
+    let Some(block) = SLOTS.get_ptr(key) else { return false };
+    let mut dynptr = MaybeUninit::<bpf_dynptr>::uninit();
+    let size = size_of::<Backend>() as u32;
+    // SAFETY: `block` is a map value of `size_of::<SlotBlock>()` bytes, valid for the program's run (RCU);
+    // `dynptr` and `out` are stack memory the helpers write; the read is bounds-checked by the helper.
+    unsafe {
+        bpf_dynptr_from_mem(block.cast_mut().cast(), size_of::<SlotBlock>() as u32, 0, dynptr.as_mut_ptr())
+            == 0
+            && bpf_dynptr_read(out.cast(), size, dynptr.as_ptr(), at as u32 * size, 0) == 0
+    }
+}
 
 named_map!(
     MAP_BACKEND_STATE == "BACKEND_STATE",

@@ -12,14 +12,14 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
     ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
-    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, SlotKey, TRACE_TORN, V4_MAPPED_WORD2, choose, trace_info,
+    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, TRACE_TORN, V4_MAPPED_WORD2, choose, trace_info,
 };
 
 use crate::{
     affinity,
     counters::count,
     health::{self, is_down},
-    maps::{FRONTENDS, SLOTS, copy_frontend},
+    maps::{FRONTENDS, backend_at, copy_frontend},
     reverse, trace,
 };
 
@@ -181,10 +181,7 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
     let mut saw_held = false;
     let mut trial = false;
     let lookup = |index| {
-        let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
-        // SAFETY: as above.
-        let Some(backend) = (unsafe { SLOTS.get(slot) }) else { return Slot::Missing };
-        let backend: Backend = *backend;
+        let Some(backend) = backend_at(fe.svc_id, fe.generation, index) else { return Slot::Missing };
         trial = false;
         // A mark (or hold) ends on time even with no agent running: the clock is read only when one exists.
         // SAFETY: helper without preconditions.

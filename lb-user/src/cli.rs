@@ -188,7 +188,8 @@ pub struct AgentArgs {
     /// Capacity: frontends (VIP, port, protocol).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_FRONTENDS)]
     pub max_services: u32,
-    /// Capacity: backend slots over all frontends and generations.
+    /// Capacity: entries of the slot map over all frontends and generations, 8 backend slots each (a frontend
+    /// with n slots over its tiers takes n/8 rounded up; the map is not preallocated).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_SLOTS)]
     pub max_slots: u32,
     /// Capacity: backends that can be marked down.
@@ -212,8 +213,8 @@ pub struct AgentArgs {
     /// keeps what it has programmed (nothing if new) and is reported unprogrammed.
     #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.frontends)]
     pub max_frontends_per_service: usize,
-    /// Per Service: backend slots one Service may take over its frontends' tiers (default: an eighth of the
-    /// default --max-slots).
+    /// Per Service: backend slots one Service may take over its frontends' tiers (16,384 entries of the slot
+    /// map at the default).
     #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.slots)]
     pub max_slots_per_service: usize,
     /// Per Service: `spec.externalIPs` one Service may have.

@@ -65,11 +65,12 @@ pub struct FrontendEntry {
 pub struct Snapshot {
     /// Every applied frontend, in key order.
     pub frontends: Vec<FrontendEntry>,
-    /// Backend slots the applied frontends use.
+    /// Entries of the slot map the applied frontends use (`SLOT_BLOCK` slots each; the generations waiting
+    /// for their grace period are not counted).
     pub slots_used: usize,
     /// Capacity of the frontends map.
     pub frontend_capacity: u32,
-    /// Capacity of the slots map.
+    /// Capacity of the slot map, in entries.
     pub slot_capacity: u32,
     /// Every planned Service port and family's topology, in Service order (the agent's `topology_rows`).
     pub topology: std::sync::Arc<Vec<ServiceTopology>>,
@@ -83,7 +84,7 @@ impl Snapshot {
         let frontends = rec
             .applied()
             .map(|(key, value, desired)| {
-                slots_used += desired.slots.len();
+                slots_used += lb_common::slot_blocks(desired.slots.len());
                 FrontendEntry {
                     key: *key,
                     name: desired.name.clone(),
@@ -426,7 +427,8 @@ mod tests {
     fn the_snapshot_holds_what_was_applied_and_the_counts_come_at_scrape_time() {
         let b = |i| addr::backend(SocketAddr::from(([10, 244, 1, i], 8080)), 6);
         let mut desired = Desired::new();
-        let tiers = [[vec![b(1)], vec![], vec![b(1), b(2)]], [vec![], vec![], vec![b(3)]]];
+        // 1 + 9 slots (two entries of the slot map) and 1 slot (one).
+        let tiers = [[vec![b(1)], vec![], (1..=9).map(b).collect()], [vec![], vec![], vec![b(10)]]];
         for (i, tiers) in (0u8..).zip(tiers) {
             let name = ServicePortName::new(ObjKey::new("default", format!("s{i}")), "http");
             let key = addr::frontend_key([10, 96, 0, 10 + i].into(), 80, 6);
@@ -436,7 +438,7 @@ mod tests {
         let mut rec = Reconciler::new(FakeMaps::new(16, 64));
         rec.apply(&desired, Instant::now());
         let snap = Snapshot::of(&rec, 64);
-        assert_eq!((snap.frontends.len(), snap.slots_used), (2, 4));
+        assert_eq!((snap.frontends.len(), snap.slots_used), (2, 3), "slot entries, not slots");
         assert_eq!((snap.frontend_capacity, snap.slot_capacity), (16, 64));
         let ids: Vec<u32> = snap.frontends.iter().map(|f| f.svc_id).collect();
         assert_eq!(ids, rec.applied().map(|(_, v, _)| v.svc_id).collect::<Vec<_>>());
@@ -448,7 +450,7 @@ mod tests {
             !text.contains("default/s1"),
             "a frontend whose counters cannot be read is left out:\n{text}"
         );
-        assert!(text.contains(r#"tierlb_map_entries{map="SLOTS"} 4"#), "{text}");
+        assert!(text.contains(r#"tierlb_map_entries{map="SLOTS"} 3"#), "{text}");
         let without = encode_text(&snap, &AgentStats::default(), None);
         assert!(!without.contains("tierlb_connections_total{"), "{without}");
         assert!(without.contains(r#"tierlb_map_entries{map="FRONTENDS"} 2"#), "{without}");

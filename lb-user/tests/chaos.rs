@@ -314,13 +314,15 @@ impl World {
         let live: BTreeSet<(u32, u32)> =
             programmed.values().map(|rb| (rb.value.svc_id, rb.value.generation)).collect();
         let ids: BTreeSet<u32> = programmed.values().map(|rb| rb.value.svc_id).collect();
-        let tier_slots: usize =
-            programmed.values().map(|rb| rb.tiers.iter().map(Vec::len).sum::<usize>()).sum();
+        let tier_slots: usize = programmed
+            .values()
+            .map(|rb| lb_common::slot_blocks(rb.tiers.iter().map(Vec::len).sum::<usize>()))
+            .sum();
         let slots = maps.slot_keys().unwrap();
         let stray: Vec<_> = slots.iter().filter(|k| !live.contains(&(k.svc_id, k.generation))).collect();
         if slots.len() != tier_slots || !stray.is_empty() {
             problems.push(format!(
-                "SLOTS holds {} slots, the programmed tiers {tier_slots}; slots of no frontend's generation: {stray:?}",
+                "SLOTS holds {} entries, the programmed tiers take {tier_slots}; entries of no frontend's generation: {stray:?}",
                 slots.len()
             ));
         }

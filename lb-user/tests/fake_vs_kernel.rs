@@ -109,7 +109,8 @@ fn the_fake_maps_refuse_and_hold_what_the_kernel_maps_do() {
         let mut rng = Rng::new(seed);
         let caps = Capacities {
             services: rng.below(6) as u32 + 2,
-            slots: rng.below(40) as u32 + 8,
+            // Entries of the slot map, 8 slots each (and MEMBERS' capacity).
+            slots: rng.below(8) as u32 + 2,
             backends: rng.below(4) as u32 + 2,
             reverse: 64,
             affinity: 64,
@@ -188,7 +189,7 @@ fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kern
     let fill = |n: u32, put: &mut dyn FnMut(u32) -> Result<(), String>| (0..n).map(put).collect::<Vec<_>>();
     let frontend =
         |i: u32| addr::frontend_key(IpAddr::V4(Ipv4Addr::new(10, 96, 1, i as u8 + 1)), 80, PROTO_TCP);
-    let slot = |i: u32| lb_common::SlotKey { svc_id: 1, generation: 1, index: i };
+    let slot = |i: u32| lb_common::SlotKey { svc_id: 1, generation: 1, block: i };
     let member = |i: u32| lb_common::MemberKey { svc_id: 1, generation: 1, backend: backend(u64::from(i)) };
     let name = ServicePortName::new(service(0), "");
     let mark = BackendState { flags: 1, _pad: 0, since_ns: 1, until_ns: 2 };
@@ -204,7 +205,7 @@ fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kern
         let write = |w: &mut dyn MapWriter, i: u32| -> Result<(), String> {
             match map {
                 "FRONTENDS" => w.put_frontend(frontend(i), lb_common::FrontendValue::default()),
-                "SLOTS" => w.put_slot(slot(i), backend(u64::from(i))),
+                "SLOTS" => w.put_slot_block(slot(i), lb_common::SlotBlock::of(&[backend(u64::from(i))])),
                 "MEMBERS" => w.put_member(member(i), lb_common::MemberValue { tiers: 1 }),
                 "SVC_NAMES" => w.put_name(i, &name),
                 _ => w.put_backend_mark(backend(u64::from(i)), mark),
@@ -232,8 +233,9 @@ fn a_batch_past_a_maps_capacity_writes_what_fits_in_the_fake_and_the_kernel() {
         .map(|i| addr::frontend_key(IpAddr::V4(Ipv4Addr::new(10, 96, 1, i as u8 + 1)), 80, PROTO_TCP))
         .collect();
     let slots: Vec<_> =
-        (0..=caps.slots).map(|i| lb_common::SlotKey { svc_id: 1, generation: 1, index: i }).collect();
+        (0..=caps.slots).map(|i| lb_common::SlotKey { svc_id: 1, generation: 1, block: i }).collect();
     let backends: Vec<_> = (0..=caps.slots).map(|i| backend(u64::from(i))).collect();
+    let blocks: Vec<_> = backends.iter().map(|b| lb_common::SlotBlock::of(&[*b])).collect();
     let members: Vec<_> =
         backends.iter().map(|b| lb_common::MemberKey { svc_id: 1, generation: 1, backend: *b }).collect();
     let name = ServicePortName::new(service(0), "");
@@ -246,7 +248,7 @@ fn a_batch_past_a_maps_capacity_writes_what_fits_in_the_fake_and_the_kernel() {
                     e
                 },
             ),
-            w.put_slots(&slots, &backends),
+            w.put_slot_blocks(&slots, &blocks),
             w.put_members(&members, &vec![lb_common::MemberValue { tiers: 1 }; members.len()]),
             // Ids 0 to --max-services fit; one past the capacity is refused.
             w.put_names(&ids, &vec![&name; ids.len()]).and_then(|()| w.put_names(&[0, 100], &[&name, &name])),

@@ -39,9 +39,10 @@ fn fuzz_reconcile_a_failed_first_write_does_not_lose_its_service_id() {
         DesiredFrontend { name, tiers: [backends, Vec::new(), Vec::new()], flags: 0, affinity_timeout_s: 0 }
     };
     let key = |ip: &str| addr::frontend_key(ip.parse().unwrap(), 80, lb_common::PROTO_TCP);
-    let two = vec![backend("10.244.0.1:80"), backend("10.244.0.2:80")];
-    let report = r.apply(&Desired::from([(key("10.96.0.1"), frontend("a", two))]), Instant::now());
-    assert_eq!(report.errors.len(), 1, "two backends do not fit one slot");
+    // Nine backends: two entries of the slot map, which has room for one.
+    let nine = (1..=9).map(|i| backend(&format!("10.244.0.{i}:80"))).collect();
+    let report = r.apply(&Desired::from([(key("10.96.0.1"), frontend("a", nine))]), Instant::now());
+    assert_eq!(report.errors.len(), 1, "nine backends do not fit one entry of the slot map");
     assert_eq!(r.writer().name(1).unwrap(), None, "the failed frontend's id is not left named");
     let report = r.apply(&Desired::from([(key("10.96.0.2"), frontend("b", Vec::new()))]), Instant::now());
     assert!(report.errors.is_empty(), "the only service id is free again: {:?}", report.errors);
@@ -55,8 +56,8 @@ fn fuzz_reconcile_a_failed_first_write_does_not_lose_its_service_id() {
 /// model has it, the id goes to the next frontend that needs one; the batched write must agree.
 #[test]
 fn fuzz_reconcile_an_id_freed_by_a_failed_write_goes_to_the_next_frontend_in_a_batch() {
-    // Two service ids, two slots: `a` (three backends) cannot fit and gives its id back; `b` and `c` (one
-    // backend each) get the two ids.
+    // Two service ids, two entries of the slot map (8 slots each): `a` (17 backends, three entries) cannot
+    // fit and gives its id back; `b` and `c` (one backend each) get the two ids.
     let mut r = Reconciler::new(FakeMaps::new(2, 2));
     let backend = |i: u8| addr::backend(SocketAddr::from(([10, 244, 0, i], 80)), lb_common::PROTO_TCP);
     let frontend = |service: &str, backends: Vec<lb_common::Backend>| {
@@ -65,7 +66,7 @@ fn fuzz_reconcile_an_id_freed_by_a_failed_write_goes_to_the_next_frontend_in_a_b
     };
     let key = |ip: &str| addr::frontend_key(ip.parse().unwrap(), 80, lb_common::PROTO_TCP);
     let desired = Desired::from([
-        (key("10.96.0.1"), frontend("a", vec![backend(1), backend(2), backend(3)])),
+        (key("10.96.0.1"), frontend("a", (1..=17).map(backend).collect())),
         (key("10.96.0.2"), frontend("b", vec![backend(4)])),
         (key("10.96.0.3"), frontend("c", vec![backend(5)])),
     ]);

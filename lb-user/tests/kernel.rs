@@ -597,15 +597,15 @@ fn health_metrics_and_health_check_node_port_servers() {
 fn a_full_map_is_an_error_naming_the_service_and_the_others_keep_working() {
     let mut c = cluster("full");
     let eps = pods(&mut c, &[("node-2", "a"), ("node-3", "a")]);
-    // Two endpoints = two cluster-tier slots per Service; room for 3 slots.
+    // Two endpoints = two cluster-tier slots per Service, one entry of the slot map; room for one.
     write_service(c.manifests.path(), &Svc::new("alpha", "10.96.0.11".parse().unwrap(), 80, 8080), &eps)
         .unwrap();
     write_service(c.manifests.path(), &Svc::new("beta", "10.96.0.12".parse().unwrap(), 80, 8080), &eps)
         .unwrap();
-    c.add_node("node-1", &["--max-slots", "3"]).unwrap();
+    c.add_node("node-1", &["--max-slots", "1"]).unwrap();
     let log = std::fs::read_to_string(&c.node("node-1").log).unwrap();
     assert!(
-        log.contains("Service default/beta:main frontend 10.96.0.12:80: map SLOTS is full (3 entries)"),
+        log.contains("Service default/beta:main frontend 10.96.0.12:80: map SLOTS is full (capacity 1)"),
         "{log}"
     );
     assert!(log.contains("--max-slots"), "the fix is named: {log}");
@@ -691,10 +691,11 @@ fn the_maps_memory_is_read_from_the_kernels_accounting() {
     let per_fe = kv(size_of::<lb_common::FrontendKey>(), size_of::<lb_common::FrontendValue>());
     assert!(before["FRONTENDS"] >= u64::from(caps.services) * per_fe, "preallocated: {before:?}");
     assert_eq!(before["FRONTENDS"], after["FRONTENDS"], "a preallocated map's memory does not move");
-    let per_slot = kv(size_of::<lb_common::SlotKey>(), size_of::<lb_common::Backend>());
+    // 10 slots each: two entries of the slot map.
+    let per_entry = kv(size_of::<lb_common::SlotKey>(), size_of::<lb_common::SlotBlock>());
     assert!(
-        after["SLOTS"] >= before["SLOTS"] + 5_000 * per_slot,
-        "5,000 slots held: {before:?} -> {after:?}"
+        after["SLOTS"] >= before["SLOTS"] + 1_000 * per_entry,
+        "5,000 slots (1,000 entries) held: {before:?} -> {after:?}"
     );
     assert!(after["SVC_NAMES"] > before["SVC_NAMES"], "500 names held: {before:?} -> {after:?}");
 }

@@ -155,9 +155,9 @@ fn a_frontend_whose_slots_are_missing_fails_open_and_counts_each_connect() {
     assert!(rec.apply(&d, Instant::now()).errors.is_empty());
     let (_, value, _) = rec.applied().next().unwrap();
     let (svc_id, generation) = (value.svc_id, value.generation);
-    tierlb::datapath::MapWriter::delete_slot(
+    tierlb::datapath::MapWriter::delete_slot_block(
         rec.writer_mut(),
-        lb_common::SlotKey { svc_id, generation, index: 0 },
+        lb_common::SlotKey { svc_id, generation, block: 0 },
     )
     .unwrap();
     programs.attach(cg.path(), None).unwrap();

@@ -21,7 +21,8 @@ fn pod_eps(c: &mut lb_testkit::cluster::SimCluster, pods: &[(&str, &str)]) -> Ve
         .collect()
 }
 
-/// alpha (10.96.0.11) and beta (10.96.0.12), two endpoints each: with `--max-slots 3` alpha fits, beta does not.
+/// alpha (10.96.0.11) and beta (10.96.0.12), two endpoints each (one entry of the slot map): with
+/// `--max-slots 1` alpha fits, beta does not.
 fn alpha_fits_beta_does_not(c: &mut lb_testkit::cluster::SimCluster) {
     let eps = pod_eps(c, &[("10.244.2.10:8080", "pod-a"), ("10.244.3.10:8080", "pod-b")]);
     for (name, vip) in [("alpha", "10.96.0.11"), ("beta", "10.96.0.12")] {
@@ -35,7 +36,7 @@ fn a_service_that_did_not_fit_is_programmed_by_the_timer_once_room_is_freed_and_
     alpha_fits_beta_does_not(&mut c);
     let (hz, mp) = (free_port(), free_port());
     let (hz_s, mp_s) = (format!("127.0.0.1:{hz}"), format!("127.0.0.1:{mp}"));
-    let agent = OwnAgent::start(&c, &["--max-slots", "3", "--healthz-addr", &hz_s, "--metrics-addr", &mp_s]);
+    let agent = OwnAgent::start(&c, &["--max-slots", "1", "--healthz-addr", &hz_s, "--metrics-addr", &mp_s]);
     let beta: std::net::SocketAddr = "10.96.0.12:80".parse().unwrap();
     let probe = |n| agent.probe(&c, beta, n, Duration::from_secs(1));
     assert_eq!(probe(1).failures(), 1, "not translated yet");
@@ -48,7 +49,7 @@ fn a_service_that_did_not_fit_is_programmed_by_the_timer_once_room_is_freed_and_
     assert_eq!(u.as_array().map(Vec::len), Some(1), "{body}");
     assert_eq!(u[0]["service"], "default/beta");
     let reason = u[0]["reasons"][0].as_str().unwrap();
-    assert!(reason.contains("map SLOTS is full (3 entries)") && reason.contains("--max-slots"), "{reason}");
+    assert!(reason.contains("map SLOTS is full (capacity 1)") && reason.contains("--max-slots"), "{reason}");
     assert!(u[0]["nextRetrySeconds"].as_f64().is_some_and(|s| s <= 30.0), "{body}");
     assert!(
         eventually(3, || get(mp, "/metrics").1.contains("\ntierlb_services_unprogrammed 1\n")),
@@ -87,7 +88,7 @@ fn a_connect_to_an_unprogrammed_vip_goes_out_untranslated_and_fails_as_the_netwo
         alpha_fits_beta_does_not(&mut c);
         let _gw = gateway_route.map(|route| gateway(&c.netns, route));
         let agent =
-            OwnAgent::start(&c, &["--max-slots", "3", "--healthz-addr", "off", "--metrics-addr", "off"]);
+            OwnAgent::start(&c, &["--max-slots", "1", "--healthz-addr", "off", "--metrics-addr", "off"]);
         let r = agent.probe(&c, "10.96.0.12:80".parse().unwrap(), 3, Duration::from_secs(1));
         assert_eq!(r.errors().get(want), Some(&3), "{gateway_route:?}: {:?}", r.errors());
         let programmed = agent.probe(&c, "10.96.0.11:80".parse().unwrap(), 3, Duration::from_secs(1));

@@ -33,7 +33,7 @@ use lb_common::{
     NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_DROP_SOURCE_RANGE,
     NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN,
     OUTCOME_REFUSED, OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE,
-    SOURCE_RANGE_FRONTEND_BITS, Slot, SlotKey, SourceRangeKey, choose, snat_port,
+    SOURCE_RANGE_FRONTEND_BITS, Slot, SourceRangeKey, choose, snat_port,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -42,7 +42,7 @@ use crate::{
     affinity,
     counters::{count, count_ns},
     health::is_down,
-    maps::{FRONTENDS, LOCAL_BACKENDS, SLOTS, SOURCE_RANGES, copy_frontend},
+    maps::{FRONTENDS, LOCAL_BACKENDS, SOURCE_RANGES, backend_at, copy_frontend},
     trace,
 };
 
@@ -321,10 +321,7 @@ fn admit(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
 #[inline(always)]
 fn pick(fe: &FrontendValue) -> lb_common::Choice<Backend> {
     let lookup = |index| {
-        let slot = SlotKey { svc_id: fe.svc_id, generation: fe.generation, index };
-        // SAFETY: a plain read of a hash value.
-        let Some(backend) = (unsafe { SLOTS.get(slot) }) else { return Slot::Missing };
-        let backend: Backend = *backend;
+        let Some(backend) = backend_at(fe.svc_id, fe.generation, index) else { return Slot::Missing };
         if is_down(backend, conntrack::now) {
             return Slot::Down(backend);
         }

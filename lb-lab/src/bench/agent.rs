@@ -93,10 +93,17 @@ fn agent_figures(
     let mut cmd = Command::new(tierlb);
     cmd.args(["agent", "--node", "node-1", "--log-format", "json"]);
     feed.source_args(&mut cmd);
-    if services * per > lb_common::DEFAULT_MAX_SLOTS as usize * 3 / 4 {
-        // Past the default capacities (65,536 Services, 1,048,576 slots): sized as an operator would.
-        let (svcs, slots) = ((services + services / 5).to_string(), (services * per * 6 / 5).to_string());
-        cmd.args(["--max-services", &svcs, "--max-slots", &slots, "--max-backends", &slots]);
+    let entries = services * lb_common::slot_blocks(per);
+    if services > lb_common::DEFAULT_MAX_FRONTENDS as usize * 3 / 4
+        || entries > lb_common::DEFAULT_MAX_SLOTS as usize * 3 / 4
+        || services * per > lb_common::DEFAULT_MAX_BACKENDS as usize * 3 / 4
+    {
+        // Past the default capacities (65,536 Services, 1,048,576 slot entries, 262,144 backends): sized as
+        // an operator would.
+        let svcs = (services + services / 5).to_string();
+        let slots = (entries * 6 / 5).max(lb_common::DEFAULT_MAX_SLOTS as usize).to_string();
+        let backends = (services * per * 6 / 5).to_string();
+        cmd.args(["--max-services", &svcs, "--max-slots", &slots, "--max-backends", &backends]);
     }
     cmd.arg("--cgroup")
         .arg(cg.path())

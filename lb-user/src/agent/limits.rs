@@ -29,12 +29,8 @@ pub struct ServiceLimits {
 
 /// The defaults: far above what a Service needs (kube-proxy has no such limits), far below what would starve
 /// the others at the default map capacities (a Service may take an eighth of `SLOTS`).
-pub const DEFAULT_LIMITS: ServiceLimits = ServiceLimits {
-    frontends: 4096,
-    slots: lb_common::DEFAULT_MAX_SLOTS as usize / 8,
-    external_ips: 1024,
-    endpoints: 50_000,
-};
+pub const DEFAULT_LIMITS: ServiceLimits =
+    ServiceLimits { frontends: 4096, slots: 131_072, external_ips: 1024, endpoints: 50_000 };
 
 impl Default for ServiceLimits {
     fn default() -> Self {

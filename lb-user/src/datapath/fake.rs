@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey,
+    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotBlock, SlotKey,
 };
 
 use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
@@ -18,7 +18,7 @@ use crate::model::ServicePortName;
 #[derive(Debug, Default)]
 pub struct FakeMaps {
     frontends: BTreeMap<FrontendKey, FrontendValue>,
-    slots: BTreeMap<SlotKey, Backend>,
+    slots: BTreeMap<SlotKey, SlotBlock>,
     marks: BTreeMap<Backend, BackendState>,
     counters: BTreeMap<u32, [u64; COUNTERS_PER_SERVICE as usize]>,
     names: BTreeMap<u32, String>,
@@ -36,14 +36,15 @@ pub struct FakeMaps {
     /// `BACKEND_STATE`'s capacity (`--max-backends`); 0: unbounded.
     max_backends: u32,
     writes: usize,
-    /// `put_slots` calls (each one map operation in the kernel's maps).
+    /// `put_slot_blocks` calls (each one map operation in the kernel's maps).
     slot_batches: usize,
     /// `put_frontends` calls, likewise.
     frontend_batches: usize,
 }
 
 impl FakeMaps {
-    /// Empty maps holding at most `max_services` frontends and `max_slots` slots.
+    /// Empty maps holding at most `max_services` frontends and `max_slots` entries of the slot map
+    /// (`SLOT_BLOCK` slots each).
     pub fn new(max_services: u32, max_slots: u32) -> Self {
         Self { max_services, max_slots, ..Self::default() }
     }
@@ -56,8 +57,8 @@ impl FakeMaps {
     pub fn frontend(&self, key: FrontendKey) -> Option<FrontendValue> {
         self.frontends.get(&key).copied()
     }
-    /// Slots stored, over every frontend and generation.
-    pub fn slot_count(&self) -> usize {
+    /// Entries of the slot map stored (`SLOT_BLOCK` slots each), over every frontend and generation.
+    pub fn slot_entries(&self) -> usize {
         self.slots.len()
     }
     /// The member entries stored, over every frontend and generation.
@@ -82,7 +83,7 @@ impl FakeMaps {
     pub fn writes(&self) -> usize {
         self.writes
     }
-    /// Batched slot writes so far (`MapWriter::put_slots`).
+    /// Batched slot writes so far (`MapWriter::put_slot_blocks`).
     pub fn slot_batches(&self) -> usize {
         self.slot_batches
     }
@@ -112,7 +113,7 @@ impl MapReader for FakeMaps {
     fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError> {
         Ok(self.frontends.iter().map(|(k, v)| (*k, *v)).collect())
     }
-    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
+    fn slot_block(&self, key: SlotKey) -> Result<Option<SlotBlock>, MapError> {
         Ok(self.slots.get(&key).copied())
     }
     fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
@@ -157,14 +158,14 @@ impl MapReader for FakeMaps {
 }
 
 impl MapWriter for FakeMaps {
-    fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
+    fn put_slot_blocks(&mut self, keys: &[SlotKey], blocks: &[SlotBlock]) -> Result<(), MapError> {
         self.slot_batches += 1;
-        for (k, b) in keys.iter().zip(backends) {
-            self.put_slot(*k, *b)?;
+        for (k, b) in keys.iter().zip(blocks) {
+            self.put_slot_block(*k, *b)?;
         }
         Ok(())
     }
-    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
+    fn put_slot_block(&mut self, key: SlotKey, block: SlotBlock) -> Result<(), MapError> {
         if !self.slots.contains_key(&key) && self.slots.len() >= self.max_slots as usize {
             return Err(MapError::Full {
                 map: lb_common::MAP_SLOTS,
@@ -173,10 +174,10 @@ impl MapWriter for FakeMaps {
             });
         }
         self.writes += 1;
-        self.slots.insert(key, backend);
+        self.slots.insert(key, block);
         Ok(())
     }
-    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
+    fn delete_slot_block(&mut self, key: SlotKey) -> Result<(), MapError> {
         self.writes += 1;
         self.slots.remove(&key);
         Ok(())

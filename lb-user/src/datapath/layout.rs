@@ -11,8 +11,8 @@ use lb_common::{
     MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS,
     MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
     MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS,
-    NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotKey, SockState, SourceRangeKey,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotBlock, SlotKey, SockState,
+    SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -74,7 +74,7 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
     let expect = |name: &str| -> (u32, u32) {
         match name {
             MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
-            MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<Backend>() as u32),
+            MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<SlotBlock>() as u32),
             MAP_BACKEND_STATE => (size_of::<Backend>() as u32, size_of::<BackendState>() as u32),
             MAP_COUNTERS | MAP_NS_COUNTERS => (4, 8),
             MAP_REVERSE | MAP_CONNECTED_UDP => {

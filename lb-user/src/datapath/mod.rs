@@ -37,7 +37,7 @@ use std::{collections::BTreeMap, sync::Arc};
 pub use connects::Counters;
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotKey, TIER_COUNT,
+    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotBlock, SlotKey, TIER_COUNT,
 };
 pub use reconcile::{AdoptReport, AppliedFrontend, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
@@ -64,7 +64,7 @@ pub type Desired = BTreeMap<FrontendKey, DesiredFrontend>;
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     /// The map has no room for another entry.
-    #[error("map {map} is full ({capacity} entries); raise its capacity with --max-{flag}")]
+    #[error("map {map} is full (capacity {capacity}); raise its capacity with --max-{flag}")]
     Full {
         /// The map's name.
         map: &'static str,
@@ -101,9 +101,9 @@ pub enum MapError {
 pub trait MapReader {
     /// Every frontend with its value.
     fn frontends(&self) -> Result<Vec<(FrontendKey, FrontendValue)>, MapError>;
-    /// One backend slot.
-    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError>;
-    /// Every slot key present (adoption removes slots no frontend points at).
+    /// One entry of the slot map (`SLOT_BLOCK` slots of a frontend's generation).
+    fn slot_block(&self, key: SlotKey) -> Result<Option<SlotBlock>, MapError>;
+    /// Every entry's key (adoption removes entries no frontend points at).
     fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError>;
     /// Every backend mark, expired or not (the agent's sweep deletes expired ones).
     fn backend_marks(&self) -> Result<Vec<(Backend, BackendState)>, MapError>;
@@ -146,18 +146,18 @@ pub trait MapReader {
 
 /// Everything the agent (and `tierlb backend`) writes to the maps.
 pub trait MapWriter: MapReader {
-    /// Write one backend slot.
-    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError>;
-    /// Write `keys[i]` -> `backends[i]` (the slots of one generation or of many), in one map operation where
+    /// Write one entry of the slot map.
+    fn put_slot_block(&mut self, key: SlotKey, block: SlotBlock) -> Result<(), MapError>;
+    /// Write `keys[i]` -> `blocks[i]` (the slots of one generation or of many), in one map operation where
     /// the maps have one (`BPF_MAP_UPDATE_BATCH`). On an error some of them may be written, as one by one.
-    fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
-        for (k, b) in keys.iter().zip(backends) {
-            self.put_slot(*k, *b)?;
+    fn put_slot_blocks(&mut self, keys: &[SlotKey], blocks: &[SlotBlock]) -> Result<(), MapError> {
+        for (k, b) in keys.iter().zip(blocks) {
+            self.put_slot_block(*k, *b)?;
         }
         Ok(())
     }
-    /// Delete one backend slot (absent is fine).
-    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError>;
+    /// Delete one entry of the slot map (absent is fine).
+    fn delete_slot_block(&mut self, key: SlotKey) -> Result<(), MapError>;
     /// Write (or replace, in one update) a frontend's value.
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError>;
     /// Write `keys[i]` -> `values[i]`, each as `put_frontend` does, in one map operation where the maps have
@@ -199,7 +199,7 @@ pub trait MapWriter: MapReader {
     fn put_names(&mut self, svc_ids: &[u32], names: &[&ServicePortName]) -> Result<(), MapError> {
         svc_ids.iter().zip(names).try_for_each(|(id, n)| self.put_name(*id, n))
     }
-    /// `put_names` and `put_slots` of one swap's first step, at once where the maps gain from it (the kernel
+    /// `put_names` and `put_slot_blocks` of one swap's first step, at once where the maps gain from it (the kernel
     /// maps write a long batch's names beside its slots, on another thread); on an error some of either may
     /// be written.
     fn put_names_and_slots(
@@ -207,10 +207,10 @@ pub trait MapWriter: MapReader {
         svc_ids: &[u32],
         names: &[&ServicePortName],
         keys: &[SlotKey],
-        backends: &[Backend],
+        blocks: &[SlotBlock],
     ) -> Result<(), MapError> {
         self.put_names(svc_ids, names)?;
-        self.put_slots(keys, backends)
+        self.put_slot_blocks(keys, blocks)
     }
     /// Forget a service id's name.
     fn delete_name(&mut self, svc_id: u32) -> Result<(), MapError>;
@@ -258,15 +258,17 @@ pub fn read_back(w: &impl MapReader) -> Result<BTreeMap<FrontendKey, ReadBack>, 
     let mut out = BTreeMap::new();
     for (key, value) in w.frontends()? {
         let mut tiers: [Vec<Backend>; TIER_COUNT] = Default::default();
+        // The block read last: a tier's slots are consecutive, so most are in it.
+        let mut last: Option<(SlotKey, Option<SlotBlock>)> = None;
         for (t, range) in value.tiers.iter().enumerate() {
             for i in 0..u32::from(range.len) {
-                let slot = SlotKey {
-                    svc_id: value.svc_id,
-                    generation: value.generation,
-                    index: u32::from(range.start) + i,
+                let (key, at) = SlotKey::locate(value.svc_id, value.generation, u32::from(range.start) + i);
+                let block = match last {
+                    Some((k, block)) if k == key => block,
+                    _ => last.insert((key, w.slot_block(key)?)).1,
                 };
-                if let Some(b) = w.slot(slot)? {
-                    tiers[t].push(b);
+                if let Some(b) = block {
+                    tiers[t].push(b.slots[at]);
                 }
             }
         }

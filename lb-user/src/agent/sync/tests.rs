@@ -56,8 +56,8 @@ fn a_service_that_did_not_fit_is_tried_again_on_the_next_sync() {
     let two = [ep("10.0.0.1", "node-1", "a"), ep("10.0.0.2", "node-2", "b")];
     write_service(dir, &Svc::new("alpha", ip("10.96.0.11"), 80, 8080), &two).unwrap();
     write_service(dir, &Svc::new("beta", ip("10.96.0.12"), 80, 8080), &two).unwrap();
-    // Room for three slots: alpha fits, beta does not.
-    let mut agent = AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 3));
+    // Room for one entry of the slot map (8 slots): alpha fits, beta does not.
+    let mut agent = AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 1));
     let r = agent.sync(Instant::now()).unwrap();
     assert_eq!((r.added, r.errors.len()), (1, 1), "{:?}", r.errors);
     // alpha goes away (after its grace period its slots are free); beta's file is untouched.

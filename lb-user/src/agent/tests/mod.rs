@@ -52,7 +52,8 @@ fn a_service_that_did_not_fit_is_programmed_once_capacity_is_freed_without_a_sou
     let two = eps(&["10.0.0.1", "10.0.0.2"]);
     write_service(dir, &Svc::new("alpha", ip("10.96.0.11"), 80, 8080), &two).unwrap();
     write_service(dir, &Svc::new("beta", ip("10.96.0.12"), 80, 8080), &two).unwrap();
-    let mut a = agent(dir, 3);
+    // Room for one entry of the slot map: alpha's two slots.
+    let mut a = agent(dir, 1);
     let t0 = Instant::now();
     assert_eq!(a.sync(t0).unwrap().errors.len(), 1, "beta does not fit");
     std::fs::remove_file(dir.join("alpha.yaml")).unwrap();
@@ -72,13 +73,11 @@ fn a_service_that_did_not_fit_is_programmed_once_capacity_is_freed_without_a_sou
 fn a_service_that_never_fits_is_retried_with_doubling_waits_and_named_with_its_reason() {
     let tmp = TempDir::new("agent-backoff").unwrap();
     let dir = tmp.path();
-    write_service(
-        dir,
-        &Svc::new("big", ip("10.96.0.11"), 80, 8080),
-        &eps(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]),
-    )
-    .unwrap();
-    let mut a = agent(dir, 2);
+    // Nine slots: two entries of the slot map, which has room for one.
+    let nine: Vec<String> = (1..=9).map(|i| format!("10.0.0.{i}")).collect();
+    let nine: Vec<&str> = nine.iter().map(String::as_str).collect();
+    write_service(dir, &Svc::new("big", ip("10.96.0.11"), 80, 8080), &eps(&nine)).unwrap();
+    let mut a = agent(dir, 1);
     let t0 = Instant::now();
     assert_eq!(a.sync(t0).unwrap().errors.len(), 1);
     let mut tries = Vec::new();

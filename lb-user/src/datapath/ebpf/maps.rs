@@ -13,7 +13,7 @@ use lb_common::{
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
     MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_NESTED_AFFINITY, MAP_OUTSIDE_AFFINITY,
     MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey, MemberValue, OutsideAffinityKey, ReverseKey, ReverseValue,
-    ServiceName, SlotKey,
+    ServiceName, SlotBlock, SlotKey,
 };
 
 use super::{Capacities, DatapathError, bpf_err};
@@ -26,7 +26,7 @@ use crate::{
 /// read by the kernel only).
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
-    slots: HashMap<MapData, SlotKey, Backend>,
+    slots: HashMap<MapData, SlotKey, SlotBlock>,
     state: HashMap<MapData, Backend, BackendState>,
     counters: PerCpuArray<MapData, u64>,
     names: HashMap<MapData, u32, ServiceName>,
@@ -87,9 +87,9 @@ fn batch_counted<K: aya::Pod, V: aya::Pod>(
 /// Batches at least this long are written by two threads, half each: the kernel's insert into a hash map
 /// (`htab_map_update_elem`, its allocation and memcg charge) is most of programming 100,000 Services from
 /// scratch, its buckets are locked one by one, and a node's agent has the CPUs to itself at start. A sync
-/// of a few Services (one edit: a few slots) stays on its own thread, where a spawn would cost more than the
-/// write.
-const PARALLEL_MIN: usize = 4096;
+/// of a few Services (one edit: a slot block or two) stays on its own thread, where a spawn would cost more
+/// than the write. A round of the reconciler's (1,024 frontends) is about 2,000 slot blocks at 10 endpoints.
+const PARALLEL_MIN: usize = 1024;
 
 /// `batch`, the halves of a long batch written at once on two threads; on an error any of them may be
 /// written, as with `batch`.
@@ -348,7 +348,7 @@ impl MapReader for KernelMaps {
             self.caps.services,
         ))
     }
-    fn slot(&self, key: SlotKey) -> Result<Option<Backend>, MapError> {
+    fn slot_block(&self, key: SlotKey) -> Result<Option<SlotBlock>, MapError> {
         absent_ok(self.slots.get(&key, 0)).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
     fn slot_keys(&self) -> Result<Vec<SlotKey>, MapError> {
@@ -421,13 +421,13 @@ impl MapReader for KernelMaps {
 }
 
 impl MapWriter for KernelMaps {
-    fn put_slot(&mut self, key: SlotKey, backend: Backend) -> Result<(), MapError> {
-        self.slots.insert(key, backend, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
+    fn put_slot_block(&mut self, key: SlotKey, block: SlotBlock) -> Result<(), MapError> {
+        self.slots.insert(key, block, 0).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
-    fn put_slots(&mut self, keys: &[SlotKey], backends: &[Backend]) -> Result<(), MapError> {
-        batch_parallel(&self.batch_fds.slots, keys, backends, (MAP_SLOTS, "slots", self.caps.slots))
+    fn put_slot_blocks(&mut self, keys: &[SlotKey], blocks: &[SlotBlock]) -> Result<(), MapError> {
+        batch_parallel(&self.batch_fds.slots, keys, blocks, (MAP_SLOTS, "slots", self.caps.slots))
     }
-    fn delete_slot(&mut self, key: SlotKey) -> Result<(), MapError> {
+    fn delete_slot_block(&mut self, key: SlotKey) -> Result<(), MapError> {
         absent_ok(self.slots.remove(&key)).map(|_| ()).map_err(sys(MAP_SLOTS, "slots", self.caps.slots))
     }
     fn put_frontend(&mut self, key: FrontendKey, value: FrontendValue) -> Result<(), MapError> {
@@ -505,11 +505,11 @@ impl MapWriter for KernelMaps {
         svc_ids: &[u32],
         names: &[&ServicePortName],
         keys: &[SlotKey],
-        backends: &[Backend],
+        blocks: &[SlotBlock],
     ) -> Result<(), MapError> {
         if keys.len() < PARALLEL_MIN {
             self.put_names(svc_ids, names)?;
-            return self.put_slots(keys, backends);
+            return self.put_slot_blocks(keys, blocks);
         }
         let slots = (MAP_SLOTS, "slots", self.caps.slots);
         // A long batch (programming many Services): the names (one allocating insert each; at 100,000 Services
@@ -518,7 +518,7 @@ impl MapWriter for KernelMaps {
         let (fds, max_services) = (&self.batch_fds, self.max_services);
         std::thread::scope(|s| {
             let naming = s.spawn(|| put_names(&fds.names, svc_ids, names, max_services));
-            let slotted = batch_parallel(&fds.slots, keys, backends, slots);
+            let slotted = batch_parallel(&fds.slots, keys, blocks, slots);
             naming.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)).and(slotted)
         })
     }

@@ -14,7 +14,7 @@ use crate::{
 pub struct AdoptReport {
     /// Frontends now known as applied.
     pub frontends: usize,
-    /// Slots no frontend pointed at (a swap cut short), deleted.
+    /// Entries of the slot map no frontend pointed at (a swap cut short), deleted.
     pub orphan_slots_removed: usize,
     /// Service names (SVC_NAMES) of ids no frontend uses, deleted: a new frontend's id is named before its
     /// frontend is written, and a removed frontend's name goes a grace period after it, so an agent killed in
@@ -49,7 +49,7 @@ impl<W: MapWriter> Reconciler<W> {
             current.values().map(|rb| (rb.value.svc_id, rb.value.generation)).collect();
         for key in self.writer.slot_keys()? {
             if !live.contains(&(key.svc_id, key.generation)) {
-                self.writer.delete_slot(key)?;
+                self.writer.delete_slot_block(key)?;
                 report.orphan_slots_removed += 1;
             }
         }

@@ -2,7 +2,7 @@
 //! kernel's grace period is over, then go. See the parent module for why the wait is the kernel's.
 use std::time::{Duration, Instant};
 
-use lb_common::{Backend, FrontendValue, MemberKey, SlotKey};
+use lb_common::{Backend, FrontendValue, MemberKey, SlotKey, slot_blocks};
 
 use super::{AppliedFrontend, Reconciler, members};
 use crate::datapath::MapWriter;
@@ -64,10 +64,12 @@ impl<W: MapWriter> Reconciler<W> {
                 break;
             }
             let Some(b) = self.graveyard.pop_front() else { break };
-            for index in 0..b.count {
-                if let Err(e) =
-                    self.writer.delete_slot(SlotKey { svc_id: b.svc_id, generation: b.generation, index })
-                {
+            for block in 0..slot_blocks(b.count as usize) as u32 {
+                if let Err(e) = self.writer.delete_slot_block(SlotKey {
+                    svc_id: b.svc_id,
+                    generation: b.generation,
+                    block,
+                }) {
                     tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old slot failed");
                 }
             }

@@ -1,7 +1,7 @@
 //! The reconciler against `FakeMaps`: generations, grace periods, ids, members, batching.
 use std::net::SocketAddr;
 
-use lb_common::{Backend, MemberKey, SlotKey};
+use lb_common::{Backend, MemberKey, SLOT_BLOCK, SlotBlock, SlotKey};
 
 use super::*;
 use crate::datapath::{DesiredFrontend, MapReader as _, fake::FakeMaps};
@@ -66,7 +66,7 @@ fn add_update_remove_with_generation_swap() {
     assert_eq!((rep.added, rep.errors.len()), (1, 0));
     let v1 = r.writer().frontend(k).unwrap();
     assert_eq!(v1.generation, 1);
-    assert_eq!(r.writer().slot_count(), 3);
+    assert_eq!(r.writer().slot_entries(), 1, "three slots, one entry");
 
     // Same desired state: nothing written.
     let writes = r.writer().writes();
@@ -81,18 +81,18 @@ fn add_update_remove_with_generation_swap() {
     assert_eq!(rep.updated, 1);
     let v2 = r.writer().frontend(k).unwrap();
     assert_eq!((v2.svc_id, v2.generation, v2.key), (v1.svc_id, 2, k));
-    assert_eq!(r.writer().slot_count(), 4, "old generation kept until the grace period");
+    assert_eq!(r.writer().slot_entries(), 2, "old generation kept until the grace period");
     assert_eq!(r.writer().reader_waits(), 0, "apply never waits");
     r.collect_garbage(t0);
     assert_eq!(r.writer().reader_waits(), 1);
-    assert_eq!(r.writer().slot_count(), 1);
+    assert_eq!(r.writer().slot_entries(), 1);
 
     // Removal frees the id after the grace period.
     let rep = r.apply(&Desired::new(), t0);
     assert_eq!(rep.removed, 1);
     assert!(r.writer().frontend(k).is_none());
     r.collect_garbage(t0);
-    assert_eq!(r.writer().slot_count(), 0);
+    assert_eq!(r.writer().slot_entries(), 0);
     assert_eq!(r.writer().reader_waits(), 2);
     // Nothing buried: no wait.
     r.collect_garbage(t0);
@@ -114,10 +114,10 @@ fn one_grace_period_for_many_replaced_frontends_never_one_each() {
     }
     let rep = r.apply(&d, t0);
     assert_eq!(rep.updated, 20);
-    assert_eq!(r.writer().slot_count(), 40);
+    assert_eq!(r.writer().slot_entries(), 40);
     r.collect_garbage(t0);
     assert_eq!(r.writer().reader_waits(), 1);
-    assert_eq!(r.writer().slot_count(), 20);
+    assert_eq!(r.writer().slot_entries(), 20);
 }
 
 #[test]
@@ -131,17 +131,17 @@ fn without_the_kernels_grace_period_old_slots_wait_a_fixed_delay() {
     r.apply(&d, t0);
     d.insert(k, want(&[], &["10.0.0.2:8080"]));
     r.apply(&d, t0);
-    assert_eq!(r.writer().slot_count(), 2, "old generation kept during the fixed grace");
+    assert_eq!(r.writer().slot_entries(), 2, "old generation kept during the fixed grace");
     r.collect_garbage(t0 + DEFAULT_GRACE / 2);
-    assert_eq!(r.writer().slot_count(), 2);
+    assert_eq!(r.writer().slot_entries(), 2);
     r.collect_garbage(t0 + DEFAULT_GRACE);
-    assert_eq!(r.writer().slot_count(), 1);
+    assert_eq!(r.writer().slot_entries(), 1);
 }
 
 #[test]
 fn a_full_slot_map_never_leaves_a_half_applied_service() {
-    // Room for 3 slots: the first Service (2 slots) fits, the second (2 more) does not.
-    let mut r = Reconciler::new(FakeMaps::new(16, 3));
+    // Room for one entry of the slot map: the first Service (2 slots) fits, the second (2 more) does not.
+    let mut r = Reconciler::new(FakeMaps::new(16, 1));
     let t0 = Instant::now();
     let mut d = Desired::new();
     d.insert(fe("10.96.0.1:80"), want(&[], &["10.0.0.1:80", "10.0.0.2:80"]));
@@ -156,7 +156,7 @@ fn a_full_slot_map_never_leaves_a_half_applied_service() {
     );
     assert!(matches!(rep.errors[0].error, MapError::Full { .. }), "{:?}", rep.errors[0]);
     assert!(r.writer().frontend(fe("10.96.0.2:80")).is_none());
-    assert_eq!(r.writer().slot_count(), 2, "partially written slots are removed again");
+    assert_eq!(r.writer().slot_entries(), 1, "partially written slots are removed again");
 
     // An update that does not fit keeps the previous generation in place.
     let before = r.writer().frontend(fe("10.96.0.1:80")).unwrap();
@@ -178,8 +178,8 @@ fn a_restarted_agent_adopts_the_maps_and_rewrites_only_what_changed() {
     // Killed in the middle of a swap: new slots written, frontend not yet switched.
     let v = first.writer().frontend(fe("10.96.0.2:80")).unwrap();
     let mut maps = first.writer;
-    maps.put_slot(SlotKey { svc_id: v.svc_id, generation: v.generation + 1, index: 0 }, be("10.0.0.9:80"))
-        .unwrap();
+    let orphan = SlotKey { svc_id: v.svc_id, generation: v.generation + 1, block: 0 };
+    maps.put_slot_block(orphan, SlotBlock::of(&[be("10.0.0.9:80")])).unwrap();
     // ... and killed after naming a new frontend's id, before writing the frontend.
     let orphan_id = v.svc_id + 3;
     maps.put_name(orphan_id, &ServicePortName::new(ObjKey::new("default", "gone"), "http")).unwrap();
@@ -254,11 +254,41 @@ fn many_frontends_are_written_in_one_map_operation_per_map() {
     assert!(rep.errors.is_empty(), "{:?}", rep.errors);
     let batches = (r.writer().slot_batches(), r.writer().frontend_batches());
     assert_eq!(batches, (1, 1), "the three frontends' slots in one operation, their values in another");
-    assert_eq!(r.writer().slot_keys().unwrap().len(), 9, "every slot written");
+    assert_eq!(r.writer().slot_keys().unwrap().len(), 3, "every slot written, one entry per frontend");
     // One change is a batch of one.
     d.insert(fe("10.96.0.2:80"), want(&[], &["10.0.0.2:80"]));
     r.apply(&d, Instant::now());
     assert_eq!((r.writer().slot_batches(), r.writer().frontend_batches()), (2, 2));
+}
+
+/// A generation's slots are `SLOT_BLOCK` to an entry, tier after tier across the tiers' borders: 3 + 6 + 9
+/// slots are 3 entries, read back as the tiers were written, and the three go with the generation.
+#[test]
+fn a_generations_slots_are_packed_eight_to_an_entry_across_tiers() {
+    assert_eq!(SLOT_BLOCK, 8);
+    let mut r = Reconciler::new(FakeMaps::new(16, 64));
+    let t0 = Instant::now();
+    let vip = fe("10.96.0.1:80");
+    let addrs: Vec<String> = (1..=9).map(|i| format!("10.0.0.{i}:80")).collect();
+    let addrs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let mut wanted = want(&addrs[..3], &addrs);
+    wanted.tiers[1] = addrs[3..].iter().map(|s| be(s)).collect();
+    let mut d = Desired::new();
+    d.insert(vip, wanted.clone());
+    assert!(r.apply(&d, t0).errors.is_empty());
+    let v = r.writer().frontend(vip).unwrap();
+    let keys = r.writer().slot_keys().unwrap();
+    let blocks: Vec<u32> = keys.iter().map(|key| key.block).collect();
+    assert_eq!(blocks, [0, 1, 2], "18 slots, 3 entries");
+    assert!(keys.iter().all(|key| (key.svc_id, key.generation) == (v.svc_id, v.generation)));
+    let last = r.writer().slot_block(keys[2]).unwrap().unwrap();
+    assert_eq!(last.slots[..2], [be("10.0.0.8:80"), be("10.0.0.9:80")], "slots 16 and 17");
+    assert_eq!(last.slots[2..], [Backend::default(); SLOT_BLOCK - 2], "the rest zeroed");
+    let back = crate::datapath::read_back(r.writer()).unwrap();
+    assert_eq!(back[&vip].tiers, wanted.tiers, "every tier read back as written");
+    r.apply(&Desired::new(), t0);
+    r.collect_garbage(t0);
+    assert_eq!(r.writer().slot_entries(), 0, "the generation's three entries go with it");
 }
 
 /// A round with more frontends than service ids (the frontend map holds one per id, so it is never the one
@@ -279,7 +309,7 @@ fn out_of_service_ids_only_the_frontends_without_one_are_refused() {
     let msg = rep.errors[0].to_string();
     assert!(msg.contains("default/web-3:http") && msg.contains("10.96.0.3:80"), "{msg}");
     assert!(r.writer().frontend(fe("10.96.0.3:80")).is_none());
-    assert_eq!(r.writer().slot_count(), 2, "the refused frontend's slot is removed again");
+    assert_eq!(r.writer().slot_entries(), 2, "the refused frontend's slot entry is removed again");
     let ids: Vec<u32> =
         (1..=2).map(|i| r.writer().frontend(fe(&format!("10.96.0.{i}:80"))).unwrap().svc_id).collect();
     let names: Vec<Option<String>> = (0..=4).map(|id| r.writer().name(id).unwrap()).collect();

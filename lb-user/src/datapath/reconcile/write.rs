@@ -10,7 +10,8 @@
 use std::time::Instant;
 
 use lb_common::{
-    Backend, FrontendKey, FrontendValue, MemberKey, MemberValue, SlotKey, TIER_COUNT, TierRange,
+    Backend, FrontendKey, FrontendValue, MemberKey, MemberValue, SlotBlock, SlotKey, TIER_COUNT, TierRange,
+    slot_blocks,
 };
 
 use super::{Applied, ApplyError, ApplyReport, Reconciler, grace::Buried, members};
@@ -44,13 +45,24 @@ struct Prepared<'a> {
 }
 
 impl Prepared<'_> {
-    /// The generation's slots, tier after tier, as `tier_ranges` lays them out.
-    fn slots(&self) -> impl Iterator<Item = Backend> + '_ {
-        self.job.want.tiers.iter().flatten().copied()
+    /// The generation's slots, tier after tier as `tier_ranges` lays them out, `SLOT_BLOCK` to an entry.
+    fn slot_blocks(&self) -> impl Iterator<Item = SlotBlock> + '_ {
+        let [node, zone, cluster] = &self.job.want.tiers;
+        let mut slots = node.iter().chain(zone).chain(cluster).copied();
+        std::iter::from_fn(move || {
+            let mut block = SlotBlock::default();
+            let mut n = 0;
+            for (place, backend) in block.slots.iter_mut().zip(slots.by_ref()) {
+                *place = backend;
+                n += 1;
+            }
+            (n != 0).then_some(block)
+        })
     }
     fn slot_keys(&self) -> impl Iterator<Item = SlotKey> + '_ {
         let (svc_id, generation) = (self.value.svc_id, self.value.generation);
-        (0..).zip(self.slots()).map(move |(index, _)| SlotKey { svc_id, generation, index })
+        let blocks = slot_blocks(self.job.want.tiers.iter().map(Vec::len).sum());
+        (0..blocks as u32).map(move |block| SlotKey { svc_id, generation, block })
     }
     fn member_keys(&self) -> impl Iterator<Item = MemberKey> + '_ {
         let (svc_id, generation) = (self.value.svc_id, self.value.generation);
@@ -187,8 +199,8 @@ impl<W: MapWriter> Reconciler<W> {
         self.writer.reset_counters(&ids)?;
         let names: Vec<_> = fresh.iter().map(|p| &*p.job.want.name).collect();
         let keys: Vec<SlotKey> = ready.iter().flat_map(Prepared::slot_keys).collect();
-        let backends: Vec<Backend> = ready.iter().flat_map(Prepared::slots).collect();
-        self.writer.put_names_and_slots(&ids, &names, &keys, &backends)?;
+        let blocks: Vec<SlotBlock> = ready.iter().flat_map(Prepared::slot_blocks).collect();
+        self.writer.put_names_and_slots(&ids, &names, &keys, &blocks)?;
         let keys: Vec<MemberKey> = ready.iter().flat_map(Prepared::member_keys).collect();
         let values: Vec<MemberValue> = ready.iter().flat_map(|p| p.members.iter().map(|(_, v)| *v)).collect();
         self.writer.put_members(&keys, &values)
@@ -199,7 +211,7 @@ impl<W: MapWriter> Reconciler<W> {
     fn undo(&mut self, p: &Prepared<'_>, written: bool) {
         if written {
             for key in p.slot_keys() {
-                let _ = self.writer.delete_slot(key);
+                let _ = self.writer.delete_slot_block(key);
             }
             for key in p.member_keys() {
                 let _ = self.writer.delete_member(key);
