@@ -296,7 +296,8 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The agent as deployed programs a sync long enough for its map writer's threads (1,024 frontends of 5 slots
-/// a round: the slots on two threads and the names on a third, `PARALLEL_MIN` 4,096 slots) and planned on two
+/// a round, one entry of the slot map each: the entries on two threads and the names on a third,
+/// `PARALLEL_MIN` 1,024 entries) and planned on two
 /// threads (1,100 Services in one chunk, from `PARALLEL_PLAN_MIN` 1,024), with the DaemonSet's capabilities
 /// and namespaces, and those Services serve.
 #[test]
