@@ -251,7 +251,8 @@ pub struct TierRange {
 }
 const _: () = assert!(size_of::<TierRange>() == 4);
 
-/// Where a frontend's backends are: slots `(svc_id, generation, index)` for index in each tier's range.
+/// Where a frontend's backends are: slots `index` of each tier's range of the generation `(svc_id, generation)`,
+/// `SLOT_BLOCK` to an entry of the slot map (`SlotKey::locate`).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FrontendValue {

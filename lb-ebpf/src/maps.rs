@@ -258,7 +258,8 @@ named_map!(
     /// The backends of frontends with sessionAffinity: (svc_id, generation, backend) -> tiers. An affinity
     /// entry is used only while its backend is a member of the frontend's current generation. Written by the
     /// agent for affinity frontends only, with and like a generation's slots (before the swap, deleted after
-    /// its grace period); not preallocated, so its capacity (that of the slot map) costs nothing until used.
+    /// its grace period); not preallocated, so its capacity (`--max-slots`, counted per member where the slot
+    /// map counts entries of 8 slots) costs nothing until used.
     pub(crate) static MEMBERS: HashMap<MemberKey, MemberValue> =
         HashMap::with_max_entries(DEFAULT_MAX_SLOTS, BPF_F_NO_PREALLOC);
 );

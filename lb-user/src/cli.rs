@@ -189,7 +189,8 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_FRONTENDS)]
     pub max_services: u32,
     /// Capacity: entries of the slot map over all frontends and generations, 8 backend slots each (a frontend
-    /// with n slots over its tiers takes n/8 rounded up; the map is not preallocated).
+    /// with n slots over its tiers takes n/8 rounded up; the map is not preallocated); also the member
+    /// entries of sessionAffinity frontends (one per distinct backend per frontend).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_SLOTS)]
     pub max_slots: u32,
     /// Capacity: backends that can be marked down.
@@ -213,8 +214,8 @@ pub struct AgentArgs {
     /// keeps what it has programmed (nothing if new) and is reported unprogrammed.
     #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.frontends)]
     pub max_frontends_per_service: usize,
-    /// Per Service: backend slots one Service may take over its frontends' tiers (16,384 entries of the slot
-    /// map at the default).
+    /// Per Service: backend slots one Service may take over its frontends' tiers (at the default, at most
+    /// about 20,000 entries of the slot map).
     #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.slots)]
     pub max_slots_per_service: usize,
     /// Per Service: `spec.externalIPs` one Service may have.

@@ -347,8 +347,12 @@ impl World {
                 "SVC_NAMES: names of no frontend {extra:?}; frontends without a name {unnamed:?}"
             ));
         }
-        let figures =
-            format!("{} frontends, {} slots, {} named ids", programmed.len(), slots.len(), named.len());
+        let figures = format!(
+            "{} frontends, {} slot entries, {} named ids",
+            programmed.len(),
+            slots.len(),
+            named.len()
+        );
         (problems, figures)
     }
 }
@@ -549,7 +553,7 @@ fn the_agent_killed_at_random_during_manifest_edits_loses_no_connect_and_leaves_
     );
     let log = std::fs::read_to_string(&world.log).unwrap_or_default();
     eprintln!(
-        "adoptions: {} took over frontends, removing {} orphan slots and {} orphan names (kills inside a swap or \
+        "adoptions: {} took over frontends, removing {} orphan slot entries and {} orphan names (kills inside a swap or \
          a grace period)",
         log.lines().filter(|l| l.contains("adopted the maps")).count(),
         adopted_sum(&log, "orphan_slots_removed"),

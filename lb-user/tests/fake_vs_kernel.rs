@@ -275,7 +275,7 @@ fn a_batch_past_a_maps_capacity_writes_what_fits_in_the_fake_and_the_kernel() {
 /// and handed to the next run's.
 fn bucket(run: &steps::Steps) -> (u32, u32) {
     let up = |n: u32, of: &[u32]| *of.iter().find(|b| **b >= n).unwrap_or(of.last().unwrap());
-    (up(run.max_services(), &[2, 5, 16]), up(run.max_slots(), &[8, 24, 67]))
+    (up(run.max_services(), &[2, 5, 16]), up(run.max_slots(), &[4, 12, 24]))
 }
 
 /// The reconcile fuzz target's runs (its committed seeds, then 60 from seeded random bytes), each against a

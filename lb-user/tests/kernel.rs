@@ -616,10 +616,15 @@ fn a_full_map_is_an_error_naming_the_service_and_the_others_keep_working() {
     assert_eq!(left_out.errors().get("ENETUNREACH"), Some(&3), "{:?}", left_out.errors());
 }
 
-/// 500 Services of 10 cluster-tier backends each (5,000 slots: one round of batches, long enough that the
-/// kernel maps write it on two threads), with sessionAffinity of `affinity_s` seconds (then 5,000 members).
+/// 500 Services of 10 cluster-tier backends each (5,000 slots, 1,000 entries of the slot map: one round of
+/// batches), with sessionAffinity of `affinity_s` seconds (then 5,000 members).
 fn five_hundred_services(affinity_s: u32) -> tierlb::datapath::Desired {
-    (0..500u32)
+    services_of_ten(500, affinity_s)
+}
+
+/// `n` Services of 10 cluster-tier backends each, with sessionAffinity of `affinity_s` seconds.
+fn services_of_ten(n: u32, affinity_s: u32) -> tierlb::datapath::Desired {
+    (0..n)
         .map(|i| {
             let vip = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)) + i));
             let b = (0..10).map(|e| addr::backend(SocketAddr::new(ip(1, e), 8080), 6)).collect();
@@ -638,8 +643,10 @@ fn five_hundred_services(affinity_s: u32) -> tierlb::datapath::Desired {
         .collect()
 }
 
-/// A batch of slots and members long enough to be written by two threads (`PARALLEL_MIN`) is in the kernel's
-/// maps whole: every frontend reads back with every slot of its tiers, and every member entry is there.
+/// A batch of slots and members long enough to be written by two threads (`PARALLEL_MIN`, 1,024 entries; the
+/// names on a third) is in the kernel's maps whole: 600 Services of 10 slots, 1,200 entries of the slot map
+/// and 6,000 members in one round, and every frontend reads back with every slot of its tiers, and every
+/// member entry is there.
 #[test]
 fn a_batch_written_by_two_threads_is_in_the_maps_whole() {
     use tierlb::datapath::{
@@ -651,7 +658,7 @@ fn a_batch_written_by_two_threads_is_in_the_maps_whole() {
     let caps = Capacities { services: 1_000, slots: 20_000, ..Capacities::default() };
     let Loaded { maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
     let mut rec = Reconciler::new(maps);
-    let d = five_hundred_services(30);
+    let d = services_of_ten(600, 30);
     let rep = rec.apply(&d, Instant::now());
     assert!(rep.errors.is_empty(), "{rep:?}");
     let back = read_back(rec.writer()).expect("the maps read back");
@@ -659,7 +666,7 @@ fn a_batch_written_by_two_threads_is_in_the_maps_whole() {
     for (key, want) in &d {
         assert_eq!(back[key].tiers, want.tiers, "{}", addr::frontend_addr(key));
     }
-    assert_eq!(rec.writer().members().expect("members").len(), 5_000, "one member entry per backend");
+    assert_eq!(rec.writer().members().expect("members").len(), 6_000, "one member entry per backend");
 }
 
 /// The maps' memory is the kernel's own accounting: the preallocated frontend map holds its capacity before

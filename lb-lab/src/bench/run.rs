@@ -299,6 +299,8 @@ fn on_node(
     let mut map_writes = Vec::new();
     let (mut rows, mut east_west) = (Vec::new(), Vec::new());
     let cg = Cgroup::new("bench")?;
+    // `slots` counts entries of 8 slots (and members) since the slot map was packed; 1,200,000 as when it
+    // counted slots, so that the maps' memory rows (buckets by capacity) compare across runs.
     let caps =
         tierlb::datapath::ebpf::Capacities { services: 120_000, slots: 1_200_000, ..Default::default() };
     let tracing = trace.then(Tracing::new).transpose()?;

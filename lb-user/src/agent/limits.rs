@@ -28,7 +28,8 @@ pub struct ServiceLimits {
 }
 
 /// The defaults: far above what a Service needs (kube-proxy has no such limits), far below what would starve
-/// the others at the default map capacities (a Service may take an eighth of `SLOTS`).
+/// the others at the default map capacities (131,072 slots take at most about 20,000 of the slot map's
+/// 1,048,576 entries: 16,384 full ones and one partly filled per frontend).
 pub const DEFAULT_LIMITS: ServiceLimits =
     ServiceLimits { frontends: 4096, slots: 131_072, external_ips: 1024, endpoints: 50_000 };
 

@@ -4,7 +4,9 @@
 pub struct Capacities {
     /// Frontends (VIP, port, protocol) and service ids.
     pub services: u32,
-    /// Backend slots, summed over every frontend's tiers.
+    /// Entries of the slot map (`SLOT_BLOCK` slots each; a frontend's generation takes `slot_blocks` of its
+    /// slots), and the entries of `MEMBERS` (one per distinct backend of a sessionAffinity frontend's
+    /// generation, so it can fill before the slot map when most Services have sessionAffinity).
     pub slots: u32,
     /// Backends `BACKEND_STATE` can mark down at once.
     pub backends: u32,

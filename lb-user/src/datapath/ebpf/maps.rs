@@ -51,7 +51,7 @@ pub struct KernelMaps {
     /// was about a sixth of programming that many Services from scratch). `u32::MAX` for maps that may have
     /// counted under any id: pinned by an earlier agent and reused, or opened from pins.
     counters_zero_from: u32,
-    /// Second descriptors of the maps written in batches (`put_slots`, `put_frontends`, `put_names`,
+    /// Second descriptors of the maps written in batches (`put_slot_blocks`, `put_frontends`, `put_names`,
     /// `put_members`).
     batch_fds: BatchFds,
 }
@@ -513,8 +513,8 @@ impl MapWriter for KernelMaps {
         }
         let slots = (MAP_SLOTS, "slots", self.caps.slots);
         // A long batch (programming many Services): the names (one allocating insert each; at 100,000 Services
-        // about 170 ms before the slots' 550 ms when written first) on a thread of their own beside the slots'
-        // two.
+        // about 170 ms, measured when they were written before the slots) on a thread of their own beside the
+        // slot entries' two.
         let (fds, max_services) = (&self.batch_fds, self.max_services);
         std::thread::scope(|s| {
             let naming = s.spawn(|| put_names(&fds.names, svc_ids, names, max_services));
