@@ -327,13 +327,26 @@ pub struct SlotBlock {
 const _: () = assert!(size_of::<SlotBlock>() == 20 * SLOT_BLOCK);
 
 impl SlotBlock {
-    /// `slots` (at most `SLOT_BLOCK`) at the block's start, zeroed after.
+    /// A generation's `slots`, in index order, as the entries of the slot map hold them: `SLOT_BLOCK` to a
+    /// block, the last one zeroed after its slots (`slot_blocks` of them; none for no slot).
+    pub fn pack(slots: impl IntoIterator<Item = Backend>) -> impl Iterator<Item = Self> {
+        let mut slots = slots.into_iter();
+        core::iter::from_fn(move || {
+            let mut block = Self::default();
+            let mut n = 0;
+            // `zip` asks its first iterator first: past the block's last place no slot is taken.
+            for (place, backend) in block.slots.iter_mut().zip(slots.by_ref()) {
+                *place = backend;
+                n += 1;
+            }
+            (n != 0).then_some(block)
+        })
+    }
+
+    /// `slots` (at most `SLOT_BLOCK`) as one block: the first entry `pack` makes of them.
     #[must_use]
     pub fn of(slots: &[Backend]) -> Self {
-        let mut block = Self::default();
-        let n = slots.len().min(SLOT_BLOCK);
-        block.slots[..n].copy_from_slice(&slots[..n]);
-        block
+        Self::pack(slots.iter().copied()).next().unwrap_or_default()
     }
 }
 

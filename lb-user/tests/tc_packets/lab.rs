@@ -10,10 +10,10 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use lb_common::{
-    Backend, CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, MAP_CONNTRACK,
-    MAP_FRONTENDS, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS,
-    MAP_SOURCE_RANGES, MemberKey, MemberValue, NatConfig, SCOPE_OUTSIDE, SLOT_BLOCK,
-    SOURCE_RANGE_FRONTEND_BITS, SlotBlock, SlotKey, SourceRangeKey, TierRange,
+    CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRONTENDS,
+    MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES,
+    MemberKey, MemberValue, NatConfig, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotBlock, SlotKey,
+    SourceRangeKey, TierRange,
 };
 use lb_testkit::sandbox::NetNs;
 use tierlb::datapath::addr;
@@ -122,9 +122,9 @@ impl Lab {
             generation_tail: 1,
         };
         let mut slots: HashMap<_, SlotKey, SlotBlock> = HashMap::try_from(self.map(MAP_SLOTS)).unwrap();
-        let all: Vec<Backend> = backends.iter().map(|b| addr::backend(b.parse().unwrap(), proto)).collect();
-        for (block, chunk) in (0..).zip(all.chunks(SLOT_BLOCK)) {
-            slots.insert(SlotKey { svc_id, generation: 1, block }, SlotBlock::of(chunk), 0).unwrap();
+        let all = backends.iter().map(|b| addr::backend(b.parse().unwrap(), proto));
+        for (block, value) in (0..).zip(SlotBlock::pack(all)) {
+            slots.insert(SlotKey { svc_id, generation: 1, block }, value, 0).unwrap();
         }
         let mut fes: HashMap<_, FrontendKey, FrontendValue> =
             HashMap::try_from(self.map(MAP_FRONTENDS)).unwrap();

@@ -47,17 +47,7 @@ struct Prepared<'a> {
 impl Prepared<'_> {
     /// The generation's slots, tier after tier as `tier_ranges` lays them out, `SLOT_BLOCK` to an entry.
     fn slot_blocks(&self) -> impl Iterator<Item = SlotBlock> + '_ {
-        let [node, zone, cluster] = &self.job.want.tiers;
-        let mut slots = node.iter().chain(zone).chain(cluster).copied();
-        std::iter::from_fn(move || {
-            let mut block = SlotBlock::default();
-            let mut n = 0;
-            for (place, backend) in block.slots.iter_mut().zip(slots.by_ref()) {
-                *place = backend;
-                n += 1;
-            }
-            (n != 0).then_some(block)
-        })
+        SlotBlock::pack(self.job.want.tiers.iter().flatten().copied())
     }
     fn slot_keys(&self) -> impl Iterator<Item = SlotKey> + '_ {
         let (svc_id, generation) = (self.value.svc_id, self.value.generation);
