@@ -161,6 +161,7 @@ fn agent_figures(
     // Its peak (the start's first list and plan), what a memory limit must hold: deploy/README.md's sizing.
     let peak_kib = status_kib(&status, "VmHWM:").unwrap_or_default();
     drop(child);
+    no_errors(&log)?;
     if let Feed::Api(api, _) = &feed {
         let unknown = api.unknown.load(std::sync::atomic::Ordering::Relaxed);
         anyhow::ensure!(unknown == 0, "the agent made {unknown} requests the stand-in does not serve");
@@ -190,6 +191,20 @@ fn agent_figures(
         source.as_str()
     );
     Ok(figures)
+}
+
+/// Figures of an agent that failed to write part of its state are not figures of the agent at work: its log
+/// must hold no error.
+fn no_errors(log: &Path) -> anyhow::Result<()> {
+    let errors: Vec<String> = std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|v| v["level"] == "ERROR"))
+        .take(3)
+        .map(str::to_owned)
+        .collect();
+    anyhow::ensure!(errors.is_empty(), "the agent logged errors during the run:\n{}", errors.join("\n"));
+    Ok(())
 }
 
 /// A `/proc/PID/status` field in KiB: "VmRSS:     81704 kB" (the kernel's kB are KiB); a zombie has none.

@@ -173,15 +173,20 @@ pub(super) fn write_agent_manifests(dir: &Path, services: usize, per: usize) -> 
 /// The file that holds only the edited Service.
 pub(super) const EDITED_FILE: &str = "edited.yaml";
 
-/// Service `i` with `endpoints` of its `per` endpoints: the Service and its EndpointSlices.
+/// Nodes the agent figures' endpoints are spread over, one endpoint in this many on the agent's node
+/// (`node-1`): 1,000 of its own at 100,000 Services x 10, nine times kubelet's default of 110 pods. The
+/// layout was two nodes, which put 400,000 endpoint addresses on `node-1`: 24 times what the local-endpoint
+/// set holds (`DEFAULT_MAX_LOCAL_BACKENDS`, fixed), so every start measured a failing write of that set.
+const NODES: usize = 1_000;
+
+/// Service `i` with `endpoints` of its `per` endpoints: the Service and its EndpointSlices, endpoint `k`
+/// overall on `node-{k % NODES + 1}`.
 pub(super) fn service_docs(i: usize, endpoints: usize, per: usize) -> Vec<serde_json::Value> {
     let svc = manifests::Svc::new(&format!("svc-{i}"), IpAddr::V4(vip(i)), 80, 8080);
     let eps: Vec<_> = (0..endpoints)
         .map(|e| {
-            manifests::Ep::ready(
-                IpAddr::V4(endpoint_ip(i, per, e)),
-                if e % 3 == 0 { "node-1" } else { "node-2" },
-            )
+            let node = format!("node-{}", (i * per + e) % NODES + 1);
+            manifests::Ep::ready(IpAddr::V4(endpoint_ip(i, per, e)), &node)
         })
         .collect();
     let mut docs = vec![svc.service()];

@@ -170,9 +170,16 @@ pub(super) fn nat_config(node: &NodeInfo) -> NatConfig {
     c
 }
 
-fn log_failure(e: Option<&impl std::fmt::Display>, what: &str) {
+/// Log a failed write with its causes ("map X: the kernel's error"), not only its outermost message.
+fn log_failure<E: std::error::Error>(e: Option<&E>, what: &str) {
     if let Some(e) = e {
-        tracing::error!(error = %e, "{what}");
+        let mut text = e.to_string();
+        let mut cause = std::error::Error::source(e);
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
+        }
+        tracing::error!(error = %text, "{what}");
     }
 }
 

@@ -177,6 +177,26 @@ fn map_err(name: &str) -> impl Fn(aya::maps::MapError) -> DatapathError + '_ {
     move |e| bpf_err(format!("map {name}"), e)
 }
 
+/// A failed write to the local-endpoint set. Its capacity is fixed (no node runs that many pods), so a full
+/// set says so and what it means, rather than naming a flag.
+fn local_err(e: aya::maps::MapError) -> DatapathError {
+    let full =
+        matches!(&e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG));
+    if full {
+        bpf_err(
+            format!(
+                "map {} is full (capacity {}): this node has more endpoint addresses than that; traffic from \
+                 outside to the others leaves with the node's address as its source",
+                lb_common::MAP_LOCAL_BACKENDS,
+                lb_common::DEFAULT_MAX_LOCAL_BACKENDS
+            ),
+            e,
+        )
+    } else {
+        map_err(lb_common::MAP_LOCAL_BACKENDS)(e)
+    }
+}
+
 impl NsMaps {
     /// Take the maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DatapathError> {
@@ -272,7 +292,7 @@ impl NsMaps {
             let _ = self.local.remove(k);
         }
         for k in added {
-            self.local.insert(*k, 1, 0).map_err(map_err(lb_common::MAP_LOCAL_BACKENDS))?;
+            self.local.insert(*k, 1, 0).map_err(local_err)?;
         }
         Ok(())
     }

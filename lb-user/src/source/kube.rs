@@ -15,7 +15,7 @@ mod lean;
 pub mod list;
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     net::{IpAddr, SocketAddr},
     pin::pin,
     sync::{
@@ -219,8 +219,9 @@ pub struct KubeSource {
     /// Why the current version of an object does not convert (every problem the input has now).
     errors: BTreeMap<ObjectId, Vec<Diagnostic>>,
     /// Per kind being (re)listed: the objects the list named so far. Hashed, not ordered: only asked whether
-    /// it holds an id (a first list of 100,000 Services and as many slices inserts and looks up every one).
-    listing: BTreeMap<Kind, HashSet<ObjectId>>,
+    /// it holds an id. `None` when nothing of the kind was known as the list started (the first list): then
+    /// nothing can be gone, and the 100,000 ids of a first list are not kept twice.
+    listing: BTreeMap<Kind, Option<HashSet<ObjectId>>>,
     /// The first refresh hands over the whole model; later ones only what changed.
     delivered: bool,
     /// Object events in `events` not yet taken by a refresh, by kind (kube-proxy's `*_changes_pending`).
@@ -363,9 +364,11 @@ impl KubeSource {
         Ok(source)
     }
 
-    /// Take the events delivered since the last call: per object named, its last state (`None`: gone).
-    fn drain_events(&mut self) -> BTreeMap<ObjectId, Option<Raw>> {
-        let mut pending = BTreeMap::new();
+    /// Take the events delivered since the last call: per object named, its last state (`None`: gone), in
+    /// id order. Gathered in a vector, then sorted (stably: an object's last event stays last) and reduced to
+    /// the last state of each: a first list of 200,000 objects was as many B-tree inserts.
+    fn drain_events(&mut self) -> Vec<(ObjectId, Option<Raw>)> {
+        let mut pending: Vec<(ObjectId, Option<Raw>)> = Vec::new();
         while let Ok(delivery) = self.events.try_recv() {
             let counter = match delivery.object().map(|raw| raw.id().kind) {
                 Some(Kind::Service) => Some(&self.queued.services),
@@ -376,77 +379,120 @@ impl KubeSource {
                 c.fetch_sub(1, Ordering::Relaxed);
             }
             match delivery {
-                Delivery::Apply(raw) => {
-                    pending.insert(raw.id(), Some(raw));
-                }
-                Delivery::Delete(raw) => {
-                    pending.insert(raw.id(), None);
-                }
+                Delivery::Apply(raw) => pending.push((raw.id(), Some(raw))),
+                Delivery::Delete(raw) => pending.push((raw.id(), None)),
                 Delivery::ListStart(kind) => {
-                    self.listing.insert(kind, HashSet::new());
+                    // Events of one kind come from one watch stream, so none of this kind arrives between
+                    // here and its `ListDone` but the list's own.
+                    let known = self
+                        .converted
+                        .keys()
+                        .chain(pending.iter().map(|(id, _)| id))
+                        .any(|id| id.kind == kind);
+                    self.listing.insert(kind, known.then(HashSet::new));
                 }
                 Delivery::Listed(raw) => {
                     let id = raw.id();
-                    self.listing.entry(id.kind).or_default().insert(id.clone());
-                    pending.insert(id, Some(raw));
+                    if let Some(Some(listed)) = self.listing.get_mut(&id.kind) {
+                        listed.insert(id.clone());
+                    }
+                    pending.push((id, Some(raw)));
                 }
                 Delivery::ListDone(kind) => {
-                    // What the source knows of this kind (converted, or about to be) and the list did not name
-                    // again was deleted while the watch was down.
-                    let listed = self.listing.remove(&kind).unwrap_or_default();
+                    // What the source knew of this kind (converted, or about to be) and the list did not name
+                    // again was deleted while the watch was down. (An id whose last event so far is a
+                    // deletion may be named again: it is gone all the same.)
+                    let Some(Some(listed)) = self.listing.remove(&kind) else { continue };
                     let known = self
                         .converted
                         .keys()
                         .chain(pending.iter().filter(|(_, r)| r.is_some()).map(|(id, _)| id));
-                    let gone: Vec<ObjectId> =
+                    let gone: BTreeSet<ObjectId> =
                         known.filter(|id| id.kind == kind && !listed.contains(*id)).cloned().collect();
-                    for id in gone {
-                        pending.insert(id, None);
-                    }
+                    pending.extend(gone.into_iter().map(|id| (id, None)));
                 }
             }
         }
-        pending
+        last_of_each(pending)
     }
 
     /// Convert what the events named: (removed, upserted).
     fn apply_events(&mut self) -> (Vec<Object>, Vec<Object>) {
         let mut removed = Vec::new();
         let mut upserted = Vec::new();
-        for (id, raw) in self.drain_events() {
+        let pending = self.drain_events();
+        // The first list: no entry to look up, and the map is built at once from the objects, which come in
+        // id order.
+        let mut first = self.converted.is_empty().then(|| Vec::with_capacity(pending.len()));
+        for (id, raw) in pending {
             let Some(raw) = raw else {
                 self.errors.remove(&id);
                 removed.extend(self.converted.remove(&id).and_then(|c| c.used));
                 continue;
             };
-            let entry = self.converted.entry(id.clone()).or_default();
-            if raw.version.is_some() && entry.version == raw.version {
-                continue;
-            }
-            entry.version = raw.version;
-            match raw.converted {
-                Ok(o) => {
-                    self.errors.remove(&id);
-                    if entry.used.as_ref() != Some(&o) {
-                        upserted.push(o.clone());
-                        entry.used = Some(o);
-                    }
-                }
-                Err(errors) => {
-                    let ds = errors
-                        .into_iter()
-                        .map(|e| Diagnostic {
-                            severity: Severity::Error,
-                            origin: Origin::Api(id.clone()),
-                            field: Some(e.field),
-                            message: e.message,
-                        })
-                        .collect();
-                    self.errors.insert(id, ds);
-                }
+            if let Some(built) = &mut first {
+                let mut entry = Converted::default();
+                take(&mut entry, &mut self.errors, &id, raw, &mut upserted);
+                built.push((id, entry));
+            } else {
+                let entry = self.converted.entry(id.clone()).or_default();
+                take(entry, &mut self.errors, &id, raw, &mut upserted);
             }
         }
+        if let Some(built) = first {
+            self.converted = built.into_iter().collect();
+        }
         (removed, upserted)
+    }
+}
+
+/// An object's events in arrival order, reduced to the last state of each object, in id order.
+fn last_of_each(mut events: Vec<(ObjectId, Option<Raw>)>) -> Vec<(ObjectId, Option<Raw>)> {
+    events.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out: Vec<(ObjectId, Option<Raw>)> = Vec::with_capacity(events.len());
+    for e in events {
+        match out.last_mut() {
+            Some(last) if last.0 == e.0 => *last = e,
+            _ => out.push(e),
+        }
+    }
+    out
+}
+
+/// Take an object's new version into its entry: an unchanged resourceVersion is not taken again; one that
+/// converts replaces the object the model uses (handed over in `upserted` if it differs); one that does not
+/// keeps the last good object, and its problems are the object's errors.
+fn take(
+    entry: &mut Converted,
+    errors: &mut BTreeMap<ObjectId, Vec<Diagnostic>>,
+    id: &ObjectId,
+    raw: Raw,
+    upserted: &mut Vec<Object>,
+) {
+    if raw.version.is_some() && entry.version == raw.version {
+        return;
+    }
+    entry.version = raw.version;
+    match raw.converted {
+        Ok(o) => {
+            errors.remove(id);
+            if entry.used.as_ref() != Some(&o) {
+                upserted.push(o.clone());
+                entry.used = Some(o);
+            }
+        }
+        Err(problems) => {
+            let ds = problems
+                .into_iter()
+                .map(|e| Diagnostic {
+                    severity: Severity::Error,
+                    origin: Origin::Api(id.clone()),
+                    field: Some(e.field),
+                    message: e.message,
+                })
+                .collect();
+            errors.insert(id.clone(), ds);
+        }
     }
 }
 
@@ -505,7 +551,41 @@ pub async fn api_server_addresses(config: &kube::Config) -> Vec<SocketAddr> {
 
 #[cfg(test)]
 mod tests {
-    use super::Version;
+    use super::{Raw, Version, last_of_each};
+    use crate::model::{Kind, ObjKey, ObjectId};
+
+    /// An event of object `name` (a Service) at `version`; a deletion is `None`.
+    fn event(name: &str, version: Option<&str>) -> (ObjectId, Option<Raw>) {
+        let id = ObjectId::new(Kind::Service, ObjKey::new("ns", name));
+        let raw = version.map(|v| Raw {
+            id: id.clone(),
+            version: Some(Version::of(v)),
+            converted: Err(Vec::new()),
+        });
+        (id, raw)
+    }
+
+    /// The events of one refresh come in arrival order: what is taken of each object is its last one (a
+    /// deletion after an update is a deletion; an update after it is the object again), in id order.
+    #[test]
+    fn a_refresh_takes_the_last_event_of_each_object_in_id_order() {
+        let events = vec![
+            event("b", Some("1")),
+            event("a", Some("2")),
+            event("b", Some("3")),
+            event("c", Some("4")),
+            event("c", None),
+            event("d", None),
+            event("d", Some("5")),
+            event("a", Some("6")),
+        ];
+        let taken: Vec<(String, Option<Version>)> = last_of_each(events)
+            .into_iter()
+            .map(|(id, raw)| (id.key.name.to_string(), raw.and_then(|r| r.version)))
+            .collect();
+        let v = |n: u64| Some(Version::Revision(n));
+        assert_eq!(taken, [("a".into(), v(6)), ("b".into(), v(3)), ("c".into(), None), ("d".into(), v(5))]);
+    }
 
     #[test]
     fn a_version_is_a_number_only_in_the_numbers_own_spelling() {

@@ -130,7 +130,9 @@ impl Contributions {
                 self.local_of.insert(svc.clone(), new.into_boxed_slice());
             }
             frontends.extend(self.frontends_of.remove(svc).unwrap_or_default());
-            frontends.extend(rec.applied_of(svc).map(|(k, _, _)| *k));
+            // Only a UDP or an outside frontend can have a part (`frontend_part`): the key says which, so
+            // the others (at 100,000 ClusterIP Services, every frontend) are not looked at.
+            frontends.extend(rec.applied_of(svc).map(|(k, _, _)| *k).filter(may_have_part));
         }
         for (ip, was) in touched {
             match (was, self.local.contains_key(&ip)) {
@@ -191,6 +193,11 @@ fn count_down<K: Ord>(counts: &mut BTreeMap<K, u32>, k: &K) {
             counts.remove(k);
         }
     }
+}
+
+/// Whether a frontend can have a part at all: it is UDP (its backends) or from outside (source ranges).
+fn may_have_part(key: &FrontendKey) -> bool {
+    key.proto == PROTO_UDP || key.is_outside()
 }
 
 /// A frontend's part: the ranges of the Service it is programmed for if it is an outside frontend that has

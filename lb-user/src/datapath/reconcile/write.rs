@@ -189,7 +189,9 @@ impl<W: MapWriter> Reconciler<W> {
         self.writer.reset_counters(&ids)?;
         let names: Vec<_> = fresh.iter().map(|p| &*p.job.want.name).collect();
         let keys: Vec<SlotKey> = ready.iter().flat_map(Prepared::slot_keys).collect();
-        let blocks: Vec<SlotBlock> = ready.iter().flat_map(Prepared::slot_blocks).collect();
+        // As many as the keys, sized at once (collected from a flat map, it grew by doubling, copying).
+        let mut blocks: Vec<SlotBlock> = Vec::with_capacity(keys.len());
+        blocks.extend(ready.iter().flat_map(Prepared::slot_blocks));
         self.writer.put_names_and_slots(&ids, &names, &keys, &blocks)?;
         let keys: Vec<MemberKey> = ready.iter().flat_map(Prepared::member_keys).collect();
         let values: Vec<MemberValue> = ready.iter().flat_map(|p| p.members.iter().map(|(_, v)| *v)).collect();
