@@ -1,15 +1,20 @@
-//! The per-CPU counters every program adds to (`COUNTERS`, per Service and global, `lb_common::counter_index`;
+//! The per-CPU counters every program adds to (`COUNTERS`, per Service and global, `lb_common::ServiceCounters`;
 //! `NS_COUNTERS`, the tc programs' by `NS_*` kind).
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
-use lb_common::counter_index;
+use lb_common::COUNTERS_PER_SERVICE;
 
 use crate::maps::{COUNTERS, NS_COUNTERS};
 
 /// Add one to counter `kind` of service `svc_id` (`GLOBAL_SVC_ID` for the global ones).
 #[inline(always)]
 pub(crate) fn count(svc_id: u32, kind: u32) {
-    add_one(COUNTERS.get_ptr_mut(counter_index(svc_id, kind)));
+    // The mask keeps the kind inside the value for the verifier (every kind is below 8 already).
+    const _: () = assert!(COUNTERS_PER_SERVICE.is_power_of_two());
+    let kind = (kind & (COUNTERS_PER_SERVICE - 1)) as usize;
+    // SAFETY: the pointer is to this CPU's copy of the entry, which lives for the program's run; `kind` is
+    // below the array's length.
+    add_one(COUNTERS.get_ptr_mut(svc_id).map(|c| unsafe { (&raw mut (*c).counts).cast::<u64>().add(kind) }));
 }
 
 /// Add one to the tc programs' counter `kind` (`lb_common::NS_*`).

@@ -18,17 +18,17 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CGROUPS, DEFAULT_MAX_CONNTRACK,
-    DEFAULT_MAX_FRAGMENTS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE,
-    DEFAULT_MAX_SLOTS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health,
-    HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_CONNTRACK,
-    MAP_COUNTERS, MAP_FRAGMENTS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
-    MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY,
-    MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
-    MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
-    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_AFFINITY,
+    DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CGROUPS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRAGMENTS,
+    DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS,
+    DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig,
+    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
+    MAP_FRAGMENTS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES,
+    MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS,
+    MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS,
+    MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue,
+    ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES,
+    TRACE_RING_BYTES, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -170,9 +170,9 @@ named_map!(
 
 named_map!(
     MAP_COUNTERS == "COUNTERS",
-    /// Per-CPU counters at `counter_index(svc_id, kind)`.
-    pub(crate) static COUNTERS: PerCpuArray<u64> =
-        PerCpuArray::with_max_entries((DEFAULT_MAX_FRONTENDS + 1) * COUNTERS_PER_SERVICE, 0);
+    /// Per-CPU counters: a Service's at its service id, the global ones at `GLOBAL_SVC_ID`.
+    pub(crate) static COUNTERS: PerCpuArray<ServiceCounters> =
+        PerCpuArray::with_max_entries(DEFAULT_MAX_FRONTENDS + 1, 0);
 );
 
 named_map!(

@@ -360,7 +360,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
 /// descriptor of its own (`KernelMaps::counters_reader`).
 #[cfg(target_os = "linux")]
 pub struct KernelCounters(
-    pub aya::maps::PerCpuArray<aya::maps::MapData, u64>,
+    pub aya::maps::PerCpuArray<aya::maps::MapData, lb_common::ServiceCounters>,
     /// The tc programs' counters (`MAP_NS_COUNTERS`), if their map could be opened.
     pub Option<aya::maps::PerCpuArray<aya::maps::MapData, u64>>,
 );
@@ -368,12 +368,8 @@ pub struct KernelCounters(
 #[cfg(target_os = "linux")]
 impl ReadCounters for KernelCounters {
     fn counters(&self, svc_id: u32) -> Option<Counts> {
-        let mut out = Counts::default();
-        for (kind, slot) in out.iter_mut().enumerate() {
-            let values = self.0.get(&lb_common::counter_index(svc_id, kind as u32), 0).ok()?;
-            *slot = values.iter().sum();
-        }
-        Some(out)
+        let values = self.0.get(&svc_id, 0).ok()?;
+        Some(crate::datapath::ebpf::sum_per_cpu(values.iter()))
     }
 
     fn ns_counters(&self) -> Option<[u64; lb_common::NS_COUNTER_KINDS as usize]> {

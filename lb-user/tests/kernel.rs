@@ -719,7 +719,6 @@ fn an_id_given_out_on_reused_pinned_maps_starts_with_zero_counters() {
     let bpffs = BpfFs::new("counters").expect("a bpffs");
     let caps = Capacities { services: 1_000, slots: 20_000, ..Capacities::default() };
     let d = five_hundred_services(0);
-    let index = |id: u32| lb_common::counter_index(id, lb_common::COUNTER_CLUSTER);
     {
         let Loaded { maps, .. } = Loaded::load(caps, Some(bpffs.path())).expect("the BPF object loads");
         let mut rec = Reconciler::new(maps);
@@ -728,24 +727,24 @@ fn an_id_given_out_on_reused_pinned_maps_starts_with_zero_counters() {
     // An earlier agent's counts under every id it may have used (as connects through its frontends leave).
     let path = bpffs.path().join(lb_common::MAP_COUNTERS);
     let data = aya::maps::MapData::from_pin(&path).expect("the pinned counters");
-    let mut counters = aya::maps::PerCpuArray::<_, u64>::try_from(aya::maps::Map::PerCpuArray(data))
-        .expect("a per-CPU array");
+    let mut counters =
+        aya::maps::PerCpuArray::<_, lb_common::ServiceCounters>::try_from(aya::maps::Map::PerCpuArray(data))
+            .expect("a per-CPU array");
     let cpus = aya::util::nr_cpus().expect("CPUs");
+    let seven = lb_common::ServiceCounters { counts: [7; lb_common::COUNTERS_PER_SERVICE as usize] };
     for id in 1..=600 {
-        let counts = aya::maps::PerCpuValues::try_from(vec![7u64; cpus]).expect("one per CPU");
-        counters.set(index(id), counts, 0).expect("written");
+        let counts = aya::maps::PerCpuValues::try_from(vec![seven; cpus]).expect("one per CPU");
+        counters.set(id, counts, 0).expect("written");
     }
     let Loaded { maps, .. } = Loaded::load(caps, Some(bpffs.path())).expect("the pinned maps are reused");
     // A reconciler over the reused maps that does not adopt them: it gives out ids from the first again.
     let mut rec = Reconciler::new(maps);
     rec.apply(&tierlb::datapath::Desired::default(), Instant::now());
     assert!(rec.apply(&d, Instant::now()).errors.is_empty());
-    // Ids 1 to 500 given out again (`GLOBAL_SVC_ID` is 0): zeroed. 501 and up: not given out, not touched.
+    // Ids 1 to 500 given out again (`GLOBAL_SVC_ID` is 0): zeroed, every kind. 501 and up: not given out,
+    // not touched.
     for id in [1, 250, 500] {
-        assert_eq!(
-            rec.writer().counters(id).expect("counters")[lb_common::COUNTER_CLUSTER as usize],
-            0,
-            "id {id}"
-        );
+        assert_eq!(rec.writer().counters(id).expect("counters"), [0; 8], "id {id}");
     }
+    assert_eq!(rec.writer().counters(501).expect("counters"), [7 * cpus as u64; 8], "id 501");
 }

@@ -14,7 +14,7 @@ use aya::{
 use lb_common::{MAP_COUNTERS, MAPS, PINNED_MAPS};
 
 mod maps;
-pub use maps::KernelMaps;
+pub use maps::{KernelMaps, sum_per_cpu};
 
 pub(crate) use super::error::bpf_err;
 pub use super::{

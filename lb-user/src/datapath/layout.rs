@@ -4,15 +4,15 @@ use std::path::PathBuf;
 
 use aya::maps::MapData;
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, CtAddr, CtKey, CtValue,
-    DEFAULT_MAX_CGROUPS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS,
-    FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS,
-    MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG,
-    MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS,
-    MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL,
-    MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS,
-    NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue, ServiceName, SlotBlock, SlotKey, SockState,
-    SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_CGROUPS,
+    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue,
+    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP,
+    MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
+    MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE,
+    MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES,
+    MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey,
+    ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -41,12 +41,6 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_BACKEND_STATE | MAP_HEALTH => (caps.backends, "backends", caps.backends, same),
         // One entry, whatever the flags.
         MAP_HEALTH_CONFIG => (1, "backends", caps.backends, |_| 0),
-        MAP_COUNTERS => (
-            caps.services.saturating_add(1).saturating_mul(COUNTERS_PER_SERVICE),
-            "services",
-            caps.services,
-            |n| (n / COUNTERS_PER_SERVICE).saturating_sub(1),
-        ),
         MAP_REVERSE | MAP_CONNECTED_UDP => (caps.reverse, "reverse", caps.reverse, same),
         // Socket storage has no capacity of its own (max_entries must be 0): it grows with the sockets.
         MAP_SOCKS => (0, "reverse", caps.reverse, |_| 0),
@@ -76,7 +70,8 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
             MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<SlotBlock>() as u32),
             MAP_BACKEND_STATE => (size_of::<Backend>() as u32, size_of::<BackendState>() as u32),
-            MAP_COUNTERS | MAP_NS_COUNTERS => (4, 8),
+            MAP_COUNTERS => (4, size_of::<ServiceCounters>() as u32),
+            MAP_NS_COUNTERS => (4, 8),
             MAP_REVERSE | MAP_CONNECTED_UDP => {
                 (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
             }

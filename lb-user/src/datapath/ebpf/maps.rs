@@ -13,7 +13,7 @@ use lb_common::{
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
     MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_NESTED_AFFINITY, MAP_OUTSIDE_AFFINITY,
     MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey, MemberValue, OutsideAffinityKey, ReverseKey, ReverseValue,
-    ServiceName, SlotBlock, SlotKey,
+    ServiceCounters, ServiceName, SlotBlock, SlotKey,
 };
 
 use super::{Capacities, DatapathError, bpf_err};
@@ -28,7 +28,7 @@ pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
     slots: HashMap<MapData, SlotKey, SlotBlock>,
     state: HashMap<MapData, Backend, BackendState>,
-    counters: PerCpuArray<MapData, u64>,
+    counters: PerCpuArray<MapData, ServiceCounters>,
     names: HashMap<MapData, u32, ServiceName>,
     reverse: HashMap<MapData, ReverseKey, ReverseValue>,
     connected_udp: HashMap<MapData, ReverseKey, ReverseValue>,
@@ -123,6 +123,18 @@ fn put_names(
     batch(fd, svc_ids, &values, (MAP_NAMES, "services", max_services))
 }
 
+/// A Service's counters summed over the CPUs' copies.
+pub fn sum_per_cpu<'a>(
+    copies: impl Iterator<Item = &'a ServiceCounters>,
+) -> [u64; COUNTERS_PER_SERVICE as usize] {
+    copies.fold([0; COUNTERS_PER_SERVICE as usize], |mut sum, c| {
+        for (s, v) in sum.iter_mut().zip(c.counts) {
+            *s += v;
+        }
+        sum
+    })
+}
+
 /// Of `svc_ids`, about to be given out, those whose counters may hold counts: the ids below `zero_from` (ids
 /// from it up were never given out, see `KernelMaps::counters_zero_from`). `zero_from` moves past every id of
 /// `svc_ids`, which will count from now on.
@@ -197,7 +209,7 @@ impl KernelMaps {
             Map::PerCpuArray(data) => crate::datapath::error::second_fd(data, MAP_COUNTERS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_COUNTERS }),
         };
-        let counters: PerCpuArray<MapData, u64> =
+        let counters: PerCpuArray<MapData, ServiceCounters> =
             PerCpuArray::try_from(counters).map_err(conv(MAP_COUNTERS))?;
         let names = HashMap::try_from(names).map_err(conv(MAP_NAMES))?;
         let reverse = HashMap::try_from(reverse).map_err(conv(MAP_REVERSE))?;
@@ -209,7 +221,7 @@ impl KernelMaps {
         let outside_affinity = HashMap::try_from(outside_affinity).map_err(conv(MAP_OUTSIDE_AFFINITY))?;
         let nested_affinity = HashMap::try_from(nested_affinity).map_err(conv(MAP_NESTED_AFFINITY))?;
         let caps = caps.unwrap_or(Capacities {
-            services: (counters.len() / COUNTERS_PER_SERVICE).saturating_sub(1),
+            services: counters.len().saturating_sub(1),
             slots: u32::MAX,
             backends: u32::MAX,
             reverse: u32::MAX,
@@ -269,7 +281,7 @@ impl KernelMaps {
     /// Another handle on the per-CPU counter map, for a reader off the agent loop (`/metrics`): two
     /// descriptors of one map are independent in the kernel, and a per-CPU lookup is a copy, so reads through
     /// it neither wait on nor disturb the loop's writes.
-    pub fn counters_reader(&self) -> Result<PerCpuArray<MapData, u64>, DatapathError> {
+    pub fn counters_reader(&self) -> Result<PerCpuArray<MapData, ServiceCounters>, DatapathError> {
         let fd = self
             .counters_fd
             .try_clone()
@@ -362,14 +374,9 @@ impl MapReader for KernelMaps {
         absent_ok(self.state.get(&backend, 0)).map_err(sys(MAP_BACKEND_STATE, "backends", self.caps.backends))
     }
     fn counters(&self, svc_id: u32) -> Result<[u64; COUNTERS_PER_SERVICE as usize], MapError> {
-        let mut out = [0u64; COUNTERS_PER_SERVICE as usize];
-        for (kind, slot) in out.iter_mut().enumerate() {
-            let idx = lb_common::counter_index(svc_id, kind as u32);
-            let values =
-                self.counters.get(&idx, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
-            *slot = values.iter().sum();
-        }
-        Ok(out)
+        let values =
+            self.counters.get(&svc_id, 0).map_err(sys(MAP_COUNTERS, "services", self.max_services))?;
+        Ok(sum_per_cpu(values.iter()))
     }
     fn max_services(&self) -> u32 {
         self.max_services
@@ -480,14 +487,10 @@ impl MapWriter for KernelMaps {
         if svc_ids.is_empty() {
             return Ok(());
         }
-        // Each id's counters (contiguous indices), zero on every CPU, all in one batched write.
-        let keys: Vec<u32> = svc_ids
-            .iter()
-            .flat_map(|&id| (0..COUNTERS_PER_SERVICE).map(move |kind| lb_common::counter_index(id, kind)))
-            .collect();
-        let zeros = vec![0u64; keys.len() * self.nr_cpus];
+        // Each id's counters, zero on every CPU, all in one batched write.
+        let zeros = vec![ServiceCounters::default(); svc_ids.len() * self.nr_cpus];
         let fd = std::os::fd::AsFd::as_fd(&self.counters_fd);
-        crate::datapath::sys::update_batch(fd, &keys, &zeros, 8 * self.nr_cpus)
+        crate::datapath::sys::update_batch(fd, &svc_ids, &zeros, size_of::<ServiceCounters>() * self.nr_cpus)
             .map_err(|(e, _)| batch_err(MAP_COUNTERS, "services", self.max_services, e))
     }
     fn put_name(&mut self, svc_id: u32, name: &ServicePortName) -> Result<(), MapError> {
