@@ -707,6 +707,21 @@ fn the_maps_memory_is_read_from_the_kernels_accounting() {
     assert!(after["SVC_NAMES"] > before["SVC_NAMES"], "500 names held: {before:?} -> {after:?}");
 }
 
+/// The local-endpoint set has a fixed capacity (no flag raises it): a node with more endpoint addresses than
+/// it holds gets an error that says the set is full and its capacity, not only the map's name.
+#[test]
+fn a_full_local_endpoint_set_says_so_with_its_capacity() {
+    use tierlb::datapath::ebpf::{Capacities, Loaded};
+    require_root();
+    let caps = Capacities { services: 100, slots: 1_000, conntrack: 1_024, ..Capacities::default() };
+    let Loaded { mut ns, .. } = Loaded::load(caps, None).expect("the BPF object loads");
+    let max = lb_common::DEFAULT_MAX_LOCAL_BACKENDS;
+    let addr = |i: u32| IpAddr::V4(Ipv4Addr::from(0x0a80_0000 + i));
+    ns.set_local(&(0..max).map(addr).collect()).expect("exactly the capacity fits");
+    let e = ns.set_local(&(0..=max).map(addr).collect()).expect_err("one more does not");
+    assert!(e.to_string().starts_with(&format!("map LOCAL_BACKENDS is full (capacity {max})")), "{e}");
+}
+
 /// Counters start at zero for a Service id given out on maps an earlier agent pinned, which count under ids
 /// this agent has not given out yet: the writer skips zeroing only on counter maps its own load created.
 #[test]

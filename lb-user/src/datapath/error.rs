@@ -112,6 +112,11 @@ fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Whether a map write failed because the map is full (E2BIG: no room for another element).
+pub(crate) fn is_full(e: &aya::maps::MapError) -> bool {
+    matches!(e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
 pub(crate) fn bpf_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
     e: E,

@@ -19,7 +19,7 @@ use aya::{
     util::KernelVersion,
 };
 
-use super::error::{DatapathError, bpf_err};
+use super::error::{DatapathError, bpf_err, is_full};
 
 /// The tc programs, in the order they are attached on each device.
 pub const TC_PROGRAMS: [(&str, TcAttachType); 2] =
@@ -180,9 +180,7 @@ fn map_err(name: &str) -> impl Fn(aya::maps::MapError) -> DatapathError + '_ {
 /// A failed write to the local-endpoint set. Its capacity is fixed (no node runs that many pods), so a full
 /// set says so and what it means, rather than naming a flag.
 fn local_err(e: aya::maps::MapError) -> DatapathError {
-    let full =
-        matches!(&e, aya::maps::MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG));
-    if full {
+    if is_full(&e) {
         bpf_err(
             format!(
                 "map {} is full (capacity {}): this node has more endpoint addresses than that; traffic from \

@@ -319,11 +319,7 @@ pub(super) fn sys(
     capacity: u32,
 ) -> impl Fn(aya::maps::MapError) -> MapError {
     move |e| match e {
-        aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. })
-            if io_error.raw_os_error() == Some(libc::E2BIG) =>
-        {
-            MapError::Full { map, capacity, flag }
-        }
+        e if crate::datapath::error::is_full(&e) => MapError::Full { map, capacity, flag },
         aya::maps::MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) => {
             MapError::Sys { map, source: io_error }
         }
