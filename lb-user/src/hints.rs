@@ -318,6 +318,11 @@ pub fn fill_missing(model: &mut Model) -> Vec<ObjKey> {
 /// One Service's slices with the hints the controller would write, when its slices carry none and the
 /// controller would write some; `None` leaves the slices as they are.
 pub fn fill_for(model: &Model, svc: &Service) -> Option<Vec<EndpointSlice>> {
+    // Without a mode asking for hints the controller only removes them, and these slices carry none: most
+    // Services, not worth a copy of their slices each.
+    if matches!(mode(svc), HintMode::None { .. }) {
+        return None;
+    }
     let slices: Vec<&EndpointSlice> = model.slices_of(&svc.key).collect();
     if slices.is_empty() || !carries_no_hints(&slices) {
         return None;

@@ -13,7 +13,7 @@ pub use super::fields::{
     ANNOTATIONS_READ, FieldError, Invalid, LABEL_SERVICE_NAME, LABEL_ZONE,
 };
 use super::{
-    fields::{ANNOTATION_LB_SOURCE_RANGES, err, policy},
+    fields::{ANNOTATION_LB_SOURCE_RANGES, Lazy, Path, err, policy},
     validate,
 };
 use crate::model::{
@@ -57,19 +57,19 @@ pub(super) fn id_of(kind: Kind, meta: &ObjectMeta) -> ObjectId {
     }
 }
 
-fn port(field: &str, value: i32) -> Result<u16, FieldError> {
+fn port(field: impl Path, value: i32) -> Result<u16, FieldError> {
     u16::try_from(value)
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| err(field, format!("port {value} is out of range (1-65535)")))
 }
 
-fn protocol(field: &str, value: Option<&str>) -> Result<Protocol, FieldError> {
+fn protocol(field: impl Path, value: Option<&str>) -> Result<Protocol, FieldError> {
     let value = value.unwrap_or("TCP");
     Protocol::parse(value).ok_or_else(|| err(field, format!("unknown protocol {value:?} (TCP, UDP or SCTP)")))
 }
 
-fn ip(field: &str, value: &str) -> Result<IpAddr, FieldError> {
+fn ip(field: impl Path, value: &str) -> Result<IpAddr, FieldError> {
     value.parse().map_err(|_| err(field, format!("{value:?} is not an IP address")))
 }
 
@@ -102,30 +102,30 @@ fn convert_service(svc: &core::Service) -> Result<Service, FieldError> {
         if raw == "None" || raw.is_empty() {
             continue; // headless
         }
-        cluster_ips.push(ip(&format!("spec.clusterIPs[{i}]"), raw)?);
+        cluster_ips.push(ip(Lazy(|| format!("spec.clusterIPs[{i}]")), raw)?);
     }
     let mut ports = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let node_port = match p.node_port {
             None | Some(0) => None,
-            Some(n) => Some(port(&format!("spec.ports[{i}].nodePort"), n)?),
+            Some(n) => Some(port(Lazy(|| format!("spec.ports[{i}].nodePort")), n)?),
         };
         ports.push(ServicePort {
             name: p.name.clone().unwrap_or_default(),
-            port: port(&format!("spec.ports[{i}].port"), p.port)?,
-            protocol: protocol(&format!("spec.ports[{i}].protocol"), p.protocol.as_deref())?,
+            port: port(Lazy(|| format!("spec.ports[{i}].port")), p.port)?,
+            protocol: protocol(Lazy(|| format!("spec.ports[{i}].protocol")), p.protocol.as_deref())?,
             node_port,
         });
     }
     let mut external_ips = Vec::new();
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
-        external_ips.push(ip(&format!("spec.externalIPs[{i}]"), raw)?);
+        external_ips.push(ip(Lazy(|| format!("spec.externalIPs[{i}]")), raw)?);
     }
     let (mut load_balancer_ips, mut load_balancer_proxy_ips) = (Vec::new(), Vec::new());
     let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|l| l.ingress.as_ref());
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
         let Some(raw) = &ing.ip else { continue };
-        let addr = ip(&format!("status.loadBalancer.ingress[{i}].ip"), raw)?;
+        let addr = ip(Lazy(|| format!("status.loadBalancer.ingress[{i}].ip")), raw)?;
         // kube-proxy's `IsVIPMode` (pkg/proxy/util): unset or `VIP` is captured, `Proxy` is not.
         match ing.ip_mode.as_deref() {
             None | Some("VIP") => load_balancer_ips.push(addr),
@@ -269,16 +269,16 @@ fn convert_endpoint_slice(slice: &discovery::EndpointSlice) -> Result<EndpointSl
         let Some(number) = p.port else { continue };
         ports.push(SlicePort {
             name: p.name.clone().unwrap_or_default(),
-            port: port(&format!("ports[{i}].port"), number)?,
-            protocol: protocol(&format!("ports[{i}].protocol"), p.protocol.as_deref())?,
+            port: port(Lazy(|| format!("ports[{i}].port")), number)?,
+            protocol: protocol(Lazy(|| format!("ports[{i}].protocol")), p.protocol.as_deref())?,
         });
     }
-    let mut endpoints = Vec::new();
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let address = match (address_type, ep.addresses.first()) {
             (AddressType::Fqdn, _) | (_, None) => None,
             (_, Some(raw)) => {
-                let a = ip(&format!("endpoints[{i}].addresses[0]"), raw)?;
+                let a = ip(Lazy(|| format!("endpoints[{i}].addresses[0]")), raw)?;
                 let family_ok = matches!((address_type, a), (AddressType::IPv4, IpAddr::V4(_)))
                     || matches!((address_type, a), (AddressType::IPv6, IpAddr::V6(_)));
                 if !family_ok {

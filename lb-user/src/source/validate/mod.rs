@@ -21,7 +21,7 @@ use k8s_openapi::{
 };
 
 use self::names::{dns1035_label, dns1123_label, dns1123_subdomain, label_value, non_special_ip, strict_ip};
-use super::fields::{self, FieldError, LABEL_SERVICE_NAME, LABEL_ZONE};
+use super::fields::{self, FieldError, LABEL_SERVICE_NAME, LABEL_ZONE, Lazy, Path};
 
 /// EndpointSlice limits of the API server (`maxEndpoints`, `maxAddresses`, `maxPorts`, `maxZoneHints`,
 /// `maxNodeHints`).
@@ -35,10 +35,10 @@ const MAX_HINTS: usize = 8;
 struct Errors(Vec<FieldError>);
 
 impl Errors {
-    fn push(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        self.0.push(FieldError { field: field.into(), message: message.into() });
+    fn push(&mut self, field: impl Path, message: impl Into<String>) {
+        self.0.push(FieldError { field: field.path(), message: message.into() });
     }
-    fn check(&mut self, field: impl Into<String>, r: Result<(), String>) {
+    fn check(&mut self, field: impl Path, r: Result<(), String>) {
         if let Err(m) = r {
             self.push(field, m);
         }
@@ -56,14 +56,14 @@ fn meta(e: &mut Errors, meta: &ObjectMeta, name_rule: fn(&str) -> Result<(), Str
     }
 }
 
-fn port_number(e: &mut Errors, field: String, value: i32) {
+fn port_number(e: &mut Errors, field: impl Path, value: i32) {
     if !(1..=65535).contains(&value) {
         e.push(field, format!("port {value} is out of range (1-65535)"));
     }
 }
 
 /// Port protocols: the API server defaults a missing one to TCP, and supports TCP, UDP and SCTP.
-fn protocol(e: &mut Errors, field: String, value: Option<&str>) -> &'static str {
+fn protocol(e: &mut Errors, field: impl Path, value: Option<&str>) -> &'static str {
     match value.unwrap_or("TCP") {
         "TCP" => "TCP",
         "UDP" => "UDP",
@@ -76,7 +76,7 @@ fn protocol(e: &mut Errors, field: String, value: Option<&str>) -> &'static str 
 }
 
 /// An address a connect is rewritten to, or accepted on from outside: strict syntax, and not special.
-fn routable_ip(e: &mut Errors, field: String, raw: &str, fix: &str) -> Option<IpAddr> {
+fn routable_ip(e: &mut Errors, field: impl Path, raw: &str, fix: &str) -> Option<IpAddr> {
     match strict_ip(raw).and_then(|ip| non_special_ip(ip, fix).map(|()| ip)) {
         Ok(ip) => Some(ip),
         Err(m) => {
@@ -110,7 +110,7 @@ pub(crate) fn service(svc: &core::Service) -> Vec<FieldError> {
     for (i, raw) in spec.external_ips.iter().flatten().enumerate() {
         routable_ip(
             &mut e,
-            format!("spec.externalIPs[{i}]"),
+            Lazy(|| format!("spec.externalIPs[{i}]")),
             raw,
             "use the address clients reach the node by",
         );
@@ -121,7 +121,7 @@ pub(crate) fn service(svc: &core::Service) -> Vec<FieldError> {
         if let Some(raw) = &ing.ip
             && let Err(m) = strict_ip(raw)
         {
-            e.push(format!("status.loadBalancer.ingress[{i}].ip"), m);
+            e.push(Lazy(|| format!("status.loadBalancer.ingress[{i}].ip")), m);
         }
     }
     traffic_policies(&mut e, spec, type_);
@@ -160,7 +160,7 @@ fn cluster_ips(e: &mut Errors, spec: &core::ServiceSpec, type_: &str) -> Vec<Str
     }
     let mut families = BTreeSet::new();
     for (i, raw) in ips.iter().enumerate() {
-        let field = format!("spec.clusterIPs[{i}]");
+        let field = Lazy(move || format!("spec.clusterIPs[{i}]"));
         if raw == "None" {
             if ips.len() > 1 {
                 e.push(field, "\"None\" (headless) must be the only value");
@@ -169,7 +169,7 @@ fn cluster_ips(e: &mut Errors, spec: &core::ServiceSpec, type_: &str) -> Vec<Str
         }
         // The API server's allocator only hands out addresses of the service CIDR; tierlb does not know it,
         // but a VIP in these ranges would capture the node's own loopback or link-local traffic.
-        if let Some(ip) = routable_ip(e, field.clone(), raw, "use an address of the cluster's service CIDR")
+        if let Some(ip) = routable_ip(e, field, raw, "use an address of the cluster's service CIDR")
             && !families.insert(ip.is_ipv4())
         {
             e.push(field, format!("{raw}: a second address of the same family; clusterIPs may hold one IPv4 and one IPv6 address"));
@@ -189,7 +189,7 @@ fn ports(e: &mut Errors, spec: &core::ServiceSpec, type_: &str, headless: bool) 
     let mut seen = BTreeSet::new();
     let mut node_ports = BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
-        let at = |f: &str| format!("spec.ports[{i}].{f}");
+        let at = |f: &'static str| Lazy(move || format!("spec.ports[{i}].{f}"));
         match p.name.as_deref().unwrap_or_default() {
             "" if require_name => {
                 e.push(at("name"), "missing: every port of a Service with several ports needs a name");
@@ -245,7 +245,7 @@ fn traffic_policies(e: &mut Errors, spec: &core::ServiceSpec, type_: &str) {
         );
     }
     if let Some(n) = spec.health_check_node_port.filter(|n| *n != 0) {
-        port_number(e, "spec.healthCheckNodePort".into(), n);
+        port_number(e, "spec.healthCheckNodePort", n);
         if type_ != "LoadBalancer" || spec.external_traffic_policy.as_deref() != Some("Local") {
             e.push(
                 "spec.healthCheckNodePort",
@@ -260,7 +260,7 @@ pub(crate) fn endpoint_slice(slice: &discovery::EndpointSlice) -> Vec<FieldError
     let mut e = Errors::default();
     meta(&mut e, &slice.metadata, dns1123_subdomain, true);
     if let Some(svc) = slice.metadata.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
-        e.check(format!("metadata.labels[{LABEL_SERVICE_NAME}]"), label_value(svc));
+        e.check(Lazy(|| format!("metadata.labels[{LABEL_SERVICE_NAME}]")), label_value(svc));
     }
     let family = match slice.address_type.as_str() {
         "IPv4" => Some(true),
@@ -283,7 +283,7 @@ pub(crate) fn endpoint_slice(slice: &discovery::EndpointSlice) -> Vec<FieldError
         return e.0;
     }
     for (i, ep) in slice.endpoints.iter().enumerate() {
-        let at = |f: &str| format!("endpoints[{i}].{f}");
+        let at = |f: &'static str| Lazy(move || format!("endpoints[{i}].{f}"));
         if ep.addresses.is_empty() {
             e.push(at("addresses"), "missing: an endpoint needs at least one address");
         } else if ep.addresses.len() > MAX_ADDRESSES {
@@ -292,8 +292,8 @@ pub(crate) fn endpoint_slice(slice: &discovery::EndpointSlice) -> Vec<FieldError
         // FQDN addresses are never translated, so tierlb does not read them.
         if let Some(v4) = family {
             for (j, raw) in ep.addresses.iter().enumerate() {
-                let field = format!("endpoints[{i}].addresses[{j}]");
-                if let Some(ip) = routable_ip(&mut e, field.clone(), raw, "use the pod's address")
+                let field = Lazy(move || format!("endpoints[{i}].addresses[{j}]"));
+                if let Some(ip) = routable_ip(&mut e, field, raw, "use the pod's address")
                     && ip.is_ipv4() != v4
                 {
                     e.push(
@@ -315,7 +315,7 @@ pub(crate) fn endpoint_slice(slice: &discovery::EndpointSlice) -> Vec<FieldError
             e.check(at("zone"), label_value(z));
         }
         if let Some(h) = &ep.hints {
-            hints(&mut e, &at("hints"), h);
+            hints(&mut e, at("hints"), h);
         }
     }
     slice_ports(&mut e, slice.ports.as_deref().unwrap_or_default());
@@ -326,20 +326,23 @@ pub(crate) fn endpoint_slice(slice: &discovery::EndpointSlice) -> Vec<FieldError
 type Rule = fn(&str) -> Result<(), String>;
 
 /// `validateHints`: at most 8 of each, no duplicates, zone names as label values, node names as Node names.
-fn hints(e: &mut Errors, at: &str, h: &discovery::EndpointHints) {
+fn hints(e: &mut Errors, at: impl Path + Copy, h: &discovery::EndpointHints) {
     let zones = h.for_zones.as_deref().unwrap_or_default().iter().map(|z| z.name.as_str());
     let nodes = h.for_nodes.as_deref().unwrap_or_default().iter().map(|n| n.name.as_str());
     let kinds: [(&str, Vec<&str>, Rule); 2] =
         [("forZones", zones.collect(), label_value), ("forNodes", nodes.collect(), dns1123_subdomain)];
     for (kind, list, rule) in kinds {
         if list.len() > MAX_HINTS {
-            e.push(format!("{at}.{kind}"), format!("{} hints; at most {MAX_HINTS}", list.len()));
+            e.push(
+                Lazy(|| format!("{}.{kind}", at.path())),
+                format!("{} hints; at most {MAX_HINTS}", list.len()),
+            );
             continue;
         }
         let mut seen = BTreeSet::new();
         for (i, name) in list.into_iter().enumerate() {
-            let field = format!("{at}.{kind}[{i}].name");
-            e.check(field.clone(), rule(name));
+            let field = Lazy(move || format!("{}.{kind}[{i}].name", at.path()));
+            e.check(field, rule(name));
             if !seen.insert(name) {
                 e.push(field, format!("duplicate hint {name:?}"));
             }
@@ -356,7 +359,7 @@ fn slice_ports(e: &mut Errors, ports: &[discovery::EndpointPort]) {
     }
     let mut names = BTreeSet::new();
     for (i, p) in ports.iter().enumerate() {
-        let at = |f: &str| format!("ports[{i}].{f}");
+        let at = |f: &'static str| Lazy(move || format!("ports[{i}].{f}"));
         let name = p.name.as_deref().unwrap_or_default();
         if !name.is_empty() {
             e.check(at("name"), dns1123_label(name));
@@ -380,7 +383,7 @@ pub(crate) fn node(node: &core::Node) -> Vec<FieldError> {
     let mut e = Errors::default();
     meta(&mut e, &node.metadata, dns1123_subdomain, false);
     if let Some(z) = node.metadata.labels.as_ref().and_then(|l| l.get(LABEL_ZONE)) {
-        e.check(format!("metadata.labels[{LABEL_ZONE}]"), label_value(z));
+        e.check(Lazy(|| format!("metadata.labels[{LABEL_ZONE}]")), label_value(z));
     }
     let cpu = node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("cpu"));
     if let Some(q) = cpu {
