@@ -8,6 +8,7 @@ pub mod chart;
 pub mod cli;
 pub mod datapath;
 pub mod explain;
+mod halves;
 pub mod hints;
 pub mod lint;
 pub mod metrics;

@@ -396,17 +396,7 @@ impl<W: MapWriter> AgentCore<W> {
         for chunk in keys.chunks(PLAN_CHUNK) {
             let (model, limits) = (self.tracker.model(), &self.limits);
             let plan = |k: &&ObjKey| plan_one(model, limits, k, node);
-            let results: Vec<Planning> = if chunk.len() < PARALLEL_PLAN_MIN {
-                chunk.iter().map(plan).collect()
-            } else {
-                let (here, there) = chunk.split_at(chunk.len() / 2);
-                std::thread::scope(|s| {
-                    let other = s.spawn(|| there.iter().map(plan).collect::<Vec<_>>());
-                    let mut out: Vec<Planning> = here.iter().map(plan).collect();
-                    out.extend(other.join().expect("a planning thread panicked"));
-                    out
-                })
-            };
+            let results = crate::halves::map_in_halves(chunk, PARALLEL_PLAN_MIN, plan);
             for (key, result) in chunk.iter().zip(results) {
                 let mine = self.book(key, result, reported, newly_filled);
                 desired.insert((*key).clone(), mine);

@@ -14,6 +14,7 @@
 mod events;
 mod lean;
 pub mod list;
+mod unparsed;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -41,7 +42,10 @@ use tokio::{
     task::JoinHandle,
 };
 
-use self::events::{Delivery, Raw, Version, last_of_each};
+use self::{
+    events::{Delivery, Raw, Version, last_of_each},
+    unparsed::Unparsed,
+};
 use super::{Changes, Diagnostic, ModelSource, Object, Origin, PendingChanges, Refresh, Severity};
 use crate::model::{Kind, Model, ObjectId, ProxyLabel};
 
@@ -168,8 +172,22 @@ impl Drop for KubeSource {
     }
 }
 
+/// Events a watcher hands to its converter at once, at most (what was ready together: a list page is 500).
+const CONVERT_BATCH: usize = 256;
+
+/// Batches this long or longer are converted on two threads.
+const PARALLEL_CONVERT_MIN: usize = 64;
+
+/// Batches queued between a watcher and its converter, at most: the watcher parses the next page while the
+/// converter converts the last, and waits when it is this far ahead.
+const CONVERT_QUEUE: usize = 4;
+
 /// Watch one kind: every event goes to `events` (then `changed` wakes the agent), each object event counted
 /// in `queued` first; `listed` fires once the first list is in `events`.
+///
+/// Two stages, in order: the watcher task reads and parses what the API server sends, and a thread of its
+/// own converts it (`wrap`: validation and conversion to the model). At 100,000 Services the EndpointSlice
+/// list was one CPU parsing and converting a million endpoints while the node's other CPU idled.
 fn spawn_watch<K>(
     api: Api<K>,
     cfg: watcher::Config,
@@ -185,28 +203,65 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
+        + Sync
         + 'static,
 {
     let (listed_tx, listed) = oneshot::channel();
+    let (batches, parsed) = mpsc::channel::<Vec<watcher::Event<K>>>(CONVERT_QUEUE);
+    let convert = move || convert_events(parsed, kind, wrap, &events, &changed, queued.as_deref(), listed_tx);
+    if let Err(e) = std::thread::Builder::new().name(format!("convert-{}", kind.as_str())).spawn(convert) {
+        // Without a thread of its own (the process is at its limit), the kind is never listed: the start
+        // fails with `NotReady`, naming it.
+        tracing::error!(kind = kind.as_str(), error = %e, "cannot start the thread converting what the API server sends");
+    }
     let task = tokio::spawn(async move {
-        let mut listed = Some(listed_tx);
         // default_backoff: a failed list or a dropped watch is retried with exponential backoff; the watcher
         // resumes from the last resourceVersion it saw (relisting only when that has expired).
-        let mut stream = pin!(watcher(api, cfg).default_backoff());
-        while let Some(event) = stream.next().await {
-            let delivery = match event {
-                Ok(watcher::Event::Apply(o)) => Delivery::Apply(wrap(&o)),
-                Ok(watcher::Event::Delete(o)) => Delivery::Delete(wrap(&o)),
-                Ok(watcher::Event::Init) => Delivery::ListStart(kind),
-                Ok(watcher::Event::InitApply(o)) => Delivery::Listed(wrap(&o)),
-                Ok(watcher::Event::InitDone) => Delivery::ListDone(kind),
-                Err(e) => {
-                    tracing::warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
-                    continue;
+        let mut stream = pin!(watcher(api, cfg).default_backoff().ready_chunks(CONVERT_BATCH));
+        while let Some(ready) = stream.next().await {
+            let mut batch = Vec::with_capacity(ready.len());
+            for event in ready {
+                match event {
+                    Ok(e) => batch.push(e),
+                    Err(e) => {
+                        tracing::warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
+                    }
                 }
-            };
+            }
+            if !batch.is_empty() && batches.send(batch).await.is_err() {
+                return; // the converter is gone: so is the source
+            }
+        }
+    });
+    (task, listed)
+}
+
+/// The second stage of `spawn_watch`: convert each batch's objects, in order, into `events`; then wake the
+/// agent once for the batch.
+fn convert_events<K: Sync>(
+    mut parsed: mpsc::Receiver<Vec<watcher::Event<K>>>,
+    kind: Kind,
+    wrap: fn(&K) -> Raw,
+    events: &mpsc::UnboundedSender<Delivery>,
+    changed: &mpsc::UnboundedSender<()>,
+    queued: Option<&AtomicI64>,
+    listed: oneshot::Sender<()>,
+) {
+    let mut listed = Some(listed);
+    let deliver = |event: &watcher::Event<K>| match event {
+        watcher::Event::Apply(o) => Delivery::Apply(wrap(o)),
+        watcher::Event::Delete(o) => Delivery::Delete(wrap(o)),
+        watcher::Event::Init => Delivery::ListStart(kind),
+        watcher::Event::InitApply(o) => Delivery::Listed(wrap(o)),
+        watcher::Event::InitDone => Delivery::ListDone(kind),
+    };
+    while let Some(batch) = parsed.blocking_recv() {
+        // A list's batch is converted in two halves at once (the watcher task meanwhile reads the next).
+        let deliveries = crate::halves::map_in_halves(&batch, PARALLEL_CONVERT_MIN, deliver);
+        drop(batch);
+        for delivery in deliveries {
             let done = matches!(delivery, Delivery::ListDone(_));
-            if let (Some(q), Some(_)) = (&queued, delivery.object()) {
+            if let (Some(q), Some(_)) = (queued, delivery.object()) {
                 q.fetch_add(1, Ordering::Relaxed);
             }
             if events.send(delivery).is_err() {
@@ -215,10 +270,9 @@ where
             if done && let Some(tx) = listed.take() {
                 let _ = tx.send(());
             }
-            let _ = changed.send(());
         }
-    });
-    (task, listed)
+        let _ = changed.send(());
+    }
 }
 
 impl KubeSource {
@@ -241,21 +295,22 @@ impl KubeSource {
         // informer factory applies it: the API server never sends what another proxy is meant to program, and
         // sends a Delete when an object gains one of the labels.
         let not_for_other_proxies = watcher::Config::default().labels(&ProxyLabel::label_selector());
+        // Parsed by the conversion stage (`unparsed`), and read leanly (`lean`): managedFields and the
+        // annotations never read are skipped as parsed.
         let (t1, services) = spawn_watch(
-            // Read leanly (`lean`): managedFields and the annotations never read are skipped as parsed.
-            Api::<lean::LeanService>::all(client.clone()),
+            Api::<Unparsed<lean::LeanService>>::all(client.clone()),
             not_for_other_proxies.clone(),
             Kind::Service,
-            Raw::service,
+            |o| Raw::parsed(Kind::Service, o, Raw::service),
             tx.clone(),
             changed.clone(),
             Some(queued.services.clone()),
         );
         let (t2, slices) = spawn_watch(
-            Api::<lean::LeanSlice>::all(client.clone()),
+            Api::<Unparsed<lean::LeanSlice>>::all(client.clone()),
             not_for_other_proxies,
             Kind::EndpointSlice,
-            Raw::endpoint_slice,
+            |o| Raw::parsed(Kind::EndpointSlice, o, Raw::endpoint_slice),
             tx.clone(),
             changed.clone(),
             Some(queued.endpoint_slices.clone()),

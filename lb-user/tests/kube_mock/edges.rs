@@ -96,3 +96,29 @@ async fn access_reviews_that_never_answer_give_up_too() {
     assert!(script.lock().unwrap().list_calls.is_empty(), "nothing listed before access is known");
     finish(&script, &server);
 }
+
+/// An object of the wrong shape in a list (a string where the API has a list) is one object that does not
+/// convert, named by its metadata; the list's other objects are taken.
+#[tokio::test]
+async fn an_object_of_the_wrong_shape_in_a_list_fails_alone() {
+    let mut s = script();
+    let mut bad = slice("21", &[("10.244.1.6", "node-1")]);
+    bad["metadata"]["name"] = json!("web-bad");
+    bad["endpoints"][0]["addresses"] = json!("10.244.1.6");
+    s.lists.insert("endpointslices", (json!([slice("20", &[("10.244.1.5", "node-1")]), bad]), "21"));
+    let script = Arc::new(Mutex::new(s));
+    let (mut source, _rx, server) = started(&script).await;
+    let mut tracker = ChangeTracker::default();
+    let (diagnostics, _) = follow(&mut source, &mut tracker);
+    let id = ObjectId::new(Kind::EndpointSlice, ObjKey::new("shop", "web-bad"));
+    assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+    assert_eq!(diagnostics[0].origin, Origin::Api(id));
+    assert!(
+        diagnostics[0].to_string().contains("is not a valid EndpointSlice: invalid type"),
+        "{}",
+        diagnostics[0]
+    );
+    assert!(tracker.model().slices.get(&ObjKey::new("shop", "web-1")).is_some(), "the good slice is taken");
+    assert!(tracker.model().slices.get(&ObjKey::new("shop", "web-bad")).is_none());
+    finish(&script, &server);
+}

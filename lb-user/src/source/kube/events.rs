@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1 as core;
 
-use super::{super::convert, lean};
+use super::{super::convert, lean, unparsed::Unparsed};
 use crate::{
     model::{Kind, ObjectId},
     source::Object,
@@ -59,6 +59,25 @@ impl Raw {
         let o = &o.0;
         let converted = convert::endpoint_slice(o).map(|s| Object::EndpointSlice(s.into()));
         Self::of(Kind::EndpointSlice, &o.metadata, converted)
+    }
+
+    /// `o` parsed, then converted by `wrap`. An object that does not parse is one that does not convert,
+    /// named by its metadata.
+    pub(super) fn parsed<K: serde::de::DeserializeOwned>(
+        kind: Kind,
+        o: &Unparsed<K>,
+        wrap: fn(&K) -> Self,
+    ) -> Self {
+        match o.parse() {
+            Ok(k) => wrap(&k),
+            Err(e) => {
+                let invalid = vec![convert::FieldError {
+                    field: "(the object)".into(),
+                    message: format!("is not a valid {}: {e}", kind.as_str()),
+                }];
+                Self::of(kind, o.metadata(), Err(invalid))
+            }
+        }
     }
 
     pub(super) fn node(o: &core::Node) -> Self {
