@@ -191,7 +191,9 @@ impl<W: MapWriter> Reconciler<W> {
         for key in gone {
             self.remove_frontend(key, now, &mut report);
         }
-        let mut jobs = Vec::new();
+        // Each round's jobs in a vector sized at once (grown by doubling, it was copied into fresh pages).
+        let round = || Vec::with_capacity(write::CHUNK.min(desired.len()));
+        let mut jobs = round();
         for (key, want) in desired {
             let previous = match self.applied.get(key) {
                 Some(a) if a.view().is(want) => {
@@ -205,7 +207,7 @@ impl<W: MapWriter> Reconciler<W> {
             };
             jobs.push(write::Job { key: *key, want, previous });
             if jobs.len() == write::CHUNK {
-                self.write_jobs(std::mem::take(&mut jobs), now, &mut report);
+                self.write_jobs(std::mem::replace(&mut jobs, round()), now, &mut report);
             }
         }
         self.write_jobs(jobs, now, &mut report);
