@@ -169,6 +169,7 @@ impl<W: MapWriter> AgentCore<W> {
     fn plan_and_apply(&mut self, touched: Touched, node: NodeInfo, now: Instant) -> SyncReport {
         let mut newly_filled = Vec::new();
         let mut conflicted = BTreeSet::new();
+        let mut every_conflict = false;
         let program;
         let (tried, applied) = match touched {
             Touched::Services(mut keys) if self.node.as_ref() == Some(&node) => {
@@ -208,12 +209,15 @@ impl<W: MapWriter> AgentCore<W> {
                 let reported = std::mem::take(&mut self.hints_filled);
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
                 let planned = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
+                // Every claim is new (the claims were cleared): every conflict is reported, without a set of
+                // the 100,000 frontends saying so.
+                every_conflict = true;
                 for (svc, mine) in &planned {
-                    conflicted.extend(self.claims.set(
+                    self.claims.set(
                         svc,
                         claims::created(self.tracker.model(), svc),
                         claims::claimed(self.tracker.model(), svc, mine),
-                    ));
+                    );
                 }
                 let desired = self.winners(planned);
                 let programming = Instant::now();
@@ -236,7 +240,7 @@ impl<W: MapWriter> AgentCore<W> {
         let conflicts = self
             .claims
             .conflicts()
-            .filter(|(k, _)| conflicted.contains(k))
+            .filter(|(k, _)| every_conflict || conflicted.contains(k))
             .map(|(frontend, who)| VipConflict {
                 frontend,
                 winner: who[0].service.clone(),
