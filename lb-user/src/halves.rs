@@ -2,17 +2,22 @@
 //! start at 100,000 Services is CPU-bound (planning every Service; converting what the API server lists).
 
 /// `f` of every item, in order. From `min` items on, the second half is mapped on a second thread while
-/// this one maps the first; below it, the thread would cost more than it saves.
+/// this one maps the first; below it, the thread would cost more than it saves. Without a second thread
+/// (the process is at its limit), all of them here.
 pub(crate) fn map_in_halves<T: Sync, R: Send>(items: &[T], min: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if items.len() < min.max(2) {
         return items.iter().map(f).collect();
     }
     let (here, there) = items.split_at(items.len() / 2);
     std::thread::scope(|s| {
-        let other = s.spawn(|| there.iter().map(&f).collect::<Vec<_>>());
         let mut out: Vec<R> = Vec::with_capacity(items.len());
-        out.extend(here.iter().map(&f));
-        out.extend(other.join().expect("a thread mapping half of the items panicked"));
+        match std::thread::Builder::new().spawn_scoped(s, || there.iter().map(&f).collect::<Vec<_>>()) {
+            Ok(other) => {
+                out.extend(here.iter().map(&f));
+                out.extend(other.join().expect("a thread mapping half of the items panicked"));
+            }
+            Err(_) => out.extend(items.iter().map(&f)),
+        }
         out
     })
 }

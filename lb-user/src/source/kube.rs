@@ -1,9 +1,9 @@
 //! The API server as a source: kube-rs watchers for Services and EndpointSlices (all namespaces, without
 //! those kube-proxy's label selector leaves out: `ProxyLabel`) and this node's Node object, with backoff.
 //!
-//! Each watch task converts every object as it arrives (the API server's object is dropped there: during
-//! the first list the whole cluster waits in the channel, converted) and hands its events, in order, to the
-//! source through a channel and wakes the agent; a refresh takes only the objects those events name, and
+//! Each watch converts every object as it arrives, on a thread of its own beside the watcher task (the API
+//! server's object is dropped there: during the first list the whole cluster waits in the channel,
+//! converted), and hands its events, in order, to the source through a channel and wakes the agent; a refresh takes only the objects those events name, and
 //! hands over only what that changed (after the first refresh, which hands over the whole model). An
 //! unchanged resourceVersion is not taken again (a relist repeats every object); an object whose new
 //! version does not convert keeps its last good one;
@@ -185,8 +185,9 @@ const CONVERT_QUEUE: usize = 4;
 /// Watch one kind: every event goes to `events` (then `changed` wakes the agent), each object event counted
 /// in `queued` first; `listed` fires once the first list is in `events`.
 ///
-/// Two stages, in order: the watcher task reads and parses what the API server sends, and a thread of its
-/// own converts it (`wrap`: validation and conversion to the model). At 100,000 Services the EndpointSlice
+/// Two stages, in order: the watcher task reads what the API server sends (for Services and EndpointSlices
+/// only where each object's text ends: `Unparsed`), and a thread of its own parses and converts it (`wrap`:
+/// validation and conversion to the model). At 100,000 Services the EndpointSlice
 /// list was one CPU parsing and converting a million endpoints while the node's other CPU idled.
 fn spawn_watch<K>(
     api: Api<K>,
@@ -229,7 +230,7 @@ where
                 }
             }
             if !batch.is_empty() && batches.send(batch).await.is_err() {
-                return; // the converter is gone: so is the source
+                return; // the converter ended: the source is gone (or a conversion panicked)
             }
         }
     });

@@ -1,4 +1,4 @@
-//! What a watch task hands the source: each object converted as it arrives (`Raw`), with its
+//! What a watch hands the source: each object converted as it arrives (`Raw`), with its
 //! resourceVersion, in the watcher's events (`Delivery`); and a refresh's events reduced to the last state of
 //! each object.
 use std::sync::Arc;

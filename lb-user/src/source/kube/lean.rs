@@ -153,9 +153,9 @@ impl<'de> Deserialize<'de> for LeanSlice {
     }
 }
 
-/// A slice's `endpoints`, allocated once at their number: serde's `Vec` grows by doubling (JSON gives no
-/// length), three reallocations of ~340-byte endpoints for a slice of ten, a million endpoints in a list
-/// of 100,000 slices. `null` (what the API server writes for a slice without endpoints) reads as none, as
+/// A slice's `endpoints`, up to 16 allocated once at their number (more grow by doubling, as serde's `Vec`
+/// grows them all: JSON gives no length; three reallocations of ~340-byte endpoints for a slice of ten, a
+/// million endpoints in a list of 100,000 slices). `null` (what the API server writes for a slice without endpoints) reads as none, as
 /// k8s-openapi reads it.
 fn endpoints<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<discovery::Endpoint>, D::Error> {
     struct Endpoints;
