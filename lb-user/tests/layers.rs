@@ -30,13 +30,15 @@ const fn part(name: &'static str, modules: &'static [&'static str], below: &'sta
 const LB_USER: &[Part] = &[
     // The model: Services, EndpointSlices, Nodes and the node's external-address settings.
     part("model", &["model"], &[]),
+    // Work split over two threads (no tierlb type): the conversion and the planning use it.
+    part("halves", &["halves"], &[]),
     // Semantics: pure functions of the model. The hint rules and what is not programmed, the plan (which
     // calls both), the lints (which read a plan).
     part("hints", &["hints", "skipped"], &["model"]),
     part("plan", &["plan"], &["hints"]),
     part("lint", &["lint"], &["plan"]),
     // Sources, data path and cgroups: siblings of the semantics, none imports another.
-    part("source", &["source"], &["model"]),
+    part("source", &["source"], &["model", "halves"]),
     part("datapath", &["datapath"], &["model"]),
     part("cgroup", &["cgroup"], &[]),
     part("metrics", &["metrics"], &["datapath", "source"]),
