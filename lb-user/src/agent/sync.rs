@@ -169,7 +169,6 @@ impl<W: MapWriter> AgentCore<W> {
     fn plan_and_apply(&mut self, touched: Touched, node: NodeInfo, now: Instant) -> SyncReport {
         let mut newly_filled = Vec::new();
         let mut conflicted = BTreeSet::new();
-        let mut every_conflict = false;
         let program;
         let (tried, applied) = match touched {
             Touched::Services(mut keys) if self.node.as_ref() == Some(&node) => {
@@ -209,9 +208,8 @@ impl<W: MapWriter> AgentCore<W> {
                 let reported = std::mem::take(&mut self.hints_filled);
                 let keys: Vec<ObjKey> = self.tracker.model().services.keys().cloned().collect();
                 let planned = self.plan_services(keys.iter(), &node, &reported, &mut newly_filled);
-                // Every claim is new (the claims were cleared): every conflict is reported, without a set of
-                // the 100,000 frontends saying so.
-                every_conflict = true;
+                // Every claim is new (the claims were cleared): every conflict is reported (`tried` is `None`),
+                // without a set of the 100,000 frontends saying so.
                 for (svc, mine) in &planned {
                     self.claims.set(
                         svc,
@@ -240,7 +238,7 @@ impl<W: MapWriter> AgentCore<W> {
         let conflicts = self
             .claims
             .conflicts()
-            .filter(|(k, _)| every_conflict || conflicted.contains(k))
+            .filter(|(k, _)| tried.is_none() || conflicted.contains(k))
             .map(|(frontend, who)| VipConflict {
                 frontend,
                 winner: who[0].service.clone(),

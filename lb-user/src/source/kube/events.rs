@@ -5,7 +5,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1 as core;
 
-use super::{super::convert, lean, unparsed::Unparsed};
+use super::{
+    super::{convert, fields::err},
+    lean,
+    unparsed::Unparsed,
+};
 use crate::{
     model::{Kind, ObjectId},
     source::Object,
@@ -71,11 +75,8 @@ impl Raw {
         match o.parse() {
             Ok(k) => wrap(&k),
             Err(e) => {
-                let invalid = vec![convert::FieldError {
-                    field: "(the object)".into(),
-                    message: format!("is not a valid {}: {e}", kind.as_str()),
-                }];
-                Self::of(kind, o.metadata(), Err(invalid))
+                let invalid = err("(the object)", format!("is not a valid {}: {e}", kind.as_str()));
+                Self::of(kind, o.metadata(), Err(vec![invalid]))
             }
         }
     }

@@ -36,7 +36,7 @@ struct Errors(Vec<FieldError>);
 
 impl Errors {
     fn push(&mut self, field: impl Path, message: impl Into<String>) {
-        self.0.push(FieldError { field: field.path(), message: message.into() });
+        self.0.push(fields::err(field, message));
     }
     fn check(&mut self, field: impl Path, r: Result<(), String>) {
         if let Err(m) = r {
