@@ -35,11 +35,16 @@ impl DataPath {
     }
 }
 
-/// A ratio taken per interleaved round: the median of the rounds and their least and greatest.
+/// A ratio taken per interleaved round (or pair of slices): the median of the rounds, their quartiles and
+/// their least and greatest.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Ratio {
     /// The median of the rounds' ratios.
     pub median: f64,
+    /// The first quartile: a quarter of the rounds are below it.
+    pub q1: f64,
+    /// The third quartile: a quarter of the rounds are above it.
+    pub q3: f64,
     /// The least.
     pub min: f64,
     /// The greatest.
@@ -49,9 +54,13 @@ pub struct Ratio {
 impl Ratio {
     /// Of the rounds' ratios `xs`.
     pub fn of(xs: &[f64]) -> Self {
-        let min = xs.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Self { median: median(xs), min, max }
+        let mut v = xs.to_vec();
+        v.sort_by(f64::total_cmp);
+        // The value at `num / den` of the way from the least to the greatest, by nearest rank; NaN for none.
+        let rank = |num: usize, den: usize| {
+            v.get((v.len().saturating_sub(1) * num + den / 2) / den).copied().unwrap_or(f64::NAN)
+        };
+        Self { median: median(xs), q1: rank(1, 4), q3: rank(3, 4), min: rank(0, 1), max: rank(1, 1) }
     }
 }
 
@@ -87,6 +96,8 @@ pub struct NsRow {
     pub p50_ratio: Ratio,
     /// Throughput / direct's throughput of the same round.
     pub per_sec_ratio: Ratio,
+    /// First quartile / direct's of the same round (see `LoadResult::p25_us`).
+    pub p25_ratio: Ratio,
     /// tierlb's tc programs' run time per packet (ingress and egress together), tierlb rows only.
     pub tc_ns_per_packet: Option<f64>,
     /// Failed operations over the rounds.
@@ -117,6 +128,7 @@ impl NsRow {
             per_sec: of(|r| r.per_sec),
             p50_ratio: ratio(|r| r.p50_us),
             per_sec_ratio: ratio(|r| r.per_sec),
+            p25_ratio: ratio(|r| r.p25_us),
             tc_ns_per_packet,
             errors: runs.iter().map(|r| r.errors).sum(),
         }
@@ -376,4 +388,21 @@ pub enum LoadTime {
         /// The limit.
         limit: Duration,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ratio's median, quartiles and extremes by rank, whatever the order the pairs came in; an even count's
+    /// median is the midpoint of the middle two.
+    #[test]
+    fn a_ratio_gives_the_median_quartiles_and_extremes_of_its_pairs() {
+        let r = Ratio::of(&[1.07, 0.9, 1.3, 1.01, 1.04, 1.02, 1.06, 1.05, 1.03]);
+        assert_eq!((r.min, r.q1, r.median, r.q3, r.max), (0.9, 1.02, 1.04, 1.06, 1.3));
+        let r = Ratio::of(&[1.5, 1.0]);
+        assert_eq!((r.min, r.median, r.max), (1.0, 1.25, 1.5));
+        let r = Ratio::of(&[]);
+        assert!(r.median.is_nan() && r.q1.is_nan() && r.max.is_nan());
+    }
 }

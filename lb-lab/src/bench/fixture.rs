@@ -18,6 +18,7 @@ fn result(p50: f64) -> LoadResult {
         secs: 1.0,
         p50_us: p50,
         p99_us: p50 * 2.0,
+        p25_us: p50 * 0.9,
         per_sec: 1e6 / p50,
         slow: 0,
     }

@@ -25,6 +25,11 @@ pub struct LoadResult {
     pub secs: f64,
     /// Median latency of a completed operation, in microseconds.
     pub p50_us: f64,
+    /// First quartile of the latency, in microseconds: a connect's latency here has two modes (about 25 and
+    /// 40 us on this VM) and the median falls between them, so the quartile shows a path's cost within the
+    /// faster mode, where the median also moves with the share of operations in each.
+    #[serde(default)]
+    pub p25_us: f64,
     /// 99th percentile latency, in microseconds.
     pub p99_us: f64,
     /// Throughput: `ops / secs`.
@@ -144,10 +149,27 @@ pub fn load(target: SocketAddr, threads: usize, duration: Duration, mode: LoadMo
         errors,
         secs,
         p50_us: all.value_at_quantile(0.5) as f64 / 1e3,
+        p25_us: all.value_at_quantile(0.25) as f64 / 1e3,
         p99_us: all.value_at_quantile(0.99) as f64 / 1e3,
         per_sec: ops as f64 / secs,
         slow: all.count_between(SLOW_NS, u64::MAX),
     }
+}
+
+/// The paced load client (`tierlb-lab load --paced`): one run of `slice` per line read on stdin, each run's
+/// result printed as a line of JSON as it ends, until stdin closes. The bench keeps two of these (direct and
+/// tierlb) and alternates them slice by slice, so the two sides of a ratio are measured within a fraction of
+/// a second of each other.
+pub fn paced(target: SocketAddr, threads: usize, slice: Duration, mode: LoadMode) -> std::io::Result<()> {
+    use std::io::{BufRead as _, Write as _};
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        line?;
+        let r = load(target, threads, slice, mode);
+        writeln!(out, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
+        out.flush()?;
+    }
+    Ok(())
 }
 
 /// A backend on two threads: it accepts, answers a request with a reply of `RR_BYTES` (a client that sends

@@ -14,7 +14,7 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "Machine: {} CPUs, kernel {}.\n\nMethod: everything runs in one process tree inside a private network namespace, in one run. A backend on the pod IP accepts connections and answers a {RR_BYTES}-byte request with a {RR_BYTES}-byte reply. A load client ({} threads, each one operation at a time) runs for {:.1} s per row and records every operation's latency in an HDR histogram; throughput counts the operations completed in that window. Two operations: `connect` is connect() then close with RST (the cost of the translation itself), `rr` is connect, request, reply, close (a short RPC). Data paths: `direct` connects to the pod IP (the floor: no load balancing); `tierlb` connects to a VIP that the cgroup connect4 program rewrites, with N Services programmed (10 endpoints each; the measured one, in the middle of the set, has one); `iptables` and `nftables` are kube-proxy-style rule sets for the same N Services (KUBE-SERVICES -> KUBE-SVC-* with `statistic --mode random` -> KUBE-SEP-* DNAT, loaded with iptables-restore, which is the nf_tables backend here; a VIP . protocol . port verdict map -> per-Service chain with `numgen random`, loaded with `nft -f`). Time on a 2-core VM is noisy (about +-15% between runs); tierlb runs with passive health on, its default (connect4 consults it, the sock_ops program follows every translated TCP connect); the BPF cost per connect4 and per sock_ops call comes from `kernel.bpf_stats_enabled` (run_time_ns / run_cnt), because `perf stat -e instructions` is not supported on this VM; the statistics add two clock reads to every program run, so they are on only during one extra tierlb run per row that reads them, never during the rounds whose latencies are compared.\n",
+        "Machine: {} CPUs, kernel {}.\n\nMethod: everything runs in one process tree inside a private network namespace, in one run. A backend on the pod IP accepts connections and answers a {RR_BYTES}-byte request with a {RR_BYTES}-byte reply. A load client ({} threads, each one operation at a time) runs for {:.1} s per row (on the node, tierlb and direct alternate in slices: see \"On the node, interleaved with direct\") and records every operation's latency in an HDR histogram; throughput counts the operations completed in that window. Two operations: `connect` is connect() then close with RST (the cost of the translation itself), `rr` is connect, request, reply, close (a short RPC). Data paths: `direct` connects to the pod IP (the floor: no load balancing); `tierlb` connects to a VIP that the cgroup connect4 program rewrites, with N Services programmed (10 endpoints each; the measured one, in the middle of the set, has one); `iptables` and `nftables` are kube-proxy-style rule sets for the same N Services (KUBE-SERVICES -> KUBE-SVC-* with `statistic --mode random` -> KUBE-SEP-* DNAT, loaded with iptables-restore, which is the nf_tables backend here; a VIP . protocol . port verdict map -> per-Service chain with `numgen random`, loaded with `nft -f`). Time on a 2-core VM is noisy (about +-15% between runs); tierlb runs with passive health on, its default (connect4 consults it, the sock_ops program follows every translated TCP connect); the BPF cost per connect4 and per sock_ops call comes from `kernel.bpf_stats_enabled` (run_time_ns / run_cnt), because `perf stat -e instructions` is not supported on this VM; the statistics add two clock reads to every program run, so they are on only during one extra tierlb run per row that reads them, never during the slices and rounds whose latencies are compared.\n",
         r.cpus, r.kernel, r.threads, r.seconds
     );
     s.push_str(&targets(r));
@@ -213,11 +213,14 @@ fn targets(r: &Report) -> String {
         let q = x.p50_ratio;
         row(
             &format!(
-                "tierlb connect() at {} Services within 1.05x of direct (p50, median of {} interleaved rounds)",
+                "tierlb connect() at {} Services within 1.05x of direct (p50, median of {} interleaved pairs)",
                 thousands(x.services),
                 x.rounds
             ),
-            format!("{:.2}x (rounds {:.2}-{:.2}), p50 {:.1} us", q.median, q.min, q.max, x.p50_us),
+            format!(
+                "{:.2}x (middle half {:.2}-{:.2}, all {:.2}-{:.2}), p50 {:.1} us; first quartile {:.2}x",
+                q.median, q.q1, q.q3, q.min, q.max, x.p50_us, x.p25_ratio.median
+            ),
             q.median <= 1.05,
         );
     }
@@ -319,7 +322,7 @@ fn north_south(r: &Report) -> String {
     }
     let rounds = r.north_south.first().map_or(0, |x| x.rounds);
     let mut s = format!(
-        "\n## From outside the node\n\nAn external client (its own network namespace) reaches a pod behind a node (the pod behind a veth in a namespace of its own) four ways: `direct` to the pod's IP, routed by the node; `tierlb`, a node port that the tc programs on the node's uplink translate (N Services of 10 endpoints as outside-scope frontends; the measured one, in the middle, has the pod, a local endpoint: DNAT, the client's address kept); `iptables` and `nftables`, node ports of kube-proxy-style rule sets for N Services (KUBE-NODEPORTS -> KUBE-EXT-* marking for masquerade -> KUBE-SVC-* -> KUBE-SEP-* DNAT, KUBE-POSTROUTING masquerade; a protocol . port verdict map to per-Service chains with `numgen random` and a masquerade on the mark). All four are in place at once, each on its own node ports, so they interleave: {rounds} rounds, each running every path once per operation, direct first; a ratio is taken per round against that round's direct run, and the table gives the median of the rounds and their range. The node's namespace has netfilter's nat hooks loaded for every row, as a node with kube-proxy's rules has. `tc ns/packet` is tierlb's tc_ingress and tc_egress run time per packet (`kernel.bpf_stats_enabled`, on during one extra tierlb run per row, not during the rounds).\n"
+        "\n## From outside the node\n\nAn external client (its own network namespace) reaches a pod behind a node (the pod behind a veth in a namespace of its own) four ways: `direct` to the pod's IP, routed by the node; `tierlb`, a node port that the tc programs on the node's uplink translate (N Services of 10 endpoints as outside-scope frontends; the measured one, in the middle, has the pod, a local endpoint: DNAT, the client's address kept); `iptables` and `nftables`, node ports of kube-proxy-style rule sets for N Services (KUBE-NODEPORTS -> KUBE-EXT-* marking for masquerade -> KUBE-SVC-* -> KUBE-SEP-* DNAT, KUBE-POSTROUTING masquerade; a protocol . port verdict map to per-Service chains with `numgen random` and a masquerade on the mark). All four are in place at once, each on its own node ports, so they interleave: {rounds} rounds, each running every path once per operation, direct first; a ratio is taken per round against that round's direct run, and the table gives the median of the rounds and the middle half of them (the targets below give all of them). The node's namespace has netfilter's nat hooks loaded for every row, as a node with kube-proxy's rules has. `tc ns/packet` is tierlb's tc_ingress and tc_egress run time per packet (`kernel.bpf_stats_enabled`, on during one extra tierlb run per row, not during the rounds).\n"
     );
     ratio_tables(&mut s, &r.north_south, Some("tc ns/packet"));
     s
@@ -350,25 +353,27 @@ fn conntrack(r: &Report) -> String {
     s
 }
 
-/// The connects made on the node, tierlb against direct in interleaved rounds: the ratios the targets judge.
+/// The connects made on the node, tierlb against direct in interleaved pairs of slices: the ratios the
+/// targets judge.
 fn east_west(r: &Report) -> String {
     let Some(first) = r.east_west.first() else { return String::new() };
     let mut s = format!(
-        "\n## On the node, interleaved with direct\n\nThe tierlb rows above again, as the targets judge them: at each Service count, {} rounds, each running direct then tierlb once per operation; a ratio is taken per round against that round's direct run, and the table gives the median of the rounds and their range (the tables above show tierlb's round with the median p50).\n",
-        first.rounds
+        "\n## On the node, interleaved with direct\n\nThe tierlb rows above again, as the targets judge them. At each Service count and per operation, two load clients run side by side, direct (outside tierlb's cgroup) and tierlb (in it), each idle until asked for a slice of {slice} s; they take turns in the order A B B A A B ... for {} pairs of slices (after one slice each that is not counted). A ratio is taken per pair, and the table gives the median of the pairs and the middle half of them (a quarter of the pairs below, a quarter above); the tables above show tierlb's slice with the median p50.\n",
+        first.rounds,
+        slice = super::run::SLICE,
     );
     ratio_tables(&mut s, &r.east_west, None);
     s
 }
 
-/// One table per load mode of interleaved rows: figures, ratios to direct with their range, and the
+/// One table per load mode of interleaved rows: figures, ratios to direct with their middle half, and the
 /// `extra` column if named (tc's cost per packet).
 fn ratio_tables(s: &mut String, rows: &[super::figures::NsRow], extra: Option<&str>) {
     let (head, rule) = extra.map_or((String::new(), ""), |e| (format!(" {e} |"), "---|"));
     for mode in LoadMode::ALL {
         let _ = write!(
             s,
-            "\n### {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct (range) | ops/s / direct (range) |{head} errors |\n|---|---|---|---|---|---|---|{rule}---|\n",
+            "\n### {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct (middle half) | ops/s / direct (middle half) |{head} errors |\n|---|---|---|---|---|---|---|{rule}---|\n",
             mode.title()
         );
         for x in rows.iter().filter(|x| x.mode == mode) {
@@ -385,11 +390,11 @@ fn ratio_tables(s: &mut String, rows: &[super::figures::NsRow], extra: Option<&s
                 x.p99_us,
                 x.per_sec,
                 x.p50_ratio.median,
-                x.p50_ratio.min,
-                x.p50_ratio.max,
+                x.p50_ratio.q1,
+                x.p50_ratio.q3,
                 x.per_sec_ratio.median,
-                x.per_sec_ratio.min,
-                x.per_sec_ratio.max,
+                x.per_sec_ratio.q1,
+                x.per_sec_ratio.q3,
                 x.errors
             );
         }
@@ -559,9 +564,9 @@ mod tests {
         for want in [
             "| connect4 at most 500 ns per call at 10,000 Services | 1500 ns | no |",
             "| connect4 at most 500 ns per call at 100,000 Services | 1800 ns | no |",
-            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved rounds) | 1.02x (rounds 1.02-1.02), p50 18.4 us | yes |",
-            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved rounds) | 1.04x (rounds 1.04-1.04), p50 18.7 us | yes |",
-            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved rounds) | 1.09x (rounds 1.09-1.09), p50 19.6 us | no |",
+            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.02x (middle half 1.02-1.02, all 1.02-1.02), p50 18.4 us; first quartile 1.02x | yes |",
+            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.04x (middle half 1.04-1.04, all 1.04-1.04), p50 18.7 us; first quartile 1.04x | yes |",
+            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.09x (middle half 1.09-1.09, all 1.09-1.09), p50 19.6 us; first quartile 1.09x | no |",
             "| connect4's cost flat with the number of Services (100,000 vs 1 within 10%) | 1800 ns vs 1500 ns = 1.20x | no |",
             "iptables adds 68.0 us over direct (p50), tierlb's connect4 costs 1.50 us per call: 45x",
             "## On the node, interleaved with direct",

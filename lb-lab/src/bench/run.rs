@@ -110,25 +110,60 @@ impl Loader<'_> {
         Ok(rows)
     }
 
-    /// tierlb at `services` Services and direct, interleaved: `rounds` rounds, each running direct then
-    /// tierlb once per load mode, so a slower minute of the machine lands on both. Per mode: tierlb's row (the
-    /// round with the median p50; connect4's and sock_ops' cost from one more run with the kernel's statistics
-    /// on; direct runs outside the cgroup and runs neither) and the ratios to direct taken per round.
+    /// A paced client (see [`super::load::paced`]) against `target`, confined to `cg`: one run of `slice`
+    /// seconds each time it is asked.
+    fn paced(
+        &self,
+        cg: Option<&Cgroup>,
+        target: SocketAddr,
+        mode: LoadMode,
+        slice: f64,
+    ) -> anyhow::Result<Paced> {
+        let mut cmd = Command::new(self.lab);
+        confine(&mut cmd, cg, Some(self.ns))?;
+        cmd.args(["load", "--paced", "--target", &target.to_string(), "--mode", mode.as_str()]).args([
+            "--threads",
+            &self.threads.to_string(),
+            "--seconds",
+            &slice.to_string(),
+        ]);
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = std::io::BufReader::new(child.stdout.take().context("stdout")?);
+        Ok(Paced { child, stdin: Some(stdin), stdout })
+    }
+
+    /// tierlb at `services` Services and direct, interleaved slice by slice: two paced clients (direct outside
+    /// the cgroup, which runs none of tierlb's programs; tierlb in it) take turns for `pairs` pairs of `slice`
+    /// seconds, in the order A B B A A B..., so that the machine's drift lands on both sides of a ratio. Per
+    /// mode: tierlb's row (the slice with the median p50; connect4's and sock_ops' cost from one more run with
+    /// the kernel's statistics on) and the ratios to direct taken per pair.
     fn interleaved(
         &self,
         services: usize,
         cg: &Cgroup,
         target: SocketAddr,
-        rounds: usize,
+        pairs: usize,
     ) -> anyhow::Result<(Vec<Row>, Vec<NsRow>)> {
         let backend: SocketAddr = BACKEND.parse()?;
         let (mut rows, mut ratios) = (Vec::new(), Vec::new());
         for mode in LoadMode::ALL {
-            let (mut direct, mut tierlb) = (Vec::new(), Vec::new());
-            for _ in 0..rounds {
-                direct.push(self.run(None, backend, mode)?);
-                tierlb.push(self.run(Some(cg), target, mode)?);
+            let mut a = self.paced(None, backend, mode, SLICE)?;
+            let mut b = self.paced(Some(cg), target, mode, SLICE)?;
+            // One slice each first, not counted: the clients' first connects warm their caches.
+            a.slice()?;
+            b.slice()?;
+            let (mut direct, mut tierlb) = (Vec::with_capacity(pairs), Vec::with_capacity(pairs));
+            for i in 0..pairs {
+                if i % 2 == 0 {
+                    direct.push(a.slice()?);
+                    tierlb.push(b.slice()?);
+                } else {
+                    tierlb.push(b.slice()?);
+                    direct.push(a.slice()?);
+                }
             }
+            drop((a, b));
             // The BPF cost per run from one more tierlb run with the kernel's statistics on: they add two clock
             // reads and a counter update to every program run (connect4, each sock_ops callback, the release
             // hook), which the rounds above, and a node, run without.
@@ -150,12 +185,12 @@ impl Loader<'_> {
             };
             let ratio = NsRow::of(DataPath::Tierlb, services, mode, &tierlb, &direct, None);
             eprintln!(
-                "bench: tierlb    {services:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2}, {rounds} rounds)  p99 {:>7.1} us  {:>8.0} ops/s  {} errors{}",
+                "bench: tierlb    {services:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, middle half {:.2}-{:.2}, {pairs} pairs of {SLICE} s)  p99 {:>7.1} us  {:>8.0} ops/s  {} errors{}",
                 mode.as_str(),
                 ratio.p50_us,
                 ratio.p50_ratio.median,
-                ratio.p50_ratio.min,
-                ratio.p50_ratio.max,
+                ratio.p50_ratio.q1,
+                ratio.p50_ratio.q3,
                 ratio.p99_us,
                 ratio.per_sec,
                 ratio.errors,
@@ -169,6 +204,38 @@ impl Loader<'_> {
             ratios.push(ratio);
         }
         Ok((rows, ratios))
+    }
+}
+
+/// The length of one slice of a paced client, seconds: short enough that a pair's two slices see the same
+/// state of the machine, long enough for thousands of operations (a connect takes 10-40 us here).
+pub(super) const SLICE: f64 = 0.2;
+
+/// A running paced load client; ended on drop by closing its stdin (it finishes its slice and exits).
+struct Paced {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Paced {
+    /// One slice: ask for it, wait for its result.
+    fn slice(&mut self) -> anyhow::Result<LoadResult> {
+        use std::io::{BufRead as _, Write as _};
+        let stdin = self.stdin.as_mut().context("the client's stdin is closed")?;
+        stdin.write_all(b"go\n")?;
+        stdin.flush()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        anyhow::ensure!(!line.is_empty(), "the paced load client ended");
+        Ok(serde_json::from_str(&line)?)
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
     }
 }
 
@@ -331,8 +398,15 @@ fn on_node(
             eprintln!("bench: maps {n} services: programmed in {took:.2?}, one change {one_change:.2?}");
             map_writes.push(MapWrites { services: n, program: took, one_change });
         }
+        // As many pairs of slices as `rounds` runs of the loader's length would take.
+        #[expect(
+            clippy::cast_sign_loss,
+            clippy::cast_possible_truncation,
+            reason = "at least 1.0, a few hundred"
+        )]
+        let pairs = (rounds as f64 * loader.secs / SLICE).round().max(1.0) as usize;
         let (tierlb, ratios) =
-            loader.interleaved(n, &cg, SocketAddr::new(IpAddr::V4(vip(target(n))), 80), rounds)?;
+            loader.interleaved(n, &cg, SocketAddr::new(IpAddr::V4(vip(target(n))), 80), pairs)?;
         rows.extend(tierlb);
         east_west.extend(ratios);
     }

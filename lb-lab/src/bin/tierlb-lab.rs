@@ -134,6 +134,9 @@ enum Cmd {
         threads: usize,
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+        /// Run one `--seconds` slice per line read on stdin, printing each slice's result, until stdin closes.
+        #[arg(long)]
+        paced: bool,
     },
     /// The benchmark (see BENCHMARKS.md); with --report DIR writes DIR/BENCHMARKS.md and DIR/bench/latency-{connect,rr}.svg.
     Bench {
@@ -151,13 +154,15 @@ enum Cmd {
         #[arg(long, value_name = "N")]
         agent_only: Option<usize>,
         /// Only the on-node connect path at these Service counts (comma-separated): tierlb against direct in
-        /// interleaved rounds, printed as measured (for profiling, or comparing two builds of the data path).
+        /// interleaved pairs of 0.2 s slices, printed as measured (for profiling, or comparing two builds of the
+        /// data path).
         #[arg(long, value_name = "COUNTS", value_delimiter = ',', conflicts_with_all = ["agent_only", "report", "quick"])]
         on_node: Option<Vec<usize>>,
-        /// Rounds per Service count with --on-node.
+        /// With --on-node, as many pairs of slices per Service count and operation as this many runs of
+        /// --seconds would take (5 x 2 s: 50 pairs).
         #[arg(long, default_value_t = 5, requires = "on_node")]
         rounds: usize,
-        /// Seconds of load per run with --on-node.
+        /// Seconds of load per run with --on-node (see --rounds).
         #[arg(long, default_value_t = 2.0, requires = "on_node")]
         seconds: f64,
     },
@@ -193,6 +198,29 @@ fn serve(listen: SocketAddr, name: &str) -> std::io::Result<()> {
         term.recv().await;
         Ok(())
     })
+}
+
+/// `tierlb-lab load`: one run, its result printed as JSON; with `paced`, one run per line read on stdin.
+fn load(
+    target: SocketAddr,
+    mode: lb_lab::bench::LoadMode,
+    threads: usize,
+    seconds: f64,
+    paced: bool,
+) -> ExitCode {
+    let slice = Duration::from_secs_f64(seconds);
+    if !paced {
+        let r = lb_lab::bench::load(target, threads, slice, mode);
+        println!("{}", serde_json::to_string(&r).expect("result serialises"));
+        return ExitCode::SUCCESS;
+    }
+    match lb_lab::bench::paced(target, threads, slice, mode) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tierlb-lab load: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -256,11 +284,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Keep { tcp, dns, timeout_ms } => keep(tcp, dns, timeout_ms),
-        Cmd::Load { target, mode, threads, seconds } => {
-            let r = lb_lab::bench::load(target, threads, Duration::from_secs_f64(seconds), mode);
-            println!("{}", serde_json::to_string(&r).expect("result serialises"));
-            ExitCode::SUCCESS
-        }
+        Cmd::Load { target, mode, threads, seconds, paced } => load(target, mode, threads, seconds, paced),
         Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, rounds, seconds } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
