@@ -218,7 +218,7 @@ fn targets(r: &Report) -> String {
                 x.rounds
             ),
             format!(
-                "{:.2}x (middle half {:.2}-{:.2}, all {:.2}-{:.2}), p50 {:.1} us; first quartile {:.2}x",
+                "{:.3}x (middle half {:.2}-{:.2}, all {:.2}-{:.2}), p50 {:.1} us; first quartile {:.2}x",
                 q.median, q.q1, q.q3, q.min, q.max, x.p50_us, x.p25_ratio.median
             ),
             q.median <= 1.05,
@@ -564,9 +564,9 @@ mod tests {
         for want in [
             "| connect4 at most 500 ns per call at 10,000 Services | 1500 ns | no |",
             "| connect4 at most 500 ns per call at 100,000 Services | 1800 ns | no |",
-            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.02x (middle half 1.02-1.02, all 1.02-1.02), p50 18.4 us; first quartile 1.02x | yes |",
-            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.04x (middle half 1.04-1.04, all 1.04-1.04), p50 18.7 us; first quartile 1.04x | yes |",
-            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.09x (middle half 1.09-1.09, all 1.09-1.09), p50 19.6 us; first quartile 1.09x | no |",
+            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.020x (middle half 1.02-1.02, all 1.02-1.02), p50 18.4 us; first quartile 1.02x | yes |",
+            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.040x (middle half 1.04-1.04, all 1.04-1.04), p50 18.7 us; first quartile 1.04x | yes |",
+            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.090x (middle half 1.09-1.09, all 1.09-1.09), p50 19.6 us; first quartile 1.09x | no |",
             "| connect4's cost flat with the number of Services (100,000 vs 1 within 10%) | 1800 ns vs 1500 ns = 1.20x | no |",
             "iptables adds 68.0 us over direct (p50), tierlb's connect4 costs 1.50 us per call: 45x",
             "## On the node, interleaved with direct",
