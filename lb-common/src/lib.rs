@@ -133,12 +133,20 @@ pub const MAPS: [&str; 13] = [
     MAP_OUTSIDE_AFFINITY,
     MAP_NESTED_AFFINITY,
 ];
-/// Maps the agent creates and pins but never opens: the socket storage, the per-namespace count of
-/// connected UDP sockets and each cgroup's first namespace (which only the kernel reads, but a restarted agent
-/// must reuse them, or live sockets would lose their reverse state and their count) and the trace maps (which
+/// Maps the agent creates and pins but never opens: the socket storage, the TCP sockets' reverse slots, the
+/// per-namespace count of connected UDP sockets and each cgroup's first namespace (which only the kernel
+/// reads, but a restarted agent must reuse them, or live sockets would lose their reverse state and their
+/// count) and the trace maps (which
 /// `tierlb trace` opens from the pins; the agent reads the lost-event count from `MAP_COUNTERS`).
-pub const PINNED_ONLY: [&str; 6] =
-    [MAP_SOCKS, MAP_UDP_PER_NETNS, MAP_CGROUP_NETNS, MAP_TRACE_EVENTS, MAP_TRACE_CONTROL, MAP_TRACE_SERVICES];
+pub const PINNED_ONLY: [&str; 7] = [
+    MAP_SOCKS,
+    MAP_REVERSE_TCP,
+    MAP_UDP_PER_NETNS,
+    MAP_CGROUP_NETNS,
+    MAP_TRACE_EVENTS,
+    MAP_TRACE_CONTROL,
+    MAP_TRACE_SERVICES,
+];
 /// The north-south maps (`nat`): pinned like the others, so tracked flows survive an agent restart; the
 /// agent opens them apart from `MAPS` (`datapath::tc::NsMaps`).
 pub const NS_MAPS: [&str; 5] =
@@ -485,6 +493,7 @@ aya_pod!(
     BackendState,
     ReverseKey,
     ReverseValue,
+    TcpReverse,
     ServiceName,
     ServiceCounters,
     SockState,

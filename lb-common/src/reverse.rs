@@ -11,6 +11,34 @@ use crate::{Backend, FrontendKey, PROTO_TCP};
 /// connect overwrites it), an unconnected UDP socket one per backend it sent to, under (cookie, backend).
 /// An LRU; `sock_release` deletes a closing socket's entries.
 pub const MAP_REVERSE: &str = "REVERSE";
+/// Reverse translation of TCP connects, first: an array of `REVERSE_TCP_SLOTS` `TcpReverse` entries, the
+/// socket with cookie `c` in slot `tcp_slot(c)` if that slot is free or already its own; a socket whose slot
+/// another live socket holds has its entry in `MAP_REVERSE` instead. `sock_release` frees the slot. An array
+/// element is written in place with no lock and no allocation, where an LRU insert pops a free element under
+/// a lock and links it into a bucket (about half of what tierlb added to a connect, BENCHMARKS.md).
+pub const MAP_REVERSE_TCP: &str = "REVERSE_TCP";
+/// Slots of `MAP_REVERSE_TCP`, a power of two. Socket cookies are handed out in increasing order, so the
+/// sockets open at once mostly fall in distinct slots; with L translated TCP sockets open, a new one finds its
+/// slot held with a chance of about L / 65,536 and goes to the LRU.
+pub const REVERSE_TCP_SLOTS: u32 = 65_536;
+
+/// The slot of `MAP_REVERSE_TCP` for the socket with `cookie`.
+#[must_use]
+pub const fn tcp_slot(cookie: u64) -> u32 {
+    (cookie & (REVERSE_TCP_SLOTS as u64 - 1)) as u32
+}
+
+/// A slot of `MAP_REVERSE_TCP`: the socket holding it (its cookie; 0 when free) and its reverse entry.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq)]
+pub struct TcpReverse {
+    /// The cookie of the socket whose entry this is; 0: free (no socket has cookie 0).
+    pub cookie: u64,
+    /// What `MAP_REVERSE` would hold under `ReverseKey::tcp(cookie)`.
+    pub value: ReverseValue,
+}
+const _: () = assert!(size_of::<TcpReverse>() == 64);
+
 /// Connected UDP sockets by (socket cookie, backend) -> VIP and network namespace: the sockets the agent
 /// destroys when their backend leaves (user space cannot enumerate socket storage). Entries go with their
 /// socket (`sock_release`). One network namespace (a pod) registers at most `udp_per_netns(capacity)`.

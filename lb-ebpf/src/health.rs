@@ -23,12 +23,12 @@ use aya_ebpf::{
 use lb_common::{
     Backend, Choice, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS, GLOBAL_HEALTH_RECOVERIES,
     GLOBAL_SVC_ID, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict, PROTO_TCP,
-    REVERSE_HEALTH_REPORTED, ReverseKey, ReverseValue, below, last_nonempty_tier, syn_sent_close_reason,
+    REVERSE_HEALTH_REPORTED, ReverseValue, below, last_nonempty_tier, syn_sent_close_reason,
 };
 
 use crate::{
     counters::count,
-    maps::{BACKEND_STATE, HEALTH, HEALTH_CONFIG, REVERSE, backend_at},
+    maps::{BACKEND_STATE, HEALTH, HEALTH_CONFIG, backend_at},
     reverse::peer_backend,
 };
 
@@ -147,9 +147,10 @@ fn translated(ctx: &SockOpsContext) -> Option<(&'static mut ReverseValue, Backen
     let backend = peer(ops)?;
     // SAFETY: `bpf_get_socket_cookie_sock_ops` takes the sock_ops context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    let p = REVERSE.get_ptr_mut(ReverseKey::tcp(cookie))?;
-    // SAFETY: an LRU value, valid for the program's run; if the element is reused for another socket
-    // meanwhile, the flag written lands on that socket's entry (it would then not count one failure).
+    let p = crate::reverse::tcp_entry(cookie)?;
+    // SAFETY: a map value, valid for the program's run; if the element is reused for another socket
+    // meanwhile (an LRU element, or the slot after this socket's close), the flag written lands on that
+    // socket's entry (it would then not count one failure).
     let rev = unsafe { &mut *p };
     (rev.peer == backend).then_some((rev, backend))
 }

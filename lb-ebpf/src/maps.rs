@@ -24,11 +24,11 @@ use lb_common::{
     DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig,
     MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
     MAP_FRAGMENTS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES,
-    MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS,
-    MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS,
-    MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey, ReverseValue,
-    ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES,
-    TRACE_RING_BYTES, TraceControl,
+    MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_REVERSE_TCP,
+    MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES,
+    MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey,
+    REVERSE_TCP_SLOTS, ReverseKey, ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState,
+    SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TcpReverse, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -192,6 +192,13 @@ named_map!(
     /// of entries whose socket closed without telling us, and the oldest go first.
     pub(crate) static REVERSE: LruHashMap<ReverseKey, ReverseValue> =
         LruHashMap::with_max_entries(DEFAULT_MAX_REVERSE, 0);
+);
+
+named_map!(
+    MAP_REVERSE_TCP == "REVERSE_TCP",
+    /// TCP sockets' reverse entries, first: slot `tcp_slot(cookie)` holds the socket with that cookie if it
+    /// was free when the socket connected (else the socket's entry is in `REVERSE`); freed by `sock_release`.
+    pub(crate) static REVERSE_TCP: Array<TcpReverse> = Array::with_max_entries(REVERSE_TCP_SLOTS, 0);
 );
 
 named_map!(

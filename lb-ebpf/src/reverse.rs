@@ -1,13 +1,21 @@
 //! Reverse state: which VIP a socket asked for, so that recvmsg (a reply's source) and getpeername show the
 //! VIP, not the backend. It lives exactly as long as the socket:
 //!
-//! - A TCP socket (connect4/connect6) gets one entry in the `REVERSE` LRU, keyed by its cookie alone
-//!   (`ReverseKey::tcp`) with the backend it was given in the value, which `sock_release` deletes when the
-//!   socket closes. A socket that connects again (after a failed connect, or `connect(AF_UNSPEC)`)
-//!   overwrites its entry: however often it reconnects it holds one, and evicts nobody's. Not socket storage: the
-//!   first `bpf_sk_storage_get` with the create flag allocates and charges the socket's storage (two slab
-//!   allocations), about three quarters of connect4's cost when it did (perf, BENCHMARKS.md); an LRU update
-//!   takes a preallocated element.
+//! - A TCP socket (connect4/connect6) gets one entry, with the backend it was given in the value: in its slot
+//!   of the `REVERSE_TCP` array (`lb_common::tcp_slot` of its cookie) if the slot is free or its own, else
+//!   in the `REVERSE` LRU, keyed by its cookie alone (`ReverseKey::tcp`); `sock_release` frees the slot or
+//!   deletes the entry when the socket closes. A socket that connects again (after a failed connect, or
+//!   `connect(AF_UNSPEC)`) overwrites its entry: however often it reconnects it holds one, and evicts
+//!   nobody's. The array first: writing an element in place takes no lock and no allocation, where an LRU
+//!   insert pops a free element under a lock and links it into a bucket (with its delete at close, about
+//!   half of what tierlb added to a connect, BENCHMARKS.md). Not socket storage: the first
+//!   `bpf_sk_storage_get` with the create flag allocates and charges the socket's storage (two slab
+//!   allocations), about three quarters of connect4's cost when it did.
+//!   Two sockets whose cookies share a slot and that connect at the same instant on two CPUs may both find
+//!   it free and both write it: one of them then has no entry (it shows its backend, and passive health does
+//!   not follow its connect), or, if their writes interleave, the values of the other (which matter only
+//!   when the two went to one backend through different VIPs). A socket that moved from the LRU to its slot
+//!   by connecting again leaves its LRU entry to the LRU's eviction.
 //! - A connected UDP socket keeps it in its own storage (`SOCKS`), which the kernel frees with the socket,
 //!   written only when it changes (a reconnect to another VIP or backend), and is registered in
 //!   `CONNECTED_UDP` for the agent's socket destruction (which must find the backend it left on a reconnect),
@@ -23,14 +31,28 @@ use aya_ebpf::{
 };
 use lb_common::{
     Backend, COUNTER_REVERSE_UNRECORDED, FAMILY_V4, FAMILY_V6, FrontendKey, GLOBAL_SVC_ID, PROTO_TCP,
-    ReverseKey, ReverseValue, SOCK_LRU_RECORD, SOCK_REGISTERED, V4_MAPPED_WORD2,
+    ReverseKey, ReverseValue, SOCK_LRU_RECORD, SOCK_REGISTERED, V4_MAPPED_WORD2, tcp_slot,
 };
 
 use crate::{
     counters::count,
-    maps::{CONNECTED_UDP, REVERSE, SOCKS},
+    maps::{CONNECTED_UDP, REVERSE, REVERSE_TCP, SOCKS},
     netns_count,
 };
+
+/// The reverse entry of the TCP socket with `cookie`: in its `REVERSE_TCP` slot if the slot is its own,
+/// else in `REVERSE` (or none).
+#[inline(always)]
+pub(crate) fn tcp_entry(cookie: u64) -> Option<*mut ReverseValue> {
+    if let Some(slot) = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie)) {
+        // SAFETY: an array element, valid for the program's run.
+        if unsafe { (*slot).cookie } == cookie {
+            // SAFETY: as above; a field of it.
+            return Some(unsafe { &raw mut (*slot).value });
+        }
+    }
+    REVERSE.get_ptr_mut(ReverseKey::tcp(cookie))
+}
 
 pub(crate) const AF_INET: u32 = 2;
 pub(crate) const AF_INET6: u32 = 10;
@@ -61,10 +83,20 @@ pub(crate) fn peer_backend(family: u32, ip4: u32, ip6: [u32; 4], port: u16, prot
 #[inline(never)]
 pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     if backend.proto == PROTO_TCP {
-        // The socket's one entry, written without looking it up first: new, or an earlier attempt's (a
-        // connected socket's second connect() never reaches this hook), which this attempt replaces. An LRU
-        // never fails for lack of room.
-        if REVERSE.insert(ReverseKey::tcp(cookie(ctx)), ReverseValue::new(fe, backend, 0), 0).is_err() {
+        // The socket's one entry: new, or an earlier attempt's (a connected socket's second connect() never
+        // reaches this hook), which this attempt replaces.
+        let (cookie, value) = (cookie(ctx), ReverseValue::new(fe, backend, 0));
+        if let Some(slot) = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie)) {
+            // SAFETY: an array element, valid for the program's run (see the module's comment on two writers).
+            let slot = unsafe { &mut *slot };
+            if slot.cookie == 0 || slot.cookie == cookie {
+                slot.cookie = cookie;
+                slot.value = value;
+                return;
+            }
+        }
+        // Its slot is another open socket's: the LRU, which never fails for lack of room.
+        if REVERSE.insert(ReverseKey::tcp(cookie), value, 0).is_err() {
             count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
         }
         return;
@@ -169,13 +201,13 @@ pub(crate) fn recall(ctx: &SockAddrContext, backend: Backend) -> Option<Frontend
             return Some(unsafe { (*st).frontend });
         }
     }
-    let key = if backend.proto == PROTO_TCP {
-        ReverseKey::tcp(cookie(ctx))
+    let rev = if backend.proto == PROTO_TCP {
+        // SAFETY: a map value, valid for the program's run; only copied out of.
+        unsafe { *tcp_entry(cookie(ctx))? }
     } else {
-        ReverseKey { cookie: cookie(ctx), backend, _pad: 0 }
+        // SAFETY: we only copy out of the value.
+        *unsafe { REVERSE.get(ReverseKey { cookie: cookie(ctx), backend, _pad: 0 }) }?
     };
-    // SAFETY: we only copy out of the value.
-    let rev = unsafe { REVERSE.get(key) }?;
     // A TCP socket's entry is for the backend of its last translated connect: one that connected again to
     // an address no Service has shows that address.
     (rev.peer == backend).then_some(FrontendKey {

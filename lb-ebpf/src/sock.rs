@@ -1,8 +1,9 @@
 //! `sock_release`: a socket's reverse entries outside its own storage go with it.
 //!
 //! The kernel runs `cgroup/sock_release` from `inet_release` (every IPv4/IPv6 socket of the cgroup, on its
-//! last close) before the protocol's close: a TCP socket's `REVERSE` entry is keyed by its cookie alone
-//! (one delete, a miss for a socket connect4/6 did not translate); and before
+//! last close) before the protocol's close: a TCP socket's entry is in its `REVERSE_TCP` slot if the slot
+//! names it (the slot is freed), else in `REVERSE` under its cookie alone (one delete, a miss for a socket
+//! connect4/6 did not translate); and before
 //! `__sk_destruct` frees a UDP socket's storage, which still tells which `REVERSE` entries (sendmsg) and
 //! which `CONNECTED_UDP` registration (connect) the socket made, which its namespace's count in
 //! `UDP_PER_NETNS` gets back. A UDP socket without storage (it never talked to a VIP) costs one helper call.
@@ -11,10 +12,10 @@ use aya_ebpf::{
     macros::cgroup_sock,
     programs::SockContext,
 };
-use lb_common::{PROTO_TCP, ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockState};
+use lb_common::{PROTO_TCP, ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockState, tcp_slot};
 
 use crate::{
-    maps::{CONNECTED_UDP, REVERSE, SOCKS},
+    maps::{CONNECTED_UDP, REVERSE, REVERSE_TCP, SOCKS},
     netns_count,
 };
 
@@ -34,6 +35,14 @@ fn sock_release(ctx: SockContext) -> i32 {
         // `connect(AF_UNSPEC)`), its one entry is under its cookie.
         // SAFETY: `bpf_get_socket_cookie_sock_proto` takes the cgroup_sock context.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
+        if let Some(slot) = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie)) {
+            // SAFETY: an array element, valid for the program's run.
+            let slot = unsafe { &mut *slot };
+            if slot.cookie == cookie {
+                slot.cookie = 0;
+                return PROCEED;
+            }
+        }
         let _ = REVERSE.remove(ReverseKey::tcp(cookie));
         return PROCEED;
     }

@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use lb_common::{MAP_CONNECTED_UDP, MAP_REVERSE, ReverseKey, ReverseValue};
+use lb_common::{MAP_CONNECTED_UDP, MAP_REVERSE, MAP_REVERSE_TCP, ReverseKey, ReverseValue};
 use lb_testkit::{
     churn::Outcome,
     cluster::SimCluster,
@@ -13,7 +13,9 @@ use lb_testkit::{
     sandbox::BpfFs,
 };
 
-const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+mod common;
+
+const TIERLB: &str = common::TIERLB;
 const DNS_VIP: &str = "10.96.0.53:53";
 const DNS_POD: &str = "10.244.1.10:5353";
 const WEB_VIP: &str = "10.96.0.10:80";
@@ -107,10 +109,59 @@ fn reverse_state_after_100000_short_sockets_is_bounded_by_the_live_ones() {
     let (lru, registered) = (entries(&dir.join(MAP_REVERSE)), entries(&dir.join(MAP_CONNECTED_UDP)));
     eprintln!("after the churn (client exited): {lru} LRU entries, {registered} connected-UDP entries");
     assert_eq!((lru, registered), (0, 0), "reverse entries outlived their sockets");
+    let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));
+    assert!(held.is_empty(), "TCP slots outlived their sockets: {held:?}");
     // The agent's own figure agrees.
     let maps = tierlb::datapath::ebpf::KernelMaps::open_pinned(&dir).unwrap();
     let occupancy = tierlb::datapath::MapReader::reverse_occupancy(&maps).unwrap();
     assert_eq!((occupancy.lru, occupancy.connected_udp), (0, 0));
+}
+
+/// A TCP socket whose `REVERSE_TCP` slot another open socket holds (here: every slot held, as if by 65,536
+/// open sockets) has its entry in the LRU: through 2,000 connects its getpeername() stays the VIP, and once
+/// the sockets closed the LRU holds nothing and the slots still name their holders. Then, the slots free, a
+/// connection kept open has its entry in its slot (the one its cookie names), none in the LRU.
+#[test]
+fn a_tcp_socket_whose_slot_is_held_keeps_its_vip_in_the_lru() {
+    let bpffs = BpfFs::new("revslots").unwrap();
+    let pin = bpffs.path().to_str().unwrap().to_owned();
+    let c = cluster("revslots", &["--bpffs", &pin]);
+    let dir = bpffs.path().join("node-1");
+    common::hold_every_tcp_slot(&dir.join(MAP_REVERSE_TCP));
+    let o = churn(&c, 2_000, 0, 0);
+    assert!(o.errors.is_empty(), "{:?}", o.errors);
+    assert_eq!(o.early_peer.as_deref(), Some(WEB_VIP), "getpeername() through the LRU");
+    assert_eq!(entries(&dir.join(MAP_REVERSE)), 0, "the LRU entries went with their sockets");
+    let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));
+    assert_eq!(held.len(), lb_common::REVERSE_TCP_SLOTS as usize, "no slot was taken from its holder");
+    assert!(held.iter().all(|(i, cookie)| *cookie == (1 << 63) | u64::from(*i)));
+
+    // The slots free again: an open connection's entry is in the slot of its cookie.
+    let data = aya::maps::MapData::from_pin(dir.join(MAP_REVERSE_TCP)).unwrap();
+    let mut slots: aya::maps::Array<_, lb_common::TcpReverse> =
+        aya::maps::Array::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    for i in 0..slots.len() {
+        slots.set(i, lb_common::TcpReverse::default(), 0).unwrap();
+    }
+    let mut cmd = c.client_command("node-1", &c.lab).unwrap();
+    cmd.args(["keep", "--tcp", WEB_VIP, "--dns", DNS_VIP]);
+    let mut keep =
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut out = std::io::BufReader::new(keep.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::Write::write_all(keep.stdin.as_mut().unwrap(), b"check\n").unwrap();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let kept: lb_testkit::tenant::Kept = serde_json::from_str(&line).unwrap();
+    assert_eq!(kept.tcp_peer.as_deref(), Some(WEB_VIP), "{kept:?}");
+    let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));
+    let lru = entries(&dir.join(MAP_REVERSE));
+    drop(keep.stdin.take());
+    let _ = keep.kill();
+    let _ = keep.wait();
+    assert_eq!((held.len(), lru), (1, 0), "one slot held, nothing in the LRU: {held:?}");
+    assert_eq!(held[0].0, lb_common::tcp_slot(held[0].1), "the slot its cookie names");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP)).is_empty(), "freed at close");
 }
 
 /// The socket storage is pinned with the other maps and an agent restarted over the pins reuses the same map

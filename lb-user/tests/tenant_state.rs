@@ -9,7 +9,10 @@ use std::{
     time::Duration,
 };
 
-use lb_common::{MAP_CONNECTED_UDP, MAP_REVERSE, MAP_UDP_PER_NETNS, ReverseKey, ReverseValue, udp_per_netns};
+use lb_common::{
+    MAP_CONNECTED_UDP, MAP_REVERSE, MAP_REVERSE_TCP, MAP_UDP_PER_NETNS, ReverseKey, ReverseValue,
+    udp_per_netns,
+};
 use lb_testkit::{
     deployed::BoxedNode,
     dns::DnsServer,
@@ -169,9 +172,14 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
         "{k:?}"
     );
     let lru = entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE));
-    let tcp_entries = lru.iter().filter(|(k, _)| k.backend.proto == lb_common::PROTO_TCP).count();
-    eprintln!("reverse LRU: {} entries, {tcp_entries} of TCP sockets", lru.len());
-    assert_eq!(tcp_entries, 2, "A's reconnected socket and B's: A's 50,000 closed sockets left nothing");
+    let tcp_in_lru = lru.iter().filter(|(k, _)| k.backend.proto == lb_common::PROTO_TCP).count();
+    let slots = common::tcp_slots_held(&pins.join(MAP_REVERSE_TCP)).len();
+    eprintln!("reverse LRU: {} entries, {tcp_in_lru} of TCP sockets; TCP slots held: {slots}", lru.len());
+    assert_eq!(
+        tcp_in_lru + slots,
+        2,
+        "A's reconnected socket and B's: A's 50,000 closed sockets left nothing"
+    );
     assert_eq!(entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(), registered + 1);
 
     // B's resolver leaves: the agent destroys B's socket (and A's registered ones).
@@ -201,8 +209,13 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
         entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE)).len(),
         entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(),
         entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS)).len(),
+        common::tcp_slots_held(&pins.join(MAP_REVERSE_TCP)).len(),
     );
-    assert_eq!(left, (0, 0, 0), "(reverse LRU, registry, namespace counts) after both pods closed");
+    assert_eq!(
+        left,
+        (0, 0, 0, 0),
+        "(reverse LRU, registry, namespace counts, TCP slots) after both pods closed"
+    );
 }
 
 /// As deployed, one Service over a per-Service limit (5,000 externalIPs, over the default 1,024) is refused:

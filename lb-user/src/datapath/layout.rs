@@ -9,10 +9,10 @@ use lb_common::{
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP,
     MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
     MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE,
-    MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES,
-    MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, ReverseKey,
-    ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey,
-    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TraceControl,
+    MAP_REVERSE_TCP, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
+    MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
+    OutsideAffinityKey, REVERSE_TCP_SLOTS, ReverseKey, ReverseValue, ServiceCounters, ServiceName, SlotBlock,
+    SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TcpReverse, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -46,6 +46,7 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_SOCKS => (0, "reverse", caps.reverse, |_| 0),
         // The trace maps have fixed sizes (a ring buffer's max_entries is its size in bytes) that no flag
         // changes (`FIXED`): a pin of another size is another version's layout.
+        MAP_REVERSE_TCP => (REVERSE_TCP_SLOTS, FIXED, 0, |_| 0),
         MAP_TRACE_EVENTS => (TRACE_RING_BYTES, FIXED, 0, |_| 0),
         MAP_TRACE_CONTROL => (1, FIXED, 0, |_| 0),
         MAP_TRACE_SERVICES => (TRACE_MAX_SERVICES, FIXED, 0, |_| 0),
@@ -76,6 +77,7 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
                 (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
             }
             MAP_SOCKS => (4, size_of::<SockState>() as u32),
+            MAP_REVERSE_TCP => (4, size_of::<TcpReverse>() as u32),
             MAP_UDP_PER_NETNS => (8, 4),
             MAP_AFFINITY | MAP_NESTED_AFFINITY => {
                 (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32)

@@ -181,3 +181,26 @@ pub(crate) fn nft(ns: &lb_testkit::sandbox::NetNs, rule: &str) {
         .unwrap();
     assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The pinned `REVERSE_TCP` array at `path`, read with aya (the kernel's figure): slot index and cookie of
+/// every slot a socket holds.
+pub(crate) fn tcp_slots_held(path: &Path) -> Vec<(u32, u64)> {
+    let data = aya::maps::MapData::from_pin(path).unwrap();
+    let map = aya::maps::Map::from_map_data(data).unwrap();
+    let slots: aya::maps::Array<_, lb_common::TcpReverse> = aya::maps::Array::try_from(map).unwrap();
+    (0..slots.len())
+        .filter_map(|i| Some((i, slots.get(&i, 0).unwrap().cookie)).filter(|s| s.1 != 0))
+        .collect()
+}
+
+/// Fill every free slot of the pinned `REVERSE_TCP` array at `path` with a cookie no socket has (the top bit
+/// set, a count socket cookies never reach), as if open sockets held them all.
+pub(crate) fn hold_every_tcp_slot(path: &Path) {
+    let data = aya::maps::MapData::from_pin(path).unwrap();
+    let map = aya::maps::Map::from_map_data(data).unwrap();
+    let mut slots: aya::maps::Array<_, lb_common::TcpReverse> = aya::maps::Array::try_from(map).unwrap();
+    for i in 0..slots.len() {
+        let held = lb_common::TcpReverse { cookie: (1 << 63) | u64::from(i), ..Default::default() };
+        slots.set(i, held, 0).unwrap();
+    }
+}
