@@ -6,10 +6,11 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::{Backend, FrontendKey, PROTO_TCP};
 
-/// Reverse translation of TCP connects and unconnected UDP sends, for getpeername and recvmsg: a TCP socket
-/// has one entry under `ReverseKey::tcp(cookie)` whatever it connects to (a reconnect after a failed
-/// connect overwrites it), an unconnected UDP socket one per backend it sent to, under (cookie, backend).
-/// An LRU; `sock_release` deletes a closing socket's entries.
+/// Reverse translation of unconnected UDP sends and of the TCP connects whose `MAP_REVERSE_TCP` slot another
+/// open socket holds, for getpeername and recvmsg: such a TCP socket has one entry under
+/// `ReverseKey::tcp(cookie)` whatever it connects to (a reconnect after a failed connect overwrites it), an
+/// unconnected UDP socket one per backend it sent to, under (cookie, backend). An LRU; `sock_release` deletes
+/// a closing socket's entries.
 pub const MAP_REVERSE: &str = "REVERSE";
 /// Reverse translation of TCP connects, first: an array of `REVERSE_TCP_SLOTS` `TcpReverse` entries, the
 /// socket with cookie `c` in slot `tcp_slot(c)` if that slot is free or already its own; a socket whose slot
@@ -50,8 +51,9 @@ pub const MAP_UDP_PER_NETNS: &str = "UDP_PER_NETNS";
 /// socket's `REVERSE` entries for `sock_release`; freed with the socket.
 pub const MAP_SOCKS: &str = "SOCKS";
 
-/// Default entries of the reverse map of TCP sockets and unconnected UDP (an LRU: beyond this the oldest translations are
-/// forgotten); also the most connected UDP sockets tracked at once for destruction (`MAP_CONNECTED_UDP`).
+/// Default entries of the reverse LRU (unconnected UDP, and TCP sockets whose slot was held: beyond this the
+/// oldest translations are forgotten); also the most connected UDP sockets tracked at once for destruction
+/// (`MAP_CONNECTED_UDP`).
 pub const DEFAULT_MAX_REVERSE: u32 = 262_144;
 /// Network namespaces `MAP_UDP_PER_NETNS` counts at once (the pods of a node with connected UDP sockets to
 /// Services; a namespace without one has no entry).

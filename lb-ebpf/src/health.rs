@@ -1,5 +1,5 @@
 //! Passive health, decided in the kernel: the `sock_ops` program follows the TCP active opens that connect4/6
-//! translated (their `REVERSE` entry names the backend) and records each one's outcome for its backend in
+//! translated (their reverse entry, `reverse::tcp_entry`, names the backend) and records each one's outcome for its backend in
 //! `HEALTH`: established is a success; the kernel ending the connect on an answer to its SYN (an RST, an ICMP
 //! error) or the SYN's first retransmission timeout is a failure, counted once per connect, with the client's
 //! network namespace; a local abort is none. `HealthConfig::failures` consecutive failures from
@@ -139,7 +139,7 @@ fn peer(ops: &aya_ebpf::bindings::bpf_sock_ops) -> Option<Backend> {
 }
 
 /// The socket's reverse entry and backend, if connect4/6 translated it to its current peer (the socket's
-/// `REVERSE` entry names that backend).
+/// entry, in its `REVERSE_TCP` slot or in `REVERSE`, names that backend).
 #[inline(always)]
 fn translated(ctx: &SockOpsContext) -> Option<(&'static mut ReverseValue, Backend)> {
     // SAFETY: the kernel passes a valid bpf_sock_ops for the program's whole run.

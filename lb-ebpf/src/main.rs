@@ -3,9 +3,11 @@
 //!
 //! - `connect4`, `connect6`, `sendmsg4`, `sendmsg6`: Service VIP -> backend, by tier (`lb_common::choose`).
 //! - `recvmsg4`, `recvmsg6`, `getpeername4`, `getpeername6`: backend -> the VIP the socket asked for
-//!   (`reverse`: socket storage for connected sockets, an LRU for unconnected UDP).
+//!   (`reverse`: a slot of `REVERSE_TCP`, else an LRU, for TCP; socket storage for connected UDP; the LRU for
+//!   unconnected UDP).
 //! - `sock_release`: a closed socket's reverse entries go with it.
-//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE`, `CONNECTED_UDP`, `UDP_PER_NETNS`, `SOCKS`, and
+//! - Maps: `FRONTENDS`, `SLOTS`, `BACKEND_STATE`, `COUNTERS`, `REVERSE_TCP`, `REVERSE`, `CONNECTED_UDP`,
+//!   `UDP_PER_NETNS`, `SOCKS`, and
 //!   `SVC_NAMES` (user space only).
 //! - Helpers the programs call down into, never back: `affinity`, `health`, `reverse`, `trace`, over `maps` and
 //!   `counters` (`count`, the per-CPU counters every program adds to).

@@ -196,9 +196,10 @@ pub struct AgentArgs {
     /// Capacity: backends that can be marked down.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_BACKENDS)]
     pub max_backends: u32,
-    /// Capacity: reverse entries (socket, backend) -> VIP of TCP sockets and unconnected UDP sends (an LRU:
-    /// oldest go first; connected UDP sockets keep theirs in socket storage), and connected UDP sockets
-    /// registered for destruction.
+    /// Capacity: reverse entries (socket, backend) -> VIP of unconnected UDP sends and of TCP sockets whose
+    /// slot of the TCP array another open socket holds (an LRU: oldest go first; other TCP sockets keep theirs
+    /// in their slot, connected UDP sockets in socket storage), and connected UDP sockets registered for
+    /// destruction.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_REVERSE)]
     pub max_reverse: u32,
     /// Capacity: sessionAffinity entries (frontend, client network namespace) remembered at once (an LRU:

@@ -58,6 +58,40 @@ fn churn(c: &SimCluster, tcp: usize, udp_connected: usize, udp_sent: usize) -> O
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `tierlb-lab keep` on node-1 (a TCP connection to the web VIP and a connected UDP socket to the DNS VIP,
+/// held open), ended on drop.
+struct Keep {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Keep {
+    fn start(c: &SimCluster) -> Self {
+        let mut cmd = c.client_command("node-1", &c.lab).unwrap();
+        cmd.args(["keep", "--tcp", WEB_VIP, "--dns", DNS_VIP]);
+        let mut child =
+            cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        Self { child, out }
+    }
+
+    /// The TCP socket's getpeername() now.
+    fn tcp_peer(&mut self) -> Option<String> {
+        std::io::Write::write_all(self.child.stdin.as_mut().unwrap(), b"check\n").unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut self.out, &mut line).unwrap();
+        serde_json::from_str::<lb_testkit::tenant::Kept>(&line).unwrap().tcp_peer
+    }
+}
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Entries of a pinned (socket cookie, backend) -> VIP map; 0 if the map does not exist. Read with aya
 /// directly, not through the agent's code, so the figure is the kernel's.
 fn entries(path: &PathBuf) -> usize {
@@ -143,41 +177,37 @@ fn a_tcp_socket_whose_slot_is_held_keeps_its_vip_in_the_lru() {
     for i in 0..slots.len() {
         slots.set(i, lb_common::TcpReverse::default(), 0).unwrap();
     }
-    let mut cmd = c.client_command("node-1", &c.lab).unwrap();
-    cmd.args(["keep", "--tcp", WEB_VIP, "--dns", DNS_VIP]);
-    let mut keep =
-        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
-    let mut out = std::io::BufReader::new(keep.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::Write::write_all(keep.stdin.as_mut().unwrap(), b"check\n").unwrap();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    let kept: lb_testkit::tenant::Kept = serde_json::from_str(&line).unwrap();
-    assert_eq!(kept.tcp_peer.as_deref(), Some(WEB_VIP), "{kept:?}");
+    let mut keep = Keep::start(&c);
+    assert_eq!(keep.tcp_peer().as_deref(), Some(WEB_VIP));
     let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));
     let lru = entries(&dir.join(MAP_REVERSE));
-    drop(keep.stdin.take());
-    let _ = keep.kill();
-    let _ = keep.wait();
+    drop(keep);
     assert_eq!((held.len(), lru), (1, 0), "one slot held, nothing in the LRU: {held:?}");
     assert_eq!(held[0].0, lb_common::tcp_slot(held[0].1), "the slot its cookie names");
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP)).is_empty(), "freed at close");
 }
 
-/// The socket storage is pinned with the other maps and an agent restarted over the pins reuses the same map
-/// (same kernel map id), so live sockets keep their reverse state across a restart; translation and reverse
-/// translation work after it; `--cleanup` removes the storage's pin and the `sock_release` link with the rest.
+/// The socket storage and the TCP sockets' reverse slots are pinned with the other maps and an agent
+/// restarted over the pins reuses the same maps (same kernel map ids), so live sockets keep their reverse
+/// state across a restart (a TCP connection held open through it still shows the VIP); translation and
+/// reverse translation work after it; `--cleanup` removes the pins and the `sock_release` link with the rest.
 #[test]
 fn a_restarted_agent_keeps_the_socket_storage() {
     let bpffs = BpfFs::new("revrestart").unwrap();
     let pin = bpffs.path().to_str().unwrap().to_owned();
     let mut c = cluster("revrestart", &["--bpffs", &pin]);
     let socks = bpffs.path().join("node-1").join(lb_common::MAP_SOCKS);
-    assert!(socks.exists(), "socket storage pinned at {}", socks.display());
-    let id_before = aya::maps::MapData::from_pin(&socks).unwrap().info().unwrap().id();
+    let slots = bpffs.path().join("node-1").join(MAP_REVERSE_TCP);
+    assert!(socks.exists() && slots.exists(), "socket storage and slots pinned at {}", socks.display());
+    let id = |p: &PathBuf| aya::maps::MapData::from_pin(p).unwrap().info().unwrap().id();
+    let ids_before = (id(&socks), id(&slots));
+    let mut keep = Keep::start(&c);
+    assert_eq!(keep.tcp_peer().as_deref(), Some(WEB_VIP), "before the restart");
     c.restart_agent("node-1").unwrap();
-    let id_after = aya::maps::MapData::from_pin(&socks).unwrap().info().unwrap().id();
-    assert_eq!(id_before, id_after, "the restarted agent reused the pinned socket storage");
+    assert_eq!((id(&socks), id(&slots)), ids_before, "the restarted agent reused the pinned maps");
+    assert_eq!(keep.tcp_peer().as_deref(), Some(WEB_VIP), "a connection held through the restart");
+    drop(keep);
     let o = churn(&c, 10, 10, 10);
     assert_eq!(o.reply_from.as_deref(), Some(DNS_VIP));
     assert_eq!(o.early_peer.as_deref(), Some(WEB_VIP));
@@ -186,7 +216,7 @@ fn a_restarted_agent_keeps_the_socket_storage() {
         .output()
         .unwrap();
     assert!(removed.status.success(), "{}", String::from_utf8_lossy(&removed.stderr));
-    assert!(!socks.exists(), "--cleanup removes the socket storage pin");
+    assert!(!socks.exists() && !slots.exists(), "--cleanup removes the socket storage's and the slots' pins");
     assert!(!bpffs.path().join("node-1").join("link_sock_release").exists());
 }
 

@@ -52,15 +52,16 @@ pub struct Ratio {
 }
 
 impl Ratio {
-    /// Of the rounds' ratios `xs`.
+    /// Of the rounds' ratios `xs`; a ratio that is not a number (a round that measured nothing, a figure an
+    /// older client did not report) is left out.
     pub fn of(xs: &[f64]) -> Self {
-        let mut v = xs.to_vec();
+        let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
         // The value at `num / den` of the way from the least to the greatest, by nearest rank; NaN for none.
         let rank = |num: usize, den: usize| {
             v.get((v.len().saturating_sub(1) * num + den / 2) / den).copied().unwrap_or(f64::NAN)
         };
-        Self { median: median(xs), q1: rank(1, 4), q3: rank(3, 4), min: rank(0, 1), max: rank(1, 1) }
+        Self { median: median(&v), q1: rank(1, 4), q3: rank(3, 4), min: rank(0, 1), max: rank(1, 1) }
     }
 }
 
@@ -395,7 +396,7 @@ mod tests {
     use super::*;
 
     /// A ratio's median, quartiles and extremes by rank, whatever the order the pairs came in; an even count's
-    /// median is the midpoint of the middle two.
+    /// median is the midpoint of the middle two; ratios that are not numbers are left out.
     #[test]
     fn a_ratio_gives_the_median_quartiles_and_extremes_of_its_pairs() {
         let r = Ratio::of(&[1.07, 0.9, 1.3, 1.01, 1.04, 1.02, 1.06, 1.05, 1.03]);
@@ -404,5 +405,8 @@ mod tests {
         assert_eq!((r.min, r.median, r.max), (1.0, 1.25, 1.5));
         let r = Ratio::of(&[]);
         assert!(r.median.is_nan() && r.q1.is_nan() && r.max.is_nan());
+        // A pair whose figure is missing (0 / 0) or was zero (x / 0) is not counted.
+        let r = Ratio::of(&[1.0, f64::NAN, 1.5, f64::INFINITY]);
+        assert_eq!((r.min, r.median, r.max), (1.0, 1.25, 1.5));
     }
 }

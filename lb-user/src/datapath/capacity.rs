@@ -10,8 +10,8 @@ pub struct Capacities {
     pub slots: u32,
     /// Backends `BACKEND_STATE` can mark down at once.
     pub backends: u32,
-    /// Reverse entries (socket, backend) -> VIP of TCP sockets and unconnected UDP (the LRU), and connected UDP sockets tracked
-    /// at once for destruction.
+    /// Reverse entries (socket, backend) -> VIP of unconnected UDP and of TCP sockets whose slot was held (the
+    /// LRU), and connected UDP sockets tracked at once for destruction.
     pub reverse: u32,
     /// sessionAffinity entries (frontend, client) remembered at once (an LRU).
     pub affinity: u32,

@@ -44,8 +44,8 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_REVERSE | MAP_CONNECTED_UDP => (caps.reverse, "reverse", caps.reverse, same),
         // Socket storage has no capacity of its own (max_entries must be 0): it grows with the sockets.
         MAP_SOCKS => (0, "reverse", caps.reverse, |_| 0),
-        // The trace maps have fixed sizes (a ring buffer's max_entries is its size in bytes) that no flag
-        // changes (`FIXED`): a pin of another size is another version's layout.
+        // The TCP sockets' reverse slots and the trace maps have fixed sizes (a ring buffer's max_entries is
+        // its size in bytes) that no flag changes (`FIXED`): a pin of another size is another version's layout.
         MAP_REVERSE_TCP => (REVERSE_TCP_SLOTS, FIXED, 0, |_| 0),
         MAP_TRACE_EVENTS => (TRACE_RING_BYTES, FIXED, 0, |_| 0),
         MAP_TRACE_CONTROL => (1, FIXED, 0, |_| 0),

@@ -123,8 +123,8 @@ pub trait MapReader {
     /// Every connected UDP socket the data path registered: which socket (cookie, network namespace) is
     /// connected to which backend for which VIP (what socket destruction needs).
     fn connected_udp(&self) -> Result<Vec<(ReverseKey, ReverseValue)>, MapError>;
-    /// How many reverse entries the maps hold outside the sockets' own storage (which is freed with them
-    /// and cannot be counted from user space).
+    /// How many reverse entries the LRU and the connected-UDP registry hold (not the sockets' own storage,
+    /// which is freed with them and cannot be counted from user space, nor the TCP slots of `REVERSE_TCP`).
     fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError>;
     /// Every member entry of the frontends with sessionAffinity (adoption removes orphans).
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError>;
@@ -238,7 +238,8 @@ pub(crate) fn frontends_one_by_one<W: MapWriter + ?Sized>(
 /// Reverse entries outside socket storage, read from the maps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReverseOccupancy {
-    /// Entries in the reverse LRU (TCP sockets, unconnected UDP) (`REVERSE`; its capacity is `--max-reverse`).
+    /// Entries in the reverse LRU (unconnected UDP, TCP sockets whose slot was held) (`REVERSE`; its capacity
+    /// is `--max-reverse`).
     pub lru: usize,
     /// Connected UDP sockets registered for destruction (`CONNECTED_UDP`).
     pub connected_udp: usize,

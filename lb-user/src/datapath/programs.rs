@@ -1,17 +1,21 @@
 //! The programs of the BPF object, by function name: what the loader attaches and `pins` names links after.
-/// The programs in the object, by function name; all are attached to the agent's cgroup. All are
-/// `cgroup/sock_addr` programs but `RELEASE_PROGRAM` and `HEALTH_PROGRAM`.
+/// The programs in the object, by function name; all are attached to the agent's cgroup, in this order. All
+/// are `cgroup/sock_addr` programs but `RELEASE_PROGRAM` and `HEALTH_PROGRAM`. The programs that read or
+/// delete reverse entries come before those that write them: an agent replacing another version's programs
+/// one by one never has a new writer beside an old reader or release hook that does not know where the new
+/// one writes (a TCP socket's entry moved from the LRU to the `REVERSE_TCP` slots: an old `sock_release`
+/// would leave a closed socket's slot held for good). The new readers find the old writers' entries.
 pub const PROGRAMS: &[&str] = &[
-    "connect4",
-    "connect6",
-    "sendmsg4",
-    "sendmsg6",
     "recvmsg4",
     "recvmsg6",
     "getpeername4",
     "getpeername6",
     RELEASE_PROGRAM,
     HEALTH_PROGRAM,
+    "connect4",
+    "connect6",
+    "sendmsg4",
+    "sendmsg6",
 ];
 
 /// The `sock_ops` program: passive health, from the outcome of the TCP connects the others translated.
