@@ -11,6 +11,7 @@ pub mod churn;
 pub mod cluster;
 pub mod deployed;
 pub mod dns;
+pub mod interrupt;
 pub mod manifests;
 pub mod probe;
 pub mod sandbox;

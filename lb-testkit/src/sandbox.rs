@@ -54,7 +54,7 @@ impl Drop for TempDir {
 
 /// The cgroup2 mount (the unified hierarchy), from /proc/self/mountinfo: where test cgroups are made (as
 /// children, never the root itself).
-fn cgroup2_root() -> anyhow::Result<PathBuf> {
+pub fn cgroup2_root() -> anyhow::Result<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     info.lines()
         .find_map(|line| {

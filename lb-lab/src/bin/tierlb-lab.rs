@@ -286,6 +286,7 @@ fn main() -> ExitCode {
         Cmd::Keep { tcp, dns, timeout_ms } => keep(tcp, dns, timeout_ms),
         Cmd::Load { target, mode, threads, seconds, paced } => load(target, mode, threads, seconds, paced),
         Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, rounds, seconds } => {
+            interruptible();
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
             match (on_node, agent_only) {
@@ -307,6 +308,7 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Demo { tierlb, out_dir, chart_from: None } => {
+            interruptible();
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
             match lb_lab::demo::run(&tierlb, &me, &out_dir) {
@@ -318,6 +320,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// An interrupted run (Ctrl-C, SIGTERM, SIGHUP) removes its namespaces, cgroups and mounts before it exits
+/// (`lb_testkit::interrupt`).
+fn interruptible() {
+    if let Err(e) = lb_testkit::interrupt::clean_up_on_signals() {
+        eprintln!(
+            "tierlb-lab: warning: no clean-up on interruption ({e:#}): an interrupted run leaves its sandbox"
+        );
     }
 }
 

@@ -1,0 +1,134 @@
+//! Clean-up when a long run (the demo, the benchmark) is interrupted: SIGINT (Ctrl-C), SIGTERM or SIGHUP
+//! would end the process without running the sandbox's guards, leaving its network namespaces, cgroups
+//! (with the programs attached to them), bpffs mounts and temporary directories behind. After
+//! [`clean_up_on_signals`] such a signal makes a thread of this process remove everything the sandbox made
+//! for this process, found by the names it gives (`tierlb-TAG-PID-N`, `sandbox::unique`), then exit with
+//! 128 + the signal's number. The processes inside those cgroups are this process's own children (the sandbox
+//! confines only what it starts); they are ended with SIGKILL first, so that the cgroups can be removed.
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, IntoRawFd as _, OwnedFd},
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicI32, Ordering},
+    time::Duration,
+};
+
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+
+/// The pipe's write end, for the handler (-1 until installed).
+static PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let fd = PIPE.load(Ordering::Relaxed);
+    let byte = u8::try_from(sig).unwrap_or(0);
+    // SAFETY: write(2) is async-signal-safe; the buffer is a local byte.
+    unsafe { libc::write(fd, (&raw const byte).cast(), 1) };
+}
+
+/// Install the handlers (once; later calls do nothing). A child process starts with the default
+/// dispositions again (exec resets handled signals), so the agents and tools this process starts still end on
+/// SIGTERM as before.
+pub fn clean_up_on_signals() -> anyhow::Result<()> {
+    if PIPE.load(Ordering::Relaxed) >= 0 {
+        return Ok(());
+    }
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // Both ends stay open for the process's life: the write end for the handler, the read end for the thread.
+    PIPE.store(write.into_raw_fd(), Ordering::Relaxed);
+    let read = read.into_raw_fd();
+    std::thread::Builder::new().name("clean-up".into()).spawn(move || {
+        // SAFETY: the pipe's read end, owned by this thread from here on.
+        let read = unsafe { OwnedFd::from_raw_fd(read) };
+        let mut byte = 0u8;
+        // SAFETY: a read of one byte into a local.
+        while unsafe { libc::read(read.as_raw_fd(), (&raw mut byte).cast(), 1) } != 1 {}
+        eprintln!("interrupted (signal {byte}): removing this run's namespaces, cgroups and mounts");
+        sweep(std::process::id());
+        std::process::exit(128 + i32::from(byte));
+    })?;
+    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only calls write(2) on a descriptor that stays open.
+        unsafe { sigaction(sig, &action) }?;
+    }
+    Ok(())
+}
+
+/// Whether `name` is one the sandbox gave in process `pid` (`tierlb-TAG-PID-N`).
+fn ours(name: &str, pid: u32) -> bool {
+    let Some(rest) = name.strip_prefix("tierlb-") else { return false };
+    let mut parts = rest.rsplitn(3, '-');
+    let (n, p) = (parts.next(), parts.next());
+    parts.next().is_some_and(|tag| !tag.is_empty())
+        && n.is_some_and(|n| n.parse::<u32>().is_ok())
+        && p == Some(pid.to_string().as_str())
+}
+
+/// The entries of `dir` whose names the sandbox gave in process `pid`.
+fn ours_in(dir: &Path, pid: u32) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().filter(|e| ours(&e.file_name().to_string_lossy(), pid)).map(|e| e.path()).collect()
+}
+
+/// Remove what the sandbox made in process `pid`: its cgroups (their processes killed first), network
+/// namespaces, bpffs mounts and temporary directories.
+pub fn sweep(pid: u32) {
+    let mut roots = vec![PathBuf::from("/sys/fs/cgroup/memory")];
+    if let Ok(root) = super::sandbox::cgroup2_root() {
+        roots.insert(0, root);
+    }
+    for cg in roots.iter().flat_map(|r| ours_in(r, pid)) {
+        remove_cgroup(&cg);
+    }
+    for ns in ours_in(Path::new("/run/netns"), pid) {
+        if let Some(name) = ns.file_name().and_then(|n| n.to_str()) {
+            let _ = std::process::Command::new("ip").args(["netns", "del", name]).output();
+        }
+    }
+    for dir in ours_in(&std::env::temp_dir(), pid) {
+        // A bpffs mount point first loses its mount; a plain directory is removed with what it holds.
+        let _ = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Kill the processes in `cg` and every cgroup below it, then remove them, deepest first.
+fn remove_cgroup(cg: &Path) {
+    let mut all = vec![cg.to_path_buf()];
+    let mut i = 0;
+    while i < all.len() {
+        if let Ok(entries) = std::fs::read_dir(&all[i]) {
+            all.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path()));
+        }
+        i += 1;
+    }
+    for dir in all.iter().rev() {
+        for _ in 0..100 {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only names of the sandbox's pattern with this pid are ours.
+    #[test]
+    fn only_the_sandboxs_names_of_this_process_are_swept() {
+        assert!(ours("tierlb-bench-4058-0", 4058));
+        assert!(ours("tierlb-node-1-4058-12", 4058), "a tag with a dash");
+        assert!(!ours("tierlb-bench-4058-0", 405));
+        assert!(!ours("tierlb-bench-40580-0", 4058));
+        assert!(!ours("tierlb-4058-0", 4058), "no tag");
+        assert!(!ours("tierlb-bench-4058-x", 4058));
+        assert!(!ours("other-bench-4058-0", 4058));
+        assert!(!ours("tierlb", 4058));
+    }
+}
