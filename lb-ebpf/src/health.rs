@@ -1,6 +1,6 @@
 //! Passive health, decided in the kernel: the `sock_ops` program follows the TCP active opens that connect4/6
-//! translated (their reverse entry, `reverse::tcp_entry`, names the backend) and records each one's outcome for its backend in
-//! `HEALTH`: established is a success; the kernel ending the connect on an answer to its SYN (an RST, an ICMP
+//! translated (their reverse entry, `reverse::tcp_entry`, names the backend) and records each one's outcome
+//! for its backend in `HEALTH`: established is a success; the kernel ending the connect on an answer to its SYN (an RST, an ICMP
 //! error) or the SYN's first retransmission timeout is a failure, counted once per connect, with the client's
 //! network namespace; a local abort is none. `HealthConfig::failures` consecutive failures from
 //! `HealthConfig::clients` distinct clients (`Health::fail`) hold the backend down for a time that doubles with each hold without a success in between; when a hold ends, one

@@ -31,7 +31,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     Backend, COUNTER_REVERSE_UNRECORDED, FAMILY_V4, FAMILY_V6, FrontendKey, GLOBAL_SVC_ID, PROTO_TCP,
-    ReverseKey, ReverseValue, SOCK_LRU_RECORD, SOCK_REGISTERED, V4_MAPPED_WORD2, tcp_slot,
+    ReverseKey, ReverseValue, SOCK_LRU_RECORD, SOCK_REGISTERED, TcpReverse, V4_MAPPED_WORD2, tcp_slot,
 };
 
 use crate::{
@@ -40,18 +40,23 @@ use crate::{
     netns_count,
 };
 
+/// The `REVERSE_TCP` slot of the TCP socket with `cookie`, if that socket holds it.
+#[inline(always)]
+pub(crate) fn own_slot(cookie: u64) -> Option<&'static mut TcpReverse> {
+    let slot = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie))?;
+    // SAFETY: an array element, valid for the program's run.
+    let slot = unsafe { &mut *slot };
+    (slot.cookie == cookie).then_some(slot)
+}
+
 /// The reverse entry of the TCP socket with `cookie`: in its `REVERSE_TCP` slot if the slot is its own,
 /// else in `REVERSE` (or none).
 #[inline(always)]
 pub(crate) fn tcp_entry(cookie: u64) -> Option<*mut ReverseValue> {
-    if let Some(slot) = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie)) {
-        // SAFETY: an array element, valid for the program's run.
-        if unsafe { (*slot).cookie } == cookie {
-            // SAFETY: as above; a field of it.
-            return Some(unsafe { &raw mut (*slot).value });
-        }
+    match own_slot(cookie) {
+        Some(slot) => Some(&raw mut slot.value),
+        None => REVERSE.get_ptr_mut(ReverseKey::tcp(cookie)),
     }
-    REVERSE.get_ptr_mut(ReverseKey::tcp(cookie))
 }
 
 pub(crate) const AF_INET: u32 = 2;
@@ -201,12 +206,13 @@ pub(crate) fn recall(ctx: &SockAddrContext, backend: Backend) -> Option<Frontend
             return Some(unsafe { (*st).frontend });
         }
     }
-    let rev = if backend.proto == PROTO_TCP {
-        // SAFETY: a map value, valid for the program's run; only copied out of.
-        unsafe { *tcp_entry(cookie(ctx))? }
-    } else {
-        // SAFETY: we only copy out of the value.
-        *unsafe { REVERSE.get(ReverseKey { cookie: cookie(ctx), backend, _pad: 0 }) }?
+    // SAFETY: map values, valid for the program's run; only read.
+    let rev: &ReverseValue = unsafe {
+        if backend.proto == PROTO_TCP {
+            &*tcp_entry(cookie(ctx))?
+        } else {
+            REVERSE.get(ReverseKey { cookie: cookie(ctx), backend, _pad: 0 })?
+        }
     };
     // A TCP socket's entry is for the backend of its last translated connect: one that connected again to
     // an address no Service has shows that address.

@@ -12,10 +12,10 @@ use aya_ebpf::{
     macros::cgroup_sock,
     programs::SockContext,
 };
-use lb_common::{PROTO_TCP, ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockState, tcp_slot};
+use lb_common::{PROTO_TCP, ReverseKey, SOCK_LRU_RECORD, SOCK_REGISTERED, SockState};
 
 use crate::{
-    maps::{CONNECTED_UDP, REVERSE, REVERSE_TCP, SOCKS},
+    maps::{CONNECTED_UDP, REVERSE, SOCKS},
     netns_count,
 };
 
@@ -35,13 +35,9 @@ fn sock_release(ctx: SockContext) -> i32 {
         // `connect(AF_UNSPEC)`), its one entry is under its cookie.
         // SAFETY: `bpf_get_socket_cookie_sock_proto` takes the cgroup_sock context.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
-        if let Some(slot) = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie)) {
-            // SAFETY: an array element, valid for the program's run.
-            let slot = unsafe { &mut *slot };
-            if slot.cookie == cookie {
-                slot.cookie = 0;
-                return PROCEED;
-            }
+        if let Some(slot) = crate::reverse::own_slot(cookie) {
+            slot.cookie = 0;
+            return PROCEED;
         }
         let _ = REVERSE.remove(ReverseKey::tcp(cookie));
         return PROCEED;
