@@ -10,11 +10,10 @@ use std::{
 /// This run's names of process `pid` in `dir` (`tierlb-TAG-PID-N`).
 fn left_in(dir: &Path, pid: u32) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let infix = format!("-{pid}-");
     entries
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("tierlb-") && n.contains(&infix))
+        .filter(|n| lb_testkit::sandbox::made_by(n, pid))
         .collect()
 }
 

@@ -14,6 +14,8 @@ use std::{
 
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 
+use crate::sandbox::made_by;
+
 /// The pipe's write end, for the handler (-1 until installed).
 static PIPE: AtomicI32 = AtomicI32::new(-1);
 
@@ -53,20 +55,10 @@ pub fn clean_up_on_signals() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether `name` is one the sandbox gave in process `pid` (`tierlb-TAG-PID-N`).
-fn ours(name: &str, pid: u32) -> bool {
-    let Some(rest) = name.strip_prefix("tierlb-") else { return false };
-    let mut parts = rest.rsplitn(3, '-');
-    let (n, p) = (parts.next(), parts.next());
-    parts.next().is_some_and(|tag| !tag.is_empty())
-        && n.is_some_and(|n| n.parse::<u32>().is_ok())
-        && p == Some(pid.to_string().as_str())
-}
-
 /// The entries of `dir` whose names the sandbox gave in process `pid`.
 fn ours_in(dir: &Path, pid: u32) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries.flatten().filter(|e| ours(&e.file_name().to_string_lossy(), pid)).map(|e| e.path()).collect()
+    entries.flatten().filter(|e| made_by(&e.file_name().to_string_lossy(), pid)).map(|e| e.path()).collect()
 }
 
 /// Remove what the sandbox made in process `pid`: its cgroups (their processes killed first), network
@@ -122,13 +114,13 @@ mod tests {
     /// Only names of the sandbox's pattern with this pid are ours.
     #[test]
     fn only_the_sandboxs_names_of_this_process_are_swept() {
-        assert!(ours("tierlb-bench-4058-0", 4058));
-        assert!(ours("tierlb-node-1-4058-12", 4058), "a tag with a dash");
-        assert!(!ours("tierlb-bench-4058-0", 405));
-        assert!(!ours("tierlb-bench-40580-0", 4058));
-        assert!(!ours("tierlb-4058-0", 4058), "no tag");
-        assert!(!ours("tierlb-bench-4058-x", 4058));
-        assert!(!ours("other-bench-4058-0", 4058));
-        assert!(!ours("tierlb", 4058));
+        assert!(made_by("tierlb-bench-4058-0", 4058));
+        assert!(made_by("tierlb-node-1-4058-12", 4058), "a tag with a dash");
+        assert!(!made_by("tierlb-bench-4058-0", 405));
+        assert!(!made_by("tierlb-bench-40580-0", 4058));
+        assert!(!made_by("tierlb-4058-0", 4058), "no tag");
+        assert!(!made_by("tierlb-bench-4058-x", 4058));
+        assert!(!made_by("other-bench-4058-0", 4058));
+        assert!(!made_by("tierlb", 4058));
     }
 }

@@ -22,6 +22,17 @@ fn unique(tag: &str) -> String {
     format!("tierlb-{tag}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
+/// Whether `name` is one `unique` gave in process `pid` (`tierlb-TAG-PID-N`): what an interrupted run
+/// removes (`interrupt::sweep`).
+pub fn made_by(name: &str, pid: u32) -> bool {
+    let Some(rest) = name.strip_prefix("tierlb-") else { return false };
+    let mut parts = rest.rsplitn(3, '-');
+    let (n, p) = (parts.next(), parts.next());
+    parts.next().is_some_and(|tag| !tag.is_empty())
+        && n.is_some_and(|n| n.parse::<u32>().is_ok())
+        && p == Some(pid.to_string().as_str())
+}
+
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {

@@ -65,6 +65,25 @@ pub(super) struct Loader<'a> {
 }
 
 impl Loader<'_> {
+    /// The load client against `target`, `secs` seconds a run, confined to `cg` and the bench's namespace.
+    fn command(
+        &self,
+        cg: Option<&Cgroup>,
+        target: SocketAddr,
+        mode: LoadMode,
+        secs: f64,
+    ) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(self.lab);
+        confine(&mut cmd, cg, Some(self.ns))?;
+        cmd.args(["load", "--target", &target.to_string(), "--mode", mode.as_str()]).args([
+            "--threads",
+            &self.threads.to_string(),
+            "--seconds",
+            &secs.to_string(),
+        ]);
+        Ok(cmd)
+    }
+
     /// One load run against `target`, the client confined to `cg` (tierlb's cgroup, for the tierlb rows).
     pub(super) fn run(
         &self,
@@ -72,20 +91,7 @@ impl Loader<'_> {
         target: SocketAddr,
         mode: LoadMode,
     ) -> anyhow::Result<LoadResult> {
-        let mut cmd = Command::new(self.lab);
-        confine(&mut cmd, cg, Some(self.ns))?;
-        cmd.args([
-            "load",
-            "--target",
-            &target.to_string(),
-            "--mode",
-            mode.as_str(),
-            "--threads",
-            &self.threads.to_string(),
-            "--seconds",
-            &self.secs.to_string(),
-        ]);
-        let out = cmd.stderr(Stdio::inherit()).output()?;
+        let out = self.command(cg, target, mode, self.secs)?.stderr(Stdio::inherit()).output()?;
         anyhow::ensure!(out.status.success(), "load client failed");
         Ok(serde_json::from_slice(&out.stdout)?)
     }
@@ -119,15 +125,13 @@ impl Loader<'_> {
         mode: LoadMode,
         slice: f64,
     ) -> anyhow::Result<Paced> {
-        let mut cmd = Command::new(self.lab);
-        confine(&mut cmd, cg, Some(self.ns))?;
-        cmd.args(["load", "--paced", "--target", &target.to_string(), "--mode", mode.as_str()]).args([
-            "--threads",
-            &self.threads.to_string(),
-            "--seconds",
-            &slice.to_string(),
-        ]);
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+        let mut cmd = self.command(cg, target, mode, slice)?;
+        let mut child = cmd
+            .arg("--paced")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
         let stdin = child.stdin.take().context("stdin")?;
         let stdout = std::io::BufReader::new(child.stdout.take().context("stdout")?);
         Ok(Paced { child, stdin: Some(stdin), stdout })
