@@ -58,38 +58,12 @@ fn churn(c: &SimCluster, tcp: usize, udp_connected: usize, udp_sent: usize) -> O
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// `tierlb-lab keep` on node-1 (a TCP connection to the web VIP and a connected UDP socket to the DNS VIP,
-/// held open), ended on drop.
-struct Keep {
-    child: std::process::Child,
-    out: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl Keep {
-    fn start(c: &SimCluster) -> Self {
-        let mut cmd = c.client_command("node-1", &c.lab).unwrap();
-        cmd.args(["keep", "--tcp", WEB_VIP, "--dns", DNS_VIP]);
-        let mut child =
-            cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        Self { child, out }
-    }
-
-    /// The TCP socket's getpeername() now.
-    fn tcp_peer(&mut self) -> Option<String> {
-        std::io::Write::write_all(self.child.stdin.as_mut().unwrap(), b"check\n").unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut self.out, &mut line).unwrap();
-        serde_json::from_str::<lb_testkit::tenant::Kept>(&line).unwrap().tcp_peer
-    }
-}
-
-impl Drop for Keep {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `tierlb-lab keep` on node-1: a TCP connection to the web VIP and a connected UDP socket to the DNS VIP,
+/// held open until dropped.
+fn keep(c: &SimCluster) -> common::Piped {
+    let mut cmd = c.client_command("node-1", &c.lab).unwrap();
+    cmd.args(["keep", "--tcp", WEB_VIP, "--dns", DNS_VIP]);
+    common::Piped::spawn(cmd)
 }
 
 /// Entries of a pinned (socket cookie, backend) -> VIP map; 0 if the map does not exist. Read with aya
@@ -171,14 +145,12 @@ fn a_tcp_socket_whose_slot_is_held_keeps_its_vip_in_the_lru() {
     assert!(held.iter().all(|(i, cookie)| *cookie == (1 << 63) | u64::from(*i)));
 
     // The slots free again: an open connection's entry is in the slot of its cookie.
-    let data = aya::maps::MapData::from_pin(dir.join(MAP_REVERSE_TCP)).unwrap();
-    let mut slots: aya::maps::Array<_, lb_common::TcpReverse> =
-        aya::maps::Array::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    let mut slots = common::tcp_slots(&dir.join(MAP_REVERSE_TCP));
     for i in 0..slots.len() {
         slots.set(i, lb_common::TcpReverse::default(), 0).unwrap();
     }
-    let mut keep = Keep::start(&c);
-    assert_eq!(keep.tcp_peer().as_deref(), Some(WEB_VIP));
+    let mut keep = keep(&c);
+    assert_eq!(keep.check().tcp_peer.as_deref(), Some(WEB_VIP));
     let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));
     let lru = entries(&dir.join(MAP_REVERSE));
     drop(keep);
@@ -202,11 +174,11 @@ fn a_restarted_agent_keeps_the_socket_storage() {
     assert!(socks.exists() && slots.exists(), "socket storage and slots pinned at {}", socks.display());
     let id = |p: &PathBuf| aya::maps::MapData::from_pin(p).unwrap().info().unwrap().id();
     let ids_before = (id(&socks), id(&slots));
-    let mut keep = Keep::start(&c);
-    assert_eq!(keep.tcp_peer().as_deref(), Some(WEB_VIP), "before the restart");
+    let mut keep = keep(&c);
+    assert_eq!(keep.check().tcp_peer.as_deref(), Some(WEB_VIP), "before the restart");
     c.restart_agent("node-1").unwrap();
     assert_eq!((id(&socks), id(&slots)), ids_before, "the restarted agent reused the pinned maps");
-    assert_eq!(keep.tcp_peer().as_deref(), Some(WEB_VIP), "a connection held through the restart");
+    assert_eq!(keep.check().tcp_peer.as_deref(), Some(WEB_VIP), "a connection held through the restart");
     drop(keep);
     let o = churn(&c, 10, 10, 10);
     assert_eq!(o.reply_from.as_deref(), Some(DNS_VIP));

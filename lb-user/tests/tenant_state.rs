@@ -1,13 +1,7 @@
 //! The node's shared reverse state under a pod that churns it, as deployed (`lb_testkit::deployed`: the
 //! DaemonSet's capabilities and mounts, pods in network namespaces of their own behind veth pairs): pod A's
 //! sockets cannot take pod B's reverse translation or socket destruction away.
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    net::IpAddr,
-    path::Path,
-    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
-    time::Duration,
-};
+use std::{net::IpAddr, path::Path, process::Command, time::Duration};
 
 use lb_common::{
     MAP_CONNECTED_UDP, MAP_REVERSE, MAP_REVERSE_TCP, MAP_UDP_PER_NETNS, ReverseKey, ReverseValue,
@@ -18,7 +12,7 @@ use lb_testkit::{
     dns::DnsServer,
     manifests::{Ep, Svc, write_service},
     sandbox::{NamedServer, NetNs, confine},
-    tenant::{Flood, Kept},
+    tenant::Flood,
 };
 
 mod common;
@@ -38,41 +32,11 @@ fn dns_svc() -> Svc {
 }
 
 /// A `tierlb-lab` tool in pod `ns` and the agent's cgroup, talking over stdin/stdout.
-struct Tool {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Tool {
-    fn start(boxed: &BoxedNode, ns: &NetNs, args: &[&str]) -> Self {
-        let mut cmd = Command::new(lb_testkit::workspace_bin("tierlb-lab", "lb-lab"));
-        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped());
-        confine(&mut cmd, Some(&boxed.cgroup), Some(ns)).unwrap();
-        let mut child = cmd.spawn().unwrap();
-        let (stdin, stdout) = (child.stdin.take(), BufReader::new(child.stdout.take().unwrap()));
-        Self { child, stdin, stdout }
-    }
-
-    fn line<T: serde::de::DeserializeOwned>(&mut self) -> T {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"))
-    }
-
-    /// `keep`: one check.
-    fn check(&mut self) -> Kept {
-        writeln!(self.stdin.as_mut().unwrap(), "check").unwrap();
-        self.line()
-    }
-}
-
-impl Drop for Tool {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn tool(boxed: &BoxedNode, ns: &NetNs, args: &[&str]) -> common::Piped {
+    let mut cmd = Command::new(lb_testkit::workspace_bin("tierlb-lab", "lb-lab"));
+    cmd.args(args);
+    confine(&mut cmd, Some(&boxed.cgroup), Some(ns)).unwrap();
+    common::Piped::spawn(cmd)
 }
 
 /// The agent's `/metrics`, on the port the DaemonSet passes, from the node's namespace.
@@ -126,7 +90,7 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
 
     // A churns TCP sockets, then holds 300,000 connected UDP sockets (16 processes of 18,750: one process
     // may open 20,000 files here), more than the whole registry.
-    let mut flood = vec![Tool::start(
+    let mut flood = vec![tool(
         &boxed,
         &a,
         &["flood", "--tcp", WEB, "--unspec-sockets", "50000", "--reconnects", "50000"],
@@ -136,7 +100,7 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     assert!(tcp.errors.is_empty(), "{:?}", tcp.errors);
     assert_eq!(tcp.reconnected_peer.as_deref(), Some(WEB));
     for _ in 0..16 {
-        flood.push(Tool::start(&boxed, &a, &["flood", "--tcp", WEB, "--dns", DNS, "--udp-hold", "18750"]));
+        flood.push(tool(&boxed, &a, &["flood", "--tcp", WEB, "--dns", DNS, "--udp-hold", "18750"]));
     }
     let mut held = 0;
     for t in &mut flood[1..] {
@@ -164,7 +128,7 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     assert!(metrics.lines().any(|l| l == unrecorded), "{unrecorded:?} not in:\n{metrics}");
 
     // B's sockets, opened after A's flood: the reverse view and a registration of their own.
-    let mut keep = Tool::start(&boxed, &b, &["keep", "--tcp", WEB, "--dns", DNS]);
+    let mut keep = tool(&boxed, &b, &["keep", "--tcp", WEB, "--dns", DNS]);
     let k = keep.check();
     assert_eq!(
         (k.tcp_peer.as_deref(), k.reply_from.as_deref(), k.answer.as_deref()),

@@ -182,23 +182,61 @@ pub(crate) fn nft(ns: &lb_testkit::sandbox::NetNs, rule: &str) {
     assert!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// The pinned `REVERSE_TCP` array at `path`, read with aya (the kernel's figure): slot index and cookie of
-/// every slot a socket holds.
-pub(crate) fn tcp_slots_held(path: &Path) -> Vec<(u32, u64)> {
+/// A `tierlb-lab` tool talking over stdin/stdout (`flood`, `keep`): started from `cmd`, ended on drop.
+pub(crate) struct Piped {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Piped {
+    pub(crate) fn spawn(mut cmd: Command) -> Self {
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let (stdin, stdout) = (child.stdin.take(), std::io::BufReader::new(child.stdout.take().unwrap()));
+        Self { child, stdin, stdout }
+    }
+
+    /// The next line it prints, as JSON.
+    pub(crate) fn line<T: serde::de::DeserializeOwned>(&mut self) -> T {
+        let mut l = String::new();
+        std::io::BufRead::read_line(&mut self.stdout, &mut l).unwrap();
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l:?}"))
+    }
+
+    /// `keep`: one check.
+    pub(crate) fn check(&mut self) -> lb_testkit::tenant::Kept {
+        std::io::Write::write_all(self.stdin.as_mut().unwrap(), b"check\n").unwrap();
+        self.line()
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The pinned `REVERSE_TCP` array at `path`, opened with aya (the kernel's map, not the agent's view).
+pub(crate) fn tcp_slots(path: &Path) -> aya::maps::Array<aya::maps::MapData, lb_common::TcpReverse> {
     let data = aya::maps::MapData::from_pin(path).unwrap();
-    let map = aya::maps::Map::from_map_data(data).unwrap();
-    let slots: aya::maps::Array<_, lb_common::TcpReverse> = aya::maps::Array::try_from(map).unwrap();
+    aya::maps::Array::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap()
+}
+
+/// Slot index and cookie of every slot a socket holds in the pinned `REVERSE_TCP` array at `path`.
+pub(crate) fn tcp_slots_held(path: &Path) -> Vec<(u32, u64)> {
+    let slots = tcp_slots(path);
     (0..slots.len())
         .filter_map(|i| Some((i, slots.get(&i, 0).unwrap().cookie)).filter(|s| s.1 != 0))
         .collect()
 }
 
-/// Fill every free slot of the pinned `REVERSE_TCP` array at `path` with a cookie no socket has (the top bit
-/// set, a count socket cookies never reach), as if open sockets held them all.
+/// Fill every slot of the pinned `REVERSE_TCP` array at `path` with a cookie no socket has (the top bit set,
+/// a count socket cookies never reach), as if open sockets held them all.
 pub(crate) fn hold_every_tcp_slot(path: &Path) {
-    let data = aya::maps::MapData::from_pin(path).unwrap();
-    let map = aya::maps::Map::from_map_data(data).unwrap();
-    let mut slots: aya::maps::Array<_, lb_common::TcpReverse> = aya::maps::Array::try_from(map).unwrap();
+    let mut slots = tcp_slots(path);
     for i in 0..slots.len() {
         let held = lb_common::TcpReverse { cookie: (1 << 63) | u64::from(i), ..Default::default() };
         slots.set(i, held, 0).unwrap();
