@@ -136,8 +136,8 @@ pub const MAPS: [&str; 13] = [
 /// Maps the agent creates and pins but never opens: the socket storage, the TCP sockets' reverse slots, the
 /// per-namespace count of connected UDP sockets and each cgroup's first namespace (which only the kernel
 /// reads, but a restarted agent must reuse them, or live sockets would lose their reverse state and their
-/// count) and the trace maps (which
-/// `tierlb trace` opens from the pins; the agent reads the lost-event count from `MAP_COUNTERS`).
+/// count) and the trace maps (which `tierlb trace` opens from the pins; the agent reads the lost-event count
+/// from `MAP_COUNTERS`).
 pub const PINNED_ONLY: [&str; 7] = [
     MAP_SOCKS,
     MAP_REVERSE_TCP,

@@ -126,8 +126,8 @@ pub fn jemalloc_value<T: Plain>(name: &CStr) -> Option<T> {
 
 /// What an agent's memory cgroup needs for `services` Services of about 10 endpoints at the default `--max-*`
 /// capacities: the BPF maps, which the kernel charges to the cgroup of the process that made them (170 MiB
-/// loaded and empty, mostly the preallocated LRUs and the 4 MiB `REVERSE_TCP` array; 0.8 KiB more per Service, its slots and names: 1.3 KiB
-/// before the slot map held 8 slots to an entry, whose entries then took 496 bytes a Service less, the
+/// loaded and empty, mostly the preallocated LRUs and the 4 MiB `REVERSE_TCP` array; 0.8 KiB more per
+/// Service, its slots and names: 1.3 KiB before the slot map held 8 slots to an entry, whose entries then took 496 bytes a Service less, the
 /// kernel's accounting of `SLOTS` at 100,000 Services in BENCHMARKS.md), plus the
 /// agent's own peak with a fifth again as margin. The peak is its start (the first list and plan: `VmHWM`
 /// 34 MiB and 3.5 KiB per Service, 67.6 MiB at 10,000 Services and 379 MiB at 100,000, `--kube`, the
