@@ -34,6 +34,27 @@ fn counting_backend(ns: &NetNs, addr: SocketAddr) -> Arc<AtomicU64> {
     accepted
 }
 
+/// `tierlb-lab load --paced` in `ns` against `backend` (connect mode) with `args`: the child, its stdin and
+/// its stdout.
+fn paced_client(
+    ns: &NetNs,
+    backend: SocketAddr,
+    args: &[&str],
+) -> (std::process::Child, std::process::ChildStdin, BufReader<std::process::ChildStdout>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierlb-lab"));
+    confine(&mut cmd, None, Some(ns)).unwrap();
+    let mut child = cmd
+        .args(["load", "--paced", "--target", &backend.to_string(), "--mode", "connect"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (child, stdin, stdout)
+}
+
 /// Each line on stdin gets one slice and one result line; between slices no connection is made; closing
 /// stdin ends the client cleanly.
 #[test]
@@ -42,17 +63,8 @@ fn the_paced_client_runs_one_slice_per_request_and_is_idle_between() {
     let backend: SocketAddr = "10.244.0.10:8080".parse().unwrap();
     ns.add_address(backend.ip()).unwrap();
     let accepted = counting_backend(&ns, backend);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tierlb-lab"));
-    confine(&mut cmd, None, Some(&ns)).unwrap();
-    let mut child = cmd
-        .args(["load", "--paced", "--target", &backend.to_string(), "--mode", "connect"])
-        .args(["--threads", "1", "--seconds", "0.1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut stdin, mut stdout) =
+        paced_client(&ns, backend, &["--threads", "1", "--seconds", "0.1"]);
     for slice in 0..3 {
         stdin.write_all(b"go\n").unwrap();
         stdin.flush().unwrap();
@@ -73,4 +85,52 @@ fn the_paced_client_runs_one_slice_per_request_and_is_idle_between() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     assert!(rest.is_empty(), "no slice without a request: {rest:?}");
+}
+
+/// The CPUs a task may run on and the one it last ran on (`/proc/PID/task/TID/{status,stat}`).
+fn task_cpus(pid: u32) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let (Ok(status), Ok(stat)) =
+            (std::fs::read_to_string(dir.join("status")), std::fs::read_to_string(dir.join("stat")))
+        else {
+            continue; // the task ended meanwhile
+        };
+        let allowed = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim();
+        // Field 39 of stat, `processor`; counted after the command name's closing parenthesis (field 2).
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let last = after.split(' ').nth(39 - 3).unwrap().parse().unwrap();
+        out.push((allowed.to_owned(), last));
+    }
+    out
+}
+
+/// `--cpu N` holds every thread of the client to CPU N, the main one and the load threads (what keeps a
+/// connect's latency to one mode in the bench): read from the kernel during a slice.
+#[test]
+fn the_load_client_runs_only_on_the_cpu_it_is_given() {
+    let cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+    let cpu = (0..nix::sched::CpuSet::count()).rfind(|&c| cpus.is_set(c).unwrap()).unwrap();
+    let ns = NetNs::new("paced-cpu").unwrap();
+    let backend: SocketAddr = "10.244.0.10:8080".parse().unwrap();
+    ns.add_address(backend.ip()).unwrap();
+    let _accepted = counting_backend(&ns, backend);
+    let (mut child, mut stdin, mut stdout) =
+        paced_client(&ns, backend, &["--threads", "2", "--seconds", "1", "--cpu", &cpu.to_string()]);
+    stdin.write_all(b"go\n").unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    let tasks = task_cpus(child.id());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let r: LoadResult = serde_json::from_str(&line).unwrap();
+    assert!(r.ops > 10 && r.errors == 0, "{r:?}");
+    // The main thread and the two load threads, mid-slice.
+    assert!(tasks.len() >= 3, "{tasks:?}");
+    for (allowed, last) in &tasks {
+        assert_eq!((allowed.as_str(), *last), (cpu.to_string().as_str(), cpu), "every task: {tasks:?}");
+    }
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
 }

@@ -162,6 +162,8 @@ pub struct Report {
     pub cpus: usize,
     /// Load client threads per row.
     pub threads: usize,
+    /// The CPUs the load client and the backend were held to.
+    pub placement: super::load::Placement,
     /// Length of each row's load, in seconds.
     pub seconds: f64,
     /// The data-path rows, in the order they ran.

@@ -128,7 +128,8 @@ pub(crate) fn report() -> Report {
     Report {
         kernel: "6.18".into(),
         cpus: 2,
-        threads: 2,
+        threads: 1,
+        placement: super::load::Placement { client: Some(0), backend: Some(1) },
         seconds: 1.5,
         rows,
         east_west: east_west(),

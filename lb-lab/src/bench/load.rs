@@ -25,9 +25,8 @@ pub struct LoadResult {
     pub secs: f64,
     /// Median latency of a completed operation, in microseconds.
     pub p50_us: f64,
-    /// First quartile of the latency, in microseconds: a connect's latency here has two modes (about 25 and
-    /// 40 us on this VM) and the median falls between them, so the quartile shows a path's cost within the
-    /// faster mode, where the median also moves with the share of operations in each.
+    /// First quartile of the latency, in microseconds (beside the median, a check that a ratio is the
+    /// path's and not the share of operations in two latency modes: see [`Placement`]).
     #[serde(default)]
     pub p25_us: f64,
     /// 99th percentile latency, in microseconds.
@@ -99,10 +98,56 @@ fn histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("bounds")
 }
 
-/// `mode` operations against `target` on `threads` threads for `duration` (the load client, run confined).
-pub fn load(target: SocketAddr, threads: usize, duration: Duration, mode: LoadMode) -> LoadResult {
+/// Where the bench's load runs. With two threads of the client and two of the backend free to move over
+/// two CPUs, a connect had two latency modes (about 25 and 40 us on this VM): either it ran through, or the
+/// backend's thread, woken by the new connection on the same CPU, ran in the middle of it. The share of
+/// each moved with the scheduler's placement from one second to the next, and the median sat between them,
+/// so one pair's ratio ranged from 0.64x to 1.67x. Held apart (one client thread on one CPU, the backend's
+/// threads on another), a connect has one mode and a pair's ratio one value (middle half 1.02-1.03x).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    /// The CPU the load client's threads are held to.
+    pub client: Option<usize>,
+    /// The CPU the backend's threads are held to.
+    pub backend: Option<usize>,
+}
+
+impl Placement {
+    /// The first two CPUs this process may run on, the client's and the backend's; none if it has one.
+    pub fn split() -> Self {
+        let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+            return Self::default();
+        };
+        let mut cpus = (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false));
+        match (cpus.next(), cpus.next()) {
+            (Some(client), Some(backend)) => Self { client: Some(client), backend: Some(backend) },
+            _ => Self::default(),
+        }
+    }
+}
+
+/// Hold the calling thread to `cpu` (nothing if `None`).
+fn pin(cpu: Option<usize>) -> std::io::Result<()> {
+    let Some(cpu) = cpu else { return Ok(()) };
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+    Ok(())
+}
+
+/// `mode` operations against `target` on `threads` threads, held to `cpu` if given, for `duration` (the load
+/// client, run confined).
+pub fn load(
+    target: SocketAddr,
+    threads: usize,
+    cpu: Option<usize>,
+    duration: Duration,
+    mode: LoadMode,
+) -> std::io::Result<LoadResult> {
+    pin(cpu)?;
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
+    // Threads inherit the creating thread's CPUs.
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let stop = stop.clone();
@@ -144,7 +189,7 @@ pub fn load(target: SocketAddr, threads: usize, duration: Duration, mode: LoadMo
         errors += e;
         ops += n;
     }
-    LoadResult {
+    Ok(LoadResult {
         ops,
         errors,
         secs,
@@ -153,26 +198,32 @@ pub fn load(target: SocketAddr, threads: usize, duration: Duration, mode: LoadMo
         p99_us: all.value_at_quantile(0.99) as f64 / 1e3,
         per_sec: ops as f64 / secs,
         slow: all.count_between(SLOW_NS, u64::MAX),
-    }
+    })
 }
 
 /// The paced load client (`tierlb-lab load --paced`): one run of `slice` per line read on stdin, each run's
 /// result printed as a line of JSON as it ends, until stdin closes. The bench keeps two of these (direct and
 /// tierlb) and alternates them slice by slice, so the two sides of a ratio are measured within a fraction of
 /// a second of each other.
-pub fn paced(target: SocketAddr, threads: usize, slice: Duration, mode: LoadMode) -> std::io::Result<()> {
+pub fn paced(
+    target: SocketAddr,
+    threads: usize,
+    cpu: Option<usize>,
+    slice: Duration,
+    mode: LoadMode,
+) -> std::io::Result<()> {
     use std::io::{BufRead as _, Write as _};
     let mut out = std::io::stdout().lock();
     for line in std::io::stdin().lock().lines() {
         line?;
-        let r = load(target, threads, slice, mode);
+        let r = load(target, threads, cpu, slice, mode)?;
         writeln!(out, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
         out.flush()?;
     }
     Ok(())
 }
 
-/// A backend on two threads: it accepts, answers a request with a reply of `RR_BYTES` (a client that sends
+/// A backend on two threads (held to one CPU if given): it accepts, answers a request with a reply of `RR_BYTES` (a client that sends
 /// nothing and resets, as in `LoadMode::Connect`, costs it one failed read), waits for the client to close
 /// and resets. Stops on drop.
 pub(super) struct Sink {
@@ -185,8 +236,8 @@ pub(super) struct Sink {
 }
 
 impl Sink {
-    /// Listen on `addr` inside `ns` and start serving.
-    pub(super) fn start(ns: &NetNs, addr: SocketAddr) -> anyhow::Result<Self> {
+    /// Listen on `addr` inside `ns` and start serving, on `cpu` if given.
+    pub(super) fn start(ns: &NetNs, addr: SocketAddr, cpu: Option<usize>) -> anyhow::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel();
         let file = ns.file().try_clone()?;
         std::thread::spawn(move || {
@@ -204,6 +255,9 @@ impl Sink {
             .map(|_| {
                 let (l, stop) = (listener.clone(), stop.clone());
                 std::thread::spawn(move || {
+                    if let Err(e) = pin(cpu) {
+                        eprintln!("bench: the backend's thread stays unpinned: {e}");
+                    }
                     while !stop.load(Ordering::Relaxed) {
                         if let Ok((s, _)) = l.accept() {
                             rst_close(&s);
@@ -247,6 +301,22 @@ pub(super) const BACKEND: &str = "10.244.0.10:8080";
 mod tests {
     use super::*;
 
+    /// The client's and the backend's CPUs are two different ones this process may run on (on a machine of
+    /// one CPU, neither is held).
+    #[test]
+    fn the_client_and_the_backend_get_two_allowed_cpus() {
+        let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        let n = (0..nix::sched::CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap()).count();
+        let p = Placement::split();
+        match (p.client, p.backend) {
+            (Some(c), Some(b)) => {
+                assert!(n >= 2 && c != b, "{p:?}");
+                assert!(allowed.is_set(c).unwrap() && allowed.is_set(b).unwrap(), "{p:?}");
+            }
+            _ => assert_eq!((n, p), (1, Placement::default())),
+        }
+    }
+
     /// The load tool and the backend speak both modes: every operation completes, none fails. (Runs as
     /// root, in a private netns with only `lo`.)
     #[test]
@@ -254,14 +324,15 @@ mod tests {
         let ns = NetNs::new("bench-test").unwrap();
         let backend: SocketAddr = BACKEND.parse().unwrap();
         ns.add_address(backend.ip()).unwrap();
-        let _sink = Sink::start(&ns, backend).unwrap();
+        let cpus = Placement::split();
+        let _sink = Sink::start(&ns, backend, cpus.backend).unwrap();
         for mode in LoadMode::ALL {
             let file = ns.file().try_clone().unwrap();
             // Threads inherit the network namespace of the thread that creates them.
             let r = std::thread::spawn(move || {
                 nix::sched::setns(std::os::fd::AsFd::as_fd(&file), nix::sched::CloneFlags::CLONE_NEWNET)
                     .unwrap();
-                load(backend, 2, Duration::from_millis(300), mode)
+                load(backend, 2, cpus.client, Duration::from_millis(300), mode).unwrap()
             })
             .join()
             .unwrap();

@@ -25,7 +25,7 @@ use tierlb::{
 
 use super::{
     figures::{DataPath, NsRow},
-    load::{LoadMode, LoadResult, Sink},
+    load::{LoadMode, LoadResult, Placement, Sink},
     run::{BpfStats, Loader, prog_stats},
     workloads::{endpoints_to, svc_chains, target},
 };
@@ -122,6 +122,8 @@ pub(super) fn nft_node_ports(n: usize, per: usize) -> String {
 pub(super) struct Lab {
     pub(super) ext: NetNs,
     pub(super) node: Node,
+    /// Where the client and the backend run.
+    pub(super) cpus: Placement,
     _pod: NetNs,
     _sink: Sink,
 }
@@ -148,8 +150,9 @@ impl Lab {
         ext.ip(&["link", "set", "uplink", "up"])?;
         ext.ip(&["route", "add", "10.244.0.0/16", "via", &NODE.to_string()])?;
         let pod = node.add_pod("bench-ns-pod", POD.into())?;
-        let sink = Sink::start(&pod, SocketAddr::new(POD.into(), POD_PORT))?;
-        Ok(Self { ext, node, _pod: pod, _sink: sink })
+        let cpus = Placement::split();
+        let sink = Sink::start(&pod, SocketAddr::new(POD.into(), POD_PORT), cpus.backend)?;
+        Ok(Self { ext, node, cpus, _pod: pod, _sink: sink })
     }
 
     /// `CMD ARGS` in the node's namespace, `input` on its stdin.
@@ -180,7 +183,7 @@ pub(super) fn rows(
 ) -> anyhow::Result<Vec<NsRow>> {
     let per = 10;
     let lab = Lab::new()?;
-    let loader = Loader { lab: lab_bin, ns: &lab.ext, threads: 2, secs };
+    let loader = Loader { lab: lab_bin, ns: &lab.ext, threads: 1, cpu: lab.cpus.client, secs };
     let Loaded { mut programs, maps, ns: mut ns_maps } =
         Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
     ns_maps.set_local(&BTreeSet::from([IpAddr::V4(POD)]))?;

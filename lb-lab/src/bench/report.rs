@@ -14,8 +14,13 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "Machine: {} CPUs, kernel {}.\n\nMethod: everything runs in one process tree inside a private network namespace, in one run. A backend on the pod IP accepts connections and answers a {RR_BYTES}-byte request with a {RR_BYTES}-byte reply. A load client ({} threads, each one operation at a time) runs for {:.1} s per row (on the node, tierlb and direct alternate in slices: see \"On the node, interleaved with direct\") and records every operation's latency in an HDR histogram; throughput counts the operations completed in that window. Two operations: `connect` is connect() then close with RST (the cost of the translation itself), `rr` is connect, request, reply, close (a short RPC). Data paths: `direct` connects to the pod IP (the floor: no load balancing); `tierlb` connects to a VIP that the cgroup connect4 program rewrites, with N Services programmed (10 endpoints each; the measured one, in the middle of the set, has one); `iptables` and `nftables` are kube-proxy-style rule sets for the same N Services (KUBE-SERVICES -> KUBE-SVC-* with `statistic --mode random` -> KUBE-SEP-* DNAT, loaded with iptables-restore, which is the nf_tables backend here; a VIP . protocol . port verdict map -> per-Service chain with `numgen random`, loaded with `nft -f`). Time on a 2-core VM is noisy (about +-15% between runs); tierlb runs with passive health on, its default (connect4 consults it, the sock_ops program follows every translated TCP connect); the BPF cost per connect4 and per sock_ops call comes from `kernel.bpf_stats_enabled` (run_time_ns / run_cnt), because `perf stat -e instructions` is not supported on this VM; the statistics add two clock reads to every program run, so they are on only during one extra tierlb run per row that reads them, never during the slices and rounds whose latencies are compared.\n",
-        r.cpus, r.kernel, r.threads, r.seconds
+        "Machine: {} CPUs, kernel {}.\n\nMethod: everything runs in one process tree inside a private network namespace, in one run. A backend on the pod IP accepts connections and answers a {RR_BYTES}-byte request with a {RR_BYTES}-byte reply. A load client ({} thread{}, one operation at a time{}) runs for {:.1} s per row (on the node, tierlb and direct alternate in slices: see \"On the node, interleaved with direct\") and records every operation's latency in an HDR histogram; throughput counts the operations completed in that window. Two operations: `connect` is connect() then close with RST (the cost of the translation itself), `rr` is connect, request, reply, close (a short RPC). Data paths: `direct` connects to the pod IP (the floor: no load balancing); `tierlb` connects to a VIP that the cgroup connect4 program rewrites, with N Services programmed (10 endpoints each; the measured one, in the middle of the set, has one); `iptables` and `nftables` are kube-proxy-style rule sets for the same N Services (KUBE-SERVICES -> KUBE-SVC-* with `statistic --mode random` -> KUBE-SEP-* DNAT, loaded with iptables-restore, which is the nf_tables backend here; a VIP . protocol . port verdict map -> per-Service chain with `numgen random`, loaded with `nft -f`). Time on a 2-core VM is noisy (about +-15% between runs); tierlb runs with passive health on, its default (connect4 consults it, the sock_ops program follows every translated TCP connect); the BPF cost per connect4 and per sock_ops call comes from `kernel.bpf_stats_enabled` (run_time_ns / run_cnt), because `perf stat -e instructions` is not supported on this VM; the statistics add two clock reads to every program run, so they are on only during one extra tierlb run per row that reads them, never during the slices and rounds whose latencies are compared.\n",
+        r.cpus,
+        r.kernel,
+        r.threads,
+        if r.threads == 1 { "" } else { "s" },
+        placement(r.placement),
+        r.seconds
     );
     s.push_str(&targets(r));
     for mode in LoadMode::ALL {
@@ -185,6 +190,16 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1_048_576.0
 }
 
+/// Where the client and the backend ran, as the method's sentence says it.
+fn placement(p: super::load::Placement) -> String {
+    match (p.client, p.backend) {
+        (Some(c), Some(b)) => format!(
+            "; held to CPU {c} and the backend's threads to CPU {b}, because free to move over the CPUs a connect had two latency modes, run through or interrupted by the backend's thread woken on the same CPU, whose share moved from second to second and made a median between them"
+        ),
+        _ => String::new(),
+    }
+}
+
 /// The targets, judged from this run's rows.
 fn targets(r: &Report) -> String {
     let mut s =
@@ -218,7 +233,7 @@ fn targets(r: &Report) -> String {
                 x.rounds
             ),
             format!(
-                "{:.3}x (middle half {:.2}-{:.2}, all {:.2}-{:.2}), p50 {:.1} us; first quartile {:.2}x",
+                "{:.3}x (middle half {:.2}-{:.2}, all {:.2}-{:.2}), p50 {:.1} us; p25 latency {:.2}x",
                 q.median, q.q1, q.q3, q.min, q.max, x.p50_us, x.p25_ratio.median
             ),
             q.median <= 1.05,
@@ -564,9 +579,9 @@ mod tests {
         for want in [
             "| connect4 at most 500 ns per call at 10,000 Services | 1500 ns | no |",
             "| connect4 at most 500 ns per call at 100,000 Services | 1800 ns | no |",
-            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.020x (middle half 1.02-1.02, all 1.02-1.02), p50 18.4 us; first quartile 1.02x | yes |",
-            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.040x (middle half 1.04-1.04, all 1.04-1.04), p50 18.7 us; first quartile 1.04x | yes |",
-            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.090x (middle half 1.09-1.09, all 1.09-1.09), p50 19.6 us; first quartile 1.09x | no |",
+            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.020x (middle half 1.02-1.02, all 1.02-1.02), p50 18.4 us; p25 latency 1.02x | yes |",
+            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.040x (middle half 1.04-1.04, all 1.04-1.04), p50 18.7 us; p25 latency 1.04x | yes |",
+            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.090x (middle half 1.09-1.09, all 1.09-1.09), p50 19.6 us; p25 latency 1.09x | no |",
             "| connect4's cost flat with the number of Services (100,000 vs 1 within 10%) | 1800 ns vs 1500 ns = 1.20x | no |",
             "iptables adds 68.0 us over direct (p50), tierlb's connect4 costs 1.50 us per call: 45x",
             "## On the node, interleaved with direct",

@@ -16,7 +16,7 @@ use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 use super::{
     agent::agent_runs,
     figures::{ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, NsRow, Report, Row, RuleLoad},
-    load::{BACKEND, LoadMode, LoadResult, Sink},
+    load::{BACKEND, LoadMode, LoadResult, Placement, Sink},
     tracing::Tracing,
     workloads::{EDITED, RULE_SETS, desired, target, vip},
 };
@@ -60,6 +60,8 @@ pub(super) struct Loader<'a> {
     pub(super) ns: &'a NetNs,
     /// Client threads.
     pub(super) threads: usize,
+    /// The CPU the client is held to.
+    pub(super) cpu: Option<usize>,
     /// Seconds of load per row.
     pub(super) secs: f64,
 }
@@ -81,6 +83,9 @@ impl Loader<'_> {
             "--seconds",
             &secs.to_string(),
         ]);
+        if let Some(cpu) = self.cpu {
+            cmd.args(["--cpu", &cpu.to_string()]);
+        }
         Ok(cmd)
     }
 
@@ -312,9 +317,10 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     let counts: &[usize] = if quick { &[1, 10_000] } else { &[1, 1_000, 10_000, 50_000, 100_000] };
     let per = 10;
     let ns = bench_ns()?;
-    let loader = Loader { lab, ns: &ns, threads: 2, secs: if quick { 1.5 } else { 4.0 } };
+    let cpus = Placement::split();
+    let loader = Loader { lab, ns: &ns, threads: 1, cpu: cpus.client, secs: if quick { 1.5 } else { 4.0 } };
     let backend: SocketAddr = BACKEND.parse()?;
-    let _sink = Sink::start(&ns, backend)?;
+    let _sink = Sink::start(&ns, backend, cpus.backend)?;
     let mut rows = loader.rows(DataPath::Direct, 0, backend)?;
     let rounds = if quick { 3 } else { 5 };
     let on_node = on_node(&loader, tierlb, counts, per, rounds, trace)?;
@@ -331,6 +337,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         kernel,
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
         threads: loader.threads,
+        placement: cpus,
         seconds: loader.secs,
         rows,
         east_west: on_node.east_west,
@@ -351,8 +358,9 @@ pub fn on_node_only(
     secs: f64,
 ) -> anyhow::Result<()> {
     let ns = bench_ns()?;
-    let loader = Loader { lab, ns: &ns, threads: 2, secs };
-    let _sink = Sink::start(&ns, BACKEND.parse()?)?;
+    let cpus = Placement::split();
+    let loader = Loader { lab, ns: &ns, threads: 1, cpu: cpus.client, secs };
+    let _sink = Sink::start(&ns, BACKEND.parse()?, cpus.backend)?;
     on_node(&loader, tierlb, counts, 10, rounds, false).map(drop)
 }
 

@@ -134,6 +134,9 @@ enum Cmd {
         threads: usize,
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
+        /// Hold the client's threads to this CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
         /// Run one `--seconds` slice per line read on stdin, printing each slice's result, until stdin closes.
         #[arg(long)]
         paced: bool,
@@ -205,16 +208,18 @@ fn load(
     target: SocketAddr,
     mode: lb_lab::bench::LoadMode,
     threads: usize,
+    cpu: Option<usize>,
     seconds: f64,
     paced: bool,
 ) -> ExitCode {
     let slice = Duration::from_secs_f64(seconds);
-    if !paced {
-        let r = lb_lab::bench::load(target, threads, slice, mode);
-        println!("{}", serde_json::to_string(&r).expect("result serialises"));
-        return ExitCode::SUCCESS;
-    }
-    match lb_lab::bench::paced(target, threads, slice, mode) {
+    let ran = if paced {
+        lb_lab::bench::paced(target, threads, cpu, slice, mode)
+    } else {
+        lb_lab::bench::load(target, threads, cpu, slice, mode)
+            .map(|r| println!("{}", serde_json::to_string(&r).expect("result serialises")))
+    };
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tierlb-lab load: error: {e}");
@@ -284,7 +289,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Keep { tcp, dns, timeout_ms } => keep(tcp, dns, timeout_ms),
-        Cmd::Load { target, mode, threads, seconds, paced } => load(target, mode, threads, seconds, paced),
+        Cmd::Load { target, mode, threads, seconds, cpu, paced } => {
+            load(target, mode, threads, cpu, seconds, paced)
+        }
         Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, rounds, seconds } => {
             interruptible();
             let me = std::env::current_exe().expect("own path");
