@@ -99,11 +99,12 @@ fn histogram() -> hdrhistogram::Histogram<u64> {
 }
 
 /// Where the bench's load runs. With two threads of the client and two of the backend free to move over
-/// two CPUs, a connect had two latency modes (about 25 and 40 us on this VM): either it ran through, or the
-/// backend's thread, woken by the new connection on the same CPU, ran in the middle of it. The share of
-/// each moved with the scheduler's placement from one second to the next, and the median sat between them,
-/// so one pair's ratio ranged from 0.64x to 1.67x. Held apart (one client thread on one CPU, the backend's
-/// threads on another), a connect has one mode and a pair's ratio one value (middle half 1.02-1.03x).
+/// two CPUs, a connect had two latency modes (about 25 and 40 us on this VM): either it ran through, or it
+/// shared its CPU with another of those threads (the backend's is woken by each new connection). The share
+/// of each moved with the scheduler's placement from one second to the next, and the median sat between
+/// them, so one pair's ratio ranged from 0.64x to 1.67x. Held apart (one client thread on one CPU, the
+/// backend's threads on another), a connect has one mode and a pair's ratio one value (middle half
+/// 1.02-1.03x).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Placement {
     /// The CPU the load client's threads are held to.
@@ -223,9 +224,9 @@ pub fn paced(
     Ok(())
 }
 
-/// A backend on two threads (held to one CPU if given): it accepts, answers a request with a reply of `RR_BYTES` (a client that sends
-/// nothing and resets, as in `LoadMode::Connect`, costs it one failed read), waits for the client to close
-/// and resets. Stops on drop.
+/// A backend on two threads (held to one CPU if given): it accepts, answers a request with a reply of
+/// `RR_BYTES` (a client that sends nothing and resets, as in `LoadMode::Connect`, costs it one failed read),
+/// waits for the client to close and resets. Stops on drop.
 pub(super) struct Sink {
     /// Tells the accept loops to end.
     stop: Arc<AtomicBool>,
