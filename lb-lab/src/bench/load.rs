@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use lb_testkit::{churn::rst_close, sandbox::NetNs};
@@ -98,13 +99,11 @@ fn histogram() -> hdrhistogram::Histogram<u64> {
     hdrhistogram::Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("bounds")
 }
 
-/// Where the bench's load runs. With two threads of the client and two of the backend free to move over
-/// two CPUs, a connect had two latency modes (about 25 and 40 us on this VM): either it ran through, or it
-/// shared its CPU with another of those threads (the backend's is woken by each new connection). The share
-/// of each moved with the scheduler's placement from one second to the next, and the median sat between
-/// them, so one pair's ratio ranged from 0.64x to 1.67x. Held apart (one client thread on one CPU, the
-/// backend's threads on another), a connect has one mode and a pair's ratio one value (middle half
-/// 1.02-1.03x).
+/// Where the bench's load runs: one client thread on one CPU, the backend's threads on another. With two
+/// client threads and the backend's two sharing this VM's two CPUs, a connect's latency had two modes (about
+/// 25 and 40 us) whose share moved from one second to the next, and the median sat between them: one pair's
+/// ratio ranged from 0.64x to 1.67x. With one client thread it has one mode, held to CPUs or not (middle half
+/// of the pairs 1.02-1.03x); holding them keeps the placement the same from run to run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Placement {
     /// The CPU the load client's threads are held to.
@@ -116,24 +115,31 @@ pub struct Placement {
 impl Placement {
     /// The first two CPUs this process may run on, the client's and the backend's; none if it has one.
     pub fn split() -> Self {
-        let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
-            return Self::default();
-        };
-        let mut cpus = (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false));
-        match (cpus.next(), cpus.next()) {
-            (Some(client), Some(backend)) => Self { client: Some(client), backend: Some(backend) },
+        match allowed_cpus()[..] {
+            [client, backend, ..] => Self { client: Some(client), backend: Some(backend) },
             _ => Self::default(),
         }
     }
+}
+
+/// The CPUs this process may run on (its affinity), in order; none if it cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return Vec::new() };
+    (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect()
 }
 
 /// Hold the calling thread to `cpu` (nothing if `None`).
 fn pin(cpu: Option<usize>) -> std::io::Result<()> {
     let Some(cpu) = cpu else { return Ok(()) };
     let mut set = nix::sched::CpuSet::new();
-    set.set(cpu)?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
-    Ok(())
+    set.set(cpu).and_then(|()| nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)).map_err(
+        |e| {
+            std::io::Error::other(format!(
+                "cannot hold a thread to CPU {cpu} (allowed: {:?}): {e}",
+                allowed_cpus()
+            ))
+        },
+    )
 }
 
 /// `mode` operations against `target` on `threads` threads, held to `cpu` if given, for `duration` (the load
@@ -252,14 +258,15 @@ impl Sink {
         // SAFETY: listen(2) on our own listening socket only updates its backlog.
         unsafe { libc::listen(listener.as_raw_fd(), 4096) };
         let stop = Arc::new(AtomicBool::new(false));
+        let (pinned_tx, pinned) = std::sync::mpsc::channel();
         let threads = (0..2)
             .map(|_| {
-                let (l, stop) = (listener.clone(), stop.clone());
+                let (l, stop, pinned_tx) = (listener.clone(), stop.clone(), pinned_tx.clone());
                 std::thread::spawn(move || {
-                    if let Err(e) = pin(cpu) {
-                        eprintln!("bench: the backend's thread stays unpinned: {e}");
-                    }
-                    while !stop.load(Ordering::Relaxed) {
+                    let held = pin(cpu);
+                    let failed = held.is_err();
+                    let _ = pinned_tx.send(held);
+                    while !failed && !stop.load(Ordering::Relaxed) {
                         if let Ok((s, _)) = l.accept() {
                             rst_close(&s);
                             serve(s);
@@ -268,7 +275,12 @@ impl Sink {
                 })
             })
             .collect();
-        Ok(Self { stop, fd: listener.as_raw_fd(), threads })
+        let sink = Self { stop, fd: listener.as_raw_fd(), threads };
+        // Not measured on other CPUs than the report says: a thread that could not be held ends the run.
+        for _ in 0..sink.threads.len() {
+            pinned.recv()?.context("the backend's threads")?;
+        }
+        Ok(sink)
     }
 }
 
@@ -306,16 +318,28 @@ mod tests {
     /// one CPU, neither is held).
     #[test]
     fn the_client_and_the_backend_get_two_allowed_cpus() {
-        let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
-        let n = (0..nix::sched::CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap()).count();
+        let allowed = allowed_cpus();
         let p = Placement::split();
         match (p.client, p.backend) {
             (Some(c), Some(b)) => {
-                assert!(n >= 2 && c != b, "{p:?}");
-                assert!(allowed.is_set(c).unwrap() && allowed.is_set(b).unwrap(), "{p:?}");
+                assert!(c != b, "{p:?}");
+                assert!(allowed.contains(&c) && allowed.contains(&b), "{p:?} of {allowed:?}");
             }
-            _ => assert_eq!((n, p), (1, Placement::default())),
+            _ => assert_eq!((allowed.len(), p), (1, Placement::default())),
         }
+    }
+
+    /// A backend whose threads cannot be held to the CPU asked for does not start (the report would name a
+    /// placement the run did not have), and ends the threads it started.
+    #[test]
+    fn a_backend_that_cannot_be_held_to_its_cpu_does_not_start() {
+        let ns = NetNs::new("bench-test").unwrap();
+        let backend: SocketAddr = BACKEND.parse().unwrap();
+        ns.add_address(backend.ip()).unwrap();
+        let err = Sink::start(&ns, backend, Some(nix::sched::CpuSet::count())).map(drop).unwrap_err();
+        assert!(format!("{err:#}").contains("the backend's threads: cannot hold a thread to CPU"), "{err:#}");
+        // The address is free again: the failed backend's listener is closed.
+        drop(Sink::start(&ns, backend, Placement::split().backend).unwrap());
     }
 
     /// The load tool and the backend speak both modes: every operation completes, none fails. (Runs as

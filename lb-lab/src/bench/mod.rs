@@ -27,7 +27,7 @@ pub use figures::{
     AgentFigures, AgentSource, ControlPlane, CtMemory, DataPath, LoadTime, MapMemory, MapWrites, Report, Row,
     RuleLoad, Spread,
 };
-pub use load::{LoadMode, LoadResult, Placement, RR_BYTES, load, paced};
+pub use load::{LoadMode, LoadResult, Placement, RR_BYTES, allowed_cpus, load, paced};
 pub use report::markdown;
 pub use run::{on_node_only, run};
 pub use workloads::{iptables_rules, nft_rules};
