@@ -194,7 +194,7 @@ fn mib(bytes: u64) -> f64 {
 fn placement(p: super::load::Placement) -> String {
     match (p.client, p.backend) {
         (Some(c), Some(b)) => format!(
-            "; held to CPU {c} and the backend's threads to CPU {b}, because with the threads free to move over the CPUs a connect had two latency modes, run through or sharing its CPU with another thread of the client or the backend, whose share moved from second to second and made a median between them"
+            "; held to CPU {c} and the backend's threads to CPU {b}, because with two client threads sharing the CPUs with the backend's a connect's latency had two modes, whose share moved from second to second, and the median sat between them"
         ),
         _ => String::new(),
     }
