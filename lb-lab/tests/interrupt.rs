@@ -9,12 +9,8 @@ use std::{
 
 /// This run's names of process `pid` in `dir` (`tierlb-TAG-PID-N`).
 fn left_in(dir: &Path, pid: u32) -> Vec<String> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| lb_testkit::sandbox::made_by(n, pid))
-        .collect()
+    let ours = lb_testkit::interrupt::ours_in(dir, pid);
+    ours.iter().filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned())).collect()
 }
 
 #[test]

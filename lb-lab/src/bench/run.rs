@@ -142,11 +142,11 @@ impl Loader<'_> {
         Ok(Paced { child, stdin: Some(stdin), stdout })
     }
 
-    /// tierlb at `services` Services and direct, interleaved slice by slice: two paced clients (direct outside
-    /// the cgroup, which runs none of tierlb's programs; tierlb in it) take turns for `pairs` pairs of `slice`
-    /// seconds, in the order A B B A A B..., so that the machine's drift lands on both sides of a ratio. Per
-    /// mode: tierlb's row (the slice with the median p50; connect4's and sock_ops' cost from one more run with
-    /// the kernel's statistics on) and the ratios to direct taken per pair.
+    /// tierlb at `services` Services and direct, interleaved slice by slice: two paced clients (direct
+    /// outside the cgroup, which runs none of tierlb's programs; tierlb in it) take turns for `pairs` pairs
+    /// of `slice` seconds, in the order A B B A A B..., so that the machine's drift lands on both sides of a
+    /// ratio. Per mode: tierlb's row (the slice with the median p50; connect4's and sock_ops' cost from one
+    /// more run with the kernel's statistics on) and the ratios to direct taken per pair.
     fn interleaved(
         &self,
         services: usize,
@@ -173,9 +173,9 @@ impl Loader<'_> {
                 }
             }
             drop((a, b));
-            // The BPF cost per run from one more tierlb run with the kernel's statistics on: they add two clock
-            // reads and a counter update to every program run (connect4, each sock_ops callback, the release
-            // hook), which the rounds above, and a node, run without.
+            // The BPF cost per run from one more tierlb run with the kernel's statistics on: they add two
+            // clock reads and a counter update to every program run (connect4, each sock_ops callback, the
+            // release hook), which the rounds above, and a node, run without.
             let (before, after) = {
                 let _stats = BpfStats::on();
                 let before = (prog_stats("connect4"), prog_stats("sock_ops"));
@@ -258,6 +258,11 @@ pub(super) struct BpfStats {
 impl BpfStats {
     pub(super) fn on() -> Self {
         let before = std::fs::read_to_string(BPF_STATS_SYSCTL).ok();
+        // An interrupted run exits without running this guard's drop.
+        lb_testkit::interrupt::restore_on_interrupt(
+            Path::new(BPF_STATS_SYSCTL),
+            before.as_deref().unwrap_or("0"),
+        );
         let _ = std::fs::write(BPF_STATS_SYSCTL, "1");
         Self { before }
     }

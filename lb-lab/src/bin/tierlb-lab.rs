@@ -137,7 +137,8 @@ enum Cmd {
         /// Hold the client's threads to this CPU.
         #[arg(long)]
         cpu: Option<usize>,
-        /// Run one `--seconds` slice per line read on stdin, printing each slice's result, until stdin closes.
+        /// Run one `--seconds` slice per line read on stdin, printing each slice's result, until stdin
+        /// closes.
         #[arg(long)]
         paced: bool,
     },
@@ -156,9 +157,9 @@ enum Cmd {
         /// endpoints, printed as measured: what deploy/README.md's sizing table is made of.
         #[arg(long, value_name = "N")]
         agent_only: Option<usize>,
-        /// Only the on-node connect path at these Service counts (comma-separated): tierlb against direct in
-        /// interleaved pairs of 0.2 s slices, printed as measured (for profiling, or comparing two builds of the
-        /// data path).
+        /// Only the on-node connect path at these Service counts (comma-separated): tierlb against direct
+        /// in interleaved pairs of 0.2 s slices, printed as measured (for profiling, or comparing two builds
+        /// of the data path).
         #[arg(long, value_name = "COUNTS", value_delimiter = ',', conflicts_with_all = ["agent_only", "report", "quick"])]
         on_node: Option<Vec<usize>>,
         /// With --on-node, as many pairs of slices per Service count and operation as this many runs of
@@ -229,7 +230,17 @@ fn load(
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let command = Cli::parse().command;
+    if matches!(command, Cmd::Bench { .. } | Cmd::Demo { chart_from: None, .. }) {
+        interruptible();
+    }
+    // An interrupted run ends from the clean-up thread, with 128 + the signal, once its sandbox is removed.
+    lb_testkit::interrupt::unless_interrupted(run(command))
+}
+
+/// What `command` does, and how it ended.
+fn run(command: Cmd) -> ExitCode {
+    match command {
         Cmd::Serve { listen, name } => match serve(listen, &name) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -293,7 +304,6 @@ fn main() -> ExitCode {
             load(target, mode, threads, cpu, seconds, paced)
         }
         Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, rounds, seconds } => {
-            interruptible();
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
             match (on_node, agent_only) {
@@ -315,7 +325,6 @@ fn main() -> ExitCode {
             }
         },
         Cmd::Demo { tierlb, out_dir, chart_from: None } => {
-            interruptible();
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
             match lb_lab::demo::run(&tierlb, &me, &out_dir) {
