@@ -397,8 +397,8 @@ pub enum LoadTime {
 mod tests {
     use super::*;
 
-    /// A ratio's median, quartiles and extremes by rank, whatever the order the pairs came in; an even count's
-    /// median is the midpoint of the middle two; ratios that are not numbers are left out.
+    /// A ratio's median, quartiles and extremes by rank, whatever the order the pairs came in; an even
+    /// count's median is the midpoint of the middle two; ratios that are not numbers are left out.
     #[test]
     fn a_ratio_gives_the_median_quartiles_and_extremes_of_its_pairs() {
         let r = Ratio::of(&[1.07, 0.9, 1.3, 1.01, 1.04, 1.02, 1.06, 1.05, 1.03]);

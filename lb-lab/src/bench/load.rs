@@ -120,6 +120,19 @@ impl Placement {
             _ => Self::default(),
         }
     }
+
+    /// Where the client and the backend ran, as BENCHMARKS.md's method sentence says it (nothing if nowhere
+    /// in particular).
+    pub(super) fn in_words(self) -> String {
+        match (self.client, self.backend) {
+            (Some(c), Some(b)) => format!(
+                "; held to CPU {c} and the backend's threads to CPU {b}, because with two client threads \
+                 sharing the CPUs with the backend's a connect's latency had two modes, whose share moved from \
+                 second to second, and the median sat between them"
+            ),
+            _ => String::new(),
+        }
+    }
 }
 
 /// The CPUs this process may run on (its affinity), in order; none if it cannot be read.
@@ -221,9 +234,11 @@ pub fn paced(
 ) -> std::io::Result<()> {
     use std::io::{BufRead as _, Write as _};
     let mut out = std::io::stdout().lock();
+    // Once: each slice's threads inherit this thread's CPUs.
+    pin(cpu)?;
     for line in std::io::stdin().lock().lines() {
         line?;
-        let r = load(target, threads, cpu, slice, mode)?;
+        let r = load(target, threads, None, slice, mode)?;
         writeln!(out, "{}", serde_json::to_string(&r).map_err(std::io::Error::other)?)?;
         out.flush()?;
     }

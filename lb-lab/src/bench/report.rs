@@ -19,7 +19,7 @@ pub fn markdown(r: &Report) -> String {
         r.kernel,
         r.threads,
         if r.threads == 1 { "" } else { "s" },
-        placement(r.placement),
+        r.placement.in_words(),
         r.seconds
     );
     s.push_str(&targets(r));
@@ -188,16 +188,6 @@ fn spread(s: Spread, decimals: usize) -> String {
 /// Bytes in MiB.
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1_048_576.0
-}
-
-/// Where the client and the backend ran, as the method's sentence says it.
-fn placement(p: super::load::Placement) -> String {
-    match (p.client, p.backend) {
-        (Some(c), Some(b)) => format!(
-            "; held to CPU {c} and the backend's threads to CPU {b}, because with two client threads sharing the CPUs with the backend's a connect's latency had two modes, whose share moved from second to second, and the median sat between them"
-        ),
-        _ => String::new(),
-    }
 }
 
 /// The targets, judged from this run's rows.
