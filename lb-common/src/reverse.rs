@@ -18,8 +18,8 @@ pub const MAP_REVERSE: &str = "REVERSE";
 /// element is written in place with no lock and no allocation, where an LRU insert pops a free element under
 /// a lock and links it into a bucket (about half of what tierlb added to a connect, BENCHMARKS.md).
 pub const MAP_REVERSE_TCP: &str = "REVERSE_TCP";
-/// Slots of `MAP_REVERSE_TCP`, a power of two. Socket cookies are handed out in increasing order, so the
-/// sockets open at once mostly fall in distinct slots; with L translated TCP sockets open, a new one finds its
+/// Slots of `MAP_REVERSE_TCP`, a power of two. Socket cookies increase (each CPU takes them in batches of
+/// 4,096 from one counter), so the sockets open at once mostly fall in distinct slots; with L translated TCP sockets open, a new one finds its
 /// slot held with a chance of about L / 65,536 and goes to the LRU.
 pub const REVERSE_TCP_SLOTS: u32 = 65_536;
 
@@ -39,6 +39,8 @@ pub struct TcpReverse {
     pub value: ReverseValue,
 }
 const _: () = assert!(size_of::<TcpReverse>() == 64);
+// `tcp_slot`'s mask is the slot count less one.
+const _: () = assert!(REVERSE_TCP_SLOTS.is_power_of_two());
 
 /// Connected UDP sockets by (socket cookie, backend) -> VIP and network namespace: the sockets the agent
 /// destroys when their backend leaves (user space cannot enumerate socket storage). Entries go with their

@@ -32,7 +32,7 @@ fn sock_release(ctx: SockContext) -> i32 {
     let sk = unsafe { &*ctx.sock };
     if sk.protocol == u32::from(PROTO_TCP) {
         // Whatever the socket's peer is now (none after a connect that failed before its SYN, or after
-        // `connect(AF_UNSPEC)`), its one entry is under its cookie.
+        // `connect(AF_UNSPEC)`), its one entry is in its slot or, if the slot is another's, under its cookie.
         // SAFETY: `bpf_get_socket_cookie_sock_proto` takes the cgroup_sock context.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
         if let Some(slot) = crate::reverse::own_slot(cookie) {
