@@ -40,13 +40,18 @@ use crate::{
     netns_count,
 };
 
+/// The `REVERSE_TCP` slot for the TCP socket with `cookie`, whoever holds it.
+#[inline(always)]
+fn slot(cookie: u64) -> Option<&'static mut TcpReverse> {
+    let slot = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie))?;
+    // SAFETY: an array element, valid for the program's run (see the module's comment on two writers).
+    Some(unsafe { &mut *slot })
+}
+
 /// The `REVERSE_TCP` slot of the TCP socket with `cookie`, if that socket holds it.
 #[inline(always)]
 pub(crate) fn own_slot(cookie: u64) -> Option<&'static mut TcpReverse> {
-    let slot = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie))?;
-    // SAFETY: an array element, valid for the program's run.
-    let slot = unsafe { &mut *slot };
-    (slot.cookie == cookie).then_some(slot)
+    slot(cookie).filter(|s| s.cookie == cookie)
 }
 
 /// The reverse entry of the TCP socket with `cookie`: in its `REVERSE_TCP` slot if the slot is its own,
@@ -91,9 +96,8 @@ pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: Fr
         // The socket's one entry: new, or an earlier attempt's (a connected socket's second connect() never
         // reaches this hook), which this attempt replaces.
         let (cookie, value) = (cookie(ctx), ReverseValue::new(fe, backend, 0));
-        if let Some(slot) = REVERSE_TCP.get_ptr_mut(tcp_slot(cookie)) {
-            // SAFETY: an array element, valid for the program's run (see the module's comment on two writers).
-            let slot = unsafe { &mut *slot };
+        if let Some(slot) = slot(cookie) {
+            // Free, or its own.
             if slot.cookie == 0 || slot.cookie == cookie {
                 slot.cookie = cookie;
                 slot.value = value;
