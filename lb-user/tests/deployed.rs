@@ -18,6 +18,8 @@ use lb_testkit::{
     sandbox::{BpfFs, Cgroup, NamedServer, NetNs, TempDir, confine},
 };
 
+mod common;
+
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
 
 fn ip(s: &str) -> IpAddr {
@@ -229,7 +231,10 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     assert!(metrics.contains("tierlb_udp_sockets_destroyed_total 1"), "{metrics}");
     assert!(metrics.contains("tierlb_udp_sockets_unreached_total 0"), "{metrics}");
 
-    // SIGKILL and restart of the agent: no connection lost.
+    // SIGKILL and restart of the agent: no connection lost, and a TCP connection held through it still
+    // shows the VIP (its entry in the pinned `REVERSE_TCP` slots, which the new agent reuses).
+    let mut held = common::Piped::spawn(lab.client(&["keep", "--tcp", WEB, "--dns", DNS]));
+    assert_eq!(held.check().tcp_peer.as_deref(), Some(WEB));
     let probe = lab.probe(300, 5);
     std::thread::sleep(Duration::from_millis(300));
     agent.kill();
@@ -238,6 +243,8 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     let r = report(probe);
     assert_eq!(r.failures(), 0, "{:?}", r.errors());
     assert_eq!(r.count("web-node-1"), 300);
+    assert_eq!(held.check().tcp_peer.as_deref(), Some(WEB), "getpeername() after the restart");
+    drop(held);
 
     // The cgroup links' pins removed under the running agent (an uninstall applied too early): with the
     // DaemonSet's capabilities the agent sees its programs detached and attaches and pins them again.

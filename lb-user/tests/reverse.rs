@@ -68,14 +68,11 @@ fn keep(c: &SimCluster) -> common::Piped {
 
 /// Entries of a pinned (socket cookie, backend) -> VIP map; 0 if the map does not exist. Read with aya
 /// directly, not through the agent's code, so the figure is the kernel's.
-fn entries(path: &PathBuf) -> usize {
+fn entries(path: &Path) -> usize {
     if !path.exists() {
         return 0;
     }
-    let data = aya::maps::MapData::from_pin(path).unwrap();
-    let map = aya::maps::Map::from_map_data(data).unwrap();
-    let map: aya::maps::HashMap<_, ReverseKey, ReverseValue> = aya::maps::HashMap::try_from(map).unwrap();
-    map.keys().count()
+    common::hash_entries::<ReverseKey, ReverseValue>(path).len()
 }
 
 /// The scenario: with a reverse LRU of 1,024 entries, one process sends a DNS query from an
@@ -142,13 +139,10 @@ fn a_tcp_socket_whose_slot_is_held_keeps_its_vip_in_the_lru() {
     assert_eq!(entries(&dir.join(MAP_REVERSE)), 0, "the LRU entries went with their sockets");
     let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));
     assert_eq!(held.len(), lb_common::REVERSE_TCP_SLOTS as usize, "no slot was taken from its holder");
-    assert!(held.iter().all(|(i, cookie)| *cookie == (1 << 63) | u64::from(*i)));
+    assert!(held.iter().all(|(i, cookie)| *cookie == common::held_cookie(*i)));
 
     // The slots free again: an open connection's entry is in the slot of its cookie.
-    let mut slots = common::tcp_slots(&dir.join(MAP_REVERSE_TCP));
-    for i in 0..slots.len() {
-        slots.set(i, lb_common::TcpReverse::default(), 0).unwrap();
-    }
+    common::set_every_tcp_slot(&dir.join(MAP_REVERSE_TCP), |_| lb_common::TcpReverse::default());
     let mut keep = keep(&c);
     assert_eq!(keep.check().tcp_peer.as_deref(), Some(WEB_VIP));
     let held = common::tcp_slots_held(&dir.join(MAP_REVERSE_TCP));

@@ -17,6 +17,8 @@ use lb_testkit::{
 
 mod common;
 
+use common::hash_entries;
+
 const TIERLB: &str = common::TIERLB;
 const WEB: &str = "10.96.0.10:80";
 const DNS: &str = "10.96.0.53:53";
@@ -49,14 +51,6 @@ fn metrics(boxed: &BoxedNode) -> String {
         .and_then(|a| a.rsplit(':').next()?.parse::<u16>().ok())
         .expect("the DaemonSet sets --metrics-addr");
     common::get_in(&boxed.node.netns, port, "/metrics").1
-}
-
-/// Entries of a pinned hash map with `K` keys, read with aya (the kernel's figure, not the agent's).
-fn entries<K: aya::Pod, V: aya::Pod>(path: &Path) -> Vec<(K, V)> {
-    let data = aya::maps::MapData::from_pin(path).unwrap();
-    let map = aya::maps::Map::from_map_data(data).unwrap();
-    let map: aya::maps::HashMap<_, K, V> = aya::maps::HashMap::try_from(map).unwrap();
-    map.iter().map(Result::unwrap).collect()
 }
 
 /// Pod A: 50,000 TCP sockets that each connect to a VIP, disconnect with `connect(AF_UNSPEC)` (which clears
@@ -110,8 +104,8 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     }
     assert_eq!(held, 300_000, "connected UDP sockets pod A holds");
     let share = udp_per_netns(lb_common::DEFAULT_MAX_REVERSE) as usize;
-    let registered = entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len();
-    let counts = entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS));
+    let registered = hash_entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len();
+    let counts = hash_entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS));
     eprintln!("registry: {registered} sockets; per namespace: {counts:?}");
     // The count takes no lock: A's processes registering at once may pass the share by one socket per
     // program run in flight that read the count just below it (one per CPU, or two where a run was
@@ -135,7 +129,7 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
         (Some(WEB), Some(DNS), Some("10.0.1.1")),
         "{k:?}"
     );
-    let lru = entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE));
+    let lru = hash_entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE));
     let tcp_in_lru = lru.iter().filter(|(k, _)| k.backend.proto == lb_common::PROTO_TCP).count();
     let slots = common::tcp_slots_held(&pins.join(MAP_REVERSE_TCP)).len();
     eprintln!("reverse LRU: {} entries, {tcp_in_lru} of TCP sockets; TCP slots held: {slots}", lru.len());
@@ -145,7 +139,7 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
         "A's reconnected socket and B's: A's 50,000 closed sockets left nothing (in a slot or, if another \
          socket held it, in the LRU; not which socket has which: a slot shared by both is a 1 in 65,536 case)"
     );
-    assert_eq!(entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(), registered + 1);
+    assert_eq!(hash_entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(), registered + 1);
 
     // B's resolver leaves: the agent destroys B's socket (and A's registered ones).
     write_service(boxed.manifests.path(), &dns_svc(), &[]).unwrap();
@@ -171,9 +165,9 @@ fn one_pods_reconnects_and_300000_udp_sockets_leave_another_pods_reverse_state_a
     drop(keep);
     std::thread::sleep(Duration::from_millis(500));
     let left = (
-        entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE)).len(),
-        entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(),
-        entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS)).len(),
+        hash_entries::<ReverseKey, ReverseValue>(&pins.join(MAP_REVERSE)).len(),
+        hash_entries::<ReverseKey, ReverseValue>(&pins.join(MAP_CONNECTED_UDP)).len(),
+        hash_entries::<u64, u32>(&pins.join(MAP_UDP_PER_NETNS)).len(),
         common::tcp_slots_held(&pins.join(MAP_REVERSE_TCP)).len(),
     );
     assert_eq!(

@@ -219,10 +219,20 @@ impl Drop for Piped {
     }
 }
 
-/// The pinned `REVERSE_TCP` array at `path`, opened with aya (the kernel's map, not the agent's view).
+/// The map pinned at `path`, opened with aya (the kernel's map, not the agent's view).
+pub(crate) fn pinned_map(path: &Path) -> aya::maps::Map {
+    aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(path).unwrap()).unwrap()
+}
+
+/// The entries of the hash map pinned at `path`, with `K` keys and `V` values.
+pub(crate) fn hash_entries<K: aya::Pod, V: aya::Pod>(path: &Path) -> Vec<(K, V)> {
+    let map: aya::maps::HashMap<_, K, V> = aya::maps::HashMap::try_from(pinned_map(path)).unwrap();
+    map.iter().map(Result::unwrap).collect()
+}
+
+/// The pinned `REVERSE_TCP` array at `path`.
 pub(crate) fn tcp_slots(path: &Path) -> aya::maps::Array<aya::maps::MapData, lb_common::TcpReverse> {
-    let data = aya::maps::MapData::from_pin(path).unwrap();
-    aya::maps::Array::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap()
+    aya::maps::Array::try_from(pinned_map(path)).unwrap()
 }
 
 /// Slot index and cookie of every slot a socket holds in the pinned `REVERSE_TCP` array at `path`.
@@ -233,12 +243,22 @@ pub(crate) fn tcp_slots_held(path: &Path) -> Vec<(u32, u64)> {
         .collect()
 }
 
-/// Fill every slot of the pinned `REVERSE_TCP` array at `path` with a cookie no socket has (the top bit set,
-/// a count socket cookies never reach), as if open sockets held them all.
-pub(crate) fn hold_every_tcp_slot(path: &Path) {
+/// The cookie `hold_every_tcp_slot` writes into slot `i`: one no socket has (the top bit set, a count socket
+/// cookies never reach) and whose slot is `i`.
+pub(crate) fn held_cookie(i: u32) -> u64 {
+    (1 << 63) | u64::from(i)
+}
+
+/// Write `slot(i)` into every slot `i` of the pinned `REVERSE_TCP` array at `path`.
+pub(crate) fn set_every_tcp_slot(path: &Path, slot: impl Fn(u32) -> lb_common::TcpReverse) {
     let mut slots = tcp_slots(path);
     for i in 0..slots.len() {
-        let held = lb_common::TcpReverse { cookie: (1 << 63) | u64::from(i), ..Default::default() };
-        slots.set(i, held, 0).unwrap();
+        slots.set(i, slot(i), 0).unwrap();
     }
+}
+
+/// Fill every slot of the pinned `REVERSE_TCP` array at `path` with a `held_cookie`, as if open sockets held
+/// them all.
+pub(crate) fn hold_every_tcp_slot(path: &Path) {
+    set_every_tcp_slot(path, |i| lb_common::TcpReverse { cookie: held_cookie(i), ..Default::default() });
 }
