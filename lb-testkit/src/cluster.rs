@@ -44,6 +44,9 @@ pub struct SimCluster {
     pub tierlb: PathBuf,
     /// The `tierlb-lab` binary: pods' servers and the probe and DNS clients.
     pub lab: PathBuf,
+    /// `Some(kubeconfig)`: the agents watch a real API server (`--kube`) with it, from inside `netns` (which
+    /// the control plane linked), instead of the manifests directory.
+    kube: Option<PathBuf>,
 }
 
 impl SimCluster {
@@ -59,7 +62,29 @@ impl SimCluster {
             logs: TempDir::new(&format!("{tag}-logs"))?,
             tierlb: tierlb.to_owned(),
             lab: lab.to_owned(),
+            kube: None,
         })
+    }
+
+    /// A cluster whose agents watch the API server of `cp` with `kubeconfig` (`--kube`), as deployed agents
+    /// do, instead of a manifests directory. They run inside the cluster's namespace, which `cp` links to
+    /// itself.
+    pub fn with_kube(
+        tag: &str,
+        tierlb: &Path,
+        lab: &Path,
+        cp: &mut crate::kube::ControlPlane,
+        kubeconfig: &Path,
+    ) -> anyhow::Result<Self> {
+        let mut cluster = Self::new(tag, tierlb, lab)?;
+        cp.link(&cluster.netns)?;
+        cluster.kube = Some(kubeconfig.to_owned());
+        Ok(cluster)
+    }
+
+    /// Use `kubeconfig` for agents started from now on (a restarted agent too).
+    pub fn set_kubeconfig(&mut self, kubeconfig: &Path) {
+        self.kube = Some(kubeconfig.to_owned());
     }
 
     /// Start a pod: its IP on `lo` in the netns and a server that answers with `name`.
@@ -110,9 +135,17 @@ impl SimCluster {
         let logfile = std::fs::OpenOptions::new().create(true).append(true).open(&node.log)?;
         let start_len = logfile.metadata()?.len() as usize;
         let mut cmd = Command::new(&self.tierlb);
-        cmd.args(["agent", "--node", &node.name, "--manifests"])
-            .arg(self.manifests.path())
-            .arg("--cgroup")
+        cmd.args(["agent", "--node", &node.name]);
+        match &self.kube {
+            Some(kubeconfig) => {
+                cmd.arg("--kube").env("KUBECONFIG", kubeconfig);
+                confine(&mut cmd, None, Some(&self.netns))?;
+            }
+            None => {
+                cmd.arg("--manifests").arg(self.manifests.path());
+            }
+        }
+        cmd.arg("--cgroup")
             .arg(node.cgroup.path())
             .args(&node.args)
             .env("NO_COLOR", "1")

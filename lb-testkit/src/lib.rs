@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod deployed;
 pub mod dns;
 pub mod interrupt;
+pub mod kube;
 pub mod manifests;
 pub mod probe;
 pub mod sandbox;

@@ -152,6 +152,12 @@ pub struct AgentArgs {
     /// node's Node.
     #[arg(long)]
     pub kube: bool,
+    /// With --kube: how long the API server keeps each watch open before ending it (the agent then resumes
+    /// it from the last resourceVersion it saw, without listing again). Like kube-proxy's informers, each
+    /// watch asks for a time between this and twice this (chosen per node and kind), so that the nodes'
+    /// watches do not all end and come back at once.
+    #[arg(long, default_value = "5m", value_parser = parse_watch_timeout, requires = "kube")]
+    pub watch_timeout: std::time::Duration,
     /// cgroup2 directory whose processes get the translation; default: the cgroup2 root (needs
     /// --allow-root-cgroup).
     #[arg(long)]
@@ -247,6 +253,15 @@ pub struct AgentArgs {
     pub health_max_hold: std::time::Duration,
 }
 
+/// `--watch-timeout`: a duration of at least a second (the API server counts whole seconds).
+fn parse_watch_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let d = crate::datapath::marks::parse_span(s)?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err(format!("{s:?}: a watch must be allowed at least 1s (the API server counts seconds)"));
+    }
+    Ok(d)
+}
+
 impl AgentArgs {
     /// The agent's options from its flags.
     pub fn options(&self) -> crate::agent::AgentOptions {
@@ -258,6 +273,7 @@ impl AgentArgs {
                 Some(dir) => crate::agent::Source::Manifests(dir.clone()),
                 None => crate::agent::Source::Kube,
             },
+            watch_timeout: self.watch_timeout,
             cgroup: self.cgroup.clone(),
             allow_root_cgroup: self.allow_root_cgroup,
             bpffs: self.bpffs.clone(),

@@ -8,6 +8,7 @@ mod chaos;
 mod demo;
 mod fuzz;
 mod image;
+mod k8s;
 mod setup;
 mod test;
 mod util;

@@ -23,7 +23,7 @@ const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
 pub(crate) fn run(_o: &Options) -> anyhow::Result<()> {
     debian_packages()?;
-    kubectl()?;
+    crate::k8s::build()?;
     rust_src()?;
     bpf_linker()?;
     nextest()?;
@@ -56,28 +56,6 @@ fn debian_packages() -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
-}
-
-/// kubectl renders deploy/ with `kubectl kustomize` in the tests. The machine image carries it; otherwise the
-/// `kubectl` package where a repository offers it, else Debian's `kubernetes-client` (also has kustomize).
-fn kubectl() -> anyhow::Result<()> {
-    if output(Command::new("kubectl").args(["version", "--client"])).is_some() {
-        eprintln!("setup: kubectl present");
-        return Ok(());
-    }
-    if !util::is_root() {
-        bail!("setup needs root to install kubectl (run as root, or install kubectl yourself)");
-    }
-    util::run(Command::new("apt-get").arg("update").arg("-q"))?;
-    for pkg in ["kubectl", "kubernetes-client"] {
-        let mut cmd = Command::new("apt-get");
-        cmd.args(["install", "-y", "-q", "--no-install-recommends", pkg])
-            .env("DEBIAN_FRONTEND", "noninteractive");
-        if util::run(&mut cmd).is_ok() {
-            return Ok(());
-        }
-    }
-    bail!("could not install kubectl (tried the kubectl and kubernetes-client packages)")
 }
 
 /// rust-src matching `rustc -V` exactly, from Debian (rustup cannot download here), for `-Z build-std=core`.

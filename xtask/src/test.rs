@@ -1,4 +1,5 @@
-//! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target),
+//! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target;
+//! gofmt and go vet on the control plane's Go module),
 //! promtool's check and unit tests of deploy/monitoring's rules,
 //! a short run of each fuzz target, the container image's check, then every test (unit, semantics, in-kernel) under nextest, whose summary
 //! line ends the output.
@@ -46,6 +47,7 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
             "-D",
             "warnings",
         ]))?;
+        crate::k8s::lint()?;
     }
     // The alerting rules: syntax, then their unit tests (each alert fed series that must fire and must not).
     if !o.no_lint {

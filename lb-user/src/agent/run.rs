@@ -49,6 +49,8 @@ pub struct AgentOptions {
     pub external: crate::model::node_addresses::ExternalConfig,
     /// Where Services, EndpointSlices and Nodes come from.
     pub source: Source,
+    /// With `Source::Kube`: the shortest time a watch stays open (`--watch-timeout`).
+    pub watch_timeout: Duration,
     /// The cgroup2 directory to attach to; `None`: the cgroup2 root.
     pub cgroup: Option<PathBuf>,
     /// Allow attaching to a cgroup2 root.
@@ -125,8 +127,14 @@ async fn start_source(opts: &AgentOptions, changed: mpsc::UnboundedSender<()>) -
                 .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
             let api_server = crate::source::kube::api_server_addresses(&config).await;
             let client = kube::Client::try_from(config).context("--kube: cannot build the API client")?;
-            let ks =
-                KubeSource::start_with_timeout(client, &opts.node, changed, Duration::from_mins(1)).await?;
+            let ks = KubeSource::start_with_timeout(
+                client,
+                &opts.node,
+                changed,
+                Duration::from_mins(1),
+                opts.watch_timeout,
+            )
+            .await?;
             Ok((Box::new(ks), None, api_server))
         }
     }

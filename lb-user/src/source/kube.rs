@@ -224,9 +224,18 @@ where
             for event in ready {
                 match event {
                     Ok(e) => batch.push(e),
-                    Err(e) => {
-                        tracing::warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
-                    }
+                    Err(e) => match forbidden(kind, &e) {
+                        // A permission taken away while the agent runs: say which, as at start.
+                        Some(refused) => tracing::error!(
+                            kind = kind.as_str(),
+                            error = %refused,
+                            "the API server refused the agent; the maps keep the last state it saw, retrying \
+                             with backoff"
+                        ),
+                        None => {
+                            tracing::warn!(kind = kind.as_str(), error = %e, "watch failed; retrying with backoff");
+                        }
+                    },
                 }
             }
             if !batch.is_empty() && batches.send(batch).await.is_err() {
@@ -252,7 +261,12 @@ fn convert_events<K: Sync>(
     let deliver = |event: &watcher::Event<K>| match event {
         watcher::Event::Apply(o) => Delivery::Apply(wrap(o)),
         watcher::Event::Delete(o) => Delivery::Delete(wrap(o)),
-        watcher::Event::Init => Delivery::ListStart(kind),
+        watcher::Event::Init => {
+            // Each list is said once: the first at start, and a relist when a watch's resourceVersion
+            // expired (410 Gone) or the watch could not resume.
+            tracing::info!(kind = kind.as_str(), "listing from the API server");
+            Delivery::ListStart(kind)
+        }
         watcher::Event::InitApply(o) => Delivery::Listed(wrap(o)),
         watcher::Event::InitDone => Delivery::ListDone(kind),
     };
@@ -284,6 +298,7 @@ impl KubeSource {
         node: &str,
         changed: mpsc::UnboundedSender<()>,
         ready_timeout: Duration,
+        watch_timeout: Duration,
     ) -> Result<Self, KubeError> {
         let deadline = tokio::time::Instant::now() + ready_timeout;
         match tokio::time::timeout_at(deadline, check_access(&client)).await {
@@ -295,12 +310,13 @@ impl KubeSource {
         // kube-proxy's label filter, server-side, on the Services and EndpointSlices (not the Node), as its
         // informer factory applies it: the API server never sends what another proxy is meant to program, and
         // sends a Delete when an object gains one of the labels.
-        let not_for_other_proxies = watcher::Config::default().labels(&ProxyLabel::label_selector());
+        let watch = |kind: Kind| watcher::Config::default().timeout(spread(watch_timeout, node, kind));
+        let not_for_other_proxies = |kind| watch(kind).labels(&ProxyLabel::label_selector());
         // Parsed by the conversion stage (`unparsed`), and read leanly (`lean`): managedFields and the
         // annotations never read are skipped as parsed.
         let (t1, services) = spawn_watch(
             Api::<Unparsed<lean::LeanService>>::all(client.clone()),
-            not_for_other_proxies.clone(),
+            not_for_other_proxies(Kind::Service),
             Kind::Service,
             |o| Raw::parsed(Kind::Service, o, Raw::service),
             tx.clone(),
@@ -309,14 +325,14 @@ impl KubeSource {
         );
         let (t2, slices) = spawn_watch(
             Api::<Unparsed<lean::LeanSlice>>::all(client.clone()),
-            not_for_other_proxies,
+            not_for_other_proxies(Kind::EndpointSlice),
             Kind::EndpointSlice,
             |o| Raw::parsed(Kind::EndpointSlice, o, Raw::endpoint_slice),
             tx.clone(),
             changed.clone(),
             Some(queued.endpoint_slices.clone()),
         );
-        let node_cfg = watcher::Config::default().fields(&format!("metadata.name={node}"));
+        let node_cfg = watch(Kind::Node).fields(&format!("metadata.name={node}"));
         let (t3, nodes) =
             spawn_watch(Api::<core::Node>::all(client), node_cfg, Kind::Node, Raw::node, tx, changed, None);
         // Built before waiting, so that a failed start stops the watchers (Drop).
@@ -418,6 +434,43 @@ impl KubeSource {
         }
         (removed, upserted)
     }
+}
+
+/// A watcher's error as the permission it lacks (`KubeError::Forbidden`), when the API server answered 403.
+fn forbidden(kind: Kind, e: &watcher::Error) -> Option<KubeError> {
+    let (verb, status) = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s)) => ("list", s.as_ref()),
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+        | watcher::Error::WatchError(s) => ("watch", s.as_ref()),
+        _ => return None,
+    };
+    if status.code != 403 {
+        return None;
+    }
+    let (api_group, resource) = match kind {
+        Kind::Service => ("", "services"),
+        Kind::EndpointSlice => ("discovery.k8s.io", "endpointslices"),
+        Kind::Node => ("", "nodes"),
+    };
+    Some(KubeError::Forbidden {
+        verb: verb.to_owned(),
+        resource: resource.to_owned(),
+        group: if api_group.is_empty() { String::new() } else { format!(".{api_group}") },
+        api_group: api_group.to_owned(),
+    })
+}
+
+/// The watch timeout one kind's watches ask for on this node, in whole seconds: between `shortest` and twice
+/// it, fixed by the node's name and the kind (kube-proxy's informers draw it at random per watch), so that
+/// the nodes' watches end at different times.
+fn spread(shortest: Duration, node: &str, kind: Kind) -> u32 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    (node, kind.as_str()).hash(&mut h);
+    let per_mille = u32::try_from(h.finish() % 1000).unwrap_or(0);
+    let secs = u32::try_from(shortest.as_secs()).unwrap_or(u32::MAX / 2).max(1);
+    secs.saturating_add(secs.saturating_mul(per_mille) / 1000)
 }
 
 /// Take an object's new version into its entry: an unchanged resourceVersion is not taken again; one that

@@ -99,7 +99,11 @@ async fn start_within(script: &Arc<Mutex<Script>>, timeout: Duration) -> Started
     let server = tokio::spawn(serve(handle, script.clone()));
     let (tx, rx) = mpsc::unbounded_channel();
     let client = Client::new(svc, "default");
-    (KubeSource::start_with_timeout(client, "node-1", tx, timeout).await, rx, server)
+    (
+        KubeSource::start_with_timeout(client, "node-1", tx, timeout, Duration::from_secs(290)).await,
+        rx,
+        server,
+    )
 }
 
 /// `start`, which must succeed.

@@ -1,0 +1,490 @@
+//! tierlb against the real Kubernetes: kube-apiserver, the EndpointSlice controller and kubectl v1.36.3, built
+//! here from Kubernetes' code (`lb_testkit::kube`), with the agents' `--kube` source authenticating as the
+//! service account of `deploy/rbac.yaml`, in the kernel, with real sockets. Every hint the agents read here was
+//! written by Kubernetes' own controller; every object was made with kubectl.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use lb_testkit::kube::{KubeCluster, Options};
+
+const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
+
+fn lab() -> PathBuf {
+    lb_testkit::workspace_bin("tierlb-lab", "lb-lab")
+}
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn cluster(tag: &str, options: Options) -> KubeCluster {
+    KubeCluster::start(tag, Path::new(TIERLB), &lab(), &deploy(), options).unwrap()
+}
+
+/// The story's cache Service, as it was before the fix: `internalTrafficPolicy: Local`.
+const CACHE: &str = "apiVersion: v1
+kind: Service
+metadata: {name: nginx-cache, namespace: booking}
+spec:
+  selector: {app: nginx-cache}
+  internalTrafficPolicy: Local
+  ports: [{name: http, port: 80, targetPort: 8080}]
+";
+
+/// The ClusterIP the API server allocated to `namespace/name`, with `port`.
+fn vip(c: &KubeCluster, namespace: &str, name: &str, port: u16) -> SocketAddr {
+    let ip =
+        c.cp.kubectl(&["-n", namespace, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
+    SocketAddr::new(ip.trim().parse().unwrap(), port)
+}
+
+/// The endpoints of a Service's slices: (address, ready, serving, terminating, nodeName, forNodes, forZones).
+fn endpoints(c: &KubeCluster, namespace: &str, service: &str) -> Vec<serde_json::Value> {
+    let slices = c.cp.slices(namespace, service).unwrap();
+    slices["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+/// Wait until `check` holds for the Service's endpoints (the controller wrote them).
+fn wait_slices(
+    c: &KubeCluster,
+    namespace: &str,
+    service: &str,
+    what: &str,
+    check: impl Fn(&[serde_json::Value]) -> bool,
+) -> Duration {
+    c.cp.wait_for(Duration::from_secs(30), what, |_| Ok(check(&endpoints(c, namespace, service)))).unwrap()
+}
+
+fn ready(e: &serde_json::Value) -> bool {
+    e["conditions"]["ready"].as_bool().unwrap_or(true)
+}
+
+/// One request from `node` to `target`: the backend that answered, or the error.
+fn once(c: &KubeCluster, node: &str, target: SocketAddr) -> Result<String, String> {
+    let r =
+        c.sim.start_probe_with_timeout(node, target, 1, Duration::ZERO, Duration::from_millis(500)).unwrap();
+    let a = r.wait().unwrap().attempts.remove(0);
+    a.backend.ok_or_else(|| a.error.unwrap_or_default())
+}
+
+/// Probe from `node` until `want` holds for one answer, for at most `timeout`; the time it took.
+fn until(
+    c: &KubeCluster,
+    node: &str,
+    target: SocketAddr,
+    timeout: Duration,
+    want: impl Fn(&Result<String, String>) -> bool,
+) -> Result<Duration, String> {
+    let start = Instant::now();
+    let mut last = Err("no attempt".to_owned());
+    while start.elapsed() < timeout {
+        last = once(c, node, target);
+        if want(&last) {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("after {timeout:?} the last answer from {node} to {target} was {last:?}"))
+}
+
+fn setup_booking(c: &mut KubeCluster) {
+    c.cp.add_namespace("booking").unwrap();
+}
+
+#[test]
+fn a_service_made_with_kubectl_is_translated_within_a_second_of_its_slice() {
+    let mut c = cluster("rk-new", Options::default());
+    c.add_node("node-1", Some("zone-a"), &[]).unwrap();
+    setup_booking(&mut c);
+    c.start_pod("booking", "web-1", "node-1", &[("app", "web")], addr("10.244.1.10:8080")).unwrap();
+    c.cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
+         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
+    )
+    .unwrap();
+    let target = vip(&c, "booking", "web", 80);
+    assert!(target.ip().to_string().starts_with("10.96."), "allocated from the service CIDR: {target}");
+    // The controller's slice, then the first connect to the VIP that reaches the pod.
+    wait_slices(&c, "booking", "web", "web's slice with its ready endpoint", |eps| {
+        eps.iter().any(|e| ready(e) && e["addresses"][0] == "10.244.1.10")
+    });
+    let took = until(&c, "node-1", target, Duration::from_secs(1), |r| r.as_deref() == Ok("web-1"));
+    let took = took.unwrap_or_else(|e| panic!("not translated within 1 s of the slice: {e}"));
+    eprintln!("slice seen -> first translated connect: {took:?}");
+}
+
+#[test]
+fn the_story_patch_moves_every_node_to_its_own_pod() {
+    let mut c = cluster("rk-story", Options::default());
+    // The story: two cache replicas on three nodes, in two zones.
+    for (node, zone) in [("node-1", "zone-a"), ("node-2", "zone-b"), ("node-3", "zone-b")] {
+        c.add_node(node, Some(zone), &[]).unwrap();
+    }
+    setup_booking(&mut c);
+    let labels = [("app", "nginx-cache")];
+    c.start_pod("booking", "cache-node-1", "node-1", &labels, addr("10.244.1.20:8080")).unwrap();
+    c.start_pod("booking", "cache-node-2", "node-2", &labels, addr("10.244.2.20:8080")).unwrap();
+    c.cp.apply(CACHE).unwrap();
+    let target = vip(&c, "booking", "nginx-cache", 80);
+    wait_slices(&c, "booking", "nginx-cache", "two ready endpoints", |eps| {
+        eps.iter().filter(|e| ready(e)).count() == 2
+    });
+    // internalTrafficPolicy: Local: node-3 has no local endpoint. kube-proxy drops (the client hangs);
+    // tierlb fails the connect at once.
+    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("cache-node-1")).unwrap();
+    let before = once(&c, "node-3", target);
+    assert!(before.is_err(), "node-3 has no local endpoint under Local: {before:?}");
+
+    // The story's fix, with the story's exact command.
+    let patched = Instant::now();
+    c.cp.kubectl(&[
+        "patch",
+        "svc",
+        "nginx-cache",
+        "-n",
+        "booking",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"internalTrafficPolicy":"Cluster","trafficDistribution":"PreferSameNode"}}"#,
+    ])
+    .unwrap();
+    // node-3 now reaches a cache pod: the time from the patch to that is the patch's way through the API
+    // server, the controller's slice update, the watch and the maps.
+    until(&c, "node-3", target, Duration::from_secs(10), Result::is_ok).unwrap();
+    eprintln!("story patch -> node-3 translated: {:?}", patched.elapsed());
+    // The controller wrote forNodes and forZones on every ready endpoint; the story's jsonpath shows each
+    // node beside its own hint.
+    wait_slices(&c, "booking", "nginx-cache", "forNodes on every ready endpoint", |eps| {
+        eps.iter().filter(|e| ready(e)).all(|e| e["hints"]["forNodes"][0]["name"] == e["nodeName"])
+    });
+    let shown = c
+        .cp
+        .kubectl(&[
+            "get",
+            "endpointslice",
+            "-n",
+            "booking",
+            "-l",
+            "kubernetes.io/service-name=nginx-cache",
+            "-o",
+            r#"jsonpath={range .items[*].endpoints[*]}{.nodeName}{"\t"}{.hints.forNodes[*].name}{"\t"}{.hints.forZones[*].name}{"\n"}{end}"#,
+        ])
+        .unwrap();
+    let mut lines: Vec<&str> = shown.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["node-1\tnode-1\tzone-a", "node-2\tnode-2\tzone-b"], "{shown}");
+    // Every node's node tier holds its own pod: node-1 and node-2 only ever reach their own. No endpoint
+    // lists node-3, so kube-proxy's rule takes zone mode there (every ready endpoint has forZones, one lists
+    // zone-b): node-2's pod, in node-3's zone.
+    for (node, own) in [("node-1", "cache-node-1"), ("node-2", "cache-node-2")] {
+        let r = c.sim.probe(node, target, 20, Duration::ZERO).unwrap();
+        assert_eq!(r.count(own), 20, "{node}: {:?} {:?}", r.by_backend(), r.errors());
+    }
+    let r = c.sim.probe("node-3", target, 20, Duration::ZERO).unwrap();
+    assert_eq!(
+        r.count("cache-node-2"),
+        20,
+        "node-3 uses its zone's endpoint: {:?} {:?}",
+        r.by_backend(),
+        r.errors()
+    );
+}
+
+/// Three nodes (node-1 and node-2 in zone-a, node-3 in zone-b), a `web` pod on each, `web` PreferSameNode.
+fn web_cluster(tag: &str, options: Options, agent_args: &[&str]) -> (KubeCluster, SocketAddr) {
+    let mut c = cluster(tag, options);
+    for (node, zone) in [("node-1", "zone-a"), ("node-2", "zone-a"), ("node-3", "zone-b")] {
+        c.add_node(node, Some(zone), agent_args).unwrap();
+    }
+    setup_booking(&mut c);
+    for n in 1..=3 {
+        let a = addr(&format!("10.244.{n}.30:8080"));
+        c.start_pod("booking", &format!("web-{n}"), &format!("node-{n}"), &[("app", "web")], a).unwrap();
+    }
+    c.cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
+         spec:\n  selector: {app: web}\n  trafficDistribution: PreferSameNode\n  \
+         ports: [{name: http, port: 80, targetPort: 8080}]\n",
+    )
+    .unwrap();
+    let target = vip(&c, "booking", "web", 80);
+    wait_slices(&c, "booking", "web", "forNodes on three ready endpoints", |eps| {
+        eps.iter().filter(|e| ready(e) && e["hints"]["forNodes"][0]["name"] == e["nodeName"]).count() == 3
+    });
+    for n in 1..=3 {
+        let own = format!("web-{n}");
+        until(&c, &format!("node-{n}"), target, Duration::from_secs(5), |r| r.as_deref() == Ok(&own))
+            .unwrap();
+    }
+    (c, target)
+}
+
+/// Answers of `count` requests from `node`, by backend; fails on any failed request.
+fn spread_from(c: &KubeCluster, node: &str, target: SocketAddr, count: usize) -> Vec<String> {
+    let r = c.sim.probe(node, target, count, Duration::ZERO).unwrap();
+    assert_eq!(r.failures(), 0, "{node} -> {target}: {:?}", r.errors());
+    r.by_backend().into_keys().collect()
+}
+
+#[test]
+fn pod_node_and_service_changes_reach_the_maps_and_traffic_never_fails_where_an_endpoint_is_ready() {
+    let (mut c, target) = web_cluster("rk-changes", Options::default(), &[]);
+    let web = |n: &[u32]| n.iter().map(|n| format!("web-{n}")).collect::<Vec<_>>();
+
+    // A pod not Ready (its readiness fails; the process still runs): node-1 leaves node mode for its zone.
+    c.pod_ready("booking", "web-1", false).unwrap();
+    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-2")).unwrap();
+    assert_eq!(spread_from(&c, "node-1", target, 20), web(&[2]));
+
+    // A rolling update's deletion of node-2's pod, with a client on node-2 running throughout: the
+    // endpoint turns terminating (not ready) while the process serves, node-2 moves on (no endpoint of
+    // zone-a is ready now: web-1 is not Ready either, so no zone mode: the cluster, web-3), and not one
+    // request fails.
+    let during = c.sim.start_probe("node-2", target, 150, Duration::from_millis(20)).unwrap();
+    c.roll_out_pod("booking", "web-2", Duration::from_secs(1)).unwrap();
+    let report = during.wait().unwrap();
+    assert_eq!(report.failures(), 0, "requests failed during the roll: {:?}", report.errors());
+    until(&c, "node-2", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-3")).unwrap();
+    assert_eq!(spread_from(&c, "node-2", target, 20), web(&[3]));
+
+    // A Node's zone label changed. web-1 is Ready again (node-1 back on its own pod, node-2 on its zone's
+    // web-1); then node-2 moves to zone-b: no slice changes (no pod runs there), node-2's agent reads its own
+    // Node's MODIFIED event and takes zone-b's endpoint, web-3.
+    c.pod_ready("booking", "web-1", true).unwrap();
+    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    until(&c, "node-2", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    c.cp.kubectl(&["label", "node", "node-2", "topology.kubernetes.io/zone=zone-b", "--overwrite"]).unwrap();
+    until(&c, "node-2", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-3")).unwrap();
+    assert_eq!(spread_from(&c, "node-2", target, 20), web(&[3]));
+
+    // The Service's port changed: the new port is translated, the old one no longer.
+    c.cp.kubectl(&[
+        "-n",
+        "booking",
+        "patch",
+        "svc",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/ports/0/port","value":8000}]"#,
+    ])
+    .unwrap();
+    let moved = SocketAddr::new(target.ip(), 8000);
+    until(&c, "node-1", moved, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    until(&c, "node-1", target, Duration::from_secs(5), Result::is_err).unwrap();
+
+    // trafficDistribution removed: the controller removes the hints, every node uses every ready endpoint.
+    c.cp.kubectl(&[
+        "-n",
+        "booking",
+        "patch",
+        "svc",
+        "web",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"trafficDistribution":null}}"#,
+    ])
+    .unwrap();
+    wait_slices(&c, "booking", "web", "hints removed", |eps| eps.iter().all(|e| e["hints"].is_null()));
+    c.cp.wait_for(Duration::from_secs(5), "node-2 using both ready endpoints", |_| {
+        Ok(spread_from(&c, "node-2", moved, 40) == web(&[1, 3]))
+    })
+    .unwrap();
+}
+
+/// How many lists the agent has started (its log says each: the first per kind, and each relist).
+fn lists(c: &KubeCluster, node: &str) -> usize {
+    std::fs::read_to_string(&c.sim.node(node).log)
+        .unwrap_or_default()
+        .matches("listing from the API server")
+        .count()
+}
+
+/// `GET path` on the agent's health listener inside the cluster's namespace: the status code.
+fn http_status(c: &KubeCluster, at: SocketAddr, path: &str) -> u16 {
+    c.sim
+        .netns
+        .run(|| {
+            use std::io::{Read as _, Write as _};
+            let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text.split_whitespace().nth(1).unwrap_or("0").parse().unwrap_or(0))
+        })
+        .unwrap()
+}
+
+/// The longest a watch waits to retry after the API server went away (kube-rs' default backoff: 30 s, plus
+/// jitter), and the time to list again.
+const BACKOFF: Duration = Duration::from_secs(45);
+
+#[test]
+fn the_api_server_restarted_etcd_compacted_and_watches_ended_by_the_server_keep_the_maps_serving() {
+    // Watches of 2 to 4 s: the API server ends them often, and the agent resumes each from its last
+    // resourceVersion.
+    let healthz = addr("127.0.0.1:10256");
+    let args = ["--watch-timeout", "2s", "--healthz-addr", "127.0.0.1:10256"];
+    let mut c = cluster("rk-restart", Options::default());
+    c.add_node("node-1", Some("zone-a"), &args).unwrap();
+    setup_booking(&mut c);
+    c.start_pod("booking", "web-1", "node-1", &[("app", "web")], addr("10.244.1.40:8080")).unwrap();
+    c.cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
+         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
+    )
+    .unwrap();
+    let target = vip(&c, "booking", "web", 80);
+    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    let first = lists(&c, "node-1");
+    assert_eq!(first, 3, "one list per kind at start");
+
+    // Watches ended by the server (each kind's at least twice in 9 s): resumed, never listed again, and a
+    // change made after them still arrives.
+    std::thread::sleep(Duration::from_secs(9));
+    assert_eq!(lists(&c, "node-1"), first, "a watch the server ended was resumed with a new list");
+    c.start_pod("booking", "web-2", "node-1", &[("app", "web")], addr("10.244.1.41:8080")).unwrap();
+    c.cp.wait_for(Duration::from_secs(10), "web-2 in node-1's maps", |c2| {
+        let _ = c2;
+        Ok(spread_from(&c, "node-1", target, 30).len() == 2)
+    })
+    .unwrap();
+
+    // The API server restarted while a client on node-1 connects every 20 ms: not one connect fails, and
+    // /healthz stays 200 meanwhile (nothing is pending: kube-proxy's rule, so load balancers keep the node).
+    let during = c.sim.start_probe("node-1", target, 300, Duration::from_millis(20)).unwrap();
+    c.cp.stop_apiserver();
+    assert_eq!(http_status(&c, healthz, "/healthz"), 200, "/healthz with the API server down");
+    std::thread::sleep(Duration::from_secs(1));
+    let back = c.cp.start_apiserver().unwrap();
+    eprintln!("API server back after {back:?}; lists so far {}", lists(&c, "node-1"));
+    let report = during.wait().unwrap();
+    assert_eq!(report.failures(), 0, "connects failed across the restart: {:?}", report.errors());
+    // A change after the restart reaches the maps once the watches are back: each retries with kube-rs'
+    // default backoff (0.8 s doubling to 30 s, jittered), as client-go's reflectors in kube-proxy do.
+    c.pod_ready("booking", "web-2", false).unwrap();
+    c.cp.wait_for(BACKOFF, "web-2 out of node-1's maps after the restart", |_| {
+        Ok(spread_from(&c, "node-1", target, 30) == ["web-1"])
+    })
+    .unwrap();
+    let after_restart = lists(&c, "node-1");
+    eprintln!("lists after the restart: {after_restart}");
+
+    // etcd compacted past every resourceVersion the agent holds, then the API server restarted so the
+    // watches must resume from them: 410 Gone, a relist, and no connect fails during it.
+    let during = c.sim.start_probe("node-1", target, 300, Duration::from_millis(20)).unwrap();
+    c.pod_ready("booking", "web-2", true).unwrap();
+    c.cp.wait_for(Duration::from_secs(15), "web-2 back in node-1's maps", |_| {
+        Ok(spread_from(&c, "node-1", target, 30).len() == 2)
+    })
+    .unwrap();
+    c.cp.stop_apiserver();
+    let revision = c.cp.compact().unwrap();
+    c.cp.start_apiserver().unwrap();
+    c.cp.wait_for(BACKOFF, "a relist after the compaction", |_| Ok(lists(&c, "node-1") > after_restart))
+        .unwrap();
+    let report = during.wait().unwrap();
+    assert_eq!(report.failures(), 0, "connects failed across the relist: {:?}", report.errors());
+    eprintln!(
+        "compacted at revision {revision}: lists {first} -> {after_restart} -> {}",
+        lists(&c, "node-1")
+    );
+    // The relisted state is the truth: a change made now arrives.
+    c.pod_ready("booking", "web-2", false).unwrap();
+    c.cp.wait_for(BACKOFF, "web-2 out of node-1's maps after the relist", |_| {
+        Ok(spread_from(&c, "node-1", target, 30) == ["web-1"])
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_permission_removed_from_the_cluster_role_is_named_and_the_maps_keep_serving() {
+    let mut c = cluster("rk-rbac", Options::default());
+    c.add_node("node-1", Some("zone-a"), &["--watch-timeout", "2s"]).unwrap();
+    setup_booking(&mut c);
+    c.start_pod("booking", "web-1", "node-1", &[("app", "web")], addr("10.244.1.50:8080")).unwrap();
+    c.cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
+         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
+    )
+    .unwrap();
+    let target = vip(&c, "booking", "web", 80);
+    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+
+    // The ClusterRole of deploy/rbac.yaml without its EndpointSlice rule.
+    c.cp.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: tierlb}\nrules:\n\
+         - apiGroups: [\"\"]\n  resources: [services, nodes]\n  verbs: [get, list, watch]\n",
+    )
+    .unwrap();
+    let log = c.sim.node("node-1").log.clone();
+    let named = "the service account may not watch endpointslices.discovery.k8s.io";
+    c.cp.wait_for(Duration::from_secs(15), "the agent naming the permission it lost", |_| {
+        Ok(std::fs::read_to_string(&log).unwrap_or_default().contains(named))
+    })
+    .unwrap();
+    let r = c.sim.probe("node-1", target, 20, Duration::ZERO).unwrap();
+    assert_eq!(r.count("web-1"), 20, "the maps keep serving: {:?}", r.errors());
+
+    // Given back, the watch resumes and changes arrive again.
+    c.cp.kubectl(&["apply", "-f", &deploy().join("rbac.yaml").display().to_string()]).unwrap();
+    c.start_pod("booking", "web-2", "node-1", &[("app", "web")], addr("10.244.1.51:8080")).unwrap();
+    c.cp.wait_for(Duration::from_secs(20), "web-2 in node-1's maps once the permission is back", |_| {
+        Ok(spread_from(&c, "node-1", target, 30).len() == 2)
+    })
+    .unwrap();
+}
+
+#[test]
+fn deploy_is_accepted_by_the_api_server_and_grants_exactly_what_the_agent_uses() {
+    let cp = lb_testkit::kube::ControlPlane::start("rk-deploy", Options::default()).unwrap();
+    let dir = deploy().display().to_string();
+    // deploy/ as the README says to apply it, with the required setting made.
+    let out = cp.kubectl(&["apply", "--dry-run=server", "-k", &dir]).unwrap();
+    assert!(out.contains("daemonset.apps/tierlb created (server dry run)"), "{out}");
+    let out = cp.kubectl(&["apply", "-k", &dir]).unwrap();
+    assert!(out.contains("daemonset.apps/tierlb created"), "{out}");
+    let sa = "system:serviceaccount:kube-system:tierlb";
+    let can = |verb: &str, resource: &str| match cp.kubectl(&[
+        "auth",
+        "can-i",
+        verb,
+        resource,
+        "--all-namespaces",
+        &format!("--as={sa}"),
+    ]) {
+        Ok(out) => out.trim() == "yes",
+        Err(e) => {
+            assert!(e.to_string().contains("no"), "{e}");
+            false
+        }
+    };
+    for (group, resource, verbs) in tierlb::source::kube::NEEDED {
+        let resource = if group.is_empty() { resource.to_owned() } else { format!("{resource}.{group}") };
+        for verb in verbs {
+            assert!(can(verb, &resource), "{sa} may not {verb} {resource}");
+        }
+    }
+    for (verb, resource) in
+        [("create", "endpointslices.discovery.k8s.io"), ("get", "secrets"), ("list", "pods")]
+    {
+        assert!(!can(verb, resource), "{sa} may {verb} {resource}: more than the agent needs");
+    }
+    // The uninstall manifests too.
+    let uninstall = deploy().join("uninstall").display().to_string();
+    let out = cp.kubectl(&["apply", "--dry-run=server", "-k", &uninstall]).unwrap();
+    assert!(out.contains("(server dry run)"), "{out}");
+}
