@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_testkit::kube::{KubeCluster, Options};
+use lb_testkit::kube::{ControlPlane, KubeCluster, Options};
 
 const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
 
@@ -450,7 +450,7 @@ fn a_permission_removed_from_the_cluster_role_is_named_and_the_maps_keep_serving
 
 #[test]
 fn deploy_is_accepted_by_the_api_server_and_grants_exactly_what_the_agent_uses() {
-    let cp = lb_testkit::kube::ControlPlane::start("rk-deploy", Options::default()).unwrap();
+    let cp = ControlPlane::start("rk-deploy", Options::default()).unwrap();
     let dir = deploy().display().to_string();
     // deploy/ as the README says to apply it, with the required setting made.
     let out = cp.kubectl(&["apply", "--dry-run=server", "-k", &dir]).unwrap();
@@ -487,4 +487,77 @@ fn deploy_is_accepted_by_the_api_server_and_grants_exactly_what_the_agent_uses()
     let uninstall = deploy().join("uninstall").display().to_string();
     let out = cp.kubectl(&["apply", "--dry-run=server", "-k", &uninstall]).unwrap();
     assert!(out.contains("(server dry run)"), "{out}");
+}
+
+/// `tierlb ARGS` with `kubeconfig`, inside the control plane's namespace: (exit code, stdout, stderr).
+fn tierlb_as(cp: &ControlPlane, kubeconfig: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(TIERLB);
+    cmd.args(args).env("KUBECONFIG", kubeconfig).env("NO_COLOR", "1");
+    lb_testkit::sandbox::confine(&mut cmd, None, Some(&cp.netns)).unwrap();
+    let out = cmd.output().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn the_read_only_faces_read_the_real_api_server_as_the_storys_operator() {
+    let cp = ControlPlane::start("rk-faces", Options::default()).unwrap();
+    for (i, (node, zone)) in
+        [("node-1", "zone-a"), ("node-2", "zone-b"), ("node-3", "zone-b")].iter().enumerate()
+    {
+        cp.add_node(node, Some(zone), format!("10.0.0.{}", i + 1).parse().unwrap()).unwrap();
+    }
+    cp.add_namespace("booking").unwrap();
+    for (pod, node, ip) in
+        [("cache-node-1", "node-1", "10.244.1.20"), ("cache-node-2", "node-2", "10.244.2.20")]
+    {
+        cp.add_pod("booking", pod, node, &[("app", "nginx-cache")], 8080).unwrap();
+        cp.pod_status("booking", pod, ip.parse().unwrap(), true).unwrap();
+    }
+    // The dead line the story's fix removes: Local beside PreferSameNode (the Local policy wins).
+    cp.apply(&CACHE.replace(
+        "  internalTrafficPolicy: Local\n",
+        "  internalTrafficPolicy: Local\n  trafficDistribution: PreferSameNode\n",
+    ))
+    .unwrap();
+    cp.wait_for(Duration::from_secs(30), "the controller's hints", |cp| {
+        let slices = cp.slices("booking", "nginx-cache")?;
+        Ok(slices["items"][0]["endpoints"].as_array().is_some_and(|eps| {
+            eps.len() == 2 && eps.iter().all(|e| e["hints"]["forNodes"][0]["name"] == e["nodeName"])
+        }))
+    })
+    .unwrap();
+    // The story's operator: get and list on Services and EndpointSlices in booking, nothing else.
+    cp.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: read, namespace: booking}\n\
+         rules:\n- apiGroups: [\"\", discovery.k8s.io]\n  resources: [services, endpointslices]\n  \
+         verbs: [get, list]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+         metadata: {name: operator-read, namespace: booking}\n\
+         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: read}\n\
+         subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: operator}]\n",
+    )
+    .unwrap();
+    let operator = cp.kubeconfig("operator");
+
+    // lint finds the dead line, from the real slices, and says what it could not read.
+    let (code, out, err) = tierlb_as(&cp, &operator, &["lint", "--kube", "--namespace", "booking"]);
+    assert_eq!(code, 1, "findings exit 1\n{out}\n{err}");
+    assert!(out.contains("booking/nginx-cache") && out.contains("dead-local-line"), "{out}");
+    assert!(err.contains("may not list Nodes"), "the operator may not list Nodes, and is told: {err}");
+    assert!(!err.contains("carry no hints"), "the controller's own hints are read, not emulated: {err}");
+
+    // plan and explain for node-1: the Local policy gives node-1 its own pod.
+    let (code, out, err) =
+        tierlb_as(&cp, &operator, &["plan", "--node", "node-1", "--kube", "-n", "booking"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("booking/nginx-cache") && out.contains("10.244.1.20"), "{out}");
+    let (code, out, err) =
+        tierlb_as(&cp, &operator, &["explain", "booking/nginx-cache", "--node", "node-1", "--kube"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("10.244.1.20"), "{out}");
+
+    // Without --namespace the operator may list nothing: the error names the resource and the fix.
+    let (code, out, err) = tierlb_as(&cp, &operator, &["plan", "--node", "node-1", "--kube"]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("services") && err.contains("--namespace"), "{err}");
 }
