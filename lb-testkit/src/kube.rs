@@ -439,30 +439,18 @@ impl ControlPlane {
         name: &str,
         grace_seconds: u32,
     ) -> anyhow::Result<()> {
-        self.kubectl(&[
-            "-n",
-            namespace,
-            "delete",
-            "pod",
-            name,
-            &format!("--grace-period={grace_seconds}"),
-            "--wait=false",
-        ])?;
-        Ok(())
+        self.delete_pod(namespace, name, &[&format!("--grace-period={grace_seconds}")])
     }
 
     /// The kubelet's last step once a deleted pod's process has ended: remove the object.
     pub fn pod_gone(&self, namespace: &str, name: &str) -> anyhow::Result<()> {
-        self.kubectl(&[
-            "-n",
-            namespace,
-            "delete",
-            "pod",
-            name,
-            "--grace-period=0",
-            "--force",
-            "--wait=false",
-        ])?;
+        self.delete_pod(namespace, name, &["--grace-period=0", "--force"])
+    }
+
+    fn delete_pod(&self, namespace: &str, name: &str, flags: &[&str]) -> anyhow::Result<()> {
+        let mut args = vec!["-n", namespace, "delete", "pod", name, "--wait=false"];
+        args.extend_from_slice(flags);
+        self.kubectl(&args)?;
         Ok(())
     }
 

@@ -238,6 +238,11 @@ fn spread_from(c: &KubeCluster, node: &str, target: SocketAddr, count: usize) ->
     r.by_backend().into_keys().collect()
 }
 
+/// `kubectl patch svc web -n booking --type=TYPE -p PATCH`.
+fn patch_web(c: &KubeCluster, kind: &str, patch: &str) {
+    c.cp.kubectl(&["-n", "booking", "patch", "svc", "web", &format!("--type={kind}"), "-p", patch]).unwrap();
+}
+
 #[test]
 fn pod_node_and_service_changes_reach_the_maps_and_traffic_never_fails_where_an_endpoint_is_ready() {
     let (mut c, target) = web_cluster("rk-changes", Options::default(), &[]);
@@ -270,33 +275,13 @@ fn pod_node_and_service_changes_reach_the_maps_and_traffic_never_fails_where_an_
     assert_eq!(spread_from(&c, "node-2", target, 20), web(&[3]));
 
     // The Service's port changed: the new port is translated, the old one no longer.
-    c.cp.kubectl(&[
-        "-n",
-        "booking",
-        "patch",
-        "svc",
-        "web",
-        "--type=json",
-        "-p",
-        r#"[{"op":"replace","path":"/spec/ports/0/port","value":8000}]"#,
-    ])
-    .unwrap();
+    patch_web(&c, "json", r#"[{"op":"replace","path":"/spec/ports/0/port","value":8000}]"#);
     let moved = SocketAddr::new(target.ip(), 8000);
     until(&c, "node-1", moved, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
     until(&c, "node-1", target, Duration::from_secs(5), Result::is_err).unwrap();
 
     // trafficDistribution removed: the controller removes the hints, every node uses every ready endpoint.
-    c.cp.kubectl(&[
-        "-n",
-        "booking",
-        "patch",
-        "svc",
-        "web",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"trafficDistribution":null}}"#,
-    ])
-    .unwrap();
+    patch_web(&c, "merge", r#"{"spec":{"trafficDistribution":null}}"#);
     wait_slices(&c, "booking", "web", "hints removed", |eps| eps.iter().all(|e| e["hints"].is_null()));
     c.cp.wait_for(Duration::from_secs(5), "node-2 using both ready endpoints", |_| {
         Ok(spread_from(&c, "node-2", moved, 40) == web(&[1, 3]))
@@ -328,6 +313,23 @@ fn http_status(c: &KubeCluster, at: SocketAddr, path: &str) -> u16 {
         .unwrap()
 }
 
+/// One node (`agent_args` for its agent), the `web` Service with one pod, `web-1`, on it at `pod`; returns
+/// once node-1's connects to the VIP reach it.
+fn one_web(tag: &str, agent_args: &[&str], pod: SocketAddr) -> (KubeCluster, SocketAddr) {
+    let mut c = cluster(tag, Options::default());
+    c.add_node("node-1", Some("zone-a"), agent_args).unwrap();
+    setup_booking(&mut c);
+    c.start_pod("booking", "web-1", "node-1", &[("app", "web")], pod).unwrap();
+    c.cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
+         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
+    )
+    .unwrap();
+    let target = vip(&c, "booking", "web", 80);
+    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    (c, target)
+}
+
 /// The longest a watch waits to retry after the API server went away (kube-rs' default backoff: 30 s, plus
 /// jitter), and the time to list again.
 const BACKOFF: Duration = Duration::from_secs(45);
@@ -338,17 +340,7 @@ fn the_api_server_restarted_etcd_compacted_and_watches_ended_by_the_server_keep_
     // resourceVersion.
     let healthz = addr("127.0.0.1:10256");
     let args = ["--watch-timeout", "2s", "--healthz-addr", "127.0.0.1:10256"];
-    let mut c = cluster("rk-restart", Options::default());
-    c.add_node("node-1", Some("zone-a"), &args).unwrap();
-    setup_booking(&mut c);
-    c.start_pod("booking", "web-1", "node-1", &[("app", "web")], addr("10.244.1.40:8080")).unwrap();
-    c.cp.apply(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
-         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
-    )
-    .unwrap();
-    let target = vip(&c, "booking", "web", 80);
-    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    let (mut c, target) = one_web("rk-restart", &args, addr("10.244.1.40:8080"));
     let first = lists(&c, "node-1");
     assert_eq!(first, 3, "one list per kind at start");
 
@@ -412,17 +404,7 @@ fn the_api_server_restarted_etcd_compacted_and_watches_ended_by_the_server_keep_
 
 #[test]
 fn a_permission_removed_from_the_cluster_role_is_named_and_the_maps_keep_serving() {
-    let mut c = cluster("rk-rbac", Options::default());
-    c.add_node("node-1", Some("zone-a"), &["--watch-timeout", "2s"]).unwrap();
-    setup_booking(&mut c);
-    c.start_pod("booking", "web-1", "node-1", &[("app", "web")], addr("10.244.1.50:8080")).unwrap();
-    c.cp.apply(
-        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
-         spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
-    )
-    .unwrap();
-    let target = vip(&c, "booking", "web", 80);
-    until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
+    let (mut c, target) = one_web("rk-rbac", &["--watch-timeout", "2s"], addr("10.244.1.50:8080"));
 
     // The ClusterRole of deploy/rbac.yaml without its EndpointSlice rule.
     c.cp.apply(
