@@ -10,7 +10,8 @@
 //!   /sys/fs/bpf, so tests never touch the host's pins.
 //! - Its capability bounding set is cut to `capabilities.add` (unless `privileged`), with `no_new_privs`
 //!   when `allowPrivilegeEscalation: false`.
-//! - Only two things differ from a node: the source (`--manifests` instead of `--kube`) and the cgroup (a
+//! - Only two things differ from a node: the source (`--manifests` instead of `--kube`, unless the test gives
+//!   the box a real API server's address and a service account's credentials: `InCluster`) and the cgroup (a
 //!   child cgroup instead of the cgroup2 root, never a root one).
 //!
 //! Not emulated: the seccomp profile (the runtime's RuntimeDefault), the CPU limit. The memory limit is:
@@ -265,13 +266,40 @@ fn cgroup_relative(cgroup: &Path) -> anyhow::Result<PathBuf> {
     Ok(cgroup.strip_prefix("/sys/fs/cgroup").context("the test cgroup is under /sys/fs/cgroup")?.to_owned())
 }
 
+/// What the kubelet gives the DaemonSet's pod to reach the API server: the service account's token, CA and
+/// namespace at /var/run/secrets/kubernetes.io/serviceaccount (its projected volume), and the API server's
+/// address in `KUBERNETES_SERVICE_HOST`/`PORT` (from deploy/api-server.env, the required setting).
+#[derive(Clone, Debug)]
+pub struct InCluster {
+    /// A directory holding `token`, `ca.crt` and `namespace`.
+    pub secrets: PathBuf,
+    /// The API server's address, as api-server.env gives it.
+    pub host: IpAddr,
+    /// Its port.
+    pub port: u16,
+}
+
+/// Where a pod finds its service account's credentials.
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 impl AgentBox {
     /// The agent's arguments with the node's name, the manifests source and the child cgroup put in.
     pub fn agent_args(c: &Container, node: &str, cgroup: &Path) -> anyhow::Result<Vec<String>> {
+        Self::args_for(c, node, cgroup, false)
+    }
+
+    /// The agent's arguments with the node's name and the child cgroup put in, and `--kube` kept: the
+    /// container's command line as deployed, for a box started with [`InCluster`] credentials.
+    pub fn agent_args_kube(c: &Container, node: &str, cgroup: &Path) -> anyhow::Result<Vec<String>> {
+        Self::args_for(c, node, cgroup, true)
+    }
+
+    fn args_for(c: &Container, node: &str, cgroup: &Path, kube: bool) -> anyhow::Result<Vec<String>> {
         let mut out = Vec::new();
         for a in &c.args {
             let a = a.replace("$(NODE_NAME)", node);
             match a.split_once('=').map_or(a.as_str(), |(f, _)| f) {
+                "--kube" if kube => out.push(a),
                 "--kube" => out.push("--manifests=/manifests".to_owned()),
                 "--cgroup" => {
                     let mount = c
@@ -288,6 +316,17 @@ impl AgentBox {
 
     /// Run `tierlb ARGS` in the box on `node` (the command line is the container's, see `agent_args`).
     pub fn start(c: &Container, node: &Node, paths: &BoxPaths<'_>, args: &[String]) -> anyhow::Result<Self> {
+        Self::start_with(c, node, paths, args, None)
+    }
+
+    /// `start`, with what the kubelet gives a pod that talks to the API server (`in_cluster`).
+    pub fn start_with(
+        c: &Container,
+        node: &Node,
+        paths: &BoxPaths<'_>,
+        args: &[String],
+        in_cluster: Option<&InCluster>,
+    ) -> anyhow::Result<Self> {
         // Every box runs in the node's network namespace: the agent's DaemonSet has hostNetwork, and the
         // uninstall's cleanup uses no network at all.
         let root = TempDir::new("box-root")?;
@@ -308,6 +347,14 @@ impl AgentBox {
         }
         let _ = writeln!(s, "mkdir -p {r}/proc {r}/tmp {r}/manifests");
         let _ = writeln!(s, "mount --bind -o ro {} {r}/manifests", q(&paths.manifests.display().to_string()));
+        if let Some(k) = in_cluster {
+            let _ = writeln!(s, "mkdir -p {r}{SERVICE_ACCOUNT_DIR}");
+            let _ = writeln!(
+                s,
+                "mount --bind -o ro {} {r}{SERVICE_ACCOUNT_DIR}",
+                q(&k.secrets.display().to_string())
+            );
+        }
         let _ = writeln!(
             s,
             "touch {r}/tierlb\nmount --bind {} {r}/tierlb",
@@ -373,6 +420,10 @@ impl AgentBox {
         cmd.args(["sh", "-c", &s]).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
         for (k, v) in &c.env {
             cmd.env(k, v);
+        }
+        if let Some(k) = in_cluster {
+            cmd.env("KUBERNETES_SERVICE_HOST", k.host.to_string())
+                .env("KUBERNETES_SERVICE_PORT", k.port.to_string());
         }
         cmd.env("NO_COLOR", "1");
         let memory = match c.memory_limit {
@@ -472,8 +523,26 @@ impl BoxedNode {
 
     /// Start the agent as the DaemonSet runs it on `node`, with `extra` flags; returns once it is ready.
     pub fn start_agent(&self, node: &str, extra: &[&str]) -> anyhow::Result<AgentBox> {
+        self.start(node, None, extra)
+    }
+
+    /// Start the agent as the DaemonSet runs it on `node`, reading the API server (`--kube`, as deployed) with
+    /// the service account credentials and address of `in_cluster`; returns once it is ready.
+    pub fn start_agent_kube(
+        &self,
+        node: &str,
+        in_cluster: &InCluster,
+        extra: &[&str],
+    ) -> anyhow::Result<AgentBox> {
+        self.start(node, Some(in_cluster), extra)
+    }
+
+    fn start(&self, node: &str, in_cluster: Option<&InCluster>, extra: &[&str]) -> anyhow::Result<AgentBox> {
         let from = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
-        let mut args = AgentBox::agent_args(&self.container, node, self.cgroup.path())?;
+        let mut args = match in_cluster {
+            Some(_) => AgentBox::agent_args_kube(&self.container, node, self.cgroup.path())?,
+            None => AgentBox::agent_args(&self.container, node, self.cgroup.path())?,
+        };
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let paths = BoxPaths {
             tierlb: &self.tierlb,
@@ -482,7 +551,7 @@ impl BoxedNode {
             bpffs: self.bpffs.path(),
             log: &self.log,
         };
-        let mut agent = AgentBox::start(&self.container, &self.node, &paths, &args)?;
+        let mut agent = AgentBox::start_with(&self.container, &self.node, &paths, &args, in_cluster)?;
         agent.wait_for(&self.log, from, "tierlb agent ready", Duration::from_secs(30))?;
         Ok(agent)
     }

@@ -359,6 +359,18 @@ impl ControlPlane {
         Ok(path)
     }
 
+    /// What the kubelet mounts into a pod of the service account `namespace/name`, at
+    /// /var/run/secrets/kubernetes.io/serviceaccount: a directory with `token` (issued by the API server now,
+    /// valid for an hour), `ca.crt` and `namespace`, and the API server's address, for a deployed agent's box.
+    pub fn in_cluster(&self, namespace: &str, name: &str) -> anyhow::Result<crate::deployed::InCluster> {
+        let dir = self.dir.path().join(format!("serviceaccount-{namespace}-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("token"), self.service_account_token(namespace, name)?)?;
+        std::fs::copy(self.dir.path().join("pki/ca.crt"), dir.join("ca.crt"))?;
+        std::fs::write(dir.join("namespace"), namespace)?;
+        Ok(crate::deployed::InCluster { secrets: dir, host: IpAddr::V4(API_ADDR), port: API_PORT })
+    }
+
     /// A token for `namespace/name`, valid for an hour.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> anyhow::Result<String> {
         Ok(self.kubectl(&["-n", namespace, "create", "token", name, "--duration=1h"])?.trim().to_owned())

@@ -39,9 +39,9 @@ spec:
 ";
 
 /// The ClusterIP the API server allocated to `namespace/name`, with `port`.
-fn vip(c: &KubeCluster, namespace: &str, name: &str, port: u16) -> SocketAddr {
+fn vip(cp: &ControlPlane, namespace: &str, name: &str, port: u16) -> SocketAddr {
     let ip =
-        c.cp.kubectl(&["-n", namespace, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
+        cp.kubectl(&["-n", namespace, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"]).unwrap();
     SocketAddr::new(ip.trim().parse().unwrap(), port)
 }
 
@@ -114,7 +114,7 @@ fn a_service_made_with_kubectl_is_translated_within_a_second_of_its_slice() {
          spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
     )
     .unwrap();
-    let target = vip(&c, "booking", "web", 80);
+    let target = vip(&c.cp, "booking", "web", 80);
     assert!(target.ip().to_string().starts_with("10.96."), "allocated from the service CIDR: {target}");
     // The controller's slice, then the first connect to the VIP that reaches the pod.
     wait_slices(&c, "booking", "web", "web's slice with its ready endpoint", |eps| {
@@ -137,7 +137,7 @@ fn the_story_patch_moves_every_node_to_its_own_pod() {
     c.start_pod("booking", "cache-node-1", "node-1", &labels, addr("10.244.1.20:8080")).unwrap();
     c.start_pod("booking", "cache-node-2", "node-2", &labels, addr("10.244.2.20:8080")).unwrap();
     c.cp.apply(CACHE).unwrap();
-    let target = vip(&c, "booking", "nginx-cache", 80);
+    let target = vip(&c.cp, "booking", "nginx-cache", 80);
     wait_slices(&c, "booking", "nginx-cache", "two ready endpoints", |eps| {
         eps.iter().filter(|e| ready(e)).count() == 2
     });
@@ -219,7 +219,7 @@ fn web_cluster(tag: &str, options: Options, agent_args: &[&str]) -> (KubeCluster
          ports: [{name: http, port: 80, targetPort: 8080}]\n",
     )
     .unwrap();
-    let target = vip(&c, "booking", "web", 80);
+    let target = vip(&c.cp, "booking", "web", 80);
     wait_slices(&c, "booking", "web", "forNodes on three ready endpoints", |eps| {
         eps.iter().filter(|e| ready(e) && e["hints"]["forNodes"][0]["name"] == e["nodeName"]).count() == 3
     });
@@ -325,7 +325,7 @@ fn one_web(tag: &str, agent_args: &[&str], pod: SocketAddr) -> (KubeCluster, Soc
          spec: {selector: {app: web}, ports: [{name: http, port: 80, targetPort: 8080}]}\n",
     )
     .unwrap();
-    let target = vip(&c, "booking", "web", 80);
+    let target = vip(&c.cp, "booking", "web", 80);
     until(&c, "node-1", target, Duration::from_secs(5), |r| r.as_deref() == Ok("web-1")).unwrap();
     (c, target)
 }
@@ -542,4 +542,53 @@ fn the_read_only_faces_read_the_real_api_server_as_the_storys_operator() {
     let (code, out, err) = tierlb_as(&cp, &operator, &["plan", "--node", "node-1", "--kube"]);
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(err.contains("services") && err.contains("--namespace"), "{err}");
+}
+
+#[test]
+fn the_agent_as_deployed_reads_the_real_api_server_with_its_service_accounts_token() {
+    // deploy/ applied to the API server, the DaemonSet's container run as the kubelet would run it on
+    // node-1: its constraints (lb_testkit::deployed), its service account's token and the API server's
+    // address (api-server.env's required setting) given as the kubelet gives them.
+    let mut cp = ControlPlane::start("rk-boxed", Options::default()).unwrap();
+    cp.kubectl(&["apply", "-k", &deploy().display().to_string()]).unwrap();
+    let mut boxed = lb_testkit::deployed::BoxedNode::new("rk-boxed", Path::new(TIERLB), &deploy()).unwrap();
+    cp.link(&boxed.node.netns).unwrap();
+    cp.add_node("node-1", Some("zone-a"), "10.0.0.1".parse().unwrap()).unwrap();
+    cp.add_node("node-2", Some("zone-a"), "10.0.0.2".parse().unwrap()).unwrap();
+    cp.add_namespace("booking").unwrap();
+    // Two web pods behind node-1's veths (one of them node-2's by its Pod object) and a client pod.
+    let mut servers = Vec::new();
+    for (pod, node, ip) in [("web-node-1", "node-1", "10.244.1.60"), ("web-node-2", "node-2", "10.244.2.60")]
+    {
+        let ns = boxed.node.add_pod(pod, ip.parse().unwrap()).unwrap();
+        let at = SocketAddr::new(ip.parse().unwrap(), 8080);
+        servers.push((lb_testkit::sandbox::NamedServer::start(&lab(), &ns, at, pod).unwrap(), ns));
+        cp.add_pod("booking", pod, node, &[("app", "web")], 8080).unwrap();
+        cp.pod_status("booking", pod, at.ip(), true).unwrap();
+    }
+    let client = boxed.node.add_pod("client", "10.244.1.99".parse().unwrap()).unwrap();
+    cp.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: booking}\n\
+         spec:\n  selector: {app: web}\n  trafficDistribution: PreferSameNode\n  \
+         ports: [{name: http, port: 80, targetPort: 8080}]\n",
+    )
+    .unwrap();
+    let target = vip(&cp, "booking", "web", 80);
+    let in_cluster = cp.in_cluster("kube-system", "tierlb").unwrap();
+    let agent = boxed.start_agent_kube("node-1", &in_cluster, &[]).unwrap();
+    let log = std::fs::read_to_string(&boxed.log).unwrap();
+    assert!(log.contains("listing from the API server"), "the agent read the API server:\n{log}");
+
+    // The controller's forNodes hint: node-1's client reaches only node-1's pod.
+    let only = |want: &str| {
+        let r = boxed.probe(&client, &target.to_string(), 20).unwrap();
+        r.count(want) == 20
+    };
+    cp.wait_for(Duration::from_secs(10), "node-1's client on its own pod", |_| Ok(only("web-node-1")))
+        .unwrap();
+    // Its pod not Ready: the agent follows the slice the controller rewrote.
+    cp.pod_status("booking", "web-node-1", "10.244.1.60".parse().unwrap(), false).unwrap();
+    cp.wait_for(Duration::from_secs(10), "node-1's client on node-2's pod", |_| Ok(only("web-node-2")))
+        .unwrap();
+    agent.stop();
 }
