@@ -100,6 +100,8 @@ pub struct Options {
     pub min_request_timeout: Option<u32>,
     /// More kube-apiserver flags.
     pub apiserver_args: Vec<String>,
+    /// `--service-cluster-ip-range`; default [`SERVICE_CIDR`].
+    pub service_cidr: Option<String>,
 }
 
 fn run_ok(cmd: &mut Command) -> anyhow::Result<String> {
@@ -204,7 +206,10 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             format!("--service-account-key-file={}", self.pki("sa.pub")),
             format!("--service-account-signing-key-file={}", self.pki("sa.key")),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!(
+                "--service-cluster-ip-range={}",
+                self.options.service_cidr.as_deref().unwrap_or(SERVICE_CIDR)
+            ),
             "--authorization-mode=Node,RBAC".to_owned(),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
         ];

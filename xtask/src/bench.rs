@@ -5,7 +5,8 @@ use crate::{build, setup, util};
 
 #[derive(clap::Args, Default)]
 pub(crate) struct Options {
-    /// Two Service counts and short runs (under two minutes).
+    /// Two Service counts and short runs (about three minutes: the real API server is filled with 10,000
+    /// Services and their EndpointSlices).
     #[arg(long)]
     pub quick: bool,
     /// Regenerate BENCHMARKS.md and the charts in bench/ at the repository root.

@@ -1,6 +1,6 @@
 //! The agent's own figures, as it runs on a node: start to ready, one EndpointSlice edit at a time, and its
-//! memory, with N Services x 10 endpoints read from manifest files or from the API server (the bench's
-//! stand-in, [`ApiServer`]).
+//! memory, with N Services x 10 endpoints read from manifest files, from the bench's API-server stand-in
+//! ([`ApiServer`]), or from the real kube-apiserver built here ([`RealApiServer`]).
 use std::{
     path::Path,
     process::Command,
@@ -16,6 +16,7 @@ use lb_testkit::{
 use super::{
     apiserver::ApiServer,
     figures::{AgentFigures, AgentSource, Phases, Spread},
+    real_apiserver::RealApiServer,
     workloads::{EDITED, EDITED_FILE, service_docs, service_yaml, write_agent_manifests},
 };
 
@@ -26,6 +27,7 @@ const EDITS: usize = 20;
 enum Feed {
     Files(TempDir),
     Api(ApiServer, TempDir),
+    Real(Box<RealApiServer>, TempDir),
 }
 
 impl Feed {
@@ -48,20 +50,30 @@ impl Feed {
                 std::fs::write(dir.path().join("kubeconfig"), api.kubeconfig())?;
                 Ok(Self::Api(api, dir))
             }
+            AgentSource::ApiServer => {
+                let docs = (0..services).flat_map(|i| service_docs(i, per, per)).collect();
+                Ok(Self::Real(Box::new(RealApiServer::start(docs)?), TempDir::new("bench-agent-apiserver")?))
+            }
         }
     }
 
     fn dir(&self) -> &Path {
         match self {
-            Self::Files(d) | Self::Api(_, d) => d.path(),
+            Self::Files(d) | Self::Api(_, d) | Self::Real(_, d) => d.path(),
         }
     }
 
-    fn source_args(&self, cmd: &mut Command) {
+    fn source_args(&self, cmd: &mut Command) -> anyhow::Result<()> {
         match self {
-            Self::Files(d) => cmd.arg("--manifests").arg(d.path()),
-            Self::Api(_, d) => cmd.arg("--kube").env("KUBECONFIG", d.path().join("kubeconfig")),
-        };
+            Self::Files(d) => {
+                cmd.arg("--manifests").arg(d.path());
+            }
+            Self::Api(_, d) => {
+                cmd.arg("--kube").env("KUBECONFIG", d.path().join("kubeconfig"));
+            }
+            Self::Real(api, _) => api.agent(cmd)?,
+        }
+        Ok(())
     }
 
     /// The edited Service's EndpointSlice with `endpoints` of its `per` endpoints.
@@ -73,6 +85,10 @@ impl Feed {
             Self::Api(api, _) => {
                 let slice = service_docs(EDITED, endpoints, per).into_iter().nth(1).context("a slice")?;
                 api.modify_slice(slice);
+            }
+            Self::Real(api, _) => {
+                let slice = service_docs(EDITED, endpoints, per).into_iter().nth(1).context("a slice")?;
+                api.replace(&slice)?;
             }
         }
         Ok(())
@@ -92,7 +108,7 @@ fn agent_figures(
     let log = feed.dir().join(".agent.log");
     let mut cmd = Command::new(tierlb);
     cmd.args(["agent", "--node", "node-1", "--log-format", "json"]);
-    feed.source_args(&mut cmd);
+    feed.source_args(&mut cmd)?;
     let entries = services * lb_common::slot_blocks(per);
     if services > lb_common::DEFAULT_MAX_FRONTENDS as usize * 3 / 4
         || entries > lb_common::DEFAULT_MAX_SLOTS as usize * 3 / 4
@@ -226,12 +242,12 @@ fn log_fields(log: &Path, message: &str) -> Vec<serde_json::Value> {
 /// The agent's figures alone, from each source at `services` Services x 10 endpoints (any count: for the
 /// sizing table in deploy/README.md), each printed as it is measured; a source that fails says why.
 pub fn agent_only(tierlb: &Path, services: usize) -> Vec<AgentFigures> {
-    from_each_source(tierlb, services, 10)
+    from_sources(tierlb, &AgentSource::ALL, services, 10)
 }
 
-fn from_each_source(tierlb: &Path, n: usize, per: usize) -> Vec<AgentFigures> {
+fn from_sources(tierlb: &Path, sources: &[AgentSource], n: usize, per: usize) -> Vec<AgentFigures> {
     let mut agent = Vec::new();
-    for source in AgentSource::ALL {
+    for &source in sources {
         match agent_figures(tierlb, source, n, per) {
             Ok(a) => agent.push(a),
             Err(e) => eprintln!("bench: agent figures ({}, {n} services): {e:#}", source.as_str()),
@@ -240,12 +256,26 @@ fn from_each_source(tierlb: &Path, n: usize, per: usize) -> Vec<AgentFigures> {
     agent
 }
 
-/// The agent's figures from each source at 10,000 and 100,000 Services (those of `counts`); a run that fails
-/// is left out, with the reason on stderr.
+/// The most Services the bench creates through the real API server: 10,000 Services and their slices took
+/// 43 s to create here, and 100,000 more than 11 minutes (the API server at two CPUs' worth throughout).
+const REAL_MAX_SERVICES: usize = 10_000;
+
+/// The agent's figures from each source at 10,000 and 100,000 Services (those of `counts`), the real API
+/// server's up to [`REAL_MAX_SERVICES`]; a run that fails is left out, with the reason on stderr.
 pub(super) fn agent_runs(tierlb: &Path, counts: &[usize], per: usize) -> Vec<AgentFigures> {
-    counts
-        .iter()
-        .filter(|n| **n == 10_000 || **n == 100_000)
-        .flat_map(|&n| from_each_source(tierlb, n, per))
-        .collect()
+    let mut out = Vec::new();
+    for &n in counts.iter().filter(|n| **n == 10_000 || **n == 100_000) {
+        let sources: Vec<AgentSource> = AgentSource::ALL
+            .into_iter()
+            .filter(|s| *s != AgentSource::ApiServer || n <= REAL_MAX_SERVICES)
+            .collect();
+        if sources.len() < AgentSource::ALL.len() {
+            eprintln!(
+                "bench: agent (kube-apiserver) at {n} services: not run, creating its objects takes longer than the \
+                 bench (`tierlb-lab bench --agent-only {n}` runs it)"
+            );
+        }
+        out.extend(from_sources(tierlb, &sources, n, per));
+    }
+    out
 }

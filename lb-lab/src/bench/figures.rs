@@ -269,17 +269,21 @@ pub enum AgentSource {
     Manifests,
     /// `--kube` against the bench's API-server stand-in (chunked lists, watch streams, bookmarks).
     Kube,
+    /// `--kube` against the real kube-apiserver v1.36.3 and etcd, built here.
+    #[serde(rename = "kube-apiserver")]
+    ApiServer,
 }
 
 impl AgentSource {
-    /// Both, in table order.
-    pub const ALL: [Self; 2] = [Self::Manifests, Self::Kube];
+    /// Every source, in table order.
+    pub const ALL: [Self; 3] = [Self::Manifests, Self::Kube, Self::ApiServer];
 
     /// The source's name in tables and charts.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Manifests => "manifests",
             Self::Kube => "kube",
+            Self::ApiServer => "kube-apiserver",
         }
     }
 }

@@ -15,6 +15,7 @@ mod figures;
 pub(crate) mod fixture;
 mod load;
 mod north_south;
+mod real_apiserver;
 mod report;
 mod run;
 mod scale_charts;

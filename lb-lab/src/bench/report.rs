@@ -105,6 +105,9 @@ fn control_rows(c: &ControlPlane) -> Vec<(String, String)> {
             AgentSource::Kube => {
                 "access review, chunked lists from the API-server stand-in, plan, load, program"
             }
+            AgentSource::ApiServer => {
+                "access review, chunked lists from kube-apiserver v1.36.3 built here, plan, load, program"
+            }
         };
         rows.push((
             format!("agent ({src}) start to ready with {n} Services x 10 endpoints ({how})"),
@@ -125,6 +128,9 @@ fn control_rows(c: &ControlPlane) -> Vec<(String, String)> {
                 "from the file write to the synced log line (inotify, 5 ms batching of an editor's writes, sync)"
             }
             AgentSource::Kube => "from the watch event sent to the synced log line",
+            AgentSource::ApiServer => {
+                "from `kubectl replace` started to the synced log line (kubectl's own start, the API server, etcd and the watch included)"
+            }
         };
         rows.push((format!("agent ({src}): the same edits {wall}"), spread(a.edit_wall, 1)));
         rows.push((
@@ -301,7 +307,7 @@ fn agent_targets(c: &ControlPlane) -> Vec<(String, String, bool)> {
         if a.services == 100_000 {
             let limit = match a.source {
                 AgentSource::Manifests => 10,
-                AgentSource::Kube => 5,
+                AgentSource::Kube | AgentSource::ApiServer => 5,
             };
             out.push((
                 format!("agent ({src}) start to ready under {limit} s at {n} Services"),

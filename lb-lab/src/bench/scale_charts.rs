@@ -97,7 +97,7 @@ fn agent_chart(
 ) -> Result<String, ChartError> {
     let lines: Vec<Line> = AgentSource::ALL
         .iter()
-        .zip([okabe_ito::BLUE, okabe_ito::ORANGE])
+        .zip([okabe_ito::BLUE, okabe_ito::ORANGE, okabe_ito::GREEN])
         .map(|(source, colour)| {
             let points = r
                 .control
