@@ -257,7 +257,8 @@ fn from_sources(tierlb: &Path, sources: &[AgentSource], n: usize, per: usize) ->
 }
 
 /// The most Services the bench creates through the real API server: 10,000 Services and their slices took
-/// 43 s to create here, and 100,000 more than 11 minutes (the API server at two CPUs' worth throughout).
+/// 43 s to create here; 100,000 had not finished after 24 minutes (the API server at two CPUs' worth
+/// throughout), past any bench's time.
 const REAL_MAX_SERVICES: usize = 10_000;
 
 /// The agent's figures from each source at 10,000 and 100,000 Services (those of `counts`), the real API
