@@ -3,7 +3,7 @@
 //! compiled once into a cache keyed by what goes into it, and linked from `target/k8s`, where the tests look.
 //!
 //! The key is a hash of the module's go.mod, go.sum and Go sources, the Go toolchain's version and the link
-//! flags: a second setup with nothing changed only checks the key (the first build takes about ten minutes on
+//! flags: a second setup with nothing changed only checks the key (the first build takes about five minutes on
 //! two CPUs, most of it compiling Kubernetes; Go's own build cache makes a rebuild after a small change take
 //! seconds).
 use std::{
@@ -97,7 +97,7 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
     } else {
         eprintln!(
             "setup: building Kubernetes {VERSION} (kube-apiserver, kube-controller-manager, kube-proxy, kubectl) \
-             and etcd from controlplane/ with {go_version}: about ten minutes the first time"
+             and etcd from controlplane/ with {go_version}: about five minutes the first time"
         );
         let started = std::time::Instant::now();
         std::fs::create_dir_all(&dir)?;
