@@ -82,11 +82,6 @@ impl SimCluster {
         Ok(cluster)
     }
 
-    /// Use `kubeconfig` for agents started from now on (a restarted agent too).
-    pub fn set_kubeconfig(&mut self, kubeconfig: &Path) {
-        self.kube = Some(kubeconfig.to_owned());
-    }
-
     /// Start a pod: its IP on `lo` in the netns and a server that answers with `name`.
     pub fn add_pod(&mut self, addr: SocketAddr, name: &str) -> anyhow::Result<()> {
         self.ensure_address(addr.ip())?;

@@ -31,7 +31,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::sandbox::{Child, NetNs, TempDir, confine};
+use crate::sandbox::{Child, NetNs, TempDir, confine, output};
 
 /// The API server's address, on the control plane namespace's loopback.
 pub const API_ADDR: Ipv4Addr = Ipv4Addr::new(10, 254, 0, 1);
@@ -95,27 +95,8 @@ pub struct ControlPlane {
 /// How to run the control plane.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
-    /// kube-apiserver `--min-request-timeout` in seconds (its default is 1800): the timeout of a watch whose
-    /// client names none.
-    pub min_request_timeout: Option<u32>,
-    /// More kube-apiserver flags.
-    pub apiserver_args: Vec<String>,
     /// `--service-cluster-ip-range`; default [`SERVICE_CIDR`].
     pub service_cidr: Option<String>,
-}
-
-fn run_ok(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("starting {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} failed ({}): {}{}",
-            cmd.get_args().collect::<Vec<_>>(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl ControlPlane {
@@ -129,7 +110,7 @@ impl ControlPlane {
         let netns = NetNs::new(&format!("{tag}-cp"))?;
         netns.add_address(IpAddr::V4(API_ADDR))?;
         let dir = TempDir::new(&format!("{tag}-k8s"))?;
-        run_ok(
+        output(
             Command::new(k8s_bin("pki"))
                 .arg("--dir")
                 .arg(dir.path().join("pki"))
@@ -141,11 +122,7 @@ impl ControlPlane {
         cp.start_etcd()?;
         cp.start_apiserver()?;
         cp.start_controller_manager()?;
-        // The ServiceAccount admission plugin refuses pods until the service-account controller made
-        // `default` in their namespace.
-        cp.wait_for(Duration::from_secs(30), "the default service account", |cp| {
-            Ok(cp.kubectl(&["-n", "default", "get", "serviceaccount", "default"]).is_ok())
-        })?;
+        cp.wait_for_default_account("default")?;
         Ok(cp)
     }
 
@@ -195,7 +172,7 @@ impl ControlPlane {
     /// Start (or start again) the API server on the same etcd; returns once `/readyz` answers.
     pub fn start_apiserver(&mut self) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let mut args = vec![
+        let args = vec![
             "--etcd-servers=http://127.0.0.1:2379".to_owned(),
             format!("--bind-address={API_ADDR}"),
             format!("--advertise-address={API_ADDR}"),
@@ -213,10 +190,6 @@ impl ControlPlane {
             "--authorization-mode=Node,RBAC".to_owned(),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
         ];
-        if let Some(t) = self.options.min_request_timeout {
-            args.push(format!("--min-request-timeout={t}"));
-        }
-        args.extend(self.options.apiserver_args.iter().cloned());
         self.apiserver = Some(self.spawn("kube-apiserver", &args, "apiserver.log")?);
         self.wait_for(Duration::from_mins(1), "the API server's /readyz", |cp| {
             Ok(cp.kubectl(&["get", "--raw", "/readyz"]).is_ok())
@@ -253,7 +226,7 @@ impl ControlPlane {
         let mut cmd = Command::new(k8s_bin("etcd-compact"));
         cmd.arg("--endpoints=http://127.0.0.1:2379");
         confine(&mut cmd, None, Some(&self.netns))?;
-        run_ok(&mut cmd)?.trim().parse().context("etcd-compact's revision")
+        output(&mut cmd)?.trim().parse().context("etcd-compact's revision")
     }
 
     /// Poll `check` every 50 ms until it holds, for at most `timeout`.
@@ -286,7 +259,7 @@ impl ControlPlane {
         let mut cmd = kubectl(&config);
         cmd.args(args);
         confine(&mut cmd, None, Some(&self.netns))?;
-        run_ok(&mut cmd)
+        output(&mut cmd)
     }
 
     /// `kubectl apply -f -` of `yaml` as `admin`.
@@ -395,8 +368,15 @@ impl ControlPlane {
     /// A namespace, once its `default` service account exists (pods can be created in it).
     pub fn add_namespace(&self, name: &str) -> anyhow::Result<()> {
         self.apply(&format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n"))?;
-        self.wait_for(Duration::from_secs(30), "the namespace's default service account", |cp| {
-            Ok(cp.kubectl(&["-n", name, "get", "serviceaccount", "default"]).is_ok())
+        self.wait_for_default_account(name)
+    }
+
+    /// Wait until the service-account controller made `default` in `namespace`: the ServiceAccount admission
+    /// plugin refuses pods until then.
+    fn wait_for_default_account(&self, namespace: &str) -> anyhow::Result<()> {
+        let what = format!("the default service account of namespace {namespace}");
+        self.wait_for(Duration::from_secs(30), &what, |cp| {
+            Ok(cp.kubectl(&["-n", namespace, "get", "serviceaccount", "default"]).is_ok())
         })?;
         Ok(())
     }

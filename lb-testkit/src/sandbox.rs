@@ -34,11 +34,21 @@ pub fn made_by(name: &str, pid: u32) -> bool {
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    output(cmd).map(drop)
+}
+
+/// Run `cmd` to its end: its standard output, or an error naming it with what it printed (`kubectl auth
+/// can-i` says its "no" on standard output).
+pub(crate) fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
-        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{cmd:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// A temporary directory removed on drop.

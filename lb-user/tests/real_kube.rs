@@ -349,8 +349,7 @@ fn the_api_server_restarted_etcd_compacted_and_watches_ended_by_the_server_keep_
     std::thread::sleep(Duration::from_secs(9));
     assert_eq!(lists(&c, "node-1"), first, "a watch the server ended was resumed with a new list");
     c.start_pod("booking", "web-2", "node-1", &[("app", "web")], addr("10.244.1.41:8080")).unwrap();
-    c.cp.wait_for(Duration::from_secs(10), "web-2 in node-1's maps", |c2| {
-        let _ = c2;
+    c.cp.wait_for(Duration::from_secs(10), "web-2 in node-1's maps", |_| {
         Ok(spread_from(&c, "node-1", target, 30).len() == 2)
     })
     .unwrap();

@@ -18,7 +18,7 @@ use lb_testkit::{
 };
 use serde_json::Value;
 
-/// Creates in flight at once (the API server's default allows 400 mutating requests in flight).
+/// Creates in flight at once (well under the API server's default of 200 mutating requests in flight).
 const IN_FLIGHT: usize = 32;
 
 /// ClusterIPs of the bench's Services start at 10.96.0.10 and run past 10.96.0.0/16 from 65,526 Services on.
@@ -40,7 +40,7 @@ fn deploy_dir() -> PathBuf {
 impl RealApiServer {
     /// Start it, apply deploy/rbac.yaml, and create `docs` (Services, then EndpointSlices) through it.
     pub(super) fn start(docs: Vec<Value>) -> anyhow::Result<Self> {
-        let options = Options { service_cidr: Some(SERVICE_CIDR.to_owned()), ..Options::default() };
+        let options = Options { service_cidr: Some(SERVICE_CIDR.to_owned()) };
         let mut cp = ControlPlane::start("bench-k8s", options)?;
         cp.kubectl(&["apply", "-f", &deploy_dir().join("rbac.yaml").display().to_string()])?;
         let kubeconfig = cp.service_account_kubeconfig("kube-system", "tierlb")?;
