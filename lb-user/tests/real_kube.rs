@@ -287,6 +287,15 @@ fn pod_node_and_service_changes_reach_the_maps_and_traffic_never_fails_where_an_
         Ok(spread_from(&c, "node-2", moved, 40) == web(&[1, 3]))
     })
     .unwrap();
+
+    // Labelled for another proxy (kube-proxy's label selector, sent on every list and watch): the API
+    // server's filtered watch sends the Service as deleted, and the controller copies the label to the
+    // slices; node-1 no longer translates it. The label removed: translated again.
+    let label = "service.kubernetes.io/service-proxy-name";
+    c.cp.kubectl(&["-n", "booking", "label", "svc", "web", &format!("{label}=other-proxy")]).unwrap();
+    until(&c, "node-1", moved, Duration::from_secs(5), Result::is_err).unwrap();
+    c.cp.kubectl(&["-n", "booking", "label", "svc", "web", &format!("{label}-")]).unwrap();
+    until(&c, "node-1", moved, Duration::from_secs(5), Result::is_ok).unwrap();
 }
 
 /// How many lists the agent has started (its log says each: the first per kind, and each relist).
@@ -420,6 +429,14 @@ fn a_permission_removed_from_the_cluster_role_is_named_and_the_maps_keep_serving
     let r = c.sim.probe("node-1", target, 20, Duration::ZERO).unwrap();
     assert_eq!(r.count("web-1"), 20, "the maps keep serving: {:?}", r.errors());
 
+    // An agent starting meanwhile (node-2's) asks for its access first, and refuses to start, naming the
+    // rule to add.
+    let refused = c.add_node("node-2", Some("zone-a"), &[]).expect_err("no agent starts without the rule");
+    let text = format!("{refused:#}");
+    let start = "the service account may not list endpointslices.discovery.k8s.io: add to its ClusterRole a \
+                 rule with apiGroups [\"discovery.k8s.io\"]";
+    assert!(text.contains(start), "{text}");
+
     // Given back, the watch resumes and changes arrive again.
     c.cp.kubectl(&["apply", "-f", &deploy().join("rbac.yaml").display().to_string()]).unwrap();
     c.start_pod("booking", "web-2", "node-1", &[("app", "web")], addr("10.244.1.51:8080")).unwrap();
@@ -541,6 +558,107 @@ fn the_read_only_faces_read_the_real_api_server_as_the_storys_operator() {
     let (code, out, err) = tierlb_as(&cp, &operator, &["plan", "--node", "node-1", "--kube"]);
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(err.contains("services") && err.contains("--namespace"), "{err}");
+}
+
+/// Requests the API server has served (`apiserver_request_total`) of `verb` on `resource` at `scope`.
+fn served(cp: &ControlPlane, verb: &str, resource: &str, scope: &str) -> u64 {
+    let metrics = cp.kubectl(&["get", "--raw", "/metrics"]).unwrap();
+    let labels =
+        [format!("resource=\"{resource}\""), format!("scope=\"{scope}\""), format!("verb=\"{verb}\"")];
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{") && labels.iter().all(|k| l.contains(k.as_str()))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_cluster_reader_reads_every_namespace_page_by_page_and_study_reads_the_story_as_its_files_say() {
+    // Dual-stack, as booking-api is.
+    let cidrs = Options { service_cidr: Some("10.96.0.0/16,fd00:96::/108".into()) };
+    let cp = ControlPlane::start("rk-study", cidrs).unwrap();
+    let admin = cp.kubeconfig("admin");
+    let story = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/story");
+    cp.add_namespace("booking").unwrap();
+    // booking-api's stray trafficDistribution (PreferNearby) is a value the API server refuses: only a
+    // manifests dump can hold it. The rest of the story is applied as its files say, into a copy the
+    // manifests runs read too; node-1's PDF endpoint names its pod, as the controller's slices do.
+    let api = story.join("booking-api.yaml").display().to_string();
+    let refused = cp.kubectl(&["apply", "--dry-run=server", "-f", &api]);
+    let refused = refused.expect_err("the API server validates trafficDistribution").to_string();
+    assert!(refused.contains("trafficDistribution") && refused.contains("PreferNearby"), "{refused}");
+    let files = lb_testkit::sandbox::TempDir::new("rk-story").unwrap();
+    for name in ["nodes.yaml", "nginx-cache.yaml", "pdf-resume.yaml"] {
+        let mut text = std::fs::read_to_string(story.join(name)).unwrap();
+        if name == "pdf-resume.yaml" {
+            text = text.replacen(
+                "    nodeName: node-1\n",
+                "    nodeName: node-1\n    targetRef: {kind: Pod, namespace: booking, name: pdf-a}\n",
+                1,
+            );
+        }
+        std::fs::write(files.path().join(name), &text).unwrap();
+        cp.kubectl_stdin(&["apply", "-f", "-"], &text).unwrap();
+    }
+    let dir = files.path().display().to_string();
+    let run = |args: &[&str]| {
+        let (code, out, err) = tierlb_as(&cp, &admin, args);
+        assert_eq!(code, 0, "tierlb {args:?}\n{out}\n{err}");
+        out
+    };
+    for argv in [
+        &["study", "-n", "booking", "--drain", "node-1", "--crash", "10.244.3.21"][..],
+        &["study", "-n", "booking", "-o", "json", "--roll"][..],
+    ] {
+        let from_kube = run(&[argv, &["--kube"]].concat());
+        let from_files = run(&[argv, &["--manifests", &dir]].concat());
+        let (kube, files) = (
+            from_kube.replacen("the API server", "ORIGIN", 1),
+            from_files.replacen(&format!("--manifests {dir}"), "ORIGIN", 1),
+        );
+        let differ = kube.lines().zip(files.lines()).position(|(a, b)| a != b);
+        assert!(
+            differ.is_none() && kube.lines().count() == files.lines().count(),
+            "{argv:?}: line {differ:?} differs\n--kube:      {:?}\n--manifests: {:?}",
+            differ.map(|i| kube.lines().nth(i)),
+            differ.map(|i| files.lines().nth(i)),
+        );
+        assert!(from_kube.contains("booking/pdf-resume"), "{from_kube}");
+    }
+    // A pod named by its targetRef, as the API server's slices have it: the same figures as by its IP.
+    let phases = |crash: &str| {
+        let out =
+            run(&["study", "--kube", "-o", "json", "--service", "booking/pdf-resume", "--crash", crash]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["services"][0]["study"]["phases"].clone()
+    };
+    let (by_name, by_ip) = (phases("pdf-a"), phases("10.244.1.21"));
+    assert_eq!(by_name[1]["phase"], "booking/pdf-a crashed, unseen by the control plane");
+    assert_eq!(by_name[1]["models"], by_ip[1]["models"]);
+
+    // A cluster reader (the admin) reads every namespace: 1,201 more Services in another, listed in pages
+    // of 500 (three requests, counted by the API server itself), and the Nodes' zones.
+    cp.add_namespace("bulk").unwrap();
+    let bulk: Vec<String> = (0..1_201)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: bulk}}\n\
+                 spec: {{ports: [{{port: 80}}]}}\n"
+            )
+        })
+        .collect();
+    let bulk = bulk.join("---\n");
+    cp.kubectl_stdin(&["create", "-f", "-"], &bulk).unwrap();
+    cp.kubectl(&["label", "node", "node-2", "topology.kubernetes.io/zone=zone-b"]).unwrap();
+    let before = served(&cp, "LIST", "services", "cluster");
+    let out = run(&["plan", "--node", "node-2", "--kube"]);
+    assert_eq!(served(&cp, "LIST", "services", "cluster") - before, 3, "three pages of 500");
+    assert!(out.contains("node node-2 zone zone-b"), "{out}");
+    let planned = out.lines().filter(|l| l.starts_with("bulk/s")).count();
+    assert_eq!(planned, 1_201, "{out}");
+    assert!(out.contains("booking/pdf-resume") && out.contains("default/kubernetes"), "{out}");
 }
 
 #[test]

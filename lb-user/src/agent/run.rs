@@ -126,7 +126,8 @@ async fn start_source(opts: &AgentOptions, changed: mpsc::UnboundedSender<()>) -
                 .await
                 .context("--kube: no cluster configuration (in-cluster service account or KUBECONFIG)")?;
             let api_server = crate::source::kube::api_server_addresses(&config).await;
-            let client = kube::Client::try_from(config).context("--kube: cannot build the API client")?;
+            let client =
+                crate::source::kube::client(config).context("--kube: cannot build the API client")?;
             let ks = KubeSource::start_with_timeout(
                 client,
                 &opts.node,

@@ -82,6 +82,8 @@ impl FaceSource {
         };
         if let Some(ns) = namespace {
             input.model.services.retain(|k, _| *k.namespace == *ns);
+            // Said the same way whichever source was read.
+            input.origin = format!("{} (namespace {ns})", input.origin);
         }
         Ok(input)
     }
@@ -97,11 +99,7 @@ pub async fn kube_input(client: kube::Client, namespace: Option<&str>) -> anyhow
              --zone or from its endpoints' zone, and NodePorts are planned for no node address"
         );
     }
-    let origin = match namespace {
-        Some(ns) => format!("the API server (namespace {ns})"),
-        None => "the API server".to_owned(),
-    };
-    let mut input = finish(snap.model, &snap.diagnostics, origin);
+    let mut input = finish(snap.model, &snap.diagnostics, "the API server".to_owned());
     input.pods = snap.pods;
     Ok(input)
 }

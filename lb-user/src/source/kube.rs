@@ -99,6 +99,16 @@ pub enum KubeError {
     },
 }
 
+/// The agent's API client for `config`: kube-rs' default stack (TLS, auth, the server's URL), with its
+/// retry of requests answered 429, 503 or 504 on: up to 15 times, from 5 ms doubling, and never sooner than
+/// a `Retry-After` the server sent (kube-client's `RetryPolicy::server_retry`), so an access review, list or
+/// watch that API Priority and Fairness sheds waits as the API server asks, beneath the watchers' own
+/// backoff. kube_mock's throttling and server-error tests hold this stack to that.
+pub fn client(mut config: kube::Config) -> Result<Client, kube::Error> {
+    config.default_retry = true;
+    Client::try_from(config)
+}
+
 /// Ask the API server, for each permission the agent needs, whether this identity has it.
 pub async fn check_access(client: &Client) -> Result<(), KubeError> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
