@@ -43,6 +43,8 @@ pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 const USERS: &[&str] = &[
     "admin=system:masters",
     "system:kube-controller-manager",
+    // kube-proxy's identity: the bootstrap policy binds it to `system:node-proxier`.
+    "system:kube-proxy",
     // The story's operator: no group, so only what RBAC grants by name.
     "operator",
 ];

@@ -13,6 +13,7 @@ pub mod deployed;
 pub mod dns;
 pub mod interrupt;
 pub mod kube;
+pub mod kube_proxy;
 pub mod manifests;
 pub mod probe;
 pub mod sandbox;

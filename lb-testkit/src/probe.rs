@@ -95,6 +95,25 @@ pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<(String, Option<
     if name.is_empty() { Err("empty reply".into()) } else { Ok((name, peer)) }
 }
 
+/// Up to `count` attempts on `target`, back to back, stopping after `give_up` failures in a row.
+pub fn spread(target: SocketAddr, count: usize, timeout: Duration, give_up: usize) -> Report {
+    let start = Instant::now();
+    let mut attempts: Vec<Attempt> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t0 = Instant::now();
+        let (backend, error, peer) = match attempt(target, timeout) {
+            Ok((b, p)) => (Some(b), None, p),
+            Err(e) => (None, Some(e), None),
+        };
+        let (ms, t_ms) = (t0.elapsed().as_secs_f64() * 1e3, t0.duration_since(start).as_secs_f64() * 1e3);
+        attempts.push(Attempt { t_ms, ms, backend, error, peer });
+        if attempts.len() >= give_up && attempts.iter().rev().take(give_up).all(|a| a.error.is_some()) {
+            break;
+        }
+    }
+    Report { target: target.to_string(), attempts }
+}
+
 /// `count` attempts, `interval` apart (measured from start to start).
 pub fn run(target: SocketAddr, count: usize, interval: Duration, timeout: Duration) -> Report {
     let start = Instant::now();

@@ -293,6 +293,7 @@ pub fn model_of(sc: &Scenario, eps: &[ScEndpoint]) -> Model {
                 allocatable_cpu_millis: Some(n.cpu),
                 cpu_share_excluded: false,
                 addresses: Vec::new(),
+                not_eligible: None,
             },
         );
     }

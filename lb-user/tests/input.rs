@@ -511,6 +511,34 @@ fn control_plane_and_not_ready_nodes_are_left_out_of_the_cpu_shares() {
     }
 }
 
+/// A Node's eligibility for load balancer traffic, as kube-proxy's `/healthz` reads it (`NodeEligible`):
+/// not eligible while being deleted or tainted for the cluster autoscaler; other taints do not count.
+#[test]
+fn a_node_being_deleted_or_tainted_for_the_autoscaler_is_not_eligible() {
+    let cases = [
+        ("a worker", "", "", None),
+        (
+            "being deleted",
+            ", deletionTimestamp: '2026-12-06T08:00:00Z', finalizers: [x]",
+            "",
+            Some("the Node is being deleted"),
+        ),
+        (
+            "the autoscaler's taint",
+            "",
+            "spec: {taints: [{key: ToBeDeletedByClusterAutoscaler, value: '1700000000', effect: NoSchedule}]}\n",
+            Some("the Node is tainted ToBeDeletedByClusterAutoscaler"),
+        ),
+        ("another taint", "", "spec: {taints: [{key: dedicated, value: db, effect: NoSchedule}]}\n", None),
+    ];
+    for (name, meta, spec, want) in cases {
+        let (objects, diagnostics) =
+            parse_text(Path::new("x.yaml"), &node(&format!("metadata: {{name: n1{meta}}}\n{spec}")));
+        assert!(diagnostics.is_empty(), "{name}: {diagnostics:?}");
+        assert_eq!(model_of(objects).nodes["n1"].not_eligible, want, "{name}");
+    }
+}
+
 fn run_plan(dir: &Path) -> (i32, String, String) {
     let out = Command::new(TIERLB)
         .args(["plan", "--node", "n1", "--manifests"])

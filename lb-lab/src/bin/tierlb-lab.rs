@@ -42,6 +42,18 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
+    /// `probe` of each target in turn (a JSON list of reports on stdout), a target given up after `--give-up`
+    /// failed attempts in a row (a dropped connect costs the whole timeout each time).
+    Spread {
+        #[arg(long, required = true)]
+        target: Vec<SocketAddr>,
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        #[arg(long, default_value_t = 500)]
+        timeout_ms: u64,
+        #[arg(long, default_value_t = 3)]
+        give_up: usize,
+    },
     /// A tenant's own connect failures (JSON on stdout): COUNT non-blocking connects, with `--ttl` set if given,
     /// each shut down at once (`--end shutdown`) or waited for up to `--wait-ms` (`--end wait`).
     Abort {
@@ -245,6 +257,15 @@ fn every_source(tierlb: &Path, n: usize) -> bool {
     lb_lab::bench::agent_only(tierlb, n).len() == lb_lab::bench::AgentSource::ALL.len()
 }
 
+/// `tierlb-lab spread`: each target probed in turn, the reports as a JSON list.
+fn spread(targets: &[SocketAddr], count: usize, timeout_ms: u64, give_up: usize) -> ExitCode {
+    let timeout = Duration::from_millis(timeout_ms);
+    let reports: Vec<lb_testkit::probe::Report> =
+        targets.iter().map(|&t| lb_testkit::probe::spread(t, count, timeout, give_up)).collect();
+    println!("{}", serde_json::to_string(&reports).expect("reports serialise"));
+    ExitCode::SUCCESS
+}
+
 fn run(command: Cmd) -> ExitCode {
     match command {
         Cmd::Serve { listen, name } => match serve(listen, &name) {
@@ -264,6 +285,7 @@ fn run(command: Cmd) -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("report serialises"));
             ExitCode::SUCCESS
         }
+        Cmd::Spread { target, count, timeout_ms, give_up } => spread(&target, count, timeout_ms, give_up),
         Cmd::Abort { target, count, ttl, end, wait_ms } => abort(target, count, ttl, &end, wait_ms),
         Cmd::Dns { server, name, count, connected, timeout_ms } => {
             let r =

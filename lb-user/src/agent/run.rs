@@ -237,6 +237,19 @@ fn record(health: &SharedHealth, stats: &mut AgentStats, r: &SyncReport, core: &
     h.last_updated = Some(std::time::SystemTime::now());
     h.pending_since = None;
     h.unprogrammed = unprogrammed;
+    let not_eligible = match core.model().nodes.get(core.node_name()) {
+        Some(node) => node.not_eligible.map(str::to_owned),
+        None if h.node_required => Some(format!("the API server holds no Node {}", core.node_name())),
+        None => None,
+    };
+    if not_eligible != h.not_eligible {
+        if let Some(why) = &not_eligible {
+            tracing::warn!(reason = %why, "this node is not eligible for load balancer traffic: /healthz says 503");
+        } else {
+            tracing::info!("this node is eligible for load balancer traffic again");
+        }
+        h.not_eligible = not_eligible;
+    }
     stats.syncs.inc();
     stats.sync_duration.observe(r.duration.as_secs_f64());
     // kube-proxy's families (metrics::kube_proxy says what each measures here): the maps are written now.
@@ -418,6 +431,9 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     // sync): `/livez` 200, `/healthz` 503 until the first sync. The metrics port is bound now too (a port in
     // use fails the start at once) and served once the maps are loaded.
     let health = SharedHealth::default();
+    // Reading the API server, this node's Node object is always there to read: without it (the node removed
+    // from the cluster) the node is not eligible, as for kube-proxy. A manifests directory need not hold one.
+    health.lock().expect("health lock").node_required = matches!(opts.source, Source::Kube);
     let _healthz = match opts.healthz_addr {
         Some(a) => Some(server::start_health(bind(a, "--healthz-addr")?, health.clone())),
         None => None,

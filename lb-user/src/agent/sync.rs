@@ -119,6 +119,11 @@ impl<W: MapWriter> AgentCore<W> {
         self.topology.repack();
     }
 
+    /// The node this agent programs.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
     /// The model as the source has it now.
     pub fn model(&self) -> &crate::model::Model {
         self.tracker.model()

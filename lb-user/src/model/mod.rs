@@ -332,6 +332,10 @@ pub struct Node {
     pub cpu_share_excluded: bool,
     /// `status.addresses` of type `InternalIP` and `ExternalIP` that parse as IPs, in their order.
     pub addresses: Vec<NodeAddress>,
+    /// Why the node is not eligible for load balancer traffic, as kube-proxy's `/healthz` decides it
+    /// (`NodeEligible`, pkg/proxy/healthcheck/proxy_health.go): it is being deleted (a
+    /// `metadata.deletionTimestamp`) or tainted `ToBeDeletedByClusterAutoscaler`. `None`: eligible.
+    pub not_eligible: Option<&'static str>,
 }
 
 /// The kind of a Node address tierlb reads (`status.addresses[].type`).

@@ -40,6 +40,12 @@ pub struct Health {
     pub detached: Option<String>,
     /// How often the programs were found detached and attached again.
     pub reattached: u64,
+    /// Why this node is not eligible for load balancer traffic (its Node being deleted or tainted
+    /// `ToBeDeletedByClusterAutoscaler`, or, reading the API server, no Node of its name): `/healthz` fails,
+    /// as kube-proxy's does, so that load balancers take the node out before it goes; `/livez` does not.
+    pub not_eligible: Option<String>,
+    /// Whether a missing Node of this node's name makes it not eligible (reading the API server).
+    pub node_required: bool,
 }
 
 /// The agent loop writes it, the health listener reads it.
@@ -64,8 +70,9 @@ pub fn rfc3339(t: SystemTime) -> String {
     format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}Z")
 }
 
-/// kube-proxy's proxier health, what `/healthz` answers: healthy once the first sync is done and no change
-/// has waited longer than `HEALTH_TIMEOUT`.
+/// kube-proxy's proxier health, what `/healthz` answers: healthy once the first sync is done, no change
+/// has waited longer than `HEALTH_TIMEOUT`, and the node is eligible for load balancer traffic (`nodeEligible`:
+/// its Node neither being deleted nor tainted `ToBeDeletedByClusterAutoscaler`, as kube-proxy 1.31+ decides).
 ///
 /// Services the data path cannot take do not make it unhealthy: kube-proxy's status says whether the proxy
 /// keeps its rules in sync, and load balancers (externalTrafficPolicy Cluster) and liveness probes act on it
@@ -73,6 +80,15 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// off the node, and a restart would not make a full map bigger. The body names them instead
 /// (`unprogrammedServices`, beside kube-proxy's fields), as does `tierlb_services_unprogrammed`.
 pub fn health_response(h: &Health, now: Instant) -> Response {
+    let mut r = proxier_health(h, now);
+    if h.not_eligible.is_some() {
+        r.status = 503;
+    }
+    r
+}
+
+/// `/healthz` without the node's eligibility (what `/livez` builds on, as kube-proxy's does).
+fn proxier_health(h: &Health, now: Instant) -> Response {
     let healthy = h.last_updated.is_some()
         && h.pending_since.is_none_or(|p| now.duration_since(p) < HEALTH_TIMEOUT)
         && h.detached.is_none();
@@ -92,7 +108,8 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
     let body = serde_json::json!({
         "lastUpdated": h.last_updated.map(rfc3339).unwrap_or_default(),
         "currentTime": rfc3339(SystemTime::now()),
-        "nodeEligible": true,
+        "nodeEligible": h.not_eligible.is_none(),
+        "notEligibleBecause": h.not_eligible,
         "unprogrammedServices": unprogrammed,
         "programsDetached": h.detached,
         "programsReattached": h.reattached,
@@ -104,7 +121,7 @@ pub fn health_response(h: &Health, now: Instant) -> Response {
 /// cluster, a slow API server), so a liveness probe does not kill a start that is making progress; after
 /// the first sync, the proxier health of `/healthz`, so a loop stuck on a change is restarted.
 pub fn livez_response(h: &Health, now: Instant) -> Response {
-    let mut r = health_response(h, now);
+    let mut r = proxier_health(h, now);
     if h.last_updated.is_none() {
         r.status = 200;
     }
@@ -259,6 +276,23 @@ mod tests {
         assert!(body["lastUpdated"].as_str().unwrap().ends_with('Z'));
         assert_eq!(body["nodeEligible"], true);
         assert_eq!(body["unprogrammedServices"], serde_json::json!([]));
+    }
+
+    /// kube-proxy's `nodeEligible`: a node being deleted (or tainted for the cluster autoscaler) fails
+    /// `/healthz`, so load balancers drain it, while `/livez` stays 200 (the agent is not restarted for it).
+    #[test]
+    fn a_node_not_eligible_fails_healthz_with_the_reason_and_livez_stays_alive() {
+        let now = Instant::now();
+        let mut h = Health { last_updated: Some(SystemTime::now()), ..Health::default() };
+        h.not_eligible = Some("the Node is tainted ToBeDeletedByClusterAutoscaler".into());
+        let r = health_response(&h, now);
+        assert_eq!(r.status, 503);
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["nodeEligible"], false);
+        assert_eq!(body["notEligibleBecause"], "the Node is tainted ToBeDeletedByClusterAutoscaler");
+        assert_eq!(livez_response(&h, now).status, 200);
+        h.not_eligible = None;
+        assert_eq!(health_response(&h, now).status, 200);
     }
 
     #[test]

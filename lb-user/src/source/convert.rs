@@ -377,5 +377,17 @@ fn convert_node(node: &core::Node) -> Result<Node, FieldError> {
         .any(|k| labels.is_some_and(|l| l.contains_key(*k)));
     let ready = node.status.iter().flat_map(|s| s.conditions.iter().flatten()).find(|c| c.type_ == "Ready");
     let cpu_share_excluded = role || ready.is_some_and(|c| c.status != "True");
-    Ok(Node { name, zone, allocatable_cpu_millis, cpu_share_excluded, addresses })
+    let autoscaler_taint = node
+        .spec
+        .iter()
+        .flat_map(|s| s.taints.iter().flatten())
+        .any(|t| t.key == "ToBeDeletedByClusterAutoscaler");
+    let not_eligible = if node.metadata.deletion_timestamp.is_some() {
+        Some("the Node is being deleted")
+    } else if autoscaler_taint {
+        Some("the Node is tainted ToBeDeletedByClusterAutoscaler")
+    } else {
+        None
+    };
+    Ok(Node { name, zone, allocatable_cpu_millis, cpu_share_excluded, addresses, not_eligible })
 }

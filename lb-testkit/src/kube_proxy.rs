@@ -1,0 +1,203 @@
+//! Real kube-proxy (v1.36.3, built by `cargo xtask setup` into `target/k8s/kube-proxy`) on a simulated node.
+//!
+//! It runs only inside a network namespace the test made, never in the host's: it rewrites the namespace's
+//! iptables or nftables rules and its per-namespace sysctls. It authenticates as `system:kube-proxy` (a
+//! client certificate of the control plane's CA), which the API server's bootstrap policy binds to the
+//! `system:node-proxier` ClusterRole, as kubeadm's kube-proxy is bound. Its configuration file is a
+//! `KubeProxyConfiguration`, as kubeadm writes one, with the conntrack settings that would write global
+//! sysctls turned off (`maxPerCore: 0`, no timeouts): a network namespace other than the host's cannot set
+//! them, and the host's must not be touched.
+//!
+//! Stopped by its pid on drop (SIGTERM, then SIGKILL); its rules go with the namespace.
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{
+    kube::{ControlPlane, k8s_bin},
+    sandbox::{Child, NetNs, confine, output},
+};
+
+/// kube-proxy's proxy mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `iptables` (the default on Linux).
+    Iptables,
+    /// `nftables` (GA in 1.33).
+    Nftables,
+}
+
+impl Mode {
+    /// As `--proxy-mode` and the configuration file spell it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
+/// Where kube-proxy serves `/healthz` and `/livez` (its default port, 10256).
+pub const HEALTHZ_PORT: u16 = 10256;
+/// Where kube-proxy serves `/metrics` inside its namespace.
+pub const METRICS: &str = "127.0.0.1:10249";
+
+/// A running kube-proxy.
+pub struct KubeProxy {
+    child: Child,
+    /// Its log (klog, `-v=2`).
+    pub log: PathBuf,
+    /// Its proxy mode.
+    pub mode: Mode,
+    netns_name: String,
+}
+
+/// `GET path` on `at` from inside `ns`: the status code and the body.
+pub fn http_get(ns: &NetNs, at: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let path = path.to_owned();
+    ns.run(move || {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: {at}\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        let code = text.split_whitespace().nth(1).context("no status line")?.parse()?;
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        // A chunked body (Go's server chunks what it does not know the length of): its chunks joined.
+        let chunked = text.to_ascii_lowercase().contains("transfer-encoding: chunked");
+        let body = if chunked { unchunk(body) } else { body.to_owned() };
+        Ok((code, body))
+    })
+}
+
+fn unchunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+impl KubeProxy {
+    /// Start kube-proxy for `node` in `ns` (which must reach the API server: `ControlPlane::link`), serving
+    /// `/healthz` on `healthz`; returns once it has written its rules once (its
+    /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds` is set).
+    pub fn start(
+        cp: &ControlPlane,
+        node: &str,
+        ns: &NetNs,
+        mode: Mode,
+        healthz: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let dir = cp.dir.path().join(format!("kube-proxy-{node}-{}", mode.as_str()));
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+                 clientConnection:\n  kubeconfig: {kubeconfig}\nhostnameOverride: {node}\nmode: {mode}\n\
+                 clusterCIDR: 10.244.0.0/16\nhealthzBindAddress: {healthz}\nmetricsBindAddress: {METRICS}\n\
+                 conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  \
+                 tcpCloseWaitTimeout: 0s\n",
+                kubeconfig = cp.kubeconfig("system-kube-proxy").display(),
+                mode = mode.as_str(),
+            ),
+        )?;
+        let log = dir.join("kube-proxy.log");
+        let file = || std::fs::OpenOptions::new().create(true).append(true).open(&log);
+        let mut cmd = Command::new(k8s_bin("kube-proxy"));
+        cmd.arg(format!("--config={}", config.display()))
+            .arg("--v=2")
+            .stdin(Stdio::null())
+            .stdout(file()?)
+            .stderr(file()?);
+        confine(&mut cmd, None, Some(ns))?;
+        let child = Child::spawn(&mut cmd)?;
+        let mut proxy = Self { child, log, mode, netns_name: ns.name().to_owned() };
+        let start = Instant::now();
+        while proxy.last_sync(ns).unwrap_or(0.0) <= 0.0 {
+            if let Ok(Some(status)) = proxy.child.inner().try_wait() {
+                bail!("kube-proxy for {node} exited ({status}):\n{}", proxy.log_text());
+            }
+            if start.elapsed() > Duration::from_mins(1) {
+                bail!("kube-proxy for {node} wrote no rules in 60 s:\n{}", proxy.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(proxy)
+    }
+
+    /// Its log so far.
+    #[must_use]
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// When it last wrote its rules (`kubeproxy_sync_proxy_rules_last_timestamp_seconds`, the latest of its IP
+    /// families, Unix seconds; 0 before the first time).
+    pub fn last_sync(&self, ns: &NetNs) -> anyhow::Result<f64> {
+        let (_, metrics) = http_get(ns, METRICS.parse()?, "/metrics")?;
+        metric(&metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+            .context("no kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+    }
+
+    /// The rules it wrote, as the namespace holds them: `iptables-save` (IPv4) or `nft list table ip
+    /// kube-proxy`.
+    pub fn rules(&self) -> anyhow::Result<String> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.netns_name]);
+        match self.mode {
+            Mode::Iptables => cmd.arg("iptables-save"),
+            Mode::Nftables => cmd.args(["nft", "list", "table", "ip", "kube-proxy"]),
+        };
+        output(&mut cmd)
+    }
+
+    /// Stop it (SIGTERM, then SIGKILL after `timeout`).
+    pub fn stop(&mut self, timeout: Duration) {
+        self.child.stop(timeout);
+    }
+}
+
+/// The largest value of a metric in Prometheus' text format, over its label sets (kube-proxy labels most of
+/// its own by `ip_family`).
+#[must_use]
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.split_once("} ")?.1,
+                None => rest.strip_prefix(' ')?,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .reduce(f64::max)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_chunked_body_is_joined_and_a_metric_read_over_its_labels() {
+        assert_eq!(super::unchunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"), "hello world");
+        let text = "# HELP x\nx_total{a=\"b\"} 3\nx 1.5e+09\nxy 2\n";
+        assert_eq!(super::metric(text, "x"), Some(1.5e9));
+        assert_eq!(super::metric(text, "y"), None);
+        let labelled = "k{ip_family=\"IPv4\"} 1.7e+09\nk{ip_family=\"IPv6\"} 0\n";
+        assert_eq!(super::metric(labelled, "k"), Some(1.7e9));
+    }
+}
