@@ -43,10 +43,10 @@ impl Mode {
     }
 }
 
-/// Where kube-proxy serves `/healthz` and `/livez` (its default port, 10256).
+/// Where kube-proxy serves `/healthz` and `/livez` by default.
 pub const HEALTHZ_PORT: u16 = 10256;
-/// Where kube-proxy serves `/metrics` inside its namespace.
-pub const METRICS: &str = "127.0.0.1:10249";
+/// Where kube-proxy serves `/metrics` by default (inside its namespace).
+pub const METRICS_PORT: u16 = 10249;
 
 /// A running kube-proxy.
 pub struct KubeProxy {
@@ -55,6 +55,8 @@ pub struct KubeProxy {
     pub log: PathBuf,
     /// Its proxy mode.
     pub mode: Mode,
+    /// Where it serves `/metrics`.
+    pub metrics: SocketAddr,
     netns_name: String,
 }
 
@@ -92,7 +94,7 @@ fn unchunk(mut body: &str) -> String {
 
 impl KubeProxy {
     /// Start kube-proxy for `node` in `ns` (which must reach the API server: `ControlPlane::link`), serving
-    /// `/healthz` on `healthz`; returns once it has written its rules once (its
+    /// `/healthz` on `healthz` and `/metrics` on `metrics`; returns once it has written its rules once (its
     /// `kubeproxy_sync_proxy_rules_last_timestamp_seconds` is set).
     pub fn start(
         cp: &ControlPlane,
@@ -100,6 +102,7 @@ impl KubeProxy {
         ns: &NetNs,
         mode: Mode,
         healthz: SocketAddr,
+        metrics: SocketAddr,
     ) -> anyhow::Result<Self> {
         let dir = cp.dir.path().join(format!("kube-proxy-{node}-{}", mode.as_str()));
         std::fs::create_dir_all(&dir)?;
@@ -109,7 +112,7 @@ impl KubeProxy {
             format!(
                 "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
                  clientConnection:\n  kubeconfig: {kubeconfig}\nhostnameOverride: {node}\nmode: {mode}\n\
-                 clusterCIDR: 10.244.0.0/16\nhealthzBindAddress: {healthz}\nmetricsBindAddress: {METRICS}\n\
+                 clusterCIDR: 10.244.0.0/16\nhealthzBindAddress: {healthz}\nmetricsBindAddress: {metrics}\n\
                  conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  \
                  tcpCloseWaitTimeout: 0s\n",
                 kubeconfig = cp.kubeconfig("system-kube-proxy").display(),
@@ -126,7 +129,7 @@ impl KubeProxy {
             .stderr(file()?);
         confine(&mut cmd, None, Some(ns))?;
         let child = Child::spawn(&mut cmd)?;
-        let mut proxy = Self { child, log, mode, netns_name: ns.name().to_owned() };
+        let mut proxy = Self { child, log, mode, metrics, netns_name: ns.name().to_owned() };
         let start = Instant::now();
         while proxy.last_sync(ns).unwrap_or(0.0) <= 0.0 {
             if let Ok(Some(status)) = proxy.child.inner().try_wait() {
@@ -149,7 +152,7 @@ impl KubeProxy {
     /// When it last wrote its rules (`kubeproxy_sync_proxy_rules_last_timestamp_seconds`, the latest of its IP
     /// families, Unix seconds; 0 before the first time).
     pub fn last_sync(&self, ns: &NetNs) -> anyhow::Result<f64> {
-        let (_, metrics) = http_get(ns, METRICS.parse()?, "/metrics")?;
+        let (_, metrics) = http_get(ns, self.metrics, "/metrics")?;
         metric(&metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
             .context("no kubeproxy_sync_proxy_rules_last_timestamp_seconds")
     }

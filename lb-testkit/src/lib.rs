@@ -10,6 +10,7 @@ pub mod chaos;
 pub mod churn;
 pub mod cluster;
 pub mod deployed;
+pub mod differential;
 pub mod dns;
 pub mod interrupt;
 pub mod kube;

@@ -1,0 +1,252 @@
+//! The differential lab: real kube-proxy (v1.36.3) and tierlb's agent (as deployed) on the same simulated
+//! nodes, reading one API server, in front of the same pods; clients that go through one or the other.
+//!
+//! - A LAN namespace with a bridge. Per node a namespace (`deployed::Node`, forwarding on) on the bridge at
+//!   192.0.2.N/24, linked to the API server, with routes to the other nodes' pod ranges (10.244.M.0/24 via
+//!   192.0.2.M) and an on-link default route (a node has one; kube-proxy's rules for a node's own connects
+//!   sit behind the routing decision). Pods in namespaces of their own behind veths, Pod objects with a
+//!   named container port (`http`, 8080), each served by `tierlb-lab serve` answering its name.
+//! - On each node: kube-proxy, in iptables or nftables mode (`/healthz` on 10266 and `/metrics` on 10259,
+//!   since tierlb's agent keeps kube-proxy's own ports), and tierlb's agent as the DaemonSet runs it
+//!   (`BoxedNode`, `--kube` with the service account's token).
+//! - Two kinds of client on every node, a pod (its own namespace, 10.244.N.250) and a process of the node
+//!   (the node's namespace), each run twice: in the agent's cgroup, where tierlb translates at connect() and
+//!   kube-proxy's rules then see a pod address and leave it alone; and in a cgroup beside it with no program,
+//!   where kube-proxy's rules translate.
+//!
+//! Traffic from outside the nodes is not compared here yet.
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    deployed::{AgentBox, BoxedNode, InCluster},
+    kube::{ControlPlane, Options},
+    kube_proxy::{KubeProxy, Mode},
+    probe::Report,
+    sandbox::{Cgroup, NamedServer, NetNs, confine, output},
+};
+
+/// The port every pod serves on, named `http` in its Pod object.
+pub const POD_PORT: u16 = 8080;
+
+/// Which proxy a client goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Via {
+    /// kube-proxy's rules (a client outside the agent's cgroup).
+    KubeProxy,
+    /// tierlb (a client in the agent's cgroup).
+    Tierlb,
+}
+
+/// Where a client runs on its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Client {
+    /// A pod of the node (its own network namespace).
+    Pod,
+    /// A process of the node (the node's network namespace).
+    Node,
+}
+
+/// One node of the lab.
+pub struct DiffNode {
+    /// Its name (the Node object's).
+    pub name: String,
+    /// Its zone label, if any.
+    pub zone: Option<String>,
+    /// Its address on the LAN (the Node's InternalIP).
+    pub ip: Ipv4Addr,
+    /// Its namespace, the agent's cgroup and box.
+    pub boxed: BoxedNode,
+    /// A cgroup beside the agent's with no program: kube-proxy's clients run there.
+    pub plain: Cgroup,
+    /// The client pod's namespace.
+    pub client_pod: NetNs,
+    agent: Option<AgentBox>,
+    proxy: Option<KubeProxy>,
+    pods: u8,
+}
+
+/// The lab: the control plane, the LAN, the nodes and the pods' servers.
+pub struct DiffLab {
+    // Drop order: the pods' servers, the nodes (agents, kube-proxies, namespaces), the LAN, the control plane.
+    servers: Vec<(NamedServer, NetNs)>,
+    /// The nodes, in the order given.
+    pub nodes: Vec<DiffNode>,
+    /// The LAN's namespace (the bridge).
+    pub lan: NetNs,
+    /// The control plane.
+    pub cp: ControlPlane,
+    in_cluster: InCluster,
+    lab: PathBuf,
+    tag: String,
+}
+
+fn node_ip(i: usize) -> anyhow::Result<Ipv4Addr> {
+    Ok(Ipv4Addr::new(192, 0, 2, u8::try_from(i + 1)?))
+}
+
+impl DiffLab {
+    /// The control plane (`deploy/` applied, as the DaemonSet's service account needs), the LAN and one node
+    /// per `(name, zone)`, with no agent or kube-proxy running yet.
+    pub fn new(
+        tag: &str,
+        tierlb: &Path,
+        lab: &Path,
+        deploy: &Path,
+        nodes: &[(&str, Option<&str>)],
+    ) -> anyhow::Result<Self> {
+        let mut cp = ControlPlane::start(tag, Options::default())?;
+        cp.kubectl(&["apply", "-k", &deploy.display().to_string()])?;
+        let in_cluster = cp.in_cluster("kube-system", "tierlb")?;
+        let lan = NetNs::new(&format!("{tag}-lan"))?;
+        lan.ip(&["link", "add", "br0", "type", "bridge"])?;
+        lan.ip(&["link", "set", "br0", "up"])?;
+        let mut made = Vec::new();
+        for (i, (name, zone)) in nodes.iter().enumerate() {
+            let ip = node_ip(i)?;
+            let mut boxed = BoxedNode::new(&format!("{tag}-n{}", i + 1), tierlb, deploy)?;
+            let ns = &boxed.node.netns;
+            let port = format!("n{}", i + 1);
+            lan.ip(&["link", "add", &port, "type", "veth", "peer", "name", "uplink", "netns", ns.name()])?;
+            lan.ip(&["link", "set", &port, "master", "br0", "up"])?;
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "uplink"])?;
+            ns.ip(&["link", "set", "uplink", "up"])?;
+            ns.ip(&["route", "add", "default", "dev", "uplink"])?;
+            for j in 0..nodes.len() {
+                if j != i {
+                    ns.ip(&[
+                        "route",
+                        "add",
+                        &format!("10.244.{}.0/24", j + 1),
+                        "via",
+                        &node_ip(j)?.to_string(),
+                    ])?;
+                }
+            }
+            cp.link(&boxed.node.netns)?;
+            cp.add_node(name, *zone, IpAddr::V4(ip))?;
+            let client_pod = boxed.node.add_pod(&format!("{tag}-c{}", i + 1), client_ip(i)?)?;
+            let plain = Cgroup::new(&format!("{tag}-plain{}", i + 1))?;
+            made.push(DiffNode {
+                name: (*name).to_owned(),
+                zone: zone.map(str::to_owned),
+                ip,
+                boxed,
+                plain,
+                client_pod,
+                agent: None,
+                proxy: None,
+                pods: 0,
+            });
+        }
+        Ok(Self {
+            servers: Vec::new(),
+            nodes: made,
+            lan,
+            cp,
+            in_cluster,
+            lab: lab.to_owned(),
+            tag: tag.to_owned(),
+        })
+    }
+
+    fn index(&self, node: &str) -> anyhow::Result<usize> {
+        self.nodes.iter().position(|n| n.name == node).with_context(|| format!("no node {node}"))
+    }
+
+    /// A pod on `node` with `labels`, its server answering `name` on `POD_PORT`, Ready or not; returns its
+    /// address.
+    pub fn add_pod(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        labels: &[(&str, &str)],
+        ready: bool,
+    ) -> anyhow::Result<IpAddr> {
+        let i = self.index(node)?;
+        let n = &mut self.nodes[i];
+        n.pods += 1;
+        let ip = IpAddr::V4(Ipv4Addr::new(10, 244, u8::try_from(i + 1)?, n.pods + 10));
+        let ns = n.boxed.node.add_pod(&format!("{}-{name}", self.tag), ip)?;
+        let server = NamedServer::start(&self.lab, &ns, SocketAddr::new(ip, POD_PORT), name)?;
+        self.servers.push((server, ns));
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: \"{v}\"")).collect();
+        self.cp.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{{}}}}}\n\
+             spec:\n  nodeName: {node}\n  terminationGracePeriodSeconds: 3600\n  containers:\n  \
+             - {{name: app, image: registry.invalid/app:1, ports: [{{name: http, containerPort: {POD_PORT}}}]}}\n",
+            labels.join(", ")
+        ))?;
+        self.cp.pod_status(namespace, name, ip, ready)?;
+        Ok(ip)
+    }
+
+    /// Start tierlb's agent on every node, as deployed, reading the API server; each returns once ready.
+    pub fn start_agents(&mut self) -> anyhow::Result<()> {
+        for n in &mut self.nodes {
+            n.agent = Some(n.boxed.start_agent_kube(&n.name, &self.in_cluster, &[])?);
+        }
+        Ok(())
+    }
+
+    /// Start kube-proxy in `mode` on every node (after stopping any running); each returns once it has
+    /// written its rules.
+    pub fn start_proxies(&mut self, mode: Mode) -> anyhow::Result<()> {
+        for n in &mut self.nodes {
+            if let Some(mut p) = n.proxy.take() {
+                p.stop(std::time::Duration::from_secs(10));
+            }
+            let healthz = SocketAddr::from(([0, 0, 0, 0], 10266));
+            let metrics = SocketAddr::from(([127, 0, 0, 1], 10259));
+            n.proxy = Some(KubeProxy::start(&self.cp, &n.name, &n.boxed.node.netns, mode, healthz, metrics)?);
+        }
+        Ok(())
+    }
+
+    /// The running kube-proxy of `node`.
+    pub fn proxy(&self, node: &str) -> anyhow::Result<&KubeProxy> {
+        self.nodes[self.index(node)?].proxy.as_ref().with_context(|| format!("no kube-proxy on {node}"))
+    }
+
+    /// `count` attempts on each of `targets` from a `client` of `node` going `via` one proxy
+    /// (`tierlb-lab spread`: a target is given up after three failures in a row, each waiting up to
+    /// `timeout_ms`).
+    pub fn reach(
+        &self,
+        node: &str,
+        client: Client,
+        via: Via,
+        targets: &[SocketAddr],
+        count: usize,
+        timeout_ms: u64,
+    ) -> anyhow::Result<Vec<Report>> {
+        let n = &self.nodes[self.index(node)?];
+        let mut cmd = Command::new(&self.lab);
+        cmd.args(["spread", "--count", &count.to_string(), "--timeout-ms", &timeout_ms.to_string()]);
+        for t in targets {
+            cmd.args(["--target", &t.to_string()]);
+        }
+        let netns = match client {
+            Client::Pod => &n.client_pod,
+            Client::Node => &n.boxed.node.netns,
+        };
+        let cgroup = match via {
+            Via::KubeProxy => &n.plain,
+            Via::Tierlb => &n.boxed.cgroup,
+        };
+        confine(&mut cmd, Some(cgroup), Some(netns))?;
+        let out = output(&mut cmd)?;
+        serde_json::from_str(&out).with_context(|| format!("tierlb-lab spread's report: {out}"))
+    }
+}
+
+/// The client pod's address on the `i`-th node.
+fn client_ip(i: usize) -> anyhow::Result<IpAddr> {
+    Ok(IpAddr::V4(Ipv4Addr::new(10, 244, u8::try_from(i + 1)?, 250)))
+}
