@@ -239,46 +239,83 @@ fn kube_proxy_and_tierlb_reach_the_same_backends_for_every_service_shape_node_an
         })
         .unwrap();
     lab.start_agents().unwrap();
-    lab.start_proxies(Mode::Iptables).unwrap();
     let targets: Vec<SocketAddr> = ports.iter().map(|(_, t)| *t).collect();
+    let tierlb = reach_all(&lab, &nodes, Via::Tierlb, &targets);
+    for mode in [Mode::Iptables, Mode::Nftables] {
+        lab.start_proxies(mode).unwrap();
+        if mode == Mode::Nftables {
+            // Started in nftables mode, kube-proxy removes what iptables mode wrote: nothing of it is left to
+            // answer in its place.
+            let mut save = std::process::Command::new("ip");
+            save.args(["netns", "exec", lab.nodes[0].boxed.node.netns.name(), "iptables-save"]);
+            let out = save.output().unwrap();
+            assert!(out.status.success(), "iptables-save: {}", String::from_utf8_lossy(&out.stderr));
+            let rules = String::from_utf8_lossy(&out.stdout);
+            assert!(!rules.contains("KUBE-SVC-"), "iptables mode's rules left behind:\n{rules}");
+        }
+        let kube_proxy = reach_all(&lab, &nodes, Via::KubeProxy, &targets);
+        compare(mode, &nodes, &ports, &kube_proxy, &tierlb);
+    }
+}
 
-    // Every node, both client kinds, through each proxy; all at once (mostly waiting on connects).
-    let mut runs = Vec::new();
+/// Reports of every node's two client kinds going `via` one proxy, all at once (mostly waiting on connects).
+fn reach_all<'a>(
+    lab: &DiffLab,
+    nodes: &[(&'a str, Option<&str>)],
+    via: Via,
+    targets: &[SocketAddr],
+) -> BTreeMap<(&'a str, Client), Vec<lb_testkit::probe::Report>> {
     std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for (node, _) in nodes {
+        for &(node, _) in nodes {
             for client in [Client::Pod, Client::Node] {
-                for via in [Via::KubeProxy, Via::Tierlb] {
-                    let (lab, targets) = (&lab, &targets);
-                    handles.push(s.spawn(move || {
-                        ((node, client, via), lab.reach(node, client, via, targets, ATTEMPTS, 300).unwrap())
-                    }));
-                }
+                handles.push(s.spawn(move || {
+                    ((node, client), lab.reach(node, client, via, targets, ATTEMPTS, 300).unwrap())
+                }));
             }
         }
-        runs.extend(handles.into_iter().map(|h| h.join().unwrap()));
-    });
-    let by: BTreeMap<_, _> = runs.into_iter().collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
 
+/// kube-proxy's answers (in `mode`) against tierlb's, target by target: equal sets, or both reaching nothing
+/// where kube-proxy drops and tierlb refuses at once (the one difference allowed).
+fn compare(
+    mode: Mode,
+    nodes: &[(&str, Option<&str>)],
+    ports: &[(String, SocketAddr)],
+    kube_proxy: &BTreeMap<(&str, Client), Vec<lb_testkit::probe::Report>>,
+    tierlb: &BTreeMap<(&str, Client), Vec<lb_testkit::probe::Report>>,
+) {
     let mut differences = Vec::new();
-    let (mut allowed, mut reached) = (0, 0);
+    let (mut allowed, mut reached, mut lost) = (0, 0, 0);
     let mut seen = BTreeSet::new();
-    for (node, _) in nodes {
+    // A connect lost now and then on this loaded 2-CPU machine (a SYN not answered within 300 ms, seen on
+    // kube-proxy's side in a run where tierlb's clients had gone before) is not a difference in what a proxy
+    // chooses; an endpoint chosen and dead would fail a share of the attempts, far above one in ten.
+    let rare = |r: &lb_testkit::probe::Report| r.failures() * 10 < r.attempts.len();
+    for &(node, _) in nodes {
         for client in [Client::Pod, Client::Node] {
-            let kp = &by[&(node, client, Via::KubeProxy)];
-            let tl = &by[&(node, client, Via::Tierlb)];
+            let (kp, tl) = (&kube_proxy[&(node, client)], &tierlb[&(node, client)]);
             for (i, (name, _)) in ports.iter().enumerate() {
                 let ((kp_set, kp_err), (tl_set, tl_err)) = (outcome(&kp[i]), outcome(&tl[i]));
                 reached += usize::from(!kp_set.is_empty() && kp_set == tl_set);
                 seen.extend(tl_set.iter().cloned());
-                if kp_set == tl_set && (kp_set.is_empty() || (kp_err.is_empty() && tl_err.is_empty())) {
-                    // Where both reach nothing, the one allowed difference: kube-proxy drops (the client waits
-                    // for its timeout), tierlb refuses at once.
-                    if kp_set.is_empty() && kp_err != tl_err {
+                if !kp_set.is_empty() && kp_set == tl_set && rare(&kp[i]) && rare(&tl[i]) {
+                    lost += kp[i].failures() + tl[i].failures();
+                    continue;
+                }
+                if kp_set.is_empty() && tl_set.is_empty() {
+                    // Both reach nothing: the one allowed difference is kube-proxy dropping (the client waits
+                    // for its timeout) where tierlb refuses at once.
+                    if kp_err != tl_err {
                         if dropped(&kp_err) && !dropped(&tl_err) {
                             allowed += 1;
                         } else {
-                            differences.push(format!("{name} from {node}'s {client:?}: both reach nothing, kube-proxy {kp_err:?}, tierlb {tl_err:?}"));
+                            differences.push(format!(
+                                "{name} from {node}'s {client:?}: both reach nothing, kube-proxy {kp_err:?}, \
+                                 tierlb {tl_err:?}"
+                            ));
                         }
                     }
                     continue;
@@ -290,13 +327,21 @@ fn kube_proxy_and_tierlb_reach_the_same_backends_for_every_service_shape_node_an
         }
     }
     eprintln!(
-        "{} Service ports x {} nodes x 2 clients compared: {} differences; {reached} where both reach the same \
-         backends, {allowed} where kube-proxy drops and tierlb refuses at once; backends seen: {seen:?}",
+        "kube-proxy in {} mode: {} Service ports x {} nodes x 2 clients compared: {} differences; {reached} where \
+         both reach the same backends ({lost} connects lost among them), {allowed} where kube-proxy drops and \
+         tierlb refuses at once; backends seen: {seen:?}",
+        mode.as_str(),
         ports.len(),
         nodes.len(),
         differences.len()
     );
-    assert!(differences.is_empty(), "{} differences:\n{}", differences.len(), differences.join("\n"));
+    assert!(
+        differences.is_empty(),
+        "kube-proxy in {} mode: {} differences:\n{}",
+        mode.as_str(),
+        differences.len(),
+        differences.join("\n")
+    );
     // Not a comparison of two failures: most answers reach backends, and every serving pod answers some.
     assert!(reached >= 800, "only {reached} of 1,600 comparisons reached a backend");
     assert_eq!(seen, ["p1", "p2", "p3", "p4", "p6"].map(String::from).into(), "p5 is never Ready");
