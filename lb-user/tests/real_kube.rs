@@ -308,18 +308,7 @@ fn lists(c: &KubeCluster, node: &str) -> usize {
 
 /// `GET path` on the agent's health listener inside the cluster's namespace: the status code.
 fn http_status(c: &KubeCluster, at: SocketAddr, path: &str) -> u16 {
-    c.sim
-        .netns
-        .run(|| {
-            use std::io::{Read as _, Write as _};
-            let mut s = std::net::TcpStream::connect_timeout(&at, Duration::from_secs(2))?;
-            s.set_read_timeout(Some(Duration::from_secs(2)))?;
-            write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-            let mut text = String::new();
-            s.read_to_string(&mut text)?;
-            Ok(text.split_whitespace().nth(1).unwrap_or("0").parse().unwrap_or(0))
-        })
-        .unwrap()
+    lb_testkit::kube_proxy::http_get(&c.sim.netns, at, path).unwrap().0
 }
 
 /// One node (`agent_args` for its agent), the `web` Service with one pod, `web-1`, on it at `pod`; returns
