@@ -14,7 +14,11 @@
 //!   kube-proxy's rules then see a pod address and leave it alone; and in a cgroup beside it with no program,
 //!   where kube-proxy's rules translate.
 //!
-//! Traffic from outside the nodes is not compared here yet.
+//! - A client outside the nodes for each node: a namespace of its own on the LAN at 192.0.2.(100+N), its
+//!   default route through node N (so load-balancer IPs and externalIPs reach that node, as a router or
+//!   MetalLB would send them). tierlb's answer for it comes from its tc programs, kube-proxy's from its
+//!   PREROUTING rules; since tierlb's tc would see the packets first, kube-proxy's runs begin with the agents
+//!   stopped and their programs removed (`stop_agents`).
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
@@ -50,6 +54,9 @@ pub enum Client {
     Pod,
     /// A process of the node (the node's network namespace).
     Node,
+    /// A machine outside the nodes whose traffic for the node's addresses, load-balancer IPs and
+    /// externalIPs goes to this node.
+    Outside,
 }
 
 /// One node of the lab.
@@ -66,6 +73,8 @@ pub struct DiffNode {
     pub plain: Cgroup,
     /// The client pod's namespace.
     pub client_pod: NetNs,
+    /// The outside client's namespace.
+    pub outside: NetNs,
     agent: Option<AgentBox>,
     proxy: Option<KubeProxy>,
     pods: u8,
@@ -132,6 +141,13 @@ impl DiffLab {
             cp.add_node(name, *zone, IpAddr::V4(ip))?;
             let client_pod = boxed.node.add_pod(&format!("{tag}-c{}", i + 1), client_ip(i)?)?;
             let plain = Cgroup::new(&format!("{tag}-plain{}", i + 1))?;
+            let outside = NetNs::new(&format!("{tag}-o{}", i + 1))?;
+            let port = format!("o{}", i + 1);
+            lan.ip(&["link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", outside.name()])?;
+            lan.ip(&["link", "set", &port, "master", "br0", "up"])?;
+            outside.ip(&["addr", "add", &format!("{}/24", outside_ip(i)?), "dev", "eth0"])?;
+            outside.ip(&["link", "set", "eth0", "up"])?;
+            outside.ip(&["route", "add", "default", "via", &ip.to_string()])?;
             made.push(DiffNode {
                 name: (*name).to_owned(),
                 zone: zone.map(str::to_owned),
@@ -139,6 +155,7 @@ impl DiffLab {
                 boxed,
                 plain,
                 client_pod,
+                outside,
                 agent: None,
                 proxy: None,
                 pods: 0,
@@ -195,6 +212,39 @@ impl DiffLab {
         Ok(())
     }
 
+    /// Stop every agent (as the kubelet does) and remove what it left pinned and attached (`tierlb agent
+    /// --cleanup`, as the uninstall runs it), so that kube-proxy's rules alone answer afterwards; checks that
+    /// no tc program is left on the node's device.
+    pub fn stop_agents(&mut self, tierlb: &Path) -> anyhow::Result<()> {
+        for n in &mut self.nodes {
+            if let Some(agent) = n.agent.take() {
+                agent.stop();
+            }
+            let mut cmd = Command::new(tierlb);
+            cmd.args(["agent", "--cleanup", "--node", &n.name, "--bpffs"])
+                .arg(n.boxed.bpffs.path().join("tierlb"));
+            confine(&mut cmd, None, Some(&n.boxed.node.netns))?;
+            output(&mut cmd).with_context(|| format!("tierlb agent --cleanup on {}", n.name))?;
+            let mut show = Command::new("bpftool");
+            show.args(["-j", "net", "show", "dev", "uplink"]);
+            confine(&mut show, None, Some(&n.boxed.node.netns))?;
+            let shown: serde_json::Value = serde_json::from_str(&output(&mut show)?)?;
+            let left: Vec<&serde_json::Value> = shown
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|o| ["tc", "tcx"].into_iter().filter_map(|k| o.get(k)?.as_array()))
+                .flatten()
+                .collect();
+            anyhow::ensure!(
+                left.is_empty(),
+                "tc programs left on {}'s uplink after --cleanup: {left:?}",
+                n.name
+            );
+        }
+        Ok(())
+    }
+
     /// Start kube-proxy in `mode` on every node (after stopping any running); each returns once it has
     /// written its rules.
     pub fn start_proxies(&mut self, mode: Mode) -> anyhow::Result<()> {
@@ -215,8 +265,9 @@ impl DiffLab {
     }
 
     /// `count` attempts on each of `targets` from a `client` of `node` going `via` one proxy
-    /// (`tierlb-lab spread`: a target is given up after three failures in a row, each waiting up to
-    /// `timeout_ms`).
+    /// (`tierlb-lab spread`, eight targets at a time: a target is given up after three failures in a row,
+    /// each waiting up to `timeout_ms`). An outside client is in no cgroup of the node: `via` says only which
+    /// proxy the caller has running.
     pub fn reach(
         &self,
         node: &str,
@@ -228,22 +279,29 @@ impl DiffLab {
     ) -> anyhow::Result<Vec<Report>> {
         let n = &self.nodes[self.index(node)?];
         let mut cmd = Command::new(&self.lab);
-        cmd.args(["spread", "--count", &count.to_string(), "--timeout-ms", &timeout_ms.to_string()]);
+        cmd.args(["spread", "--parallel", "8", "--count", &count.to_string()])
+            .args(["--timeout-ms", &timeout_ms.to_string()]);
         for t in targets {
             cmd.args(["--target", &t.to_string()]);
         }
         let netns = match client {
             Client::Pod => &n.client_pod,
             Client::Node => &n.boxed.node.netns,
+            Client::Outside => &n.outside,
         };
-        let cgroup = match via {
-            Via::KubeProxy => &n.plain,
-            Via::Tierlb => &n.boxed.cgroup,
+        let cgroup = match (via, client) {
+            (Via::KubeProxy, _) | (_, Client::Outside) => &n.plain,
+            (Via::Tierlb, _) => &n.boxed.cgroup,
         };
         confine(&mut cmd, Some(cgroup), Some(netns))?;
         let out = output(&mut cmd)?;
         serde_json::from_str(&out).with_context(|| format!("tierlb-lab spread's report: {out}"))
     }
+}
+
+/// The address of the `i`-th node's outside client.
+fn outside_ip(i: usize) -> anyhow::Result<Ipv4Addr> {
+    Ok(Ipv4Addr::new(192, 0, 2, u8::try_from(i + 101)?))
 }
 
 /// The client pod's address on the `i`-th node.

@@ -53,6 +53,9 @@ enum Cmd {
         timeout_ms: u64,
         #[arg(long, default_value_t = 3)]
         give_up: usize,
+        /// Targets probed at once (each target's attempts stay one after another).
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
     },
     /// A tenant's own connect failures (JSON on stdout): COUNT non-blocking connects, with `--ttl` set if given,
     /// each shut down at once (`--end shutdown`) or waited for up to `--wait-ms` (`--end wait`).
@@ -205,7 +208,10 @@ fn serve(listen: SocketAddr, name: &str) -> std::io::Result<()> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let body = format!("{name}\n");
-        let _server = tierlb::server::serve(listener, move |_path| {
+        // A pod's server is the backend of every test client: many clients share an address (a node's own
+        // processes, and every outside client masqueraded to that node's address), so no per-client bound.
+        let limits = tierlb::server::Limits { max_connections: 4096, per_client: 4096, ..Default::default() };
+        let _server = tierlb::server::serve_with(listener, limits, move |_path| {
             let reply = tierlb::server::Response::text(200, &body);
             async move { reply }
         });
@@ -257,11 +263,33 @@ fn every_source(tierlb: &Path, n: usize) -> bool {
     lb_lab::bench::agent_only(tierlb, n).len() == lb_lab::bench::AgentSource::ALL.len()
 }
 
-/// `tierlb-lab spread`: each target probed in turn, the reports as a JSON list.
-fn spread(targets: &[SocketAddr], count: usize, timeout_ms: u64, give_up: usize) -> ExitCode {
+/// `tierlb-lab spread`: each target probed (`parallel` targets at a time, each target's attempts one after
+/// another), the reports as a JSON list in the targets' order.
+fn spread(
+    targets: &[SocketAddr],
+    count: usize,
+    timeout_ms: u64,
+    give_up: usize,
+    parallel: usize,
+) -> ExitCode {
     let timeout = Duration::from_millis(timeout_ms);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<lb_testkit::probe::Report>>> =
+        targets.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..parallel.clamp(1, targets.len().max(1)) {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&t) = targets.get(i) else { break };
+                    let r = lb_testkit::probe::spread(t, count, timeout, give_up);
+                    *slots[i].lock().expect("slot lock") = Some(r);
+                }
+            });
+        }
+    });
     let reports: Vec<lb_testkit::probe::Report> =
-        targets.iter().map(|&t| lb_testkit::probe::spread(t, count, timeout, give_up)).collect();
+        slots.into_iter().filter_map(|m| m.into_inner().expect("slot lock")).collect();
     println!("{}", serde_json::to_string(&reports).expect("reports serialise"));
     ExitCode::SUCCESS
 }
@@ -285,7 +313,9 @@ fn run(command: Cmd) -> ExitCode {
             println!("{}", serde_json::to_string(&r).expect("report serialises"));
             ExitCode::SUCCESS
         }
-        Cmd::Spread { target, count, timeout_ms, give_up } => spread(&target, count, timeout_ms, give_up),
+        Cmd::Spread { target, count, timeout_ms, give_up, parallel } => {
+            spread(&target, count, timeout_ms, give_up, parallel)
+        }
         Cmd::Abort { target, count, ttl, end, wait_ms } => abort(target, count, ttl, &end, wait_ms),
         Cmd::Dns { server, name, count, connected, timeout_ms } => {
             let r =
