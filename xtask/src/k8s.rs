@@ -1,11 +1,15 @@
 //! Kubernetes' control plane for the tests and the demo, built here from its own code: the Go module in
 //! `controlplane/` (kube-apiserver, kube-controller-manager, kube-proxy and kubectl v1.36.3, etcd 3.6 embedded)
 //! compiled once into a cache keyed by what goes into it, and linked from `target/k8s`, where the tests look.
+//! Beside it, kube-proxy alone at other releases ([`PROXY_RELEASES`]), each from a small module of its own in
+//! `controlplane/kube-proxy-releases/<release>/` that requires that release of k8s.io/kubernetes, cached the
+//! same way and linked as `target/k8s/kube-proxy-<release>`.
 //!
 //! The key is a hash of the module's go.mod, go.sum and Go sources, the Go toolchain's version and the link
-//! flags: a second setup with nothing changed only checks the key (the first build takes about five minutes on
-//! two CPUs, most of it compiling Kubernetes; Go's own build cache makes a rebuild after a small change take
-//! seconds).
+//! flags: a second setup with nothing changed only checks the keys (the first build of the control plane takes
+//! about five minutes on two CPUs, most of it compiling Kubernetes, and each kube-proxy release three to four
+//! more, since little of another release's code is shared; Go's own build cache makes a rebuild after a small
+//! change take seconds).
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
@@ -27,18 +31,26 @@ pub(crate) const PROGRAMS: &[&str] =
 /// The binary's name.
 const BINARY: &str = "tierlb-k8s";
 
+/// The releases of kube-proxy built alone, each from `controlplane/kube-proxy-releases/<release>/` (v1.36.3 is
+/// in [`BINARY`]), so the tests can compare tierlb with older and newer kube-proxies:
+/// `target/k8s/kube-proxy-<release>`.
+pub(crate) const PROXY_RELEASES: &[&str] = &["v1.34.4", "v1.35.4", "v1.37.2"];
+
+/// The name of a kube-proxy release's binary in its cache directory.
+const PROXY_BINARY: &str = "kube-proxy";
+
 /// `-ldflags` stamping the version where `kubectl version` and the components' `--version` read it (without it
 /// they report v0.0.0-master, which fails version-skew checks).
-fn ldflags() -> String {
+fn ldflags(version: &str) -> String {
     let (major, minor) = {
-        let mut parts = VERSION.trim_start_matches('v').split('.');
+        let mut parts = version.trim_start_matches('v').split('.');
         (parts.next().unwrap_or("1").to_owned(), parts.next().unwrap_or("0").to_owned())
     };
     let mut flags = String::from("-s -w");
     for pkg in ["k8s.io/component-base/version", "k8s.io/client-go/pkg/version"] {
         let _ = write!(
             flags,
-            " -X {pkg}.gitVersion={VERSION} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} \
+            " -X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor} \
              -X {pkg}.gitTreeState=clean -X {pkg}.buildDate=1970-01-01T00:00:00Z"
         );
     }
@@ -47,6 +59,16 @@ fn ldflags() -> String {
 
 fn module_dir() -> PathBuf {
     util::root().join("controlplane")
+}
+
+/// The module that builds kube-proxy `release` alone.
+fn proxy_module_dir(release: &str) -> PathBuf {
+    module_dir().join("kube-proxy-releases").join(release)
+}
+
+/// Every Go module here: the control plane's, then each kube-proxy release's.
+fn module_dirs() -> Vec<PathBuf> {
+    std::iter::once(module_dir()).chain(PROXY_RELEASES.iter().map(|r| proxy_module_dir(r))).collect()
 }
 
 /// Where built binaries are kept: `$XDG_CACHE_HOME/tierlb/k8s` (default `~/.cache/tierlb/k8s`).
@@ -58,10 +80,9 @@ fn cache_root() -> PathBuf {
     base.join("tierlb/k8s")
 }
 
-/// The cache key: everything the binary is built from.
-fn key(go_version: &str) -> anyhow::Result<String> {
-    let dir = module_dir();
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+/// The cache key of the module in `dir` stamped as `version`: everything its binary is built from.
+fn key(dir: &Path, version: &str, go_version: &str) -> anyhow::Result<String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -77,7 +98,7 @@ fn key(go_version: &str) -> anyhow::Result<String> {
         hash.update(std::fs::read(f).with_context(|| format!("reading {}", f.display()))?);
     }
     hash.update(go_version.as_bytes());
-    hash.update(ldflags().as_bytes());
+    hash.update(ldflags(version).as_bytes());
     let digest = hash.finalize();
     Ok(digest.iter().take(8).fold(String::new(), |mut hex, b| {
         let _ = write!(hex, "{b:02x}");
@@ -85,12 +106,38 @@ fn key(go_version: &str) -> anyhow::Result<String> {
     }))
 }
 
-/// Build the control plane unless the cache has it, then point `target/k8s` at it. Returns that directory.
+/// `go build` of the module in `dir`, stamped as `version`, into `binary` (through a `.partial` file, so an
+/// interrupted build leaves no binary that looks finished).
+fn go_build(dir: &Path, version: &str, binary: &Path) -> anyhow::Result<()> {
+    let partial = binary.with_extension("partial");
+    util::run(
+        Command::new("go")
+            .current_dir(dir)
+            .args(["build", "-trimpath", "-mod=readonly", "-ldflags", &ldflags(version), "-o"])
+            .arg(&partial)
+            .arg("."),
+    )?;
+    std::fs::rename(&partial, binary)?;
+    Ok(())
+}
+
+/// Make `link` a symbolic link to `to` unless it already is one.
+fn symlink(to: &Path, link: &Path) -> anyhow::Result<()> {
+    if std::fs::read_link(link).ok().as_deref() != Some(to) {
+        let _ = std::fs::remove_file(link);
+        std::os::unix::fs::symlink(to, link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    Ok(())
+}
+
+/// Build the control plane and each kube-proxy release unless the cache has them, then point `target/k8s` at
+/// the control plane's directory, where each release is linked as `kube-proxy-<release>`. Returns that
+/// directory.
 pub(crate) fn build() -> anyhow::Result<PathBuf> {
     let go_version = util::output(Command::new("go").arg("version"))
         .context("Go is missing: this machine kind has Go 1.26 (the control plane is built with it)")?;
-    let key = key(&go_version)?;
-    let dir = cache_root().join(&key);
+    let main_key = key(&module_dir(), VERSION, &go_version)?;
+    let dir = cache_root().join(&main_key);
     let binary = dir.join(BINARY);
     if binary.exists() {
         eprintln!("setup: Kubernetes {VERSION} control plane present ({})", dir.display());
@@ -101,48 +148,58 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
         );
         let started = std::time::Instant::now();
         std::fs::create_dir_all(&dir)?;
-        let partial = dir.join(format!("{BINARY}.partial"));
-        util::run(
-            Command::new("go")
-                .current_dir(module_dir())
-                .args(["build", "-trimpath", "-mod=readonly", "-ldflags", &ldflags(), "-o"])
-                .arg(&partial)
-                .arg("."),
-        )?;
-        std::fs::rename(&partial, &binary)?;
+        go_build(&module_dir(), VERSION, &binary)?;
         eprintln!("setup: control plane built in {:.0} s", started.elapsed().as_secs_f64());
     }
     for program in PROGRAMS {
-        let link = dir.join(program);
-        if std::fs::read_link(&link).ok().as_deref() != Some(Path::new(BINARY)) {
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(BINARY, &link)?;
+        symlink(Path::new(BINARY), &dir.join(program))?;
+    }
+    let mut keep = vec![main_key];
+    for release in PROXY_RELEASES {
+        let proxy_key = key(&proxy_module_dir(release), release, &go_version)?;
+        let proxy_dir = cache_root().join(&proxy_key);
+        let proxy = proxy_dir.join(PROXY_BINARY);
+        if proxy.exists() {
+            eprintln!("setup: kube-proxy {release} present ({})", proxy_dir.display());
+        } else {
+            let started = std::time::Instant::now();
+            std::fs::create_dir_all(&proxy_dir)?;
+            go_build(&proxy_module_dir(release), release, &proxy)?;
+            eprintln!("setup: kube-proxy {release} built in {:.0} s", started.elapsed().as_secs_f64());
         }
+        // Relative, like the programs' links, so `target/k8s/kube-proxy-<release>` resolves through the cache.
+        symlink(
+            &Path::new("..").join(&proxy_key).join(PROXY_BINARY),
+            &dir.join(format!("kube-proxy-{release}")),
+        )?;
+        keep.push(proxy_key);
     }
     let target = util::target_dir();
     std::fs::create_dir_all(&target)?;
-    let link = target.join("k8s");
-    if std::fs::read_link(&link).ok().as_deref() != Some(dir.as_path()) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&dir, &link)?;
-    }
-    prune(&key);
+    symlink(&dir, &target.join("k8s"))?;
+    prune(&keep);
     Ok(dir)
 }
 
-/// Remove builds of other keys (each is 170 MB).
-fn prune(keep: &str) {
+/// Remove builds of other keys (the control plane's is 170 MB, each kube-proxy's 70 to 80 MB).
+fn prune(keep: &[String]) {
     let Ok(entries) = std::fs::read_dir(cache_root()) else { return };
     for e in entries.flatten() {
-        if e.file_name().to_str() != Some(keep) {
+        if !e.file_name().to_str().is_some_and(|name| keep.iter().any(|k| k == name)) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }
 
-/// gofmt and go vet on the module (part of the lints of `cargo xtask test`).
+/// gofmt on `controlplane/` (the release modules are inside it) and go vet on each module (part of the lints
+/// of `cargo xtask test`). go vet takes the build's `-trimpath`, so it finds the packages the build compiled in
+/// Go's build cache instead of compiling them all again (without it, the first vet of a kube-proxy release
+/// after setup takes about five minutes on two CPUs; with it, under a minute, then a second or two).
 pub(crate) fn lint() -> anyhow::Result<()> {
     let unformatted = util::output(Command::new("gofmt").arg("-l").arg(module_dir())).unwrap_or_default();
     anyhow::ensure!(unformatted.is_empty(), "gofmt: these files need formatting (gofmt -w):\n{unformatted}");
-    util::run(Command::new("go").current_dir(module_dir()).args(["vet", "-mod=readonly", "."]))
+    for dir in module_dirs() {
+        util::run(Command::new("go").current_dir(dir).args(["vet", "-trimpath", "-mod=readonly", "."]))?;
+    }
+    Ok(())
 }
