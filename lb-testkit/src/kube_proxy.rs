@@ -48,6 +48,22 @@ pub const HEALTHZ_PORT: u16 = 10256;
 /// Where kube-proxy serves `/metrics` by default (inside its namespace).
 pub const METRICS_PORT: u16 = 10249;
 
+/// How to start kube-proxy (`KubeProxy::launch`).
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Its proxy mode.
+    pub mode: Mode,
+    /// Where it serves `/healthz` and `/livez`.
+    pub healthz: SocketAddr,
+    /// Where it serves `/metrics`.
+    pub metrics: SocketAddr,
+    /// How long its first sync may take (the bench's 10,000 Services take minutes in iptables mode).
+    pub limit: Duration,
+    /// Another release `cargo xtask setup` built (`v1.34.4`: `target/k8s/kube-proxy-v1.34.4`); none: v1.36.3,
+    /// the control plane's.
+    pub release: Option<String>,
+}
+
 /// A running kube-proxy.
 pub struct KubeProxy {
     child: Child,
@@ -104,7 +120,22 @@ impl KubeProxy {
         healthz: SocketAddr,
         metrics: SocketAddr,
     ) -> anyhow::Result<Self> {
-        let dir = cp.dir.path().join(format!("kube-proxy-{node}-{}", mode.as_str()));
+        Self::launch(
+            cp,
+            node,
+            ns,
+            &Launch { mode, healthz, metrics, limit: Duration::from_mins(1), release: None },
+        )
+    }
+
+    /// Start kube-proxy for `node` in `ns` as `how` says; returns once it has written its rules once.
+    pub fn launch(cp: &ControlPlane, node: &str, ns: &NetNs, how: &Launch) -> anyhow::Result<Self> {
+        let Launch { mode, healthz, metrics, limit, release } = how.clone();
+        let dir = cp.dir.path().join(format!(
+            "kube-proxy-{node}-{}{}",
+            mode.as_str(),
+            release.as_deref().map(|r| format!("-{r}")).unwrap_or_default()
+        ));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("config.yaml");
         std::fs::write(
@@ -121,7 +152,9 @@ impl KubeProxy {
         )?;
         let log = dir.join("kube-proxy.log");
         let file = || std::fs::OpenOptions::new().create(true).append(true).open(&log);
-        let mut cmd = Command::new(k8s_bin("kube-proxy"));
+        let program =
+            release.as_deref().map_or_else(|| "kube-proxy".to_owned(), |r| format!("kube-proxy-{r}"));
+        let mut cmd = Command::new(k8s_bin(&program));
         cmd.arg(format!("--config={}", config.display()))
             .arg("--v=2")
             .stdin(Stdio::null())
@@ -135,8 +168,8 @@ impl KubeProxy {
             if let Ok(Some(status)) = proxy.child.inner().try_wait() {
                 bail!("kube-proxy for {node} exited ({status}):\n{}", proxy.log_text());
             }
-            if start.elapsed() > Duration::from_mins(1) {
-                bail!("kube-proxy for {node} wrote no rules in 60 s:\n{}", proxy.log_text());
+            if start.elapsed() > limit {
+                bail!("kube-proxy for {node} wrote no rules in {limit:?}:\n{}", proxy.log_text());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -149,10 +182,33 @@ impl KubeProxy {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Its `/metrics`, as text (read from inside `ns`, its namespace).
+    pub fn metrics_text(&self, ns: &NetNs) -> anyhow::Result<String> {
+        Ok(http_get(ns, self.metrics, "/metrics")?.1)
+    }
+
+    /// Whether every EndpointSlice change it has counted is in the rules it wrote: `changes` or more
+    /// counted (`kubeproxy_sync_proxy_rules_endpoint_changes_total`), none pending, and its last sync
+    /// ended after the last one was queued.
+    pub fn synced_past(&self, ns: &NetNs, changes: f64) -> anyhow::Result<bool> {
+        let text = self.metrics_text(ns)?;
+        let get = |name: &str| metric(&text, name).with_context(|| format!("kube-proxy's {name}"));
+        Ok(get("kubeproxy_sync_proxy_rules_endpoint_changes_total")? >= changes
+            && get("kubeproxy_sync_proxy_rules_endpoint_changes_pending")? == 0.0
+            && get("kubeproxy_sync_proxy_rules_last_timestamp_seconds")?
+                >= get("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")?)
+    }
+
+    /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`: the EndpointSlice changes it has seen.
+    pub fn endpoint_changes(&self, ns: &NetNs) -> anyhow::Result<f64> {
+        metric(&self.metrics_text(ns)?, "kubeproxy_sync_proxy_rules_endpoint_changes_total")
+            .context("no kubeproxy_sync_proxy_rules_endpoint_changes_total")
+    }
+
     /// When it last wrote its rules (`kubeproxy_sync_proxy_rules_last_timestamp_seconds`, the latest of its IP
     /// families, Unix seconds; 0 before the first time).
     pub fn last_sync(&self, ns: &NetNs) -> anyhow::Result<f64> {
-        let (_, metrics) = http_get(ns, self.metrics, "/metrics")?;
+        let metrics = self.metrics_text(ns)?;
         metric(&metrics, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
             .context("no kubeproxy_sync_proxy_rules_last_timestamp_seconds")
     }
@@ -169,10 +225,39 @@ impl KubeProxy {
         output(&mut cmd)
     }
 
-    /// Stop it (SIGTERM, then SIGKILL after `timeout`).
+    /// Stop it (SIGTERM, then SIGKILL after `timeout`), and the programs it was running (an `iptables-restore`
+    /// of a large rule set runs on for minutes after kube-proxy has gone).
     pub fn stop(&mut self, timeout: Duration) {
+        let children = descendants(self.child.pid());
         self.child.stop(timeout);
+        for pid in children {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
     }
+}
+
+impl Drop for KubeProxy {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(3));
+    }
+}
+
+/// The processes below `pid` (children first, then theirs), as /proc lists them now.
+fn descendants(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid.cast_signed()];
+    while let Some(p) = todo.pop() {
+        let tasks = std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten();
+        for task in tasks {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for c in children.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out
 }
 
 /// The largest value of a metric in Prometheus' text format, over its label sets (kube-proxy labels most of

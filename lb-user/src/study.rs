@@ -472,20 +472,29 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint], duration: Option<f64>) -> 
         .collect()
 }
 
-/// Study the initial state, then each phase applied on top of the previous ones.
-pub fn run(sc: &Scenario) -> StudyResult {
-    let result = |phase: String, duration: Option<f64>, eps: &[ScEndpoint]| PhaseResult {
-        phase,
-        duration_s: duration,
-        requests: duration.map(|d| d * sc.requests_per_second),
-        models: study_phase(sc, eps, duration),
-    };
+/// The scenario's states: `initial`, then each phase applied on top of the previous ones (its name, its
+/// duration, the endpoints then).
+pub fn states(sc: &Scenario) -> Vec<(String, Option<f64>, Vec<ScEndpoint>)> {
     let mut eps = sc.endpoints.clone();
-    let mut phases = vec![result("initial".into(), None, &eps)];
+    let mut out = vec![("initial".to_owned(), None, eps.clone())];
     for p in &sc.phases {
         apply_phase(&mut eps, &sc.endpoints, p);
-        phases.push(result(p.name.clone(), p.duration, &eps));
+        out.push((p.name.clone(), p.duration, eps.clone()));
     }
+    out
+}
+
+/// Study the initial state, then each phase applied on top of the previous ones.
+pub fn run(sc: &Scenario) -> StudyResult {
+    let phases = states(sc)
+        .into_iter()
+        .map(|(phase, duration, eps)| PhaseResult {
+            phase,
+            duration_s: duration,
+            requests: duration.map(|d| d * sc.requests_per_second),
+            models: study_phase(sc, &eps, duration),
+        })
+        .collect();
     StudyResult {
         scenario: sc.name.clone(),
         description: sc.description.clone(),

@@ -74,7 +74,7 @@ fn the_story_cluster_with_clients_50_30_20_gives_the_pdf_service_65_35_and_ciliu
     let c = json(&["--manifests", root(STORY).to_str().unwrap(), "--clients", clients.to_str().unwrap()]);
     let pdf = service(&c, "booking/pdf-resume");
     assert!(pdf["clients"].as_str().unwrap().contains("for every Service"), "{}", pdf["clients"]);
-    for m in ["kube-proxy-1.35", "tierlb"] {
+    for m in ["kube-proxy-1.34-1.37", "tierlb"] {
         let r = model(pdf, 0, m);
         close(&r["shares"]["10.244.1.21"], 0.65, m);
         close(&r["shares"]["10.244.3.21"], 0.35, m);
@@ -124,7 +124,7 @@ fn without_clients_the_shares_are_uniform_over_the_nodes_and_said_so() {
     let pdf = service(&c, "booking/pdf-resume");
     assert_eq!(pdf["clients"], "uniform over 3 nodes (no --clients)");
     // Uniform: node-2's third splits: 1/3 + 1/6 = 50% each.
-    close(&model(pdf, 0, "kube-proxy-1.35")["shares"]["10.244.1.21"], 0.5, "uniform");
+    close(&model(pdf, 0, "kube-proxy-1.34-1.37")["shares"]["10.244.1.21"], 0.5, "uniform");
 }
 
 /// Two agents' `status -o json` (node-1's; node-2's and node-3's in one file), merged: per Service, the connects
@@ -141,7 +141,7 @@ fn shares_from_two_agents_status_outputs_are_merged_as_written() {
     close(&pdf["client_shares"]["node-3"], 0.2, "node-3");
     let source = pdf["clients"].as_str().unwrap();
     assert!(source.starts_with("counted: 1000 connects (node-1 500, node-2 300, node-3 200)"), "{source}");
-    close(&model(pdf, 0, "kube-proxy-1.35")["shares"]["10.244.1.21"], 0.65, "kube-proxy");
+    close(&model(pdf, 0, "kube-proxy-1.34-1.37")["shares"]["10.244.1.21"], 0.65, "kube-proxy");
     // Counted by node-1 only: all of its clients are there.
     let cache = service(&c, "booking/nginx-cache");
     close(&cache["client_shares"]["node-1"], 1.0, "cache node-1");
@@ -189,15 +189,16 @@ fn drain_node_1_on_the_cache_shows_kube_proxys_local_hang_and_tierlbs_fallback()
         phases,
         ["initial", "drain node-1: its endpoints terminating", "drain node-1: its endpoints gone"]
     );
-    let (kp, t) = (model(cache, 1, "kube-proxy-1.35"), model(cache, 1, "tierlb"));
+    let (kp, t) = (model(cache, 1, "kube-proxy-1.34-1.37"), model(cache, 1, "tierlb"));
     close(&kp["shares"]["10.244.1.10"], 0.5, "terminating, still serving (kube-proxy)");
     close(&t["shares"]["10.244.1.10"], 0.5, "terminating, still serving (tierlb)");
-    let (kp, t) = (model(cache, 2, "kube-proxy-1.35"), model(cache, 2, "tierlb"));
+    let (kp, t) = (model(cache, 2, "kube-proxy-1.34-1.37"), model(cache, 2, "tierlb"));
     close(&kp["hang"], 0.5, "kube-proxy hangs node-1's clients");
     close(&t["hang"], 0.0, "tierlb never hangs");
     close(&t["failed"], 0.5, "tierlb refuses them at once");
     // Time-weighted over 30 s + 10 s: kube-proxy hangs 50% for 10 s of 40 (500 requests at 100/s).
-    let w = cache["what_if"].as_array().unwrap().iter().find(|w| w["model"] == "kube-proxy-1.35").unwrap();
+    let w =
+        cache["what_if"].as_array().unwrap().iter().find(|w| w["model"] == "kube-proxy-1.34-1.37").unwrap();
     close(&w["seconds"], 40.0, "seconds");
     close(&w["hang"], 0.125, "weighted hang");
     close(&w["hung_requests"], 500.0, "hung requests");
@@ -248,10 +249,10 @@ fn crash_by_pod_name_and_roll_each_start_from_the_cluster_as_it_is() {
         ]
     );
     // Crashed, unseen: kube-proxy keeps sending node-1's third and half of node-2's to it: 50% refused.
-    close(&model(pdf, 1, "kube-proxy-1.35")["failed"], 0.5, "crash");
+    close(&model(pdf, 1, "kube-proxy-1.34-1.37")["failed"], 0.5, "crash");
     assert!(model(pdf, 1, "tierlb")["failed"].as_f64().unwrap() < 0.01, "passive health holds it down");
     // Rolling node-3 after node-1: node-1's pod is ready again, node-3's terminates: all to node-1.
-    close(&model(pdf, 5, "kube-proxy-1.35")["shares"]["10.244.1.21"], 1.0, "node-1 restored");
+    close(&model(pdf, 5, "kube-proxy-1.34-1.37")["shares"]["10.244.1.21"], 1.0, "node-1 restored");
     let models = |c: &Value| -> Vec<Value> {
         let phases = service(c, "booking/pdf-resume")["study"]["phases"].as_array().unwrap().clone();
         phases.iter().map(|p| p["models"].clone()).collect()
@@ -287,7 +288,7 @@ fn a_dual_stack_pod_is_one_pod() {
     let api = service(&c, "booking/booking-api");
     assert_eq!(api["study"]["phases"][1]["phase"], "booking/api-a crashed, unseen by the control plane");
     // kube-proxy keeps sending a third of every node's requests to it: refused.
-    close(&model(api, 1, "kube-proxy-1.35")["failed"], 1.0 / 3.0, "one of three endpoints crashed");
+    close(&model(api, 1, "kube-proxy-1.34-1.37")["failed"], 1.0 / 3.0, "one of three endpoints crashed");
 }
 
 /// Draining a node does not make its endpoint serving: an endpoint that is not serving (crash-looping) stays
@@ -304,7 +305,7 @@ fn a_drained_endpoint_that_was_not_serving_stays_not_serving() {
     let c = json(&["--manifests", d.path().to_str().unwrap(), "--drain", "node-1"]);
     let one = service(&c, "t/one");
     assert_eq!(one["study"]["phases"][1]["phase"], "drain node-1: its endpoints terminating");
-    let kp = model(one, 1, "kube-proxy-1.35");
+    let kp = model(one, 1, "kube-proxy-1.34-1.37");
     close(&kp["failed"], 1.0, "no serving endpoint anywhere: REJECT");
     close(&kp["shares"]["10.244.1.50"], 0.0, "not used");
 }

@@ -311,7 +311,7 @@ mod tests {
     fn six_models_with_long_labels_wrap_under_their_own_bars() {
         let mut r = result();
         let labels = [
-            "kube-proxy-1.35",
+            "kube-proxy-1.34-1.37",
             "tierlb (passive health, K=3)",
             "cilium-1.18 (zone hints only)",
             "cilium-1.20 (nodeName, then cluster)",
@@ -325,7 +325,9 @@ mod tests {
         let svg = study_chart(&r).unwrap();
         assert!(svg.starts_with(&format!("<svg width=\"{}\"", LEFT + 6 * SLOT + RIGHT)), "{svg}");
         let texts = crate::chart::texts(&svg);
-        for piece in ["kube-proxy-1.35", "cilium-1.20", "(nodeName, then", "cluster)", "calico-ebpf-3.32"] {
+        for piece in
+            ["kube-proxy-1.34-", "1.37", "cilium-1.20", "(nodeName, then", "cluster)", "calico-ebpf-3.32"]
+        {
             assert!(texts.iter().any(|t| t == piece), "no {piece:?} in {texts:?}");
         }
         // Every piece of every label fits its bar's column, by the layout's own (generous) estimate.

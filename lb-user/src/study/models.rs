@@ -43,8 +43,8 @@ impl Default for CiliumSettings {
 /// `ProxyModel::info` (`catalog.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum ProxyModel {
-    /// kube-proxy 1.35 (`CategorizeEndpoints`).
-    #[serde(rename = "kube-proxy-1.35")]
+    /// kube-proxy 1.34-1.37 (`CategorizeEndpoints`; checked against each release in `kube_proxy_releases.rs`).
+    #[serde(rename = "kube-proxy-1.34-1.37")]
     KubeProxy,
     /// tierlb: kube-proxy's rule as tiers, with passive health.
     #[serde(rename = "tierlb")]

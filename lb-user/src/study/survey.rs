@@ -433,7 +433,7 @@ pub fn cluster_table(c: &ClusterStudy) -> String {
     let differing = c.services.iter().filter(|s| !s.differences.is_empty()).count();
     let _ = writeln!(
         out,
-        "\nsummary\n  Services some model serves differently from kube-proxy-1.35: {differing}"
+        "\nsummary\n  Services some model serves differently from kube-proxy-1.34-1.37: {differing}"
     );
     for (model, svcs) in c.summary.differs.iter().filter(|(_, s)| !s.is_empty()) {
         let _ = writeln!(out, "    {model}: {}", svcs.join(", "));
@@ -467,7 +467,7 @@ pub fn cluster_table(c: &ClusterStudy) -> String {
             skew(s.skew.prefer_same_node)
         );
         if s.differences.is_empty() {
-            let _ = writeln!(out, "  every model serves it as kube-proxy-1.35 does");
+            let _ = writeln!(out, "  every model serves it as kube-proxy-1.34-1.37 does");
         }
         for d in &s.differences {
             let phase = if d.phase == "initial" { String::new() } else { format!(" (phase {})", d.phase) };
