@@ -1,4 +1,5 @@
-//! `cargo xtask bench [--quick] [--report] [--trace]`: setup, release build, then the lab's benchmark.
+//! `cargo xtask bench [--quick] [--report] [--trace] [--kube-proxy COUNTS]`: setup, release build, then the
+//! lab's benchmark.
 use std::process::Command;
 
 use crate::{build, setup, util};
@@ -15,6 +16,10 @@ pub(crate) struct Options {
     /// The tierlb rows with `tierlb trace` consuming every decision (connect4's cost with tracing on).
     #[arg(long)]
     pub trace: bool,
+    /// Only real kube-proxy's rows (iptables and nftables mode) at these Service counts, comma-separated:
+    /// its syncs from the real API server and its connects against direct, printed as measured.
+    #[arg(long, value_name = "COUNTS", conflicts_with_all = ["quick", "report", "trace"])]
+    pub kube_proxy: Option<String>,
 }
 
 pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
@@ -33,6 +38,9 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     }
     if o.trace {
         cmd.arg("--trace");
+    }
+    if let Some(counts) = &o.kube_proxy {
+        cmd.arg("--kube-proxy").arg(counts);
     }
     util::run(&mut cmd)
 }

@@ -27,6 +27,8 @@ fn colour(path: DataPath) -> Rgb {
         DataPath::Tierlb => okabe_ito::BLUE,
         DataPath::Iptables => okabe_ito::VERMILLION,
         DataPath::Nftables => okabe_ito::GREEN,
+        DataPath::KubeProxyIptables => okabe_ito::ORANGE,
+        DataPath::KubeProxyNftables => okabe_ito::PURPLE,
     }
 }
 
@@ -37,7 +39,7 @@ const SERVICES: Range<f64> = 1.0..100_000.0;
 /// across the whole axis.
 fn latency_chart(r: &Report, mode: LoadMode) -> Result<String, ChartError> {
     let mut lines = Vec::new();
-    for path in DataPath::ALL {
+    for path in DataPath::ALL.into_iter().chain(DataPath::KUBE_PROXY) {
         let line = |name: &str, points, markers| Line {
             name: name.to_owned(),
             points,

@@ -8,7 +8,7 @@ use super::load::{LoadMode, LoadResult};
 
 /// A data path a connect goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum DataPath {
     /// Straight to the pod IP: the floor, no load balancing.
     Direct,
@@ -18,11 +18,18 @@ pub enum DataPath {
     Iptables,
     /// To a VIP that kube-proxy-style nftables rules DNAT.
     Nftables,
+    /// To a VIP that real kube-proxy (v1.36.3, iptables mode) programmed from the API server.
+    KubeProxyIptables,
+    /// To a VIP that real kube-proxy (v1.36.3, nftables mode) programmed from the API server.
+    KubeProxyNftables,
 }
 
 impl DataPath {
-    /// Every data path, in table and chart order.
+    /// The data paths of the main tables and charts, in their order (real kube-proxy's rows are a table of
+    /// their own, `KUBE_PROXY`).
     pub const ALL: [Self; 4] = [Self::Direct, Self::Tierlb, Self::Iptables, Self::Nftables];
+    /// Real kube-proxy's paths.
+    pub const KUBE_PROXY: [Self; 2] = [Self::KubeProxyIptables, Self::KubeProxyNftables];
 
     /// The path's name in the tables, the charts and the run's progress lines.
     pub fn as_str(self) -> &'static str {
@@ -31,6 +38,8 @@ impl DataPath {
             Self::Tierlb => "tierlb",
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
+            Self::KubeProxyIptables => "kube-proxy iptables",
+            Self::KubeProxyNftables => "kube-proxy nftables",
         }
     }
 }
@@ -175,6 +184,9 @@ pub struct Report {
     pub north_south: Vec<NsRow>,
     /// Conntrack memory of flows from outside the node: tierlb's table, then nf_conntrack's.
     pub conntrack: Vec<CtMemory>,
+    /// Real kube-proxy: its syncs per mode and Service count (its connect rows are in `rows`, their ratios
+    /// to direct in `east_west`).
+    pub kube_proxy: Vec<KubeProxySync>,
     /// The control-plane figures.
     pub control: ControlPlane,
 }
@@ -186,6 +198,32 @@ impl Report {
             x.path == path && x.mode == mode && (x.services == services || path == DataPath::Direct)
         })
     }
+}
+
+/// Real kube-proxy programming a Service count from the API server, in one mode.
+#[derive(Clone, Debug, Serialize)]
+pub struct KubeProxySync {
+    /// `iptables` or `nftables`.
+    pub mode: &'static str,
+    /// Services (each with its EndpointSlice) in the API server.
+    pub services: usize,
+    /// From its start to its first sync's end (its rules for every Service), wall time; or stopped at the
+    /// limit (its `iptables-restore` killed with it).
+    pub first_sync: LoadTime,
+    /// What followed a first sync within the limit.
+    pub after: Option<KubeProxyAfter>,
+}
+
+/// kube-proxy's figures once its first sync is done.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct KubeProxyAfter {
+    /// The first sync's own duration by kube-proxy's `kubeproxy_sync_proxy_rules_duration_seconds`, seconds.
+    pub first_sync_metric: f64,
+    /// From `kubectl replace` of one EndpointSlice to the end of the sync that wrote it, wall time (kube-proxy's
+    /// default `minSyncPeriod` of 1 s included).
+    pub one_change: Duration,
+    /// The syncs after the change by its own metric, seconds each (their mean).
+    pub one_change_metric: f64,
 }
 
 /// A conntrack table's memory with a number of flows from outside the node in it.

@@ -85,6 +85,28 @@ fn east_west() -> Vec<NsRow> {
     out
 }
 
+fn kube_proxy() -> Vec<super::figures::KubeProxySync> {
+    use super::figures::{KubeProxyAfter, KubeProxySync, LoadTime};
+    vec![
+        KubeProxySync {
+            mode: "iptables",
+            services: 1_000,
+            first_sync: LoadTime::Done(Duration::from_millis(5_500)),
+            after: Some(KubeProxyAfter {
+                first_sync_metric: 4.9,
+                one_change: Duration::from_millis(230),
+                one_change_metric: 0.1,
+            }),
+        },
+        KubeProxySync {
+            mode: "iptables",
+            services: 10_000,
+            first_sync: LoadTime::Stopped { limit: Duration::from_mins(5) },
+            after: None,
+        },
+    ]
+}
+
 pub(crate) fn report() -> Report {
     let mut rows = Vec::new();
     for mode in LoadMode::ALL {
@@ -135,6 +157,7 @@ pub(crate) fn report() -> Report {
         east_west: east_west(),
         north_south: north_south(),
         conntrack: conntrack(),
+        kube_proxy: kube_proxy(),
         control: ControlPlane {
             maps: vec![
                 MapWrites {

@@ -13,6 +13,7 @@ mod conntrack;
 mod figures;
 #[cfg(test)]
 pub(crate) mod fixture;
+mod kube_proxy;
 mod load;
 mod north_south;
 mod real_apiserver;
@@ -25,10 +26,10 @@ mod workloads;
 pub use agent::agent_only;
 pub use charts::charts;
 pub use figures::{
-    AgentFigures, AgentSource, ControlPlane, CtMemory, DataPath, LoadTime, MapMemory, MapWrites, Report, Row,
-    RuleLoad, Spread,
+    AgentFigures, AgentSource, ControlPlane, CtMemory, DataPath, KubeProxySync, LoadTime, MapMemory,
+    MapWrites, Report, Row, RuleLoad, Spread,
 };
 pub use load::{LoadMode, LoadResult, Placement, RR_BYTES, allowed_cpus, load, paced};
 pub use report::markdown;
-pub use run::{on_node_only, run};
+pub use run::{kube_proxy_only, on_node_only, run};
 pub use workloads::{iptables_rules, nft_rules};

@@ -43,6 +43,9 @@ fn base(path: DataPath) -> u16 {
         DataPath::Tierlb => 10_000,
         DataPath::Iptables => 20_000,
         DataPath::Nftables => 30_000,
+        // Real kube-proxy is measured on the node only (`kube_proxy`): no node ports of its own here.
+        DataPath::KubeProxyIptables => 40_000,
+        DataPath::KubeProxyNftables => 50_000,
     }
 }
 

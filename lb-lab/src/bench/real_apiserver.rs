@@ -64,6 +64,29 @@ impl RealApiServer {
         confine(cmd, None, Some(&self.node))
     }
 
+    /// Link `ns` to the API server (kube-proxy's rows run it in the bench's namespace).
+    pub(super) fn link(&mut self, ns: &NetNs) -> anyhow::Result<()> {
+        self.cp.link(ns).map(drop)
+    }
+
+    /// Real kube-proxy in `mode` for node-1 in `ns` (linked), once it has written its rules (within `limit`).
+    pub(super) fn kube_proxy(
+        &self,
+        ns: &NetNs,
+        mode: lb_testkit::kube_proxy::Mode,
+        limit: std::time::Duration,
+    ) -> anyhow::Result<lb_testkit::kube_proxy::KubeProxy> {
+        use lb_testkit::kube_proxy::{HEALTHZ_PORT, KubeProxy, Launch, METRICS_PORT};
+        let how = Launch {
+            mode,
+            healthz: std::net::SocketAddr::from(([127, 0, 0, 1], HEALTHZ_PORT)),
+            metrics: std::net::SocketAddr::from(([127, 0, 0, 1], METRICS_PORT)),
+            limit,
+            release: None,
+        };
+        KubeProxy::launch(&self.cp, "node-1", ns, &how)
+    }
+
     /// Replace an EndpointSlice with `kubectl replace -f -` (an unconditional update, as an operator's edit).
     pub(super) fn replace(&self, slice: &Value) -> anyhow::Result<()> {
         self.cp.kubectl_stdin(&["replace", "-f", "-"], &slice.to_string())?;

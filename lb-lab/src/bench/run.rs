@@ -147,10 +147,11 @@ impl Loader<'_> {
     /// of `slice` seconds, in the order A B B A A B..., so that the machine's drift lands on both sides of a
     /// ratio. Per mode: tierlb's row (the slice with the median p50; connect4's and sock_ops' cost from one
     /// more run with the kernel's statistics on) and the ratios to direct taken per pair.
-    fn interleaved(
+    pub(super) fn interleaved(
         &self,
+        path: DataPath,
         services: usize,
-        cg: &Cgroup,
+        cg: Option<&Cgroup>,
         target: SocketAddr,
         pairs: usize,
     ) -> anyhow::Result<(Vec<Row>, Vec<NsRow>)> {
@@ -158,7 +159,7 @@ impl Loader<'_> {
         let (mut rows, mut ratios) = (Vec::new(), Vec::new());
         for mode in LoadMode::ALL {
             let mut a = self.paced(None, backend, mode, SLICE)?;
-            let mut b = self.paced(Some(cg), target, mode, SLICE)?;
+            let mut b = self.paced(cg, target, mode, SLICE)?;
             // One slice each first, not counted: the clients' first connects warm their caches.
             a.slice()?;
             b.slice()?;
@@ -176,25 +177,28 @@ impl Loader<'_> {
             // The BPF cost per run from one more tierlb run with the kernel's statistics on: they add two
             // clock reads and a counter update to every program run (connect4, each sock_ops callback, the
             // release hook), which the rounds above, and a node, run without.
-            let (before, after) = {
+            let (before, after) = if path == DataPath::Tierlb {
                 let _stats = BpfStats::on();
                 let before = (prog_stats("connect4"), prog_stats("sock_ops"));
-                self.run(Some(cg), target, mode)?;
+                self.run(cg, target, mode)?;
                 (before, (prog_stats("connect4"), prog_stats("sock_ops")))
+            } else {
+                ((None, None), (None, None))
             };
             let mut by_p50: Vec<&LoadResult> = tierlb.iter().collect();
             by_p50.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
             let row = Row {
-                path: DataPath::Tierlb,
+                path,
                 services,
                 mode,
                 result: by_p50[by_p50.len() / 2].clone(),
                 bpf_ns_per_run: per_run(before.0, after.0),
                 sock_ops_ns_per_run: per_run(before.1, after.1),
             };
-            let ratio = NsRow::of(DataPath::Tierlb, services, mode, &tierlb, &direct, None);
+            let ratio = NsRow::of(path, services, mode, &tierlb, &direct, None);
             eprintln!(
-                "bench: tierlb    {services:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, middle half {:.2}-{:.2}, {pairs} pairs of {SLICE} s)  p99 {:>7.1} us  {:>8.0} ops/s  {} errors{}",
+                "bench: {:<9} {services:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, middle half {:.2}-{:.2}, {pairs} pairs of {SLICE} s)  p99 {:>7.1} us  {:>8.0} ops/s  {} errors{}",
+                path.as_str(),
                 mode.as_str(),
                 ratio.p50_us,
                 ratio.p50_ratio.median,
@@ -334,6 +338,13 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     // The agent itself, from manifests and from the API server: time to ready, one change, RSS.
     let agent = agent_runs(tierlb, counts, per);
     let rule_loads = rule_set_rows(&loader, counts, per, &mut rows)?;
+    // Real kube-proxy from the API server, at up to 10,000 Services, interleaved against direct.
+    let kp_counts: Vec<usize> =
+        super::kube_proxy::COUNTS.into_iter().filter(|n| !quick || *n != 1_000).collect();
+    let kube_proxy = super::kube_proxy::measure(&loader, &kp_counts, per, pairs_for(rounds, loader.secs))?;
+    rows.extend(kube_proxy.rows);
+    let mut east_west = on_node.east_west;
+    east_west.extend(kube_proxy.ratios);
     // From outside the node: at 1 and 10,000 Services, interleaved rounds.
     let north_south = super::north_south::rows(lab, &[1, 10_000], rounds, loader.secs / 2.0)?;
     let conntrack = super::conntrack::memory(CONNTRACK_FLOWS)?;
@@ -345,11 +356,33 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         placement: cpus,
         seconds: loader.secs,
         rows,
-        east_west: on_node.east_west,
+        east_west,
         north_south,
         conntrack,
+        kube_proxy: kube_proxy.syncs,
         control: ControlPlane { maps: on_node.map_writes, map_memory: on_node.map_memory, agent, rule_loads },
     })
+}
+
+/// As many pairs of slices as `rounds` runs of `secs` seconds would take.
+fn pairs_for(rounds: usize, secs: f64) -> usize {
+    #[expect(
+        clippy::cast_sign_loss,
+        clippy::cast_possible_truncation,
+        reason = "at least 1.0, a few hundred"
+    )]
+    let pairs = (rounds as f64 * secs / SLICE).round().max(1.0) as usize;
+    pairs
+}
+
+/// Only real kube-proxy's rows (`bench --kube-proxy`): its syncs and its connects against direct at each of
+/// `counts`, printed as measured.
+pub fn kube_proxy_only(lab: &Path, counts: &[usize], rounds: usize, secs: f64) -> anyhow::Result<()> {
+    let ns = bench_ns()?;
+    let cpus = Placement::split();
+    let loader = Loader { lab, ns: &ns, threads: 1, cpu: cpus.client, secs };
+    let _sink = Sink::start(&ns, BACKEND.parse()?, cpus.backend)?;
+    super::kube_proxy::measure(&loader, counts, 10, pairs_for(rounds, secs)).map(drop)
 }
 
 /// Only the on-node connect path, for profiling and for comparing two builds of the data path: tierlb
@@ -415,15 +448,14 @@ fn on_node(
             eprintln!("bench: maps {n} services: programmed in {took:.2?}, one change {one_change:.2?}");
             map_writes.push(MapWrites { services: n, program: took, one_change });
         }
-        // As many pairs of slices as `rounds` runs of the loader's length would take.
-        #[expect(
-            clippy::cast_sign_loss,
-            clippy::cast_possible_truncation,
-            reason = "at least 1.0, a few hundred"
-        )]
-        let pairs = (rounds as f64 * loader.secs / SLICE).round().max(1.0) as usize;
-        let (tierlb, ratios) =
-            loader.interleaved(n, &cg, SocketAddr::new(IpAddr::V4(vip(target(n))), 80), pairs)?;
+        let pairs = pairs_for(rounds, loader.secs);
+        let (tierlb, ratios) = loader.interleaved(
+            DataPath::Tierlb,
+            n,
+            Some(&cg),
+            SocketAddr::new(IpAddr::V4(vip(target(n))), 80),
+            pairs,
+        )?;
         rows.extend(tierlb);
         east_west.extend(ratios);
     }

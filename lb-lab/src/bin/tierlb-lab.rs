@@ -178,12 +178,16 @@ enum Cmd {
         /// of the data path).
         #[arg(long, value_name = "COUNTS", value_delimiter = ',', conflicts_with_all = ["agent_only", "report", "quick"])]
         on_node: Option<Vec<usize>>,
-        /// With --on-node, as many pairs of slices per Service count and operation as this many runs of
+        /// Only real kube-proxy's rows at these Service counts (comma-separated): its syncs, and its connects
+        /// against direct in interleaved pairs of 0.2 s slices, printed as measured.
+        #[arg(long, value_name = "COUNTS", value_delimiter = ',', conflicts_with_all = ["agent_only", "report", "quick", "on_node"])]
+        kube_proxy: Option<Vec<usize>>,
+        /// With --on-node or --kube-proxy, as many pairs of slices per Service count and operation as this many runs of
         /// --seconds would take (5 x 2 s: 50 pairs).
-        #[arg(long, default_value_t = 5, requires = "on_node")]
+        #[arg(long, default_value_t = 5)]
         rounds: usize,
-        /// Seconds of load per run with --on-node (see --rounds).
-        #[arg(long, default_value_t = 2.0, requires = "on_node")]
+        /// Seconds of load per run with --on-node or --kube-proxy (see --rounds).
+        #[arg(long, default_value_t = 2.0)]
         seconds: f64,
     },
     /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
@@ -361,17 +365,7 @@ fn run(command: Cmd) -> ExitCode {
         Cmd::Load { target, mode, threads, seconds, cpu, paced } => {
             load(target, mode, threads, cpu, seconds, paced)
         }
-        Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, rounds, seconds } => {
-            let me = std::env::current_exe().expect("own path");
-            let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match (on_node, agent_only) {
-                (Some(counts), _) => on_node_only(&me, &tierlb, &counts, rounds, seconds),
-                // Each run prints its figures as it ends; a source that fails says why.
-                (None, Some(n)) if every_source(&tierlb, n) => ExitCode::SUCCESS,
-                (None, Some(_)) => ExitCode::FAILURE,
-                (None, None) => bench(&me, &tierlb, quick, report, trace),
-            }
-        }
+        bench @ Cmd::Bench { .. } => bench_cmd(bench),
         Cmd::Demo { chart_from: Some(json), out_dir, .. } => match lb_lab::demo::redraw(&json, &out_dir) {
             Ok(svg) => {
                 println!("{}", svg.display());
@@ -428,9 +422,35 @@ fn bench(me: &Path, tierlb: &Path, quick: bool, report: Option<PathBuf>, trace: 
     }
 }
 
+/// `tierlb-lab bench` with its flags.
+fn bench_cmd(command: Cmd) -> ExitCode {
+    let Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, kube_proxy, rounds, seconds } =
+        command
+    else {
+        return ExitCode::FAILURE;
+    };
+    let me = std::env::current_exe().expect("own path");
+    let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
+    if let Some(counts) = kube_proxy {
+        return done(lb_lab::bench::kube_proxy_only(&me, &counts, rounds, seconds));
+    }
+    match (on_node, agent_only) {
+        (Some(counts), _) => on_node_only(&me, &tierlb, &counts, rounds, seconds),
+        // Each run prints its figures as it ends; a source that fails says why.
+        (None, Some(n)) if every_source(&tierlb, n) => ExitCode::SUCCESS,
+        (None, Some(_)) => ExitCode::FAILURE,
+        (None, None) => bench(&me, &tierlb, quick, report, trace),
+    }
+}
+
 /// `tierlb-lab bench --on-node COUNTS`.
 fn on_node_only(me: &Path, tierlb: &Path, counts: &[usize], rounds: usize, seconds: f64) -> ExitCode {
-    match lb_lab::bench::on_node_only(me, tierlb, counts, rounds, seconds) {
+    done(lb_lab::bench::on_node_only(me, tierlb, counts, rounds, seconds))
+}
+
+/// A bench run's exit: its error said.
+fn done(r: anyhow::Result<()>) -> ExitCode {
+    match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tierlb-lab bench: error: {e:#}");

@@ -30,7 +30,7 @@ pub fn markdown(r: &Report) -> String {
             "\n## {}\n\n| path | Services | p50 (us) | p99 (us) | ops/s | p50 / direct | ops/s / direct | connect4 ns/run | sock_ops ns/run | errors |\n|---|---|---|---|---|---|---|---|---|---|\n",
             mode.title()
         );
-        for path in DataPath::ALL {
+        for path in DataPath::ALL.into_iter().chain(DataPath::KUBE_PROXY) {
             for x in r.rows.iter().filter(|x| x.path == path && x.mode == mode) {
                 let (rp, rt) = direct.as_ref().map_or((f64::NAN, f64::NAN), |d| {
                     (x.result.p50_us / d.p50_us, x.result.per_sec / d.per_sec)
@@ -220,7 +220,7 @@ fn targets(r: &Report) -> String {
             ),
         }
     }
-    for x in r.east_west.iter().filter(|x| x.mode == LoadMode::Connect) {
+    for x in r.east_west.iter().filter(|x| x.mode == LoadMode::Connect && x.path == DataPath::Tierlb) {
         let q = x.p50_ratio;
         row(
             &format!(
@@ -374,6 +374,39 @@ fn east_west(r: &Report) -> String {
         slice = super::run::SLICE,
     );
     ratio_tables(&mut s, &r.east_west, None);
+    s.push_str(&kube_proxy(r));
+    s
+}
+
+/// Real kube-proxy's syncs beside tierlb's map writes and the agent's reaction to one change.
+fn kube_proxy(r: &Report) -> String {
+    if r.kube_proxy.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "
+## Real kube-proxy
+
+kube-proxy v1.36.3 itself, built here from Kubernetes' code, in iptables mode and in nftables mode (each alone, as kubeadm configures it but for the conntrack sysctls), for a node of the bench's namespace, reading the Services and EndpointSlices (10 endpoints each; the measured Service's one is the bench's backend) from kube-apiserver v1.36.3 with etcd, created through it. Its connect rows are in the tables above (`kube-proxy iptables`, `kube-proxy nftables`) and in the interleaved tables, measured against direct in pairs of slices as tierlb's are. Its syncs: the first from its start to the end of the sync that wrote every Service (wall time, then that sync's own duration by its `kubeproxy_sync_proxy_rules_duration_seconds`), and one change: `kubectl replace` of one EndpointSlice to the end of the sync that wrote it (kube-proxy's default `minSyncPeriod` of 1 s included), then that sync's own duration. tierlb's figures for the same counts are its map writes and the agent's rows above.\n\n| mode | Services | first sync (wall) | first sync (its metric) | one change (wall) | one change's sync (its metric) |\n|---|---|---|---|---|---|\n",
+    );
+    for k in &r.kube_proxy {
+        let first = match k.first_sync {
+            LoadTime::Done(took) => format!("{:.2} s", took.as_secs_f64()),
+            LoadTime::Stopped { limit } => format!("not done within {} s (stopped)", limit.as_secs()),
+        };
+        let after = k.after.map_or_else(
+            || "- | - | -".to_owned(),
+            |a| {
+                format!(
+                    "{:.3} s | {:.2} s | {:.3} s",
+                    a.first_sync_metric,
+                    a.one_change.as_secs_f64(),
+                    a.one_change_metric
+                )
+            },
+        );
+        let _ = writeln!(s, "| {} | {} | {first} | {after} |", k.mode, thousands(k.services));
+    }
     s
 }
 
@@ -447,154 +480,4 @@ fn north_south_targets(r: &Report) -> Vec<(String, String, bool)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{
-        super::figures::{AgentFigures, MapMemory, MapWrites, RuleLoad},
-        *,
-    };
-
-    /// Control-plane figures, typed: one of each kind of row.
-    fn figures() -> ControlPlane {
-        let load = |tool, services, took| RuleLoad { tool, services, took };
-        let done = |ms| LoadTime::Done(Duration::from_millis(ms));
-        ControlPlane {
-            maps: vec![MapWrites {
-                services: 100_000,
-                program: Duration::from_millis(1510),
-                one_change: Duration::from_micros(14),
-            }],
-            map_memory: MapMemory {
-                services: 100_000,
-                maps: vec![("FRONTENDS".into(), 20 << 20), ("SLOTS".into(), 6 << 20)],
-            },
-            agent: vec![AgentFigures {
-                source: AgentSource::Kube,
-                services: 100_000,
-                ready: Duration::from_millis(12_200),
-                edit_took: Spread { median_ms: 0.29, max_ms: 1.66 },
-                edit_wall: Spread { median_ms: 3.2, max_ms: 10.6 },
-                rss_bytes: 300 << 20,
-                phases: super::super::figures::Phases {
-                    source: Duration::from_millis(4100),
-                    load: Duration::from_millis(1300),
-                    read: Duration::from_millis(2900),
-                    plan: Duration::from_millis(700),
-                    program: Duration::from_millis(1510),
-                    attach: Duration::from_millis(90),
-                },
-            }],
-            rule_loads: vec![
-                load("iptables-restore", 1_000, done(300)),
-                load("iptables-restore", 100_000, LoadTime::Stopped { limit: Duration::from_mins(3) }),
-                load("nft -f", 10_000, done(20_450)),
-            ],
-        }
-    }
-
-    /// The control-plane section reads as written here by hand.
-    #[test]
-    fn the_control_plane_figures_read_as_written() {
-        let mut r = super::super::fixture::report();
-        r.control = figures();
-        let md = markdown(&r);
-        let section = &md[md.find("\n## Control plane").unwrap()..md.find("\n![connect4").unwrap()];
-        assert_eq!(
-            section,
-            "
-## Control plane
-
-| what | figure |
-|---|---|
-| program 100,000 Services x 10 endpoints into the maps (from scratch) | 1510 ms |
-| apply one EndpointSlice change at 100,000 Services, map writes (new slots, frontend swap) | 0.014 ms |
-| Service maps' memory with 100,000 Services x 10 endpoints (the kernel's accounting, fdinfo memlock; FRONTENDS preallocated, the others their buckets by capacity and what they hold) | 26.0 MiB (FRONTENDS 20.0, SLOTS 6.0 MiB) |
-| agent (kube) start to ready with 100,000 Services x 10 endpoints (access review, chunked lists from the API-server stand-in, plan, load, program) | 12.20 s |
-| agent (kube) start to ready by phase at 100,000 Services (its ready line) | source 4100 ms, load 1300 ms, read 2900 ms, plan 700 ms, program 1510 ms, attach 90 ms |
-| agent (kube): one EndpointSlice edit at 100,000 Services, from reading the change to maps written (20 edits, the agent's took_us) | median 0.290 ms, max 1.660 ms |
-| agent (kube): the same edits from the watch event sent to the synced log line | median 3.2 ms, max 10.6 ms |
-| agent (kube) RSS with 100,000 Services x 10 endpoints | 300.0 MiB |
-| load 100,000 Services x 10 endpoints with iptables-restore | not done within 180 s (stopped) |
-| load 10,000 Services x 10 endpoints with nft -f | 20.45 s |
-"
-        );
-        for want in [
-            "| 100,000 Services x 10 endpoints programmed from scratch in under 1 s | 1510 ms | no |",
-            "| one change applied in under 1 ms at 100,000 Services (agent, kube, reading the change to maps written) | median 0.290 ms, max 1.660 ms | yes |",
-            "| agent (kube) start to ready under 5 s at 100,000 Services | 12.20 s | no |",
-            "| agent (kube) RSS under 256 MiB at 100,000 Services | 300.0 MiB | no |",
-        ] {
-            assert!(md.contains(want), "missing {want:?} in\n{md}");
-        }
-    }
-
-    /// The north-south section and its targets, from rows whose ratios are known (fixture): per-round
-    /// ratios to direct, their range, and the verdicts; the conntrack tables' memory per flow.
-    #[test]
-    fn the_north_south_rows_and_targets_read_from_the_interleaved_ratios() {
-        let md = markdown(&super::super::fixture::report());
-        for want in [
-            "## From outside the node",
-            "| tierlb | 1 | 31.5 | 63.0 | 31746 | 1.05x (1.05-1.05) | 0.95x (0.95-0.95) | 95 | 0 |",
-            "| iptables | 10,000 | 39.0 | 78.0 | 25641 | 1.30x (1.30-1.30) | 0.77x (0.77-0.77) | - | 0 |",
-            "| from outside, tierlb's node port within 1.10x of direct at 1 Services (p50, connect) | 1.05x (rounds 1.05-1.05) | yes |",
-            "| from outside, tierlb's node port within 1.10x of direct at 10,000 Services (p50, connect) | 1.15x (rounds 1.15-1.15) | no |",
-            "| from outside at 10,000 Services at least iptables' throughput (rr) | tierlb 0.87x direct, iptables 0.77x",
-            "### Conntrack memory at 100,000 tracked flows",
-            "| tierlb | 100,000 | 200,000 | 40.0 | 419 | 131,072 | 0.0 | 0 |",
-            "| nf_conntrack | 100,000 | 100,000 | 30.0 | 315 | grows on demand | 30.0 | 100,000 |",
-        ] {
-            assert!(md.contains(want), "missing {want:?} in\n{md}");
-        }
-        let mut r = super::super::fixture::report();
-        r.north_south.clear();
-        r.conntrack.clear();
-        let md = markdown(&r);
-        assert!(!md.contains("From outside") && !md.contains("from outside"), "no rows, no section: {md}");
-        assert!(!md.contains("Conntrack memory"), "no tables measured, no table: {md}");
-    }
-
-    /// Without the agent's figures (they failed) the report leaves out their rows and targets.
-    #[test]
-    fn missing_agent_figures_leave_out_their_rows_and_targets() {
-        let mut r = super::super::fixture::report();
-        r.control.agent.clear();
-        let md = markdown(&r);
-        assert!(!md.contains("agent ("), "{md}");
-        assert!(
-            md.contains(
-                "| 100,000 Services x 10 endpoints programmed from scratch in under 1 s | 2300 ms | no |"
-            ),
-            "{md}"
-        );
-    }
-
-    /// Every target judged from the fixture's rows: those it meets say yes, those it misses say no.
-    #[test]
-    fn the_report_judges_the_targets_from_the_rows() {
-        let md = markdown(&super::super::fixture::report());
-        for want in [
-            "| connect4 at most 500 ns per call at 10,000 Services | 1500 ns | no |",
-            "| connect4 at most 500 ns per call at 100,000 Services | 1800 ns | no |",
-            "| tierlb connect() at 1 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.020x (middle half 1.02-1.02, all 1.02-1.02), p50 18.4 us; p25 latency 1.02x | yes |",
-            "| tierlb connect() at 10,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.040x (middle half 1.04-1.04, all 1.04-1.04), p50 18.7 us; p25 latency 1.04x | yes |",
-            "| tierlb connect() at 100,000 Services within 1.05x of direct (p50, median of 3 interleaved pairs) | 1.090x (middle half 1.09-1.09, all 1.09-1.09), p50 19.6 us; p25 latency 1.09x | no |",
-            "| connect4's cost flat with the number of Services (100,000 vs 1 within 10%) | 1800 ns vs 1500 ns = 1.20x | no |",
-            "iptables adds 68.0 us over direct (p50), tierlb's connect4 costs 1.50 us per call: 45x",
-            "## On the node, interleaved with direct",
-            "| tierlb | 100,000 | 19.6 | 39.2 | 50968 | 1.09x (1.09-1.09) | 0.92x (0.92-0.92) | 0 |",
-            "| agent (manifests) memory per Service x 10 endpoints (RSS slope from 10,000 to 100,000) | 1.2 KiB |",
-            "| at 10,000 Services no slower than nftables | p50 18.0 us vs nftables 24.0 us | yes |",
-            "| 100,000 Services x 10 endpoints programmed from scratch in under 1 s | 2300 ms | no |",
-            "| one change applied in under 1 ms at 10,000 Services (agent, manifests, reading the change to maps written) | median 0.900 ms, max 1.400 ms | yes |",
-            "| agent (manifests) RSS under 64 MiB at 10,000 Services | 92.0 MiB | no |",
-            "| one change applied in under 1 ms at 10,000 Services (agent, kube, reading the change to maps written) | median 1.200 ms, max 2.000 ms | no |",
-            "| agent (kube) RSS under 64 MiB at 10,000 Services | 50.0 MiB | yes |",
-            "| agent (manifests) start to ready under 10 s at 100,000 Services | 8.50 s | yes |",
-            "| agent (manifests) RSS under 256 MiB at 100,000 Services | 200.0 MiB | yes |",
-            "| tierlb | 100000 | 18.5 |",
-            "![p50 latency by number of Services](bench/latency-rr.svg)",
-        ] {
-            assert!(md.contains(want), "missing {want:?} in\n{md}");
-        }
-    }
-}
+mod tests;
