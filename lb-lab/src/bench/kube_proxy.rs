@@ -75,9 +75,11 @@ pub(super) fn measure(
         // The previous count's link goes with its control plane's namespace, which the kernel may free later.
         let _ = loader.ns.ip(&["link", "del", "to-api"]);
         api.link(loader.ns)?;
-        for (k, (mode, path)) in MODES.into_iter().enumerate() {
-            // The change alternates (an endpoint more, then as created), so that each mode sees one.
-            let (sync, proxy) = one_mode(&api, loader, mode, (n, per), k % 2 == 0)?;
+        // The edited slice as created; each change flips it (an endpoint more, then as created), so that
+        // every mode that gets that far sees one.
+        let mut grown = false;
+        for (mode, path) in MODES {
+            let (sync, proxy) = one_mode(&api, loader, mode, (n, per), &mut grown)?;
             m.syncs.push(sync);
             let Some(mut proxy) = proxy else {
                 cleanup(loader)?;
@@ -94,20 +96,25 @@ pub(super) fn measure(
     Ok(m)
 }
 
-/// The first sync and one change (`grow`: a not-Ready endpoint added to the edited Service's slice, else the
-/// slice as created) of kube-proxy in `mode` at `n` Services of `per` endpoints; kube-proxy still running.
+/// The first sync and one change (`grown` false: a not-Ready endpoint added to the edited Service's slice;
+/// true: the slice as created again; flipped once the change is made) of kube-proxy in `mode` at `n` Services of `per` endpoints; kube-proxy still running.
 fn one_mode(
     api: &RealApiServer,
     loader: &Loader,
     mode: Mode,
     (n, per): (usize, usize),
-    grow: bool,
+    grown: &mut bool,
 ) -> anyhow::Result<(KubeProxySync, Option<KubeProxy>)> {
     let t0 = Instant::now();
     let proxy = match api.kube_proxy(loader.ns, mode, FIRST_SYNC_LIMIT) {
         Ok(p) => p,
         Err(e) if t0.elapsed() >= FIRST_SYNC_LIMIT => {
-            eprintln!("bench: kube-proxy {:<8} {n:>6} services: {e:#}", mode.as_str());
+            let why = e.to_string();
+            eprintln!(
+                "bench: kube-proxy {:<8} {n:>6} services: {}",
+                mode.as_str(),
+                why.lines().next().unwrap_or("")
+            );
             let first_sync = LoadTime::Stopped { limit: FIRST_SYNC_LIMIT };
             return Ok((KubeProxySync { mode: mode.as_str(), services: n, first_sync, after: None }, None));
         }
@@ -115,11 +122,11 @@ fn one_mode(
     };
     let first_sync = t0.elapsed();
     let (first_sum, first_count) = sync_metric(&proxy, loader)?;
-    // One change: the edited Service's slice with a not-Ready endpoint more (or, `grow` false, as created), as
+    // One change: the edited Service's slice with a not-Ready endpoint more (or, once grown, as created), as
     // an operator's `kubectl replace`; what the connects reach does not change.
     let edited = EDITED.min(n - 1);
     let mut slice = docs(edited, n, per).pop().context("a slice")?;
-    if grow && let Some(eps) = slice["endpoints"].as_array_mut() {
+    if !*grown && let Some(eps) = slice["endpoints"].as_array_mut() {
         eps.push(serde_json::json!({
             "addresses": ["10.255.255.1"],
             "nodeName": "node-2",
@@ -129,6 +136,7 @@ fn one_mode(
     let since = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
     let t1 = Instant::now();
     api.replace(&slice)?;
+    *grown = !*grown;
     loop {
         let last = proxy.last_sync(loader.ns)?;
         let (_, count) = sync_metric(&proxy, loader)?;
