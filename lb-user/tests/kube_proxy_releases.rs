@@ -21,7 +21,7 @@ use std::{
 
 use lb_testkit::{
     kube::{ControlPlane, Options},
-    kube_proxy::{HEALTHZ_PORT, KubeProxy, Launch, METRICS_PORT, Mode},
+    kube_proxy::{HEALTHZ_PORT, KubeProxy, Launch, METRICS_PORT, Mode, http_get},
     sandbox::NetNs,
 };
 use serde_json::{Value, json};
@@ -282,6 +282,20 @@ fn the_study_kube_proxy_model_matches_real_kube_proxy_of_every_release_in_every_
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        // kube-proxy's first sync waits for Services and EndpointSlices, not for its Node: until its Node (and
+        // so its zone) is known it programs no topology. Wait until each knows its Node (`nodeEligible` on its
+        // /healthz) and has written every sync queued since.
+        cp.wait_for(Duration::from_mins(1), "every kube-proxy's Node and its sync", |_| {
+            Ok(proxies.iter().zip(&nodes).all(|(px, (_, _, ns))| {
+                let at = SocketAddr::from(([127, 0, 0, 1], HEALTHZ_PORT));
+                let eligible = http_get(ns, at, "/healthz")
+                    .ok()
+                    .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+                    .is_some_and(|v| v["nodeEligible"] == true);
+                eligible && px.synced_past(ns, 0.0).unwrap_or(false)
+            }))
+        })
+        .unwrap();
         for k in 0..states {
             if k > 0 {
                 let before: Vec<f64> = proxies
