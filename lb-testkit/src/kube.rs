@@ -94,6 +94,17 @@ pub struct ControlPlane {
     options: Options,
 }
 
+impl Drop for ControlPlane {
+    /// Its links go with it at once: deleting one end of a veth deletes the pair, so a namespace it was linked
+    /// to (which outlives it) can be linked to the next control plane; the namespace's own removal frees
+    /// them only whenever the kernel gets to it.
+    fn drop(&mut self) {
+        for i in 1..=self.links {
+            let _ = self.netns.ip(&["link", "del", &format!("cp{i}")]);
+        }
+    }
+}
+
 /// How to run the control plane.
 #[derive(Clone, Debug, Default)]
 pub struct Options {

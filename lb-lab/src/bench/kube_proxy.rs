@@ -72,8 +72,6 @@ pub(super) fn measure(
     for &n in counts {
         let objects: Vec<Value> = (0..n).flat_map(|i| docs(i, n, per)).collect();
         let mut api = RealApiServer::start(objects)?;
-        // The previous count's link goes with its control plane's namespace, which the kernel may free later.
-        let _ = loader.ns.ip(&["link", "del", "to-api"]);
         api.link(loader.ns)?;
         // The edited slice as created; each change flips it (an endpoint more, then as created), so that
         // every mode that gets that far sees one.
