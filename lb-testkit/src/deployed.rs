@@ -196,11 +196,18 @@ impl Node {
     pub fn new(tag: &str) -> anyhow::Result<Self> {
         let netns = NetNs::new(tag)?;
         nsenter(&netns, &["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])?;
+        nsenter(&netns, &["sysctl", "-q", "-w", "net.ipv6.conf.all.forwarding=1"])?;
         Ok(Self { netns, pods: 0 })
     }
 
     /// A pod: its own namespace with `ip` on `eth0`, a veth to the node, a route each way.
     pub fn add_pod(&mut self, tag: &str, ip: IpAddr) -> anyhow::Result<NetNs> {
+        self.add_pod_ips(tag, &[ip])
+    }
+
+    /// A pod with each of `ips` on `eth0` (a dual-stack pod: one of each family); an IPv6 pod's default
+    /// route goes to `fe80::1`, the node side of every veth (as `GATEWAY` is for IPv4).
+    pub fn add_pod_ips(&mut self, tag: &str, ips: &[IpAddr]) -> anyhow::Result<NetNs> {
         let pod = NetNs::new(tag)?;
         let host_if = format!("veth{}", self.pods);
         self.pods += 1;
@@ -217,11 +224,26 @@ impl Node {
             pod.name(),
         ])?;
         self.netns.ip(&["addr", "add", &format!("{GATEWAY}/32"), "dev", &host_if])?;
+        if ips.iter().any(IpAddr::is_ipv6) {
+            self.netns.ip(&["addr", "add", "fe80::1/64", "dev", &host_if, "nodad"])?;
+        }
         self.netns.ip(&["link", "set", &host_if, "up"])?;
-        self.netns.ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
-        pod.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+        for ip in ips {
+            let host = if ip.is_ipv4() { format!("{ip}/32") } else { format!("{ip}/128") };
+            self.netns.ip(&["route", "add", &host, "dev", &host_if])?;
+            let mut add = vec!["addr", "add", host.as_str(), "dev", "eth0"];
+            if ip.is_ipv6() {
+                add.push("nodad");
+            }
+            pod.ip(&add)?;
+        }
         pod.ip(&["link", "set", "eth0", "up"])?;
-        pod.ip(&["route", "add", "default", "via", GATEWAY, "dev", "eth0", "onlink"])?;
+        if ips.iter().any(IpAddr::is_ipv4) {
+            pod.ip(&["route", "add", "default", "via", GATEWAY, "dev", "eth0", "onlink"])?;
+        }
+        if ips.iter().any(IpAddr::is_ipv6) {
+            pod.ip(&["-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"])?;
+        }
         Ok(pod)
     }
 }

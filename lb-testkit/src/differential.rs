@@ -1,11 +1,14 @@
 //! The differential lab: real kube-proxy (v1.36.3) and tierlb's agent (as deployed) on the same simulated
 //! nodes, reading one API server, in front of the same pods; clients that go through one or the other.
 //!
+//! - Dual-stack throughout: Services get ClusterIPs from 10.96.0.0/16 and fd00:96::/108, nodes and pods an
+//!   address of each family (the IPv4 one first, the primary).
 //! - A LAN namespace with a bridge. Per node a namespace (`deployed::Node`, forwarding on) on the bridge at
-//!   192.0.2.N/24, linked to the API server, with routes to the other nodes' pod ranges (10.244.M.0/24 via
-//!   192.0.2.M) and an on-link default route (a node has one; kube-proxy's rules for a node's own connects
-//!   sit behind the routing decision). Pods in namespaces of their own behind veths, Pod objects with a
-//!   named container port (`http`, 8080), each served by `tierlb-lab serve` answering its name.
+//!   192.0.2.N/24 and fd00:192:2::N/64, linked to the API server, with routes to the other nodes' pod ranges
+//!   (10.244.M.0/24 via 192.0.2.M, fd00:244:M::/64 via fd00:192:2::M) and an on-link default route of each
+//!   family (a node has one; kube-proxy's rules for a node's own connects sit behind the routing decision).
+//!   Pods in namespaces of their own behind veths (10.244.N.X and fd00:244:N::X), Pod objects with a named
+//!   container port (`http`, 8080), each served by `tierlb-lab serve` answering its name on both addresses.
 //! - On each node: kube-proxy, in iptables or nftables mode (`/healthz` on 10266 and `/metrics` on 10259,
 //!   since tierlb's agent keeps kube-proxy's own ports), and tierlb's agent as the DaemonSet runs it
 //!   (`BoxedNode`, `--kube` with the service account's token).
@@ -14,13 +17,13 @@
 //!   kube-proxy's rules then see a pod address and leave it alone; and in a cgroup beside it with no program,
 //!   where kube-proxy's rules translate.
 //!
-//! - A client outside the nodes for each node: a namespace of its own on the LAN at 192.0.2.(100+N), its
-//!   default route through node N (so load-balancer IPs and externalIPs reach that node, as a router or
+//! - A client outside the nodes for each node: a namespace of its own on the LAN at 192.0.2.(100+N) and
+//!   fd00:192:2::(100+N), its default routes through node N (so load-balancer IPs and externalIPs reach that node, as a router or
 //!   MetalLB would send them). tierlb's answer for it comes from its tc programs, kube-proxy's from its
 //!   PREROUTING rules; since tierlb's tc would see the packets first, kube-proxy's runs begin with the agents
 //!   stopped and their programs removed (`stop_agents`).
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::{Path, PathBuf},
     process::Command,
 };
@@ -30,7 +33,7 @@ use anyhow::Context as _;
 use crate::{
     deployed::{AgentBox, BoxedNode, InCluster},
     kube::{ControlPlane, Options},
-    kube_proxy::{KubeProxy, Mode},
+    kube_proxy::{KubeProxy, Launch, Mode},
     probe::Report,
     sandbox::{Cgroup, NamedServer, NetNs, confine, output},
 };
@@ -65,8 +68,10 @@ pub struct DiffNode {
     pub name: String,
     /// Its zone label, if any.
     pub zone: Option<String>,
-    /// Its address on the LAN (the Node's InternalIP).
+    /// Its address on the LAN (the Node's first InternalIP).
     pub ip: Ipv4Addr,
+    /// Its IPv6 address on the LAN (the Node's second InternalIP).
+    pub ip6: Ipv6Addr,
     /// Its namespace, the agent's cgroup and box.
     pub boxed: BoxedNode,
     /// A cgroup beside the agent's with no program: kube-proxy's clients run there.
@@ -93,11 +98,23 @@ pub struct DiffLab {
     in_cluster: InCluster,
     lab: PathBuf,
     tag: String,
+    /// Starts of kube-proxy that never took their Node's zone and were started again
+    /// (`KubeProxy::launch_zoned`).
+    pub zone_misses: usize,
 }
 
 fn node_ip(i: usize) -> anyhow::Result<Ipv4Addr> {
     Ok(Ipv4Addr::new(192, 0, 2, u8::try_from(i + 1)?))
 }
+
+/// The `i`-th node's IPv6 address on the LAN.
+#[must_use]
+pub fn node_ip6(i: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x192, 2, 0, 0, 0, 0, u16::try_from(i + 1).unwrap_or(u16::MAX))
+}
+
+/// The dual-stack Service ranges of the lab's API server.
+pub const SERVICE_CIDRS: &str = "10.96.0.0/16,fd00:96::/108";
 
 impl DiffLab {
     /// The control plane (`deploy/` applied, as the DaemonSet's service account needs), the LAN and one node
@@ -109,7 +126,8 @@ impl DiffLab {
         deploy: &Path,
         nodes: &[(&str, Option<&str>)],
     ) -> anyhow::Result<Self> {
-        let mut cp = ControlPlane::start(tag, Options::default())?;
+        let options = Options { service_cidr: Some(SERVICE_CIDRS.to_owned()), ..Options::default() };
+        let mut cp = ControlPlane::start(tag, options)?;
         cp.kubectl(&["apply", "-k", &deploy.display().to_string()])?;
         let in_cluster = cp.in_cluster("kube-system", "tierlb")?;
         let lan = NetNs::new(&format!("{tag}-lan"))?;
@@ -123,9 +141,12 @@ impl DiffLab {
             let port = format!("n{}", i + 1);
             lan.ip(&["link", "add", &port, "type", "veth", "peer", "name", "uplink", "netns", ns.name()])?;
             lan.ip(&["link", "set", &port, "master", "br0", "up"])?;
+            let ip6 = node_ip6(i);
             ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "uplink"])?;
+            ns.ip(&["addr", "add", &format!("{ip6}/64"), "dev", "uplink", "nodad"])?;
             ns.ip(&["link", "set", "uplink", "up"])?;
             ns.ip(&["route", "add", "default", "dev", "uplink"])?;
+            ns.ip(&["-6", "route", "add", "default", "dev", "uplink"])?;
             for j in 0..nodes.len() {
                 if j != i {
                     ns.ip(&[
@@ -135,23 +156,35 @@ impl DiffLab {
                         "via",
                         &node_ip(j)?.to_string(),
                     ])?;
+                    ns.ip(&[
+                        "-6",
+                        "route",
+                        "add",
+                        &format!("fd00:244:{}::/64", j + 1),
+                        "via",
+                        &node_ip6(j).to_string(),
+                    ])?;
                 }
             }
             cp.link(&boxed.node.netns)?;
-            cp.add_node(name, *zone, IpAddr::V4(ip))?;
-            let client_pod = boxed.node.add_pod(&format!("{tag}-c{}", i + 1), client_ip(i)?)?;
+            cp.add_node_ips(name, *zone, &[IpAddr::V4(ip), IpAddr::V6(ip6)])?;
+            let client_pod = boxed.node.add_pod_ips(&format!("{tag}-c{}", i + 1), &client_ips(i)?)?;
             let plain = Cgroup::new(&format!("{tag}-plain{}", i + 1))?;
             let outside = NetNs::new(&format!("{tag}-o{}", i + 1))?;
             let port = format!("o{}", i + 1);
             lan.ip(&["link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", outside.name()])?;
             lan.ip(&["link", "set", &port, "master", "br0", "up"])?;
             outside.ip(&["addr", "add", &format!("{}/24", outside_ip(i)?), "dev", "eth0"])?;
+            let outside6 = Ipv6Addr::new(0xfd00, 0x192, 2, 0, 0, 0, 0, u16::try_from(i + 101)?);
+            outside.ip(&["addr", "add", &format!("{outside6}/64"), "dev", "eth0", "nodad"])?;
             outside.ip(&["link", "set", "eth0", "up"])?;
             outside.ip(&["route", "add", "default", "via", &ip.to_string()])?;
+            outside.ip(&["-6", "route", "add", "default", "via", &ip6.to_string()])?;
             made.push(DiffNode {
                 name: (*name).to_owned(),
                 zone: zone.map(str::to_owned),
                 ip,
+                ip6,
                 boxed,
                 plain,
                 client_pod,
@@ -169,6 +202,7 @@ impl DiffLab {
             in_cluster,
             lab: lab.to_owned(),
             tag: tag.to_owned(),
+            zone_misses: 0,
         })
     }
 
@@ -176,8 +210,8 @@ impl DiffLab {
         self.nodes.iter().position(|n| n.name == node).with_context(|| format!("no node {node}"))
     }
 
-    /// A pod on `node` with `labels`, its server answering `name` on `POD_PORT`, Ready or not; returns its
-    /// address.
+    /// A pod on `node` with `labels`, its server answering `name` on `POD_PORT` on both its addresses,
+    /// Ready or not; returns its addresses (IPv4, IPv6).
     pub fn add_pod(
         &mut self,
         namespace: &str,
@@ -185,13 +219,16 @@ impl DiffLab {
         node: &str,
         labels: &[(&str, &str)],
         ready: bool,
-    ) -> anyhow::Result<IpAddr> {
+    ) -> anyhow::Result<[IpAddr; 2]> {
         let i = self.index(node)?;
         let n = &mut self.nodes[i];
         n.pods += 1;
         let ip = IpAddr::V4(Ipv4Addr::new(10, 244, u8::try_from(i + 1)?, n.pods + 10));
-        let ns = n.boxed.node.add_pod(&format!("{}-{name}", self.tag), ip)?;
-        let server = NamedServer::start(&self.lab, &ns, SocketAddr::new(ip, POD_PORT), name)?;
+        let ip6 = IpAddr::V6(pod_ip6(i, u16::from(n.pods) + 10));
+        let ns = n.boxed.node.add_pod_ips(&format!("{}-{name}", self.tag), &[ip, ip6])?;
+        // One socket for both families (`[::]`, IPv4 connects arrive mapped).
+        let any = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), POD_PORT);
+        let server = NamedServer::start(&self.lab, &ns, any, name)?;
         self.servers.push((server, ns));
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: \"{v}\"")).collect();
         self.cp.apply(&format!(
@@ -200,8 +237,8 @@ impl DiffLab {
              - {{name: app, image: registry.invalid/app:1, ports: [{{name: http, containerPort: {POD_PORT}}}]}}\n",
             labels.join(", ")
         ))?;
-        self.cp.pod_status(namespace, name, ip, ready)?;
-        Ok(ip)
+        self.cp.pod_status_ips(namespace, name, &[ip, ip6], ready)?;
+        Ok([ip, ip6])
     }
 
     /// Start tierlb's agent on every node, as deployed, reading the API server; each returns once ready.
@@ -246,15 +283,29 @@ impl DiffLab {
     }
 
     /// Start kube-proxy in `mode` on every node (after stopping any running); each returns once it has
-    /// written its rules.
+    /// written its rules, on a node with a zone once it has taken the zone (started again if it missed it:
+    /// `zone_misses`).
     pub fn start_proxies(&mut self, mode: Mode) -> anyhow::Result<()> {
         for n in &mut self.nodes {
             if let Some(mut p) = n.proxy.take() {
                 p.stop(std::time::Duration::from_secs(10));
             }
-            let healthz = SocketAddr::from(([0, 0, 0, 0], 10266));
-            let metrics = SocketAddr::from(([127, 0, 0, 1], 10259));
-            n.proxy = Some(KubeProxy::start(&self.cp, &n.name, &n.boxed.node.netns, mode, healthz, metrics)?);
+            let how = Launch {
+                mode,
+                healthz: SocketAddr::from(([0, 0, 0, 0], 10266)),
+                metrics: SocketAddr::from(([127, 0, 0, 1], 10259)),
+                limit: std::time::Duration::from_mins(1),
+                release: None,
+                verbosity: 4,
+            };
+            let ns = &n.boxed.node.netns;
+            n.proxy = Some(if n.zone.is_some() {
+                let (proxy, missed) = KubeProxy::launch_zoned(&self.cp, &n.name, ns, &how)?;
+                self.zone_misses += missed;
+                proxy
+            } else {
+                KubeProxy::launch(&self.cp, &n.name, ns, &how)?
+            });
         }
         Ok(())
     }
@@ -304,7 +355,12 @@ fn outside_ip(i: usize) -> anyhow::Result<Ipv4Addr> {
     Ok(Ipv4Addr::new(192, 0, 2, u8::try_from(i + 101)?))
 }
 
-/// The client pod's address on the `i`-th node.
-fn client_ip(i: usize) -> anyhow::Result<IpAddr> {
-    Ok(IpAddr::V4(Ipv4Addr::new(10, 244, u8::try_from(i + 1)?, 250)))
+/// The client pod's addresses on the `i`-th node.
+fn client_ips(i: usize) -> anyhow::Result<[IpAddr; 2]> {
+    Ok([IpAddr::V4(Ipv4Addr::new(10, 244, u8::try_from(i + 1)?, 250)), IpAddr::V6(pod_ip6(i, 0x250))])
+}
+
+/// The IPv6 address `x` of the `i`-th node's pod range, fd00:244:(i+1)::x.
+fn pod_ip6(i: usize, x: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, 0x244, u16::try_from(i + 1).unwrap_or(u16::MAX), 0, 0, 0, 0, x)
 }

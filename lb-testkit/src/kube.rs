@@ -110,6 +110,9 @@ impl Drop for ControlPlane {
 pub struct Options {
     /// `--service-cluster-ip-range`; default [`SERVICE_CIDR`].
     pub service_cidr: Option<String>,
+    /// `--service-node-port-range` (`30000-32767` by default, too few for the bench's 10,000 NodePort
+    /// Services).
+    pub node_port_range: Option<String>,
 }
 
 impl ControlPlane {
@@ -199,6 +202,10 @@ impl ControlPlane {
             format!(
                 "--service-cluster-ip-range={}",
                 self.options.service_cidr.as_deref().unwrap_or(SERVICE_CIDR)
+            ),
+            format!(
+                "--service-node-port-range={}",
+                self.options.node_port_range.as_deref().unwrap_or("30000-32767")
             ),
             "--authorization-mode=Node,RBAC".to_owned(),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
@@ -369,11 +376,24 @@ impl ControlPlane {
 
     /// A Node object, as a kubelet registers one: its zone label (if any) and InternalIP.
     pub fn add_node(&self, name: &str, zone: Option<&str>, internal_ip: IpAddr) -> anyhow::Result<()> {
+        self.add_node_ips(name, zone, &[internal_ip])
+    }
+
+    /// As `add_node`, with each of `internal_ips` (a dual-stack node's) an `InternalIP`.
+    pub fn add_node_ips(
+        &self,
+        name: &str,
+        zone: Option<&str>,
+        internal_ips: &[IpAddr],
+    ) -> anyhow::Result<()> {
         let labels =
             zone.map_or_else(String::new, |z| format!(", labels: {{topology.kubernetes.io/zone: {z}}}"));
+        let addresses: Vec<String> =
+            internal_ips.iter().map(|ip| format!("{{type: InternalIP, address: '{ip}'}}")).collect();
         self.apply(&format!(
             "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}{labels}}}\n\
-             status: {{addresses: [{{type: InternalIP, address: '{internal_ip}'}}]}}\n"
+             status: {{addresses: [{}]}}\n",
+            addresses.join(", ")
         ))?;
         Ok(())
     }
@@ -417,11 +437,25 @@ impl ControlPlane {
     /// Set a pod's status as its kubelet would: Running with `ip`, and the Ready condition `ready` (true
     /// while the process behind it listens).
     pub fn pod_status(&self, namespace: &str, name: &str, ip: IpAddr, ready: bool) -> anyhow::Result<()> {
+        self.pod_status_ips(namespace, name, &[ip], ready)
+    }
+
+    /// As `pod_status`, with each of `ips` (a dual-stack pod's, the primary first) in `podIPs`.
+    pub fn pod_status_ips(
+        &self,
+        namespace: &str,
+        name: &str,
+        ips: &[IpAddr],
+        ready: bool,
+    ) -> anyhow::Result<()> {
         let status = if ready { "True" } else { "False" };
+        let first = ips.first().context("a pod has an address")?;
+        let all: Vec<serde_json::Value> =
+            ips.iter().map(|ip| serde_json::json!({"ip": ip.to_string()})).collect();
         let patch = serde_json::json!({"status": {
             "phase": "Running",
-            "podIP": ip.to_string(),
-            "podIPs": [{"ip": ip.to_string()}],
+            "podIP": first.to_string(),
+            "podIPs": all,
             "conditions": [
                 {"type": "Ready", "status": status},
                 {"type": "ContainersReady", "status": status},

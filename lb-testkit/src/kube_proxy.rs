@@ -48,6 +48,10 @@ pub const HEALTHZ_PORT: u16 = 10256;
 /// Where kube-proxy serves `/metrics` by default (inside its namespace).
 pub const METRICS_PORT: u16 = 10249;
 
+/// How long a kube-proxy may take after its first sync to take its Node's zone and write its rules again
+/// (`KubeProxy::launch_zoned`; milliseconds when it does, on an idle machine).
+pub const TOPOLOGY_WAIT: Duration = Duration::from_secs(20);
+
 /// How to start kube-proxy (`KubeProxy::launch`).
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -62,6 +66,9 @@ pub struct Launch {
     /// Another release `cargo xtask setup` built (`v1.34.4`: `target/k8s/kube-proxy-v1.34.4`); none: v1.36.3,
     /// the control plane's.
     pub release: Option<String>,
+    /// Its log's verbosity (`--v`; 2 as kubeadm runs it, 4 to log when it takes its Node's topology
+    /// labels: `synced_topology`).
+    pub verbosity: u8,
 }
 
 /// A running kube-proxy.
@@ -124,13 +131,43 @@ impl KubeProxy {
             cp,
             node,
             ns,
-            &Launch { mode, healthz, metrics, limit: Duration::from_mins(1), release: None },
+            &Launch { mode, healthz, metrics, limit: Duration::from_mins(1), release: None, verbosity: 2 },
         )
+    }
+
+    /// As `launch`, for a node whose Node has a zone label: returns once its proxier has taken the zone and
+    /// written its rules since, with how many of its starts never took it. kube-proxy v1.34 to v1.37 can miss
+    /// its Node's zone at start for good: `NodeTopologyConfig` adds its handler to the node informer that
+    /// `NodeManager` has already started and synced, so the informer may deliver the Node before the proxier
+    /// is registered (`RegisterEventHandler`, the next line of `cmd/kube-proxy/app/server.go`); the labels are
+    /// stored with no one to tell, and later events carrying the same labels are skipped as unchanged. Such a
+    /// kube-proxy logs "Ignoring same-zone topology hints ... node is missing label" and spreads over every
+    /// endpoint until the zone label changes or it restarts. A start that has not taken the zone within
+    /// `TOPOLOGY_WAIT` is stopped and started again, as an operator would (at most 3 times).
+    pub fn launch_zoned(
+        cp: &ControlPlane,
+        node: &str,
+        ns: &NetNs,
+        how: &Launch,
+    ) -> anyhow::Result<(Self, usize)> {
+        let how = Launch { verbosity: how.verbosity.max(4), ..how.clone() };
+        for missed in 0..3 {
+            let mut proxy = Self::launch(cp, node, ns, &how)?;
+            let start = Instant::now();
+            while start.elapsed() < TOPOLOGY_WAIT {
+                if proxy.synced_topology(ns)? {
+                    return Ok((proxy, missed));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            proxy.stop(Duration::from_secs(10));
+        }
+        bail!("kube-proxy for {node} ({} mode) did not take its Node's zone in 3 starts", how.mode.as_str())
     }
 
     /// Start kube-proxy for `node` in `ns` as `how` says; returns once it has written its rules once.
     pub fn launch(cp: &ControlPlane, node: &str, ns: &NetNs, how: &Launch) -> anyhow::Result<Self> {
-        let Launch { mode, healthz, metrics, limit, release } = how.clone();
+        let Launch { mode, healthz, metrics, limit, release, verbosity } = how.clone();
         let dir = cp.dir.path().join(format!(
             "kube-proxy-{node}-{}{}",
             mode.as_str(),
@@ -143,7 +180,7 @@ impl KubeProxy {
             format!(
                 "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
                  clientConnection:\n  kubeconfig: {kubeconfig}\nhostnameOverride: {node}\nmode: {mode}\n\
-                 clusterCIDR: 10.244.0.0/16\nhealthzBindAddress: {healthz}\nmetricsBindAddress: {metrics}\n\
+                 clusterCIDR: 10.244.0.0/16,fd00:244::/32\nhealthzBindAddress: {healthz}\nmetricsBindAddress: {metrics}\n\
                  conntrack:\n  maxPerCore: 0\n  min: 0\n  tcpEstablishedTimeout: 0s\n  \
                  tcpCloseWaitTimeout: 0s\n",
                 kubeconfig = cp.kubeconfig("system-kube-proxy").display(),
@@ -156,7 +193,9 @@ impl KubeProxy {
             release.as_deref().map_or_else(|| "kube-proxy".to_owned(), |r| format!("kube-proxy-{r}"));
         let mut cmd = Command::new(k8s_bin(&program));
         cmd.arg(format!("--config={}", config.display()))
-            .arg("--v=2")
+            .arg(format!("--v={verbosity}"))
+            // Its log's times in UTC, as its metrics' Unix times are (`synced_topology` compares them).
+            .env("TZ", "UTC")
             .stdin(Stdio::null())
             .stdout(file()?)
             .stderr(file()?);
@@ -197,6 +236,31 @@ impl KubeProxy {
             && get("kubeproxy_sync_proxy_rules_endpoint_changes_pending")? == 0.0
             && get("kubeproxy_sync_proxy_rules_last_timestamp_seconds")?
                 >= get("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")?)
+    }
+
+    /// Whether its IPv4 rules were written after it took its Node's zone: its first sync waits for Services
+    /// and EndpointSlices, not for the Node, whose labels reach it later (`OnTopologyChange`, which queues a
+    /// sync). For a Node without a zone label the line may never come (v1.34.4 starts from no labels and
+    /// calls no handler for none): ask only about a Node with a zone. Needs `verbosity` 4: the time of its last "Updated proxier
+    /// node topology labels" line for IPv4, against its IPv4 `kubeproxy_sync_proxy_rules_last_timestamp_seconds`.
+    pub fn synced_topology(&self, ns: &NetNs) -> anyhow::Result<bool> {
+        let log = self.log_text();
+        let Some(line) = log
+            .lines()
+            .rfind(|l| l.contains("Updated proxier node topology labels") && l.contains("\"IPv4\""))
+        else {
+            return Ok(false);
+        };
+        let took = klog_seconds_of_day(line).with_context(|| format!("a klog time in {line}"))?;
+        let text = self.metrics_text(ns)?;
+        let synced = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} ")
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        Ok(later_in_day(synced.rem_euclid(86_400.0), took))
     }
 
     /// `kubeproxy_sync_proxy_rules_endpoint_changes_total`: the EndpointSlice changes it has seen.
@@ -243,6 +307,20 @@ impl Drop for KubeProxy {
     }
 }
 
+/// The seconds since midnight of a klog line's header (`I1206 14:55:01.123456 ...`).
+fn klog_seconds_of_day(line: &str) -> Option<f64> {
+    let time = line.split_whitespace().nth(1)?;
+    let mut parts = time.split(':');
+    let (h, m, s) = (parts.next()?, parts.next()?, parts.next()?);
+    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+}
+
+/// Whether `a` (seconds since midnight) comes after `b`, across midnight too (within half a day).
+fn later_in_day(a: f64, b: f64) -> bool {
+    let d = (a - b).rem_euclid(86_400.0);
+    d > 0.0 && d < 43_200.0
+}
+
 /// The processes below `pid` (children first, then theirs), as /proc lists them now.
 fn descendants(pid: u32) -> Vec<i32> {
     let mut out = Vec::new();
@@ -287,5 +365,16 @@ mod tests {
         assert_eq!(super::metric(text, "y"), None);
         let labelled = "k{ip_family=\"IPv4\"} 1.7e+09\nk{ip_family=\"IPv6\"} 0\n";
         assert_eq!(super::metric(labelled, "k"), Some(1.7e9));
+    }
+
+    #[test]
+    fn a_klog_time_is_read_and_compared_across_midnight() {
+        let line = "I1206 14:55:01.250000   42 proxier.go:631] \"Updated proxier node topology labels\"";
+        assert_eq!(super::klog_seconds_of_day(line), Some(14.0 * 3600.0 + 55.0 * 60.0 + 1.25));
+        assert_eq!(super::klog_seconds_of_day("no header"), None);
+        assert!(super::later_in_day(10.0, 9.5));
+        assert!(!super::later_in_day(9.5, 10.0));
+        assert!(!super::later_in_day(10.0, 10.0));
+        assert!(super::later_in_day(0.5, 86_399.0), "a sync just after midnight");
     }
 }

@@ -2,20 +2,21 @@
 //! deployed, on the same four simulated nodes, reading the same API server, in front of the same pods
 //! (`lb_testkit::differential`). For every node, Service port and client (a pod of the node, a process of the
 //! node, a machine outside the nodes) the set of backends reached through one must equal the set reached
-//! through the other.
+//! through the other. Every Service is dual-stack (`PreferDualStack`): its numbered ClusterIP ports, its
+//! session-affinity ports and every outside frontend are tried over IPv6 as well.
 //!
 //! The differences allowed are listed in one place, `allowed` (README's "Differences from kube-proxy" says the
 //! same); anything else fails the test with the Service port, the node, the client and both answers.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
     time::Duration,
 };
 
 use lb_testkit::{
-    differential::{Client, DiffLab, Via},
+    differential::{Client, DiffLab, Via, node_ip6},
     kube_proxy::Mode,
     probe::Report,
 };
@@ -79,7 +80,7 @@ const EXTERNAL: [(&str, &str, &str, Option<&str>); 4] = [
 ];
 
 /// Attempts per target: with at most 4 equally likely backends, a backend is missed with probability at
-/// most 4 (3/4)^60 = 1.3e-7 per (node, client, target, proxy), 4e-4 over the whole run's 3,360 comparisons
+/// most 4 (3/4)^60 = 1.3e-7 per (node, client, target, proxy), 7e-4 over the whole run's 5,440 comparisons
 /// per mode.
 const ATTEMPTS: usize = 60;
 
@@ -88,8 +89,9 @@ const ATTEMPTS: usize = 60;
 enum Frontend {
     /// Its ClusterIP (from the nodes' pods and processes).
     ClusterIp(SocketAddr),
-    /// Its nodePort on the address of the client's node (from every client).
-    NodePort(u16),
+    /// Its nodePort on the address of the client's node (from every client), the node's IPv6 address if
+    /// `true`.
+    NodePort(u16, bool),
     /// A load-balancer ingress IP or an externalIP (from every client; an outside client's packets for it go
     /// to its node).
     External(SocketAddr),
@@ -119,7 +121,7 @@ fn internal_services(yaml: &mut String) -> Vec<(String, &'static str, Option<&'s
                 let _ = write!(
                     yaml,
                     "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: diff{annotation}\n\
-                     spec:\n  selector: {{in-{placement}: \"y\"}}\n  internalTrafficPolicy: {itp}{td}\n  \
+                     spec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {{in-{placement}: \"y\"}}\n  internalTrafficPolicy: {itp}{td}\n  \
                      ports: [{{name: num, port: 80, targetPort: 8080}}, {{name: named, port: 81, targetPort: http}}]\n---\n"
                 );
                 ports.push((name.clone(), "num", None));
@@ -130,7 +132,7 @@ fn internal_services(yaml: &mut String) -> Vec<(String, &'static str, Option<&'s
         let _ = write!(
             yaml,
             "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: diff}}\n\
-             spec:\n  selector: {{in-{placement}: \"y\"}}\n  sessionAffinity: ClientIP\n  \
+             spec:\n  ipFamilyPolicy: PreferDualStack\n  selector: {{in-{placement}: \"y\"}}\n  sessionAffinity: ClientIP\n  \
              ports: [{{name: num, port: 80, targetPort: 8080}}]\n---\n"
         );
         ports.push((name, "num", Some(placement)));
@@ -150,13 +152,16 @@ fn external_services(yaml: &mut String) -> Vec<(String, Option<Ipv4Addr>)> {
                 k += 1;
                 let name = format!("{placement}-{frontend}-{policy}");
                 let td = td.map_or(String::new(), |t| format!("\n  trafficDistribution: {t}"));
-                let xip =
-                    if external_ip { format!("\n  externalIPs: [203.0.113.{k}]") } else { String::new() };
+                let xip = if external_ip {
+                    format!("\n  externalIPs: [203.0.113.{k}, '2001:db8:113::{k}']")
+                } else {
+                    String::new()
+                };
                 let target = if k.is_multiple_of(2) { "8080" } else { "http" };
                 let _ = write!(
                     yaml,
                     "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: diff}}\n\
-                     spec:\n  type: {kind}\n  selector: {{in-{placement}: \"y\"}}\n  externalTrafficPolicy: {etp}\n  \
+                     spec:\n  type: {kind}\n  ipFamilyPolicy: PreferDualStack\n  selector: {{in-{placement}: \"y\"}}\n  externalTrafficPolicy: {etp}\n  \
                      internalTrafficPolicy: {itp}{td}{xip}\n  ports: [{{name: web, port: 80, targetPort: {target}}}]\n---\n"
                 );
                 made.push((name, (kind == "LoadBalancer").then(|| Ipv4Addr::new(198, 51, 100, k))));
@@ -166,8 +171,18 @@ fn external_services(yaml: &mut String) -> Vec<(String, Option<Ipv4Addr>)> {
     made
 }
 
-/// The generated cluster: 230 Services, 330 Service ports (200 ClusterIP ports of 100 Services, 10 with
-/// session affinity, 120 reachable from outside: 40 NodePorts, 40 load balancers, 40 externalIPs).
+/// An outside frontend's IPv6 twin of 198.51.100.k or 203.0.113.k: 2001:db8:100::k, 2001:db8:113::k.
+fn ip6_of(ip: Ipv4Addr) -> Ipv6Addr {
+    let [_, _, c, k] = ip.octets();
+    let group = if c == 100 { 0x100 } else { 0x113 };
+    // As the manifests spell it: the decimal digits of k in the last group.
+    format!("2001:db8:{group:x}::{k}").parse().unwrap()
+}
+
+/// The generated cluster: 230 Services, all dual-stack. IPv4: 330 Service ports (200 ClusterIP ports of 100
+/// Services, 10 with session affinity, 120 reachable from outside: 40 NodePorts, 40 load balancers, 40
+/// externalIPs). IPv6: the 100 numbered ClusterIP ports, the 10 with session affinity and the 120 outside
+/// frontends again (230).
 fn differential_services(lab: &DiffLab) -> Vec<Port> {
     let mut yaml = String::new();
     let internal = internal_services(&mut yaml);
@@ -175,7 +190,10 @@ fn differential_services(lab: &DiffLab) -> Vec<Port> {
     lab.cp.apply(&yaml).unwrap();
     for (name, ingress) in &external {
         if let Some(ip) = ingress {
-            let status = format!(r#"{{"status":{{"loadBalancer":{{"ingress":[{{"ip":"{ip}"}}]}}}}}}"#);
+            let ip6 = ip6_of(*ip);
+            let status = format!(
+                r#"{{"status":{{"loadBalancer":{{"ingress":[{{"ip":"{ip}"}},{{"ip":"{ip6}"}}]}}}}}}"#
+            );
             lab.cp
                 .kubectl(&[
                     "-n",
@@ -199,26 +217,38 @@ fn differential_services(lab: &DiffLab) -> Vec<Port> {
         .iter()
         .map(|s| (s["metadata"]["name"].as_str().unwrap().to_owned(), &s["spec"]))
         .collect();
-    let cluster_ip = |name: &str| -> IpAddr { specs[name]["clusterIP"].as_str().unwrap().parse().unwrap() };
+    let cluster_ip = |name: &str, v6: bool| -> IpAddr {
+        let ip: IpAddr = specs[name]["clusterIPs"][usize::from(v6)].as_str().unwrap().parse().unwrap();
+        assert_eq!(ip.is_ipv6(), v6, "{name}'s ClusterIPs, IPv4 first: {:?}", specs[name]["clusterIPs"]);
+        ip
+    };
     let mut ports: Vec<Port> = Vec::new();
-    for (name, port, affinity) in internal {
-        let number = if port == "num" { 80 } else { 81 };
-        let affinity_of = affinity.map(|placement| {
-            let of = format!("diff/{placement}-none-cluster:num");
-            ports.iter().position(|p| p.name == of).unwrap()
-        });
-        let frontend = Frontend::ClusterIp(SocketAddr::new(cluster_ip(&name), number));
-        ports.push(Port { name: format!("diff/{name}:{port}"), frontend, affinity_of });
-    }
-    for (name, ingress) in external {
-        let spec = specs[&name];
-        let node_port = spec["ports"][0]["nodePort"].as_u64().map(|p| u16::try_from(p).unwrap());
-        let frontend = match (ingress, spec["externalIPs"][0].as_str()) {
-            (Some(ip), _) => Frontend::External(SocketAddr::new(ip.into(), 80)),
-            (None, Some(ip)) => Frontend::External(SocketAddr::new(ip.parse().unwrap(), 80)),
-            (None, None) => Frontend::NodePort(node_port.unwrap()),
-        };
-        ports.push(Port { name: format!("diff/{name}:web"), frontend, affinity_of: None });
+    for v6 in [false, true] {
+        let family = if v6 { " (IPv6)" } else { "" };
+        for (name, port, affinity) in &internal {
+            if v6 && *port != "num" {
+                continue;
+            }
+            let number = if *port == "num" { 80 } else { 81 };
+            let affinity_of = affinity.map(|placement| {
+                let of = format!("diff/{placement}-none-cluster:num{family}");
+                ports.iter().position(|p| p.name == of).unwrap()
+            });
+            let frontend = Frontend::ClusterIp(SocketAddr::new(cluster_ip(name, v6), number));
+            ports.push(Port { name: format!("diff/{name}:{port}{family}"), frontend, affinity_of });
+        }
+        for (name, ingress) in &external {
+            let spec = specs[name];
+            let node_port = spec["ports"][0]["nodePort"].as_u64().map(|p| u16::try_from(p).unwrap());
+            let external_ip = spec["externalIPs"][usize::from(v6)].as_str();
+            let frontend = match (ingress, external_ip) {
+                (Some(ip), _) if v6 => Frontend::External(SocketAddr::new(ip6_of(*ip).into(), 80)),
+                (Some(ip), _) => Frontend::External(SocketAddr::new((*ip).into(), 80)),
+                (None, Some(ip)) => Frontend::External(SocketAddr::new(ip.parse().unwrap(), 80)),
+                (None, None) => Frontend::NodePort(node_port.unwrap(), v6),
+            };
+            ports.push(Port { name: format!("diff/{name}:web{family}"), frontend, affinity_of: None });
+        }
     }
     ports
 }
@@ -232,7 +262,8 @@ fn targets(ports: &[Port], i: usize, client: Client) -> Vec<(usize, SocketAddr)>
         .filter_map(|(k, p)| match p.frontend {
             Frontend::ClusterIp(_) if client == Client::Outside => None,
             Frontend::ClusterIp(a) | Frontend::External(a) => Some((k, a)),
-            Frontend::NodePort(port) => Some((k, SocketAddr::new(node_ip, port))),
+            Frontend::NodePort(port, false) => Some((k, SocketAddr::new(node_ip, port))),
+            Frontend::NodePort(port, true) => Some((k, SocketAddr::new(node_ip6(i).into(), port))),
         })
         .collect()
 }
@@ -292,8 +323,8 @@ fn kube_proxy_and_tierlb_reach_the_same_backends_for_every_service_shape_node_an
                 .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
                 .filter(|e| e["conditions"]["terminating"] == true)
                 .count();
-            // 230 slices; p6 is in f and g, 23 Services each.
-            Ok(items.len() == 230 && terminating == 46)
+            // 460 slices (one per family); p6 is in f and g, 23 Services each, in both families.
+            Ok(items.len() == 460 && terminating == 92)
         })
         .unwrap();
     lab.start_agents().unwrap();
@@ -302,15 +333,22 @@ fn kube_proxy_and_tierlb_reach_the_same_backends_for_every_service_shape_node_an
     lab.stop_agents(Path::new(TIERLB)).unwrap();
     for mode in [Mode::Iptables, Mode::Nftables] {
         lab.start_proxies(mode).unwrap();
+        eprintln!(
+            "kube-proxy in {} mode started; {} starts so far never took their Node's zone and were started again",
+            mode.as_str(),
+            lab.zone_misses
+        );
         if mode == Mode::Nftables {
             // Started in nftables mode, kube-proxy removes what iptables mode wrote: nothing of it is left to
             // answer in its place.
-            let mut save = std::process::Command::new("ip");
-            save.args(["netns", "exec", lab.nodes[0].boxed.node.netns.name(), "iptables-save"]);
-            let out = save.output().unwrap();
-            assert!(out.status.success(), "iptables-save: {}", String::from_utf8_lossy(&out.stderr));
-            let rules = String::from_utf8_lossy(&out.stdout);
-            assert!(!rules.contains("KUBE-SVC-"), "iptables mode's rules left behind:\n{rules}");
+            for save in ["iptables-save", "ip6tables-save"] {
+                let mut cmd = std::process::Command::new("ip");
+                cmd.args(["netns", "exec", lab.nodes[0].boxed.node.netns.name(), save]);
+                let out = cmd.output().unwrap();
+                assert!(out.status.success(), "{save}: {}", String::from_utf8_lossy(&out.stderr));
+                let rules = String::from_utf8_lossy(&out.stdout);
+                assert!(!rules.contains("KUBE-SVC-"), "iptables mode's rules left behind ({save}):\n{rules}");
+            }
         }
         let kube_proxy = reach_all(&lab, &ports, Via::KubeProxy);
         compare(mode, &ports, &kube_proxy, &tierlb);

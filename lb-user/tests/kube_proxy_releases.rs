@@ -257,17 +257,18 @@ fn the_study_kube_proxy_model_matches_real_kube_proxy_of_every_release_in_every_
     let nodes = cluster(&mut cp, &placed);
     let states = placed.iter().map(|p| p.states.len()).max().unwrap();
     let mut differences = Vec::new();
-    let mut compared = 0;
+    let (mut compared, mut zone_misses) = (0, 0);
     for release in RELEASES {
         let name = release.unwrap_or("v1.36.3");
         for p in &placed {
             cp.apply(&p.slice(0).to_string()).unwrap();
         }
-        let proxies: Vec<KubeProxy> = std::thread::scope(|s| {
+        let started: Vec<(KubeProxy, usize)> = std::thread::scope(|s| {
             let handles: Vec<_> = nodes
                 .iter()
                 .map(|(i, node, ns)| {
                     let (cp, name) = (&cp, placed[*i].node(node));
+                    let zoned = placed[*i].sc.nodes.iter().any(|n| &n.name == node && n.zone.is_some());
                     s.spawn(move || {
                         let how = Launch {
                             mode: Mode::Iptables,
@@ -275,27 +276,21 @@ fn the_study_kube_proxy_model_matches_real_kube_proxy_of_every_release_in_every_
                             metrics: SocketAddr::from(([127, 0, 0, 1], METRICS_PORT)),
                             limit: Duration::from_mins(2),
                             release: release.map(str::to_owned),
+                            verbosity: 4,
                         };
-                        KubeProxy::launch(cp, &name, ns, &how).unwrap()
+                        if zoned {
+                            KubeProxy::launch_zoned(cp, &name, ns, &how).unwrap()
+                        } else {
+                            (KubeProxy::launch(cp, &name, ns, &how).unwrap(), 0)
+                        }
                     })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        // kube-proxy's first sync waits for Services and EndpointSlices, not for its Node: until its Node (and
-        // so its zone) is known it programs no topology. Wait until each knows its Node (`nodeEligible` on its
-        // /healthz) and has written every sync queued since.
-        cp.wait_for(Duration::from_mins(1), "every kube-proxy's Node and its sync", |_| {
-            Ok(proxies.iter().zip(&nodes).all(|(px, (_, _, ns))| {
-                let at = SocketAddr::from(([127, 0, 0, 1], HEALTHZ_PORT));
-                let eligible = http_get(ns, at, "/healthz")
-                    .ok()
-                    .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-                    .is_some_and(|v| v["nodeEligible"] == true);
-                eligible && px.synced_past(ns, 0.0).unwrap_or(false)
-            }))
-        })
-        .unwrap();
+        zone_misses += started.iter().map(|(_, m)| m).sum::<usize>();
+        let proxies: Vec<KubeProxy> = started.into_iter().map(|(p, _)| p).collect();
+        first_syncs(&cp, &proxies, &nodes, &placed);
         for k in 0..states {
             if k > 0 {
                 let before: Vec<f64> = proxies
@@ -347,7 +342,8 @@ fn the_study_kube_proxy_model_matches_real_kube_proxy_of_every_release_in_every_
         drop(proxies);
     }
     eprintln!(
-        "{compared} (release, scenario, state, node) answers of {} releases compared: {} differences",
+        "{compared} (release, scenario, state, node) answers of {} releases compared: {} differences; \
+         {zone_misses} kube-proxy starts never took their Node's zone and were started again",
         RELEASES.len(),
         differences.len()
     );
@@ -373,4 +369,52 @@ fn the_rules_reader_takes_shares_rejects_and_drops_from_iptables_save() {
     assert_eq!(programmed(rules, "s1/svc"), Programmed::Rejected);
     assert_eq!(programmed(rules, "s2/svc"), Programmed::Dropped);
     assert_eq!(programmed(rules, "s3/svc"), Programmed::Missing);
+}
+
+/// kube-proxy's first sync waits for Services and EndpointSlices, not for its Node: until its Node's labels
+/// (its zone) reach its proxier it programs no topology. Wait until each knows its Node (`nodeEligible` on its
+/// /healthz), has written its rules since its proxier took the Node's zone (its log at -v=4; seen missing
+/// twice under load with /healthz alone) and every sync queued.
+fn first_syncs(
+    cp: &ControlPlane,
+    proxies: &[KubeProxy],
+    nodes: &[(usize, String, NetNs)],
+    placed: &[Placed],
+) {
+    let waiting = || -> Vec<String> {
+        proxies
+            .iter()
+            .zip(nodes)
+            .filter_map(|(px, (i, node, ns))| {
+                let zoned = placed[*i].sc.nodes.iter().any(|n| &n.name == node && n.zone.is_some());
+                let at = SocketAddr::from(([127, 0, 0, 1], HEALTHZ_PORT));
+                let eligible = http_get(ns, at, "/healthz")
+                    .ok()
+                    .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+                    .is_some_and(|v| v["nodeEligible"] == true);
+                let topology = !zoned || px.synced_topology(ns).unwrap_or(false);
+                let synced = px.synced_past(ns, 0.0).unwrap_or(false);
+                (!(eligible && topology && synced)).then(|| {
+                    let log = px.log_text();
+                    let lines: Vec<&str> = log
+                        .lines()
+                        .filter(|l| l.contains("topology") || l.contains("SyncProxyRules complete"))
+                        .collect();
+                    let metrics = px.metrics_text(ns).unwrap_or_default();
+                    let last: Vec<&str> =
+                        metrics.lines().filter(|l| l.starts_with("kubeproxy_sync_proxy_rules_last")).collect();
+                    format!(
+                        "{} (node eligible {eligible}, synced since its zone {topology}, every sync written {synced}):\n{}\n{}",
+                        placed[*i].node(node),
+                        lines.join("\n"),
+                        last.join("\n")
+                    )
+                })
+            })
+            .collect()
+    };
+    let settled = cp.wait_for(Duration::from_mins(1), "every kube-proxy's Node and its sync", |_| {
+        Ok(waiting().is_empty())
+    });
+    assert!(settled.is_ok(), "{settled:?}: {:#?}", waiting());
 }

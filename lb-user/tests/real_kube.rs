@@ -568,7 +568,7 @@ fn served(cp: &ControlPlane, verb: &str, resource: &str, scope: &str) -> u64 {
 #[test]
 fn a_cluster_reader_reads_every_namespace_page_by_page_and_study_reads_the_story_as_its_files_say() {
     // Dual-stack, as booking-api is.
-    let cidrs = Options { service_cidr: Some("10.96.0.0/16,fd00:96::/108".into()) };
+    let cidrs = Options { service_cidr: Some("10.96.0.0/16,fd00:96::/108".into()), ..Options::default() };
     let cp = ControlPlane::start("rk-study", cidrs).unwrap();
     let admin = cp.kubeconfig("admin");
     let story = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/story");

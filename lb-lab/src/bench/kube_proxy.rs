@@ -17,7 +17,7 @@ use lb_testkit::{
     kube::k8s_bin,
     kube_proxy::{KubeProxy, Mode, http_get, metric},
     manifests::{Ep, Svc},
-    sandbox::confine,
+    sandbox::{NetNs, confine},
 };
 use serde_json::Value;
 
@@ -31,7 +31,7 @@ use super::{
 
 /// How long kube-proxy's first sync may take before it is stopped (in iptables mode at 10,000 Services it did
 /// not finish within 10 minutes here: its `iptables-restore` of 110,000 chains on the nf_tables backend).
-const FIRST_SYNC_LIMIT: Duration = Duration::from_mins(5);
+pub(super) const FIRST_SYNC_LIMIT: Duration = Duration::from_mins(5);
 
 /// The Service counts real kube-proxy is measured at.
 pub(super) const COUNTS: [usize; 3] = [1, 1_000, 10_000];
@@ -80,13 +80,13 @@ pub(super) fn measure(
             let (sync, proxy) = one_mode(&api, loader, mode, (n, per), &mut grown)?;
             m.syncs.push(sync);
             let Some(mut proxy) = proxy else {
-                cleanup(loader)?;
+                cleanup(loader.ns)?;
                 continue;
             };
             let target = SocketAddr::new(IpAddr::V4(vip(target(n))), 80);
             let (rows, ratios) = loader.interleaved(path, n, None, target, pairs)?;
             proxy.stop(Duration::from_secs(10));
-            cleanup(loader)?;
+            cleanup(loader.ns)?;
             m.rows.extend(rows);
             m.ratios.extend(ratios);
         }
@@ -119,7 +119,19 @@ fn one_mode(
         Err(e) => return Err(e),
     };
     let first_sync = t0.elapsed();
-    let (first_sum, first_count) = sync_metric(&proxy, loader)?;
+    // kube-proxy sets its last-sync timestamp before it observes the sync's duration (a deferred call, after
+    // its health-check and conntrack housekeeping: at 10,000 Services in nftables mode the histogram was still
+    // empty when the timestamp was read), so the duration is read once it has one observation.
+    let observed = Instant::now();
+    let (first_sum, first_count) = loop {
+        match sync_metric(&proxy, loader) {
+            Ok(m) => break m,
+            Err(e) if observed.elapsed() > Duration::from_mins(1) => {
+                return Err(e.context("a minute after kube-proxy's first sync"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
     // One change: the edited Service's slice with a not-Ready endpoint more (or, once grown, as created), as
     // an operator's `kubectl replace`; what the connects reach does not change.
     let edited = EDITED.min(n - 1);
@@ -182,11 +194,12 @@ fn sync_metric(proxy: &KubeProxy, loader: &Loader) -> anyhow::Result<(f64, f64)>
     ))
 }
 
-/// `kube-proxy --cleanup` in the bench's namespace: its iptables and nftables rules gone.
-fn cleanup(loader: &Loader) -> anyhow::Result<()> {
+/// `kube-proxy --cleanup` in `ns` (the bench's namespace or the north-south lab's node): its iptables and
+/// nftables rules gone.
+pub(super) fn cleanup(ns: &NetNs) -> anyhow::Result<()> {
     let mut cmd = Command::new(k8s_bin("kube-proxy"));
     cmd.arg("--cleanup");
-    confine(&mut cmd, None, Some(loader.ns))?;
+    confine(&mut cmd, None, Some(ns))?;
     let out = cmd.output().context("kube-proxy --cleanup")?;
     anyhow::ensure!(out.status.success(), "kube-proxy --cleanup: {}", String::from_utf8_lossy(&out.stderr));
     Ok(())

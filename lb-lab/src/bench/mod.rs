@@ -16,6 +16,7 @@ pub(crate) mod fixture;
 mod kube_proxy;
 mod load;
 mod north_south;
+mod north_south_kube_proxy;
 mod real_apiserver;
 mod report;
 mod run;

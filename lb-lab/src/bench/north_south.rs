@@ -24,7 +24,7 @@ use tierlb::{
 };
 
 use super::{
-    figures::{DataPath, NsRow},
+    figures::{DataPath, KubeProxySync, NsRow},
     load::{LoadMode, LoadResult, Placement, Sink},
     run::{BpfStats, Loader, prog_stats},
     workloads::{endpoints_to, svc_chains, target},
@@ -43,9 +43,9 @@ fn base(path: DataPath) -> u16 {
         DataPath::Tierlb => 10_000,
         DataPath::Iptables => 20_000,
         DataPath::Nftables => 30_000,
-        // Real kube-proxy is measured on the node only (`kube_proxy`): no node ports of its own here.
-        DataPath::KubeProxyIptables => 40_000,
-        DataPath::KubeProxyNftables => 50_000,
+        // Real kube-proxy's Services have node ports from 40000 (`north_south_kube_proxy`), one set for
+        // both of its modes, measured in rounds of their own.
+        DataPath::KubeProxyIptables | DataPath::KubeProxyNftables => 40_000,
     }
 }
 
@@ -177,12 +177,14 @@ fn target_of(path: DataPath, n: usize) -> SocketAddr {
 }
 
 /// Every north-south row at each count in `counts` (10 endpoints per Service), `rounds` interleaved rounds
-/// each; `lab_bin` is `tierlb-lab`, `secs` the length of one load run.
+/// each; `lab_bin` is `tierlb-lab`, `secs` the length of one load run. With `kube_proxy` (the on-node syncs of
+/// real kube-proxy), real kube-proxy's rows from outside too, after the others at each count.
 pub(super) fn rows(
     lab_bin: &std::path::Path,
     counts: &[usize],
     rounds: usize,
     secs: f64,
+    kube_proxy: Option<&[KubeProxySync]>,
 ) -> anyhow::Result<Vec<NsRow>> {
     let per = 10;
     let lab = Lab::new()?;
@@ -230,25 +232,35 @@ pub(super) fn rows(
                     &runs[0],
                     (*path == DataPath::Tierlb).then_some(tc_ns),
                 );
-                eprintln!(
-                    "bench: from outside {:<9} {n:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2})  p99 {:>7.1} us  {:>8.0} ops/s  {} errors",
-                    path.as_str(),
-                    mode.as_str(),
-                    row.p50_us,
-                    row.p50_ratio.median,
-                    row.p50_ratio.min,
-                    row.p50_ratio.max,
-                    row.p99_us,
-                    row.per_sec,
-                    row.errors
-                );
+                progress(&row);
                 out.push(row);
             }
         }
+        // The rule sets gone (iptables writes through nf_tables here), before real kube-proxy writes its own.
         let _ = lab.node_cmd(&["nft", "flush", "ruleset"], "");
+        if let Some(syncs) = kube_proxy {
+            out.extend(super::north_south_kube_proxy::rows(&lab, &loader, n, per, rounds, syncs)?);
+        }
     }
     drop(programs);
     Ok(out)
+}
+
+/// A north-south row's progress line.
+pub(super) fn progress(row: &NsRow) {
+    eprintln!(
+        "bench: from outside {:<9} {:>6} services  {:<7}  p50 {:>6.1} us ({:.2}x direct, {:.2}-{:.2})  p99 {:>7.1} us  {:>8.0} ops/s  {} errors",
+        row.path.as_str(),
+        row.services,
+        row.mode.as_str(),
+        row.p50_us,
+        row.p50_ratio.median,
+        row.p50_ratio.min,
+        row.p50_ratio.max,
+        row.p99_us,
+        row.per_sec,
+        row.errors
+    );
 }
 
 /// Attach the tc programs to the node's uplink, from a thread inside the node's namespace.

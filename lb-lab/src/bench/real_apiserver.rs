@@ -40,11 +40,24 @@ fn deploy_dir() -> PathBuf {
 impl RealApiServer {
     /// Start it, apply deploy/rbac.yaml, and create `docs` (Services, then EndpointSlices) through it.
     pub(super) fn start(docs: Vec<Value>) -> anyhow::Result<Self> {
-        let options = Options { service_cidr: Some(SERVICE_CIDR.to_owned()) };
+        Self::start_with(docs, std::net::IpAddr::from([10, 0, 0, 1]), None)
+    }
+
+    /// As `start`, node-1's InternalIP `node_ip` (where kube-proxy serves node ports), the node ports
+    /// `node_port_range` (`--service-node-port-range`) if given.
+    pub(super) fn start_with(
+        docs: Vec<Value>,
+        node_ip: std::net::IpAddr,
+        node_port_range: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let options = Options {
+            service_cidr: Some(SERVICE_CIDR.to_owned()),
+            node_port_range: node_port_range.map(str::to_owned),
+        };
         let mut cp = ControlPlane::start("bench-k8s", options)?;
         cp.kubectl(&["apply", "-f", &deploy_dir().join("rbac.yaml").display().to_string()])?;
         let kubeconfig = cp.service_account_kubeconfig("kube-system", "tierlb")?;
-        cp.add_node("node-1", None, std::net::IpAddr::from([10, 0, 0, 1]))?;
+        cp.add_node("node-1", None, node_ip)?;
         let node = NetNs::new("bench-node")?;
         cp.link(&node)?;
         let count = docs.len();
@@ -83,6 +96,7 @@ impl RealApiServer {
             metrics: std::net::SocketAddr::from(([127, 0, 0, 1], METRICS_PORT)),
             limit,
             release: None,
+            verbosity: 2,
         };
         KubeProxy::launch(&self.cp, "node-1", ns, &how)
     }

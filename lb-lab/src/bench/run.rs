@@ -346,7 +346,9 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
     let mut east_west = on_node.east_west;
     east_west.extend(kube_proxy.ratios);
     // From outside the node: at 1 and 10,000 Services, interleaved rounds.
-    let north_south = super::north_south::rows(lab, &[1, 10_000], rounds, loader.secs / 2.0)?;
+    // Real kube-proxy's too, from the real API server (where its first sync finished on the node).
+    let north_south =
+        super::north_south::rows(lab, &[1, 10_000], rounds, loader.secs / 2.0, Some(&kube_proxy.syncs))?;
     let conntrack = super::conntrack::memory(CONNTRACK_FLOWS)?;
     let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
     Ok(Report {
@@ -382,7 +384,14 @@ pub fn kube_proxy_only(lab: &Path, counts: &[usize], rounds: usize, secs: f64) -
     let cpus = Placement::split();
     let loader = Loader { lab, ns: &ns, threads: 1, cpu: cpus.client, secs };
     let _sink = Sink::start(&ns, BACKEND.parse()?, cpus.backend)?;
-    super::kube_proxy::measure(&loader, counts, 10, pairs_for(rounds, secs)).map(drop)
+    let measured = super::kube_proxy::measure(&loader, counts, 10, pairs_for(rounds, secs))?;
+    // From outside the node too (the north-south lab without tierlb's programs).
+    let lab_ns = super::north_south::Lab::new()?;
+    let outside = Loader { lab, ns: &lab_ns.ext, threads: 1, cpu: lab_ns.cpus.client, secs: secs / 2.0 };
+    for &n in counts {
+        super::north_south_kube_proxy::rows(&lab_ns, &outside, n, 10, rounds, &measured.syncs)?;
+    }
+    Ok(())
 }
 
 /// Only the on-node connect path, for profiling and for comparing two builds of the data path: tierlb

@@ -76,10 +76,13 @@ impl ProxyModel {
                                DROP, equal to this model's (lb-user/tests/kube_proxy_releases.rs, \
                                the_study_kube_proxy_model_matches_real_kube_proxy_of_every_release_in_every_scenario: \
                                236 answers, 0 differences); v1.36.3 in iptables and nftables modes against \
-                               tierlb's data path on 330 Service ports \
+                               tierlb's data path on 560 Service ports, IPv4 and IPv6 \
                                (kube_proxy_and_tierlb_reach_the_same_backends_for_every_service_shape_node_and_client). \
-                               Not covered: PreferSameTrafficDistribution turned off on 1.34 (node hints \
-                               ignored); one endpoint in two slices (v1.34-v1.35 keep the local copy, \
+                               Assumed: kube-proxy took its Node's zone; a start that never does (its \
+                               NodeTopologyConfig registers the proxier after the node informer may have delivered \
+                               the Node: about one start in 30 there, restarted before comparing) uses every \
+                               endpoint where zone hints apply. Not covered: PreferSameTrafficDistribution turned \
+                               off on 1.34 (node hints ignored); one endpoint in two slices (v1.34-v1.35 keep the local copy, \
                                endpointslicecache.go:238 `!exists || isLocal`; v1.36-v1.37 the one not \
                                terminating, :247 `!exists || !terminating`; the study's scenarios have one slice)",
             },
