@@ -26,7 +26,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use serde::Deserialize as _;
 
 use crate::sandbox::{Child, NetNs, TempDir, confine};
 
@@ -83,8 +82,7 @@ impl Container {
             bail!("kubectl kustomize: {}", String::from_utf8_lossy(&out.stderr));
         }
         let text = String::from_utf8(out.stdout)?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = serde_yaml::Value::deserialize(doc)?;
+        for v in serde_saphyr::from_multiple::<serde_json::Value>(&text)? {
             if v["kind"].as_str() == Some("DaemonSet") {
                 return Ok(Self::from_daemonset(&v));
             }
@@ -92,23 +90,23 @@ impl Container {
         bail!("no DaemonSet in {}", deploy_dir.display())
     }
 
-    fn from_daemonset(ds: &serde_yaml::Value) -> Self {
+    fn from_daemonset(ds: &serde_json::Value) -> Self {
         let pod = &ds["spec"]["template"]["spec"];
-        let runs_agent = |c: &&serde_yaml::Value| c["args"][0].as_str() == Some("agent");
+        let runs_agent = |c: &&serde_json::Value| c["args"][0].as_str() == Some("agent");
         let c = pod["initContainers"]
-            .as_sequence()
+            .as_array()
             .into_iter()
             .flatten()
-            .chain(pod["containers"].as_sequence().into_iter().flatten())
+            .chain(pod["containers"].as_array().into_iter().flatten())
             .find(runs_agent)
             .unwrap_or(&pod["containers"][0]);
         let sc = &c["securityContext"];
-        let strings = |v: &serde_yaml::Value| -> Vec<String> {
-            v.as_sequence().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
+        let strings = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
         };
-        let volumes = pod["volumes"].as_sequence().cloned().unwrap_or_default();
+        let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
         let mounts = c["volumeMounts"]
-            .as_sequence()
+            .as_array()
             .into_iter()
             .flatten()
             .filter_map(|m| {
@@ -121,11 +119,11 @@ impl Container {
                 })
             })
             .collect();
-        let port_of = |p: &serde_yaml::Value| -> Option<u16> {
+        let port_of = |p: &serde_json::Value| -> Option<u16> {
             match &p["port"] {
-                serde_yaml::Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
-                serde_yaml::Value::String(name) => c["ports"]
-                    .as_sequence()?
+                serde_json::Value::Number(n) => n.as_u64().and_then(|n| u16::try_from(n).ok()),
+                serde_json::Value::String(name) => c["ports"]
+                    .as_array()?
                     .iter()
                     .find(|cp| cp["name"].as_str() == Some(name))?["containerPort"]
                     .as_u64()
@@ -141,7 +139,7 @@ impl Container {
             })
             .collect();
         let env = c["env"]
-            .as_sequence()
+            .as_array()
             .into_iter()
             .flatten()
             .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))

@@ -208,7 +208,7 @@ pub fn node(name: &str, zone: Option<&str>) -> Value {
 /// YAML documents separated by `---`.
 pub fn to_yaml(docs: &[Value]) -> String {
     docs.iter()
-        .map(|d| serde_yaml::to_string(d).expect("JSON values serialise"))
+        .map(|d| serde_saphyr::to_string(d).expect("JSON values serialise"))
         .collect::<Vec<_>>()
         .join("---\n")
 }

@@ -507,7 +507,6 @@ pub fn run(sc: &Scenario) -> StudyResult {
 /// Read a scenario file; an error names the file and the field.
 pub fn load(path: &std::path::Path) -> anyhow::Result<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let de = serde_yaml::Deserializer::from_str(&text);
-    serde_path_to_error::deserialize(de)
-        .map_err(|e| anyhow::anyhow!("{}: field {}: {}", path.display(), e.path(), e.inner()))
+    crate::source::yaml::typed(&text)
+        .map_err(|(field, e)| anyhow::anyhow!("{}: field {field}: {e}", path.display()))
 }

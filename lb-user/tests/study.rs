@@ -328,7 +328,7 @@ fn holds_stop_doubling_at_the_max_hold() {
     // the hold ends); node-2's at 5.2 + 1/15 and then every 5 + 1/15 s: 25.53 s is its 5th. Lost 2 x (3 + 5).
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/study/story.yaml");
     let text = std::fs::read_to_string(path).unwrap() + "health: {hold: 5s, maxHold: 5s}\n";
-    let r = study::run(&serde_yaml::from_str(&text).unwrap());
+    let r = study::run(&serde_saphyr::from_str_with_options(&text, tierlb::source::yaml::options()).unwrap());
     assert_eq!((r.health.failures, r.health.hold_s, r.health.max_hold_s), (3, 5.0, 5.0));
     let t = get(&r, 1, ProxyModel::Tierlb);
     let d = detections(t);
@@ -357,7 +357,8 @@ fn under_a_local_policy_the_panic_threshold_keeps_sending_to_the_held_local_pod(
         service: {internalTrafficPolicy: Local}\n\
         endpoints: [{ip: 10.0.1.1, node: n1}, {ip: 10.0.2.1, node: n2}]\nrequestsPerSecond: 20\n\
         phases: [{name: crash, duration: 10s, set: [{ip: 10.0.1.1, crash: process}]}]\n";
-    let sc: study::Scenario = serde_yaml::from_str(yaml).unwrap();
+    let sc: study::Scenario =
+        serde_saphyr::from_str_with_options(yaml, tierlb::source::yaml::options()).unwrap();
     let r = study::run(&sc);
     let t = get(&r, 1, ProxyModel::Tierlb);
     assert!(close(t.failed, 0.5) && close(t.shares["10.0.2.1"], 0.5), "{t:?}");

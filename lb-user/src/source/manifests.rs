@@ -174,17 +174,16 @@ impl ManifestDir {
     /// the model, which does not keep them. Documents that do not read as EndpointSlices are passed over
     /// (`load` reports them).
     pub fn pod_refs(&self) -> std::io::Result<BTreeMap<std::net::IpAddr, ObjKey>> {
-        use serde::Deserialize as _;
-        fn walk(v: serde_yaml::Value, out: &mut BTreeMap<std::net::IpAddr, ObjKey>) {
+        fn walk(v: serde_json::Value, out: &mut BTreeMap<std::net::IpAddr, ObjKey>) {
             match v.get("kind").and_then(|k| k.as_str()) {
                 Some("EndpointSlice") => {
-                    if let Ok(s) = serde_yaml::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(v)
+                    if let Ok(s) = serde_json::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(v)
                     {
                         out.extend(super::convert::pod_refs(&s));
                     }
                 }
                 Some(k) if k.ends_with("List") => {
-                    if let Some(items) = v.get("items").and_then(|i| i.as_sequence()) {
+                    if let Some(items) = v.get("items").and_then(|i| i.as_array()) {
                         for item in items.clone() {
                             walk(item, out);
                         }
@@ -196,10 +195,7 @@ impl ManifestDir {
         let mut out = BTreeMap::new();
         for (path, _) in self.files()? {
             let text = std::fs::read_to_string(&path)?;
-            for doc in serde_yaml::Deserializer::from_str(&text) {
-                let Ok(v) = serde_yaml::Value::deserialize(doc) else { break };
-                walk(v, &mut out);
-            }
+            super::yaml::each_document(&text, |_, doc| doc.map(|v| walk(v, &mut out)).is_ok());
         }
         Ok(out)
     }

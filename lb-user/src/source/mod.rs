@@ -15,6 +15,7 @@ mod fields;
 pub mod kube;
 pub mod manifests;
 mod validate;
+pub mod yaml;
 
 use std::{fmt, path::PathBuf, sync::Arc};
 

@@ -222,14 +222,11 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Clients> {
     match (given.as_slice(), instances.is_empty()) {
         ([], _) => Clients::counted(format!("from {}", names(paths)), &instances),
         ([(p, text)], true) => {
-            let de = serde_yaml::Deserializer::from_str(text);
-            let f: ClientsFile = serde_path_to_error::deserialize(de).map_err(|e| {
+            let f: ClientsFile = crate::source::yaml::typed(text).map_err(|(field, e)| {
                 anyhow::anyhow!(
-                    "--clients {}: field {}: {} (a clients file has `nodes: {{NODE: SHARE}}` and \
+                    "--clients {}: field {field}: {e} (a clients file has `nodes: {{NODE: SHARE}}` and \
                      `services: {{NS/NAME: {{NODE: SHARE}}}}`; or give `tierlb status -o json` outputs)",
                     p.display(),
-                    e.path(),
-                    e.inner()
                 )
             })?;
             let mut services = BTreeMap::new();

@@ -17,20 +17,19 @@ use k8s_openapi::{
     },
     apimachinery::pkg::util::intstr::IntOrString,
 };
-use serde::Deserialize as _;
 
 mod rules;
 use rules::{Scope, rules};
 
 /// `kubectl kustomize DIR`, DIR relative to the repository's deploy/.
-fn render(dir: &str) -> Vec<serde_yaml::Value> {
+fn render(dir: &str) -> Vec<serde_json::Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(dir);
     let out = std::process::Command::new("kubectl").arg("kustomize").arg(&dir).output().expect(
         "kubectl is needed for this test (it renders deploy/ with kustomize); install kubectl or put it on PATH",
     );
     assert!(out.status.success(), "kubectl kustomize: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text).map(|d| serde_yaml::Value::deserialize(d).unwrap()).collect()
+    serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap()
 }
 
 /// Every flag in `args` (`agent` first) is one `tierlb agent` has, and together they parse.
@@ -62,17 +61,17 @@ fn deploy_renders_into_valid_objects_with_flags_the_agent_has() {
     for doc in docs {
         let kind = doc["kind"].as_str().unwrap().to_owned();
         match kind.as_str() {
-            "DaemonSet" => daemonset = Some(serde_yaml::from_value::<DaemonSet>(doc).unwrap()),
-            "ServiceAccount" => drop(serde_yaml::from_value::<ServiceAccount>(doc).unwrap()),
+            "DaemonSet" => daemonset = Some(serde_json::from_value::<DaemonSet>(doc).unwrap()),
+            "ServiceAccount" => drop(serde_json::from_value::<ServiceAccount>(doc).unwrap()),
             "ClusterRole" => {
-                let role: ClusterRole = serde_yaml::from_value(doc).unwrap();
+                let role: ClusterRole = serde_json::from_value(doc).unwrap();
                 for rule in role.rules.unwrap() {
                     let verbs: Vec<&str> = rule.verbs.iter().map(String::as_str).collect();
                     assert_eq!(verbs, ["get", "list", "watch"], "read-only RBAC");
                 }
             }
-            "ClusterRoleBinding" => drop(serde_yaml::from_value::<ClusterRoleBinding>(doc).unwrap()),
-            "ConfigMap" => drop(serde_yaml::from_value::<ConfigMap>(doc).unwrap()),
+            "ClusterRoleBinding" => drop(serde_json::from_value::<ClusterRoleBinding>(doc).unwrap()),
+            "ConfigMap" => drop(serde_json::from_value::<ConfigMap>(doc).unwrap()),
             other => panic!("unexpected kind {other}"),
         }
         kinds.push(kind);
@@ -118,10 +117,10 @@ fn the_cluster_role_grants_every_permission_the_agents_access_review_asks_for() 
     let docs = render(".");
     let of_kind = |k: &'static str| docs.iter().filter(move |d| d["kind"] == k).cloned();
     let roles: Vec<ClusterRole> =
-        of_kind("ClusterRole").map(|d| serde_yaml::from_value(d).unwrap()).collect();
+        of_kind("ClusterRole").map(|d| serde_json::from_value(d).unwrap()).collect();
     let bindings: Vec<ClusterRoleBinding> =
-        of_kind("ClusterRoleBinding").map(|d| serde_yaml::from_value(d).unwrap()).collect();
-    let ds: DaemonSet = of_kind("DaemonSet").map(|d| serde_yaml::from_value(d).unwrap()).next().unwrap();
+        of_kind("ClusterRoleBinding").map(|d| serde_json::from_value(d).unwrap()).collect();
+    let ds: DaemonSet = of_kind("DaemonSet").map(|d| serde_json::from_value(d).unwrap()).next().unwrap();
     let account = ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap().service_account_name.clone();
     let namespace = ds.metadata.namespace.clone();
     // The roles bound to the agent's service account.
@@ -170,9 +169,9 @@ impl Deploy {
             match doc["kind"].as_str() {
                 Some("DaemonSet") => {
                     assert!(ds.is_none(), "deploy/{dir}: one DaemonSet");
-                    ds = Some(serde_yaml::from_value(doc).unwrap());
+                    ds = Some(serde_json::from_value(doc).unwrap());
                 }
-                Some("ConfigMap") => config_maps.push(serde_yaml::from_value(doc).unwrap()),
+                Some("ConfigMap") => config_maps.push(serde_json::from_value(doc).unwrap()),
                 _ => {}
             }
         }

@@ -43,7 +43,7 @@ fn a_service_over_its_limits_is_refused_and_the_others_are_applied() {
     let dir = tmp.path();
     write_service(dir, &Svc::new("web", ip("10.96.0.10"), 80, 8080), &eps(&["10.0.0.1"])).unwrap();
     write_atomic(dir, "ips.yaml", &to_yaml(&big("ips", "10.96.0.11", 2, 5_000))).unwrap();
-    // As JSON documents (YAML too): serde_yaml's writer would take longer than the agent's reading.
+    // As JSON documents (YAML too): a YAML writer would take longer than the agent's reading.
     let docs: Vec<String> = big("eps", "10.96.0.12", 100_000, 0).iter().map(ToString::to_string).collect();
     write_atomic(dir, "eps.yaml", &docs.join("\n---\n")).unwrap();
     write_atomic(dir, "grows.yaml", &to_yaml(&big("grows", "10.96.0.13", 2, 2))).unwrap();

@@ -2,8 +2,6 @@
 //! convert is reported with its document index, what it is and the field, and skipped; the others are read.
 use std::path::Path;
 
-use serde::Deserialize as _;
-
 use super::super::{Diagnostic, Object, Origin, Severity, convert};
 
 /// The objects of one file and what went wrong reading it.
@@ -22,26 +20,26 @@ impl FileContents {
 /// Parse one file's text. Never fails: problems become diagnostics.
 pub(super) fn parse_file(path: &Path, text: &str) -> FileContents {
     let mut out = FileContents::default();
-    for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let value = match serde_yaml::Value::deserialize(doc) {
-            Ok(v) => v,
-            Err(e) => {
-                out.diagnostics.push(Diagnostic {
-                    severity: Severity::Error,
-                    origin: Origin::File { path: path.to_owned(), document: Some(index), object: None },
-                    field: None,
-                    message: format!("malformed YAML: {e}"),
-                });
-                // The YAML stream cannot be resumed after a syntax error.
-                break;
-            }
-        };
-        parse_value(path, index, value, &mut out);
-    }
+    super::super::yaml::each_document(text, |index, doc| match doc {
+        Ok(value) => {
+            parse_value(path, index, value, &mut out);
+            true
+        }
+        Err(e) => {
+            out.diagnostics.push(Diagnostic {
+                severity: Severity::Error,
+                origin: Origin::File { path: path.to_owned(), document: Some(index), object: None },
+                field: None,
+                message: format!("malformed YAML: {e}"),
+            });
+            // The YAML stream cannot be resumed after a syntax error.
+            false
+        }
+    });
     out
 }
 
-fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut FileContents) {
+fn parse_value(path: &Path, index: usize, value: serde_json::Value, out: &mut FileContents) {
     if value.is_null() {
         return; // empty document, e.g. a trailing `---`
     }
@@ -66,7 +64,7 @@ fn parse_value(path: &Path, index: usize, value: serde_yaml::Value, out: &mut Fi
     };
     match (kind.as_str(), api_version.as_str()) {
         ("List" | "ServiceList" | "EndpointSliceList" | "NodeList", _) => {
-            let Some(items) = value.get("items").and_then(|i| i.as_sequence()) else {
+            let Some(items) = value.get("items").and_then(|i| i.as_array()) else {
                 out.diagnostics.push(diag(Severity::Error, label, Some("items".into()), "missing".into()));
                 return;
             };
@@ -125,7 +123,7 @@ type Located<T> = (Result<T, Problems>, Vec<String>);
 /// k8s-openapi skips unknown fields silently, so a misspelled `internalTraficPolicy` would plan the Service
 /// as Cluster), and convert it.
 fn convert_with<K: serde::de::DeserializeOwned, T>(
-    value: serde_yaml::Value,
+    value: serde_json::Value,
     convert: fn(&K) -> Result<T, convert::Invalid>,
 ) -> Located<T> {
     let mut unknown = Vec::new();
