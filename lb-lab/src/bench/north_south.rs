@@ -45,7 +45,7 @@ fn base(path: DataPath) -> u16 {
         DataPath::Nftables => 30_000,
         // Real kube-proxy's Services have node ports from 40000 (`north_south_kube_proxy`), one set for
         // both of its modes, measured in rounds of their own.
-        DataPath::KubeProxyIptables | DataPath::KubeProxyNftables => 40_000,
+        DataPath::KubeProxyIptables | DataPath::KubeProxyNftables => super::north_south_kube_proxy::BASE,
     }
 }
 

@@ -26,7 +26,7 @@ use super::{
 };
 
 /// The node port of Service `i`: 40000 + `i` (the hand-written sets and tierlb's have theirs below).
-const BASE: u16 = 40_000;
+pub(super) const BASE: u16 = 40_000;
 /// The API server's node-port range, wide enough for 10,000 Services from `BASE`.
 const RANGE: &str = "40000-50999";
 
