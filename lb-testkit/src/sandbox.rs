@@ -399,7 +399,7 @@ fn pid_of(child: &std::process::Child) -> nix::unistd::Pid {
     nix::unistd::Pid::from_raw(child.id().cast_signed())
 }
 
-/// A pod's backend: `tierlb-lab serve` (tierlb's own HTTP responder) on an address inside a netns,
+/// A pod's backend: `tierlb-lab serve` (tierlb's HTTP server) on an address inside a netns,
 /// answering every request with its name, so a client sees which backend it reached. A process of its own,
 /// as a pod is: stopping it makes connects to its address fail as a crashed pod's do. Stops on drop.
 pub struct NamedServer {

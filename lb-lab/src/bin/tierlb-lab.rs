@@ -23,7 +23,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// A pod's backend: answer every HTTP request with NAME (tierlb's own HTTP responder); prints
+    /// A pod's backend: answer every HTTP GET with NAME (tierlb's HTTP server); prints
     /// `listening ADDR` once bound, runs until SIGTERM.
     Serve {
         #[arg(long)]

@@ -1,18 +1,23 @@
-//! The one HTTP responder of the project: one request per connection, bounded by `Limits` (connections at
-//! once, per client, the exchange's deadline), so that one client flooding a port leaves the others answered.
+//! The one HTTP server of the project (hyper's HTTP/1), bounded by `Limits` (connections at once, per client,
+//! the time between requests), so that one client flooding a port leaves the others answered.
 use std::{
     collections::HashMap,
-    fmt::Write as _,
     net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    Method, StatusCode,
+    header::{HeaderName, HeaderValue},
+};
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    sync::Semaphore,
+    sync::{Semaphore, watch},
     task::JoinHandle,
+    time::Instant,
 };
 
 /// One HTTP response of `serve`.
@@ -37,15 +42,6 @@ impl Response {
     }
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        404 => "Not Found",
-        503 => "Service Unavailable",
-        _ => "Error",
-    }
-}
-
 /// What one listener of `serve` lets its clients hold. Probes and scrapes are few and tiny; the bounds are
 /// for a client that is not (a pod flooding the port, a slowloris, fd exhaustion): one address holds at most
 /// `per_client` connections, so the kubelet's probes and a load balancer's health checks, which come from
@@ -56,8 +52,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections one client address is served at once; beyond them its connection is closed at once.
     pub per_client: usize,
-    /// Time for one whole exchange: reading the request head, answering and writing the reply. A client
-    /// that trickles its request (or reads the reply slowly) is cut off here, however it paces its bytes.
+    /// Time from a connection's start, or from its previous request, to its next request's whole head; the
+    /// reply is written within it too. A client that trickles its request (or reads the reply slowly, or
+    /// idles on a kept connection) is cut off here, however it paces its bytes.
     pub deadline: Duration,
     /// Pause after a failed accept(). EMFILE/ENFILE/ENOBUFS last until something else closes, and the
     /// pending connection stays in the queue, so retrying at once would spin a core on the same error.
@@ -65,8 +62,8 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 256 connections, 8 per client address, 2 s per exchange (a probe's whole exchange takes
-    /// milliseconds; the kubelet's default probe timeout is 1 s).
+    /// 256 connections, 8 per client address, 2 s per request (a probe's whole exchange takes milliseconds;
+    /// the kubelet's default probe timeout is 1 s).
     fn default() -> Self {
         Self {
             max_connections: 256,
@@ -136,25 +133,45 @@ pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serve `handler(path)` on `listener` with the default `Limits` until the task is aborted: the one HTTP
-/// responder of the project (the agent's health, metrics and health-check-node-port listeners, and the lab's
+/// server of the project (the agent's health, metrics and health-check-node-port listeners, and the lab's
 /// pod backends).
 pub fn serve<F, Fut>(listener: TcpListener, handler: F) -> JoinHandle<()>
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Response> + Send,
+    Fut: Future<Output = Response> + Send + 'static,
 {
     serve_with(listener, Limits::default(), handler)
 }
 
+/// The longest request head served (request line and headers); a longer one is answered 431 and closed.
+/// A probe's head is about 100 bytes, a browser's under 2 KiB; kube-proxy's Go server allows 1 MiB.
+pub const MAX_HEAD: usize = 8 * 1024;
+
 /// `serve` with explicit limits.
+///
+/// HTTP/1 by hyper. A connection is closed after its reply unless the client asks to keep it
+/// (`Connection: keep-alive`): the ports are probed and scraped over fresh connections, and an idle open
+/// connection only holds one of the client's slots. Every request must arrive within `limits.deadline` of the
+/// connection's start or of the previous request, which bounds a slow head, a reply the client does not read
+/// and an idle kept connection alike. GET and HEAD are served (HEAD without the body); other methods get 405.
 pub fn serve_with<F, Fut>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle<()>
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Response> + Send,
+    Fut: Future<Output = Response> + Send + 'static,
 {
     let handler = Arc::new(handler);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let clients = Arc::new(PerClient::default());
+    let mut h1 = hyper::server::conn::http1::Builder::new();
+    h1.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.deadline)
+        .max_buf_size(2 * MAX_HEAD)
+        .max_header_size(MAX_HEAD)
+        // A client that sends its request and shuts down its side still gets the reply.
+        .half_close(true)
+        // `X-Load-Balancing-Endpoint-Weight` as kube-proxy writes it (load balancers match names in any case,
+        // people reading a capture do not).
+        .title_case_headers(true);
     tokio::spawn(async move {
         let local = listener.local_addr().ok();
         // Set while accept() keeps failing: the error is logged once per burst, not once per retry.
@@ -185,49 +202,84 @@ where
                 tracing::debug!(listen = ?local, limit = limits.max_connections, "over the limit: closed");
                 continue;
             };
-            let handler = handler.clone();
+            let conn = connection(&h1, sock, handler.clone(), limits.deadline);
             tokio::spawn(async move {
-                // Cancelling the exchange drops the socket: the client sees the connection closed.
-                let _ = tokio::time::timeout(limits.deadline, exchange(sock, &*handler)).await;
+                conn.await;
                 drop((slot, held));
             });
         }
     })
 }
 
-/// One request on `sock`, answered by `handler`; the connection is closed after the reply.
-async fn exchange<F, Fut>(mut sock: TcpStream, handler: &F)
+/// One connection served until it ends or `deadline` passes without a new request (dropping it closes the
+/// socket).
+fn connection<F, Fut>(
+    h1: &hyper::server::conn::http1::Builder,
+    sock: TcpStream,
+    handler: Arc<F>,
+    deadline: Duration,
+) -> impl Future<Output = ()> + Send + 'static
 where
-    F: Fn(String) -> Fut,
-    Fut: Future<Output = Response>,
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
 {
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    // Read the request head (bounded); the body, if any, is ignored.
-    while n < buf.len() {
-        match sock.read(&mut buf[n..]).await {
-            Ok(0) | Err(_) => break,
-            Ok(k) => n += k,
+    let (arrived, mut arrivals) = watch::channel(Instant::now());
+    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        arrived.send_replace(Instant::now());
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let keep = asks_keep_alive(req.headers());
+        let handler = handler.clone();
+        async move {
+            let r = if method == Method::GET || method == Method::HEAD {
+                handler(path).await
+            } else {
+                let mut r = Response::text(405, "method not allowed\n");
+                r.headers.push(("Allow", "GET, HEAD".into()));
+                r
+            };
+            Ok::<_, std::convert::Infallible>(into_hyper(r, keep))
         }
-        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-            break;
+    });
+    let conn = h1.serve_connection(hyper_util::rt::TokioIo::new(sock), svc);
+    async move {
+        tokio::pin!(conn);
+        loop {
+            let by = *arrivals.borrow_and_update() + deadline;
+            tokio::select! {
+                _ = &mut conn => return,
+                () = tokio::time::sleep_until(by) => return,
+                changed = arrivals.changed() => if changed.is_err() { return },
+            }
         }
     }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let path = head.split_whitespace().nth(1).unwrap_or("/").split('?').next().unwrap_or("/").to_owned();
-    let r = handler(path).await;
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        r.status,
-        reason(r.status),
-        r.content_type,
-        r.body.len()
-    );
-    for (k, v) in &r.headers {
-        let _ = write!(out, "{k}: {v}\r\n");
-    }
-    out.push_str("\r\n");
-    out.push_str(&r.body);
-    let _ = sock.write_all(out.as_bytes()).await;
-    let _ = sock.shutdown().await;
 }
+
+/// The client asked to keep the connection: `keep-alive` among the `Connection` header's tokens, and no
+/// `close`.
+fn asks_keep_alive(headers: &hyper::HeaderMap) -> bool {
+    let tokens = || {
+        headers.get_all(hyper::header::CONNECTION).iter().flat_map(|v| v.to_str().unwrap_or("").split(','))
+    };
+    let has = |token: &str| tokens().any(|t| t.trim().eq_ignore_ascii_case(token));
+    has("keep-alive") && !has("close")
+}
+
+fn into_hyper(r: Response, keep: bool) -> hyper::Response<Full<Bytes>> {
+    let mut out = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    *out.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = out.headers_mut();
+    headers.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static(r.content_type));
+    for (k, v) in r.headers {
+        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(&v)) {
+            headers.append(k, v);
+        }
+    }
+    if !keep {
+        // hyper sees it and closes the connection after this reply.
+        headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,8 +1,8 @@
 //! The agent's HTTP endpoints: kube-proxy-compatible `/healthz` and `/livez`, one listener per
 //! `healthCheckNodePort`, and Prometheus `/metrics`.
 //!
-//! The requests are tiny and few (probes, scrapes), so a minimal HTTP/1.1 responder (one request per
-//! connection) on tokio is enough and keeps the agent's dependencies small.
+//! HTTP/1 by hyper (`http.rs`), bounded per client and in all so that a pod flooding a port leaves the
+//! kubelet's probes and a load balancer's checks answered.
 use std::{
     net::{IpAddr, SocketAddr},
     sync::Arc,
@@ -17,7 +17,7 @@ mod service_health;
 pub use service_health::{ServiceHealthServers, service_health_response};
 
 mod http;
-pub use http::{ACCEPT_BACKLOG, Limits, Response, listen, serve, serve_with};
+pub use http::{ACCEPT_BACKLOG, Limits, MAX_HEAD, Response, listen, serve, serve_with};
 
 mod health;
 pub use health::{
