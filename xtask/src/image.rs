@@ -1,10 +1,11 @@
-//! `cargo xtask image`: the agent's container image, `FROM scratch` plus exactly what the release `tierlb`
-//! needs to run: the binary, the dynamic loader and the shared libraries it links (read from the binary with
-//! ldd), and an nsswitch.conf. Written as an OCI archive under `target/image/` by `oci` (no daemon, no base
-//! image, no registry; the same commit gives the same bytes), then checked by `check`: unpacked and run in a
-//! chroot. See deploy/README.md, "The image".
+//! `cargo xtask image`: the agent's container image from deploy/image/Containerfile, `FROM scratch` plus
+//! exactly what the release `tierlb` needs to run: the binary, the dynamic loader and the shared libraries it
+//! links (read from the binary with ldd), and an nsswitch.conf. xtask stages the build context (`stage`),
+//! buildah builds and writes the OCI archive under `target/image/` (`store`: a private store, no daemon, no
+//! base image, no registry; the same commit gives the same manifest digest), and `check` loads it with podman
+//! and runs its entrypoint in a chroot of it. See deploy/README.md, "The image".
 mod check;
-mod oci;
+mod store;
 
 use std::{
     path::{Path, PathBuf},
@@ -12,7 +13,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use flate2::Compression;
 
 use crate::{
     setup,
@@ -22,11 +22,10 @@ use crate::{
 /// Where the binary is in the image; the DaemonSet gives only `args`, so this is what runs.
 const ENTRYPOINT: &str = "/usr/bin/tierlb";
 
-/// glibc reads /etc/nsswitch.conf to resolve a name (the API server's, when api-server.env gives one). Without
-/// it glibc asks DNS first; with it the node's /etc/hosts (which the kubelet mounts into a hostNetwork pod)
-/// comes first, as for the kubelet on the node. `files` and `dns` are built into libc.so.6 (glibc 2.34+): no
-/// NSS module has to be in the image.
-const NSSWITCH: &str = "hosts: files dns\n";
+/// The Containerfile, and the nsswitch.conf it copies (glibc reads it to resolve a name, the API server's when
+/// api-server.env gives one: the node's /etc/hosts first, then DNS).
+const CONTAINERFILE: &str = "deploy/image/Containerfile";
+const NSSWITCH: &str = "deploy/image/nsswitch.conf";
 
 #[derive(clap::Args, Default)]
 pub(crate) struct Options {
@@ -41,19 +40,6 @@ pub(crate) struct Options {
     pub podman: bool,
 }
 
-/// A file of the image's filesystem.
-pub(crate) struct File {
-    /// Relative to the image's root ("usr/bin/tierlb").
-    pub path: String,
-    pub mode: u32,
-    pub source: Source,
-}
-
-pub(crate) enum Source {
-    Host(PathBuf),
-    Text(&'static str),
-}
-
 /// What the image is of: its version, the commit, and the time stamp every file and the config carry.
 pub(crate) struct Meta {
     pub version: String,
@@ -62,10 +48,9 @@ pub(crate) struct Meta {
     /// Uncommitted changes to tracked files: the commit tag says so (`-dirty`), since the binary is not that
     /// commit's.
     pub dirty: bool,
-    /// The commit's time (seconds since 1970), so that the same commit gives the same image bytes.
+    /// The commit's time (seconds since 1970): every file and the config carry it, so that the same commit
+    /// gives the same manifest digest.
     pub epoch: u64,
-    /// The same, RFC 3339 in UTC, for the image config's `created`.
-    pub created: String,
 }
 
 impl Meta {
@@ -76,23 +61,21 @@ impl Meta {
         let dirty = commit.is_some()
             && git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
         let epoch = git(&["show", "-s", "--format=%ct", "HEAD"]).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let created = git(&["show", "-s", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "HEAD"])
-            .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned());
         Self {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             commit: commit.unwrap_or_else(|| "unknown".to_owned()),
             dirty,
             epoch,
-            created,
         }
     }
 
-    /// The name the archive gives its one image: `tierlb:VERSION`, which deploy/ references.
+    /// The name the archive gives its one image: `tierlb:VERSION`, which deploy/ references (podman and
+    /// docker prefix a name without a registry with `localhost/`).
     pub(crate) fn image_name(&self) -> String {
         format!("tierlb:{}", self.version)
     }
 
-    /// The tags to push the image under: the version, which deploy/ references, and the version with the commit, which names
+    /// The image's tags: the version, which deploy/ references, and the version with the commit, which names
     /// one build (`0.1.0-0123456789ab`, `-dirty` when the tree had changes).
     pub(crate) fn tags(&self) -> Vec<String> {
         let mut tags = vec![self.version.clone()];
@@ -120,9 +103,9 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     let dir = util::target_dir().join("image");
     let archive = dir.join(format!("tierlb-{}.oci.tar", meta.version));
     // The shipped image gets the best compression (pulled by every node); the debug one is for trying.
-    let level = if o.debug { Compression::fast() } else { Compression::best() };
-    let written = build(&binary, &meta, &archive, level)?;
-    print_summary(&written, &meta);
+    let level = if o.debug { 1 } else { 9 };
+    let built = build(&binary, &meta, &dir, &archive, level)?;
+    print_summary(&built, &meta);
     if o.no_check {
         return Ok(());
     }
@@ -130,22 +113,31 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
         eprintln!("image: check skipped: it runs the image's entrypoint in a chroot, which needs root");
         return Ok(());
     }
-    check::run(&archive, &meta, &binary, &dir.join("check"), o.podman)
+    check::run(&built, &meta, &binary, &dir.join("check"), o.podman)
 }
 
 /// The check `cargo xtask test` runs: the image of the debug binary it has just built (compressing the
-/// release build's image would add minutes to CI for the same layout code), unpacked and run in a chroot.
-/// Leaves nothing under `target/image/test/`.
+/// release build's image would add minutes to CI for the same Containerfile), built twice (the same manifest
+/// digest both times), loaded by podman and run in a chroot. Leaves nothing under `target/image/test/`.
 pub(crate) fn check_debug() -> anyhow::Result<()> {
     let start = std::time::Instant::now();
     let binary = util::target_dir().join("debug/tierlb");
     let meta = Meta::from_git();
     let dir = util::target_dir().join("image/test");
-    let archive = dir.join(format!("tierlb-{}.oci.tar", meta.version));
-    let written = build(&binary, &meta, &archive, Compression::fast())?;
-    print_summary(&written, &meta);
-    let result = check::run(&archive, &meta, &binary, &dir.join("check"), false);
-    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    let result = (|| {
+        let first = build(&binary, &meta, &dir.join("a"), &dir.join("a.oci.tar"), 1)?;
+        let again = build(&binary, &meta, &dir.join("b"), &dir.join("b.oci.tar"), 1)?;
+        anyhow::ensure!(
+            first.manifest_digest == again.manifest_digest,
+            "two builds of the same tree gave manifests {} and {}: the image is not reproducible",
+            first.manifest_digest,
+            again.manifest_digest
+        );
+        print_summary(&first, &meta);
+        eprintln!("check: built twice, the same manifest digest both times");
+        check::run(&first, &meta, &binary, &dir.join("check"), false)
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
     eprintln!("check: the debug image built and checked in {:.1} s", start.elapsed().as_secs_f64());
     result
 }
@@ -160,35 +152,65 @@ fn build_tierlb(debug: bool) -> anyhow::Result<PathBuf> {
     Ok(util::target_dir().join(if debug { "debug" } else { "release" }).join("tierlb"))
 }
 
-/// The image's files for `binary`, then the archive.
-fn build(binary: &Path, meta: &Meta, archive: &Path, level: Compression) -> anyhow::Result<oci::Written> {
+/// What `build` made.
+pub(crate) struct Built {
+    pub archive: PathBuf,
+    pub archive_size: u64,
+    /// The manifest's digest (`sha256:...`), as buildah wrote it into the archive.
+    pub manifest_digest: String,
+    /// The staged files, as the image must hold them: path (relative to the root), mode, size.
+    pub files: Vec<(String, u32, u64)>,
+}
+
+/// Stages the build context for `binary` in `dir/context`, builds deploy/image/Containerfile there with
+/// buildah in a private store (removed afterwards) and writes the image to `archive`, gzip level `level`.
+fn build(binary: &Path, meta: &Meta, dir: &Path, archive: &Path, level: u32) -> anyhow::Result<Built> {
     // A binary from before the last commit would be tagged with a commit it is not: build.rs reruns when HEAD
     // moves, so this only fails for a binary built elsewhere.
     let version = output(Command::new(binary).arg("--version")).unwrap_or_default();
     if version != meta.version_line() {
         bail!("{} --version says {version:?}, not {:?}: rebuild it", binary.display(), meta.version_line());
     }
-    let mut files = vec![File {
-        path: ENTRYPOINT.trim_start_matches('/').to_owned(),
-        mode: 0o755,
-        source: Source::Host(binary.to_owned()),
-    }];
+    let context = dir.join("context");
+    let files = stage(binary, &context)?;
+    let store = store::Store::new(&dir.join("store"))?;
+    let manifest_digest = store.build(&context, meta, archive, level)?;
+    std::fs::remove_dir_all(&context).with_context(|| format!("removing {}", context.display()))?;
+    let archive_size = std::fs::metadata(archive).with_context(|| format!("{}", archive.display()))?.len();
+    Ok(Built { archive: archive.to_owned(), archive_size, manifest_digest, files })
+}
+
+/// The build context the Containerfile expects: `nsswitch.conf`, and under `rootfs/` the binary at the
+/// entrypoint and the loader and libraries at the paths ldd prints. Returns the image's files as they must
+/// be in it, sorted by path.
+fn stage(binary: &Path, context: &Path) -> anyhow::Result<Vec<(String, u32, u64)>> {
+    let _ = std::fs::remove_dir_all(context);
+    let rootfs = context.join("rootfs");
+    let mut copies = vec![(binary.to_owned(), ENTRYPOINT.to_owned())];
     for lib in linked_files(binary)? {
-        let mode = std::fs::metadata(&lib).with_context(|| format!("{}", lib.display()))?.permissions();
-        files.push(File {
-            path: lib.to_str().context("library path is not UTF-8")?.trim_start_matches('/').to_owned(),
-            mode: std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
-            source: Source::Host(lib),
-        });
+        let path = lib.to_str().context("library path is not UTF-8")?.to_owned();
+        copies.push((lib, path));
     }
-    files.push(File { path: "etc/nsswitch.conf".to_owned(), mode: 0o644, source: Source::Text(NSSWITCH) });
-    let config = oci::ImageConfig {
-        entrypoint: vec![ENTRYPOINT.to_owned()],
-        env: vec![format!("PATH={}", Path::new(ENTRYPOINT).parent().expect("absolute").display())],
-        name: meta.image_name(),
-    };
-    std::fs::create_dir_all(archive.parent().expect("under target/image"))?;
-    oci::write(&files, &config, meta, archive, level)
+    let mut files = Vec::new();
+    for (from, path) in copies {
+        let to = rootfs.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().expect("an absolute path"))?;
+        std::fs::copy(&from, &to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        files.push(file_entry(&to, &path)?);
+    }
+    let nsswitch = context.join("nsswitch.conf");
+    std::fs::copy(util::root().join(NSSWITCH), &nsswitch).with_context(|| NSSWITCH.to_owned())?;
+    files.push(file_entry(&nsswitch, "/etc/nsswitch.conf")?);
+    files.sort();
+    Ok(files)
+}
+
+/// `path` in the image (relative to its root), the mode and size of the staged file it comes from.
+fn file_entry(staged: &Path, path: &str) -> anyhow::Result<(String, u32, u64)> {
+    let meta = std::fs::metadata(staged).with_context(|| format!("{}", staged.display()))?;
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+    Ok((path.trim_start_matches('/').to_owned(), mode, meta.len()))
 }
 
 /// The dynamic loader and every shared library `binary` loads (DT_NEEDED, transitively), as ldd resolves
@@ -225,13 +247,13 @@ fn parse_ldd(text: &str) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-fn print_summary(w: &oci::Written, meta: &Meta) {
+fn print_summary(w: &Built, meta: &Meta) {
+    let unpacked: u64 = w.files.iter().map(|f| f.2).sum();
     println!("image: {} ({})", w.archive.display(), mib(w.archive_size));
     println!("  name:     {} (revision {})", meta.image_name(), meta.commit);
-    println!("  push as:  {}", meta.tags().join(", "));
+    println!("  tags:     {}", meta.tags().join(", "));
     println!("  manifest: {}", w.manifest_digest);
-    println!("  layer:    {} compressed, {} unpacked", mib(w.layer_size), mib(w.unpacked_size));
-    println!("  files:");
+    println!("  files:    {} unpacked", mib(unpacked));
     for (path, mode, size) in &w.files {
         println!("    {mode:04o} {size:>10}  /{path}");
     }
@@ -268,13 +290,8 @@ mod tests {
 
     #[test]
     fn tags_name_the_version_and_the_commit() {
-        let meta = |commit: &str, dirty| Meta {
-            version: "1.2.3".into(),
-            commit: commit.into(),
-            dirty,
-            epoch: 0,
-            created: String::new(),
-        };
+        let meta =
+            |commit: &str, dirty| Meta { version: "1.2.3".into(), commit: commit.into(), dirty, epoch: 0 };
         assert_eq!(meta("0123456789abcdef0123", false).tags(), ["1.2.3", "1.2.3-0123456789ab"]);
         assert_eq!(meta("0123456789abcdef0123", true).tags(), ["1.2.3", "1.2.3-0123456789ab-dirty"]);
         assert_eq!(meta("unknown", false).tags(), ["1.2.3"]);

@@ -16,8 +16,18 @@ pub(crate) struct Options {}
 /// them as a person would.
 /// prometheus brings promtool, which checks and unit-tests deploy/monitoring's rules, and the server the
 /// metrics test scrapes an agent with (it is only run by the tests, on loopback in their own namespace).
-const PACKAGES: &[&str] =
-    &["llvm-22-dev", "bpftool", "iproute2", "iptables", "nftables", "librsvg2-bin", "prometheus"];
+/// buildah builds the agent's image from deploy/image/Containerfile and podman loads it for the check.
+const PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "bpftool",
+    "iproute2",
+    "iptables",
+    "nftables",
+    "librsvg2-bin",
+    "prometheus",
+    "buildah",
+    "podman",
+];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
