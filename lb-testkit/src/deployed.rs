@@ -70,10 +70,11 @@ pub struct Container {
 }
 
 impl Container {
-    /// Render `deploy_dir` with `kubectl kustomize` and read the DaemonSet's container that runs `tierlb
-    /// agent` (an init container for the uninstall's one-shot cleanup).
+    /// Render `deploy_dir` with `kubectl kustomize` (the kubectl built with the control plane, not one on
+    /// PATH) and read the DaemonSet's container that runs `tierlb agent` (an init container for the
+    /// uninstall's one-shot cleanup).
     pub fn render(deploy_dir: &Path) -> anyhow::Result<Self> {
-        let out = Command::new("kubectl")
+        let out = Command::new(crate::kube::k8s_bin("kubectl"))
             .arg("kustomize")
             .arg(deploy_dir)
             .output()

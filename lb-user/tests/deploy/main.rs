@@ -21,12 +21,14 @@ use k8s_openapi::{
 mod rules;
 use rules::{Scope, rules};
 
-/// `kubectl kustomize DIR`, DIR relative to the repository's deploy/.
+/// `kubectl kustomize DIR` (the kubectl `cargo xtask setup` builds), DIR relative to the repository's deploy/.
 fn render(dir: &str) -> Vec<serde_json::Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy").join(dir);
-    let out = std::process::Command::new("kubectl").arg("kustomize").arg(&dir).output().expect(
-        "kubectl is needed for this test (it renders deploy/ with kustomize); install kubectl or put it on PATH",
-    );
+    let out = std::process::Command::new(lb_testkit::kube::k8s_bin("kubectl"))
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .expect("kubectl kustomize");
     assert!(out.status.success(), "kubectl kustomize: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap()
