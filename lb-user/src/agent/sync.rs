@@ -446,7 +446,7 @@ impl<W: MapWriter> AgentCore<W> {
         self.health.remove(key);
         self.no_local.remove(key);
         self.no_local.set(key, &plans);
-        self.topology.set(&svc, &plans);
+        self.topology.set(&svc, &plans, filled);
         for (port, h) in plans.iter().filter_map(|p| lower::health_port(&svc, p)) {
             let seen = self.health.entry(key.clone()).or_insert((port, h.clone()));
             seen.1.local_endpoints = seen.1.local_endpoints.max(h.local_endpoints);

@@ -56,18 +56,25 @@ impl Topology {
     }
 }
 
-/// The rows of one Service's plans.
-fn rows(svc: &Service, plans: &[PortPlan]) -> Box<[Row]> {
+/// The rows of one Service's plans, planned on hints the agent wrote itself if `emulated`.
+fn rows(svc: &Service, plans: &[PortPlan], emulated: bool) -> Box<[Row]> {
     plans
         .iter()
         .map(|p| {
             let s = plan::summarize(svc, p);
+            // A Local policy ignores hints; otherwise what the node applies rests on hints no controller wrote.
+            let local = matches!(
+                s.reason,
+                TopologyReason::LocalPolicy
+                    | TopologyReason::LocalPolicyOverridesDistribution
+                    | TopologyReason::NoLocalEndpoint
+            );
             Row {
                 name: p.name.clone(),
                 family: p.family,
                 requested: s.requested,
                 applied: s.applied,
-                reason: s.reason,
+                reason: if emulated && !local { TopologyReason::HintsEmulated } else { s.reason },
                 ready: count(p.counts.ready),
                 ready_node_hinted: count(p.counts.ready_node_hinted),
                 ready_zone_hinted: count(p.counts.ready_zone_hinted),
@@ -82,9 +89,9 @@ fn count(n: usize) -> u32 {
 }
 
 impl Topology {
-    /// `svc`'s rows are those of `plans` now.
-    pub(super) fn set(&mut self, svc: &Service, plans: &[PortPlan]) {
-        let new = rows(svc, plans);
+    /// `svc`'s rows are those of `plans` now (planned on hints the agent wrote itself if `emulated`).
+    pub(super) fn set(&mut self, svc: &Service, plans: &[PortPlan], emulated: bool) {
+        let new = rows(svc, plans, emulated);
         if self.by_service.get(&svc.key) != Some(&new) {
             self.by_service.insert(svc.key.clone(), new);
             self.all = None;

@@ -74,6 +74,10 @@ pub enum TopologyReason {
     LocalPolicyOverridesDistribution,
     /// A Local policy with endpoints elsewhere but none here: kube-proxy drops.
     NoLocalEndpoint,
+    /// The Service asks for hints and its slices carry none (a controller that does not know its
+    /// `trafficDistribution`, or one not running): the agent uses the hints the EndpointSlice controller would
+    /// write, where kube-proxy uses every endpoint.
+    HintsEmulated,
 }
 
 impl TopologyReason {
@@ -93,6 +97,7 @@ impl TopologyReason {
             Self::LocalPolicy => "local_policy",
             Self::LocalPolicyOverridesDistribution => "local_policy_overrides_distribution",
             Self::NoLocalEndpoint => "no_local_endpoint",
+            Self::HintsEmulated => "hints_emulated",
         }
     }
 
