@@ -88,7 +88,7 @@ pub struct DiffNode {
 /// The lab: the control plane, the LAN, the nodes and the pods' servers.
 pub struct DiffLab {
     // Drop order: the pods' servers, the nodes (agents, kube-proxies, namespaces), the LAN, the control plane.
-    servers: Vec<(NamedServer, NetNs)>,
+    servers: std::collections::BTreeMap<String, (NamedServer, NetNs)>,
     /// The nodes, in the order given.
     pub nodes: Vec<DiffNode>,
     /// The LAN's namespace (the bridge).
@@ -195,7 +195,7 @@ impl DiffLab {
             });
         }
         Ok(Self {
-            servers: Vec::new(),
+            servers: std::collections::BTreeMap::new(),
             nodes: made,
             lan,
             cp,
@@ -208,6 +208,30 @@ impl DiffLab {
 
     fn index(&self, node: &str) -> anyhow::Result<usize> {
         self.nodes.iter().position(|n| n.name == node).with_context(|| format!("no node {node}"))
+    }
+
+    /// The node named `node`.
+    pub fn node(&self, node: &str) -> anyhow::Result<&DiffNode> {
+        Ok(&self.nodes[self.index(node)?])
+    }
+
+    /// Stop pod `name`'s server (its container exits, as the kubelet stops it) and remove its network
+    /// namespace and the node's route to it. Its Pod object is the caller's (`ControlPlane::pod_gone`).
+    pub fn stop_pod(&mut self, name: &str) -> anyhow::Result<()> {
+        let (server, netns) = self.servers.remove(name).with_context(|| format!("no pod {name}"))?;
+        drop(server);
+        drop(netns);
+        Ok(())
+    }
+
+    /// `program` run as a pod of `node` (its client pod's network namespace) going through the proxy the
+    /// node runs: in the agent's cgroup where tierlb's agent runs, in a cgroup with no program otherwise.
+    pub fn pod_client(&self, node: &str, program: &Path) -> anyhow::Result<Command> {
+        let n = self.node(node)?;
+        let mut cmd = Command::new(program);
+        let cgroup = if n.agent.is_some() { &n.boxed.cgroup } else { &n.plain };
+        confine(&mut cmd, Some(cgroup), Some(&n.client_pod))?;
+        Ok(cmd)
     }
 
     /// A pod on `node` with `labels`, its server answering `name` on `POD_PORT` on both its addresses,
@@ -229,7 +253,7 @@ impl DiffLab {
         // One socket for both families (`[::]`, IPv4 connects arrive mapped).
         let any = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), POD_PORT);
         let server = NamedServer::start(&self.lab, &ns, any, name)?;
-        self.servers.push((server, ns));
+        self.servers.insert(name.to_owned(), (server, ns));
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: \"{v}\"")).collect();
         self.cp.apply(&format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{{}}}}}\n\
@@ -243,9 +267,19 @@ impl DiffLab {
 
     /// Start tierlb's agent on every node, as deployed, reading the API server; each returns once ready.
     pub fn start_agents(&mut self) -> anyhow::Result<()> {
-        for n in &mut self.nodes {
-            n.agent = Some(n.boxed.start_agent_kube(&n.name, &self.in_cluster, &[])?);
+        for i in 0..self.nodes.len() {
+            let name = self.nodes[i].name.clone();
+            self.start_agent(&name, &[])?;
         }
+        Ok(())
+    }
+
+    /// Start tierlb's agent on `node` as deployed (with `extra` arguments), reading the API server; returns
+    /// once it is ready.
+    pub fn start_agent(&mut self, node: &str, extra: &[&str]) -> anyhow::Result<()> {
+        let i = self.index(node)?;
+        let n = &mut self.nodes[i];
+        n.agent = Some(n.boxed.start_agent_kube(&n.name, &self.in_cluster, extra)?);
         Ok(())
     }
 
@@ -286,7 +320,18 @@ impl DiffLab {
     /// written its rules, on a node with a zone once it has taken the zone (started again if it missed it:
     /// `zone_misses`).
     pub fn start_proxies(&mut self, mode: Mode) -> anyhow::Result<()> {
-        for n in &mut self.nodes {
+        for i in 0..self.nodes.len() {
+            let name = self.nodes[i].name.clone();
+            self.start_proxy(&name, mode)?;
+        }
+        Ok(())
+    }
+
+    /// `start_proxies` on `node` alone.
+    pub fn start_proxy(&mut self, node: &str, mode: Mode) -> anyhow::Result<()> {
+        let i = self.index(node)?;
+        {
+            let n = &mut self.nodes[i];
             if let Some(mut p) = n.proxy.take() {
                 p.stop(std::time::Duration::from_secs(10));
             }

@@ -224,7 +224,16 @@ impl ControlPlane {
         }
     }
 
-    fn start_controller_manager(&mut self) -> anyhow::Result<()> {
+    /// Stop kube-controller-manager (the EndpointSlice controller with it); the slices stay as it left them.
+    pub fn stop_controller_manager(&mut self) {
+        if let Some(mut kcm) = self.kcm.take() {
+            kcm.stop(Duration::from_secs(10));
+        }
+    }
+
+    /// Start kube-controller-manager with the EndpointSlice and service-account controllers (again, after
+    /// `stop_controller_manager`).
+    pub fn start_controller_manager(&mut self) -> anyhow::Result<()> {
         let args = vec![
             format!("--kubeconfig={}", self.kubeconfig("system-kube-controller-manager").display()),
             "--leader-elect=false".to_owned(),

@@ -18,6 +18,7 @@ pub mod kube_proxy;
 pub mod manifests;
 pub mod probe;
 pub mod sandbox;
+pub mod story;
 pub mod tenant;
 
 use std::path::PathBuf;

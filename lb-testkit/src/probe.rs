@@ -114,6 +114,34 @@ pub fn spread(target: SocketAddr, count: usize, timeout: Duration, give_up: usiz
     Report { target: target.to_string(), attempts }
 }
 
+/// `count` attempts, `interval` apart, each started at its time on a thread of its own whether the ones
+/// before it have ended or not (an open-loop client: a booking form's users do not wait for each other, and a
+/// request that hangs does not hold back the next); in order of their start.
+pub fn run_open(target: SocketAddr, count: usize, interval: Duration, timeout: Duration) -> Report {
+    let start = Instant::now();
+    let running: Vec<_> = (0..count)
+        .map(|i| {
+            let due = start + interval * u32::try_from(i).unwrap_or(u32::MAX);
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                let r = attempt(target, timeout);
+                let (ms, t_ms) =
+                    (t0.elapsed().as_secs_f64() * 1e3, t0.duration_since(start).as_secs_f64() * 1e3);
+                let (backend, error, peer) = match r {
+                    Ok((b, p)) => (Some(b), None, p),
+                    Err(e) => (None, Some(e), None),
+                };
+                Attempt { t_ms, ms, backend, error, peer }
+            })
+        })
+        .collect();
+    let attempts = running.into_iter().map(|t| t.join().expect("an attempt's thread")).collect();
+    Report { target: target.to_string(), attempts }
+}
+
 /// `count` attempts, `interval` apart (measured from start to start).
 pub fn run(target: SocketAddr, count: usize, interval: Duration, timeout: Duration) -> Report {
     let start = Instant::now();

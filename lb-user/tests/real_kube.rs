@@ -149,17 +149,7 @@ fn the_story_patch_moves_every_node_to_its_own_pod() {
 
     // The story's fix, with the story's exact command.
     let patched = Instant::now();
-    c.cp.kubectl(&[
-        "patch",
-        "svc",
-        "nginx-cache",
-        "-n",
-        "booking",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"internalTrafficPolicy":"Cluster","trafficDistribution":"PreferSameNode"}}"#,
-    ])
-    .unwrap();
+    c.cp.kubectl(&lb_testkit::story::PATCH).unwrap();
     // node-3 now reaches a cache pod: the time from the patch to that is the patch's way through the API
     // server, the controller's slice update, the watch and the maps.
     until(&c, "node-3", target, Duration::from_secs(10), Result::is_ok).unwrap();
@@ -169,19 +159,7 @@ fn the_story_patch_moves_every_node_to_its_own_pod() {
     wait_slices(&c, "booking", "nginx-cache", "forNodes on every ready endpoint", |eps| {
         eps.iter().filter(|e| ready(e)).all(|e| e["hints"]["forNodes"][0]["name"] == e["nodeName"])
     });
-    let shown = c
-        .cp
-        .kubectl(&[
-            "get",
-            "endpointslice",
-            "-n",
-            "booking",
-            "-l",
-            "kubernetes.io/service-name=nginx-cache",
-            "-o",
-            r#"jsonpath={range .items[*].endpoints[*]}{.nodeName}{"\t"}{.hints.forNodes[*].name}{"\t"}{.hints.forZones[*].name}{"\n"}{end}"#,
-        ])
-        .unwrap();
+    let shown = c.cp.kubectl(&lb_testkit::story::HINTS).unwrap();
     let mut lines: Vec<&str> = shown.lines().collect();
     lines.sort_unstable();
     assert_eq!(lines, ["node-1\tnode-1\tzone-a", "node-2\tnode-2\tzone-b"], "{shown}");
@@ -517,15 +495,7 @@ fn the_read_only_faces_read_the_real_api_server_as_the_storys_operator() {
     })
     .unwrap();
     // The story's operator: get and list on Services and EndpointSlices in booking, nothing else.
-    cp.apply(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: read, namespace: booking}\n\
-         rules:\n- apiGroups: [\"\", discovery.k8s.io]\n  resources: [services, endpointslices]\n  \
-         verbs: [get, list]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
-         metadata: {name: operator-read, namespace: booking}\n\
-         roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: read}\n\
-         subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: operator}]\n",
-    )
-    .unwrap();
+    cp.apply(lb_testkit::story::OPERATOR_READ).unwrap();
     let operator = cp.kubeconfig("operator");
 
     // lint finds the dead line, from the real slices, and says what it could not read.
