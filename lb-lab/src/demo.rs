@@ -13,7 +13,10 @@
 //! 5. A pod crashes before the EndpointSlice says so (`crash`): passive health in each node's kernel, next to
 //!    the study's prediction and to kube-proxy.
 mod crash;
+mod real;
 pub(crate) mod timeline;
+
+pub use real::{Pace, run as run_real};
 
 use std::{
     collections::BTreeMap,
@@ -141,6 +144,16 @@ fn vip() -> SocketAddr {
 /// Whether `backend` (a pod name) runs on node `node`.
 fn own(node: usize, backend: &str) -> bool {
     backend.starts_with(&format!("cache-{}-", NODES[node]))
+}
+
+/// `own` by the node's name, as the chart's record takes it.
+fn own_by_name(node: &str, backend: &str) -> bool {
+    NODES.iter().position(|n| *n == node).is_some_and(|i| own(i, backend))
+}
+
+/// The simulated nodes' names, as the chart's record takes them.
+fn node_names() -> Vec<String> {
+    NODES.iter().map(|n| (*n).to_owned()).collect()
 }
 
 /// Per-node table of a roll phase; returns (failed, slowest failure ms, requests sent off-node).
@@ -284,7 +297,14 @@ fn local_roll(
          (kube-proxy: a {TIMEOUT_S:.0} s hang each)",
         pass(v1)
     );
-    chart.push(timeline::record("1. internalTrafficPolicy: Local", verdict, &r1, &shaded(&windows)));
+    chart.push(timeline::record(
+        "1. internalTrafficPolicy: Local",
+        verdict,
+        &node_names(),
+        &r1,
+        &shaded(&windows),
+        &own_by_name,
+    ));
     Ok(v1)
 }
 
@@ -323,7 +343,7 @@ fn prefer_same_node_roll(
         pass(v2)
     );
     let title = "2. trafficDistribution: PreferSameNode";
-    chart.push(timeline::record(title, verdict, &r2, &shaded(&windows)));
+    chart.push(timeline::record(title, verdict, &node_names(), &r2, &shaded(&windows), &own_by_name));
     Ok(v2)
 }
 

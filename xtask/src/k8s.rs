@@ -109,14 +109,46 @@ fn key(dir: &Path, version: &str, go_version: &str) -> anyhow::Result<String> {
 /// `go build` of the module in `dir`, stamped as `version`, into `binary` (through a `.partial` file, so an
 /// interrupted build leaves no binary that looks finished).
 fn go_build(dir: &Path, version: &str, binary: &Path) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
     let partial = binary.with_extension("partial");
-    util::run(
-        Command::new("go")
-            .current_dir(dir)
-            .args(["build", "-trimpath", "-mod=readonly", "-ldflags", &ldflags(version), "-o"])
-            .arg(&partial)
-            .arg("."),
-    )?;
+    let mut cmd = Command::new("go");
+    cmd.current_dir(dir)
+        .args(["build", "-v", "-trimpath", "-mod=readonly", "-ldflags", &ldflags(version), "-o"])
+        .arg(&partial)
+        .arg(".")
+        .stderr(std::process::Stdio::piped());
+    eprintln!("+ {}", util::show(&cmd));
+    let mut child = cmd.spawn().context("go build")?;
+    // `-v` names each package as it is compiled: counted, and shown as a line of progress every 20 s; any
+    // other line (an error) is passed on.
+    let started = std::time::Instant::now();
+    let (mut packages, mut shown) = (0, started);
+    let mut other = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().context("go build's stderr")?).lines() {
+        let line = line?;
+        if line.contains(' ') || line.starts_with('#') {
+            eprintln!("{line}");
+            other.push(line);
+        } else {
+            packages += 1;
+        }
+        if shown.elapsed() >= std::time::Duration::from_secs(20) {
+            shown = std::time::Instant::now();
+            eprintln!(
+                "setup: go build {}: {packages} packages compiled ({:.0} s)",
+                dir.display(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let status = child.wait()?;
+    anyhow::ensure!(
+        status.success(),
+        "go build in {} failed ({status}): {}",
+        dir.display(),
+        other.join("\n")
+    );
+    eprintln!("setup: go build {}: {packages} packages", dir.display());
     std::fs::rename(&partial, binary)?;
     Ok(())
 }

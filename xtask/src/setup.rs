@@ -16,7 +16,8 @@ pub(crate) struct Options {}
 /// them as a person would.
 /// prometheus brings promtool, which checks and unit-tests deploy/monitoring's rules, and the server the
 /// metrics test scrapes an agent with (it is only run by the tests, on loopback in their own namespace).
-/// buildah builds the agent's image from deploy/image/Containerfile and podman loads it for the check.
+/// buildah builds the agent's image from deploy/image/Containerfile and podman loads it for the check. jq
+/// runs the demo's monitoring check (`kubectl ... | jq`), as the story's operator ran it.
 const PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "bpftool",
@@ -27,6 +28,7 @@ const PACKAGES: &[&str] = &[
     "prometheus",
     "buildah",
     "podman",
+    "jq",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

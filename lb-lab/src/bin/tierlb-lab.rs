@@ -41,6 +41,10 @@ enum Cmd {
         interval_ms: f64,
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
+        /// Start each request at its time on a thread of its own, whether the ones before it have ended or not
+        /// (users who do not wait for each other); without it, one request at a time.
+        #[arg(long)]
+        open: bool,
     },
     /// `probe` of each target in turn (a JSON list of reports on stdout), a target given up after `--give-up`
     /// failed attempts in a row (a dropped connect costs the whole timeout each time).
@@ -190,11 +194,20 @@ enum Cmd {
         #[arg(long, default_value_t = 2.0)]
         seconds: f64,
     },
-    /// The demo: three simulated nodes, one node's pod goes away, zero failed connects.
+    /// The demo: the booking form incident on the cluster in a box (a real control plane, real kube-proxy on
+    /// three nodes, tierlb on three), or with --simulated on tierlb's own simulated nodes.
     Demo {
         /// The tierlb binary (default: next to this one).
         #[arg(long)]
         tierlb: Option<PathBuf>,
+        /// The earlier demo: three simulated nodes whose EndpointSlices tierlb writes from its own emulation of
+        /// the controller, kube-proxy's behaviour from a model; it adds DNS through a VIP and a pod crash
+        /// caught by passive health, and needs no control plane.
+        #[arg(long)]
+        simulated: bool,
+        /// Shorter steps and fewer requests, the same claims (the test's pace).
+        #[arg(long)]
+        quick: bool,
         /// Where to write the chart (demo-timeline.svg) and the data it is drawn from (demo-timeline.json).
         #[arg(long, default_value = ".")]
         out_dir: PathBuf,
@@ -210,7 +223,10 @@ fn serve(listen: SocketAddr, name: &str) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let listener = tokio::net::TcpListener::bind(listen).await?;
+        // The agent's backlog (4096, not tokio's 128): a client that connects faster than one thread accepts
+        // in bursts (the tenant test's 100,000 connects in a row) overflows a short queue, and each dropped
+        // SYN costs that client a 1 s retransmission.
+        let listener = tierlb::server::listen(listen)?;
         let body = format!("{name}\n");
         // A pod's server is the backend of every test client: many clients share an address (a node's own
         // processes, and every outside client masqueraded to that node's address), so no per-client bound.
@@ -307,8 +323,9 @@ fn run(command: Cmd) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Cmd::Probe { target, count, interval_ms, timeout_ms } => {
-            let r = lb_testkit::probe::run(
+        Cmd::Probe { target, count, interval_ms, timeout_ms, open } => {
+            let run = if open { lb_testkit::probe::run_open } else { lb_testkit::probe::run };
+            let r = run(
                 target,
                 count,
                 Duration::from_secs_f64(interval_ms / 1e3),
@@ -376,10 +393,16 @@ fn run(command: Cmd) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Cmd::Demo { tierlb, out_dir, chart_from: None } => {
+        Cmd::Demo { tierlb, out_dir, chart_from: None, simulated, quick } => {
             let me = std::env::current_exe().expect("own path");
             let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
-            match lb_lab::demo::run(&tierlb, &me, &out_dir) {
+            let pace = if quick { lb_lab::demo::Pace::QUICK } else { lb_lab::demo::Pace::FULL };
+            let ran = if simulated {
+                lb_lab::demo::run(&tierlb, &me, &out_dir)
+            } else {
+                lb_lab::demo::run_real(&tierlb, &me, &out_dir, pace)
+            };
+            match ran {
                 Ok(true) => ExitCode::SUCCESS,
                 Ok(false) => ExitCode::FAILURE,
                 Err(e) => {

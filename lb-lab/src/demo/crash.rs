@@ -286,7 +286,14 @@ pub(super) fn pod_crash(
         seen[0].while_down,
     );
     let title = "5. A pod crashes (PreferSameNode, no EndpointSlice change)";
-    chart.push(timeline::record(title, verdict, &run.reports, &[windows(&run)]));
+    chart.push(timeline::record(
+        title,
+        verdict,
+        &super::node_names(),
+        &run.reports,
+        &[windows(&run)],
+        &super::own_by_name,
+    ));
     Ok(ok)
 }
 

@@ -6,7 +6,6 @@
 use serde::{Deserialize, Serialize};
 use tierlb::chart::{self, ChartError, Panel, Row, Series, Span, Timeline, okabe_ito};
 
-use super::{NODES, own};
 use lb_testkit::probe::Report;
 
 /// The width of a bin, in seconds.
@@ -56,10 +55,25 @@ pub(crate) struct Bin {
     pub(crate) answered: u32,
     /// Answered by another node's pod.
     pub(crate) off_node: u32,
+    /// Waited `WAITED_MS` or more, answered late or not at all (a dropped SYN and its retransmissions).
+    #[serde(default)]
+    pub(crate) waited: u32,
 }
 
-/// An act's record from its clients' reports (in [`NODES`] order) and each node's windows.
-pub(crate) fn record(title: &str, verdict: String, reports: &[Report], windows: &[Vec<Window>]) -> Act {
+/// A request that took this long waited on the network rather than being answered or refused (both take
+/// about a millisecond in the demo's namespaces).
+pub(crate) const WAITED_MS: f64 = 500.0;
+
+/// An act's record from its clients' reports, one per node of `names` in that order, and each node's windows;
+/// `own(node, backend)` says whether a backend (a pod's name) runs on the node.
+pub(crate) fn record(
+    title: &str,
+    verdict: String,
+    names: &[String],
+    reports: &[Report],
+    windows: &[Vec<Window>],
+    own: &dyn Fn(&str, &str) -> bool,
+) -> Act {
     let nodes = reports
         .iter()
         .enumerate()
@@ -79,12 +93,15 @@ pub(crate) fn record(title: &str, verdict: String, reports: &[Report], windows: 
                     // Rounded to the millisecond: the chart cannot show finer, and the record stays small.
                     failed_at.push((a.t_ms).round() / 1e3);
                 }
-                if a.backend.as_deref().is_some_and(|b| !own(i, b)) {
+                if a.ms >= WAITED_MS {
+                    bins[k].waited += 1;
+                }
+                if a.backend.as_deref().is_some_and(|b| !own(&names[i], b)) {
                     bins[k].off_node += 1;
                 }
             }
             NodeSeen {
-                node: NODES[i].to_owned(),
+                node: names[i].clone(),
                 windows: windows.get(i).cloned().unwrap_or_default(),
                 bins,
                 failed_at,
@@ -99,18 +116,28 @@ pub(crate) fn timeline_chart(acts: &[Act]) -> Result<String, ChartError> {
     let panels = acts.iter().map(panel).collect();
     chart::timeline_chart(&Timeline {
         title: "tierlb demo: what each node's booking clients saw".into(),
-        subtitle: "three simulated nodes, each a request every 50 ms (5 s timeout); lines per 250 ms bin"
-            .into(),
+        subtitle: subtitle(acts).into(),
         x_desc: "time since the clients started (s)".into(),
         y_desc: "share of the node's requests (%)".into(),
         series: vec![
             Series { name: "answered".into(), colour: okabe_ito::BLUE, dashed: false },
             Series { name: "answered by another node".into(), colour: okabe_ito::ORANGE, dashed: true },
+            Series { name: "waited 0.5 s or more".into(), colour: okabe_ito::PURPLE, dashed: false },
         ],
         marks: ("failed request".into(), okabe_ito::VERMILLION),
         spans: "the node's pod rolling, down or held".into(),
         panels,
     })
+}
+
+/// What the chart's nodes are: the cluster in a box's two halves, or the simulated demo's three nodes.
+fn subtitle(acts: &[Act]) -> &'static str {
+    if acts.iter().flat_map(|a| &a.nodes).any(|n| n.node.starts_with("kp-node-")) {
+        "one cluster: real kube-proxy (iptables) on kp-node-*, tierlb on tl-node-*; each a request every 50 ms \
+         (5 s timeout); lines per 250 ms bin"
+    } else {
+        "three simulated nodes, each a request every 50 ms (5 s timeout); lines per 250 ms bin"
+    }
 }
 
 /// An act's panel: per node, the answered and off-node shares at the middle of each bin.
@@ -129,7 +156,7 @@ fn panel(act: &Act) -> Panel {
             };
             Row {
                 label: n.node.clone(),
-                lines: vec![share(|b| b.answered), share(|b| b.off_node)],
+                lines: vec![share(|b| b.answered), share(|b| b.off_node), share(|b| b.waited)],
                 spans: n
                     .windows
                     .iter()
@@ -146,7 +173,10 @@ fn panel(act: &Act) -> Panel {
 mod tests {
     use lb_testkit::probe::Attempt;
 
-    use super::{super::pod_name, *};
+    use super::{
+        super::{node_names as names, own_by_name as own, pod_name},
+        *,
+    };
 
     /// A roll as the clients see it: every 50 ms for 10 s; node `i` fails or goes to another node (as
     /// `fail` says) during its window, i..i+1 s after 2 s.
@@ -181,18 +211,36 @@ mod tests {
     }
 
     #[test]
+    fn a_request_that_waited_is_counted_in_the_bin_it_was_sent_in_answered_or_not() {
+        let at = |t_ms: f64, ms: f64, error: Option<&str>| Attempt {
+            t_ms,
+            ms,
+            backend: error.is_none().then(|| pod_name(0, 0)),
+            error: error.map(str::to_owned),
+            peer: None,
+        };
+        let report = Report {
+            target: "10.96.0.20:80".into(),
+            attempts: vec![at(0.0, 0.3, None), at(50.0, 1003.0, None), at(100.0, 5000.0, Some("ETIMEDOUT"))],
+        };
+        let act = record("Local", "PASS".into(), &names()[..1], &[report], &[], &own);
+        assert_eq!(act.nodes[0].bins, [Bin { sent: 3, answered: 2, off_node: 0, waited: 2 }]);
+        assert_eq!(act.nodes[0].failed_at, [0.1]);
+    }
+
+    #[test]
     fn a_record_bins_each_nodes_requests_and_keeps_its_failures() {
-        let act = record("Local", "PASS".into(), &roll(true), &windows());
+        let act = record("Local", "PASS".into(), &names(), &roll(true), &windows(), &own);
         let n1 = &act.nodes[0];
         assert_eq!(n1.node, "node-1");
         assert_eq!(n1.bins.len(), 40);
         // 2.0..3.0 s: four bins of five requests, none answered.
-        assert_eq!(n1.bins[7], Bin { sent: 5, answered: 5, off_node: 0 });
-        assert_eq!(n1.bins[8], Bin { sent: 5, answered: 0, off_node: 0 });
+        assert_eq!(n1.bins[7], Bin { sent: 5, answered: 5, off_node: 0, waited: 0 });
+        assert_eq!(n1.bins[8], Bin { sent: 5, answered: 0, off_node: 0, waited: 0 });
         assert_eq!(n1.failed_at.len(), 20);
         assert!((n1.failed_at[0] - 2.0).abs() < 1e-9 && (n1.failed_at[19] - 2.95).abs() < 1e-9);
-        let served = record("PreferSameNode", "PASS".into(), &roll(false), &windows());
-        assert_eq!(served.nodes[1].bins[12], Bin { sent: 5, answered: 5, off_node: 5 });
+        let served = record("PreferSameNode", "PASS".into(), &names(), &roll(false), &windows(), &own);
+        assert_eq!(served.nodes[1].bins[12], Bin { sent: 5, answered: 5, off_node: 5, waited: 0 });
         assert!(served.nodes[1].failed_at.is_empty());
     }
 
@@ -202,14 +250,18 @@ mod tests {
             record(
                 "1. internalTrafficPolicy: Local",
                 "PASS: lost in the windows".into(),
+                &names(),
                 &roll(true),
                 &windows(),
+                &own,
             ),
             record(
                 "2. trafficDistribution: PreferSameNode",
                 "PASS: none lost".into(),
+                &names(),
                 &roll(false),
                 &windows(),
+                &own,
             ),
         ];
         let p = panel(&acts[0]);
