@@ -51,15 +51,21 @@ fn main() -> ExitCode {
             r => r.map(|out| Some(out.text)),
         },
         Command::Lint(l) => match tierlb::cli::run_lint(l) {
+            // Input it could not read whole wins over findings: the findings of what it did read are printed.
             Ok(out) => {
                 print!("{}", out.text);
-                return if out.findings > 0 {
+                return if out.errors > 0 {
+                    ExitCode::from(tierlb::cli::EXIT_INVALID_INPUT)
+                } else if out.findings > 0 {
                     ExitCode::from(tierlb::cli::EXIT_FINDINGS)
                 } else {
                     ExitCode::SUCCESS
                 };
             }
-            Err(e) => Err(e),
+            Err(e) => {
+                eprintln!("tierlb: error: {e:#}");
+                return ExitCode::from(tierlb::cli::EXIT_INVALID_INPUT);
+            }
         },
         Command::Study(s) => tierlb::cli::run_study(s).map(Some),
         Command::Status(s) => tierlb::cli::run_status(s).map(Some),

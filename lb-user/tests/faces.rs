@@ -428,3 +428,55 @@ fn plan_table_marks_the_services_not_programmed_on_a_contested_vip() {
         "{out}"
     );
 }
+
+/// One lint input case: what it is, the files written, what it is based on (`story*`, `missing`, or nothing),
+/// the exit status wanted and what stderr must say.
+type LintCase<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, i32, &'a str);
+
+/// `tierlb lint` as a CI gate: input it cannot read whole is exit 3 (as `plan`'s invalid input), never a pass,
+/// and beats findings (whose lines are still printed); findings alone 1; a usage error 2.
+#[test]
+fn lint_exits_3_on_input_it_cannot_read_whole_and_never_passes_it() {
+    let tmp = TempDir::new("faces-lint-input").unwrap();
+    let story = story();
+    let bad_service = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n\
+                       spec:\n  clusterIP: 10.96.0.020\n  ports: [{port: 80000}]\n";
+    let cases: &[LintCase] = &[
+        ("a file with a YAML error, alone", &[("bad.yaml", "a: [1, 2\nb: 3\n")], "", 3, "error:"),
+        ("clusterIP 10.96.0.020 and port 80000", &[("web.yaml", bad_service)], "", 3, "error:"),
+        ("an empty directory", &[], "", 3, "no Service in --manifests"),
+        ("the story beside a file with a YAML error", &[("bad.yaml", "a: [1, 2\n")], "story", 3, "error:"),
+        ("a namespace with no Service", &[], "story-nope", 3, "no Service in --manifests"),
+        ("a missing directory", &[], "missing", 3, "cannot read the directory"),
+        ("the story", &[], "story-only", 1, ""),
+    ];
+    for (i, (what, files, base, want, says)) in cases.iter().enumerate() {
+        let dir = tmp.path().join(format!("case-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        if base.starts_with("story") {
+            for f in std::fs::read_dir(&story).unwrap() {
+                let f = f.unwrap();
+                std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+            }
+        }
+        for (name, text) in *files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        let path = if *base == "missing" { tmp.path().join("no-such-dir") } else { dir };
+        let mut args = vec!["lint", "--manifests", path.to_str().unwrap()];
+        if *base == "story-nope" {
+            args.extend(["--namespace", "nope"]);
+        }
+        let (code, out, err) = tierlb(&args);
+        assert_eq!(code, *want, "{what}: exit {code}\nstdout: {out}\nstderr: {err}");
+        assert!(err.contains(says), "{what}: stderr says {err:?}");
+        if base.starts_with("story") && *base != "story-nope" {
+            assert!(
+                out.contains("dead-local-line"),
+                "{what}: the findings of what was read are printed: {out}"
+            );
+        }
+    }
+    let (code, _, err) = tierlb(&["lint"]);
+    assert_eq!(code, 2, "no source is a usage error: {err}");
+}

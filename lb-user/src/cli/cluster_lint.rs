@@ -1,5 +1,6 @@
 //! `tierlb lint`: every Service of a source judged across the cluster (`lint::cluster_lint`), one line per
-//! finding with the Service, the rule, the nodes it concerns and the fix; exit status 0 clean, 1 findings.
+//! finding with the Service, the rule, the nodes it concerns and the fix; exit status 0 clean, 1 findings, 2
+//! usage, 3 input it could not read whole (an unreadable source, an invalid object or document, no Service).
 use std::fmt::Write as _;
 
 use crate::{lint, output::Output};
@@ -24,6 +25,9 @@ pub struct LintOutput {
     pub text: String,
     /// Findings (0: clean).
     pub findings: usize,
+    /// Error diagnostics (printed to stderr already): objects, documents or files not judged. A gate that
+    /// passed a manifest it could not read would pass a broken one: the status is then `EXIT_INVALID_INPUT`.
+    pub errors: usize,
 }
 
 /// `tierlb lint`: the findings of every Service of the source (of `--namespace`).
@@ -33,13 +37,19 @@ pub fn run_lint(args: &LintArgs) -> anyhow::Result<LintOutput> {
 
 /// `tierlb lint` of an input already read.
 pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintOutput> {
+    anyhow::ensure!(
+        !input.model.services.is_empty() || input.errors > 0,
+        "no Service in {}: nothing to judge (a lint that finds nothing to read must not pass; check the path \
+         or --namespace)",
+        input.origin
+    );
     let nodes = lint::cluster_nodes(&input.model);
     let found = lint::cluster_lint(&input.model, &nodes, &input.filled);
     let text = match args.output {
         Output::Json => serde_json::to_string_pretty(&found)? + "\n",
         Output::Table => table(&found, nodes.len()),
     };
-    Ok(LintOutput { text, findings: found.len() })
+    Ok(LintOutput { text, findings: found.len(), errors: input.errors })
 }
 
 fn table(found: &[lint::ClusterFinding], nodes: usize) -> String {
