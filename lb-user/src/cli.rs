@@ -135,8 +135,35 @@ impl NodeArgs {
                 );
             }
         }
+        if let Some(warning) = unknown_node(&self.node, model) {
+            eprintln!("{warning}");
+        }
         NodeInfo::resolve_with(&self.node, zone.as_deref(), model, &self.external())
     }
+}
+
+/// A warning when `node` is in no Node object and no endpoint (by `nodeName` or a `forNodes` hint) of the
+/// source: what it is planned as, and the name it is likely a typo of.
+fn unknown_node(node: &str, model: &crate::model::Model) -> Option<String> {
+    use crate::model::Name;
+    let endpoints = || model.slices.values().flat_map(|s| &s.endpoints);
+    let mut known: std::collections::BTreeSet<&str> = model.nodes.keys().map(String::as_str).collect();
+    known.extend(endpoints().filter_map(|e| e.node_name.as_deref()));
+    known.extend(
+        endpoints().flat_map(|e| e.hints.for_nodes().into_iter().flat_map(|l| l.iter().map(Name::as_str))),
+    );
+    if known.contains(node) {
+        return None;
+    }
+    let hint = match crate::spelling::closest(node, known.iter().copied()) {
+        Some(k) => format!("; did you mean {k}?"),
+        None if known.is_empty() => String::new(),
+        None => format!(" (nodes there: {})", known.iter().copied().collect::<Vec<_>>().join(", ")),
+    };
+    Some(format!(
+        "warning: node {node} is in no Node object and no endpoint of the source: planned as a node with no \
+         local endpoint{hint}"
+    ))
 }
 
 /// `tierlb agent`.

@@ -18,6 +18,7 @@ pub mod plan;
 pub mod server;
 pub mod skipped;
 pub mod source;
+mod spelling;
 pub mod status;
 pub mod study;
 pub mod trace;

@@ -480,3 +480,32 @@ fn lint_exits_3_on_input_it_cannot_read_whole_and_never_passes_it() {
     let (code, _, err) = tierlb(&["lint"]);
     assert_eq!(code, 2, "no source is a usage error: {err}");
 }
+
+/// A `--node` that no Node object and no endpoint of the source names is planned (as a node with no local
+/// endpoint) with a warning that says so and names the node it is likely a typo of.
+#[test]
+fn a_node_the_source_does_not_know_is_named_with_the_closest_known_one() {
+    let story = story();
+    let cases: &[(&[&str], &str)] = &[
+        (&["plan", "--node", "node-9", "-o", "json"], "did you mean node-1?"),
+        (&["explain", "booking/nginx-cache", "--node", "nod-2"], "did you mean node-2?"),
+        (&["plan", "--node", "worker-7"], "(nodes there: node-1, node-2, node-3)"),
+        (&["plan", "--node", "node-2"], ""),
+    ];
+    for (args, says) in cases {
+        let mut args = args.to_vec();
+        args.extend(["--manifests", &story]);
+        let (code, _, err) = tierlb(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let warned = err.lines().find(|l| l.starts_with("warning: node "));
+        if says.is_empty() {
+            assert_eq!(warned, None, "{args:?}: a known node gets no warning");
+        } else {
+            let w = warned.unwrap_or_else(|| panic!("{args:?}: no warning in {err}"));
+            assert!(
+                w.contains("is in no Node object and no endpoint of the source") && w.ends_with(says),
+                "{w}"
+            );
+        }
+    }
+}

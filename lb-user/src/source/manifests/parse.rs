@@ -203,30 +203,13 @@ const READ_FIELDS: &[&str] = &[
 /// The warning for an unknown field, with the field tierlb reads it is likely a misspelling of.
 fn unknown_field_message(field: &str) -> String {
     let last = field.rsplit(['.', ']']).next().unwrap_or(field);
-    let close = READ_FIELDS.iter().find(|k| **k != last && edit_distance(k, last) <= 2.min(k.len() / 4 + 1));
-    match close {
+    match crate::spelling::closest(last, READ_FIELDS.iter().copied()) {
         Some(k) => format!(
             "unknown field {last:?}, ignored: did you mean {k:?}? (tierlb reads {k}; as written, the object \
              is planned as if it were unset)"
         ),
         None => format!("unknown field {last:?}, ignored (the API server would refuse or drop it)"),
     }
-}
-
-/// Levenshtein distance (names are short).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 fn push<T>(
