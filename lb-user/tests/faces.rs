@@ -509,3 +509,38 @@ fn a_node_the_source_does_not_know_is_named_with_the_closest_known_one() {
         }
     }
 }
+
+/// `--manifests` takes what its help says: a directory, one file (a `kubectl get ... -o yaml` dump), or `-`
+/// for standard input; the three give the same answers for the same objects.
+#[test]
+fn manifests_is_a_directory_a_file_or_standard_input() {
+    let tmp = TempDir::new("faces-one-file").unwrap();
+    let dump = tmp.path().join("dump.yaml");
+    let mut text = String::new();
+    let mut files: Vec<_> = std::fs::read_dir(story()).unwrap().map(|f| f.unwrap().path()).collect();
+    files.sort();
+    for f in files {
+        text.push_str("---\n");
+        text.push_str(&std::fs::read_to_string(f).unwrap());
+    }
+    std::fs::write(&dump, &text).unwrap();
+    for args in [&["lint"][..], &["plan", "--node", "node-2", "-o", "json"]] {
+        let from = |source: &str, stdin: Option<&str>| {
+            let mut cmd = Command::new(TIERLB);
+            cmd.args(args).args(["--manifests", source]);
+            cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+            let mut child = cmd.spawn().unwrap();
+            let mut input = child.stdin.take().unwrap();
+            if let Some(t) = stdin {
+                std::io::Write::write_all(&mut input, t.as_bytes()).unwrap();
+            }
+            drop(input);
+            let out = child.wait_with_output().unwrap();
+            (out.status.code(), String::from_utf8(out.stdout).unwrap())
+        };
+        let dir = from(&story(), None);
+        assert!(!dir.1.is_empty(), "{args:?}");
+        assert_eq!(from(dump.to_str().unwrap(), None), dir, "{args:?} from one file");
+        assert_eq!(from("-", Some(&text)), dir, "{args:?} from standard input");
+    }
+}

@@ -13,8 +13,8 @@ use crate::{
 /// The source flags of `plan`, `explain` and `lint`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct FaceSource {
-    /// Directory of Service, EndpointSlice and Node YAML (e.g. a `kubectl get svc,endpointslices,nodes -A -o
-    /// yaml` dump).
+    /// Service, EndpointSlice and Node YAML: a directory of files, one file (e.g. a `kubectl get
+    /// svc,endpointslices,nodes -A -o yaml` dump), or `-` for standard input.
     #[arg(long, required_unless_present = "kube", conflicts_with = "kube")]
     pub manifests: Option<PathBuf>,
     /// Read the objects from the API server instead (in-cluster service account or KUBECONFIG), read-only:
@@ -104,8 +104,22 @@ pub async fn kube_input(client: kube::Client, namespace: Option<&str>) -> anyhow
     Ok(input)
 }
 
-/// Load a manifests directory for a one-shot command, printing its problems to stderr.
+/// Load a manifests directory, one file or `-` (standard input) for a one-shot command, printing its problems
+/// to stderr.
 pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
+    if dir == std::path::Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("--manifests -: cannot read standard input")?;
+        let loaded = crate::source::manifests::load_text(dir, &text);
+        return Ok(finish(loaded.model, &loaded.diagnostics, "--manifests - (standard input)".to_owned()));
+    }
+    if dir.is_file() {
+        let text = std::fs::read_to_string(dir)
+            .with_context(|| format!("--manifests {}: cannot read the file", dir.display()))?;
+        let loaded = crate::source::manifests::load_text(dir, &text);
+        return Ok(finish(loaded.model, &loaded.diagnostics, format!("--manifests {}", dir.display())));
+    }
     let mut md = ManifestDir::new(dir);
     let loaded =
         md.load().with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;

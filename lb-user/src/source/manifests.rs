@@ -23,6 +23,14 @@ pub fn parse_text(path: &Path, text: &str) -> (Vec<Object>, Vec<Diagnostic>) {
     (contents.objects, contents.diagnostics)
 }
 
+/// The model of one file's (or stdin's) text, read once: what `--manifests FILE` and `--manifests -` give the
+/// one-shot commands (a `kubectl get ... -o yaml` dump is one file, a `kind: List` of everything).
+pub fn load_text(path: &Path, text: &str) -> Loaded {
+    let (objects, mut diagnostics) = parse_text(path, text);
+    let model = assemble(objects.into_iter().map(|o| (path.to_owned(), o)).collect(), &mut diagnostics);
+    Loaded { model, diagnostics, stale_files: Vec::new() }
+}
+
 /// A manifests directory with per-file memory: what each file contributed (its last clean version while the
 /// current one has errors), and the file's stamp, so an unchanged file is neither read nor parsed again.
 #[derive(Debug, Default)]
