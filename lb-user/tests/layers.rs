@@ -32,13 +32,15 @@ const LB_USER: &[Part] = &[
     part("model", &["model"], &[]),
     // Work split over two threads (no tierlb type): the conversion and the planning use it.
     part("halves", &["halves"], &[]),
+    // "Did you mean" (no tierlb type): the sources' unknown-field warnings and the faces' unknown node.
+    part("spelling", &["spelling"], &[]),
     // Semantics: pure functions of the model. The hint rules and what is not programmed, the plan (which
     // calls both), the lints (which read a plan).
     part("hints", &["hints", "skipped"], &["model"]),
     part("plan", &["plan"], &["hints"]),
     part("lint", &["lint"], &["plan"]),
     // Sources, data path and cgroups: siblings of the semantics, none imports another.
-    part("source", &["source"], &["model", "halves"]),
+    part("source", &["source"], &["model", "halves", "spelling"]),
     part("datapath", &["datapath"], &["model"]),
     part("cgroup", &["cgroup"], &[]),
     part("metrics", &["metrics"], &["datapath", "source"]),
