@@ -95,18 +95,32 @@ pub fn attempt(target: SocketAddr, timeout: Duration) -> Result<(String, Option<
     if name.is_empty() { Err("empty reply".into()) } else { Ok((name, peer)) }
 }
 
+/// One attempt on `target`, timed: its start relative to `start` and how long it took.
+fn timed(target: SocketAddr, timeout: Duration, start: Instant) -> Attempt {
+    let t0 = Instant::now();
+    let r = attempt(target, timeout);
+    let (ms, t_ms) = (t0.elapsed().as_secs_f64() * 1e3, t0.duration_since(start).as_secs_f64() * 1e3);
+    let (backend, error, peer) = match r {
+        Ok((b, p)) => (Some(b), None, p),
+        Err(e) => (None, Some(e), None),
+    };
+    Attempt { t_ms, ms, backend, error, peer }
+}
+
+/// Sleep until the `i`-th of attempts `interval` apart from `start` is due.
+fn wait_due(start: Instant, interval: Duration, i: usize) {
+    let due = start + interval * u32::try_from(i).unwrap_or(u32::MAX);
+    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+        std::thread::sleep(wait);
+    }
+}
+
 /// Up to `count` attempts on `target`, back to back, stopping after `give_up` failures in a row.
 pub fn spread(target: SocketAddr, count: usize, timeout: Duration, give_up: usize) -> Report {
     let start = Instant::now();
     let mut attempts: Vec<Attempt> = Vec::with_capacity(count);
     for _ in 0..count {
-        let t0 = Instant::now();
-        let (backend, error, peer) = match attempt(target, timeout) {
-            Ok((b, p)) => (Some(b), None, p),
-            Err(e) => (None, Some(e), None),
-        };
-        let (ms, t_ms) = (t0.elapsed().as_secs_f64() * 1e3, t0.duration_since(start).as_secs_f64() * 1e3);
-        attempts.push(Attempt { t_ms, ms, backend, error, peer });
+        attempts.push(timed(target, timeout, start));
         if attempts.len() >= give_up && attempts.iter().rev().take(give_up).all(|a| a.error.is_some()) {
             break;
         }
@@ -121,21 +135,8 @@ pub fn run_open(target: SocketAddr, count: usize, interval: Duration, timeout: D
     let start = Instant::now();
     let running: Vec<_> = (0..count)
         .map(|i| {
-            let due = start + interval * u32::try_from(i).unwrap_or(u32::MAX);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
-            std::thread::spawn(move || {
-                let t0 = Instant::now();
-                let r = attempt(target, timeout);
-                let (ms, t_ms) =
-                    (t0.elapsed().as_secs_f64() * 1e3, t0.duration_since(start).as_secs_f64() * 1e3);
-                let (backend, error, peer) = match r {
-                    Ok((b, p)) => (Some(b), None, p),
-                    Err(e) => (None, Some(e), None),
-                };
-                Attempt { t_ms, ms, backend, error, peer }
-            })
+            wait_due(start, interval, i);
+            std::thread::spawn(move || timed(target, timeout, start))
         })
         .collect();
     let attempts = running.into_iter().map(|t| t.join().expect("an attempt's thread")).collect();
@@ -145,21 +146,11 @@ pub fn run_open(target: SocketAddr, count: usize, interval: Duration, timeout: D
 /// `count` attempts, `interval` apart (measured from start to start).
 pub fn run(target: SocketAddr, count: usize, interval: Duration, timeout: Duration) -> Report {
     let start = Instant::now();
-    let mut attempts = Vec::with_capacity(count);
-    for i in 0..count {
-        let due = start + interval * u32::try_from(i).unwrap_or(u32::MAX);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        let t0 = Instant::now();
-        let r = attempt(target, timeout);
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let t_ms = t0.duration_since(start).as_secs_f64() * 1e3;
-        let (backend, error, peer) = match r {
-            Ok((b, p)) => (Some(b), None, p),
-            Err(e) => (None, Some(e), None),
-        };
-        attempts.push(Attempt { t_ms, ms, backend, error, peer });
-    }
+    let attempts = (0..count)
+        .map(|i| {
+            wait_due(start, interval, i);
+            timed(target, timeout, start)
+        })
+        .collect();
     Report { target: target.to_string(), attempts }
 }

@@ -8,9 +8,6 @@ use lb_testkit::{kube_proxy::http_get, probe::Report};
 
 use super::{Demo, NS, TL, pass};
 
-/// The agent's metrics address inside its node (the DaemonSet binds it to loopback).
-const METRICS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 10249);
-
 /// The check: how many endpoints `nginx-cache` has, and how many of them carry a `forNodes` hint
 /// (kube-proxy uses node hints only when every ready endpoint has one).
 const SLICES: [&str; 8] =
@@ -19,8 +16,15 @@ const JQ: &str = r#"[.items[].endpoints[]] | "\(length) endpoints, \(map(select(
 
 /// `tierlb_service_topology`'s line for `booking/nginx-cache` on tierlb's `node`.
 fn topology_line(demo: &Demo, node: &str) -> anyhow::Result<String> {
-    let ns = &demo.lab.node(node)?.boxed.node.netns;
-    let (code, text) = http_get(ns, METRICS, "/metrics")?;
+    let boxed = &demo.lab.node(node)?.boxed;
+    // Where the DaemonSet's arguments bind the agent's metrics (loopback, inside the node).
+    let metrics: SocketAddr = boxed
+        .container
+        .args
+        .iter()
+        .find_map(|a| a.strip_prefix("--metrics-addr=")?.parse().ok())
+        .context("the DaemonSet sets no --metrics-addr")?;
+    let (code, text) = http_get(&boxed.node.netns, metrics, "/metrics")?;
     anyhow::ensure!(code == 200, "{node}'s /metrics answered {code}");
     let lines: Vec<&str> = text
         .lines()
