@@ -20,8 +20,8 @@ mod study;
 pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, lint_on, run_lint};
 pub use input::{CliInput, FaceSource, KUBE_TIMEOUT, kube_input, load_for_cli};
 pub use plan::{
-    EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, explain_on, plan_on, plan_table, run_explain,
-    run_plan,
+    EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, TableNotes, explain_on, plan_on, plan_table,
+    run_explain, run_plan,
 };
 pub use study::{StudyArgs, run_study, study_on};
 

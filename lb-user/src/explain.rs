@@ -22,8 +22,27 @@ fn plural(n: usize, word: &str) -> String {
     if n == 1 { format!("1 {word}") } else { format!("{n} {word}s") }
 }
 
+/// How a Service's hints came to be what `explain` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hinted {
+    /// As the slices hold them (with hints, or without hints and not asking for any).
+    AsWritten,
+    /// The slices carry none although the Service asks for them, and they are shown as they are.
+    Missing,
+    /// The slices carry none and were given the controller's (`--emulate-hints`).
+    Emulated,
+}
+
+impl Hinted {
+    /// `forNodes` / `forZones` as said in a decision line: labelled when emulated.
+    fn field(self, field: &str) -> String {
+        if self == Self::Emulated { format!("emulated {field}") } else { field.to_owned() }
+    }
+}
+
 /// The node-hint line of the topology decision.
-fn node_text(r: &HintReason, node: &NodeInfo) -> String {
+fn node_text(r: &HintReason, node: &NodeInfo, hinted: Hinted) -> String {
+    let for_nodes = hinted.field("forNodes");
     match r {
         HintReason::NoReadyEndpoint => "node hints not used: no endpoint is ready".into(),
         HintReason::NoEndpointHinted => {
@@ -34,12 +53,12 @@ fn node_text(r: &HintReason, node: &NodeInfo) -> String {
              Service"
         ),
         HintReason::Named { ready, endpoint } => format!(
-            "node tier: all {} carry forNodes and {endpoint} names {}",
+            "node tier: all {} carry {for_nodes} and {endpoint} names {}",
             plural(*ready, "ready endpoint"),
             node.name
         ),
         HintReason::NoneNamesThis { ready } => format!(
-            "node hints not used: all {} carry forNodes but none names {}",
+            "node hints not used: all {} carry {for_nodes} but none names {}",
             plural(*ready, "ready endpoint"),
             node.name
         ),
@@ -48,7 +67,8 @@ fn node_text(r: &HintReason, node: &NodeInfo) -> String {
 }
 
 /// The zone-hint line of the topology decision.
-fn zone_text(r: &HintReason, node: &NodeInfo) -> String {
+fn zone_text(r: &HintReason, node: &NodeInfo, hinted: Hinted) -> String {
+    let for_zones = hinted.field("forZones");
     let zone = node.zone.as_deref().unwrap_or_default();
     match r {
         HintReason::NoReadyEndpoint => "zone hints not used: no endpoint is ready".into(),
@@ -65,12 +85,12 @@ fn zone_text(r: &HintReason, node: &NodeInfo) -> String {
         ),
         HintReason::Named { ready, endpoint } => {
             format!(
-                "zone tier: all {} carry forZones and {endpoint} names {zone}",
+                "zone tier: all {} carry {for_zones} and {endpoint} names {zone}",
                 plural(*ready, "ready endpoint")
             )
         }
         HintReason::NoneNamesThis { ready } => format!(
-            "zone tier not used: all {} carry forZones but none names {zone}",
+            "zone tier not used: all {} carry {for_zones} but none names {zone}",
             plural(*ready, "ready endpoint")
         ),
     }
@@ -85,7 +105,7 @@ fn when_empty_text(w: WhenEmpty) -> &'static str {
     }
 }
 
-fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInfo) {
+fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInfo, hinted: Hinted) {
     let _ = match t.policy {
         Policy::Local => writeln!(
             out,
@@ -93,8 +113,8 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInf
             list(&t.endpoints)
         ),
         Policy::Cluster => {
-            let _ = writeln!(out, "    {}", node_text(&pp.topology.node, node));
-            let _ = writeln!(out, "    {}", zone_text(&pp.topology.zone, node));
+            let _ = writeln!(out, "    {}", node_text(&pp.topology.node, node, hinted));
+            let _ = writeln!(out, "    {}", zone_text(&pp.topology.zone, node, hinted));
             if t.selected_tier == SelectedTier::Cluster && pp.counts.ready == 0 {
                 let _ = writeln!(out, "    no endpoint is ready: serving and terminating endpoints are used");
             }
@@ -137,8 +157,20 @@ fn traffic_text(out: &mut String, t: &TrafficPlan, pp: &PortPlan, node: &NodeInf
     }
 }
 
-/// The explanation for one Service on one node, or `None` if the model has no such Service.
+/// The explanation for one Service on one node, or `None` if the model has no such Service (hints as the
+/// slices hold them, endpoints named by address).
 pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
+    explain_with(model, node, key, Hinted::AsWritten, &lint::Pods::new())
+}
+
+/// `explain`, where `hinted` says where the Service's hints come from and `pods` names endpoints in warnings.
+pub fn explain_with(
+    model: &Model,
+    node: &NodeInfo,
+    key: &ObjKey,
+    hinted: Hinted,
+    pods: &lint::Pods,
+) -> Option<String> {
     let svc = model.services.get(key).or_else(|| model.skipped.get(key))?;
     let mut out = String::new();
     let zone = node.zone.as_deref().unwrap_or("<none>");
@@ -161,11 +193,30 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
         HintMode::None { .. } => "no hints (the controller removes them)".to_owned(),
     };
     let _ = writeln!(out, "  the EndpointSlice controller writes: {hint_mode}");
+    match hinted {
+        Hinted::AsWritten => {}
+        Hinted::Missing => {
+            let _ = writeln!(
+                out,
+                "  its EndpointSlices carry no hints: shown as they are, as kube-proxy reads them (every endpoint); \
+                 the agent plans with the hints the controller would write (metric reason hints_emulated): \
+                 --emulate-hints shows that"
+            );
+        }
+        Hinted::Emulated => {
+            let _ = writeln!(
+                out,
+                "  its EndpointSlices carry no hints: EMULATED below (--emulate-hints), the hints the controller \
+                 would write, as the agent plans them (metric reason hints_emulated); kube-proxy would use every \
+                 endpoint"
+            );
+        }
+    }
     if svc.cluster_ips.is_empty() {
         let _ = writeln!(out, "  headless or ExternalName Service: no VIP, nothing to translate");
     }
     let p = plan::plan(model, node);
-    let lints = lint::lint(model, node, &p);
+    let lints = lint::lint_naming(model, node, &p, pods);
     for (pp, warnings) in p.services.iter().zip(&lints.ports).filter(|(s, _)| &s.name.service == key) {
         let name = if pp.name.port.is_empty() { String::new() } else { format!(" {}", pp.name.port) };
         let c = &pp.counts;
@@ -190,7 +241,7 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
             );
         }
         let _ = writeln!(out, "  internal traffic (ClusterIP):");
-        let sum = plan::summarize(svc, pp);
+        let sum = plan::summarize(svc, pp).emulated(hinted == Hinted::Emulated);
         let _ = writeln!(
             out,
             "    topology: requested {}, applied {}, reason {} (tierlb_service_topology)",
@@ -198,9 +249,9 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
             sum.applied.as_str(),
             sum.reason.as_str()
         );
-        traffic_text(&mut out, &pp.internal, pp, node);
+        traffic_text(&mut out, &pp.internal, pp, node, hinted);
         if let Some(ext) = &pp.external {
-            external_text(&mut out, ext, pp, node);
+            external_text(&mut out, ext, pp, node, hinted);
         }
         for w in warnings {
             let _ = writeln!(out, "  warning: {w}");
@@ -223,7 +274,7 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
 /// External destinations: which are translated here and which not (why), the set of connects made on the
 /// node (pods and host alike, kube-proxy's short-circuit), and the set traffic from outside the node gets
 /// (externalTrafficPolicy applied), which the tc programs translate per packet.
-fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &NodeInfo) {
+fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &NodeInfo, hinted: Hinted) {
     let _ = writeln!(out, "  external destinations (node ports, load-balancer IPs, external IPs):");
     if ext.frontends.is_empty() {
         let _ = writeln!(out, "    none translated on this node");
@@ -253,7 +304,7 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
         "  connects to them from pods and from the node's own processes (kube-proxy short-circuits both to the \
          cluster-policy endpoints, whatever the traffic policies):"
     );
-    traffic_text(out, &ext.from_node, pp, node);
+    traffic_text(out, &ext.from_node, pp, node, hinted);
     let outside = &ext.from_outside;
     let how = if outside.policy == Policy::Local {
         "this node's endpoints only, no source translation: the backend sees the client's address"

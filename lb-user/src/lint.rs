@@ -22,17 +22,25 @@ pub struct Lints {
     pub ports: Vec<Vec<Warning>>,
 }
 
+/// The pods endpoints belong to, by address (their `targetRef`), to name them in warnings.
+pub type Pods = BTreeMap<std::net::IpAddr, crate::model::ObjKey>;
+
 /// The warnings of each port plan of `plan`, computed on `node` from `model`: the Service's own settings
 /// (`port_warnings`), PreferSameNode's skew (`skew_warning`), then every VIP:port another Service claims
 /// too (`plan::vip_conflict_text`).
 pub fn lint(model: &Model, node: &NodeInfo, plan: &Plan) -> Lints {
+    lint_naming(model, node, plan, &Pods::new())
+}
+
+/// `lint`, naming endpoints with their pods from `pods` where it has them.
+pub fn lint_naming(model: &Model, node: &NodeInfo, plan: &Plan, pods: &Pods) -> Lints {
     let mut ports: Vec<Vec<Warning>> = plan
         .services
         .iter()
         .map(|p| {
             let Some((svc, port)) = service_port(model, p) else { return Vec::new() };
             let eps = plan::port_endpoints(model.slices_of(&svc.key), port, p.family, &node.name);
-            let mut w = port_warnings(svc, &eps, node);
+            let mut w = port_warnings(svc, &eps, pods);
             w.extend(
                 skew_warning(model, svc, port, p.family).map(|t| Warning::new(Rule::PreferSameNodeSkew, t)),
             );
@@ -83,6 +91,9 @@ pub struct LintedPlan<'a> {
     zone: &'a Option<String>,
     services: Vec<LintedPort<'a>>,
     skipped: &'a [crate::skipped::Skipped],
+    /// Services planned on the hints the EndpointSlice controller would write (`--emulate-hints`).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    hints_emulated: &'a [crate::model::ObjKey],
 }
 
 #[derive(Serialize)]
@@ -101,13 +112,31 @@ impl<'a> LintedPlan<'a> {
             .enumerate()
             .map(|(i, p)| LintedPort { plan: p, warnings: lints.ports.get(i).map_or(&[], Vec::as_slice) })
             .collect();
-        Self { node: &plan.node, zone: &plan.zone, services, skipped: &plan.skipped }
+        Self { node: &plan.node, zone: &plan.zone, services, skipped: &plan.skipped, hints_emulated: &[] }
+    }
+
+    /// Name the Services planned on emulated hints (`hints_emulated`).
+    #[must_use]
+    pub fn emulated(self, services: &'a [crate::model::ObjKey]) -> Self {
+        Self { hints_emulated: services, ..self }
     }
 }
 
-/// Warnings for one Service port on one node (node-independent ones included, so each plan entry is
-/// self-contained).
-pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo) -> Vec<Warning> {
+/// An endpoint as a warning names it: its address, node and pod (where `pods` knows it).
+fn endpoint_name(e: &PortEndpoint, pods: &Pods) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = &e.endpoint.node_name {
+        parts.push(format!("node {}", n.as_str()));
+    }
+    if let Some(p) = pods.get(&e.addr.ip()) {
+        parts.push(format!("pod {p}"));
+    }
+    if parts.is_empty() { e.addr.ip().to_string() } else { format!("{} ({})", e.addr.ip(), parts.join(", ")) }
+}
+
+/// Warnings for one Service port (they do not depend on the node, so each plan entry is self-contained);
+/// endpoints are named with their pods from `pods`.
+pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], pods: &Pods) -> Vec<Warning> {
     let mut w = Vec::new();
     let mode = hints::mode(svc);
     if svc.internal_policy == Policy::Local
@@ -154,15 +183,47 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], _node: &NodeInfo
             svc.traffic_distribution.as_deref().unwrap_or_default()
         )));
     }
-    if with_hints > 0 && with_hints < ready.len() {
-        let missing: Vec<String> =
-            ready.iter().filter(|e| !hinted(e)).map(|e| e.addr.ip().to_string()).collect();
-        w.push(Warning::new(Rule::HintsMissing, format!(
-            "{} of {} ready endpoints carry no hints ({}): topology filtering is off for the whole Service",
-            missing.len(),
+    let unhinted_all = with_hints == 0;
+    let cluster = svc.internal_policy == Policy::Cluster;
+    // Node hints: kube-proxy (and tierlb) use them only when every ready endpoint has one; zone hints
+    // likewise. An endpoint missing both is named once.
+    let no_node: Vec<&&PortEndpoint> = ready.iter().filter(|e| e.endpoint.node_hints().is_empty()).collect();
+    let no_zone: Vec<&&PortEndpoint> = ready.iter().filter(|e| e.endpoint.zone_hints().is_empty()).collect();
+    let node_expected = mode == HintMode::PreferSameNode && cluster && !unhinted_all;
+    let node_finding = !no_node.is_empty() && (node_expected || no_node.len() < ready.len());
+    let zone_finding = !unhinted_all && !no_zone.is_empty() && no_zone.len() < ready.len();
+    let same = node_finding && zone_finding && no_node == no_zone;
+    let names =
+        |v: &[&&PortEndpoint]| v.iter().map(|e| endpoint_name(e, pods)).collect::<Vec<_>>().join(", ");
+    if node_finding {
+        let only_zones = no_node.iter().all(|e| !e.endpoint.zone_hints().is_empty());
+        w.push(Warning::new(Rule::NodeHintsMissing, format!(
+            "{} of {} ready endpoints carry no forNodes hint{}: {}: {} apply only when every ready endpoint \
+             has one, so no node prefers its own endpoint{}",
+            no_node.len(),
             ready.len(),
-            missing.join(", ")
+            if same { " and no forZones hint" } else if only_zones { " (forZones only)" } else { "" },
+            names(&no_node),
+            if same { "node and zone hints" } else { "node hints" },
+            if no_node.len() == ready.len() {
+                " (a control plane that writes only zone hints does not know PreferSameNode: older than 1.33, or \
+                 its PreferSameTrafficDistribution gate off)"
+            } else {
+                ""
+            }
         )));
+    }
+    if zone_finding && !same {
+        w.push(Warning::new(
+            Rule::HintsMissing,
+            format!(
+                "{} of {} ready endpoints carry no forZones hint: {}: zone hints apply only when every ready \
+             endpoint has one, so topology filtering by zone is off for the whole Service",
+                no_zone.len(),
+                ready.len(),
+                names(&no_zone)
+            ),
+        ));
     }
     w
 }

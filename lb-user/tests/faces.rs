@@ -72,6 +72,7 @@ fn assert_lines(what: &str, out: &str, want: &[&str]) {
 #[test]
 fn explain_says_which_hints_apply_why_the_tier_the_fallbacks_and_the_errno() {
     let story = story();
+    // pdf-resume's slices carry no hints: shown as they are, as kube-proxy reads them.
     let (code, out, _) =
         tierlb(&["explain", "booking/pdf-resume", "--node", "node-1", "--manifests", &story]);
     assert_eq!(code, 0, "{out}");
@@ -79,14 +80,37 @@ fn explain_says_which_hints_apply_why_the_tier_the_fallbacks_and_the_errno() {
         "pdf-resume on node-1",
         &out,
         &[
-            "node tier: all 2 ready endpoints carry forNodes and 10.244.1.21 names node-1",
+            "its EndpointSlices carry no hints: shown as they are, as kube-proxy reads them (every endpoint); the agent plans with the hints the controller would write (metric reason hints_emulated): --emulate-hints shows that",
+            "topology: requested PreferSameNode, applied cluster, reason no_node_hints (tierlb_service_topology)",
+            "node hints not used: no ready endpoint carries a forNodes hint",
             "zone tier not used: no ready endpoint carries a forZones hint",
-            "=> uses the node tier: 10.244.1.21:9000",
-            "if those are marked down, the data path falls back to: cluster tier 10.244.1.21:9000, 10.244.3.21:9000",
+            "=> uses the cluster tier (all endpoints): 10.244.1.21:9000, 10.244.3.21:9000",
             "if every one is marked down: connect() fails at once with ECONNREFUSED (kube-proxy: REJECT)",
         ],
     );
-    assert!(out.contains("warning: PreferSameNode with 2 ready endpoints on 3 nodes skews load"), "{out}");
+    assert!(!out.contains("carry forNodes"), "no line claims hints the slices do not hold:\n{out}");
+    // Asked for, the controller's hints are used and labelled wherever they show.
+    let (code, out, _) = tierlb(&[
+        "explain",
+        "booking/pdf-resume",
+        "--node",
+        "node-1",
+        "--manifests",
+        &story,
+        "--emulate-hints",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    assert_lines(
+        "pdf-resume on node-1, emulated",
+        &out,
+        &[
+            "topology: requested PreferSameNode, applied node, reason hints_emulated (tierlb_service_topology)",
+            "node tier: all 2 ready endpoints carry emulated forNodes and 10.244.1.21 names node-1",
+            "=> uses the node tier: 10.244.1.21:9000",
+            "if those are marked down, the data path falls back to: cluster tier 10.244.1.21:9000, 10.244.3.21:9000",
+        ],
+    );
+    assert!(out.contains("its EndpointSlices carry no hints: EMULATED below (--emulate-hints)"), "{out}");
     // A Local policy: its local set, falling back to a serving+terminating pod, and kube-proxy's DROP.
     let (_, out, _) = tierlb(&["explain", "booking/nginx-cache", "--node", "node-2", "--manifests", &story]);
     assert_lines(
@@ -157,7 +181,8 @@ fn explain_lists_external_destinations_what_is_not_translated_and_what_is_not_pr
 fn plan_table_has_a_row_per_port_and_family_and_lists_what_is_not_programmed() {
     let (code, out, _) = tierlb(&["plan", "--node", "node-2", "--manifests", &story(), "-o", "table"]);
     assert_eq!(code, 0);
-    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    let table = &out[..out.find("\n\n").unwrap_or(out.len())];
+    let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
     let row = |cells: &[&str]| assert!(rows.iter().any(|r| r == cells), "no row {cells:?} in\n{out}");
     assert_eq!(rows[0], ["node", "node-2", "zone", "<none>"]);
     assert_eq!(rows[1][..6], ["SERVICE", "PORT", "VIPS", "POLICY", "TIER", "ENDPOINTS"]);
@@ -172,25 +197,66 @@ fn plan_table_has_a_row_per_port_and_family_and_lists_what_is_not_programmed() {
         "-",
         "|",
         booking,
-        "-",
+        "ECONNREFUSED(kube-proxy:REJECT)",
     ]);
     let v6 = "[fd00:244::1:31]:8080";
-    row(&["booking/booking-api:http", "80/TCP", "fd00:96::40", "Cluster", "cluster", v6, "-", "|", v6, "-"]);
+    let refused = "ECONNREFUSED(kube-proxy:REJECT)";
+    row(&[
+        "booking/booking-api:http",
+        "80/TCP",
+        "fd00:96::40",
+        "Cluster",
+        "cluster",
+        v6,
+        "-",
+        "|",
+        v6,
+        refused,
+    ]);
+    // Node-2's cache pod is terminating: kube-proxy's fallback, marked; tierlb's errno beside kube-proxy's DROP.
     row(&[
         "booking/nginx-cache:http",
         "80/TCP",
         "10.96.0.20",
         "Local",
         "local",
-        "10.244.2.10:8080",
+        "10.244.2.10:8080(terminating)",
         "-",
         "|",
         "-",
-        "-",
+        "EHOSTUNREACH(kube-proxy:DROP)",
     ]);
     let pdf = "10.244.1.21:9000,10.244.3.21:9000";
-    row(&["booking/pdf-resume:http", "80/TCP", "10.96.0.30", "Cluster", "cluster", pdf, "-", "|", pdf, "-"]);
+    row(&[
+        "booking/pdf-resume:http",
+        "80/TCP",
+        "10.96.0.30",
+        "Cluster",
+        "cluster",
+        pdf,
+        "-",
+        "|",
+        pdf,
+        refused,
+    ]);
     assert_eq!(rows.len(), 6, "{out}");
+    // The warnings the story needs are in the table's output, not only in JSON and explain.
+    let warnings = &out[out.find("\nwarnings (").expect(&out)..];
+    assert!(
+        warnings.contains("\n  booking/nginx-cache:http internalTrafficPolicy: Local overrides trafficDistribution: PreferSameNode (dead line)"),
+        "{out}"
+    );
+    let unhinted = &out[out.find("\nslices without the hints their Service asks for").expect(&out)..];
+    assert_lines("unhinted", unhinted, &["booking/pdf-resume"]);
+    // With --emulate-hints the tier says so.
+    let (_, out, _) = tierlb(&["plan", "--node", "node-1", "--manifests", &story(), "--emulate-hints"]);
+    let pdf: Vec<&str> =
+        out.lines().find(|l| l.starts_with("booking/pdf-resume:http")).unwrap().split_whitespace().collect();
+    assert_eq!(pdf[4..6], ["node(emulated-hints)", "10.244.1.21:9000"], "{out}");
+    let (_, json, _) =
+        tierlb(&["plan", "--node", "node-1", "--manifests", &story(), "--emulate-hints", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["hints_emulated"], serde_json::json!([{"namespace": "booking", "name": "pdf-resume"}]));
     // What is not programmed, under its own heading.
     let dir = TempDir::new("faces-plan").unwrap();
     std::fs::write(dir.path().join("shop.yaml"), SHOP).unwrap();
@@ -206,7 +272,7 @@ fn plan_table_has_a_row_per_port_and_family_and_lists_what_is_not_programmed() {
     assert!(skipped.contains("shop/mixed port sig 9/SCTP: protocol SCTP is not translated"), "{skipped}");
     let mixed: Vec<&str> =
         out.lines().find(|l| l.starts_with("shop/mixed:http")).unwrap().split_whitespace().collect();
-    assert_eq!(mixed[4..], ["none", "-", "-", "|", "-", "reject"], "{out}");
+    assert_eq!(mixed[4..], ["none", "-", "-", "|", "-", "now:ECONNREFUSED(kube-proxy:REJECT)"], "{out}");
 }
 
 #[test]
@@ -344,6 +410,73 @@ fn lint_fixture(dir: &Path) {
     write_service(dir, &clean, &both(11)).unwrap();
 }
 
+/// The story's cache Service on a control plane that wrote zone hints only (`zoned`), and one whose slices
+/// lost `forNodes` on two of three endpoints (`partial`); every endpoint names its pod.
+const HINTLESS: &str = r"
+apiVersion: v1
+kind: Service
+metadata: {name: zoned, namespace: booking}
+spec: {clusterIP: 10.96.0.50, trafficDistribution: PreferSameNode, ports: [{name: http, port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: zoned-1, namespace: booking, labels: {kubernetes.io/service-name: zoned}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+  - {addresses: [10.244.1.50], nodeName: node-1, zone: a, hints: {forZones: [{name: a}]}, targetRef: {kind: Pod, namespace: booking, name: zoned-x1}}
+  - {addresses: [10.244.2.50], nodeName: node-2, zone: a, hints: {forZones: [{name: a}]}, targetRef: {kind: Pod, namespace: booking, name: zoned-x2}}
+  - {addresses: [10.244.3.50], nodeName: node-3, zone: a, hints: {forZones: [{name: a}]}, targetRef: {kind: Pod, namespace: booking, name: zoned-x3}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: partial, namespace: booking}
+spec: {clusterIP: 10.96.0.51, trafficDistribution: PreferSameNode, ports: [{name: http, port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: partial-1, namespace: booking, labels: {kubernetes.io/service-name: partial}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+  - {addresses: [10.244.1.51], nodeName: node-1, zone: a, hints: {forNodes: [{name: node-1}], forZones: [{name: a}]}, targetRef: {kind: Pod, namespace: booking, name: partial-y1}}
+  - {addresses: [10.244.2.51], nodeName: node-2, zone: a, hints: {forZones: [{name: a}]}, targetRef: {kind: Pod, namespace: booking, name: partial-y2}}
+  - {addresses: [10.244.3.51], nodeName: node-3, zone: a, hints: {forZones: [{name: a}]}, targetRef: {kind: Pod, namespace: booking, name: partial-y3}}
+";
+
+#[test]
+fn lint_names_every_endpoint_without_for_nodes_with_its_node_and_pod() {
+    let dir = TempDir::new("faces-hintless").unwrap();
+    let file = dir.path().join("hintless.yaml");
+    std::fs::write(&file, HINTLESS).unwrap();
+    let (code, out, err) = tierlb(&["lint", "--manifests", file.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    let line = |svc: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("booking/{svc} port http: node-hints-missing [all 3 nodes]: ")))
+            .unwrap_or_else(|| panic!("no node-hints-missing line for {svc} in\n{out}"))
+    };
+    assert!(
+        line("zoned").contains(
+            "3 of 3 ready endpoints carry no forNodes hint (forZones only): 10.244.1.50 (node node-1, pod \
+             booking/zoned-x1), 10.244.2.50 (node node-2, pod booking/zoned-x2), 10.244.3.50 (node node-3, pod \
+             booking/zoned-x3): node hints apply only when every ready endpoint has one"
+        ),
+        "{out}"
+    );
+    assert!(
+        line("partial").contains(
+            "2 of 3 ready endpoints carry no forNodes hint (forZones only): 10.244.2.51 (node node-2, pod \
+             booking/partial-y2), 10.244.3.51 (node node-3, pod booking/partial-y3):"
+        ),
+        "{out}"
+    );
+    // explain names both too.
+    let (_, out, _) =
+        tierlb(&["explain", "booking/partial", "--node", "node-1", "--manifests", file.to_str().unwrap()]);
+    assert!(out.contains("10.244.2.51 (node node-2, pod booking/partial-y2), 10.244.3.51 (node node-3, pod booking/partial-y3)"), "{out}");
+}
+
 #[test]
 fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_fix_and_exits_1() {
     let tmp = TempDir::new("faces-lint").unwrap();
@@ -359,8 +492,8 @@ fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_f
         ("default/unknown port main", "unknown-distribution", all),
         ("default/close port main", "deprecated-prefer-close", all),
         ("default/close", "one-zone", all),
-        ("default/bare", "no-hints", all),
-        ("default/half port main", "hints-missing", all),
+        ("default/bare port main", "no-hints", all),
+        ("default/half port main", "node-hints-missing", all),
         ("default/skew port main", "prefer-same-node-skew", all),
         ("default/local port main", "no-local-endpoint", "node-2"),
         ("default/vip-a port main", "vip-conflict", all),

@@ -61,20 +61,13 @@ fn rows(svc: &Service, plans: &[PortPlan], emulated: bool) -> Box<[Row]> {
     plans
         .iter()
         .map(|p| {
-            let s = plan::summarize(svc, p);
-            // A Local policy ignores hints; otherwise what the node applies rests on hints no controller wrote.
-            let local = matches!(
-                s.reason,
-                TopologyReason::LocalPolicy
-                    | TopologyReason::LocalPolicyOverridesDistribution
-                    | TopologyReason::NoLocalEndpoint
-            );
+            let s = plan::summarize(svc, p).emulated(emulated);
             Row {
                 name: p.name.clone(),
                 family: p.family,
                 requested: s.requested,
                 applied: s.applied,
-                reason: if emulated && !local { TopologyReason::HintsEmulated } else { s.reason },
+                reason: s.reason,
                 ready: count(p.counts.ready),
                 ready_node_hinted: count(p.counts.ready_node_hinted),
                 ready_zone_hinted: count(p.counts.ready_zone_hinted),

@@ -44,7 +44,7 @@ pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintO
         input.origin
     );
     let nodes = lint::cluster_nodes(&input.model);
-    let found = lint::cluster_lint(&input.model, &nodes, &input.filled);
+    let found = lint::cluster_lint(&input.model, &nodes, &input.filled, &input.pods);
     let text = match args.output {
         Output::Json => serde_json::to_string_pretty(&found)? + "\n",
         Output::Table => table(&found, nodes.len()),

@@ -26,6 +26,12 @@ pub struct FaceSource {
     /// read-only role is enough).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
+    /// Where a Service asks for hints (trafficDistribution, topology-mode) and its EndpointSlices carry none,
+    /// plan with the hints the EndpointSlice controller would write, as the agent does (its metrics say
+    /// `reason="hints_emulated"`), and label them so wherever they show. Without it the slices are shown as
+    /// they are, as kube-proxy reads them.
+    #[arg(long)]
+    pub emulate_hints: bool,
 }
 
 /// How long `--kube` waits for the API server's answers.
@@ -38,8 +44,11 @@ pub struct CliInput {
     pub model: Model,
     /// Diagnostics of severity error: objects (or documents, or files) not taken as they are.
     pub errors: usize,
-    /// Services whose slices carried no hints and got the controller's.
+    /// Services whose slices carried no hints and got the controller's (only with `--emulate-hints`).
     pub filled: Vec<ObjKey>,
+    /// Services that ask for hints while their slices carry none, left as they are (without
+    /// `--emulate-hints`): the agent plans them with the controller's hints.
+    pub unhinted: Vec<ObjKey>,
     /// Where it was read, for messages: `--manifests DIR`, `the API server (namespace shop)`.
     pub origin: String,
     /// Addresses no frontend may take besides `--protect-address`: with `--kube`, the API server's, as the
@@ -51,6 +60,18 @@ pub struct CliInput {
 }
 
 impl CliInput {
+    /// Where Service `key`'s hints come from.
+    pub fn hinted(&self, key: &ObjKey) -> crate::explain::Hinted {
+        use crate::explain::Hinted;
+        if self.filled.contains(key) {
+            Hinted::Emulated
+        } else if self.unhinted.contains(key) {
+            Hinted::Missing
+        } else {
+            Hinted::AsWritten
+        }
+    }
+
     /// The node `args` names, as the agent would plan for it from this input (the API server's addresses
     /// protected with `--kube`).
     pub fn node(&self, args: &super::NodeArgs) -> crate::model::NodeInfo {
@@ -65,7 +86,7 @@ impl FaceSource {
     pub fn load(&self, namespace: Option<&str>) -> anyhow::Result<CliInput> {
         let namespace = namespace.or(self.namespace.as_deref());
         let mut input = match &self.manifests {
-            Some(dir) => load_for_cli(dir)?,
+            Some(dir) => load_for_cli(dir, self.emulate_hints)?,
             None => tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -75,9 +96,11 @@ impl FaceSource {
                         "--kube: no cluster to read (no in-cluster service account, and KUBECONFIG or \
                          ~/.kube/config names none): set KUBECONFIG, or use --manifests DIR",
                     )?;
-                    tokio::time::timeout(KUBE_TIMEOUT, kube_input(client, namespace)).await.with_context(
-                        || format!("--kube: the API server did not answer within {KUBE_TIMEOUT:?}"),
-                    )?
+                    tokio::time::timeout(KUBE_TIMEOUT, kube_input(client, namespace, self.emulate_hints))
+                        .await
+                        .with_context(|| {
+                            format!("--kube: the API server did not answer within {KUBE_TIMEOUT:?}")
+                        })?
                 })?,
         };
         if let Some(ns) = namespace {
@@ -91,7 +114,11 @@ impl FaceSource {
 
 /// Read the API server once through `client` (of `namespace`, or every namespace) for a one-shot command,
 /// printing its problems to stderr; a 403 on Nodes is said once and the command goes on without them.
-pub async fn kube_input(client: kube::Client, namespace: Option<&str>) -> anyhow::Result<CliInput> {
+pub async fn kube_input(
+    client: kube::Client,
+    namespace: Option<&str>,
+    emulate_hints: bool,
+) -> anyhow::Result<CliInput> {
     let snap = list::snapshot(client, namespace).await.context("--kube")?;
     if let Some(why) = &snap.nodes_forbidden {
         eprintln!(
@@ -99,47 +126,82 @@ pub async fn kube_input(client: kube::Client, namespace: Option<&str>) -> anyhow
              --zone or from its endpoints' zone, and NodePorts are planned for no node address"
         );
     }
-    let mut input = finish(snap.model, &snap.diagnostics, "the API server".to_owned());
+    let mut input = finish(snap.model, &snap.diagnostics, "the API server".to_owned(), emulate_hints);
     input.pods = snap.pods;
     Ok(input)
 }
 
 /// Load a manifests directory, one file or `-` (standard input) for a one-shot command, printing its problems
-/// to stderr.
-pub fn load_for_cli(dir: &std::path::Path) -> anyhow::Result<CliInput> {
+/// to stderr (`emulate_hints`: `FaceSource::emulate_hints`).
+pub fn load_for_cli(dir: &std::path::Path, emulate_hints: bool) -> anyhow::Result<CliInput> {
     if dir == std::path::Path::new("-") {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
             .context("--manifests -: cannot read standard input")?;
         let loaded = crate::source::manifests::load_text(dir, &text);
-        return Ok(finish(loaded.model, &loaded.diagnostics, "--manifests - (standard input)".to_owned()));
+        let origin = "--manifests - (standard input)".to_owned();
+        let mut input = finish(loaded.model, &loaded.diagnostics, origin, emulate_hints);
+        input.pods = crate::source::manifests::pod_refs_text(&text);
+        return Ok(input);
     }
     if dir.is_file() {
         let text = std::fs::read_to_string(dir)
             .with_context(|| format!("--manifests {}: cannot read the file", dir.display()))?;
         let loaded = crate::source::manifests::load_text(dir, &text);
-        return Ok(finish(loaded.model, &loaded.diagnostics, format!("--manifests {}", dir.display())));
+        let origin = format!("--manifests {}", dir.display());
+        let mut input = finish(loaded.model, &loaded.diagnostics, origin, emulate_hints);
+        input.pods = crate::source::manifests::pod_refs_text(&text);
+        return Ok(input);
     }
     let mut md = ManifestDir::new(dir);
     let loaded =
         md.load().with_context(|| format!("--manifests {}: cannot read the directory", dir.display()))?;
-    Ok(finish(loaded.model, &loaded.diagnostics, format!("--manifests {}", dir.display())))
+    let mut input =
+        finish(loaded.model, &loaded.diagnostics, format!("--manifests {}", dir.display()), emulate_hints);
+    // Files that vanished since are passed over: the model is what was read.
+    input.pods = md.pod_refs().unwrap_or_default();
+    Ok(input)
 }
 
-/// Print the problems, give slices without hints the hints the EndpointSlice controller would write (as the
-/// agent does, so `plan` shows what the agent programs) and count the errors.
-fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String) -> CliInput {
+/// Print the problems, give slices without hints the hints the EndpointSlice controller would write when
+/// `emulate` (as the agent does, so `plan` shows what the agent programs) or name them, and count the errors.
+fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String, emulate: bool) -> CliInput {
     for d in diagnostics {
         let level = if d.severity == Severity::Error { "error" } else { "warning" };
         eprintln!("{level}: {d}");
     }
-    let filled = crate::hints::fill_missing(&mut model);
-    for svc in &filled {
-        eprintln!(
-            "note: EndpointSlices of Service {svc} carry no hints: using the hints the EndpointSlice controller \
-             would write"
-        );
+    let (mut filled, mut unhinted) = (Vec::new(), Vec::new());
+    if emulate {
+        filled = crate::hints::fill_missing(&mut model);
+        for svc in &filled {
+            eprintln!(
+                "note: EndpointSlices of Service {svc} carry no hints: planned with the hints the EndpointSlice \
+                 controller would write (--emulate-hints), labelled \"emulated\" below"
+            );
+        }
+    } else {
+        unhinted = model
+            .services
+            .values()
+            .filter(|s| crate::hints::fill_for(&model, s).is_some())
+            .map(|s| s.key.clone())
+            .collect();
+        for svc in &unhinted {
+            eprintln!(
+                "note: EndpointSlices of Service {svc} carry no hints although it asks for them: shown as they \
+                 are (kube-proxy uses every endpoint); the agent plans it with the hints the EndpointSlice \
+                 controller would write, which --emulate-hints shows"
+            );
+        }
     }
     let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
-    CliInput { model, errors, filled, origin, protected: Vec::new(), pods: std::collections::BTreeMap::new() }
+    CliInput {
+        model,
+        errors,
+        filled,
+        unhinted,
+        origin,
+        protected: Vec::new(),
+        pods: std::collections::BTreeMap::new(),
+    }
 }

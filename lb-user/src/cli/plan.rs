@@ -59,7 +59,14 @@ pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
 /// `tierlb explain` of an input already read.
 pub fn explain_on(args: &ExplainArgs, input: &super::CliInput) -> anyhow::Result<String> {
     let node = input.node(&args.node);
-    let mut out = crate::explain::explain(&input.model, &node, &args.service).ok_or_else(|| {
+    let mut out = crate::explain::explain_with(
+        &input.model,
+        &node,
+        &args.service,
+        input.hinted(&args.service),
+        &input.pods,
+    )
+    .ok_or_else(|| {
         anyhow::anyhow!(
             "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
             args.service,
@@ -102,10 +109,17 @@ pub fn plan_on(args: &PlanArgs, input: &super::CliInput) -> anyhow::Result<PlanO
     let p = plan::plan(model, &node);
     let text = match args.output {
         Output::Json => {
-            let lints = lint::lint(model, &node, &p);
-            serde_json::to_string_pretty(&lint::LintedPlan::new(&p, &lints))? + "\n"
+            let lints = lint::lint_naming(model, &node, &p, &input.pods);
+            let plan = lint::LintedPlan::new(&p, &lints).emulated(&input.filled);
+            serde_json::to_string_pretty(&plan)? + "\n"
         }
-        Output::Table => plan_table(&p),
+        Output::Table => {
+            let lints = lint::lint_naming(model, &node, &p, &input.pods);
+            plan_table(
+                &p,
+                &TableNotes { lints: Some(&lints), emulated: &input.filled, unhinted: &input.unhinted },
+            )
+        }
     };
     if errors > 0 {
         eprintln!(
@@ -117,13 +131,53 @@ pub fn plan_on(args: &PlanArgs, input: &super::CliInput) -> anyhow::Result<PlanO
     Ok(PlanOutput { text, errors })
 }
 
-fn join(v: &[SocketAddr]) -> String {
-    if v.is_empty() { "-".into() } else { v.iter().map(ToString::to_string).collect::<Vec<_>>().join(",") }
+fn join(v: &[SocketAddr], suffix: &str) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.iter().map(|a| format!("{a}{suffix}")).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// What `plan_table` says besides the plan: each port's warnings, and where its hints come from.
+#[derive(Default)]
+pub struct TableNotes<'a> {
+    /// The plan's lints (`lint::lint`), listed under the table.
+    pub lints: Option<&'a lint::Lints>,
+    /// Services planned on the hints the controller would write (`--emulate-hints`): their tier is labelled.
+    pub emulated: &'a [crate::model::ObjKey],
+    /// Services that ask for hints their slices do not carry, shown as they are.
+    pub unhinted: &'a [crate::model::ObjKey],
+}
+
+/// The ENDPOINTS cell: each endpoint, marked `(terminating)` when the set is kube-proxy's fallback to serving
+/// and terminating endpoints (a set has either ready endpoints only, or terminating ones only).
+fn endpoints_cell(t: &plan::TrafficPlan, pp: &plan::PortPlan) -> String {
+    let ready = if t.policy == crate::model::Policy::Local { pp.counts.local_ready } else { pp.counts.ready };
+    join(&t.endpoints, if ready == 0 { "(terminating)" } else { "" })
+}
+
+/// The WHEN EMPTY cell: what a connect gets from tierlb (its errno) beside kube-proxy's verdict, now when the
+/// set is empty, else once every backend is marked down.
+fn when_empty_cell(t: &plan::TrafficPlan) -> String {
+    let (now, w) = match t.when_empty {
+        Some(w) => ("now:", w),
+        None => ("", t.when_all_down),
+    };
+    let errno = match w {
+        plan::WhenEmpty::Reject => "ECONNREFUSED(kube-proxy:REJECT)",
+        plan::WhenEmpty::Drop => "EHOSTUNREACH(kube-proxy:DROP)",
+    };
+    format!("{now}{errno}")
 }
 
 /// A fixed-width table, one row per Service port and family. A cluster IP another Service holds is marked
-/// `(not-programmed)` (one word: the cells split on spaces), and every claim that loses a contested VIP:port is listed below the table.
-pub fn plan_table(p: &Plan) -> String {
+/// `(not-programmed)` (one word: the cells split on spaces), endpoints of kube-proxy's terminating fallback
+/// `(terminating)`, a tier planned on emulated hints `(emulated-hints)`; WHEN EMPTY gives the errno a
+/// connect gets once no backend is left (prefixed `now:` when none is left already) beside kube-proxy's
+/// verdict. Under the table: every claim that loses a contested VIP:port, the ports' warnings (`notes`),
+/// the Services whose slices lack the hints they ask for, and what is not programmed.
+pub fn plan_table(p: &Plan, notes: &TableNotes<'_>) -> String {
     let claims = plan::claim_table(&p.services);
     let winner = |addr: SocketAddr, p: &plan::PortPlan| {
         claims.get(&(addr, p.protocol)).and_then(plan::vip_winner).map(|c| &c.service)
@@ -158,18 +212,22 @@ pub fn plan_table(p: &Plan) -> String {
             })
             .collect();
         let t = &s.internal;
+        let mut tier = serde_json::to_value(t.selected_tier)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        if notes.emulated.contains(&s.name.service) && t.policy == crate::model::Policy::Cluster {
+            tier.push_str("(emulated-hints)");
+        }
         rows.push([
             s.name.to_string(),
             format!("{}/{}", s.port, s.protocol.as_str()),
             vips.join(","),
             t.policy.as_str().to_owned(),
-            serde_json::to_value(t.selected_tier)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default(),
-            join(&t.endpoints),
-            format!("{} | {}", join(&t.tiers.zone), join(&t.tiers.cluster)),
-            t.when_empty.map_or("-".to_owned(), |w| format!("{w:?}").to_lowercase()),
+            tier,
+            endpoints_cell(t, s),
+            format!("{} | {}", join(&t.tiers.zone, ""), join(&t.tiers.cluster, "")),
+            when_empty_cell(t),
         ]);
     }
     let mut widths = [0usize; 8];
@@ -190,6 +248,7 @@ pub fn plan_table(p: &Plan) -> String {
             let _ = writeln!(out, "  {l}");
         }
     }
+    notes_text(&mut out, p, notes);
     if !p.skipped.is_empty() {
         out.push_str("\nnot programmed:\n");
         for s in &p.skipped {
@@ -197,4 +256,50 @@ pub fn plan_table(p: &Plan) -> String {
         }
     }
     out
+}
+
+/// The sections under `plan_table`'s table from `notes`: the warnings (a contested VIP:port is listed
+/// there already), the Services on emulated hints and those whose slices lack the hints they ask for.
+fn notes_text(out: &mut String, p: &Plan, notes: &TableNotes<'_>) {
+    let warnings: Vec<String> = notes
+        .lints
+        .map(|l| {
+            p.services
+                .iter()
+                .zip(&l.ports)
+                // A contested VIP:port is listed above already.
+                .flat_map(|(s, ws)| {
+                    ws.iter()
+                        .filter(|w| w.rule != lint::Rule::VipConflict)
+                        .map(move |w| format!("{} {w}", s.name))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    let warnings: Vec<String> = warnings.into_iter().filter(|w| seen.insert(w.clone())).collect();
+    if !warnings.is_empty() {
+        let _ = writeln!(out, "\nwarnings ({}):", warnings.len());
+        for w in warnings {
+            let _ = writeln!(out, "  {w}");
+        }
+    }
+    if !notes.emulated.is_empty() {
+        out.push_str(
+            "\nemulated hints (--emulate-hints: the slices carry none; planned with the hints the EndpointSlice \
+             controller would write, as the agent does; kube-proxy uses every endpoint):\n",
+        );
+        for k in notes.emulated {
+            let _ = writeln!(out, "  {k}");
+        }
+    }
+    if !notes.unhinted.is_empty() {
+        out.push_str(
+            "\nslices without the hints their Service asks for (shown as they are, as kube-proxy reads them; the \
+             agent plans them with the controller's hints: --emulate-hints shows that):\n",
+        );
+        for k in notes.unhinted {
+            let _ = writeln!(out, "  {k}");
+        }
+    }
 }

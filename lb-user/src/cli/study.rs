@@ -203,8 +203,13 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
 }
 
 fn run_cluster(args: &StudyArgs) -> anyhow::Result<String> {
-    let source =
-        FaceSource { manifests: args.manifests.clone(), kube: args.kube, namespace: args.namespace.clone() };
+    let source = FaceSource {
+        manifests: args.manifests.clone(),
+        kube: args.kube,
+        namespace: args.namespace.clone(),
+        // Labelled in each Service's study (`hints`): the models are compared on the hints the controller would write.
+        emulate_hints: true,
+    };
     study_on(args, &source.load(None)?)
 }
 

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::{Rule, Warning, lint};
+use super::{Rule, Warning};
 use crate::{
     hints::{self, HintMode},
     model::{Model, NodeInfo, ObjKey, Policy},
@@ -65,15 +65,20 @@ type Key = (ObjKey, String, Rule, String);
 
 /// Every finding of `model` on `nodes` (`cluster_nodes`), in Service order. `filled` are the Services whose
 /// slices carried no hints and were judged with the hints the EndpointSlice controller would write
-/// (`hints::fill_missing`).
-pub fn cluster_lint(model: &Model, nodes: &[NodeInfo], filled: &[ObjKey]) -> Vec<ClusterFinding> {
+/// (`hints::fill_missing`); `pods` names endpoints.
+pub fn cluster_lint(
+    model: &Model,
+    nodes: &[NodeInfo],
+    filled: &[ObjKey],
+    pods: &super::Pods,
+) -> Vec<ClusterFinding> {
     let mut found: BTreeMap<Key, BTreeSet<String>> = BTreeMap::new();
     let mut add = |svc: &ObjKey, port: &str, w: Warning, node: &str| {
         found.entry((svc.clone(), port.to_owned(), w.rule, w.text)).or_default().insert(node.to_owned());
     };
     for node in nodes {
         let p = plan::plan(model, node);
-        let lints = lint(model, node, &p);
+        let lints = super::lint_naming(model, node, &p, pods);
         for (pp, warnings) in p.services.iter().zip(&lints.ports) {
             for w in warnings {
                 add(&pp.name.service, &pp.name.port, w.clone(), &node.name);

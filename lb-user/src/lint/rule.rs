@@ -17,8 +17,11 @@ pub enum Rule {
     DeprecatedPreferClose,
     /// `trafficDistribution` set, no endpoint carries hints (old control plane, feature gate off, downgrade).
     NoHints,
-    /// Some ready endpoints carry no hints: topology off for the whole Service.
+    /// Some ready endpoints carry no `forZones` hint while others do: zone filtering off for the whole Service.
     HintsMissing,
+    /// Ready endpoints without a `forNodes` hint where PreferSameNode asks for them, or beside endpoints that
+    /// have one: node filtering off for the whole Service.
+    NodeHintsMissing,
     /// PreferSameZone or PreferClose where every node is in one zone (or none has a zone): it does nothing.
     OneZone,
     /// PreferSameNode with fewer ready endpoints than nodes.
@@ -39,6 +42,7 @@ impl Rule {
             Self::DeprecatedPreferClose => "deprecated-prefer-close",
             Self::NoHints => "no-hints",
             Self::HintsMissing => "hints-missing",
+            Self::NodeHintsMissing => "node-hints-missing",
             Self::OneZone => "one-zone",
             Self::PreferSameNodeSkew => "prefer-same-node-skew",
             Self::NoLocalEndpoint => "no-local-endpoint",
@@ -63,6 +67,10 @@ impl Rule {
             Self::HintsMissing => {
                 "find why the controller left those endpoints unhinted (a not-ready endpoint keeps old hints; a \
                  hand-made slice has none) and hint every ready endpoint"
+            }
+            Self::NodeHintsMissing => {
+                "upgrade the control plane to 1.33 or later (PreferSameNode writes forNodes; a not-ready endpoint \
+                 keeps old hints; a hand-made slice has none) and check hints.forNodes on every ready endpoint"
             }
             Self::OneZone => {
                 "use PreferSameNode, or remove trafficDistribution: one zone has nothing to prefer"

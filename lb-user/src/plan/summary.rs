@@ -142,6 +142,22 @@ pub fn requested(svc: &Service) -> Requested {
     }
 }
 
+impl TopologySummary {
+    /// The summary of a plan made on hints no controller wrote (the controller's, emulated) when `emulated`:
+    /// what the node applies rests on them, so the reason is `HintsEmulated`, unless a Local policy (which
+    /// ignores hints) decided.
+    #[must_use]
+    pub fn emulated(self, emulated: bool) -> Self {
+        let local = matches!(
+            self.reason,
+            TopologyReason::LocalPolicy
+                | TopologyReason::LocalPolicyOverridesDistribution
+                | TopologyReason::NoLocalEndpoint
+        );
+        if emulated && !local { Self { reason: TopologyReason::HintsEmulated, ..self } } else { self }
+    }
+}
+
 /// The summary of `p`, one of `svc`'s port plans.
 pub fn summarize(svc: &Service, p: &PortPlan) -> TopologySummary {
     let requested = requested(svc);

@@ -31,6 +31,31 @@ pub fn load_text(path: &Path, text: &str) -> Loaded {
     Loaded { model, diagnostics, stale_files: Vec::new() }
 }
 
+/// The pods the EndpointSlices of one file's text name, by address (`convert::pod_refs`). Documents that do
+/// not read as EndpointSlices are passed over (`load_text` reports them).
+pub fn pod_refs_text(text: &str) -> BTreeMap<std::net::IpAddr, ObjKey> {
+    fn walk(v: serde_json::Value, out: &mut BTreeMap<std::net::IpAddr, ObjKey>) {
+        match v.get("kind").and_then(|k| k.as_str()) {
+            Some("EndpointSlice") => {
+                if let Ok(s) = serde_json::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(v) {
+                    out.extend(super::convert::pod_refs(&s));
+                }
+            }
+            Some(k) if k.ends_with("List") => {
+                if let Some(items) = v.get("items").and_then(|i| i.as_array()) {
+                    for item in items.clone() {
+                        walk(item, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = BTreeMap::new();
+    super::yaml::each_document(text, |_, doc| doc.map(|v| walk(v, &mut out)).is_ok());
+    out
+}
+
 /// A manifests directory with per-file memory: what each file contributed (its last clean version while the
 /// current one has errors), and the file's stamp, so an unchanged file is neither read nor parsed again.
 #[derive(Debug, Default)]
@@ -178,32 +203,12 @@ impl ManifestDir {
         Ok(files)
     }
 
-    /// The pods the EndpointSlices of the directory name, by address (`convert::pod_refs`); read apart from
-    /// the model, which does not keep them. Documents that do not read as EndpointSlices are passed over
-    /// (`load` reports them).
+    /// The pods the EndpointSlices of the directory name, by address (`pod_refs_text`); read apart from
+    /// the model, which does not keep them.
     pub fn pod_refs(&self) -> std::io::Result<BTreeMap<std::net::IpAddr, ObjKey>> {
-        fn walk(v: serde_json::Value, out: &mut BTreeMap<std::net::IpAddr, ObjKey>) {
-            match v.get("kind").and_then(|k| k.as_str()) {
-                Some("EndpointSlice") => {
-                    if let Ok(s) = serde_json::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(v)
-                    {
-                        out.extend(super::convert::pod_refs(&s));
-                    }
-                }
-                Some(k) if k.ends_with("List") => {
-                    if let Some(items) = v.get("items").and_then(|i| i.as_array()) {
-                        for item in items.clone() {
-                            walk(item, out);
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
         let mut out = BTreeMap::new();
         for (path, _) in self.files()? {
-            let text = std::fs::read_to_string(&path)?;
-            super::yaml::each_document(&text, |_, doc| doc.map(|v| walk(v, &mut out)).is_ok());
+            out.extend(pod_refs_text(&std::fs::read_to_string(&path)?));
         }
         Ok(out)
     }

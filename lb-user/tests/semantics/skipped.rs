@@ -103,7 +103,7 @@ fn services_kube_proxy_skips_and_sctp_ports_are_listed_as_not_programmed_with_th
             p.services.iter().map(|s| format!("{}/{}", s.name.port, s.protocol.as_str())).collect();
         assert_eq!(got, planned, "{case}: ports planned");
         assert_eq!(serde_json::to_value(&p).unwrap()["skipped"], want, "{case}: plan -o json");
-        let table = tierlb::cli::plan_table(&p);
+        let table = tierlb::cli::plan_table(&p, &tierlb::cli::TableNotes::default());
         for s in &p.skipped {
             assert!(table.contains(&format!("\n  {s}\n")), "{case}: the table lists {s}:\n{table}");
         }
