@@ -6,7 +6,7 @@ use serde::Serialize;
 
 mod cluster;
 mod rule;
-pub use cluster::{ClusterFinding, cluster_lint, cluster_nodes};
+pub use cluster::{ClusterFinding, cluster_lint, cluster_nodes, unknown_field_findings};
 pub use rule::{Rule, Warning};
 
 use crate::{
@@ -139,8 +139,11 @@ fn endpoint_name(e: &PortEndpoint, pods: &Pods) -> String {
 pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], pods: &Pods) -> Vec<Warning> {
     let mut w = Vec::new();
     let mode = hints::mode(svc);
+    // An unknown value asks for nothing (the controller removes every hint): it is reported as such below,
+    // not as a fallback the Local policy hides.
     if svc.internal_policy == Policy::Local
         && let Some(td) = &svc.traffic_distribution
+        && !matches!(mode, HintMode::None { .. })
     {
         w.push(Warning::new(Rule::DeadLocalLine, format!(
             "internalTrafficPolicy: Local overrides trafficDistribution: {td} (dead line): traffic stays on \
@@ -162,10 +165,16 @@ pub fn port_warnings(svc: &Service, endpoints: &[PortEndpoint], pods: &Pods) -> 
         )));
     }
     match &mode {
-        HintMode::None { unknown_value: Some(v) } => w.push(Warning::new(Rule::UnknownDistribution, format!(
-            "unknown trafficDistribution value {v:?}: the controller ignores it and removes all hints (known: \
-             PreferSameZone, PreferSameNode, and the deprecated PreferClose)"
-        ))),
+        HintMode::None { unknown_value: Some(v) } => {
+            let known = [hints::PREFER_SAME_ZONE, hints::PREFER_SAME_NODE, hints::PREFER_CLOSE];
+            let guess = crate::spelling::closest(v, known.iter().copied())
+                .map(|k| format!("did you mean {k}? "))
+                .unwrap_or_default();
+            w.push(Warning::new(Rule::UnknownDistribution, format!(
+                "unknown trafficDistribution value {v:?}: {guess}the controller ignores it and removes all hints \
+                 (known: PreferSameZone, PreferSameNode, and the deprecated PreferClose)"
+            )));
+        }
         HintMode::PreferSameZone { deprecated_alias: true } => w.push(Warning::new(
             Rule::DeprecatedPreferClose,
             "trafficDistribution: PreferClose is the deprecated alias of PreferSameZone; write PreferSameZone",

@@ -295,7 +295,8 @@ impl World {
     /// Also the figures of the maps (frontends, slots, named ids).
     fn check_maps(&self, services: &[Service]) -> (Vec<String>, String) {
         let dir = self.manifests.path().to_str().unwrap();
-        let plan = tierlb_json(&["plan", "--node", "node-1", "--manifests", dir, "-o", "json"]);
+        let plan =
+            tierlb_json(&["plan", "--node", "node-1", "--manifests", dir, "-o", "json", "--emulate-hints"]);
         let base = self.pin_base();
         let status =
             tierlb_json(&["status", "--bpffs", base.to_str().unwrap(), "--instance", "node-1", "-o", "json"]);

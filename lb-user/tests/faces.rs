@@ -477,6 +477,45 @@ fn lint_names_every_endpoint_without_for_nodes_with_its_node_and_pod() {
     assert!(out.contains("10.244.2.51 (node node-2, pod booking/partial-y2), 10.244.3.51 (node node-3, pod booking/partial-y3)"), "{out}");
 }
 
+/// The story with a misspelt field on pdf-resume and a misspelt trafficDistribution value on the cache.
+fn story_with_typos(dir: &Path) {
+    for f in std::fs::read_dir(story()).unwrap() {
+        let f = f.unwrap().path();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let text = text
+            .replace("  trafficDistribution: PreferSameNode\n  ports: [{name: http, port: 80, targetPort: 9000", "  trafficDistribution: PreferSameNode\n  sessionAfinity: ClientIP\n  ports: [{name: http, port: 80, targetPort: 9000")
+            .replace("internalTrafficPolicy: Local\n  trafficDistribution: PreferSameNode\n", "internalTrafficPolicy: Local\n  trafficDistribution: PreferSameNodes\n");
+        std::fs::write(dir.join(f.file_name().unwrap()), text).unwrap();
+    }
+}
+
+#[test]
+fn lint_reports_a_misspelt_field_or_value_as_a_finding_with_did_you_mean_and_its_line() {
+    let tmp = TempDir::new("faces-typos").unwrap();
+    story_with_typos(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let (code, out, err) = tierlb(&["lint", "--manifests", dir]);
+    assert_eq!(code, 1, "{out}{err}");
+    let field = format!(
+        "booking/pdf-resume: unknown-field [all 3 nodes]: {dir}/pdf-resume.yaml:4 document 1 (Service pdf-resume) \
+         field spec.sessionAfinity: unknown field \"sessionAfinity\", ignored: did you mean \"sessionAffinity\"?"
+    );
+    assert!(out.lines().any(|l| l.starts_with(&field)), "no {field:?} in\n{out}");
+    assert!(
+        out.contains(
+            "booking/nginx-cache port http: unknown-distribution [all 3 nodes]: unknown trafficDistribution value \
+             \"PreferSameNodes\": did you mean PreferSameNode? "
+        ),
+        "{out}"
+    );
+    // An unknown value is no fallback that the Local policy hides: no dead-line advice to get it.
+    assert!(!out.contains("nginx-cache port http: dead-local-line"), "{out}");
+    let (_, json, _) = tierlb(&["lint", "--manifests", dir, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rules: Vec<&str> = v.as_array().unwrap().iter().map(|f| f["rule"].as_str().unwrap()).collect();
+    assert!(rules.contains(&"unknown-field"), "{json}");
+}
+
 #[test]
 fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_fix_and_exits_1() {
     let tmp = TempDir::new("faces-lint").unwrap();

@@ -391,7 +391,9 @@ fn each_invalid_object_is_reported_with_its_field_and_not_taken() {
             c.message
         );
         for d in &errors {
-            assert!(d.to_string().starts_with("dir/x.yaml document 1 ("), "{}: {d}", c.name);
+            // The second document, counted from 1, at its first line (GOOD's lines, then `---`).
+            let at = format!("dir/x.yaml:{} document 2 (", GOOD.lines().count() + 2);
+            assert!(d.to_string().starts_with(&at), "{}: {d}", c.name);
         }
         assert_eq!(objects.len(), 1, "{}: only the good Service is taken: {objects:?}", c.name);
     }
@@ -573,7 +575,7 @@ fn plan_exits_3_on_invalid_objects_after_printing_the_valid_ones() {
         "the valid ones are planned: {stdout}"
     );
     assert!(
-        stderr.contains("bad.yaml document 0 (EndpointSlice bad) field endpoints[0].addresses[0]: 127.0.0.1 may not be in the loopback range (127.0.0.0/8, ::1/128): use the pod's address"),
+        stderr.contains("bad.yaml:1 document 1 (EndpointSlice bad) field endpoints[0].addresses[0]: 127.0.0.1 may not be in the loopback range (127.0.0.0/8, ::1/128): use the pod's address"),
         "{stderr}"
     );
     assert!(stderr.contains("1 error(s)"), "{stderr}");

@@ -299,7 +299,8 @@ fn the_agent_programs_exactly_the_plans_endpoints() {
         let out = std::process::Command::new(TIERLB)
             .args(["plan", "--node", node, "--manifests"])
             .arg(c.manifests.path())
-            .args(["-o", "json"])
+            // The agent plans pdf-resume's hintless slices with the controller's hints; so does plan, asked.
+            .args(["-o", "json", "--emulate-hints"])
             .output()
             .unwrap();
         assert!(out.status.success());

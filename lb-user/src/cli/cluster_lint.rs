@@ -44,7 +44,9 @@ pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintO
         input.origin
     );
     let nodes = lint::cluster_nodes(&input.model);
-    let found = lint::cluster_lint(&input.model, &nodes, &input.filled, &input.pods);
+    let mut found = lint::cluster_lint(&input.model, &nodes, &input.filled, &input.pods);
+    found.extend(lint::unknown_field_findings(&input.unknown_fields, &nodes));
+    found.sort_by(|a, b| a.service.cmp(&b.service).then(a.port.cmp(&b.port)));
     let text = match args.output {
         Output::Json => serde_json::to_string_pretty(&found)? + "\n",
         Output::Table => table(&found, nodes.len()),

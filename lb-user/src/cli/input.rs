@@ -44,6 +44,9 @@ pub struct CliInput {
     pub model: Model,
     /// Diagnostics of severity error: objects (or documents, or files) not taken as they are.
     pub errors: usize,
+    /// Fields neither Kubernetes nor tierlb knows, ignored (`Diagnostic::is_unknown_field`): `lint` reports
+    /// them as findings.
+    pub unknown_fields: Vec<Diagnostic>,
     /// Services whose slices carried no hints and got the controller's (only with `--emulate-hints`).
     pub filled: Vec<ObjKey>,
     /// Services that ask for hints while their slices carry none, left as they are (without
@@ -195,9 +198,11 @@ fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String, emulate:
         }
     }
     let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
+    let unknown_fields = diagnostics.iter().filter(|d| d.is_unknown_field()).cloned().collect();
     CliInput {
         model,
         errors,
+        unknown_fields,
         filled,
         unhinted,
         origin,

@@ -30,6 +30,8 @@ pub enum Rule {
     NoLocalEndpoint,
     /// Several Services claim one VIP:port; one is programmed.
     VipConflict,
+    /// A field of the Service or its slices that Kubernetes does not know (a misspelling): ignored.
+    UnknownField,
 }
 
 impl Rule {
@@ -47,6 +49,7 @@ impl Rule {
             Self::PreferSameNodeSkew => "prefer-same-node-skew",
             Self::NoLocalEndpoint => "no-local-endpoint",
             Self::VipConflict => "vip-conflict",
+            Self::UnknownField => "unknown-field",
         }
     }
 
@@ -83,6 +86,10 @@ impl Rule {
                  Local by trafficDistribution: PreferSameNode, which falls back"
             }
             Self::VipConflict => "give each Service its own VIP:port",
+            Self::UnknownField => {
+                "spell the field as the API defines it (the API server refuses or drops an unknown field: \
+                 `kubectl apply --dry-run=server` shows which)"
+            }
         }
     }
 }

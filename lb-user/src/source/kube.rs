@@ -509,6 +509,7 @@ fn take(
             let ds = problems
                 .into_iter()
                 .map(|e| Diagnostic {
+                    service: None,
                     severity: Severity::Error,
                     origin: Origin::Api(id.clone()),
                     field: Some(e.field),

@@ -383,6 +383,7 @@ fn read_one((path, stamp): &StampedFile) -> (FileContents, Option<Stamp>) {
             FileContents {
                 objects: Vec::new(),
                 diagnostics: vec![Diagnostic {
+                    service: None,
                     severity: Severity::Error,
                     origin: Origin::file(path),
                     field: None,
@@ -402,8 +403,14 @@ fn assemble(objects: Vec<(PathBuf, Object)>, diagnostics: &mut Vec<Diagnostic>) 
         match seen.entry(obj.id()) {
             Entry::Occupied(first) => {
                 diagnostics.push(Diagnostic {
+                    service: None,
                     severity: Severity::Error,
-                    origin: Origin::File { path, document: None, object: Some(first.key().to_string()) },
+                    origin: Origin::File {
+                        path,
+                        document: None,
+                        line: None,
+                        object: Some(first.key().to_string()),
+                    },
                     field: Some("metadata.name".into()),
                     message: format!("duplicate object; the one in {} is used", first.get().display()),
                 });

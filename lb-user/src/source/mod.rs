@@ -136,8 +136,11 @@ pub enum Origin {
     File {
         /// The file.
         path: PathBuf,
-        /// 0-based index of the YAML document in the file (`---` separated); `None` for the whole file.
+        /// 0-based index of the YAML document in the file (`---` separated, empty ones not counted); `None`
+        /// for the whole file. Shown 1-based.
         document: Option<usize>,
+        /// The 1-based line the document starts on, when known.
+        line: Option<usize>,
         /// What the document is, as far as it could be read ("Service web", "Deployment d",
         /// "Service &lt;no name&gt;"): for people only, since a broken document may have no identity.
         object: Option<String>,
@@ -149,18 +152,22 @@ pub enum Origin {
 impl Origin {
     /// A whole file.
     pub fn file(path: impl Into<PathBuf>) -> Self {
-        Self::File { path: path.into(), document: None, object: None }
+        Self::File { path: path.into(), document: None, line: None, object: None }
     }
 }
 
-/// `dir/x.yaml document 1 (Service web)`, `dir/x.yaml`, `Service default/web`.
+/// `dir/x.yaml:12 document 2 (Service web)` (the document's first line, documents counted from 1),
+/// `dir/x.yaml`, `Service default/web`.
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::File { path, document, object } => {
+            Self::File { path, document, line, object } => {
                 write!(f, "{}", path.display())?;
+                if let Some(l) = line {
+                    write!(f, ":{l}")?;
+                }
                 if let Some(d) = document {
-                    write!(f, " document {d}")?;
+                    write!(f, " document {}", d + 1)?;
                 }
                 if let Some(o) = object {
                     write!(f, " ({o})")?;
@@ -183,9 +190,25 @@ pub struct Diagnostic {
     pub field: Option<String>,
     /// What is wrong.
     pub message: String,
+    /// The Service the object belongs to (a Service itself, an EndpointSlice's
+    /// `kubernetes.io/service-name` in its namespace), when known: `tierlb lint` reports its unknown fields
+    /// as findings of that Service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<crate::model::ObjKey>,
 }
 
-/// `dir/x.yaml document 1 (Service web) field spec.ports[0].port: port 0 is out of range (1-65535)`, or
+/// How an unknown field's message starts (`Diagnostic::is_unknown_field`).
+pub const UNKNOWN_FIELD: &str = "unknown field ";
+
+impl Diagnostic {
+    /// A field neither Kubernetes nor tierlb knows (a misspelling, most likely), taken with the field
+    /// ignored.
+    pub fn is_unknown_field(&self) -> bool {
+        self.severity == Severity::Warning && self.message.starts_with(UNKNOWN_FIELD)
+    }
+}
+
+/// `dir/x.yaml:12 document 2 (Service web) field spec.ports[0].port: port 0 is out of range (1-65535)`, or
 /// `Service default/web field spec.ports[0].port: ...` for an API object.
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -205,16 +228,21 @@ mod tests {
     #[test]
     fn diagnostics_name_the_file_and_document_or_the_api_object() {
         let diag = |origin, field: Option<&str>| Diagnostic {
+            service: None,
             severity: Severity::Error,
             origin,
             field: field.map(str::to_owned),
             message: "port 70000 is out of range (1-65535)".into(),
         };
-        let document =
-            Origin::File { path: "dir/x.yaml".into(), document: Some(1), object: Some("Service web".into()) };
+        let document = Origin::File {
+            path: "dir/x.yaml".into(),
+            document: Some(1),
+            line: Some(12),
+            object: Some("Service web".into()),
+        };
         assert_eq!(
             diag(document, Some("spec.ports[0].port")).to_string(),
-            "dir/x.yaml document 1 (Service web) field spec.ports[0].port: port 70000 is out of range (1-65535)"
+            "dir/x.yaml:12 document 2 (Service web) field spec.ports[0].port: port 70000 is out of range (1-65535)"
         );
         assert_eq!(
             diag(Origin::file("dir/x.yaml"), None).to_string(),

@@ -47,6 +47,36 @@ pub fn each_document(
     }
 }
 
+/// The 1-based line where each non-empty document of `text` starts (its first line that is neither blank nor
+/// a comment), in `each_document`'s order, so a message can name `file:LINE`. Documents are split at
+/// lines starting `---` or `...`, as a YAML stream is.
+pub fn document_lines(text: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut current: Option<usize> = None;
+    let content = |s: &str| {
+        let t = s.trim();
+        !t.is_empty() && !t.starts_with('#')
+    };
+    for (i, line) in text.lines().enumerate() {
+        let marker = ["---", "..."].iter().find(|m| {
+            line.strip_prefix(**m).is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+        });
+        if let Some(m) = marker {
+            starts.extend(current.take());
+            // `--- {a: 1}` starts its document on the marker's line.
+            if *m == "---" && content(&line[3..]) {
+                current = Some(i + 1);
+            }
+            continue;
+        }
+        if current.is_none() && content(line) {
+            current = Some(i + 1);
+        }
+    }
+    starts.extend(current);
+    starts
+}
+
 /// One document of `text` as a `T`; an error gives the path of the field (`.` for the document) and what
 /// is wrong there.
 pub fn typed<T: DeserializeOwned>(text: &str) -> Result<T, (String, String)> {
@@ -79,6 +109,21 @@ mod tests {
             true
         });
         out
+    }
+
+    #[test]
+    fn document_lines_match_each_document_and_skip_empty_ones() {
+        let cases = [
+            ("a: 1\n---\n---\nb: 2\n", vec![1, 4]),
+            ("---\na: 1\n---\n# c\n---\nb: 2\n---\n", vec![2, 6]),
+            ("# x\n\na: 1\n...\n---\nb: 2", vec![3, 6]),
+            ("--- {a: 1}\n--- # only a comment\n  b: 2\n", vec![1, 3]),
+            ("a: |\n  --- not a marker\n", vec![1]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(super::document_lines(text), want, "{text:?}");
+            assert_eq!(docs(text).len(), want.len(), "as many as each_document gives: {text:?}");
+        }
     }
 
     #[test]

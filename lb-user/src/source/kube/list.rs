@@ -118,6 +118,7 @@ pub async fn snapshot(client: Client, namespace: Option<&str>) -> Result<Snapsho
     let mut take = |id: ObjectId, converted: Result<Object, convert::Invalid>| match converted {
         Ok(o) => o.insert_into(&mut snap.model),
         Err(errors) => snap.diagnostics.extend(errors.into_iter().map(|e| Diagnostic {
+            service: None,
             severity: Severity::Error,
             origin: Origin::Api(id.clone()),
             field: Some(e.field),

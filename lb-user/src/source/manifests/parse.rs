@@ -2,7 +2,7 @@
 //! convert is reported with its document index, what it is and the field, and skipped; the others are read.
 use std::path::Path;
 
-use super::super::{Diagnostic, Object, Origin, Severity, convert};
+use super::super::{Diagnostic, Object, Origin, Severity, UNKNOWN_FIELD, convert};
 
 /// The objects of one file and what went wrong reading it.
 #[derive(Clone, Debug, Default)]
@@ -20,15 +20,22 @@ impl FileContents {
 /// Parse one file's text. Never fails: problems become diagnostics.
 pub(super) fn parse_file(path: &Path, text: &str) -> FileContents {
     let mut out = FileContents::default();
+    let lines = super::super::yaml::document_lines(text);
     super::super::yaml::each_document(text, |index, doc| match doc {
         Ok(value) => {
-            parse_value(path, index, value, &mut out);
+            parse_value(path, (index, lines.get(index).copied()), value, &mut out);
             true
         }
         Err(e) => {
             out.diagnostics.push(Diagnostic {
+                service: None,
                 severity: Severity::Error,
-                origin: Origin::File { path: path.to_owned(), document: Some(index), object: None },
+                origin: Origin::File {
+                    path: path.to_owned(),
+                    document: Some(index),
+                    line: lines.get(index).copied(),
+                    object: None,
+                },
                 field: None,
                 message: format!("malformed YAML: {e}"),
             });
@@ -39,13 +46,21 @@ pub(super) fn parse_file(path: &Path, text: &str) -> FileContents {
     out
 }
 
-fn parse_value(path: &Path, index: usize, value: serde_json::Value, out: &mut FileContents) {
+/// One document's value; `(index, line)`: its 0-based index and its first line.
+fn parse_value(
+    path: &Path,
+    (index, line): (usize, Option<usize>),
+    value: serde_json::Value,
+    out: &mut FileContents,
+) {
     if value.is_null() {
         return; // empty document, e.g. a trailing `---`
     }
+    let service = owning_service(&value);
     let diag = |severity, object: Option<String>, field: Option<String>, message: String| Diagnostic {
+        service: service.clone(),
         severity,
-        origin: Origin::File { path: path.to_owned(), document: Some(index), object },
+        origin: Origin::File { path: path.to_owned(), document: Some(index), line, object },
         field,
         message,
     };
@@ -69,7 +84,7 @@ fn parse_value(path: &Path, index: usize, value: serde_json::Value, out: &mut Fi
                 return;
             };
             for item in items.clone() {
-                parse_value(path, index, item, out);
+                parse_value(path, (index, line), item, out);
             }
         }
         ("Service", "v1") => {
@@ -112,6 +127,19 @@ fn parse_value(path: &Path, index: usize, value: serde_json::Value, out: &mut Fi
             format!("kind {other} is not read by tierlb (only Service, EndpointSlice, Node); ignored"),
         )),
     }
+}
+
+/// The Service a document belongs to: a Service's own key, an EndpointSlice's `kubernetes.io/service-name`
+/// label in its namespace (namespace `default` when unset, as kubectl applies it).
+fn owning_service(value: &serde_json::Value) -> Option<crate::model::ObjKey> {
+    let meta = value.get("metadata")?;
+    let namespace = meta.get("namespace").and_then(|n| n.as_str()).unwrap_or("default");
+    let name = match value.get("kind")?.as_str()? {
+        "Service" => meta.get("name")?.as_str()?,
+        "EndpointSlice" => meta.get("labels")?.get("kubernetes.io/service-name")?.as_str()?,
+        _ => return None,
+    };
+    Some(crate::model::ObjKey::new(namespace, name))
 }
 
 /// (field, message) problems of one document.
@@ -179,6 +207,15 @@ const READ_FIELDS: &[&str] = &[
     "internalTrafficPolicy",
     "externalTrafficPolicy",
     "trafficDistribution",
+    "sessionAffinity",
+    "sessionAffinityConfig",
+    "clientIP",
+    "timeoutSeconds",
+    "targetPort",
+    "loadBalancerSourceRanges",
+    "ipMode",
+    "ipFamilies",
+    "targetRef",
     "status",
     "loadBalancer",
     "ingress",
@@ -205,10 +242,10 @@ fn unknown_field_message(field: &str) -> String {
     let last = field.rsplit(['.', ']']).next().unwrap_or(field);
     match crate::spelling::closest(last, READ_FIELDS.iter().copied()) {
         Some(k) => format!(
-            "unknown field {last:?}, ignored: did you mean {k:?}? (tierlb reads {k}; as written, the object \
+            "{UNKNOWN_FIELD}{last:?}, ignored: did you mean {k:?}? (tierlb reads {k}; as written, the object \
              is planned as if it were unset)"
         ),
-        None => format!("unknown field {last:?}, ignored (the API server would refuse or drop it)"),
+        None => format!("{UNKNOWN_FIELD}{last:?}, ignored (the API server would refuse or drop it)"),
     }
 }
 
@@ -259,13 +296,16 @@ mod tests {
             let got = one(&text);
             assert_eq!(got.diagnostics.len(), 1, "{}: {:?}", c.name, got.diagnostics);
             let d = &got.diagnostics[0];
-            let Origin::File { path, document, object } = &d.origin else { panic!("{}: {d}", c.name) };
+            let Origin::File { path, document, object, line } = &d.origin else { panic!("{}: {d}", c.name) };
             assert_eq!(path, Path::new("dir/x.yaml"), "{}", c.name);
             assert_eq!(*document, Some(1), "{}", c.name);
             assert_eq!(object.as_deref(), c.object, "{}", c.name);
             assert_eq!(d.field.as_deref(), c.field, "{}: {d}", c.name);
             assert!(d.message.contains(c.message), "{}: {d}", c.name);
-            assert!(d.to_string().starts_with("dir/x.yaml document 1"), "{d}");
+            // The second document, counted from 1, with the line it starts on (GOOD's lines, then `---`).
+            let second = GOOD.lines().count() + 2;
+            assert_eq!(*line, Some(second), "{}", c.name);
+            assert!(d.to_string().starts_with(&format!("dir/x.yaml:{second} document 2")), "{d}");
             assert!(matches!(got.objects.first(), Some(Object::Service(_))), "{}", c.name);
         }
     }
