@@ -497,7 +497,7 @@ fn lint_reports_a_misspelt_field_or_value_as_a_finding_with_did_you_mean_and_its
     let (code, out, err) = tierlb(&["lint", "--manifests", dir]);
     assert_eq!(code, 1, "{out}{err}");
     let field = format!(
-        "booking/pdf-resume: unknown-field [all 3 nodes]: {dir}/pdf-resume.yaml:4 document 1 (Service pdf-resume) \
+        "booking/pdf-resume: unknown-field [all 3 nodes]: {dir}/pdf-resume.yaml:5 document 1 (Service pdf-resume) \
          field spec.sessionAfinity: unknown field \"sessionAfinity\", ignored: did you mean \"sessionAffinity\"?"
     );
     assert!(out.lines().any(|l| l.starts_with(&field)), "no {field:?} in\n{out}");
