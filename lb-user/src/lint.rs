@@ -275,8 +275,21 @@ pub fn shares(
     out
 }
 
-/// PreferSameNode with fewer ready endpoints than nodes: nodes without one share the rest, which skews load.
-/// Needs the Node objects (equal clients per node is assumed).
+/// The skew above which `lint` reports PreferSameNode's load and `tierlb study` counts a Service as skewed
+/// (its `--max-skew` default): the busiest endpoint's share over an even share.
+pub const MAX_SKEW: f64 = 1.25;
+
+/// The busiest endpoint's share over an even share among `ready` endpoints (1.0: even), as `tierlb study`
+/// reports it (`Skew`); none below two endpoints.
+pub fn skew_factor(by_endpoint: impl IntoIterator<Item = f64>, ready: usize) -> Option<f64> {
+    let shares: Vec<f64> = by_endpoint.into_iter().collect();
+    let total: f64 = shares.iter().sum();
+    (ready >= 2 && total > 0.0).then(|| shares.iter().copied().fold(0.0, f64::max) / (total / ready as f64))
+}
+
+/// PreferSameNode with fewer ready endpoints than nodes: the nodes without one share the others, so with
+/// equal clients per node the endpoints' loads differ; reported above `MAX_SKEW`, with `tierlb study`'s
+/// figure (the same computation with equal clients). Needs the Node objects.
 pub fn skew_warning(model: &Model, svc: &Service, port: &ServicePort, family: Family) -> Option<String> {
     if hints::mode(svc) != HintMode::PreferSameNode
         || svc.internal_policy == Policy::Local
@@ -293,19 +306,15 @@ pub fn skew_warning(model: &Model, svc: &Service, port: &ServicePort, family: Fa
     let weights: Vec<(NodeInfo, f64)> =
         model.nodes.values().map(|n| (NodeInfo::resolve(&n.name, None, model), 1.0)).collect();
     let s = shares(model, svc, port, family, &weights);
+    let k = skew_factor(s.by_endpoint.values().copied(), ready).filter(|k| *k > MAX_SKEW)?;
     let parts: Vec<String> =
         s.by_endpoint.iter().map(|(e, v)| format!("{} {:.0}%", e.ip(), v * 100.0)).collect();
     Some(format!(
-        "PreferSameNode with {ready} ready endpoints on {} nodes skews load: each endpoint takes every client on \
-         its own node, and the clients of the {} without one spread over the others; with equal clients \
-         per node the endpoints take {}, and any imbalance in clients per node becomes endpoint imbalance \
-         (clients 50/30/20 with endpoints on the 50% and 20% nodes give 65/35)",
+        "PreferSameNode with {ready} ready endpoints on {} nodes: with equal clients per node the endpoints \
+         take {}, the busiest {k:.2}x an even share (over {MAX_SKEW}x; `tierlb study` gives the same figure, \
+         and with --clients the figure for your clients per node): each endpoint takes every client on its own \
+         node, and the nodes without one spread theirs over the others",
         model.nodes.len(),
-        if model.nodes.len() - ready == 1 {
-            "node".to_owned()
-        } else {
-            format!("{} nodes", model.nodes.len() - ready)
-        },
         parts.join(", ")
     ))
 }

@@ -516,6 +516,30 @@ fn lint_reports_a_misspelt_field_or_value_as_a_finding_with_did_you_mean_and_its
     assert!(rules.contains(&"unknown-field"), "{json}");
 }
 
+/// The skew `lint` reports is `study`'s figure: 1.33x for the cache example's zoned cluster, and nothing for
+/// the story's pdf-resume, whose two replicas take 50/50 with equal clients per node (study's default).
+#[test]
+fn lint_reports_the_skew_study_computes_and_only_above_its_threshold() {
+    let cache = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cache");
+    let cache = cache.to_str().unwrap();
+    for (dir, service) in [(cache, "booking/nginx-cache"), (story().as_str(), "booking/pdf-resume")] {
+        let (_, json, err) = tierlb(&["study", "--manifests", dir, "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {err}"));
+        let study = v["services"].as_array().unwrap().iter().find(|s| s["service"] == service).unwrap();
+        let k = study["skew"]["prefer_same_node"].as_f64().unwrap();
+        let (_, out, _) = tierlb(&["lint", "--manifests", dir]);
+        let line =
+            out.lines().find(|l| l.starts_with(&format!("{service} port http: prefer-same-node-skew")));
+        if k > tierlb::lint::MAX_SKEW {
+            let line = line.unwrap_or_else(|| panic!("study says {k}, lint says nothing:\n{out}"));
+            assert!(line.contains(&format!("the busiest {k:.2}x an even share")), "{line}");
+        } else {
+            assert!(line.is_none(), "study says {k}, not skewed:\n{out}");
+        }
+        assert!(!out.contains("50/30/20"), "no fixed figure of another cluster:\n{out}");
+    }
+}
+
 #[test]
 fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_fix_and_exits_1() {
     let tmp = TempDir::new("faces-lint").unwrap();
@@ -533,7 +557,6 @@ fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_f
         ("default/close", "one-zone", all),
         ("default/bare port main", "no-hints", all),
         ("default/half port main", "node-hints-missing", all),
-        ("default/skew port main", "prefer-same-node-skew", all),
         ("default/local port main", "no-local-endpoint", "node-2"),
         ("default/vip-a port main", "vip-conflict", all),
         ("default/vip-b port main", "vip-conflict", all),
@@ -544,6 +567,8 @@ fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_f
     }
     assert_eq!(out.lines().count(), want.len(), "one line per finding, nothing else:\n{out}");
     assert!(!out.contains("ok/clean"), "{out}");
+    // One endpoint on two nodes takes every client: no endpoint is busier than another.
+    assert!(!out.contains("default/skew"), "{out}");
     let (code, json, _) = tierlb(&["lint", "--manifests", dir, "-o", "json"]);
     assert_eq!(code, 1);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -217,7 +217,7 @@ fn run_cluster(args: &StudyArgs) -> anyhow::Result<String> {
 pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
     let rps = args.requests_per_second.unwrap_or(100.0);
     anyhow::ensure!(rps.is_finite() && rps > 0.0, "--requests-per-second {rps}: give a rate above 0");
-    let max_skew = args.max_skew.unwrap_or(1.25);
+    let max_skew = args.max_skew.unwrap_or(crate::lint::MAX_SKEW);
     anyhow::ensure!(max_skew.is_finite() && max_skew >= 1.0, "--max-skew {max_skew}: 1 (even) or more");
     let clients = match &args.clients_from {
         Some(bpffs) => pinned_clients(bpffs)?,

@@ -217,11 +217,7 @@ fn why(
 /// The skew of a phase's model result over the ready endpoints `eps`.
 fn skew_of(r: &ModelResult, eps: &[ScEndpoint]) -> Option<f64> {
     let ready: Vec<String> = eps.iter().filter(|e| e.ready).map(|e| e.ip.to_string()).collect();
-    let total: f64 = ready.iter().map(|ip| r.shares.get(ip).copied().unwrap_or(0.0)).sum();
-    (ready.len() >= 2 && total > 0.0).then(|| {
-        let max = ready.iter().map(|ip| r.shares.get(ip).copied().unwrap_or(0.0)).fold(0.0, f64::max);
-        max / (total / ready.len() as f64)
-    })
+    crate::lint::skew_factor(ready.iter().map(|ip| r.shares.get(ip).copied().unwrap_or(0.0)), ready.len())
 }
 
 /// Study one Service's scenario (its what-ifs' phases grouped as `groups` says): its tables, the differences

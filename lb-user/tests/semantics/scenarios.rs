@@ -99,6 +99,7 @@ fn two_replicas_on_three_nodes_under_prefer_same_node_skew_load_65_35() {
     assert!((shares.by_endpoint[&a] - 0.65).abs() < 1e-9, "{shares:?}");
     assert!((shares.by_endpoint[&b] - 0.35).abs() < 1e-9, "{shares:?}");
     assert_eq!(shares.failed, 0.0);
-    let warning = lint::skew_warning(&m, s, &s.ports[0], Family::V4).expect("skew lint");
-    assert!(warning.contains("2 ready endpoints on 3 nodes"), "{warning}");
+    // The lint knows no clients per node: with equal ones (study's default) the two replicas take 50/50, an
+    // even load, so it says nothing (`tierlb study --clients` gives the 65/35 of these clients).
+    assert_eq!(lint::skew_warning(&m, s, &s.ports[0], Family::V4), None);
 }
