@@ -17,13 +17,31 @@ mod cluster_lint;
 mod input;
 mod plan;
 mod study;
+mod table;
 pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, lint_on, run_lint};
 pub use input::{CliInput, FaceSource, KUBE_TIMEOUT, kube_input, load_for_cli};
 pub use plan::{
-    EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, TableNotes, explain_on, plan_on, plan_table,
-    run_explain, run_plan,
+    EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, explain_on, plan_on, run_explain, run_plan,
 };
 pub use study::{StudyArgs, run_study, study_on};
+pub use table::{TableNotes, all_nodes_table, plan_table};
+
+/// An error and its causes on one line, each cause once: a cause whose text the line already holds (an error
+/// that prints its source, as kube-rs's and `std::io`'s wrappers do) is not repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
 
 /// `tierlb`'s command line.
 #[derive(Parser, Debug)]
@@ -87,8 +105,16 @@ pub enum Command {
 #[derive(clap::Args, Debug, Clone)]
 pub struct NodeArgs {
     /// The node's name (matches EndpointSlice `nodeName` and `hints.forNodes`).
-    #[arg(long)]
+    #[arg(long, visible_alias = "hostname-override")]
     pub node: String,
+    /// Its zone and addresses.
+    #[command(flatten)]
+    pub site: NodeSite,
+}
+
+/// What a node is besides its name: its zone and the addresses it translates.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeSite {
     /// The node's zone; default: the Node object's topology.kubernetes.io/zone label in the source.
     #[arg(long)]
     pub zone: Option<String>,
@@ -110,6 +136,18 @@ pub struct NodeArgs {
 impl NodeArgs {
     /// The external address settings the flags ask for.
     pub fn external(&self) -> crate::model::node_addresses::ExternalConfig {
+        self.site.external()
+    }
+
+    /// The node to plan for, from the flags and the model (`NodeSite::resolve`).
+    pub fn resolve(&self, model: &crate::model::Model) -> NodeInfo {
+        self.site.resolve(&self.node, model)
+    }
+}
+
+impl NodeSite {
+    /// The external address settings the flags ask for.
+    pub fn external(&self) -> crate::model::node_addresses::ExternalConfig {
         crate::model::node_addresses::ExternalConfig {
             node_port_addresses: self.nodeport_addresses.clone().unwrap_or_default(),
             external_ip_cidrs: self.external_ip_cidrs.clone().map(|l| l.0),
@@ -117,28 +155,27 @@ impl NodeArgs {
         }
     }
 
-    /// The node to plan for, from the flags and the model. With no Node object of that name (a dump without
-    /// Nodes, `--kube` without the right to list them) and no `--zone`, the zone its endpoints carry.
-    pub fn resolve(&self, model: &crate::model::Model) -> NodeInfo {
+    /// Node `name` to plan for, from the flags and the model. With no Node object of that name (a dump
+    /// without Nodes, `--kube` without the right to list them) and no `--zone`, the zone its endpoints carry.
+    pub fn resolve(&self, name: &str, model: &crate::model::Model) -> NodeInfo {
         let mut zone = self.zone.clone();
-        if zone.is_none() && !model.nodes.contains_key(&self.node) {
+        if zone.is_none() && !model.nodes.contains_key(name) {
             zone = model
                 .slices
                 .values()
                 .flat_map(|s| &s.endpoints)
-                .find(|e| e.node_name.as_deref() == Some(self.node.as_str()) && e.zone.is_some())
+                .find(|e| e.node_name.as_deref() == Some(name) && e.zone.is_some())
                 .and_then(|e| e.zone.as_deref().map(str::to_owned));
             if let Some(z) = &zone {
                 eprintln!(
-                    "note: no Node {} in the source: zone {z} taken from its endpoints (--zone sets it)",
-                    self.node
+                    "note: no Node {name} in the source: zone {z} taken from its endpoints (--zone sets it)"
                 );
             }
         }
-        if let Some(warning) = unknown_node(&self.node, model) {
+        if let Some(warning) = unknown_node(name, model) {
             eprintln!("{warning}");
         }
-        NodeInfo::resolve_with(&self.node, zone.as_deref(), model, &self.external())
+        NodeInfo::resolve_with(name, zone.as_deref(), model, &self.external())
     }
 }
 
@@ -194,7 +231,7 @@ pub struct AgentArgs {
     pub allow_root_cgroup: bool,
     /// A bpffs directory: maps and program links are pinned in DIR/<instance>, survive a restart of the agent
     /// (the next agent adopts them) and are reachable by `tierlb status` and `tierlb backend`.
-    #[arg(long)]
+    #[arg(long, env = pins::BPFFS_ENV)]
     pub bpffs: Option<PathBuf>,
     /// Pin directory name under --bpffs; default: the node name.
     #[arg(long)]
@@ -294,7 +331,7 @@ impl AgentArgs {
     pub fn options(&self) -> crate::agent::AgentOptions {
         crate::agent::AgentOptions {
             node: self.node.node.clone(),
-            zone: self.node.zone.clone(),
+            zone: self.node.site.zone.clone(),
             external: self.node.external(),
             source: match &self.manifests {
                 Some(dir) => crate::agent::Source::Manifests(dir.clone()),
@@ -350,7 +387,7 @@ pub struct BackendArgs {
     #[arg(long = "for", value_parser = crate::datapath::marks::parse_duration)]
     pub for_: Option<std::time::Duration>,
     /// The agents' --bpffs directory.
-    #[arg(long, default_value = DEFAULT_BPFFS)]
+    #[arg(long, env = pins::BPFFS_ENV, default_value = DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
     /// Only this agent instance (default: every instance under --bpffs).
     #[arg(long)]
@@ -361,7 +398,7 @@ pub struct BackendArgs {
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
     /// The agents' --bpffs directory.
-    #[arg(long, default_value = DEFAULT_BPFFS)]
+    #[arg(long, env = pins::BPFFS_ENV, default_value = DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
     /// Only this agent instance (default: every instance under --bpffs).
     #[arg(long)]
@@ -457,8 +494,6 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
         inst.north_south = crate::status::NorthSouthStatus::read(&dir, now);
         all.push(inst);
     }
-    Ok(match args.output {
-        Output::Json => serde_json::to_string_pretty(&all)? + "\n",
-        Output::Table => all.iter().map(crate::status::Instance::table).collect::<Vec<_>>().join("\n"),
-    })
+    args.output
+        .render(&all, |_| all.iter().map(crate::status::Instance::table).collect::<Vec<_>>().join("\n"))
 }

@@ -90,7 +90,7 @@ pub struct LintedPlan<'a> {
     node: &'a str,
     zone: &'a Option<String>,
     services: Vec<LintedPort<'a>>,
-    skipped: &'a [crate::skipped::Skipped],
+    skipped: Vec<&'a crate::skipped::Skipped>,
     /// Services planned on the hints the EndpointSlice controller would write (`--emulate-hints`).
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     hints_emulated: &'a [crate::model::ObjKey],
@@ -112,7 +112,21 @@ impl<'a> LintedPlan<'a> {
             .enumerate()
             .map(|(i, p)| LintedPort { plan: p, warnings: lints.ports.get(i).map_or(&[], Vec::as_slice) })
             .collect();
-        Self { node: &plan.node, zone: &plan.zone, services, skipped: &plan.skipped, hints_emulated: &[] }
+        Self {
+            node: &plan.node,
+            zone: &plan.zone,
+            services,
+            skipped: plan.skipped.iter().collect(),
+            hints_emulated: &[],
+        }
+    }
+
+    /// Only Service `key`'s ports and what of it is not programmed (`tierlb explain -o json`).
+    #[must_use]
+    pub fn only(mut self, key: &crate::model::ObjKey) -> Self {
+        self.services.retain(|p| p.plan.name.service == *key);
+        self.skipped.retain(|s| s.service == *key);
+        self
     }
 
     /// Name the Services planned on emulated hints (`hints_emulated`).

@@ -63,7 +63,7 @@ fn main() -> ExitCode {
                 };
             }
             Err(e) => {
-                eprintln!("tierlb: error: {e:#}");
+                eprintln!("tierlb: error: {}", tierlb::cli::error_text(&e));
                 return ExitCode::from(tierlb::cli::EXIT_INVALID_INPUT);
             }
         },
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("tierlb: error: {e:#}");
+            eprintln!("tierlb: error: {}", tierlb::cli::error_text(&e));
             ExitCode::FAILURE
         }
     }

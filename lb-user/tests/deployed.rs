@@ -246,6 +246,16 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     assert_eq!(held.check().tcp_peer.as_deref(), Some(WEB), "getpeername() after the restart");
     drop(held);
 
+    // `kubectl exec ds/tierlb -- tierlb status`: the same container (its env, mounts and constraints) beside
+    // the agent, with no flag, reads the agent's pins (the DaemonSet's TIERLB_BPFFS names its --bpffs).
+    let from = lab.log_len();
+    let status = AgentBox::start(c, &lab.node, &lab.paths(), &["status".to_owned()])
+        .unwrap()
+        .wait(Duration::from_secs(30))
+        .unwrap();
+    let said = std::fs::read_to_string(&lab.log).unwrap()[from..].to_owned();
+    assert!(status.success() && said.contains("instance node-1"), "tierlb status in the pod:\n{said}");
+
     // The cgroup links' pins removed under the running agent (an uninstall applied too early): with the
     // DaemonSet's capabilities the agent sees its programs detached and attaches and pins them again.
     let from = lab.log_len();

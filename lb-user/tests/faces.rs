@@ -276,6 +276,88 @@ fn plan_table_has_a_row_per_port_and_family_and_lists_what_is_not_programmed() {
 }
 
 #[test]
+fn the_faces_speak_kubectl_namespaces_output_formats_all_nodes_and_empty_lists() {
+    let story = story();
+    // explain NAME -n NS, as kubectl; NS/NAME alone; a contradiction is a usage error naming both.
+    let (code, by_n, _) =
+        tierlb(&["explain", "-n", "booking", "nginx-cache", "--node", "node-2", "--manifests", &story]);
+    assert_eq!(code, 0, "{by_n}");
+    let (_, by_key, _) =
+        tierlb(&["explain", "booking/nginx-cache", "--node", "node-2", "--manifests", &story]);
+    assert_eq!(by_n, by_key);
+    let (code, _, err) =
+        tierlb(&["explain", "-n", "shop", "booking/nginx-cache", "--node", "node-2", "--manifests", &story]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--namespace shop does not hold Service booking/nginx-cache"), "{err}");
+    // explain -o json|yaml: the Service's port plans with their warnings, as plan -o json has them.
+    let (code, json, _) =
+        tierlb(&["explain", "booking/nginx-cache", "--node", "node-2", "--manifests", &story, "-o", "json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let ports = v["services"].as_array().unwrap();
+    assert_eq!(ports.len(), 1, "only the Service asked for: {json}");
+    assert_eq!(ports[0]["internal"]["endpoints"], serde_json::json!(["10.244.2.10:8080"]));
+    assert!(ports[0]["warnings"][0].as_str().unwrap().contains("dead line"), "{json}");
+    let (_, yaml, _) =
+        tierlb(&["explain", "booking/nginx-cache", "--node", "node-2", "--manifests", &story, "-o", "yaml"]);
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+    assert_eq!(from_yaml, v, "YAML holds what JSON does");
+    // plan -o wide: READY and TOPOLOGY columns, as the agent's metric says them.
+    let (_, wide, _) = tierlb(&["plan", "--node", "node-1", "--manifests", &story, "-o", "wide"]);
+    let header: Vec<&str> =
+        wide.lines().nth(1).unwrap().split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+    assert_eq!(header[header.len() - 2..], ["READY", "TOPOLOGY (requested:applied:reason)"], "{wide}");
+    let cache: Vec<&str> = wide
+        .lines()
+        .find(|l| l.starts_with("booking/nginx-cache:http"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(cache[cache.len() - 2..], ["2/3,local=1", "Local:local:local_policy_overrides_distribution"]);
+    // plan --all-nodes: one table, NODE first, a row per node and port.
+    let (code, all, _) = tierlb(&["plan", "--all-nodes", "--manifests", &story]);
+    assert_eq!(code, 0);
+    let cache_rows: Vec<Vec<&str>> = all
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|r| r.get(1) == Some(&"booking/nginx-cache:http"))
+        .collect();
+    let by_node: Vec<(&str, &str)> = cache_rows.iter().map(|r| (r[0], r[6])).collect();
+    assert_eq!(
+        by_node,
+        [
+            ("node-1", "10.244.1.10:8080"),
+            ("node-2", "10.244.2.10:8080(terminating)"),
+            ("node-3", "10.244.3.10:8080")
+        ],
+        "{all}"
+    );
+    let (_, json, _) = tierlb(&["plan", "--all-nodes", "--manifests", &story, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let nodes: Vec<&str> = v.as_array().unwrap().iter().map(|p| p["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["node-1", "node-2", "node-3"]);
+    // A namespace with nothing: kubectl's sentence, no table, exit 0.
+    let (code, out, err) = tierlb(&["plan", "--node", "node-1", "--manifests", &story, "-n", "nope"]);
+    assert_eq!((code, out.as_str()), (0, ""), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("No resources found in ")), "{err}");
+    assert!(!err.contains("pdf-resume"), "notes about other namespaces' Services are not said: {err}");
+}
+
+#[test]
+fn status_names_a_missing_bpffs_once_with_the_fix() {
+    let (code, _, err) = tierlb(&["status", "--bpffs", "/nonexistent/tierlb"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err.trim_end(),
+        "tierlb: error: --bpffs /nonexistent/tierlb: no such directory, so no agent pins there: pass the agent's \
+         --bpffs, or set TIERLB_BPFFS to it (the DaemonSet's pod has it set)"
+    );
+    let (code, _, err) = tierlb(&["plan", "--node", "n", "--kube", "--kubeconfig", "/nonexistent/config"]);
+    assert_eq!(code, 1);
+    assert_eq!(err.matches("No such file or directory").count(), 1, "each cause once: {err}");
+}
+
+#[test]
 fn study_writes_json_with_every_model_per_phase_and_a_chart() {
     let dir = TempDir::new("faces-study").unwrap();
     let chart = dir.path().join("story.svg");

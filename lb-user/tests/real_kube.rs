@@ -519,6 +519,48 @@ fn the_read_only_faces_read_the_real_api_server_as_the_storys_operator() {
     let (code, out, err) = tierlb_as(&cp, &operator, &["plan", "--node", "node-1", "--kube"]);
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(err.contains("services") && err.contains("--namespace"), "{err}");
+
+    // kubectl's --kubeconfig and --context, with no KUBECONFIG: a file whose current context names an
+    // address nothing listens on, beside the operator's context.
+    let (_dir, file) = context_file(&operator);
+    let faces = |extra: &[&str]| {
+        let mut cmd = std::process::Command::new(TIERLB);
+        cmd.args(["lint", "--kube", "-n", "booking", "--kubeconfig", file.to_str().unwrap()])
+            .args(extra)
+            .env_remove("KUBECONFIG")
+            .env("NO_COLOR", "1");
+        lb_testkit::sandbox::confine(&mut cmd, None, Some(&cp.netns)).unwrap();
+        let out = cmd.output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, out) = faces(&["--context", "operator"]);
+    assert_eq!(code, 1, "the operator's context reads the findings:\n{out}");
+    assert!(out.contains("dead-local-line"), "{out}");
+    let (code, _) = faces(&[]);
+    assert_eq!(code, 3, "the file's current context (nothing listening) cannot be read");
+}
+
+/// A kubeconfig with the operator's user and cluster as context `operator`, and a current context `broken`
+/// whose server is a loopback port nothing listens on.
+fn context_file(operator: &Path) -> (lb_testkit::sandbox::TempDir, PathBuf) {
+    let text = std::fs::read_to_string(operator).unwrap();
+    let mut v: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let cluster = v["clusters"][0].clone();
+    let user = v["users"][0]["name"].as_str().unwrap().to_owned();
+    let mut broken = cluster.clone();
+    broken["name"] = "broken".into();
+    broken["cluster"]["server"] = "https://127.0.0.1:1".into();
+    v["clusters"] = serde_json::json!([cluster, broken]);
+    let name = v["clusters"][0]["name"].as_str().unwrap().to_owned();
+    v["contexts"] = serde_json::json!([
+        {"name": "operator", "context": {"cluster": name, "user": user}},
+        {"name": "broken", "context": {"cluster": "broken", "user": user}},
+    ]);
+    v["current-context"] = "broken".into();
+    let dir = lb_testkit::sandbox::TempDir::new("rk-contexts").unwrap();
+    let file = dir.path().join("config");
+    std::fs::write(&file, serde_json::to_string(&v).unwrap()).unwrap();
+    (dir, file)
 }
 
 /// Requests the API server has served (`apiserver_request_total`) of `verb` on `resource` at `scope`.

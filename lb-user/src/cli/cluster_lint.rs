@@ -47,18 +47,16 @@ pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintO
     let mut found = lint::cluster_lint(&input.model, &nodes, &input.filled, &input.pods);
     found.extend(lint::unknown_field_findings(&input.unknown_fields, &nodes));
     found.sort_by(|a, b| a.service.cmp(&b.service).then(a.port.cmp(&b.port)));
-    let text = match args.output {
-        Output::Json => serde_json::to_string_pretty(&found)? + "\n",
-        Output::Table => table(&found, nodes.len()),
-    };
+    let text = args.output.render(&found, |wide| table(&found, nodes.len(), wide))?;
     Ok(LintOutput { text, findings: found.len(), errors: input.errors })
 }
 
-fn table(found: &[lint::ClusterFinding], nodes: usize) -> String {
+/// One line per finding; `wide` names every node, where the table says `all N nodes`.
+fn table(found: &[lint::ClusterFinding], nodes: usize, wide: bool) -> String {
     let mut out = String::new();
     for f in found {
         let port = if f.port.is_empty() { String::new() } else { format!(" port {}", f.port) };
-        let on = if f.all_nodes { format!("all {nodes} nodes") } else { f.nodes.join(",") };
+        let on = if f.all_nodes && !wide { format!("all {nodes} nodes") } else { f.nodes.join(",") };
         let _ = writeln!(out, "{}{port}: {} [{on}]: {}; fix: {}", f.service, f.rule, f.message, f.fix);
     }
     if found.is_empty() {

@@ -26,6 +26,13 @@ pub struct FaceSource {
     /// read-only role is enough).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
+    /// With --kube: the kubeconfig file to use (default: the in-cluster service account, else KUBECONFIG or
+    /// ~/.kube/config), as kubectl's --kubeconfig.
+    #[arg(long, value_name = "FILE", requires = "kube")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kube: the kubeconfig context to use (default: its current-context), as kubectl's --context.
+    #[arg(long, value_name = "NAME", requires = "kube")]
+    pub context: Option<String>,
     /// Where a Service asks for hints (trafficDistribution, topology-mode) and its EndpointSlices carry none,
     /// plan with the hints the EndpointSlice controller would write, as the agent does (its metrics say
     /// `reason="hints_emulated"`), and label them so wherever they show. Without it the slices are shown as
@@ -63,6 +70,23 @@ pub struct CliInput {
 }
 
 impl CliInput {
+    /// Say on stderr which Services' hints were emulated, or are missing and shown as they are.
+    fn note_hints(&self) {
+        for svc in &self.filled {
+            eprintln!(
+                "note: EndpointSlices of Service {svc} carry no hints: planned with the hints the EndpointSlice \
+                 controller would write (--emulate-hints), labelled \"emulated\" below"
+            );
+        }
+        for svc in &self.unhinted {
+            eprintln!(
+                "note: EndpointSlices of Service {svc} carry no hints although it asks for them: shown as they \
+                 are (kube-proxy uses every endpoint); the agent plans it with the hints the EndpointSlice \
+                 controller would write, which --emulate-hints shows"
+            );
+        }
+    }
+
     /// Where Service `key`'s hints come from.
     pub fn hinted(&self, key: &ObjKey) -> crate::explain::Hinted {
         use crate::explain::Hinted;
@@ -78,7 +102,12 @@ impl CliInput {
     /// The node `args` names, as the agent would plan for it from this input (the API server's addresses
     /// protected with `--kube`).
     pub fn node(&self, args: &super::NodeArgs) -> crate::model::NodeInfo {
-        let mut node = args.resolve(&self.model);
+        self.node_named(&args.node, &args.site)
+    }
+
+    /// Node `name` with `site`'s zone and addresses, as `node`.
+    pub fn node_named(&self, name: &str, site: &super::NodeSite) -> crate::model::NodeInfo {
+        let mut node = site.resolve(name, &self.model);
         node.protected.extend(&self.protected);
         node
     }
@@ -95,10 +124,7 @@ impl FaceSource {
                 .build()
                 .context("--kube: cannot start the client's runtime")?
                 .block_on(async {
-                    let client = kube::Client::try_default().await.context(
-                        "--kube: no cluster to read (no in-cluster service account, and KUBECONFIG or \
-                         ~/.kube/config names none): set KUBECONFIG, or use --manifests DIR",
-                    )?;
+                    let client = self.client().await?;
                     tokio::time::timeout(KUBE_TIMEOUT, kube_input(client, namespace, self.emulate_hints))
                         .await
                         .with_context(|| {
@@ -108,10 +134,40 @@ impl FaceSource {
         };
         if let Some(ns) = namespace {
             input.model.services.retain(|k, _| *k.namespace == *ns);
+            input.filled.retain(|k| *k.namespace == *ns);
+            input.unhinted.retain(|k| *k.namespace == *ns);
             // Said the same way whichever source was read.
             input.origin = format!("{} (namespace {ns})", input.origin);
         }
+        input.note_hints();
         Ok(input)
+    }
+}
+
+impl FaceSource {
+    /// The API server's client: `--kubeconfig` and `--context` when given, else kube-rs's defaults (the
+    /// in-cluster service account, else KUBECONFIG or ~/.kube/config).
+    async fn client(&self) -> anyhow::Result<kube::Client> {
+        let options = kube::config::KubeConfigOptions { context: self.context.clone(), ..Default::default() };
+        let config = match (&self.kubeconfig, &self.context) {
+            (Some(path), _) => {
+                let file = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("--kubeconfig {}: cannot read it", path.display()))?;
+                kube::Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .with_context(|| format!("--kubeconfig {}", path.display()))?
+            }
+            (None, Some(context)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .with_context(|| format!("--context {context}: not in KUBECONFIG or ~/.kube/config"))?,
+            (None, None) => kube::Config::infer().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "--kube: no cluster to read ({e}): no in-cluster service account, and KUBECONFIG or \
+                     ~/.kube/config names none; pass --kubeconfig FILE, or use --manifests DIR"
+                )
+            })?,
+        };
+        kube::Client::try_from(config).context("--kube: cannot build the client")
     }
 }
 
@@ -176,12 +232,6 @@ fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String, emulate:
     let (mut filled, mut unhinted) = (Vec::new(), Vec::new());
     if emulate {
         filled = crate::hints::fill_missing(&mut model);
-        for svc in &filled {
-            eprintln!(
-                "note: EndpointSlices of Service {svc} carry no hints: planned with the hints the EndpointSlice \
-                 controller would write (--emulate-hints), labelled \"emulated\" below"
-            );
-        }
     } else {
         unhinted = model
             .services
@@ -189,13 +239,6 @@ fn finish(mut model: Model, diagnostics: &[Diagnostic], origin: String, emulate:
             .filter(|s| crate::hints::fill_for(&model, s).is_some())
             .map(|s| s.key.clone())
             .collect();
-        for svc in &unhinted {
-            eprintln!(
-                "note: EndpointSlices of Service {svc} carry no hints although it asks for them: shown as they \
-                 are (kube-proxy uses every endpoint); the agent plans it with the hints the EndpointSlice \
-                 controller would write, which --emulate-hints shows"
-            );
-        }
     }
     let errors = diagnostics.iter().filter(|d| d.severity == Severity::Error).count();
     let unknown_fields = diagnostics.iter().filter(|d| d.is_unknown_field()).cloned().collect();

@@ -1,8 +1,9 @@
 //! `tierlb plan` and `tierlb explain`: which endpoints each Service port uses on a node, as a table (contested
 //! VIP:ports marked) or JSON, and one Service explained in words.
-use std::{fmt::Write as _, net::SocketAddr};
-
-use super::{FaceSource, NodeArgs};
+use super::{
+    FaceSource, NodeArgs, NodeSite,
+    table::{TableNotes, all_nodes_table, plan_table},
+};
 use crate::{
     datapath::pins,
     lint,
@@ -13,9 +14,16 @@ use crate::{
 /// `tierlb plan`.
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// The node to plan for.
+    /// The node to plan for (matches EndpointSlice `nodeName` and `hints.forNodes`).
+    #[arg(long, visible_alias = "hostname-override", required_unless_present = "all_nodes")]
+    pub node: Option<String>,
+    /// Plan every node the source names (its Node objects and the nodes its endpoints name), one table with
+    /// a NODE column (JSON and YAML: one plan per node).
+    #[arg(long, conflicts_with_all = ["node", "zone"])]
+    pub all_nodes: bool,
+    /// The node's zone and addresses.
     #[command(flatten)]
-    pub node: NodeArgs,
+    pub site: NodeSite,
     /// Where the objects come from.
     #[command(flatten)]
     pub source: FaceSource,
@@ -27,8 +35,10 @@ pub struct PlanArgs {
 /// `tierlb explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// The Service, NAMESPACE/NAME (with --kube, only its namespace is read).
-    pub service: crate::model::ObjKey,
+    /// The Service: NAMESPACE/NAME, or NAME in --namespace (default: namespace "default", as kubectl). With
+    /// --kube, only its namespace is read.
+    #[arg(value_name = "SERVICE")]
+    pub service: String,
     /// The node to explain for.
     #[command(flatten)]
     pub node: NodeArgs,
@@ -42,42 +52,63 @@ pub struct ExplainArgs {
     /// With --bpffs: only this agent instance (default: every instance under --bpffs).
     #[arg(long, requires = "bpffs")]
     pub instance: Option<String>,
+    /// Output format: the explanation in words (table, wide), or the Service's port plans with their
+    /// warnings (json, yaml; as `plan -o json` has them).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+impl ExplainArgs {
+    /// The Service: `NAMESPACE/NAME`, or `NAME` in `--namespace` (else "default").
+    pub fn key(&self) -> anyhow::Result<crate::model::ObjKey> {
+        let ns = self.source.namespace.as_deref();
+        if !self.service.contains('/') {
+            anyhow::ensure!(!self.service.is_empty(), "give the Service as NAME or NAMESPACE/NAME");
+            return Ok(crate::model::ObjKey::new(ns.unwrap_or("default"), self.service.as_str()));
+        }
+        let key: crate::model::ObjKey = self.service.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        if let Some(ns) = ns.filter(|ns| *ns != &*key.namespace) {
+            anyhow::bail!(
+                "--namespace {ns} does not hold Service {key}: give NAME with --namespace, or NAMESPACE/NAME alone"
+            );
+        }
+        Ok(key)
+    }
 }
 
 /// `tierlb explain`: the explanation text.
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
-    if let Some(ns) = args.source.namespace.as_ref().filter(|ns| ns.as_str() != &*args.service.namespace) {
-        anyhow::bail!(
-            "--namespace {ns} does not hold Service {}: drop --namespace (explain reads its Service's)",
-            args.service
-        );
-    }
-    let input = args.source.load(Some(&args.service.namespace))?;
+    let key = args.key()?;
+    let input = args.source.load(Some(&key.namespace))?;
     explain_on(args, &input)
 }
 
 /// `tierlb explain` of an input already read.
 pub fn explain_on(args: &ExplainArgs, input: &super::CliInput) -> anyhow::Result<String> {
+    let key = args.key()?;
     let node = input.node(&args.node);
-    let mut out = crate::explain::explain_with(
-        &input.model,
-        &node,
-        &args.service,
-        input.hinted(&args.service),
-        &input.pods,
-    )
-    .ok_or_else(|| {
+    let missing = || {
         anyhow::anyhow!(
-            "no Service {} in {} (a manifest without metadata.namespace is in namespace \"default\")",
-            args.service,
+            "no Service {key} in {} (a manifest without metadata.namespace is in namespace \"default\")",
             input.origin
         )
-    })?;
+    };
+    if !args.output.is_table() {
+        if !input.model.services.contains_key(&key) && !input.model.skipped.contains_key(&key) {
+            return Err(missing());
+        }
+        let p = plan::plan(&input.model, &node);
+        let lints = lint::lint_naming(&input.model, &node, &p, &input.pods);
+        let linted = lint::LintedPlan::new(&p, &lints).emulated(&input.filled).only(&key);
+        return args.output.render(&linted, |_| String::new());
+    }
+    let mut out = crate::explain::explain_with(&input.model, &node, &key, input.hinted(&key), &input.pods)
+        .ok_or_else(missing)?;
     if let Some(bpffs) = &args.bpffs {
         for (name, dir) in pins::instances(bpffs, args.instance.as_deref())? {
             let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;
             let inst = crate::status::Instance::read(&name, &maps, crate::datapath::marks::boottime_ns())?;
-            out.push_str(&crate::explain::skipped_now(&inst, &args.service));
+            out.push_str(&crate::explain::skipped_now(&inst, &key));
         }
     }
     Ok(out)
@@ -105,21 +136,46 @@ pub fn run_plan(args: &PlanArgs) -> anyhow::Result<PlanOutput> {
 /// `tierlb plan` of an input already read.
 pub fn plan_on(args: &PlanArgs, input: &super::CliInput) -> anyhow::Result<PlanOutput> {
     let (model, errors) = (&input.model, input.errors);
-    let node = input.node(&args.node);
-    let p = plan::plan(model, &node);
-    let text = match args.output {
-        Output::Json => {
-            let lints = lint::lint_naming(model, &node, &p, &input.pods);
-            let plan = lint::LintedPlan::new(&p, &lints).emulated(&input.filled);
-            serde_json::to_string_pretty(&plan)? + "\n"
-        }
-        Output::Table => {
-            let lints = lint::lint_naming(model, &node, &p, &input.pods);
-            plan_table(
-                &p,
-                &TableNotes { lints: Some(&lints), emulated: &input.filled, unhinted: &input.unhinted },
-            )
-        }
+    let empty = model.services.is_empty() && model.skipped.is_empty();
+    if empty {
+        // kubectl's words for an empty list, on stderr, exit status 0, and no table.
+        eprintln!("No resources found in {}.", input.origin);
+    }
+    let names: Vec<String> = match &args.node {
+        Some(n) => vec![n.clone()],
+        None => lint::cluster_nodes(model).into_iter().map(|n| n.name).collect(),
+    };
+    let plans: Vec<Plan> =
+        names.iter().map(|n| plan::plan(model, &input.node_named(n, &args.site))).collect();
+    let lints: Vec<lint::Lints> = plans
+        .iter()
+        .zip(&names)
+        .map(|(p, n)| lint::lint_naming(model, &input.node_named(n, &args.site), p, &input.pods))
+        .collect();
+    let linted: Vec<lint::LintedPlan<'_>> =
+        plans.iter().zip(&lints).map(|(p, l)| lint::LintedPlan::new(p, l).emulated(&input.filled)).collect();
+    let text = if empty && args.output.is_table() {
+        String::new()
+    } else if args.all_nodes {
+        args.output.render(&linted, |wide| {
+            let notes = |l| TableNotes {
+                lints: Some(l),
+                emulated: &input.filled,
+                unhinted: &input.unhinted,
+                wide: wide.then_some(model),
+            };
+            all_nodes_table(&plans, &lints, notes)
+        })?
+    } else {
+        args.output.render(&linted[0], |wide| {
+            let notes = TableNotes {
+                lints: Some(&lints[0]),
+                emulated: &input.filled,
+                unhinted: &input.unhinted,
+                wide: wide.then_some(model),
+            };
+            plan_table(&plans[0], &notes)
+        })?
     };
     if errors > 0 {
         eprintln!(
@@ -129,177 +185,4 @@ pub fn plan_on(args: &PlanArgs, input: &super::CliInput) -> anyhow::Result<PlanO
         );
     }
     Ok(PlanOutput { text, errors })
-}
-
-fn join(v: &[SocketAddr], suffix: &str) -> String {
-    if v.is_empty() {
-        "-".into()
-    } else {
-        v.iter().map(|a| format!("{a}{suffix}")).collect::<Vec<_>>().join(",")
-    }
-}
-
-/// What `plan_table` says besides the plan: each port's warnings, and where its hints come from.
-#[derive(Default)]
-pub struct TableNotes<'a> {
-    /// The plan's lints (`lint::lint`), listed under the table.
-    pub lints: Option<&'a lint::Lints>,
-    /// Services planned on the hints the controller would write (`--emulate-hints`): their tier is labelled.
-    pub emulated: &'a [crate::model::ObjKey],
-    /// Services that ask for hints their slices do not carry, shown as they are.
-    pub unhinted: &'a [crate::model::ObjKey],
-}
-
-/// The ENDPOINTS cell: each endpoint, marked `(terminating)` when the set is kube-proxy's fallback to serving
-/// and terminating endpoints (a set has either ready endpoints only, or terminating ones only).
-fn endpoints_cell(t: &plan::TrafficPlan, pp: &plan::PortPlan) -> String {
-    let ready = if t.policy == crate::model::Policy::Local { pp.counts.local_ready } else { pp.counts.ready };
-    join(&t.endpoints, if ready == 0 { "(terminating)" } else { "" })
-}
-
-/// The WHEN EMPTY cell: what a connect gets from tierlb (its errno) beside kube-proxy's verdict, now when the
-/// set is empty, else once every backend is marked down.
-fn when_empty_cell(t: &plan::TrafficPlan) -> String {
-    let (now, w) = match t.when_empty {
-        Some(w) => ("now:", w),
-        None => ("", t.when_all_down),
-    };
-    let errno = match w {
-        plan::WhenEmpty::Reject => "ECONNREFUSED(kube-proxy:REJECT)",
-        plan::WhenEmpty::Drop => "EHOSTUNREACH(kube-proxy:DROP)",
-    };
-    format!("{now}{errno}")
-}
-
-/// A fixed-width table, one row per Service port and family. A cluster IP another Service holds is marked
-/// `(not-programmed)` (one word: the cells split on spaces), endpoints of kube-proxy's terminating fallback
-/// `(terminating)`, a tier planned on emulated hints `(emulated-hints)`; WHEN EMPTY gives the errno a
-/// connect gets once no backend is left (prefixed `now:` when none is left already) beside kube-proxy's
-/// verdict. Under the table: every claim that loses a contested VIP:port, the ports' warnings (`notes`),
-/// the Services whose slices lack the hints they ask for, and what is not programmed.
-pub fn plan_table(p: &Plan, notes: &TableNotes<'_>) -> String {
-    let claims = plan::claim_table(&p.services);
-    let winner = |addr: SocketAddr, p: &plan::PortPlan| {
-        claims.get(&(addr, p.protocol)).and_then(plan::vip_winner).map(|c| &c.service)
-    };
-    let mut lost = Vec::new();
-    let mut rows = vec![[
-        "SERVICE".to_owned(),
-        "PORT".into(),
-        "VIPS".into(),
-        "POLICY".into(),
-        "TIER".into(),
-        "ENDPOINTS".into(),
-        "FALLBACK (zone | cluster)".into(),
-        "WHEN EMPTY".into(),
-    ]];
-    for s in &p.services {
-        for (addr, _) in plan::claims_of(s) {
-            if let Some(w) = winner(addr, s).filter(|w| **w != s.name.service) {
-                lost.push(format!(
-                    "{} {addr}/{}: NOT programmed until {w} leaves it",
-                    s.name,
-                    s.protocol.as_str()
-                ));
-            }
-        }
-        let vips: Vec<String> = s
-            .cluster_ips
-            .iter()
-            .map(|ip| {
-                let held = winner(SocketAddr::new(*ip, s.port), s).is_some_and(|w| *w != s.name.service);
-                if held { format!("{ip}(not-programmed)") } else { ip.to_string() }
-            })
-            .collect();
-        let t = &s.internal;
-        let mut tier = serde_json::to_value(t.selected_tier)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        if notes.emulated.contains(&s.name.service) && t.policy == crate::model::Policy::Cluster {
-            tier.push_str("(emulated-hints)");
-        }
-        rows.push([
-            s.name.to_string(),
-            format!("{}/{}", s.port, s.protocol.as_str()),
-            vips.join(","),
-            t.policy.as_str().to_owned(),
-            tier,
-            endpoints_cell(t, s),
-            format!("{} | {}", join(&t.tiers.zone, ""), join(&t.tiers.cluster, "")),
-            when_empty_cell(t),
-        ]);
-    }
-    let mut widths = [0usize; 8];
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = format!("node {} zone {}\n", p.node, p.zone.as_deref().unwrap_or("<none>"));
-    for r in &rows {
-        let line: Vec<String> = r.iter().zip(widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    if !lost.is_empty() {
-        let _ = writeln!(out, "\ncontested VIP:ports ({}):", plan::VIP_RULE);
-        for l in lost {
-            let _ = writeln!(out, "  {l}");
-        }
-    }
-    notes_text(&mut out, p, notes);
-    if !p.skipped.is_empty() {
-        out.push_str("\nnot programmed:\n");
-        for s in &p.skipped {
-            let _ = writeln!(out, "  {s}");
-        }
-    }
-    out
-}
-
-/// The sections under `plan_table`'s table from `notes`: the warnings (a contested VIP:port is listed
-/// there already), the Services on emulated hints and those whose slices lack the hints they ask for.
-fn notes_text(out: &mut String, p: &Plan, notes: &TableNotes<'_>) {
-    let warnings: Vec<String> = notes
-        .lints
-        .map(|l| {
-            p.services
-                .iter()
-                .zip(&l.ports)
-                // A contested VIP:port is listed above already.
-                .flat_map(|(s, ws)| {
-                    ws.iter()
-                        .filter(|w| w.rule != lint::Rule::VipConflict)
-                        .map(move |w| format!("{} {w}", s.name))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut seen = std::collections::BTreeSet::new();
-    let warnings: Vec<String> = warnings.into_iter().filter(|w| seen.insert(w.clone())).collect();
-    if !warnings.is_empty() {
-        let _ = writeln!(out, "\nwarnings ({}):", warnings.len());
-        for w in warnings {
-            let _ = writeln!(out, "  {w}");
-        }
-    }
-    if !notes.emulated.is_empty() {
-        out.push_str(
-            "\nemulated hints (--emulate-hints: the slices carry none; planned with the hints the EndpointSlice \
-             controller would write, as the agent does; kube-proxy uses every endpoint):\n",
-        );
-        for k in notes.emulated {
-            let _ = writeln!(out, "  {k}");
-        }
-    }
-    if !notes.unhinted.is_empty() {
-        out.push_str(
-            "\nslices without the hints their Service asks for (shown as they are, as kube-proxy reads them; the \
-             agent plans them with the controller's hints: --emulate-hints shows that):\n",
-        );
-        for k in notes.unhinted {
-            let _ = writeln!(out, "  {k}");
-        }
-    }
 }

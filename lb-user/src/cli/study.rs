@@ -38,6 +38,12 @@ pub struct StudyArgs {
     /// Only the Services of this namespace.
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
+    /// With --kube: the kubeconfig file to use, as kubectl's --kubeconfig.
+    #[arg(long, value_name = "FILE", requires = "kube")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kube: the kubeconfig context to use, as kubectl's --context.
+    #[arg(long, value_name = "NAME", requires = "kube")]
+    pub context: Option<String>,
     /// Only this Service (NAMESPACE/NAME).
     #[arg(long)]
     pub service: Option<String>,
@@ -176,13 +182,8 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
         return run_cluster(args);
     }
     let Some(scenario) = args.scenario.as_ref().filter(|_| !args.models) else {
-        return Ok(match args.output {
-            Output::Json => {
-                let all: Vec<_> = crate::study::MODELS.iter().map(|m| m.info()).collect();
-                serde_json::to_string_pretty(&all)? + "\n"
-            }
-            Output::Table => crate::study::models_text(),
-        });
+        let all: Vec<_> = crate::study::MODELS.iter().map(|m| m.info()).collect();
+        return args.output.render(&all, |_| crate::study::models_text());
     };
     let flags = args.cluster_flags();
     anyhow::ensure!(
@@ -196,10 +197,7 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
         std::fs::write(path, crate::chart::study_chart(&r)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(match args.output {
-        Output::Json => serde_json::to_string_pretty(&r)? + "\n",
-        Output::Table => crate::study::table(&r),
-    })
+    args.output.render(&r, |_| crate::study::table(&r))
 }
 
 fn run_cluster(args: &StudyArgs) -> anyhow::Result<String> {
@@ -207,6 +205,8 @@ fn run_cluster(args: &StudyArgs) -> anyhow::Result<String> {
         manifests: args.manifests.clone(),
         kube: args.kube,
         namespace: args.namespace.clone(),
+        kubeconfig: args.kubeconfig.clone(),
+        context: args.context.clone(),
         // Labelled in each Service's study (`hints`): the models are compared on the hints the controller would write.
         emulate_hints: true,
     };
@@ -279,8 +279,5 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
         std::fs::write(path, crate::chart::study_chart(&one.study)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(match args.output {
-        Output::Json => serde_json::to_string_pretty(&c)? + "\n",
-        Output::Table => crate::study::cluster_table(&c),
-    })
+    args.output.render(&c, |_| crate::study::cluster_table(&c))
 }

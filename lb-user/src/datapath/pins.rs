@@ -14,6 +14,10 @@ use super::programs::PROGRAMS;
 /// Where `status`, `backend` and `trace` look for agents' pins by default.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/tierlb";
 
+/// The environment variable that sets `--bpffs` when the flag is not given: the DaemonSet sets it to where
+/// it mounts the node's bpffs, so `kubectl exec ds/tierlb -- tierlb status` needs no flag.
+pub const BPFFS_ENV: &str = "TIERLB_BPFFS";
+
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
@@ -43,6 +47,16 @@ pub enum PinError {
         dir: PathBuf,
         /// The directory whose filesystem was checked: `dir`, or its nearest existing parent.
         checked: PathBuf,
+    },
+    /// The directory does not exist: no agent pins there.
+    #[error(
+        "--bpffs {}: no such directory, so no agent pins there: pass the agent's --bpffs, or set {BPFFS_ENV} \
+         to it (the DaemonSet's pod has it set)",
+        dir.display()
+    )]
+    Missing {
+        /// The `--bpffs` directory.
+        dir: PathBuf,
     },
     /// No agent instance has pinned maps there.
     #[error("no agent instance{} pinned under {} (start `tierlb agent --bpffs {}`)",
@@ -165,7 +179,13 @@ fn remove_if_empty(dir: &Path) -> Result<(), PinError> {
 /// Agent instances pinned under `bpffs`, sorted: (instance name, its directory). `only` picks one.
 pub fn instances(bpffs: &Path, only: Option<&str>) -> Result<Vec<(String, PathBuf)>, PinError> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(bpffs).map_err(io(bpffs))? {
+    let entries = match std::fs::read_dir(bpffs) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(PinError::Missing { dir: bpffs.to_owned() });
+        }
+        r => r.map_err(io(bpffs))?,
+    };
+    for e in entries {
         let path = e.map_err(io(bpffs))?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
         if path.join(MAP_FRONTENDS).exists() && only.is_none_or(|o| o == name) {

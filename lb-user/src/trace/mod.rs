@@ -43,7 +43,7 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 #[derive(clap::Args, Debug)]
 pub struct TraceArgs {
     /// The agents' --bpffs directory.
-    #[arg(long, default_value = DEFAULT_BPFFS)]
+    #[arg(long, env = pins::BPFFS_ENV, default_value = DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
     /// Only this agent instance (default: every instance under --bpffs).
     #[arg(long)]
@@ -226,7 +226,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         pods::Resolver::new(root.unwrap_or_else(|| "/sys/fs/cgroup".into()), args.pod_logs.clone());
     let offset = boot_to_unix_ns();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    if args.output == Output::Table {
+    if args.output.is_table() {
         writeln!(out, "{}", Line::header())?;
     }
     let (mut shown, mut refreshed) = (0u64, Instant::now());
@@ -316,7 +316,9 @@ fn drain(
         *shown += 1;
         match args.output {
             Output::Json => writeln!(out, "{}", serde_json::to_string(&line)?)?,
-            Output::Table => writeln!(out, "{}", line.row())?,
+            // One document per event, as a YAML stream.
+            Output::Yaml => write!(out, "---\n{}", crate::output::yaml(&line)?)?,
+            Output::Table | Output::Wide => writeln!(out, "{}", line.row())?,
         }
     }
     Ok(())

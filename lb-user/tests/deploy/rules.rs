@@ -346,6 +346,21 @@ fn api_server_from_required_setting(d: &Deploy) -> Verdict {
     verdict(&errors)
 }
 
+/// The one-shot commands run in the agent's pod (`kubectl exec ds/tierlb -- tierlb status`) find its pins with
+/// no flag: the container's TIERLB_BPFFS is the agent's --bpffs, as a literal.
+fn tools_in_the_pod_find_the_pins(d: &Deploy) -> Verdict {
+    let Some(agent) = d.agent() else { return Err("no agent container".to_owned()) };
+    let bpffs = flag(agent, "--bpffs").ok_or("the agent has no --bpffs")?;
+    let env = agent.env.iter().flatten().find(|e: &&EnvVar| e.name == tierlb::datapath::pins::BPFFS_ENV);
+    match env.and_then(|e| e.value.as_deref()) {
+        Some(v) if v == bpffs => Ok(()),
+        other => Err(format!(
+            "{} is {other:?}, not the agent's --bpffs {bpffs}: `tierlb status` in the pod would look elsewhere",
+            tierlb::datapath::pins::BPFFS_ENV
+        )),
+    }
+}
+
 /// No cluster DNS: dnsPolicy Default (the node's resolv.conf). ClusterFirstWithHostNet would send lookups to a
 /// ClusterIP.
 fn no_cluster_dns(d: &Deploy) -> Verdict {
@@ -456,6 +471,10 @@ pub(super) fn rules() -> Vec<Rule> {
             let bpffs = args.iter_mut().find(|a| a.starts_with("--bpffs=")).unwrap();
             // Outside every mount: the agent would pin into the container's own /sys.
             "--bpffs=/sys/fs/bpf/tierlb".clone_into(bpffs);
+        }),
+        rule("the tools in the pod find the pins", Agent, tools_in_the_pod_find_the_pins, |d| {
+            let env = d.first_mut().env.as_mut().unwrap();
+            env.retain(|e| e.name != tierlb::datapath::pins::BPFFS_ENV);
         }),
         rule("API server from the required setting", Agent, api_server_from_required_setting, |d| {
             let env = d.first_mut().env.as_mut().unwrap();
