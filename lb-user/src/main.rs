@@ -72,6 +72,8 @@ fn main() -> ExitCode {
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),
         Command::Backend(b) => tierlb::cli::run_backend(b).map(Some),
         Command::Trace(t) => tierlb::trace::run(t).map(|()| None),
+        Command::Completion(c) => Ok(Some(tierlb::cli::run_completion(c))),
+        Command::Man(m) => tierlb::cli::run_man(m).map(Some),
     };
     match result {
         Ok(out) => {

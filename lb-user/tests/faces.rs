@@ -344,6 +344,99 @@ fn the_faces_speak_kubectl_namespaces_output_formats_all_nodes_and_empty_lists()
 }
 
 #[test]
+fn completion_and_man_pages_are_generated_from_the_command_line() {
+    // bash completes a subcommand and a flag from the script `tierlb completion bash` prints.
+    let complete = |words: &str| {
+        let script = format!(
+            "source <({TIERLB} completion bash); COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             _tierlb tierlb \"${{COMP_WORDS[-1]}}\" \"${{COMP_WORDS[-2]}}\"; echo \"${{COMPREPLY[@]}}\""
+        );
+        let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    assert_eq!(complete("tierlb pl"), "plan");
+    assert_eq!(complete("tierlb plan --all-n"), "--all-nodes");
+    for shell in ["zsh", "fish", "powershell", "elvish"] {
+        let (code, out, _) = tierlb(&["completion", shell]);
+        assert!(code == 0 && out.contains("explain"), "{shell}: {out}");
+    }
+    // A page for tierlb listing every command, and one per command with its flags.
+    let (code, page, _) = tierlb(&["man"]);
+    assert_eq!(code, 0);
+    assert!(page.contains(".TH tierlb 1"), "{page}");
+    for cmd in ["agent", "plan", "explain", "lint", "study", "status", "backend", "trace", "completion"] {
+        assert!(page.contains(&format!("tierlb\\-{cmd}(1)")), "tierlb(1) lists {cmd}:\n{page}");
+    }
+    let (_, plan, _) = tierlb(&["man", "plan"]);
+    assert!(plan.contains(".TH tierlb-plan 1") && plan.contains("\\-\\-all\\-nodes"), "{plan}");
+    let (code, _, err) = tierlb(&["man", "plna"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no command plna: one of agent, plan"), "{err}");
+}
+
+/// Every command's path (`[]`, `["plan"]`, `["backend", "down"]`), from the command line's definition.
+fn command_paths() -> Vec<Vec<String>> {
+    fn walk(cmd: &clap::Command, path: &[String], out: &mut Vec<Vec<String>>) {
+        out.push(path.to_vec());
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let mut p = path.to_vec();
+            p.push(sub.get_name().to_owned());
+            walk(sub, &p, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&<tierlb::cli::Cli as clap::CommandFactory>::command(), &[], &mut out);
+    out
+}
+
+/// docs/cli-reference.md: every command's `--help`, as the binary prints it (`TIERLB_BLESS=1` rewrites it),
+/// and every long flag of every command named in docs/cli.md, so neither drifts from the command line.
+#[test]
+fn the_cli_docs_match_every_commands_help() {
+    let mut reference = String::from(
+        "# tierlb command line reference\n\nGenerated from the binary: each command's `--help` (a test checks it \
+         and `TIERLB_BLESS=1` rewrites it). [cli.md](cli.md) explains each command.\n",
+    );
+    let cli_md =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md")).unwrap();
+    let mut undocumented = Vec::new();
+    for path in command_paths() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let out =
+            Command::new(TIERLB).args(&args).env_remove(tierlb::datapath::pins::BPFFS_ENV).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        let name =
+            std::iter::once("tierlb").chain(path.iter().map(String::as_str)).collect::<Vec<_>>().join(" ");
+        reference.push_str(&format!("\n## `{name}`\n\n```\n{}\n```\n", help.trim_end()));
+        for flag in help.split_whitespace().filter_map(|w| w.strip_prefix("--")) {
+            let flag = flag.trim_end_matches([',', '.', ')', ':', ';', ']']);
+            let flag = flag.split(['=', '<', '[']).next().unwrap();
+            if flag.len() > 1
+                && !["help", "version"].contains(&flag)
+                && !cli_md.contains(&format!("--{flag}"))
+            {
+                undocumented.push(format!("{name} --{flag}"));
+            }
+        }
+    }
+    undocumented.sort();
+    undocumented.dedup();
+    assert!(undocumented.is_empty(), "flags docs/cli.md never names:\n{}", undocumented.join("\n"));
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli-reference.md");
+    if std::env::var_os("TIERLB_BLESS").is_some() {
+        std::fs::write(&file, &reference).unwrap();
+    }
+    let written = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        written == reference,
+        "docs/cli-reference.md differs from the commands' --help: run `TIERLB_BLESS=1 cargo nextest run -E \
+         'test(the_cli_docs_match)'` and commit it"
+    );
+}
+
+#[test]
 fn status_names_a_missing_bpffs_once_with_the_fix() {
     let (code, _, err) = tierlb(&["status", "--bpffs", "/nonexistent/tierlb"]);
     assert_eq!(code, 1);
