@@ -1,7 +1,7 @@
 //! What docs/cli.md promises of the commands that need no BPF and no root, read from the binary's output:
 //! `tierlb explain` (every part the docs list), `tierlb plan -o table`, `tierlb study -o json --chart`, and
 //! the metric families `/metrics` serves (through the exposition the agent serves, with in-memory maps).
-use std::{net::SocketAddr, path::Path, process::Command, time::Instant};
+use std::{fmt::Write as _, net::SocketAddr, path::Path, process::Command, time::Instant};
 
 use lb_testkit::sandbox::TempDir;
 use tierlb::{
@@ -409,7 +409,7 @@ fn the_cli_docs_match_every_commands_help() {
         let help = String::from_utf8(out.stdout).unwrap();
         let name =
             std::iter::once("tierlb").chain(path.iter().map(String::as_str)).collect::<Vec<_>>().join(" ");
-        reference.push_str(&format!("\n## `{name}`\n\n```\n{}\n```\n", help.trim_end()));
+        let _ = write!(reference, "\n## `{name}`\n\n```\n{}\n```\n", help.trim_end());
         for flag in help.split_whitespace().filter_map(|w| w.strip_prefix("--")) {
             let flag = flag.trim_end_matches([',', '.', ')', ':', ';', ']']);
             let flag = flag.split(['=', '<', '[']).next().unwrap();
