@@ -25,7 +25,7 @@ use crate::{
         Protocol, Service, ServicePort, SlicePort, intern, intern_list,
     },
 };
-pub use catalog::{ModelInfo, models_text};
+pub use catalog::{CILIUM_SETTING, ModelInfo, models_text};
 pub use health::{Crash, Detection, HealthParams};
 pub use models::{CiliumSettings, MODELS, ProxyModel};
 use models::{Empty, Route};

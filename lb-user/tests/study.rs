@@ -124,16 +124,41 @@ fn the_cilium_labels_say_whether_service_topology_was_on() {
 }
 
 #[test]
-fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_was_read() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb"))
-        .args(["study", "--models"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let text = String::from_utf8(out.stdout).unwrap();
+fn study_models_is_a_table_to_pick_a_release_from_with_provenance_behind_a_flag() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tierlb")).args(args).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The table: Cilium's setting said above it, one row per model, short enough to read.
+    let table = run(&["study", "--models"]);
+    assert!(table.starts_with(study::CILIUM_SETTING), "{table}");
+    assert!(table.contains("Cilium's default (false) every Cilium release ignores hints"), "{table}");
+    let rows: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("MODEL "))
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert_eq!(rows.len(), study::MODELS.len(), "{table}");
+    for (row, m) in rows.iter().zip(study::MODELS) {
+        let i = m.info();
+        assert!(
+            row.starts_with(i.name) && row.contains(i.short.releases) && row.contains(i.short.errno),
+            "{row}"
+        );
+    }
+    assert!(table.lines().all(|l| l.len() <= 240), "no paragraph in the table:\n{table}");
+    for words in ["stored", "the index"] {
+        assert!(!table.contains(words), "{words:?} means nothing to a user:\n{table}");
+    }
+    // --provenance: under the table, one block per model.
+    let text = run(&["study", "--models", "--provenance"]);
+    assert!(!text.contains("stored") && !text.contains("the index"), "{text}");
+    let text = &text[text.find("\n\nkube-proxy-1.34-1.37: ").expect(&text) + 2..];
     // One block per model: its first line unindented, then its indented lines.
     let mut blocks: Vec<String> = Vec::new();
-    for line in text.lines() {
+    for line in text.lines().filter(|l| !l.is_empty()) {
         match blocks.last_mut() {
             Some(b) if line.starts_with("  ") => {
                 b.push('\n');
@@ -142,6 +167,7 @@ fn study_models_prints_each_models_range_rule_empty_set_errno_source_and_what_wa
             _ => blocks.push(line.to_owned()),
         }
     }
+
     let want = [
         ("kube-proxy-1.34-1.37", "pkg/proxy/topology.go"),
         ("tierlb", "first_live_tier"),

@@ -359,7 +359,7 @@ fn user_errors_name_the_flag_and_the_fix() {
         (
             "a what-if on a scenario file",
             vec![scenario.to_str().unwrap(), "--roll"],
-            "--roll study a cluster",
+            "--roll apply only when studying a cluster",
         ),
         ("an unknown pod", vec!["--manifests", story, "--crash", "nope"], "--crash nope: no EndpointSlice"),
         ("an unknown node", vec!["--manifests", story, "--drain", "node-9"], "--drain node-9: no Node"),
@@ -378,7 +378,7 @@ fn user_errors_name_the_flag_and_the_fix() {
         (
             "a setting on a scenario file",
             vec![scenario.to_str().unwrap(), "--max-skew", "2"],
-            "--max-skew study a cluster",
+            "--max-skew apply only when studying a cluster",
         ),
     ];
     for (what, args, want) in cases {

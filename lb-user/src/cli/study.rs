@@ -28,6 +28,10 @@ pub struct StudyArgs {
     /// meets when its set is empty, and the code it was read from.
     #[arg(long, conflicts_with_all = ["chart", "scenario", "manifests", "kube"])]
     pub models: bool,
+    /// With --models: under the table, each model's full rule, its sources (repository, tag or commit,
+    /// lines, pull requests) and how they were read.
+    #[arg(long, requires = "models")]
+    pub provenance: bool,
     /// Study every Service of a directory of Service, EndpointSlice and Node YAML (e.g. a `kubectl get
     /// svc,endpointslices,nodes -A -o yaml` dump), one scenario per Service as the objects are.
     #[arg(long, conflicts_with = "kube")]
@@ -183,12 +187,13 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
     }
     let Some(scenario) = args.scenario.as_ref().filter(|_| !args.models) else {
         let all: Vec<_> = crate::study::MODELS.iter().map(|m| m.info()).collect();
-        return args.output.render(&all, |_| crate::study::models_text());
+        return args.output.render(&all, |_| crate::study::models_text(args.provenance));
     };
     let flags = args.cluster_flags();
     anyhow::ensure!(
         flags.is_empty(),
-        "{} study a cluster (--manifests DIR or --kube); a scenario file writes its own nodes, clients and phases",
+        "{} apply only when studying a cluster (--manifests DIR or --kube): a scenario file writes its own nodes, \
+         clients and phases",
         flags.join(", ")
     );
     let sc = crate::study::load(scenario)?;
@@ -196,6 +201,7 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
     if let Some(path) = &args.chart {
         std::fs::write(path, crate::chart::study_chart(&r)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
     }
     args.output.render(&r, |_| crate::study::table(&r))
 }
@@ -278,6 +284,7 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
         };
         std::fs::write(path, crate::chart::study_chart(&one.study)?)
             .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
     }
     args.output.render(&c, |_| crate::study::cluster_table(&c))
 }

@@ -26,15 +26,32 @@ pub struct ModelInfo {
     pub verified: bool,
     /// What was and was not read at a tag.
     pub verification: &'static str,
+    /// The same in a few words each, for `study --models`' table.
+    pub short: Short,
+}
+
+/// A model as one row of `study --models`' table: what a user picks a release by.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Short {
+    /// The releases it stands for, as their users name them.
+    pub releases: &'static str,
+    /// What it does with `hints.forNodes`.
+    pub for_nodes: &'static str,
+    /// What it does with `hints.forZones`.
+    pub for_zones: &'static str,
+    /// What a client meets when no endpoint is left.
+    pub nothing_left: &'static str,
+    /// The errno `connect()` returns then.
+    pub errno: &'static str,
+    /// How its rule was read.
+    pub read: &'static str,
 }
 
 const CILIUM_EMPTY: &str = "refused: the frontend has no backend, connect() fails at once, never a hang";
 const CILIUM_ERRNO: &str =
     "EHOSTUNREACH (bpf/bpf_sock.c __sock4_xlate_fwd, svc->count == 0; not read at a tag)";
-const CILIUM_UNVERIFIED: &str = "unverified: no stored Cilium commit can be tied to a release tag (VERSION \
-                                 is stored only at 520a8dd6b8f91da18d1f7f1d17aa0946e8b8eb1e, where it reads \
-                                 1.6.12); the rule is read from the pull requests named and from the stored \
-                                 versions of the files at the commits named, none of them known to be a tag";
+const CILIUM_UNVERIFIED: &str = "unverified: the rule is read from the pull requests named and from the files at \
+                                 the commits named; none of those commits could be tied to a release tag";
 const CALICO_EMPTY: &str = "refused: NAT_NO_BACKEND, connect() fails at once";
 const CALICO_ERRNO: &str = "EPERM: on NAT_NO_BACKEND the connect4 hook returns 0 without bpf_set_retval \
                             (projectcalico/calico felix/bpf-gpl/connect.h:33-34 `if (res == NAT_NO_BACKEND) \
@@ -49,6 +66,14 @@ impl ProxyModel {
         match self {
             Self::KubeProxy => ModelInfo {
                 name: "kube-proxy-1.34-1.37",
+                short: Short {
+                    releases: "kube-proxy v1.34.0 to v1.37.x",
+                    for_nodes: "used if every ready endpoint has one",
+                    for_zones: "same rule, after node hints",
+                    nothing_left: "REJECT; Local: DROP (hang)",
+                    errno: "ECONNREFUSED; hang",
+                    read: "run beside it, compared",
+                },
                 stands_for: "kube-proxy 1.34-1.37 (v1.34.x-v1.37.x with their default feature gates; iptables \
                              and nftables modes)",
                 rule: "node hints if every ready endpoint has forNodes and one names this node, else zone hints \
@@ -88,6 +113,14 @@ impl ProxyModel {
             },
             Self::Tierlb => ModelInfo {
                 name: "tierlb",
+                short: Short {
+                    releases: "this build",
+                    for_nodes: "kube-proxy's rule, then falls back",
+                    for_zones: "kube-proxy's rule, a fallback tier",
+                    nothing_left: "refused at once",
+                    errno: "ECONNREFUSED, EHOSTUNREACH",
+                    read: "this repository",
+                },
                 stands_for: "tierlb (this repository), with passive health",
                 rule: "kube-proxy's rule as tiers node, zone, cluster; a backend held down by passive health \
                        (K failed connects from the node) moves the node's connects to the next live backend or \
@@ -100,6 +133,14 @@ impl ProxyModel {
             },
             Self::Cilium111 => ModelInfo {
                 name: "cilium-1.11-1.15",
+                short: Short {
+                    releases: "Cilium v1.11.0 to v1.15.x",
+                    for_nodes: "ignored",
+                    for_zones: "only with a topology annotation",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "pull requests, no tag",
+                },
                 stands_for: "Cilium 1.11.0-1.15.x kube-proxy replacement (socket LB)",
                 rule: "with serviceTopology: zone hints only for a Service with a topology annotation (not \"\" \
                        or disabled), no Local policy and a zoned node; all kept endpoints if one lacks zone \
@@ -109,7 +150,7 @@ impl ProxyModel {
                 when_empty: CILIUM_EMPTY,
                 errno: CILIUM_ERRNO,
                 source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints (cilium#17929), read at two \
-                         stored pre-#32678 versions, neither tied to a tag: at \
+                         pre-#32678 commits, neither tied to a tag: at \
                          005d3ed35c1313c9097b820a0c7179fbbf0a431a `if !option.Config.EnableServiceTopology || \
                          svc == nil || !svc.TopologyAware {`, at 4309d933eaa5e1f3e4a681428adef6b9d77d9024 `if \
                          !s.config.EnableServiceTopology || svc == nil || !svc.TopologyAware {`; in both `if \
@@ -120,6 +161,14 @@ impl ProxyModel {
             },
             Self::Cilium116 => ModelInfo {
                 name: "cilium-1.16-1.17",
+                short: Short {
+                    releases: "Cilium v1.16.0 to v1.17.x",
+                    for_nodes: "ignored (zone-routed)",
+                    for_zones: "used if every endpoint has one",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "pull requests, no tag",
+                },
                 stands_for: "Cilium 1.16.0-1.17.x kube-proxy replacement (socket LB)",
                 rule: "with serviceTopology, for every Service (no Local policy, a zoned node): zone hints if \
                        every kept endpoint has them and one names the zone, else all; so PreferClose, \
@@ -131,14 +180,22 @@ impl ProxyModel {
                 source: "cilium/cilium pkg/k8s/service_cache.go filterEndpoints after cilium#32678 (\"we've \
                          removed the check ... that verified that a topology annotation was set before \
                          honoring hints\"; TopologyAware kept only to re-send Services when the node's zone \
-                         changes), read at a stored post-#32678 version whose repository and commit the \
-                         index does not give (`func (s *ServiceCacheImpl) filterEndpoints`): `if \
+                         changes), read at a post-#32678 version of the file whose commit is not \
+                         known (`func (s *ServiceCacheImpl) filterEndpoints`): `if \
                          !s.config.EnableServiceTopology || svc == nil {`",
                 verified: false,
                 verification: CILIUM_UNVERIFIED,
             },
             Self::Cilium1180 => ModelInfo {
                 name: "cilium-1.18.0",
+                short: Short {
+                    releases: "Cilium v1.18.0",
+                    for_nodes: "ignored (cluster-wide)",
+                    for_zones: "PreferClose only, no safeguard",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "pull requests, no tag",
+                },
                 stands_for: "Cilium 1.18.0 kube-proxy replacement (socket LB)",
                 rule: "with serviceTopology, PreferClose or the topology annotation, a zoned node: each backend \
                        whose zone hints do not name the zone is skipped, one without hints is kept; no \
@@ -160,16 +217,24 @@ impl ProxyModel {
             },
             Self::Cilium1181 => ModelInfo {
                 name: "cilium-1.18.1",
+                short: Short {
+                    releases: "Cilium v1.18.1, 1.18 patches before #42708",
+                    for_nodes: "ignored (cluster-wide)",
+                    for_zones: "PreferClose only, with safeguards",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "pull requests, no tag",
+                },
                 stands_for: "Cilium 1.18.1 up to the last 1.18 patch release without #42708 (merged \
-                             2025-11-11; which patch release first carries it is not known: no stored thread \
-                             or page names it)",
+                             2025-11-11; which patch release first carries it: not found in its release notes \
+                             or threads)",
                 rule: "as cilium-1.18.0 but with the safeguards (#41024, backport #41116): all kept backends if \
                        one lacks zone hints or none names the zone; the parser still drops endpoints that are \
                        not serving, so a starting pod is not seen (as in 1.17)",
                 when_empty: CILIUM_EMPTY,
                 errno: CILIUM_ERRNO,
-                source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends, read at a stored \
-                         version with the safeguards whose repository and commit the index does not give: \
+                source: "cilium/cilium pkg/loadbalancer/writer/writer.go DefaultSelectBackends, read at a version \
+                         of the file with the safeguards whose commit is not known: \
                          `for be := range bes { if be.Zone != nil && len(be.Zone.ForZones) > 0 { ... } else { \
                          missingHints = true; break } }`, `checkZoneHints = candidatesFound && !missingHints`; \
                          pkg/loadbalancer/reflectors/conversions.go isTopologyAware; #41116, #42708",
@@ -178,6 +243,14 @@ impl ProxyModel {
             },
             Self::Cilium118x => ModelInfo {
                 name: "cilium-1.18.x-1.19",
+                short: Short {
+                    releases: "Cilium 1.18 patches with #42708, v1.19.x",
+                    for_nodes: "ignored (cluster-wide)",
+                    for_zones: "off while a pod lacks hints",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "pull requests, no tag",
+                },
                 stands_for: "Cilium 1.18 patch releases with #42708 (backports #40969, #41234, #42170; the \
                              first of them is not known), and 1.19.x",
                 rule: "as cilium-1.18.1, but not-ready backends are kept (maintenance, #42170) and the \
@@ -193,6 +266,14 @@ impl ProxyModel {
             },
             Self::Cilium120 => ModelInfo {
                 name: "cilium-1.20",
+                short: Short {
+                    releases: "Cilium v1.20.x",
+                    for_nodes: "nodeName instead (no hints)",
+                    for_zones: "off while a pod starts",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "pull requests, no tag",
+                },
                 stands_for: "Cilium 1.20 as released, without #47961 (open)",
                 rule: "with serviceTopology: PreferSameNode prefers the ready backends whose nodeName is this \
                        node (no hints read), else all backends cluster-wide; PreferClose/PreferSameZone use \
@@ -208,6 +289,14 @@ impl ProxyModel {
             },
             Self::Cilium120Fix => ModelInfo {
                 name: "cilium-1.20+47961",
+                short: Short {
+                    releases: "none yet: v1.20 with PR #47961",
+                    for_nodes: "nodeName instead (no hints)",
+                    for_zones: "starting pods skipped",
+                    nothing_left: "refused at once",
+                    errno: "EHOSTUNREACH",
+                    read: "an open pull request",
+                },
                 stands_for: "Cilium 1.20 with cilium#47961 applied (open, in no release)",
                 rule: "as cilium-1.20, but the safeguard scan also skips a not-ready (maintenance) backend that \
                        has no zone hints; one with a stale hint still counts",
@@ -221,6 +310,14 @@ impl ProxyModel {
             },
             Self::CalicoEbpf3310 => ModelInfo {
                 name: "calico-ebpf-3.31.0-3.31.4",
+                short: Short {
+                    releases: "Calico v3.31.0 to v3.31.4, eBPF",
+                    for_nodes: "ignored",
+                    for_zones: "ignored",
+                    nothing_left: "refused at once",
+                    errno: "EPERM",
+                    read: "read at every tag",
+                },
                 stands_for: "Calico eBPF data plane 3.31.0-3.31.4",
                 rule: "hints ignored: every ready or terminating endpoint is selected, the ready ones are \
                        written; a Local policy keeps the local ones",
@@ -235,6 +332,14 @@ impl ProxyModel {
             },
             Self::CalicoEbpf3315 => ModelInfo {
                 name: "calico-ebpf-3.31.5-3.31.7",
+                short: Short {
+                    releases: "Calico v3.31.5 to v3.31.7, eBPF",
+                    for_nodes: "ignored (zone-routed)",
+                    for_zones: "per endpoint, no all-or-nothing",
+                    nothing_left: "refused at once",
+                    errno: "EPERM",
+                    read: "tags, not the gate",
+                },
                 stands_for: "Calico eBPF data plane 3.31.5-3.31.7 (projectcalico#11859 on k8s.io/kubernetes \
                              1.33)",
                 rule: "topology-mode Auto: zone hints with the safeguards; else (any Service) the ready or \
@@ -261,6 +366,14 @@ impl ProxyModel {
             },
             Self::CalicoEbpf332 => ModelInfo {
                 name: "calico-ebpf-3.32",
+                short: Short {
+                    releases: "Calico v3.32.0 to v3.32.1, eBPF",
+                    for_nodes: "per endpoint, no all-or-nothing",
+                    for_zones: "per endpoint, no all-or-nothing",
+                    nothing_left: "refused at once",
+                    errno: "EPERM",
+                    read: "tags, gate off-tag",
+                },
                 stands_for: "Calico eBPF data plane 3.32.0-3.32.1 (k8s.io/kubernetes 1.35)",
                 rule: "topology-mode Auto: zone hints with the safeguards; else (any Service) the ready or \
                        terminating endpoints whose forNodes names this node, else whose forZones names its \
@@ -270,8 +383,8 @@ impl ProxyModel {
                 errno: CALICO_ERRNO,
                 source: "projectcalico/calico at v3.32.0: felix/bpf/proxy/syncer.go:643,647, \
                          topology.go:128-150, proxy.go:184, go.mod:113 `k8s.io/kubernetes v1.35.4` (v3.32.1: \
-                         v1.35.6); kubernetes/kubernetes pkg/features/kube_features.go in a stored post-1.35 \
-                         main-branch tree (it has 1.36 entries; the index gives no commit), where the gate is GA \
+                         v1.35.6); kubernetes/kubernetes pkg/features/kube_features.go in a post-1.35 \
+                         main-branch tree (it has 1.36 entries; its commit is not known), where the gate is GA \
                          and locked on in 1.35: `{Version: version.MustParse(\"1.35\"), Default: true, \
                          PreRelease: featuregate.GA, LockToDefault: true},` (projectcalico#11751)",
                 verified: false,
@@ -284,17 +397,51 @@ impl ProxyModel {
 }
 
 /// `tierlb study --models`: each model's name, range, rule, empty-set outcome, errno, source and whether it
-/// was read at a tag.
-pub fn models_text() -> String {
-    let mut out = String::new();
+/// What `study --models` says above its table: the setting every Cilium row assumes.
+pub const CILIUM_SETTING: &str = "Cilium rows assume loadBalancer.serviceTopology=true. With Cilium's default \
+(false) every Cilium release ignores hints and uses all endpoints, as kube-proxy does with none.";
+
+/// `tierlb study --models`: one row per model, what a user picks a release by; `provenance` adds, under
+/// each row, the full rule and where and how it was read.
+pub fn models_text(provenance: bool) -> String {
+    let mut rows = vec![
+        ["MODEL", "RELEASES", "forNodes", "forZones", "NO ENDPOINT LEFT", "ERRNO", "RULE READ FROM"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    let mut details = Vec::new();
     for m in MODELS {
         let i = m.info();
+        let s = i.short;
+        rows.push(
+            [i.name, s.releases, s.for_nodes, s.for_zones, s.nothing_left, s.errno, s.read]
+                .map(str::to_owned)
+                .to_vec(),
+        );
         let mark = if i.verified { "" } else { " [unverified]" };
-        let _ = writeln!(
-            out,
+        details.push(format!(
             "{}: {}{mark}\n  rule: {}\n  empty set: {}\n  errno: {}\n  source: {}\n  code read: {}",
             i.name, i.stands_for, i.rule, i.when_empty, i.errno, i.source, i.verification
-        );
+        ));
+    }
+    let mut widths = vec![0usize; rows[0].len()];
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = format!("{CILIUM_SETTING}\n\n");
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    if provenance {
+        for d in details {
+            let _ = write!(out, "\n{d}\n");
+        }
+    } else {
+        out.push_str("\n--provenance adds each model's full rule, its sources and how they were read.\n");
     }
     out
 }
