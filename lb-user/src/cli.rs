@@ -43,6 +43,64 @@ pub fn error_text(e: &anyhow::Error) -> String {
     out
 }
 
+/// `argv` with `tierlb agent --config FILE` expanded: the file's flags put right after `agent`, before the
+/// command line's own, so that those win (`AgentArgs` takes a flag's last value). Each key of the YAML
+/// mapping is a long flag or alias of `tierlb agent` without `--`; a value `true` gives the bare flag,
+/// `false` nothing, a list the flag once per item, anything else `--key=value`.
+pub fn expand_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Vec<std::ffi::OsString>> {
+    use std::ffi::OsString;
+    let Some(agent) = argv.iter().position(|a| a == "agent") else { return Ok(argv) };
+    let mut path = None;
+    for (i, a) in argv.iter().enumerate().skip(agent + 1) {
+        let a = a.to_string_lossy();
+        if a == "--config" {
+            path = argv.get(i + 1).map(PathBuf::from);
+        } else if let Some(p) = a.strip_prefix("--config=") {
+            path = Some(PathBuf::from(p));
+        }
+    }
+    let Some(path) = path else { return Ok(argv) };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| anyhow::anyhow!("--config {}: cannot read it: {e}", path.display()))?;
+    let value: serde_json::Value = serde_saphyr::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("--config {}: not YAML: {e}", path.display()))?;
+    let Some(map) = value.as_object() else {
+        anyhow::bail!("--config {}: a mapping of flag names to values, as `node: node-1`", path.display());
+    };
+    let cli = <Cli as clap::CommandFactory>::command();
+    let cmd = cli.find_subcommand("agent").expect("the agent command");
+    let known: Vec<&str> = cmd
+        .get_arguments()
+        .filter(|a| a.get_id() != "config")
+        .flat_map(|a| a.get_long().into_iter().chain(a.get_all_aliases().into_iter().flatten()))
+        .collect();
+    let mut flags = Vec::new();
+    for (key, v) in map {
+        if !known.contains(&key.as_str()) {
+            let hint = crate::spelling::closest(key, known.iter().copied())
+                .map(|k| format!("; did you mean {k}?"))
+                .unwrap_or_default();
+            anyhow::bail!("--config {}: {key} is no flag of tierlb agent{hint}", path.display());
+        }
+        let items: Vec<&serde_json::Value> = match v {
+            serde_json::Value::Array(items) => items.iter().collect(),
+            other => vec![other],
+        };
+        for item in items {
+            match item {
+                serde_json::Value::Bool(true) => flags.push(OsString::from(format!("--{key}"))),
+                serde_json::Value::Bool(false) | serde_json::Value::Null => {}
+                serde_json::Value::String(s) => flags.push(OsString::from(format!("--{key}={s}"))),
+                serde_json::Value::Number(n) => flags.push(OsString::from(format!("--{key}={n}"))),
+                other => anyhow::bail!("--config {}: {key}: {other} is not a flag's value", path.display()),
+            }
+        }
+    }
+    let mut out = argv;
+    out.splice(agent + 1..agent + 1, flags);
+    Ok(out)
+}
+
 /// `tierlb`'s command line.
 #[derive(Parser, Debug)]
 #[command(
@@ -249,9 +307,14 @@ fn unknown_node(node: &str, model: &crate::model::Model) -> Option<String> {
     ))
 }
 
-/// `tierlb agent`.
+/// `tierlb agent`. A flag given twice takes its last value, so the command line overrides `--config`.
 #[derive(clap::Args, Debug)]
+#[command(args_override_self = true)]
 pub struct AgentArgs {
+    /// A YAML file of flags, read before the command line's (which win): each key a flag's long name or
+    /// alias without `--` (`node: node-1`, `kube: true`, `protect-address: [192.0.2.1:443]`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The node it runs for.
     #[command(flatten)]
     pub node: NodeArgs,
@@ -283,12 +346,12 @@ pub struct AgentArgs {
     #[arg(long)]
     pub instance: Option<String>,
     /// kube-proxy-compatible /healthz and /livez: IP:PORT or `off`.
-    #[arg(long, default_value = "0.0.0.0:10256")]
+    #[arg(long, visible_alias = "healthz-bind-address", default_value = "0.0.0.0:10256")]
     pub healthz_addr: crate::server::Listen,
     /// Prometheus /metrics: IP:PORT or `off`. Loopback by default, like kube-proxy's metrics address: the
     /// metrics name every Service, its VIP and this node's counters, so exposing them beyond the node is a
     /// choice (pass `0.0.0.0:10249`).
-    #[arg(long, default_value = "127.0.0.1:10249")]
+    #[arg(long, visible_alias = "metrics-bind-address", default_value = "127.0.0.1:10249")]
     pub metrics_addr: crate::server::Listen,
     /// Address for the healthCheckNodePort listeners (one per Service with externalTrafficPolicy Local), or
     /// `off`.

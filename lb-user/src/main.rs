@@ -25,7 +25,15 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv = match tierlb::cli::expand_config(std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("tierlb: error: {e:#}");
+            // A usage error, as clap's.
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     init_logging(cli.log_format);
     let result: anyhow::Result<Option<String>> = match &cli.command {
         Command::Agent(a) if a.cleanup => {

@@ -176,3 +176,60 @@ fn status_names_a_missing_bpffs_once_with_the_fix() {
     assert_eq!(code, 1);
     assert_eq!(err.matches("No such file or directory").count(), 1, "each cause once: {err}");
 }
+
+/// kube-proxy's flag names are accepted beside tierlb's, and `--config FILE` holds flags the command line
+/// overrides; a key that is no flag is refused with the one it is likely a typo of.
+#[test]
+fn the_agent_takes_kube_proxys_flag_names_and_a_config_file_the_command_line_overrides() {
+    use tierlb::cli::{Cli, Command as Sub, expand_config};
+    let dir = TempDir::new("faces-config").unwrap();
+    let file = dir.path().join("agent.yaml");
+    std::fs::write(
+        &file,
+        "hostname-override: node-9\nmanifests: /etc/tierlb/manifests\nmetrics-bind-address: 127.0.0.1:19249\n\
+         healthz-bind-address: 0.0.0.0:20256\nprotect-address: [192.0.2.1:443, 192.0.2.2:443]\ncleanup: false\n",
+    )
+    .unwrap();
+    let parse = |args: &[&str]| {
+        let argv = std::iter::once("tierlb").chain(args.iter().copied()).map(Into::into).collect();
+        let cli = Cli::try_parse_from_args(
+            &expand_config(argv)
+                .unwrap()
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let Sub::Agent(a) = cli.command else { panic!("agent") };
+        a
+    };
+    let config = file.to_str().unwrap();
+    let a = parse(&["agent", "--config", config]);
+    assert_eq!(a.node.node, "node-9");
+    assert_eq!(a.manifests.as_deref(), Some(Path::new("/etc/tierlb/manifests")));
+    assert_eq!(a.metrics_addr.0, Some("127.0.0.1:19249".parse().unwrap()));
+    assert_eq!(a.healthz_addr.0, Some("0.0.0.0:20256".parse().unwrap()));
+    let protected: Vec<String> = a.node.site.protect_addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(protected, ["192.0.2.1:443", "192.0.2.2:443"]);
+    // The command line wins, under either name.
+    let a = parse(&["agent", "--config", config, "--node", "node-1", "--metrics-addr=off"]);
+    assert_eq!((a.node.node.as_str(), a.metrics_addr.0), ("node-1", None));
+    let a = parse(&[
+        "agent",
+        "--hostname-override",
+        "node-2",
+        "--manifests",
+        "/m",
+        "--healthz-bind-address",
+        "127.0.0.1:1",
+    ]);
+    assert_eq!((a.node.node.as_str(), a.healthz_addr.0), ("node-2", Some("127.0.0.1:1".parse().unwrap())));
+    // A key that is no flag: exit status 2 and the likely flag.
+    std::fs::write(&file, "nodee: node-1\n").unwrap();
+    let (code, _, err) = tierlb(&["agent", "--config", config]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(&format!("--config {config}: nodee is no flag of tierlb agent; did you mean node?")),
+        "{err}"
+    );
+}
