@@ -97,7 +97,8 @@ pub fn expand_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Vec<std::f
         }
     }
     let mut out = argv;
-    out.splice(agent + 1..agent + 1, flags);
+    let at = agent + 1;
+    out.splice(at..at, flags);
     Ok(out)
 }
 
