@@ -14,11 +14,15 @@ use crate::{
 };
 
 mod cluster_lint;
+mod config;
+mod generate;
 mod input;
 mod plan;
 mod study;
 mod table;
 pub use cluster_lint::{EXIT_FINDINGS, LintArgs, LintOutput, lint_on, run_lint};
+pub use config::expand_config;
+pub use generate::{CompletionArgs, ManArgs, run_completion, run_man};
 pub use input::{CliInput, FaceSource, KUBE_TIMEOUT, kube_input, load_for_cli};
 pub use plan::{
     EXIT_INVALID_INPUT, ExplainArgs, PlanArgs, PlanOutput, explain_on, plan_on, run_explain, run_plan,
@@ -41,65 +45,6 @@ pub fn error_text(e: &anyhow::Error) -> String {
         out.push_str(&text);
     }
     out
-}
-
-/// `argv` with `tierlb agent --config FILE` expanded: the file's flags put right after `agent`, before the
-/// command line's own, so that those win (`AgentArgs` takes a flag's last value). Each key of the YAML
-/// mapping is a long flag or alias of `tierlb agent` without `--`; a value `true` gives the bare flag,
-/// `false` nothing, a list the flag once per item, anything else `--key=value`.
-pub fn expand_config(argv: Vec<std::ffi::OsString>) -> anyhow::Result<Vec<std::ffi::OsString>> {
-    use std::ffi::OsString;
-    let Some(agent) = argv.iter().position(|a| a == "agent") else { return Ok(argv) };
-    let mut path = None;
-    for (i, a) in argv.iter().enumerate().skip(agent + 1) {
-        let a = a.to_string_lossy();
-        if a == "--config" {
-            path = argv.get(i + 1).map(PathBuf::from);
-        } else if let Some(p) = a.strip_prefix("--config=") {
-            path = Some(PathBuf::from(p));
-        }
-    }
-    let Some(path) = path else { return Ok(argv) };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| anyhow::anyhow!("--config {}: cannot read it: {e}", path.display()))?;
-    let value: serde_json::Value = serde_saphyr::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("--config {}: not YAML: {e}", path.display()))?;
-    let Some(map) = value.as_object() else {
-        anyhow::bail!("--config {}: a mapping of flag names to values, as `node: node-1`", path.display());
-    };
-    let cli = <Cli as clap::CommandFactory>::command();
-    let cmd = cli.find_subcommand("agent").expect("the agent command");
-    let known: Vec<&str> = cmd
-        .get_arguments()
-        .filter(|a| a.get_id() != "config")
-        .flat_map(|a| a.get_long().into_iter().chain(a.get_all_aliases().into_iter().flatten()))
-        .collect();
-    let mut flags = Vec::new();
-    for (key, v) in map {
-        if !known.contains(&key.as_str()) {
-            let hint = crate::spelling::closest(key, known.iter().copied())
-                .map(|k| format!("; did you mean {k}?"))
-                .unwrap_or_default();
-            anyhow::bail!("--config {}: {key} is no flag of tierlb agent{hint}", path.display());
-        }
-        let items: Vec<&serde_json::Value> = match v {
-            serde_json::Value::Array(items) => items.iter().collect(),
-            other => vec![other],
-        };
-        for item in items {
-            match item {
-                serde_json::Value::Bool(true) => flags.push(OsString::from(format!("--{key}"))),
-                serde_json::Value::Bool(false) | serde_json::Value::Null => {}
-                serde_json::Value::String(s) => flags.push(OsString::from(format!("--{key}={s}"))),
-                serde_json::Value::Number(n) => flags.push(OsString::from(format!("--{key}={n}"))),
-                other => anyhow::bail!("--config {}: {key}: {other} is not a flag's value", path.display()),
-            }
-        }
-    }
-    let mut out = argv;
-    let at = agent + 1;
-    out.splice(at..at, flags);
-    Ok(out)
 }
 
 /// `tierlb`'s command line.
@@ -162,48 +107,6 @@ pub enum Command {
     Completion(CompletionArgs),
     /// Print the man page of tierlb or of one of its commands, in roff: `tierlb man plan | man -l -`.
     Man(ManArgs),
-}
-
-/// `tierlb completion`.
-#[derive(clap::Args, Debug)]
-pub struct CompletionArgs {
-    /// The shell.
-    #[arg(value_enum)]
-    pub shell: clap_complete::Shell,
-}
-
-/// `tierlb man`.
-#[derive(clap::Args, Debug)]
-pub struct ManArgs {
-    /// The command whose page to print (default: tierlb's own, which lists them).
-    pub command: Option<String>,
-}
-
-/// `tierlb completion SHELL`: the script, generated from this command line.
-pub fn run_completion(args: &CompletionArgs) -> String {
-    let mut out = Vec::new();
-    clap_complete::generate(args.shell, &mut <Cli as clap::CommandFactory>::command(), "tierlb", &mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// `tierlb man [COMMAND]`: the page in roff, generated from this command line.
-pub fn run_man(args: &ManArgs) -> anyhow::Result<String> {
-    let mut cmd = <Cli as clap::CommandFactory>::command();
-    cmd.build();
-    let man = match &args.command {
-        None => clap_mangen::Man::new(cmd),
-        Some(name) => {
-            let names: Vec<String> = cmd.get_subcommands().map(|c| c.get_name().to_owned()).collect();
-            let Some(sub) = cmd.find_subcommand(name) else {
-                anyhow::bail!("no command {name}: one of {}", names.join(", "));
-            };
-            // Titled as its page is named (`tierlb-plan(1)`).
-            clap_mangen::Man::new(sub.clone()).title(format!("tierlb-{name}"))
-        }
-    };
-    let mut out = Vec::new();
-    man.render(&mut out)?;
-    Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// The node a command plans for.
