@@ -6,7 +6,7 @@ use serde::Serialize;
 
 mod cluster;
 mod rule;
-pub use cluster::{ClusterFinding, cluster_lint, cluster_nodes, unknown_field_findings};
+pub use cluster::{ClusterFinding, cluster_lint, cluster_nodes};
 pub use rule::{Rule, Warning};
 
 use crate::{

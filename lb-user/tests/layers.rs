@@ -38,7 +38,7 @@ const LB_USER: &[Part] = &[
     // calls both), the lints (which read a plan).
     part("hints", &["hints", "skipped"], &["model"]),
     part("plan", &["plan"], &["hints"]),
-    part("lint", &["lint"], &["plan"]),
+    part("lint", &["lint"], &["plan", "spelling"]),
     // Sources, data path and cgroups: siblings of the semantics, none imports another.
     part("source", &["source"], &["model", "halves", "spelling"]),
     part("datapath", &["datapath"], &["model"]),

@@ -45,7 +45,7 @@ pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintO
     );
     let nodes = lint::cluster_nodes(&input.model);
     let mut found = lint::cluster_lint(&input.model, &nodes, &input.filled, &input.pods);
-    found.extend(lint::unknown_field_findings(&input.unknown_fields, &nodes));
+    found.extend(unknown_field_findings(&input.unknown_fields, &nodes));
     found.sort_by(|a, b| a.service.cmp(&b.service).then(a.port.cmp(&b.port)));
     let text = args.output.render(&found, |wide| table(&found, nodes.len(), wide))?;
     Ok(LintOutput { text, findings: found.len(), errors: input.errors })
@@ -63,4 +63,27 @@ fn table(found: &[lint::ClusterFinding], nodes: usize, wide: bool) -> String {
         let _ = writeln!(out, "no findings ({nodes} nodes)");
     }
     out
+}
+
+/// A finding for each unknown field (`Diagnostic::is_unknown_field`) of a Service or its slices in
+/// `unknown`: where it is (file, line, document, field), the field it is likely a misspelling of; it holds
+/// on every node of `nodes`.
+fn unknown_field_findings(
+    unknown: &[crate::source::Diagnostic],
+    nodes: &[crate::model::NodeInfo],
+) -> Vec<lint::ClusterFinding> {
+    unknown
+        .iter()
+        .filter_map(|d| {
+            Some(lint::ClusterFinding {
+                service: d.service.clone()?,
+                port: String::new(),
+                rule: lint::Rule::UnknownField,
+                message: d.to_string(),
+                fix: lint::Rule::UnknownField.fix(),
+                nodes: nodes.iter().map(|n| n.name.clone()).collect(),
+                all_nodes: true,
+            })
+        })
+        .collect()
 }

@@ -63,29 +63,6 @@ pub fn cluster_nodes(model: &Model) -> Vec<NodeInfo> {
 
 type Key = (ObjKey, String, Rule, String);
 
-/// A finding for each unknown field (`Diagnostic::is_unknown_field`) of a Service or its slices in
-/// `unknown`: where it is (file, line, document, field), the field it is likely a misspelling of; it holds
-/// on every node of `nodes`.
-pub fn unknown_field_findings(
-    unknown: &[crate::source::Diagnostic],
-    nodes: &[NodeInfo],
-) -> Vec<ClusterFinding> {
-    unknown
-        .iter()
-        .filter_map(|d| {
-            Some(ClusterFinding {
-                service: d.service.clone()?,
-                port: String::new(),
-                rule: Rule::UnknownField,
-                message: d.to_string(),
-                fix: Rule::UnknownField.fix(),
-                nodes: nodes.iter().map(|n| n.name.clone()).collect(),
-                all_nodes: true,
-            })
-        })
-        .collect()
-}
-
 /// Every finding of `model` on `nodes` (`cluster_nodes`), in Service order. `filled` are the Services whose
 /// slices carried no hints and were judged with the hints the EndpointSlice controller would write
 /// (`hints::fill_missing`); `pods` names endpoints.
