@@ -17,7 +17,7 @@ pub(crate) fn target_dir() -> PathBuf {
 }
 
 /// A cargo command at the workspace root with what the BPF build needs: `RUSTC_BOOTSTRAP=1` lets the stable
-/// toolchain use `-Z build-std=core` (no nightly can be installed here), see ../shared/TOOLCHAIN.md.
+/// toolchain use `-Z build-std=core` (no nightly can be installed here).
 pub(crate) fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root()).env("RUSTC_BOOTSTRAP", "1");
