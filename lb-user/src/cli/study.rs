@@ -270,6 +270,7 @@ pub fn study_on(args: &StudyArgs, input: &CliInput) -> anyhow::Result<String> {
         },
         requests_per_second: rps,
         max_skew,
+        pods: input.pods.clone(),
     };
     let c = survey::survey(&input.model, input.origin.clone(), only, &input.filled, &clients, &opts);
     if let Some(path) = &args.chart {

@@ -32,6 +32,19 @@ pub struct SurveyOptions {
     pub requests_per_second: f64,
     /// The skew (largest endpoint share over the even share) above which the summary names a Service.
     pub max_skew: f64,
+    /// The pods endpoints belong to, by address (their slices' `targetRef`), to name them.
+    pub pods: BTreeMap<std::net::IpAddr, ObjKey>,
+}
+
+/// An endpoint as the study names it: its address, its node and, where its slice names it, its pod.
+#[derive(Clone, Debug, Serialize)]
+pub struct EndpointName {
+    /// The pod IP, the column the tables show.
+    pub ip: std::net::IpAddr,
+    /// Its node.
+    pub node: String,
+    /// `NAMESPACE/NAME` of its pod, when its slice's `targetRef` names it.
+    pub pod: Option<String>,
 }
 
 /// One model that serves a Service differently from kube-proxy (models with the same line are grouped).
@@ -82,9 +95,11 @@ pub struct ServiceStudy {
     pub service: String,
     /// Where its client shares came from.
     pub clients: String,
-    /// Set when its slices carried no hints at all and the study assumed the controller's (as `plan` and the
-    /// agent do): what a cluster whose controller writes none would see differs.
+    /// Set when its slices carried no hints at all and the study assumed the controller's (as the agent
+    /// does): what a cluster whose controller writes none would see differs.
     pub hints: Option<String>,
+    /// Its endpoints, named: the tables' columns are their addresses.
+    pub endpoints: Vec<EndpointName>,
     /// Its client share per node.
     pub client_shares: BTreeMap<String, f64>,
     /// The per-model tables, initial state then each what-if phase.
@@ -281,6 +296,7 @@ pub fn study_service(
         service: sc.name.clone(),
         clients,
         hints: None,
+        endpoints: Vec::new(),
         client_shares: shares,
         study,
         differences,
@@ -371,10 +387,19 @@ pub fn survey(
             &zones,
         );
         let mut study = study_service(&sc, &groups, shares.source, shares.per_node);
+        study.endpoints = sc
+            .endpoints
+            .iter()
+            .map(|e| EndpointName {
+                ip: e.ip,
+                node: e.node.clone(),
+                pod: opts.pods.get(&e.ip).map(ToString::to_string),
+            })
+            .collect();
         if filled.contains(&svc.key) {
             study.hints = Some(
-                "its EndpointSlices carry no hints: studied with the controller's (as plan and the agent \
-                 do); where no controller writes them, kube-proxy and the others would see none"
+                "its EndpointSlices carry no hints: studied with the controller's (as the agent, and plan with \
+                 --emulate-hints, do); where no controller writes them, kube-proxy and the others would see none"
                     .to_owned(),
             );
         }
@@ -451,6 +476,17 @@ pub fn cluster_table(c: &ClusterStudy) -> String {
         let _ = writeln!(out, "\nservice {}", s.service);
         let shares: Vec<String> = s.client_shares.iter().map(|(n, v)| format!("{n} {}", pct(*v))).collect();
         let _ = writeln!(out, "  clients: {} ({})", shares.join(", "), s.clients);
+        let named: Vec<String> = s
+            .endpoints
+            .iter()
+            .map(|e| match &e.pod {
+                Some(p) => format!("{} pod {p} on {}", e.ip, e.node),
+                None => format!("{} on {}", e.ip, e.node),
+            })
+            .collect();
+        if !named.is_empty() {
+            let _ = writeln!(out, "  endpoints: {}", named.join(", "));
+        }
         if let Some(h) = &s.hints {
             let _ = writeln!(out, "  hints: {h}");
         }

@@ -107,6 +107,12 @@ fn lint_names_every_endpoint_without_for_nodes_with_its_node_and_pod() {
         ),
         "{out}"
     );
+    // study names each endpoint's pod and node beside the address its columns show.
+    let (_, out, _) = tierlb(&["study", "--manifests", file.to_str().unwrap(), "--service", "booking/zoned"]);
+    assert!(
+        out.contains("  endpoints: 10.244.1.50 pod booking/zoned-x1 on node-1, 10.244.2.50 pod booking/zoned-x2 on node-2"),
+        "{out}"
+    );
     // explain names both too.
     let (_, out, _) =
         tierlb(&["explain", "booking/partial", "--node", "node-1", "--manifests", file.to_str().unwrap()]);

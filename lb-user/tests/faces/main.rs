@@ -286,6 +286,7 @@ fn study_writes_json_with_every_model_per_phase_and_a_chart() {
     let (code, out, err) =
         tierlb(&["study", scenario.to_str().unwrap(), "-o", "json", "--chart", chart.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("wrote {}", chart.display())), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["requests_per_second"], 100.0);
     assert_eq!(v["health"], serde_json::json!({"failures": 3, "hold_s": 5.0, "max_hold_s": 120.0}));
