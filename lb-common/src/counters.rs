@@ -24,6 +24,9 @@ pub const COUNTER_REVERSE_UNRECORDED: u32 = 6;
 /// Connects that went to the client's sessionAffinity backend (an `AFFINITY` entry still valid); also
 /// counted under their tier.
 pub const COUNTER_AFFINITY: u32 = 7;
+/// Global only (the slot of `COUNTER_NODE`): backends passive health held down for one client only (its own
+/// failures in a row while no other client had failed; `HOLD_CLIENT`).
+pub const GLOBAL_HEALTH_CLIENT_HOLDS: u32 = 0;
 /// Global only (`GLOBAL_SVC_ID`, a slot services use for `COUNTER_ZONE`): backends passive health held down
 /// (each hold, including a failed half-open trial's new hold).
 pub const GLOBAL_HEALTH_HOLDS: u32 = 1;

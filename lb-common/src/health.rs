@@ -61,10 +61,27 @@ pub struct Health {
     pub first_client: u64,
     /// Distinct clients among the failures since the last success or hold: 0, 1, or 2 (at least two).
     pub clients: u32,
-    /// Explicit padding, always 0.
-    pub _pad: u32,
+    /// Whom a hold holds the backend for: `HOLD_ALL` (every client), or `HOLD_CLIENT` (only `first_client`,
+    /// whose own `failures` in a row held it while no other client had failed: a lone client protected).
+    pub scope: u32,
 }
 const _: () = assert!(size_of::<Health>() == 72);
+
+/// `Health::scope`: the hold holds the backend for every client (the quorum of clients failed).
+pub const HOLD_ALL: u32 = 0;
+/// `Health::scope`: the hold holds the backend only for `Health::first_client`, the one client that failed.
+pub const HOLD_CLIENT: u32 = 1;
+
+/// What a failure began (`Health::fail`), for the holds counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// No new hold.
+    No,
+    /// A hold for the one client that failed (`HOLD_CLIENT`).
+    Client,
+    /// A hold for every client (`HOLD_ALL`).
+    All,
+}
 
 /// `Health::reason`: the connect was refused (an RST answered the SYN: no process listens).
 pub const HEALTH_REFUSED: u32 = 1;
@@ -108,11 +125,12 @@ pub enum HealthVerdict {
 }
 
 impl Health {
-    /// The verdict at `now_ns`.
+    /// The verdict for a connect from `client` (its network namespace) at `now_ns`: a hold for one client
+    /// changes nothing for the others.
     #[inline(always)]
     #[must_use]
-    pub const fn verdict(&self, now_ns: u64) -> HealthVerdict {
-        if self.held_until_ns == 0 {
+    pub const fn verdict(&self, client: u64, now_ns: u64) -> HealthVerdict {
+        if self.held_until_ns == 0 || (self.scope == HOLD_CLIENT && client != self.first_client) {
             HealthVerdict::Use
         } else if now_ns < self.held_until_ns || now_ns < self.trial_until_ns {
             HealthVerdict::Skip
@@ -122,19 +140,30 @@ impl Health {
     }
 
     /// A translated connect from `client` (its network namespace) failed for `reason` at `now_ns`: count it
-    /// and hold the backend if the rule says so; whether a hold began (for the holds counter).
+    /// and hold the backend if the rule says so; what hold began (for the holds counters).
     ///
     /// The rule: `cfg.failures` failures in a row (no success between: any client's success resets the entry)
-    /// from at least `cfg.clients` distinct clients. A failure while held changes nothing (its connect began
-    /// before the hold). Half-open (the hold is over), a failed trial holds again, for longer, once the
-    /// failures since the hold come from `cfg.clients` clients; until then the next connect is a trial again
-    /// (so one client failing every trial cannot keep a backend held that answers the others).
+    /// from at least `cfg.clients` distinct clients hold the backend for every client. The same failures from
+    /// one client alone hold it for that client only (`HOLD_CLIENT`): its own next connects skip the backend
+    /// at once, and no other client's change, so one pod's failures (its own policy dropping its SYNs) decide
+    /// nothing for another. Another client's failure while a client hold is on (or half-open) completes the
+    /// quorum: held for every client. A failure while held changes nothing (its connect began before the
+    /// hold). Half-open (the hold is over), a failed trial holds again, for longer: for every client once the
+    /// failures since the hold come from `cfg.clients` clients, else for the client whose trial failed (so one
+    /// client failing every trial cannot keep a backend held that answers the others).
     #[inline(always)]
-    pub fn fail(&mut self, client: u64, reason: u32, cfg: &HealthConfig, now_ns: u64) -> bool {
+    pub fn fail(&mut self, client: u64, reason: u32, cfg: &HealthConfig, now_ns: u64) -> Held {
         self.reason = reason;
+        if self.scope == HOLD_CLIENT && client != self.first_client {
+            // The held client's failures, and now another client's: the quorum (at most 2).
+            self.failures = self.failures.saturating_add(1);
+            self.clients = 2;
+            self.hold(cfg, now_ns);
+            return Held::All;
+        }
         let half_open = self.held_until_ns != 0;
         if half_open && now_ns < self.held_until_ns {
-            return false;
+            return Held::No;
         }
         self.failures = self.failures.saturating_add(1);
         if self.clients == 0 {
@@ -143,15 +172,31 @@ impl Health {
         } else if self.clients == 1 && client != self.first_client {
             self.clients = 2;
         }
-        let quorum = self.clients >= cfg.clients;
-        if quorum && (half_open || self.failures >= cfg.failures) {
-            self.hold(cfg, now_ns);
-            return true;
+        if half_open || self.failures >= cfg.failures {
+            if self.clients >= cfg.clients {
+                self.hold(cfg, now_ns);
+                return Held::All;
+            }
+            if self.clients == 1 {
+                self.hold_client(cfg, now_ns);
+                return Held::Client;
+            }
         }
         if half_open {
             self.trial_until_ns = 0;
         }
-        false
+        Held::No
+    }
+
+    /// Hold for `first_client` only, from `now_ns`, for twice as long as the last hold without a success
+    /// between; its failures and client are kept (another client's failure completes the quorum).
+    #[inline(always)]
+    pub fn hold_client(&mut self, cfg: &HealthConfig, now_ns: u64) {
+        self.held_since_ns = now_ns;
+        self.held_until_ns = now_ns + Self::hold_for(self.holds, cfg);
+        self.trial_until_ns = 0;
+        self.holds += 1;
+        self.scope = HOLD_CLIENT;
     }
 
     /// Hold from `now_ns`, for twice as long as the last hold without a success between.
@@ -164,6 +209,7 @@ impl Health {
         self.failures = 0;
         self.first_client = 0;
         self.clients = 0;
+        self.scope = HOLD_ALL;
     }
 
     /// The hold after `holds` earlier ones without a success: `hold_ns` doubled each time, at most `max_hold_ns`.
@@ -197,24 +243,37 @@ mod tests {
             ("the trial never reported: another trial", h(100, 200), 200, HealthVerdict::Trial),
         ];
         for (name, health, now, want) in cases {
-            assert_eq!(health.verdict(now), want, "{name}");
+            assert_eq!(health.verdict(7, now), want, "{name}");
         }
+        // A hold for one client: that client skips the backend, another uses it.
+        let mine = Health { first_client: 7, scope: HOLD_CLIENT, ..h(100, 0) };
+        assert_eq!(mine.verdict(7, 50), HealthVerdict::Skip, "the client that failed");
+        assert_eq!(mine.verdict(8, 50), HealthVerdict::Use, "another client");
+        assert_eq!(
+            mine.verdict(8, 150),
+            HealthVerdict::Use,
+            "another client, half-open: no trial of its own"
+        );
+        assert_eq!(mine.verdict(7, 150), HealthVerdict::Trial, "the client's own trial");
     }
 
     fn cfg(failures: u32, clients: u32) -> HealthConfig {
         HealthConfig { failures, clients, hold_ns: 100, max_hold_ns: 1_000, ..HealthConfig::default() }
     }
 
-    /// Failures by client, one per time step from 1; the step at which the backend was held (if it was).
+    /// Failures by client, one per time step from 1; the step at which the backend was held for every
+    /// client (if it was).
     fn held_at(cfg: &HealthConfig, clients: &[u64]) -> Option<usize> {
         let mut h = Health::default();
-        (1..).zip(clients).find_map(|(t, &c)| h.fail(c, HEALTH_REFUSED, cfg, t).then_some(t as usize))
+        (1..)
+            .zip(clients)
+            .find_map(|(t, &c)| (h.fail(c, HEALTH_REFUSED, cfg, t) == Held::All).then_some(t as usize))
     }
 
     #[test]
     fn a_hold_needs_k_failures_in_a_row_from_enough_clients() {
         let cases = [
-            ("one client, quorum 2: never held", cfg(3, 2), &[7, 7, 7, 7, 7, 7][..], None),
+            ("one client, quorum 2: never held for all", cfg(3, 2), &[7, 7, 7, 7, 7, 7][..], None),
             ("two clients alternating: held at the K-th failure", cfg(3, 2), &[7, 8, 7, 8][..], Some(3)),
             (
                 "the second client comes late: held at its first failure",
@@ -232,18 +291,52 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_clients_k_failures_hold_the_backend_for_it_alone_until_another_client_fails() {
+        let one = cfg(3, 1);
+        let cfg = cfg(3, 2);
+        let mut h = Health::default();
+        assert_eq!(h.fail(7, HEALTH_REFUSED, &cfg, 1), Held::No);
+        assert_eq!(h.fail(7, HEALTH_REFUSED, &cfg, 2), Held::No);
+        assert_eq!(h.fail(7, HEALTH_REFUSED, &cfg, 3), Held::Client, "K failures from client 7: held for it");
+        assert_eq!((h.scope, h.first_client, h.held_until_ns), (HOLD_CLIENT, 7, 103));
+        assert_eq!((h.verdict(7, 4), h.verdict(8, 4)), (HealthVerdict::Skip, HealthVerdict::Use));
+        assert_eq!(h.fail(7, HEALTH_REFUSED, &cfg, 5), Held::No, "its own connect begun before the hold");
+        // Its trial after the hold fails: held for it again, for twice as long.
+        assert_eq!(h.fail(7, HEALTH_TIMEOUT, &cfg, 110), Held::Client);
+        assert_eq!((h.held_until_ns, h.holds), (110 + 200, 2));
+        // Another client fails: with client 7's failures, the quorum: held for every client.
+        assert_eq!(h.fail(8, HEALTH_REFUSED, &cfg, 120), Held::All);
+        assert_eq!((h.scope, h.verdict(9, 121)), (HOLD_ALL, HealthVerdict::Skip));
+        // The per-node rule (quorum 1) never holds for one client only.
+        let mut h = Health::default();
+        assert_eq!([1, 2, 3].map(|t| h.fail(7, HEALTH_REFUSED, &one, t)), [Held::No, Held::No, Held::All]);
+    }
+
+    #[test]
     fn a_failed_trial_holds_again_only_with_the_quorum() {
         let cfg = cfg(2, 2);
         let mut h = Health::default();
-        assert!(!h.fail(7, HEALTH_REFUSED, &cfg, 1));
-        assert!(h.fail(8, HEALTH_REFUSED, &cfg, 2), "two clients, K = 2: held");
+        assert_eq!(h.fail(7, HEALTH_REFUSED, &cfg, 1), Held::No);
+        assert_eq!(h.fail(8, HEALTH_REFUSED, &cfg, 2), Held::All, "two clients, K = 2: held");
         assert_eq!((h.held_until_ns, h.holds, h.clients), (102, 1, 0));
-        assert!(!h.fail(7, HEALTH_REFUSED, &cfg, 50), "inside the hold: a connect begun before it");
+        assert_eq!(
+            h.fail(7, HEALTH_REFUSED, &cfg, 50),
+            Held::No,
+            "inside the hold: a connect begun before it"
+        );
         h.trial_until_ns = 102 + HEALTH_TRIAL_NS;
-        assert!(!h.fail(7, HEALTH_TIMEOUT, &cfg, 110), "client 7's trial failed: not enough clients");
-        assert_eq!(h.verdict(111), HealthVerdict::Trial, "the next connect is a trial again");
-        assert!(h.fail(8, HEALTH_TIMEOUT, &cfg, 120), "client 8's trial failed too: held again");
-        assert_eq!(h.held_until_ns, 120 + 200, "for twice as long");
+        assert_eq!(
+            h.fail(7, HEALTH_TIMEOUT, &cfg, 110),
+            Held::Client,
+            "client 7's trial failed: not enough clients for all, held for client 7"
+        );
+        assert_eq!(h.verdict(8, 111), HealthVerdict::Use, "another client still uses it");
+        assert_eq!(
+            h.fail(8, HEALTH_TIMEOUT, &cfg, 120),
+            Held::All,
+            "client 8's connect failed too: held for all"
+        );
+        assert_eq!(h.held_until_ns, 120 + 400, "for longer each hold");
     }
 
     #[test]

@@ -527,8 +527,8 @@ pub use choice::{
 pub use counters::*;
 pub use csum::{CsumDiff, fold as csum_fold};
 pub use health::{
-    HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, HEALTH_UNREACHABLE, Health, HealthConfig, HealthVerdict,
-    syn_sent_close_reason,
+    HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, HEALTH_UNREACHABLE, HOLD_ALL, HOLD_CLIENT, Health,
+    HealthConfig, HealthVerdict, Held, syn_sent_close_reason,
 };
 pub use nat::*;
 pub use reverse::*;

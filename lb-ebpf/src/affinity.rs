@@ -45,6 +45,7 @@ pub(crate) fn apply(
         (bpf_ktime_get_boot_ns(), bpf_get_netns_cookie(ctx.sock_addr.cast()), bpf_get_current_cgroup_id())
     };
     let map = if first_netns(cgroup, netns_cookie) { &AFFINITY } else { &NESTED_AFFINITY };
+    let health = health.then_some(netns_cookie);
     sticky(map, &AffinityKey { frontend: *key, _pad: 0, netns_cookie }, fe, choice, health, now_ns)
 }
 
@@ -72,12 +73,12 @@ fn first_netns(cgroup: u64, netns: u64) -> bool {
 pub(crate) fn apply_outside(fe: &FrontendValue, akey: &OutsideAffinityKey, choice: &mut Choice<Backend>) {
     // SAFETY: helper without preconditions.
     let now_ns = unsafe { bpf_ktime_get_boot_ns() };
-    sticky(&OUTSIDE_AFFINITY, akey, fe, choice, false, now_ns);
+    sticky(&OUTSIDE_AFFINITY, akey, fe, choice, None, now_ns);
 }
 
 /// Look the client's entry (`akey` in `map`) up; keep its backend if the entry is fresh, the backend is a
 /// member of the frontend's current generation in the chosen tier (`keep_sticky`) and usable (not marked
-/// down, not held by passive health when `health` is on), refreshing the entry's time in place; else
+/// down, not held by passive health for the client when `health` names it, its network namespace), refreshing the entry's time in place; else
 /// remember the chosen backend. Counts the choices that kept their backend and returns whether this one did.
 /// Written flat for the verifier.
 #[inline(always)]
@@ -86,7 +87,7 @@ fn sticky<K>(
     akey: &K,
     fe: &FrontendValue,
     choice: &mut Choice<Backend>,
-    health: bool,
+    health: Option<u64>,
     now_ns: u64,
 ) -> bool {
     let Choice::Backend { backend: chosen, .. } = *choice else { return false };
@@ -102,7 +103,8 @@ fn sticky<K>(
         let member = if fresh { unsafe { MEMBERS.get(member_key) }.copied() } else { None };
         if let Some(member) = member
             && !is_down(backend, || now_ns)
-            && (!health || health::verdict(backend, || now_ns) == HealthVerdict::Use)
+            && health
+                .is_none_or(|client| health::verdict(backend, || client, || now_ns) == HealthVerdict::Use)
         {
             let taken;
             (*choice, taken) = keep_sticky(*choice, Some((backend, member)));

@@ -21,9 +21,10 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use lb_common::{
-    Backend, Choice, FrontendValue, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS, GLOBAL_HEALTH_RECOVERIES,
-    GLOBAL_SVC_ID, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig, HealthVerdict, PROTO_TCP,
-    REVERSE_HEALTH_REPORTED, ReverseValue, below, last_nonempty_tier, syn_sent_close_reason,
+    Backend, Choice, FrontendValue, GLOBAL_HEALTH_CLIENT_HOLDS, GLOBAL_HEALTH_HOLDS, GLOBAL_HEALTH_PANICS,
+    GLOBAL_HEALTH_RECOVERIES, GLOBAL_SVC_ID, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, Health, HealthConfig,
+    HealthVerdict, Held, PROTO_TCP, REVERSE_HEALTH_REPORTED, ReverseValue, below, last_nonempty_tier,
+    syn_sent_close_reason,
 };
 
 use crate::{
@@ -49,14 +50,33 @@ pub(crate) fn config() -> Option<HealthConfig> {
     (cfg.failures != 0).then_some(cfg)
 }
 
-/// What the connect programs do with `backend` (`now` reads the clock, only if it has an entry).
+/// What the connect programs do with `backend` for a connect from network namespace `client` (`now` reads
+/// the clock and `client` the namespace, only if the backend is held).
 #[inline(always)]
-pub(crate) fn verdict(backend: Backend, now: impl FnOnce() -> u64) -> HealthVerdict {
+pub(crate) fn verdict(
+    backend: Backend,
+    client: impl FnOnce() -> u64,
+    now: impl FnOnce() -> u64,
+) -> HealthVerdict {
     // SAFETY: a plain read of a hash value; a torn read only misjudges one connect.
     match unsafe { HEALTH.get(backend) } {
         // Most entries are reset ones (a success after a failure) the agent has not yet deleted: no clock.
-        Some(h) if h.held_until_ns != 0 => h.verdict(now()),
+        Some(h) if h.held_until_ns != 0 => {
+            // A hold for every client needs no namespace (`Health::verdict` reads it only for one client's).
+            let client = if h.scope == lb_common::HOLD_CLIENT { client() } else { 0 };
+            h.verdict(client, now())
+        }
         _ => HealthVerdict::Use,
+    }
+}
+
+/// Count the hold a failure began.
+#[inline(always)]
+fn count_hold(held: Held) {
+    match held {
+        Held::All => count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS),
+        Held::Client => count(GLOBAL_SVC_ID, GLOBAL_HEALTH_CLIENT_HOLDS),
+        Held::No => {}
     }
 }
 
@@ -98,17 +118,15 @@ pub(crate) fn panic_choice(fe: &FrontendValue) -> Choice<Backend> {
 fn failed(backend: Backend, client: u64, reason: u32, cfg: &HealthConfig, now_ns: u64) {
     let Some(p) = HEALTH.get_ptr_mut(backend) else {
         let mut h = Health { backend, ..Health::default() };
-        if h.fail(client, reason, cfg, now_ns) {
-            count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS);
-        }
+        count_hold(h.fail(client, reason, cfg, now_ns));
         // BPF_NOEXIST: another CPU's first failure wins; this one is lost (a count, never a hold's end).
         let _ = HEALTH.insert(backend, h, u64::from(aya_ebpf::bindings::BPF_NOEXIST));
         return;
     };
     // SAFETY: as in `start_trial`.
     let h = unsafe { &mut *p };
-    if h.backend == backend && h.fail(client, reason, cfg, now_ns) {
-        count(GLOBAL_SVC_ID, GLOBAL_HEALTH_HOLDS);
+    if h.backend == backend {
+        count_hold(h.fail(client, reason, cfg, now_ns));
     }
 }
 

@@ -5,7 +5,7 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     bindings::bpf_sock_addr,
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_boot_ns, bpf_set_retval},
+    helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_boot_ns, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
 };
@@ -190,7 +190,9 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
         }
         if health {
             // SAFETY: as above.
-            match health::verdict(backend, || unsafe { bpf_ktime_get_boot_ns() }) {
+            // SAFETY: the cookie helper takes the program's context.
+            let client = || unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) };
+            match health::verdict(backend, client, || unsafe { bpf_ktime_get_boot_ns() }) {
                 HealthVerdict::Skip => {
                     saw_held = true;
                     return Slot::Down(backend);

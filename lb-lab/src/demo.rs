@@ -229,10 +229,10 @@ pub fn run(tierlb: &Path, lab: &Path, out_dir: &Path) -> anyhow::Result<bool> {
     svc.traffic_distribution = Some("PreferSameNode".into());
     write_service(c.manifests.path(), &svc, &[])?;
     let pins = bpffs.path().to_str().context("bpffs path")?;
-    // The simulated nodes' clients share one network namespace: one client to passive health, whose default
-    // quorum (two clients) would never hold the crashed pod; the per-node rule is what the demo shows.
+    // The shipped passive health: the simulated nodes' clients share one network namespace, one client whose
+    // K failures hold a crashed pod for itself.
     for n in NODES {
-        c.add_node(n, &["--bpffs", pins, "--health-clients=1"])?;
+        c.add_node(n, &["--bpffs", pins])?;
     }
     clock.say("three agents ready (node-1, node-2, node-3; one zone, no zone label)");
     let mut chart = Vec::new();

@@ -168,12 +168,15 @@ fn register_health(reg: &mut Registry, c: &Counts) {
     let transitions = counter_family(
         reg,
         "backend_health_transitions",
-        "Passive health: backends held down after failed connects (to=held) and made healthy again by a \
-         successful connect (to=healthy), decided in the kernel",
+        "Passive health: backends held down after failed connects (to=held), held down for the one client \
+         whose connects failed (to=held_for_one_client) and made healthy again by a successful connect \
+         (to=healthy), decided in the kernel",
     );
-    for (to, kind) in
-        [("held", lb_common::GLOBAL_HEALTH_HOLDS), ("healthy", lb_common::GLOBAL_HEALTH_RECOVERIES)]
-    {
+    for (to, kind) in [
+        ("held", lb_common::GLOBAL_HEALTH_HOLDS),
+        ("held_for_one_client", lb_common::GLOBAL_HEALTH_CLIENT_HOLDS),
+        ("healthy", lb_common::GLOBAL_HEALTH_RECOVERIES),
+    ] {
         transitions.get_or_create(&vec![("to".into(), to.into())]).inc_by(c[kind as usize]);
     }
     let panics = Counter::<u64>::default();

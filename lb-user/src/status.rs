@@ -41,7 +41,7 @@ pub struct MarkStatus {
 pub struct HealthStatus {
     /// The backend's address and port.
     pub backend: String,
-    /// "failing", "held", "half-open".
+    /// "failing", "held", "held-for-one-client", "half-open".
     pub state: crate::datapath::health::HealthState,
     /// What the last failure was: "refused" (RST), "unreachable" (an ICMP error, or the last SYN) or "timeout"
     /// (the SYN unanswered at its first retransmission timeout).
@@ -122,8 +122,10 @@ pub struct Instance {
 /// Passive health's program-wide counters.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HealthTransitions {
-    /// Backends held down.
+    /// Backends held down (for every client).
     pub held: u64,
+    /// Backends held down for one client only.
+    pub held_for_one_client: u64,
     /// Held backends a successful connect made healthy.
     pub healthy: u64,
     /// Connects sent to a held backend by the panic threshold.
@@ -139,7 +141,7 @@ fn health_status(maps: &impl MapReader, now_ns: u64) -> Result<Vec<HealthStatus>
         .into_iter()
         .filter_map(|(b, h)| {
             let state = state(&h, now_ns);
-            let held = state == HealthState::Held;
+            let held = matches!(state, HealthState::Held | HealthState::HeldForOneClient);
             (state != HealthState::Healthy).then(|| HealthStatus {
                 backend: addr::backend_addr(&b).to_string(),
                 state,
@@ -221,6 +223,7 @@ impl Instance {
         let reverse_unrecorded_total = global[lb_common::COUNTER_REVERSE_UNRECORDED as usize];
         let health_transitions = HealthTransitions {
             held: global[lb_common::GLOBAL_HEALTH_HOLDS as usize],
+            held_for_one_client: global[lb_common::GLOBAL_HEALTH_CLIENT_HOLDS as usize],
             healthy: global[lb_common::GLOBAL_HEALTH_RECOVERIES as usize],
             panics: global[lb_common::GLOBAL_HEALTH_PANICS as usize],
         };

@@ -167,7 +167,8 @@ fn healthy_backends_are_never_held_under_load() {
     }
     assert_eq!(total, 100_000);
     let st = status(&pin);
-    assert_eq!(st["health_transitions"], serde_json::json!({"held": 0, "healthy": 0, "panics": 0}), "{st}");
+    let none = serde_json::json!({"held": 0, "held_for_one_client": 0, "healthy": 0, "panics": 0});
+    assert_eq!(st["health_transitions"], none, "{st}");
     assert_eq!(st["health"], serde_json::json!([]), "{st}");
     eprintln!("{total} connects to healthy backends: 0 holds");
 }
@@ -283,6 +284,7 @@ fn one_pods_own_connect_failures_never_hold_a_healthy_backend_for_another_pod() 
     let after_ttl = t.web_1();
     let ttl_failures = after_ttl.as_ref().map_or(0, |h| h.2);
     assert!(after_ttl.as_ref().is_none_or(|h| h.0 == "failing"), "{after_ttl:?}");
+    assert!(ttl_failures < 3, "the SYNs the rule drops below must reach web-1: {after_ttl:?}");
 
     let rule = format!(
         "table inet tierlb_policy {{\n  chain forward_policy {{\n    type filter hook forward priority 0;\n    ip saddr 10.244.9.41 ip daddr {WEB_1} tcp flags & (syn|ack) == syn drop\n  }}\n}}\n"
@@ -294,9 +296,10 @@ fn one_pods_own_connect_failures_never_hold_a_healthy_backend_for_another_pod() 
     let Some((state, _, failures)) = after_drops.clone() else {
         panic!("A's failures counted: {}", t.status())
     };
+    // K = 3 in a row from A alone: held for A only (its own next connects skip web-1), never for B.
     assert_eq!(
         (state.as_str(), failures),
-        ("failing", ttl_failures + 3),
+        ("held-for-one-client", ttl_failures + 3),
         "3 dropped SYNs, A's alone: {}",
         t.status()
     );
@@ -305,7 +308,8 @@ fn one_pods_own_connect_failures_never_hold_a_healthy_backend_for_another_pod() 
     assert_eq!((r.count("web-1"), r.failures()), (50, 0), "{:?} {:?}", r.by_backend(), r.errors());
     let st = t.status();
     assert_eq!(st["health_transitions"]["held"], 0, "{st}");
-    assert_eq!(t.web_1(), None, "B's success reset A's failures: {st}");
+    assert_eq!(st["health_transitions"]["held_for_one_client"], 1, "{st}");
+    assert_eq!(t.web_1(), None, "B's success reset A's failures and A's own hold: {st}");
     eprintln!(
         "pod A: 10 shutdown-after-connect (no entry), ttl=1 {ttl:?} -> {after_ttl:?}, dropped SYNs {dropped:?} -> \
          {after_drops:?}; pod B: {} of 50 to the local web-1, 0 holds",
@@ -341,6 +345,36 @@ fn as_deployed_a_killed_pod_is_held_after_k_refused_connects_from_two_pods() {
     );
     assert_eq!(st["health_transitions"]["held"], 1, "{st}");
     eprintln!("as deployed, two pods taking turns: {seq:?}");
+}
+
+/// With the shipped defaults (`--health-clients=2`), a lone client pod whose local backend's process died (its
+/// EndpointSlice still says ready) loses exactly K = 3 connects: its K-th failure holds the backend for it
+/// alone, and every later connect of it goes to the other endpoint. Another pod is not held for: its first
+/// connect still tries web-1, fails, and with A's failures makes the quorum: held for every client.
+#[test]
+fn as_deployed_a_lone_client_loses_k_connects_and_another_pods_first_failure_holds_it_for_all() {
+    let mut t = Tenants::start("health-lone", &["--health-hold=1m"]);
+    let target = vip().to_string();
+    assert_eq!(t.boxed.probe(&t.a, &target, 5).unwrap().count("web-1"), 5);
+    drop(t.servers.remove(0));
+    let seq = outcomes(&t.boxed.probe(&t.a, &target, 40).unwrap());
+    assert_eq!(seq[..3], ["ECONNREFUSED"; 3], "K = 3 refused: {seq:?}");
+    assert!(seq[3..].iter().all(|b| b == "web-2"), "then A goes to web-2 only: {seq:?}");
+    let st = t.status();
+    assert_eq!(st["health"][0]["state"].as_str(), Some("held-for-one-client"), "{st}");
+    assert_eq!(
+        (st["health_transitions"]["held_for_one_client"].as_u64(), st["health_transitions"]["held"].as_u64()),
+        (Some(1), Some(0)),
+        "{st}"
+    );
+    // B was held for by nobody: its first connect meets the dead web-1; with A's failures, the quorum.
+    let seq_b = outcomes(&t.boxed.probe(&t.b, &target, 10).unwrap());
+    assert_eq!(seq_b[0], "ECONNREFUSED", "{seq_b:?}");
+    assert!(seq_b[1..].iter().all(|b| b == "web-2"), "{seq_b:?}");
+    let st = t.status();
+    assert_eq!(st["health"][0]["state"].as_str(), Some("held"), "{st}");
+    assert_eq!(st["health_transitions"]["held"], 1, "{st}");
+    eprintln!("lone client A: {} failed of {}; then B: {seq_b:?}", 3, seq.len());
 }
 
 /// Each attempt's outcome: the backend's name, or the error.

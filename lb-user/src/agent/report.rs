@@ -181,6 +181,17 @@ pub(super) fn log_health(r: &crate::datapath::health::HealthSweep) {
     use crate::datapath::{addr::backend_addr, health, marks::human};
     for (b, h) in &r.held {
         let hold = Duration::from_nanos(h.held_until_ns.saturating_sub(h.held_since_ns));
+        if h.scope == lb_common::HOLD_CLIENT {
+            tracing::info!(
+                backend = %backend_addr(b),
+                reason = health::reason(h),
+                hold = %human(hold),
+                holds = h.holds,
+                client_netns = h.first_client,
+                "backend held down for one client by passive health (its connects failed, no other client's had)"
+            );
+            continue;
+        }
         tracing::info!(
             backend = %backend_addr(b),
             reason = health::reason(h),

@@ -65,6 +65,9 @@ pub enum HealthState {
     Failing,
     /// Held down: new connects skip it until the hold ends.
     Held,
+    /// Held down for one client (network namespace) only, whose own connects failed while no other
+    /// client's had: its connects skip it, the others' use it.
+    HeldForOneClient,
     /// The hold is over: the next connect that picks it is a trial, whose outcome clears or renews the hold.
     HalfOpen,
     /// Healthy (an entry reset by a success, which the agent deletes).
@@ -77,6 +80,7 @@ impl HealthState {
         match self {
             Self::Failing => "failing",
             Self::Held => "held down",
+            Self::HeldForOneClient => "held down for one client",
             Self::HalfOpen => "half-open (next connect is a trial)",
             Self::Healthy => "healthy",
         }
@@ -98,7 +102,7 @@ pub fn state(h: &Health, now_ns: u64) -> HealthState {
     if h.held_until_ns == 0 {
         if h.failures == 0 { HealthState::Healthy } else { HealthState::Failing }
     } else if now_ns < h.held_until_ns {
-        HealthState::Held
+        if h.scope == lb_common::HOLD_CLIENT { HealthState::HeldForOneClient } else { HealthState::Held }
     } else {
         HealthState::HalfOpen
     }
