@@ -1,10 +1,7 @@
 //! The `--manifests` directory watch: only files the loader reads make the agent reload. A log, an editor's
 //! swap file or a temporary file in the directory used to make it sync on every write. Needs root (the agent
 //! loads its programs).
-use std::{
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{path::Path, time::Duration};
 
 use lb_testkit::{
     cluster::SimCluster,
@@ -33,8 +30,6 @@ fn only_files_the_loader_reads_make_the_agent_reload() {
     let svc = Svc::new("web", "10.96.0.10".parse().unwrap(), 80, 8080);
     let ep = Ep::ready("10.244.1.10".parse().unwrap(), "node-1");
     write_service(&dir, &svc, &[ep]).unwrap();
-    let start = Instant::now();
     c.wait_synced(&[before]).expect("a manifest written makes the agent sync");
-    assert!(start.elapsed() < Duration::from_secs(5));
     assert_eq!(c.syncs("node-1"), before + 1, "writes to files the loader skips made the agent reload");
 }
