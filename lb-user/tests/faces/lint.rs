@@ -219,6 +219,14 @@ fn lint_judges_every_service_across_the_nodes_names_the_rule_the_nodes_and_the_f
     assert_eq!(local["nodes"], serde_json::json!(["node-2"]));
     assert_eq!(local["all_nodes"], false);
     assert!(local["fix"].as_str().unwrap().contains("DaemonSet"), "{local}");
+    assert_eq!(local["port"], "main");
+    assert_eq!(
+        local["message"],
+        "internalTrafficPolicy: Local and no ready endpoint on the node: connects from its pods fail (EHOSTUNREACH; \
+         kube-proxy drops them and clients hang until their timeout)"
+    );
+    let whole = v.as_array().unwrap().iter().find(|f| f["rule"] == "one-zone").unwrap();
+    assert_eq!(whole["port"], "", "a finding about the whole Service names no port: {whole}");
     let (code, out, _) = tierlb(&["lint", "--manifests", dir, "--namespace", "ok"]);
     assert_eq!((code, out.as_str()), (0, "no findings (2 nodes)\n"));
     let (code, _, err) = tierlb(&["lint", "--namespace", "ok"]);
@@ -271,4 +279,29 @@ fn lint_exits_3_on_input_it_cannot_read_whole_and_never_passes_it() {
     }
     let (code, _, err) = tierlb(&["lint"]);
     assert_eq!(code, 2, "no source is a usage error: {err}");
+}
+
+/// PreferSameZone where no node has a zone: `one-zone`'s other branch, which says no zone hints apply.
+#[test]
+fn lint_says_prefer_same_zone_does_nothing_where_no_node_has_a_zone() {
+    use lb_testkit::manifests::{Ep, Svc, node, to_yaml, write_atomic, write_service};
+    let tmp = TempDir::new("faces-zoneless").unwrap();
+    let dir = tmp.path();
+    write_atomic(dir, "nodes.yaml", &to_yaml(&[node("node-1", None), node("node-2", None)])).unwrap();
+    let mut svc = Svc::new("web", "10.96.0.60".parse().unwrap(), 80, 8080);
+    svc.traffic_distribution = Some("PreferSameZone".into());
+    let eps = [
+        Ep::ready("10.0.60.1".parse().unwrap(), "node-1"),
+        Ep::ready("10.0.60.2".parse().unwrap(), "node-2"),
+    ];
+    write_service(dir, &svc, &eps).unwrap();
+    let (code, out, _) = tierlb(&["lint", "--manifests", dir.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with(
+            "default/web: one-zone [all 2 nodes]: trafficDistribution: PreferSameZone in a cluster whose nodes have \
+             no zone: no zone hints apply; fix: "
+        )),
+        "{out}"
+    );
 }
