@@ -85,6 +85,10 @@ pub(super) fn downgrade(demo: &mut Demo) -> anyhow::Result<bool> {
          controller that does not know PreferSameNode writes them",
     );
     demo.lab.cp.stop_controller_manager();
+    // kube-proxy's EndpointSlice changes before the patches: its probe below must meet rules written after them.
+    let kp = super::KP[1];
+    let kp_changes = demo.lab.proxy(kp)?.endpoint_changes(&demo.lab.node(kp)?.boxed.node.netns)?;
+    let mut patched = 0.0;
     let slices = demo.lab.cp.slices(NS, "nginx-cache")?;
     for slice in slices["items"].as_array().into_iter().flatten() {
         let name = slice["metadata"]["name"].as_str().context("a slice's name")?;
@@ -101,6 +105,7 @@ pub(super) fn downgrade(demo: &mut Demo) -> anyhow::Result<bool> {
             "-p",
             &format!("[{}]", ops.join(",")),
         ])?;
+        patched += 1.0;
     }
     let after = endpoints_with_node_hints(demo)?;
     // tierlb reads the change from its watch: its metric says the hints it now uses are its own.
@@ -118,6 +123,10 @@ pub(super) fn downgrade(demo: &mut Demo) -> anyhow::Result<bool> {
     for (node, line) in TL.iter().zip(&lines) {
         println!("   {node} /metrics: {line}");
     }
+    // And kube-proxy has written its rules from the stripped slices (its own metrics say so).
+    demo.lab.cp.wait_for(Duration::from_secs(30), "kube-proxy's rules after the downgrade", |_| {
+        demo.lab.proxy(kp)?.synced_past(&demo.lab.node(kp)?.boxed.node.netns, kp_changes + patched)
+    })?;
     // What each proxy does with hint-less slices: kube-proxy uses every endpoint in the cluster; tierlb the
     // hints the controller would have written (node, then zone), as before the downgrade.
     let mut kp_spread = false;
