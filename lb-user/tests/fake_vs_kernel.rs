@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use lb_common::{Backend, BackendState, PROTO_TCP, TIER_COUNT};
+use lb_common::{Backend, BackendState, PROTO_TCP, PROTO_UDP, TIER_COUNT};
 // The same deterministic source the chaos runs use: the sequences are the same on every run.
 use lb_testkit::chaos::Rng;
 use tierlb::{
@@ -41,21 +41,41 @@ fn service(i: u64) -> ObjKey {
 }
 
 fn backend(i: u64) -> Backend {
-    addr::backend(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 244, 0, (i + 1) as u8)), 8080), PROTO_TCP)
+    backend_of(i, false, PROTO_TCP)
 }
 
-/// Up to 8 frontends of 4 Services on 8 VIPs, tiers of up to 6 of 16 backends, every other with affinity.
+/// Backend `i` in IPv6 (`v6`) or IPv4, for protocol `proto`: the map keys of each layout.
+fn backend_of(i: u64, v6: bool, proto: u8) -> Backend {
+    let ip = if v6 {
+        IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, (i + 1) as u16))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 244, 0, (i + 1) as u8))
+    };
+    addr::backend(SocketAddr::new(ip, 8080), proto)
+}
+
+/// Up to 8 frontends of 4 Services on 8 VIPs of each family, TCP and UDP (the keys' layouts differ by
+/// family and protocol), tiers of up to 6 of 16 backends of the frontend's family and protocol, every other
+/// with affinity.
 fn desired(rng: &mut Rng) -> Desired {
     let mut d = Desired::new();
     for _ in 0..rng.below(9) {
-        let vip = IpAddr::V4(Ipv4Addr::new(10, 96, 0, rng.below(8) as u8 + 1));
+        let v6 = rng.below(2) == 0;
+        let proto = if rng.below(2) == 0 { PROTO_TCP } else { PROTO_UDP };
+        let n = rng.below(8) as u8 + 1;
+        let vip = if v6 {
+            IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(n)))
+        } else {
+            IpAddr::V4(Ipv4Addr::new(10, 96, 0, n))
+        };
         let tiers: [Vec<Backend>; TIER_COUNT] = std::array::from_fn(|_| {
-            let mut t: Vec<Backend> = (0..rng.below(7)).map(|_| backend(rng.below(16))).collect();
+            let mut t: Vec<Backend> =
+                (0..rng.below(7)).map(|_| backend_of(rng.below(16), v6, proto)).collect();
             t.dedup();
             t
         });
         d.insert(
-            addr::frontend_key(vip, 80 + rng.below(2) as u16, PROTO_TCP),
+            addr::frontend_key(vip, 80 + rng.below(2) as u16, proto),
             DesiredFrontend {
                 name: Arc::new(ServicePortName::new(service(rng.below(4)), "")),
                 tiers,

@@ -496,6 +496,11 @@ fn the_panic_threshold_with_two_held_backends_after_k_failures_each() {
     let states: Vec<&str> =
         st["health"].as_array().unwrap().iter().map(|h| h["state"].as_str().unwrap()).collect();
     assert_eq!((states, st["health_transitions"]["held"].as_u64()), (vec!["held", "held"], Some(2)), "{st}");
+    // K per backend, not 6 in all: a backend is held at its own K-th failure and then gets no connect, so 6
+    // refused connects with both held once means exactly 3 each (4 on one would leave the other at 2: unheld).
+    let holds: Vec<u64> =
+        st["health"].as_array().unwrap().iter().map(|h| h["holds"].as_u64().unwrap()).collect();
+    assert_eq!(holds, [1, 1], "each held once: {st}");
     let r = c.probe("node-1", vip(), 4, Duration::ZERO).unwrap();
     assert_eq!(
         outcomes(&r),
