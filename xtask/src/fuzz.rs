@@ -18,7 +18,7 @@ use crate::util;
 const LONG_RUNS: u64 = 1_000_000;
 
 /// The targets, in the order they run: manifest bytes -> objects; objects -> plan -> maps; apply sequences.
-pub(crate) const TARGETS: [&str; 3] = ["manifests", "plan_maps", "reconcile"];
+pub(crate) const TARGETS: [&str; 4] = ["manifests", "plan_maps", "reconcile", "kube_wire"];
 
 #[derive(clap::Args)]
 pub(crate) struct Options {

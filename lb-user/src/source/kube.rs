@@ -13,6 +13,7 @@
 //! objects are what the agent needs, and it would keep a second, raw copy of every EndpointSlice.
 mod events;
 mod lean;
+pub use lean::lean_reads_as_full;
 pub mod list;
 mod unparsed;
 

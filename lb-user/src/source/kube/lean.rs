@@ -138,6 +138,9 @@ impl<'de> Deserialize<'de> for LeanSlice {
         struct Wire {
             #[serde(default, deserialize_with = "lean_meta")]
             metadata: ObjectMeta,
+            // Absent reads as "" as k8s-openapi reads it, so that conversion refuses the one object (as for
+            // every source) instead of the read failing (found by the kube_wire fuzz target).
+            #[serde(default)]
             address_type: String,
             #[serde(default, deserialize_with = "endpoints")]
             endpoints: Vec<discovery::Endpoint>,
@@ -220,6 +223,42 @@ macro_rules! lean_resource {
 
 lean_resource!(LeanService, core::Service);
 lean_resource!(LeanSlice, discovery::EndpointSlice);
+
+/// Whether the lean wire types read `json` as k8s-openapi's full types do (`service`: a Service, else an
+/// EndpointSlice): a document the full type reads is read by the lean one too, and converts to the same object
+/// (or the same refusal) naming the same pods. The `kube_wire` fuzz target runs it over arbitrary input (the
+/// second finding, a key written twice, is why the document is compared as its JSON value).
+pub fn lean_reads_as_full(service: bool, json: &[u8]) -> Result<(), String> {
+    use super::super::convert;
+    // The API server's encoder writes each key once: a document is compared as its JSON value (a key written
+    // twice, which only a hand-made document has, keeps its last value), so that both readers see one text.
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(json) else { return Ok(()) };
+    let canonical = serde_json::to_vec(&value).map_err(|e| e.to_string())?;
+    let json = canonical.as_slice();
+    let differ = |what: &str, lean: String, full: String| {
+        if lean == full { Ok(()) } else { Err(format!("{what}: lean {lean} != full {full}")) }
+    };
+    if service {
+        let Ok(full) = serde_json::from_slice::<core::Service>(json) else { return Ok(()) };
+        let lean: LeanService =
+            serde_json::from_slice(json).map_err(|e| format!("lean refused what the full type read: {e}"))?;
+        differ(
+            "service",
+            format!("{:?}", convert::service(&lean.0)),
+            format!("{:?}", convert::service(&full)),
+        )
+    } else {
+        let Ok(full) = serde_json::from_slice::<discovery::EndpointSlice>(json) else { return Ok(()) };
+        let lean: LeanSlice =
+            serde_json::from_slice(json).map_err(|e| format!("lean refused what the full type read: {e}"))?;
+        differ(
+            "slice",
+            format!("{:?}", convert::endpoint_slice(&lean.0)),
+            format!("{:?}", convert::endpoint_slice(&full)),
+        )?;
+        differ("pods", format!("{:?}", convert::pod_refs(&lean.0)), format!("{:?}", convert::pod_refs(&full)))
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -319,6 +358,16 @@ mod tests {
         assert_eq!(convert::endpoint_slice(&lean.0).unwrap(), convert::endpoint_slice(&full).unwrap());
         assert!(lean.0.metadata.managed_fields.is_none());
         assert_eq!(convert::pod_refs(&lean.0), convert::pod_refs(&full));
+    }
+
+    /// The fuzz target's check holds on the served objects and on their mangled copies.
+    #[test]
+    fn the_lean_check_holds_on_served_objects() {
+        let svc = serde_json::to_vec(&served_service()).unwrap();
+        let slice = serde_json::to_vec(&served_slice()).unwrap();
+        assert_eq!(super::lean_reads_as_full(true, &svc), Ok(()));
+        assert_eq!(super::lean_reads_as_full(false, &slice), Ok(()));
+        assert_eq!(super::lean_reads_as_full(false, b"not json"), Ok(()), "what neither reads is no finding");
     }
 
     /// The API paths kube-rs builds from the lean types are the full types' own.
