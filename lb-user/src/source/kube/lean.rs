@@ -365,9 +365,9 @@ mod tests {
     fn the_lean_check_holds_on_served_objects() {
         let svc = serde_json::to_vec(&served_service()).unwrap();
         let slice = serde_json::to_vec(&served_slice()).unwrap();
-        assert_eq!(super::lean_reads_as_full(true, &svc), Ok(()));
-        assert_eq!(super::lean_reads_as_full(false, &slice), Ok(()));
-        assert_eq!(super::lean_reads_as_full(false, b"not json"), Ok(()), "what neither reads is no finding");
+        assert_eq!(lean_reads_as_full(true, &svc), Ok(()));
+        assert_eq!(lean_reads_as_full(false, &slice), Ok(()));
+        assert_eq!(lean_reads_as_full(false, b"not json"), Ok(()), "what neither reads is no finding");
     }
 
     /// The API paths kube-rs builds from the lean types are the full types' own.
