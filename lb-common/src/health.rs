@@ -192,20 +192,24 @@ impl Health {
     /// between; its failures and client are kept (another client's failure completes the quorum).
     #[inline(always)]
     pub fn hold_client(&mut self, cfg: &HealthConfig, now_ns: u64) {
+        self.begin_hold(cfg, now_ns);
+        self.scope = HOLD_CLIENT;
+    }
+
+    /// The hold's times from `now_ns` (twice as long as the last hold without a success between) and its
+    /// count: what both kinds of hold begin with.
+    #[inline(always)]
+    fn begin_hold(&mut self, cfg: &HealthConfig, now_ns: u64) {
         self.held_since_ns = now_ns;
         self.held_until_ns = now_ns + Self::hold_for(self.holds, cfg);
         self.trial_until_ns = 0;
         self.holds += 1;
-        self.scope = HOLD_CLIENT;
     }
 
     /// Hold from `now_ns`, for twice as long as the last hold without a success between.
     #[inline(always)]
     pub fn hold(&mut self, cfg: &HealthConfig, now_ns: u64) {
-        self.held_since_ns = now_ns;
-        self.held_until_ns = now_ns + Self::hold_for(self.holds, cfg);
-        self.trial_until_ns = 0;
-        self.holds += 1;
+        self.begin_hold(cfg, now_ns);
         self.failures = 0;
         self.first_client = 0;
         self.clients = 0;

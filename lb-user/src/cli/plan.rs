@@ -145,13 +145,11 @@ pub fn plan_on(args: &PlanArgs, input: &super::CliInput) -> anyhow::Result<PlanO
         Some(n) => vec![n.clone()],
         None => lint::cluster_nodes(model).into_iter().map(|n| n.name).collect(),
     };
-    let plans: Vec<Plan> =
-        names.iter().map(|n| plan::plan(model, &input.node_named(n, &args.site))).collect();
-    let lints: Vec<lint::Lints> = plans
-        .iter()
-        .zip(&names)
-        .map(|(p, n)| lint::lint_naming(model, &input.node_named(n, &args.site), p, &input.pods))
-        .collect();
+    // Each node resolved once: resolving says on stderr what it assumed (a zone from endpoints, a typo).
+    let resolved: Vec<_> = names.iter().map(|n| input.node_named(n, &args.site)).collect();
+    let plans: Vec<Plan> = resolved.iter().map(|n| plan::plan(model, n)).collect();
+    let lints: Vec<lint::Lints> =
+        plans.iter().zip(&resolved).map(|(p, n)| lint::lint_naming(model, n, p, &input.pods)).collect();
     let linted: Vec<lint::LintedPlan<'_>> =
         plans.iter().zip(&lints).map(|(p, l)| lint::LintedPlan::new(p, l).emulated(&input.filled)).collect();
     let text = if empty && args.output.is_table() {
