@@ -239,18 +239,16 @@ pub fn lean_reads_as_full(service: bool, json: &[u8]) -> Result<(), String> {
         if lean == full { Ok(()) } else { Err(format!("{what}: lean {lean} != full {full}")) }
     };
     if service {
-        let Ok(full) = serde_json::from_slice::<core::Service>(json) else { return Ok(()) };
-        let lean: LeanService =
-            serde_json::from_slice(json).map_err(|e| format!("lean refused what the full type read: {e}"))?;
+        let Some((lean, full)) = read_both::<LeanService, core::Service>(json)? else { return Ok(()) };
         differ(
             "service",
             format!("{:?}", convert::service(&lean.0)),
             format!("{:?}", convert::service(&full)),
         )
     } else {
-        let Ok(full) = serde_json::from_slice::<discovery::EndpointSlice>(json) else { return Ok(()) };
-        let lean: LeanSlice =
-            serde_json::from_slice(json).map_err(|e| format!("lean refused what the full type read: {e}"))?;
+        let Some((lean, full)) = read_both::<LeanSlice, discovery::EndpointSlice>(json)? else {
+            return Ok(());
+        };
         differ(
             "slice",
             format!("{:?}", convert::endpoint_slice(&lean.0)),
@@ -258,6 +256,17 @@ pub fn lean_reads_as_full(service: bool, json: &[u8]) -> Result<(), String> {
         )?;
         differ("pods", format!("{:?}", convert::pod_refs(&lean.0)), format!("{:?}", convert::pod_refs(&full)))
     }
+}
+
+/// `json` read by the lean type `L` and the full type `F`: none if the full type refuses it, an error if only
+/// the lean one does.
+fn read_both<L: serde::de::DeserializeOwned, F: serde::de::DeserializeOwned>(
+    json: &[u8],
+) -> Result<Option<(L, F)>, String> {
+    let Ok(full) = serde_json::from_slice::<F>(json) else { return Ok(None) };
+    let lean = serde_json::from_slice::<L>(json)
+        .map_err(|e| format!("lean refused what the full type read: {e}"))?;
+    Ok(Some((lean, full)))
 }
 
 #[cfg(test)]
