@@ -18,6 +18,11 @@ use bytemuck::{Pod, Zeroable};
 pub const FAMILY_V4: u8 = 4;
 /// Family tag of an IPv6 key.
 pub const FAMILY_V6: u8 = 6;
+/// The bits of `FrontendKey::family` that hold `FAMILY_V4` / `FAMILY_V6`.
+pub const FAMILY_MASK: u8 = 0x0f;
+/// The high bit of `FrontendKey::family`: a frontend for traffic from outside the node (the plan's
+/// `from_outside` set, `nat`), looked up only by the tc programs.
+pub const SCOPE_OUTSIDE: u8 = 0x80;
 
 /// Third 32-bit word of a v4-mapped IPv6 address (`::ffff:a.b.c.d`, the prefix `::ffff:0:0/96`); the first
 /// two words are zero and the fourth is the IPv4 address. A dual-stack socket connecting to an IPv4 Service

@@ -17,17 +17,12 @@ use core::mem::size_of;
 
 use bytemuck::{Pod, Zeroable};
 
-/// The high bit of `FrontendKey::family`: a frontend for traffic from outside the node (the plan's
-/// `from_outside` set), looked up only by the tc programs.
-pub const SCOPE_OUTSIDE: u8 = 0x80;
 /// `FrontendValue::flags` of an outside frontend: SNAT leaves from the frontend's own address (a node port:
 /// the node address the client reached); without it, from `NatConfig::snat_v4` / `snat_v6`.
 pub const FLAG_SNAT_TO_FRONTEND: u32 = 1 << 2;
 /// `FrontendValue::flags` of an outside frontend with `loadBalancerSourceRanges`: a new flow's client must
 /// match one of its `MAP_SOURCE_RANGES` entries, else the packet is dropped (`NS_DROP_SOURCE_RANGE`).
 pub const FLAG_SOURCE_RANGES: u32 = 1 << 3;
-/// The bits of `FrontendKey::family` that hold `FAMILY_V4` / `FAMILY_V6`.
-pub const FAMILY_MASK: u8 = 0x0f;
 
 /// Conntrack entries: `CtKey` -> `CtValue`. An LRU: a full table forgets the least recently used flow.
 pub const MAP_CONNTRACK: &str = "CONNTRACK";
