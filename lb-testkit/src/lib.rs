@@ -17,6 +17,7 @@ pub mod kube;
 pub mod kube_proxy;
 pub mod manifests;
 pub mod probe;
+pub mod router;
 pub mod sandbox;
 pub mod story;
 pub mod tenant;

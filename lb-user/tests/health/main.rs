@@ -12,7 +12,9 @@
 //! never early, and before the next doubling would end); a success after a hold ends it and not before the hold is over; a trial that never reports
 //! keeps the backend out for its 3 s window; with every backend of the tier held the panic threshold sends
 //! connects to one anyway, K failures per backend first.
+#[path = "../common/mod.rs"]
 mod common;
+mod reasons;
 
 use std::{
     net::SocketAddr,
