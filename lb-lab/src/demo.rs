@@ -415,7 +415,13 @@ fn study_nodes(clients: [f64; 3]) -> Vec<tierlb::study::ScNode> {
     NODES
         .iter()
         .zip(clients)
-        .map(|(n, w)| tierlb::study::ScNode { name: (*n).into(), zone: None, clients: w, cpu: 4000 })
+        .map(|(n, w)| tierlb::study::ScNode {
+            name: (*n).into(),
+            zone: None,
+            clients: w,
+            cpu: 4000,
+            client_pods: 1,
+        })
         .collect()
 }
 

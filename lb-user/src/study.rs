@@ -2,10 +2,12 @@
 //! share of clients), one Service and its endpoints (readiness, hints, or "what the controller writes"), and
 //! optional phases (a rollout step, a crashed pod the control plane has not noticed yet). For each proxy
 //! model the simulator computes each endpoint's share of requests, cross-node and cross-zone fractions, and
-//! the requests that fail fast or hang. tierlb's model includes its passive health (`health`): a crashed
-//! endpoint costs each client node that sends to it K failed connects before the node falls back, and a
-//! failed trial each time a hold ends; with a phase's `duration` those are counted against the requests the
-//! phase sends, without one the shares are the steady state after detection.
+//! the requests that fail fast or hang. tierlb's model includes its passive health (`health`), decided by the
+//! kernel's own rule (`lb_common::Health`) per client node and client pod: a crashed endpoint costs each client
+//! node that sends to it K failed connects before the node falls back (from one pod, held for that pod, or
+//! from the quorum of its pods, held for all), and a failed trial each time a hold ends (with the quorum 2 and
+//! two pods or more, another pod's connect too); with a phase's `duration` those are counted against the
+//! requests the phase sends, without one the shares are the steady state after detection.
 mod catalog;
 pub mod clients;
 pub mod cluster;
@@ -81,10 +83,27 @@ pub struct ScNode {
     /// Allocatable CPU in millicores, which weighs the zone in Auto mode's allocation (default 4000).
     #[serde(default = "default_cpu")]
     pub cpu: u64,
+    /// The client pods (network namespaces) this node's requests come from, in equal parts (YAML `clientPods`,
+    /// default 1): passive health's quorum counts them (`health.clients`).
+    #[serde(default = "one_pod", rename = "clientPods", deserialize_with = "client_pods")]
+    pub client_pods: u32,
 }
 
 fn default_cpu() -> u64 {
     4000
+}
+
+fn one_pod() -> u32 {
+    1
+}
+
+/// A node's client pods: one or more (a node without clients has a `clients` share of 0).
+fn client_pods<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let n = u32::deserialize(d)?;
+    if n == 0 {
+        return Err(serde::de::Error::custom("0: a node's requests come from one client pod or more"));
+    }
+    Ok(n)
 }
 
 /// A scenario's Service: only what changes routing (one port, one ClusterIP, made up).
@@ -233,7 +252,7 @@ pub struct ScChange {
 pub struct ModelResult {
     /// The proxy model.
     pub model: ProxyModel,
-    /// Its name with what the claim depends on (tierlb: K).
+    /// Its name with what the claim depends on (tierlb: K and the quorum).
     pub label: String,
     /// Share of all requests per endpoint IP.
     pub shares: BTreeMap<String, f64>,
@@ -401,7 +420,7 @@ fn set_flow(ips: &[IpAddr], empty: Empty, crashed: &BTreeMap<IpAddr, Crash>) -> 
     f
 }
 
-/// A model's name in the table and chart, with what its figures depend on: tierlb's K, Cilium's
+/// A model's name in the table and chart, with what its figures depend on: tierlb's K and quorum, Cilium's
 /// `serviceTopology`.
 fn label(model: ProxyModel, sc: &Scenario) -> String {
     if model == ProxyModel::Tierlb {
@@ -446,6 +465,7 @@ pub fn study_phase(sc: &Scenario, eps: &[ScEndpoint], duration: Option<f64>) -> 
                         &tiers,
                         &crashed,
                         &sc.health,
+                        n.client_pods,
                         sc.requests_per_second * w,
                         duration,
                     ),

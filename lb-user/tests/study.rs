@@ -300,7 +300,7 @@ fn a_crashed_process_costs_tierlb_k_refused_connects_per_client_node_and_a_faile
     // 15.27 + 1/15 s. node-3 never sends to node-1's pod. Lost: 2 x (3 + 2) = 10 of 3000.
     let story = run("story");
     let t = get(&story, 1, ProxyModel::Tierlb);
-    assert_eq!(t.label, "tierlb (passive health, K=3)");
+    assert_eq!(t.label, "tierlb (passive health, K=3, 2 clients)");
     assert!(close(t.failed, 10.0 / 3000.0) && t.hang == 0.0, "{t:?}");
     assert!(close(t.shares["10.244.3.21"], 2990.0 / 3000.0), "{t:?}");
     // Off-node: node-1's 1500 - 5 and node-2's 900 - 5, all to node-3's pod.
@@ -310,7 +310,12 @@ fn a_crashed_process_costs_tierlb_k_refused_connects_per_client_node_and_a_faile
     assert_eq!(story.phases[1].requests, Some(3000.0));
     let text = study::table(&story);
     assert!(
-        text.contains("K=3") && text.contains("0.3%") && text.contains("node-2: 3 connects failed"),
+        text.contains("K=3")
+            && text.contains("0.3%")
+            && text.contains("node-2 (1 client pod): 3 connects failed")
+            && text.contains(
+                "then 2 failed trials as holds ended in 30 s: 2 connects failed after the hold, 3 holds"
+            ),
         "{text}"
     );
 }
@@ -360,6 +365,67 @@ fn holds_stop_doubling_at_the_max_hold() {
     let d = detections(t);
     assert!(same_detections(&d, &[("node-1", 3.0, 0.06, 5), ("node-2", 3.0, 0.2, 5)]), "{d:?}");
     assert!(close(t.failed, 16.0 / 3000.0), "{t:?}");
+}
+
+/// (node, client pods, failed before the hold, held at, failed trials, failed after the hold, holds).
+type Cost<'a> = (&'a str, u32, f64, f64, u32, f64, u32);
+
+fn same_costs(m: &study::ModelResult, want: &[Cost<'_>]) -> bool {
+    m.detections.len() == want.len()
+        && m.detections.iter().zip(want).all(|(d, w)| {
+            (d.node.as_str(), d.client_pods, d.failed_trials, d.holds) == (w.0, w.1, w.4, w.6)
+                && close(d.failed_before_hold, w.2)
+                && d.held_at_s.is_some_and(|t| close(t, w.3))
+                && close(d.failed_after_hold, w.5)
+        })
+}
+
+#[test]
+fn with_two_client_pods_and_the_quorum_each_failed_trial_costs_another_pods_connect_too() {
+    // story, node-1's 50/s from two pods (25/s each, pods taking turns): the 3rd refused connect (0.06 s)
+    // comes from both, held for all. The trial at 5.08 s holds it for its pod only (10 s); the other pod's next
+    // connect, 0.04 s later, fails and holds it for all (20 s); the same at 25.14 and 25.18 s (then 40 s and
+    // 80 s): 2 trials, 4 lost after the hold, 5 holds. node-2 (one pod) as before. 12 of 3000 lost.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/study/story.yaml");
+    let text =
+        std::fs::read_to_string(path).unwrap().replace("{name: node-1,", "{name: node-1, clientPods: 2,");
+    let sc: study::Scenario =
+        serde_saphyr::from_str_with_options(&text, tierlb::source::yaml::options()).unwrap();
+    assert_eq!(sc.nodes.iter().map(|n| n.client_pods).collect::<Vec<_>>(), [2, 1, 1]);
+    let r = study::run(&sc);
+    let t = get(&r, 1, ProxyModel::Tierlb);
+    let d = &t.detections;
+    let node_2 = ("node-2", 1, 3.0, 0.2, 2, 2.0, 3);
+    assert!(same_costs(t, &[("node-1", 2, 3.0, 0.06, 2, 4.0, 5), node_2]), "{d:?}");
+    assert!(close(t.failed, 12.0 / 3000.0), "{t:?}");
+    assert!(study::table(&r).contains("node-1 (2 client pods): 3 connects failed"), "{}", study::table(&r));
+    // The per-node rule (--health-clients=1): each failed trial holds it for all at once (5 s, 10 s, 20 s).
+    let mut per_node = sc.clone();
+    per_node.health.clients = 1;
+    let r = study::run(&per_node);
+    let t = get(&r, 1, ProxyModel::Tierlb);
+    assert_eq!(t.label, "tierlb (passive health, K=3, 1 client)");
+    assert!(same_costs(t, &[("node-1", 2, 3.0, 0.06, 2, 2.0, 3), node_2]), "{:?}", t.detections);
+    assert!(close(t.failed, 10.0 / 3000.0), "{t:?}");
+}
+
+#[test]
+fn a_scenarios_client_pods_and_quorum_are_read_and_checked() {
+    let yaml = |nodes: &str, health: &str| {
+        format!("name: s\nnodes: [{nodes}]\nservice: {{}}\nendpoints: [{{ip: 10.0.1.1, node: n1}}]\n{health}")
+    };
+    // As `study::load` reads a file: the field and the error.
+    let load = |text: &str| {
+        tierlb::source::yaml::typed::<study::Scenario>(text).map_err(|(field, e)| format!("{field}: {e}"))
+    };
+    let sc = load(&yaml("{name: n1, clients: 1}", "")).unwrap();
+    assert_eq!((sc.nodes[0].client_pods, sc.health.clients), (1, 2), "one pod, the agent's quorum");
+    let sc = load(&yaml("{name: n1, clients: 1, clientPods: 3}", "health: {clients: 1}")).unwrap();
+    assert_eq!((sc.nodes[0].client_pods, sc.health.clients), (3, 1));
+    let err = load(&yaml("{name: n1, clients: 1, clientPods: 0}", "")).unwrap_err();
+    assert!(err.contains("clientPods") && err.contains("one client pod or more"), "{err}");
+    let err = load(&yaml("{name: n1, clients: 1}", "health: {clients: 3}")).unwrap_err();
+    assert!(err.contains("clients") && err.contains("1 or 2"), "{err}");
 }
 
 #[test]

@@ -121,7 +121,8 @@ pub fn endpoint_zones(m: &Model) -> BTreeMap<String, String> {
 /// The what-ifs' phases of one scenario: each what-if's label and how many phases it has, in order.
 pub type WhatIfPhases = Vec<(String, usize)>;
 
-/// The scenario of `svc` with `clients` per node (any unit; nodes not named have none), the what-ifs' phases,
+/// The scenario of `svc` with `clients` per node (any unit; nodes not named have none; each node's from one
+/// client pod, as nothing the cluster's objects say tells how many), the what-ifs' phases,
 /// `rps` requests per second and the health and Cilium settings the study assumes; `zones` zones the nodes
 /// without a Node object (`endpoint_zones`).
 pub fn scenario(
@@ -139,7 +140,9 @@ pub fn scenario(
         .values()
         .map(|n| {
             let cpu = n.allocatable_cpu_millis.unwrap_or(4000);
-            (n.name.clone(), ScNode { name: n.name.clone(), zone: n.zone.clone(), clients: 0.0, cpu })
+            let node =
+                ScNode { name: n.name.clone(), zone: n.zone.clone(), clients: 0.0, cpu, client_pods: 1 };
+            (n.name.clone(), node)
         })
         .collect();
     // Nodes only endpoints or clients name (Nodes not readable): zoned as the endpoints say.
@@ -150,6 +153,7 @@ pub fn scenario(
             zone: zones.get(name).cloned(),
             clients: 0.0,
             cpu: 4000,
+            client_pods: 1,
         });
     }
     for (name, share) in clients {

@@ -1,23 +1,45 @@
 //! tierlb's passive health as the study models it: what each node's kernel does when an endpoint crashed
-//! before the EndpointSlice says so. It claims only what the data path does (lb-ebpf/src/health.rs):
+//! before the EndpointSlice says so. It claims only what the data path does (lb-ebpf/src/health.rs), and
+//! decides nothing of its own: each node's entry for a crashed backend is an `lb_common::Health`, every failure
+//! the model counts goes through `Health::fail` and every choice asks `Health::verdict`, as in the kernel:
 //!
-//! - a node's kernel learns only from its own clients' connects to the backend (nodes do not share health);
+//! - a node's kernel learns only from its own clients' connects to the backend (nodes do not share health); a
+//!   client is a network namespace, and the node's requests come from its `clientPods` pods;
 //! - a connect to a crashed process is refused at once (its node answers the SYN with an RST); one to a dead
 //!   node (or a blackholed path) hangs, and the kernel counts it failed at the SYN's first retransmission
 //!   timeout (1 s), so the connects sent meanwhile hang too;
-//! - `failures` (K) failed connects in a row hold the backend down for `hold`: the node's new connects skip it
-//!   and take the next live backend or tier (node, zone, cluster), and if every backend of every tier is held
-//!   they go to a random one of the last non-empty tier anyway (the panic threshold, `last_nonempty_tier`);
+//! - `failures` (K) failed connects in a row from `clients` (the quorum, `--health-clients`: 1 or 2) distinct
+//!   pods hold the backend down for `hold` for every pod of the node: its new connects skip it and take the next
+//!   live backend or tier (node, zone, cluster), and if every backend of every tier is held they go to a random
+//!   one of the last non-empty tier anyway (the panic threshold, `last_nonempty_tier`). The same K failures
+//!   from one pod alone hold it for that pod only; another pod's failure then completes the quorum (held for
+//!   all). So a node with fewer client pods than the quorum (one pod, the default quorum 2) still loses K:
+//!   its one pod holds the backend for itself;
 //! - when a hold ends, the next connect that picks the backend is a trial (the others skip it until the trial
-//!   reports); a failed trial holds it again, twice as long, up to `max_hold`.
+//!   reports); a failed trial holds it again, twice as long, up to `max_hold`: for every pod if the quorum is
+//!   1, else for the trial's pod alone, and the next failed connect of another pod (which still uses it)
+//!   holds it for all, twice as long again. With two client pods or more and the quorum 2, each failed trial
+//!   therefore costs that other pod's connect too (and, for a dead node, its connects during that connect's
+//!   SYN timeout), and the holds double twice per trial.
 //!
-//! The study counts shares of requests, so requests are a fluid here: each node sends its share of the
-//! scenario's `requestsPerSecond` evenly over time, split evenly among the backends its kernel would pick. The
-//! K-th failure to a backend arrives once K connects went to it; a trial once the next connect picking it was
-//! sent (on average after as many connects as the set it is picked from has backends). That is the mean of what
-//! the kernel does, not one random run: a real run's counts are whole and its times jitter around these.
+//! The study counts shares of requests, so requests are a fluid here (`fluid`): each node sends its share of
+//! the scenario's `requestsPerSecond` evenly over time, its pods equal parts, each split evenly among the
+//! backends its kernel lets that pod pick. The connects to a crashed backend are made whole for the kernel's
+//! rule: the n-th once n connects' worth went to it since the pods using it last changed, from those pods in
+//! turn; its failure reaches `Health::fail` after the crash's report delay. So the K-th failure arrives once K
+//! connects went to the backend, and a trial once the next connect picking it was sent (on average after as
+//! many connects as the set it is picked from has backends). That is the mean of what the kernel does, not
+//! one random run: a real run's counts are whole and its times jitter around these. One thing is left out: a
+//! connect the panic threshold sends to a held backend is lost but not counted (its failure comes back inside
+//! the hold, which it does not change, unless the node is dead and the hold ends within the SYN timeout).
+mod fluid;
+#[cfg(test)]
+mod tests;
+
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
+pub use fluid::simulate;
+use lb_common::{HEALTH_REFUSED, HEALTH_TIMEOUT, HealthConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::datapath::health::HealthSettings;
@@ -57,6 +79,11 @@ impl Crash {
         if self.hangs() { SYN_TIMEOUT_S } else { 0.0 }
     }
 
+    /// The failure's reason as `sock_ops` records it (`Health::reason`).
+    fn reason(self) -> u32 {
+        if self.hangs() { HEALTH_TIMEOUT } else { HEALTH_REFUSED }
+    }
+
     /// As the study's table says it.
     pub fn describe(self) -> &'static str {
         match self {
@@ -68,7 +95,8 @@ impl Crash {
 }
 
 /// Passive health's settings, as the agent's flags set them (`--health-failures`, `--health-hold`,
-/// `--health-max-hold`); a scenario's `health:` may change them, the agent's defaults otherwise.
+/// `--health-max-hold`, `--health-clients`); a scenario's `health:` may change them, the agent's defaults
+/// otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HealthParams {
@@ -80,35 +108,44 @@ pub struct HealthParams {
     /// The longest hold, in seconds (YAML `maxHold`, a duration).
     #[serde(rename(deserialize = "maxHold", serialize = "max_hold_s"), deserialize_with = "duration_s")]
     pub max_hold_s: f64,
+    /// Distinct clients (network namespaces: pods) whose failures hold a backend for every client of a node
+    /// (the quorum, `--health-clients`: 1 or 2).
+    #[serde(deserialize_with = "quorum")]
+    pub clients: u32,
 }
 
 impl Default for HealthParams {
     /// The agent's defaults.
     fn default() -> Self {
         let s = HealthSettings::default();
-        Self { failures: s.failures, hold_s: s.hold.as_secs_f64(), max_hold_s: s.max_hold.as_secs_f64() }
+        Self {
+            failures: s.failures,
+            hold_s: s.hold.as_secs_f64(),
+            max_hold_s: s.max_hold.as_secs_f64(),
+            clients: s.clients,
+        }
     }
 }
 
 impl HealthParams {
-    /// The hold after `holds` earlier ones without a success, as the kernel computes it (`Health::hold_for`:
-    /// doubled each time, at most the longest hold).
-    fn hold_for(&self, holds: u32) -> f64 {
-        let settings = HealthSettings {
+    /// The settings as the agent writes them for the kernel (`HealthSettings::config`).
+    fn config(&self) -> HealthConfig {
+        HealthSettings {
             failures: self.failures,
             hold: Duration::from_secs_f64(self.hold_s),
             max_hold: Duration::from_secs_f64(self.max_hold_s),
-            ..HealthSettings::default()
-        };
-        Duration::from_nanos(lb_common::Health::hold_for(holds, &settings.config())).as_secs_f64()
+            clients: self.clients,
+        }
+        .config()
     }
 
-    /// The model's name in the table and chart, with K: what it claims depends on it.
+    /// The model's name in the table and chart, with K and the quorum: what it claims depends on them.
     pub fn label(&self) -> String {
         if self.failures == 0 {
             "tierlb (passive health off)".into()
         } else {
-            format!("tierlb (passive health, K={})", self.failures)
+            let s = if self.clients == 1 { "" } else { "s" };
+            format!("tierlb (passive health, K={}, {} client{s})", self.failures, self.clients)
         }
     }
 }
@@ -119,24 +156,43 @@ pub(crate) fn duration_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, 
     crate::datapath::marks::parse_duration(&s).map(|d| d.as_secs_f64()).map_err(serde::de::Error::custom)
 }
 
+/// The quorum as `--health-clients` takes it: 1 or 2 (the kernel counts at most two distinct clients).
+fn quorum<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    let n = u32::deserialize(d)?;
+    if matches!(n, 1 | 2) {
+        Ok(n)
+    } else {
+        Err(serde::de::Error::custom(format!("{n}: 1 or 2, as --health-clients")))
+    }
+}
+
 /// What passive health did on one client node about one crashed backend.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Detection {
     /// The client node (its kernel's health map).
     pub node: String,
+    /// Its client pods (network namespaces), whose failures the quorum counts.
+    pub client_pods: u32,
     /// The crashed backend's IP.
     pub backend: String,
     /// How it crashed.
     pub crash: Crash,
-    /// The node's requests to it that failed (refused) or hung before its kernel held it down: K for a crashed
-    /// process; for a dead node K plus those sent during the K-th connect's SYN timeout. Fluid: may be
+    /// The node's requests to it that failed (refused) or hung before every pod of the node skipped it: K for
+    /// a crashed process (one pod's K with fewer pods than the quorum, K from the node's pods in turn
+    /// otherwise); for a dead node K plus those sent during the K-th connect's SYN timeout. Fluid: may be
     /// fractional.
     pub failed_before_hold: f64,
-    /// When the first hold began, in seconds from the crash: from then on the node's connects fall back.
-    /// `None`: not within the phase.
+    /// When every pod of the node first skipped it (held for all, or the node's one pod's own hold), in
+    /// seconds from the crash: from then on the node's connects fall back. `None`: not within the phase.
     pub held_at_s: Option<f64>,
     /// Trials that failed within the phase (each a request lost, each renewing the hold twice as long).
     pub failed_trials: u32,
+    /// The node's requests to it lost after `held_at_s` within the phase: the failed trials, with the quorum
+    /// 2 and two pods or more the other pods' connects that held it for all again after each (and for a dead
+    /// node those sent during their SYN timeout), and what the panic threshold sends to it. Fluid.
+    pub failed_after_hold: f64,
+    /// Holds the node's kernel began within the phase, for every pod or for one (`Health::holds`).
+    pub holds: u32,
 }
 
 /// Where one node's requests went, as fractions of them (summing to 1).
@@ -182,165 +238,5 @@ pub fn pick(tiers: &[Vec<IpAddr>; 3], usable: impl Fn(&IpAddr) -> bool) -> Vec<I
     match lb_common::first_live_tier(arr, &usable) {
         Some(t) => arr[t].iter().filter(|ip| usable(ip)).copied().collect(),
         None => arr.iter().rfind(|t| !t.is_empty()).map(|t| t.to_vec()).unwrap_or_default(),
-    }
-}
-
-/// One crashed backend in one node's kernel.
-#[derive(Clone, Copy, Debug)]
-enum State {
-    /// Used: the node's connects to it fail; once `sent` reaches `need` (K, or 1 for a trial) the last of them
-    /// reaches the kernel after the crash's report delay.
-    Counting { need: f64, sent: f64, trial: bool },
-    /// The deciding connect was sent; its failure reaches the kernel at `until`. Before the first hold the
-    /// backend stays in use meanwhile (the kernel has not counted K yet); a trial's backend is skipped until its
-    /// trial reports.
-    Reporting { until: f64, used: bool },
-    /// Held down until `until`.
-    Held { until: f64 },
-}
-
-struct Tracked {
-    crash: Crash,
-    state: State,
-    holds: u32,
-    det: Detection,
-}
-
-impl Tracked {
-    fn usable(&self) -> bool {
-        matches!(self.state, State::Counting { .. } | State::Reporting { used: true, .. })
-    }
-}
-
-/// Fluid events closer than this are simultaneous.
-const EPS: f64 = 1e-9;
-/// A bound on the simulation's events (a hold cycle is three); a phase that needs more is cut there.
-const MAX_EVENTS: usize = 1_000_000;
-
-/// One node's requests under passive health while the `crashed` backends are down: `rate` requests per second
-/// from the node, over `duration` seconds from the crash. Without a duration the flow is the steady state
-/// after every crashed backend the node sends to is held (a phase without time), and the detections say what
-/// it cost to get there.
-pub fn simulate(
-    node: &str,
-    tiers: &[Vec<IpAddr>; 3],
-    crashed: &BTreeMap<IpAddr, Crash>,
-    params: &HealthParams,
-    rate: f64,
-    duration: Option<f64>,
-) -> Flow {
-    let crash_of = |ip: &IpAddr| crashed.get(ip).copied().unwrap_or_default();
-    let steady = |usable: &dyn Fn(&IpAddr) -> bool| {
-        let set = pick(tiers, usable);
-        let mut f = Flow::default();
-        for ip in &set {
-            f.send(*ip, crash_of(ip), 1.0 / set.len() as f64);
-        }
-        if set.is_empty() {
-            // No endpoint in any tier: tierlb fails the connect at once.
-            f.failed = 1.0;
-        }
-        f
-    };
-    let in_tiers = |ip: &IpAddr| tiers.iter().any(|t| t.contains(ip));
-    let mut tracked: BTreeMap<IpAddr, Tracked> = crashed
-        .iter()
-        .filter(|(ip, c)| c.crashed() && in_tiers(ip))
-        .map(|(ip, c)| {
-            let det = Detection {
-                node: node.to_owned(),
-                backend: ip.to_string(),
-                crash: *c,
-                failed_before_hold: 0.0,
-                held_at_s: None,
-                failed_trials: 0,
-            };
-            let state = State::Counting { need: f64::from(params.failures), sent: 0.0, trial: false };
-            (*ip, Tracked { crash: *c, state, holds: 0, det })
-        })
-        .collect();
-    if params.failures == 0 || tracked.is_empty() || rate <= 0.0 {
-        // Nothing to learn (or nobody to learn it): the node keeps its choice, crashed backends included.
-        return steady(&|_| true);
-    }
-    let horizon = duration.unwrap_or(f64::INFINITY);
-    let mut flow = Flow::default();
-    let mut t = 0.0;
-    for _ in 0..MAX_EVENTS {
-        settle(&mut tracked, params, t);
-        let set = pick(tiers, |ip| tracked.get(ip).is_none_or(Tracked::usable));
-        if duration.is_none()
-            && tracked.iter().all(|(ip, b)| {
-                b.det.held_at_s.is_some() || (matches!(b.state, State::Counting { .. }) && !set.contains(ip))
-            })
-        {
-            break;
-        }
-        let per = rate / set.len() as f64;
-        let mut next = horizon;
-        for (ip, b) in &tracked {
-            next = next.min(match b.state {
-                State::Counting { need, sent, .. } if set.contains(ip) => t + (need - sent) / per,
-                State::Counting { .. } => f64::INFINITY,
-                State::Reporting { until, .. } | State::Held { until } => until,
-            });
-        }
-        if !next.is_finite() {
-            break;
-        }
-        let dt = next - t;
-        for ip in &set {
-            let n = per * dt;
-            flow.send(*ip, crash_of(ip), n);
-            if let Some(b) = tracked.get_mut(ip) {
-                if b.det.held_at_s.is_none() {
-                    b.det.failed_before_hold += n;
-                }
-                if let State::Counting { sent, .. } = &mut b.state {
-                    *sent += n;
-                }
-            }
-        }
-        t = next;
-        if t >= horizon - EPS {
-            break;
-        }
-    }
-    let detections =
-        tracked.into_values().map(|b| b.det).filter(|d| d.failed_before_hold > EPS || d.held_at_s.is_some());
-    let mut out = if let Some(d) = duration {
-        flow.scale(1.0 / (rate * d));
-        flow
-    } else {
-        steady(&|ip| !crash_of(ip).crashed())
-    };
-    out.detections = detections.collect();
-    out
-}
-
-/// Apply every transition due at `t` (a process crash's report is immediate, so one instant can chain a
-/// count reaching K, its report and the hold).
-fn settle(tracked: &mut BTreeMap<IpAddr, Tracked>, params: &HealthParams, t: f64) {
-    for b in tracked.values_mut() {
-        loop {
-            b.state = match b.state {
-                State::Counting { need, sent, trial } if sent >= need - EPS => {
-                    if trial {
-                        b.det.failed_trials += 1;
-                    }
-                    State::Reporting { until: t + b.crash.report_delay_s(), used: !trial }
-                }
-                State::Reporting { until, .. } if until <= t + EPS => {
-                    b.det.held_at_s.get_or_insert(t);
-                    let hold = params.hold_for(b.holds);
-                    b.holds += 1;
-                    State::Held { until: t + hold }
-                }
-                State::Held { until } if until <= t + EPS => {
-                    State::Counting { need: 1.0, sent: 0.0, trial: true }
-                }
-                _ => break,
-            };
-        }
     }
 }

@@ -14,11 +14,18 @@ pub(super) fn count(v: f64) -> String {
     if (v - v.round()).abs() < 1e-6 { format!("{v:.0}") } else { format!("{v:.1}") }
 }
 
-/// What tierlb's passive health cost in a phase, one line per (client node, crashed endpoint).
+/// What tierlb's passive health cost in a phase: per (client node, crashed endpoint) a line up to the hold
+/// and, with a duration, one after it.
 fn detections_text(out: &mut String, p: &PhaseResult, m: &ModelResult) {
     let mut crashed: Vec<(&str, Crash)> =
         m.detections.iter().map(|d| (d.backend.as_str(), d.crash)).collect();
     crashed.dedup();
+    let plural = |n: u32, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let connects = |v: f64| {
+        let n = count(v);
+        let s = if n == "1" { "" } else { "s" };
+        format!("{n} connect{s}")
+    };
     for (ip, crash) in crashed {
         let _ = writeln!(out, "  {}: {ip} {}", m.label, crash.describe());
         for d in m.detections.iter().filter(|d| d.backend == ip) {
@@ -27,18 +34,22 @@ fn detections_text(out: &mut String, p: &PhaseResult, m: &ModelResult) {
                 || "not held within the phase".to_owned(),
                 |t| format!("held down at {t:.2} s (its connects fall back from then on)"),
             );
-            let _ = write!(out, "    {}: {} connects {lost}, {held}", d.node, count(d.failed_before_hold));
+            let pods = plural(d.client_pods, "client pod");
+            let _ =
+                writeln!(out, "    {} ({pods}): {} {lost}, {held}", d.node, connects(d.failed_before_hold));
             match p.duration_s {
                 Some(s) => {
                     let _ = writeln!(
                         out,
-                        ", {} failed trial{} as holds ended in {s:.0} s",
-                        d.failed_trials,
-                        if d.failed_trials == 1 { "" } else { "s" },
+                        "      then {} as holds ended in {s:.0} s: {} {lost} after the hold, {}",
+                        plural(d.failed_trials, "failed trial"),
+                        connects(d.failed_after_hold),
+                        plural(d.holds, "hold"),
                     );
                 }
                 None => {
-                    let _ = writeln!(out, " (the phase has no duration: the row above is after detection)");
+                    let _ =
+                        writeln!(out, "      (the phase has no duration: the row above is after detection)");
                 }
             }
         }
@@ -48,12 +59,21 @@ fn detections_text(out: &mut String, p: &PhaseResult, m: &ModelResult) {
 /// The human-readable form: per phase, one row per model, and what passive health cost tierlb.
 pub fn table(r: &StudyResult) -> String {
     let mut out = format!("scenario {}: {}\n", r.scenario, r.description);
+    let h = &r.health;
     let _ = writeln!(
         out,
         "tierlb's passive health (per node): K={} failed connects in a row hold a backend down for {:.0} s \
-         (doubling to {:.0} s); {:.0} requests/s from all clients",
-        r.health.failures, r.health.hold_s, r.health.max_hold_s, r.requests_per_second
+         (doubling to {:.0} s)",
+        h.failures, h.hold_s, h.max_hold_s
     );
+    if h.clients > 1 {
+        let _ = writeln!(
+            out,
+            "  for all the node's client pods once they come from {} of them, else for the one pod that failed",
+            h.clients
+        );
+    }
+    let _ = writeln!(out, "{:.0} requests/s from all clients", r.requests_per_second);
     let width = r.phases.iter().flat_map(|p| p.models.iter().map(|m| m.label.len())).max().unwrap_or(5);
     for p in &r.phases {
         let _ = write!(out, "\n  phase {}", p.phase);

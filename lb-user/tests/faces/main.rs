@@ -289,7 +289,10 @@ fn study_writes_json_with_every_model_per_phase_and_a_chart() {
     assert!(err.contains(&format!("wrote {}", chart.display())), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["requests_per_second"], 100.0);
-    assert_eq!(v["health"], serde_json::json!({"failures": 3, "hold_s": 5.0, "max_hold_s": 120.0}));
+    assert_eq!(
+        v["health"],
+        serde_json::json!({"failures": 3, "hold_s": 5.0, "max_hold_s": 120.0, "clients": 2})
+    );
     let phases = v["phases"].as_array().unwrap();
     assert!(!phases.is_empty());
     let names = |phase: &serde_json::Value| -> Vec<String> {
