@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod invariants;
 pub mod sequence;
 pub mod steps;
+pub mod tc;
 
 pub use canonical::canonical;
 pub use invariants::check_object;

@@ -1,24 +1,46 @@
 //! `cargo xtask fuzz [--time S | --runs N | --long] [--dev] [TARGET]`: the cargo-fuzz targets of `fuzz/`
-//! (libFuzzer, AddressSanitizer, release with debug assertions so that an integer overflow is a crash), each for
-//! S seconds or N executions. `--long` is the real search: 1,000,000 executions per target (20 to 45 minutes
-//! each on this 2-core machine, optimised), what a finding is reported from; `cargo xtask test`'s 15 s runs
-//! only check that the targets hold on their seeds. A crash leaves its input in `fuzz/artifacts/TARGET/`;
-//! each becomes a named test in lb-user/tests/fuzz_regressions.rs (or, for an oracle's own mistake, a fix of
-//! the oracle with the input's story in its comment).
+//! (libFuzzer; release with debug assertions, so that an integer overflow is a crash), each for S seconds or N
+//! executions. Where the inputs live:
 //!
-//! Why cargo-fuzz: it builds here on the stable toolchain with `RUSTC_BOOTSTRAP=1` (for `-Z sanitizer`),
-//! libFuzzer's coverage guidance finds the branchy parsers' corners quickly, and `arbitrary` turns its bytes
-//! into structured clusters and apply sequences. `AYA_BUILD_SKIP=1`: no target loads BPF, so the fuzz build
-//! skips the BPF object (lb-user/build.rs).
-use std::path::PathBuf;
+//! - `fuzz/seeds/TARGET/`: hand-made starting points (committed);
+//! - `fuzz/corpus/TARGET/`: the minimised corpus of the last long run (committed): what the CI search starts
+//!   from, so each run searches past what the last long run covered;
+//! - `target/fuzz/work/TARGET/`: the inputs a run adds (not committed).
+//!
+//! A crash leaves its input in `fuzz/artifacts/TARGET/`; each becomes a named test in
+//! lb-user/tests/fuzz_regressions.rs (or, for an oracle's own mistake, a fix of the oracle with the input's
+//! story in its comment).
+//!
+//! `--long` is the real search: 1,000,000 executions per target, then the corpus minimised into
+//! `fuzz/corpus/TARGET/` (libFuzzer's `-merge=1`) and a log of the run written to `fuzz/logs/TARGET.txt`
+//! (command, commit, executions, seconds, coverage, features, corpus, findings) that FUZZING.md reports.
+//! `cargo xtask test` builds the targets (`build_for_tests`) and runs each for `CI_RUNS` executions as
+//! nextest tests (lb-user/tests/fuzz_search.rs), so a finding fails CI with the rest.
+//!
+//! No sanitizer: every target is safe Rust over safe Rust (the unsafe code they reach is aya's and libc's
+//! calls, which AddressSanitizer does not make safer to fuzz), and without ASan's shadow memory and checks the
+//! targets run 2-3 times as many inputs a second. Coverage guidance stays (SanitizerCoverage).
+//!
+//! The `tc_packets` target runs the product's BPF object through `BPF_PROG_TEST_RUN` (root): the object is the
+//! one `tierlb-lab bpf-object` writes from its own embedded copy, named by `TIERLB_BPF_OBJECT`.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
 
 use crate::util;
 
+/// The environment variable the tc target reads the BPF object's path from.
+const OBJECT_ENV: &str = "TIERLB_BPF_OBJECT";
+
 /// Executions per target of `--long`.
 const LONG_RUNS: u64 = 1_000_000;
+/// Executions per target of the search `cargo xtask test` runs (lb-user/tests/fuzz_search.rs reads it from
+/// the environment the tests get).
+pub(crate) const CI_RUNS: u64 = 100_000;
 
-/// The targets, in the order they run: manifest bytes -> objects; objects -> plan -> maps; apply sequences.
-pub(crate) const TARGETS: [&str; 4] = ["manifests", "plan_maps", "reconcile", "kube_wire"];
+/// The targets, in the order they run: manifest bytes -> objects; objects -> plan -> maps; apply sequences;
+/// the kube wire readers; packets through the tc programs.
+pub(crate) const TARGETS: [&str; 5] = ["manifests", "plan_maps", "reconcile", "kube_wire", "tc_packets"];
 
 #[derive(clap::Args)]
 pub(crate) struct Options {
@@ -28,24 +50,49 @@ pub(crate) struct Options {
     /// Executions per target instead (libFuzzer's `-runs`), with no time limit.
     #[arg(long, conflicts_with = "time")]
     pub runs: Option<u64>,
-    /// The long search: `--runs 1000000`.
+    /// The long search: `--runs 1000000`, then the corpus minimised into fuzz/corpus/ and a log in fuzz/logs/.
     #[arg(long, conflicts_with_all = ["time", "runs"])]
     pub long: bool,
     /// One target (default: all).
     #[arg(value_parser = clap::builder::PossibleValuesParser::new(TARGETS))]
     pub target: Option<String>,
-    /// An unoptimised build (debug assertions on, as in release here): from clean it compiles in about 2.7
-    /// minutes instead of about 7 on this 2-core machine, and runs 5-10 times fewer inputs a second. What
-    /// `cargo xtask test` uses for its short runs; long runs want the default.
+    /// An unoptimised build: quicker to compile, 5-10 times fewer inputs a second.
     #[arg(long)]
     pub dev: bool,
 }
 
 /// Where the fuzz build goes: beside the workspace's own target directory, never inside its profiles.
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| util::root().join("target"), PathBuf::from)
-        .join("fuzz")
+pub(crate) fn target_dir() -> PathBuf {
+    util::target_dir().join("fuzz")
+}
+
+/// The BPF object the tc target loads: written by the debug `tierlb-lab` from its embedded copy.
+pub(crate) fn bpf_object() -> anyhow::Result<PathBuf> {
+    util::run(util::cargo().args(["build", "-p", "lb-lab", "--bin", "tierlb-lab"]))?;
+    let out = target_dir().join("lb-ebpf.o");
+    std::fs::create_dir_all(target_dir())?;
+    let lab = util::target_dir().join("debug/tierlb-lab");
+    util::run(std::process::Command::new(lab).arg("bpf-object").arg(&out))?;
+    Ok(out)
+}
+
+fn fuzz_cmd(fuzz: &Path, sub: &str, dev: bool) -> std::process::Command {
+    let mut cmd = util::cargo();
+    cmd.current_dir(fuzz)
+        .env("AYA_BUILD_SKIP", "1")
+        .args(["fuzz", sub, "--sanitizer", "none"])
+        .args(if dev { &["--dev"][..] } else { &["--release", "--debug-assertions"][..] })
+        .arg("--target-dir")
+        .arg(target_dir());
+    cmd
+}
+
+/// Build every target optimised (for `cargo xtask test`, whose nextest run executes them) and write the BPF
+/// object: the directory holding the binaries.
+pub(crate) fn build_for_tests() -> anyhow::Result<PathBuf> {
+    bpf_object()?;
+    util::run(&mut fuzz_cmd(&util::root().join("fuzz"), "build", false))?;
+    Ok(target_dir().join("x86_64-unknown-linux-gnu/release"))
 }
 
 pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
@@ -54,22 +101,20 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
         Some(t) => vec![t.as_str()],
         None => TARGETS.to_vec(),
     };
+    let object = if targets.contains(&"tc_packets") { Some(bpf_object()?) } else { None };
     for target in targets {
-        // New inputs go to corpus/ (not committed); seeds/ holds the committed starting points.
-        let corpus = fuzz.join("corpus").join(target);
-        std::fs::create_dir_all(&corpus)?;
-        let mut cmd = util::cargo();
-        cmd.current_dir(&fuzz)
-            .env("AYA_BUILD_SKIP", "1")
-            .args(["fuzz", "run"])
-            .args(if o.dev { &["--dev"][..] } else { &["--release", "--debug-assertions"][..] })
-            .arg("--target-dir")
-            .arg(target_dir())
-            .arg(target)
-            .arg(&corpus);
-        let seeds = fuzz.join("seeds").join(target);
-        if seeds.is_dir() {
-            cmd.arg(&seeds);
+        let work = target_dir().join("work").join(target);
+        std::fs::create_dir_all(&work)?;
+        let mut cmd = fuzz_cmd(&fuzz, "run", o.dev);
+        cmd.arg(target).arg(&work);
+        for dir in ["corpus", "seeds"] {
+            let d = fuzz.join(dir).join(target);
+            if d.is_dir() {
+                cmd.arg(d);
+            }
+        }
+        if let Some(object) = &object {
+            cmd.env(OBJECT_ENV, object);
         }
         cmd.arg("--").arg("-print_final_stats=1");
         match o.runs.or(o.long.then_some(LONG_RUNS)) {
@@ -80,7 +125,87 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
         if dict.is_file() {
             cmd.arg(format!("-dict={}", dict.display()));
         }
-        util::run(&mut cmd)?;
+        if o.long {
+            long(&fuzz, target, &mut cmd, object.as_deref())?;
+        } else {
+            util::run(&mut cmd)?;
+        }
+    }
+    Ok(())
+}
+
+/// A long run: its output kept, its final statistics logged, its corpus minimised into fuzz/corpus/TARGET.
+fn long(
+    fuzz: &Path,
+    target: &str,
+    cmd: &mut std::process::Command,
+    object: Option<&Path>,
+) -> anyhow::Result<()> {
+    eprintln!("+ {}", util::show(cmd));
+    let started = std::time::Instant::now();
+    let out = cmd.stderr(std::process::Stdio::piped()).output().with_context(|| util::show(cmd))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stat = |name: &str| {
+        text.lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(&format!("stat::{name}:")).map(|v| v.trim().to_owned()))
+            .unwrap_or_else(|| "?".into())
+    };
+    // The last status line (`#N DONE cov: X ft: Y corp: Z/..`) holds coverage and features.
+    let last = text.lines().rev().find(|l| l.starts_with('#') && l.contains("cov:")).unwrap_or("").to_owned();
+    let found = !out.status.success();
+    let logs = fuzz.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let commit =
+        util::output(std::process::Command::new("git").current_dir(util::root()).args(["rev-parse", "HEAD"]))
+            .unwrap_or_else(|| "unknown".into());
+    let finding = if found {
+        let tail: Vec<&str> = text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("FINDING (exit {}):\n{}", out.status, tail.join("\n"))
+    } else {
+        "findings: none".to_owned()
+    };
+    let log = format!(
+        "target: {target}\ncommit: {commit}\ncommand: {}\nexecutions: {}\nseconds: {seconds:.0}\nexecutions per second: {}\npeak RSS MiB: {}\nlast status: {last}\n{finding}\n",
+        util::show(cmd),
+        stat("number_of_executed_units"),
+        stat("average_exec_per_sec"),
+        stat("peak_rss_mb"),
+    );
+    std::fs::write(logs.join(format!("{target}.txt")), &log)?;
+    eprint!("{log}");
+    if found {
+        bail!("fuzz target {target} found a crash: see fuzz/artifacts/{target}/ and fuzz/logs/{target}.txt");
+    }
+    // Minimise: what the run found and the committed corpus, merged into a fresh directory that replaces it.
+    let corpus = fuzz.join("corpus").join(target);
+    let merged = target_dir().join("merged").join(target);
+    let _ = std::fs::remove_dir_all(&merged);
+    std::fs::create_dir_all(&merged)?;
+    let mut merge = fuzz_cmd(fuzz, "run", false);
+    merge.arg(target).arg(&merged).arg(target_dir().join("work").join(target));
+    if corpus.is_dir() {
+        merge.arg(&corpus);
+    }
+    if let Some(object) = object {
+        merge.env(OBJECT_ENV, object);
+    }
+    merge.args(["--", "-merge=1"]);
+    util::run(&mut merge)?;
+    let _ = std::fs::remove_dir_all(&corpus);
+    std::fs::create_dir_all(corpus.parent().expect("fuzz/corpus"))?;
+    std::fs::rename(&merged, &corpus).or_else(|_| copy_dir(&merged, &corpus))?;
+    let n = std::fs::read_dir(&corpus)?.count();
+    std::fs::write(logs.join(format!("{target}.txt")), format!("{log}minimised corpus: {n} inputs\n"))?;
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        std::fs::copy(e.path(), to.join(e.file_name()))?;
     }
     Ok(())
 }

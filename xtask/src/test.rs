@@ -1,19 +1,16 @@
 //! `cargo xtask test`: what CI runs. Setup, formatting, lints (host crates and the BPF crate on its target;
 //! gofmt and go vet on the control plane's Go module),
 //! promtool's check and unit tests of deploy/monitoring's rules,
-//! a short run of each fuzz target, the container image's check, then every test (unit, semantics, in-kernel) under nextest, whose summary
-//! line ends the output.
+//! the fuzz targets built optimised, the container image's check, then every test (unit, semantics, in-kernel,
+//! and each fuzz target's search of `fuzz::CI_RUNS` executions) under nextest, whose summary line ends the output.
 use crate::{fuzz, image, setup, util};
-
-/// Seconds per fuzz target in `cargo xtask test` (`cargo xtask fuzz` runs them longer).
-const FUZZ_SECONDS: u64 = 15;
 
 #[derive(clap::Args, Default)]
 pub(crate) struct Options {
     /// Skip fmt and clippy (tests only).
     #[arg(long)]
     pub no_lint: bool,
-    /// Skip the short fuzz runs.
+    /// Skip the fuzz targets' build and their search (lb-user/tests/fuzz_search.rs).
     #[arg(long)]
     pub no_fuzz: bool,
     /// Skip the container image's check.
@@ -63,12 +60,6 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
             "tierlb.rules.test.yaml",
         ]))?;
     }
-    // Before nextest, so that its summary line still ends the output.
-    if !o.no_fuzz {
-        // An unoptimised fuzz build: it compiles in a third of the release build's time, and these runs only
-        // check that the targets hold on the seeds and what 15 s find; `cargo xtask fuzz` is the real search.
-        fuzz::run(&fuzz::Options { time: FUZZ_SECONDS, runs: None, long: false, target: None, dev: true })?;
-    }
     // The in-kernel tests of lb-user run the lab's client binary, which cargo builds only for lb-lab's own
     // tests: build every binary first (debug, as nextest does).
     util::run(util::cargo().args(["build", "--bins"]))?;
@@ -77,5 +68,15 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     if !o.no_image {
         image::check_debug()?;
     }
-    util::run(util::cargo().args(["nextest", "run", "--no-fail-fast"]).args(&o.nextest_args))
+    // The fuzz targets, optimised, and the BPF object the tc target loads: nextest runs each target's search
+    // (lb-user/tests/fuzz_search.rs, `fuzz::CI_RUNS` executions), so a finding fails with the other tests.
+    let mut nextest = util::cargo();
+    nextest.args(["nextest", "run", "--no-fail-fast"]);
+    if o.no_fuzz {
+        nextest.args(["-E", "not binary(fuzz_search)"]);
+    } else {
+        fuzz::build_for_tests()?;
+        nextest.env("TIERLB_FUZZ_RUNS", fuzz::CI_RUNS.to_string());
+    }
+    util::run(nextest.args(&o.nextest_args))
 }

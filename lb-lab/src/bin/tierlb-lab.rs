@@ -23,6 +23,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Write the BPF object this binary embeds (the product's own, as `tierlb` loads it) to OUT: what the
+    /// `tc_packets` fuzz target runs through `BPF_PROG_TEST_RUN`.
+    BpfObject { out: PathBuf },
     /// A pod's backend: answer every HTTP GET with NAME (tierlb's HTTP server); prints
     /// `listening ADDR` once bound, runs until SIGTERM.
     Serve {
@@ -314,8 +317,24 @@ fn spread(
     ExitCode::SUCCESS
 }
 
+/// `bpf-object OUT`: the embedded BPF object, written to OUT.
+fn bpf_object(out: &Path) -> ExitCode {
+    let Some(object) = tierlb::datapath::ebpf::embedded_object() else {
+        eprintln!("tierlb-lab bpf-object: built without the BPF object (AYA_BUILD_SKIP)");
+        return ExitCode::FAILURE;
+    };
+    match std::fs::write(out, object) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tierlb-lab bpf-object: writing {}: {e}", out.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn run(command: Cmd) -> ExitCode {
     match command {
+        Cmd::BpfObject { out } => bpf_object(&out),
         Cmd::Serve { listen, name } => match serve(listen, &name) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
