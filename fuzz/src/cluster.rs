@@ -1,17 +1,19 @@
 //! Structured input for the plan target: a small cluster built from `arbitrary` choices among few nodes,
 //! zones, addresses and ports (so that endpoints collide, hints name this node, slices merge), valid by
-//! construction, and the tiers kube-proxy's rules give it, computed here from DESIGN.md's statement of
-//! `CategorizeEndpoints` rather than from `tierlb::plan`.
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-};
-
+//! construction: ClusterIP, NodePort and LoadBalancer Services with node ports, ingress IPs, externalIPs,
+//! both traffic policies and sessionAffinity, on a planned node `n1` with addresses, under the agent's
+//! `--nodeport-addresses` and `--external-ip-cidrs`, with map capacities that are sometimes too small. Every
+//! frontend it must get is computed here (`oracle`) from DESIGN.md's statement of `CategorizeEndpoints` and of
+//! external destinations, rather than from `tierlb::plan`.
+//!
+//! No two Services claim one frontend (node ports are distinct per Service and port, ingress IPs and
+//! externalIPs distinct per Service): which of several claimants wins has its own tests.
 use arbitrary::Arbitrary;
-use tierlb::model::{
-    AddressType, Conditions, Endpoint, EndpointSlice, Hints, Model, Name, NameList, Node, ObjKey, Policy,
-    Protocol, Service, ServicePort, SlicePort, intern, intern_list,
-};
+
+mod build;
+mod oracle;
+
+pub use oracle::{Expected, Frontend, NodeView, expected};
 
 /// Node names: the planned node is `NODES[0]`.
 pub const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -25,19 +27,69 @@ pub struct Cluster {
     pub zone_flag: Option<u8>,
     /// Zone label of Node n1.
     pub node_zone: Option<u8>,
+    /// Node n1's `status.addresses`: whether it is an `ExternalIP` (else `InternalIP`), and which of
+    /// `build::NODE_ADDRESSES`.
+    node_addresses: Vec<(bool, u8)>,
+    /// The agent's external-address flags.
+    flags: GenFlags,
+    /// Capacities of the frontend map (and service ids) and of the slot map (and member map), small enough
+    /// to run out; `None`: roomy.
+    capacity: Option<(u8, u8)>,
     /// The Services (their number is capped).
     pub services: Vec<GenService>,
+}
+
+/// `--nodeport-addresses`, `--external-ip-cidrs` and the API server's address.
+#[derive(Arbitrary, Debug)]
+struct GenFlags {
+    /// `--nodeport-addresses primary` (else unset: every address of the Node object).
+    primary: bool,
+    /// `--external-ip-cidrs`, from `build::EXTERNAL_IP_CIDRS`.
+    external_ip_cidrs: Option<Vec<u8>>,
+    /// The API server's address: one of the node's addresses and a port among the node ports.
+    api_server: Option<(u8, u8)>,
 }
 
 /// One Service and its slices.
 #[derive(Arbitrary, Debug)]
 pub struct GenService {
     local: bool,
+    /// `externalTrafficPolicy: Local` (set only where the Service is externally reachable, as validation
+    /// requires).
+    external_local: bool,
+    /// `spec.type`: ClusterIP, NodePort or LoadBalancer (`% 3`).
+    kind: u8,
     distribution: u8,
     v4: bool,
     v6: bool,
-    ports: Vec<(u8, u16, bool)>,
+    ports: Vec<GenPort>,
+    /// `status.loadBalancer.ingress` (LoadBalancer only): the address, and whether its `ipMode` is `Proxy`.
+    ingress: Vec<(GenAddr, bool)>,
+    /// `spec.externalIPs`.
+    external_ips: Vec<GenAddr>,
+    /// `spec.loadBalancerSourceRanges` (LoadBalancer only), from `build::SOURCE_RANGES`.
+    source_ranges: Vec<u8>,
+    /// `sessionAffinity: ClientIP` with this timeout (folded into 1..=86400 seconds).
+    affinity: Option<u32>,
     slices: Vec<GenSlice>,
+}
+
+/// One port of a Service.
+#[derive(Arbitrary, Debug)]
+struct GenPort {
+    port: u16,
+    udp: bool,
+    /// A `nodePort` (NodePort and LoadBalancer Services only; a LoadBalancer without one is
+    /// `allocateLoadBalancerNodePorts: false`).
+    node_port: bool,
+}
+
+/// An ingress IP or externalIP: the Service's own address number `pick % 16` below 12 (distinct per Service
+/// and kind), else one of the node's own addresses, a loopback, link-local or unspecified address.
+#[derive(Arbitrary, Debug)]
+struct GenAddr {
+    v6: bool,
+    pick: u8,
 }
 
 /// One EndpointSlice of a Service.
@@ -62,251 +114,4 @@ struct GenEndpoint {
 
 fn pick<'a>(pool: &[&'a str], i: u8) -> &'a str {
     pool[usize::from(i) % pool.len()]
-}
-
-fn proto(udp: bool) -> Protocol {
-    if udp { Protocol::Udp } else { Protocol::Tcp }
-}
-
-fn names(pool: &[&str], v: Option<&Vec<u8>>) -> Option<NameList> {
-    v.map(|v| {
-        let mut out: Vec<Name> = Vec::new();
-        for i in v.iter().take(8) {
-            let n = intern(pick(pool, *i));
-            if !out.contains(&n) {
-                out.push(n);
-            }
-        }
-        intern_list(out)
-    })
-}
-
-impl Cluster {
-    /// The zone of the planned node as the agent resolves it.
-    pub fn zone(&self) -> Option<String> {
-        self.zone_flag.or(self.node_zone).map(|z| pick(&ZONES, z).to_owned())
-    }
-
-    /// The model: Services `s0..`, each with its own VIPs, and their slices.
-    pub fn model(&self) -> Model {
-        let mut m = Model::default();
-        m.nodes.insert(
-            NODES[0].into(),
-            Node {
-                name: NODES[0].into(),
-                zone: self.node_zone.map(|z| pick(&ZONES, z).to_owned()),
-                allocatable_cpu_millis: Some(4000),
-                ..Node::default()
-            },
-        );
-        for (i, s) in self.services.iter().take(6).enumerate() {
-            let key = ObjKey::new("ns", format!("s{i}"));
-            let n = u8::try_from(i).expect("at most 6");
-            let mut cluster_ips = Vec::new();
-            if s.v4 || !s.v6 {
-                cluster_ips.push(IpAddr::V4(Ipv4Addr::new(10, 96, 0, n + 1)));
-            }
-            if s.v6 {
-                cluster_ips.push(IpAddr::V6(Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(n) + 1)));
-            }
-            // Distinct (port, protocol) and names, named when there are several: as validation requires.
-            let mut ports: Vec<ServicePort> = Vec::new();
-            for (j, (_, port, udp)) in s.ports.iter().take(3).enumerate() {
-                let p = ServicePort {
-                    name: if s.ports.len() > 1 { PORT_NAMES[j].to_owned() + "p" } else { String::new() },
-                    port: (*port).max(1),
-                    protocol: proto(*udp),
-                    node_port: None,
-                };
-                if !ports.iter().any(|q| (q.port, q.protocol) == (p.port, p.protocol)) {
-                    ports.push(p);
-                }
-            }
-            // Judged over the slices and endpoints kept below (the first 3, 8 each): judged over all of them, a
-            // PreferSameNode Service whose hinted slices were dropped reached the agent without hints, the agent
-            // filled the controller's and this oracle, which leaves hint filling out, expected none (found by an
-            // optimised 240 s run: `tiers of [fd00:96::3]:1053/Tcp`).
-            let hinted = s
-                .slices
-                .iter()
-                .take(3)
-                .flat_map(|x| x.endpoints.iter().take(8))
-                .any(|e| e.for_nodes.is_some() || e.for_zones.is_some());
-            // Without any hint the agent would write the controller's: kept out, that is `hints`' own test.
-            let traffic_distribution = (hinted && s.distribution % 3 == 1).then(|| "PreferSameNode".into());
-            m.services.insert(
-                key.clone(),
-                Service {
-                    key: key.clone(),
-                    cluster_ips: cluster_ips.into(),
-                    ports: ports.clone().into(),
-                    internal_policy: if s.local { Policy::Local } else { Policy::Cluster },
-                    traffic_distribution,
-                    ..Service::default()
-                }
-                .into(),
-            );
-            for (k, sl) in s.slices.iter().take(3).enumerate() {
-                let mut sports: Vec<SlicePort> = Vec::new();
-                for (name, port, udp) in sl.ports.iter().take(3) {
-                    let name = match ports.len() {
-                        0 | 1 => String::new(),
-                        _ => PORT_NAMES[usize::from(*name) % 3].to_owned() + "p",
-                    };
-                    if !sports.iter().any(|p| p.name == name) {
-                        sports.push(SlicePort { name, port: (*port).max(1), protocol: proto(*udp) });
-                    }
-                }
-                let endpoints = sl
-                    .endpoints
-                    .iter()
-                    .take(8)
-                    .map(|e| Endpoint {
-                        address: Some(if sl.v6 {
-                            IpAddr::V6(Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, u16::from(e.host % 6) + 1))
-                        } else {
-                            IpAddr::V4(Ipv4Addr::new(10, 244, 0, e.host % 6 + 1))
-                        }),
-                        conditions: Conditions {
-                            ready: e.ready,
-                            serving: e.serving,
-                            terminating: e.terminating,
-                        },
-                        node_name: e.node.map(|x| intern(pick(&NODES, x))),
-                        zone: e.zone.map(|x| intern(pick(&ZONES, x))),
-                        hints: Hints::new(
-                            names(&NODES, e.for_nodes.as_ref()),
-                            names(&ZONES, e.for_zones.as_ref()),
-                        ),
-                    })
-                    .collect();
-                let skey = ObjKey::new("ns", format!("s{i}-{k}"));
-                m.slices.insert(
-                    skey.clone(),
-                    EndpointSlice {
-                        key: skey,
-                        service_name: Some(key.name.clone()),
-                        address_type: if sl.v6 { AddressType::IPv6 } else { AddressType::IPv4 },
-                        ports: sports.into(),
-                        endpoints,
-                        not_proxied: None,
-                        last_change_trigger_time: None,
-                    },
-                );
-            }
-        }
-        m
-    }
-}
-
-/// What one frontend must hold by kube-proxy's rules: tiers (node, zone, cluster) and whether a Local
-/// policy applies.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Expected {
-    /// Node (or Local set), zone and cluster tiers, each sorted.
-    pub tiers: [Vec<SocketAddr>; 3],
-    /// internalTrafficPolicy Local.
-    pub local: bool,
-}
-
-struct Ep<'a> {
-    addr: SocketAddr,
-    e: &'a Endpoint,
-    local: bool,
-}
-
-/// Every frontend of the model with what it must hold, keyed by (VIP, port, protocol).
-pub fn expected(model: &Model, node: &str, zone: Option<&str>) -> BTreeMap<(SocketAddr, Protocol), Expected> {
-    let mut out = BTreeMap::new();
-    for svc in model.services.values() {
-        for vip in &svc.cluster_ips {
-            for port in &svc.ports {
-                let eps = endpoints(model, svc, port, vip.is_ipv4(), node);
-                out.insert(
-                    (SocketAddr::new(*vip, port.port), port.protocol),
-                    categorize(svc, &eps, node, zone),
-                );
-            }
-        }
-    }
-    out
-}
-
-/// Merged endpoints of a port: the slice port of the same name and protocol, `addresses[0]`, duplicates
-/// keeping the local copy.
-fn endpoints<'a>(model: &'a Model, svc: &Service, port: &ServicePort, v4: bool, node: &str) -> Vec<Ep<'a>> {
-    let mut merged: BTreeMap<SocketAddr, Ep<'a>> = BTreeMap::new();
-    for s in model.slices.values().filter(|s| s.service_name.as_deref() == Some(&svc.key.name)) {
-        if (s.address_type == AddressType::IPv4) != v4 {
-            continue;
-        }
-        let Some(sp) = s.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol) else {
-            continue;
-        };
-        for e in &s.endpoints {
-            let addr = SocketAddr::new(e.address.expect("generated"), sp.port);
-            let local = e.node_name.as_deref() == Some(node);
-            if merged.get(&addr).is_none_or(|old| !old.local && local) {
-                merged.insert(addr, Ep { addr, e, local });
-            }
-        }
-    }
-    merged.into_values().collect()
-}
-
-fn sorted<'a>(it: impl Iterator<Item = &'a Ep<'a>>) -> Vec<SocketAddr> {
-    let mut v: Vec<SocketAddr> = it.map(|e| e.addr).collect();
-    v.sort();
-    v
-}
-
-fn node_hints(e: &Endpoint) -> Option<&NameList> {
-    e.hints.for_nodes()
-}
-
-fn zone_hints(e: &Endpoint) -> Option<&NameList> {
-    e.hints.for_zones()
-}
-
-fn ready(e: &Endpoint) -> bool {
-    e.conditions.ready.unwrap_or(true)
-}
-
-fn serving_terminating(e: &Endpoint) -> bool {
-    e.conditions.serving.unwrap_or(true) && e.conditions.terminating.unwrap_or(false)
-}
-
-/// DESIGN.md's semantics: Local wins over hints; node hints only if every ready endpoint has forNodes and
-/// one names this node; else zone hints under the same rule; cluster = ready, else serving+terminating.
-fn categorize(svc: &Service, eps: &[Ep<'_>], node: &str, zone: Option<&str>) -> Expected {
-    if svc.internal_policy == Policy::Local {
-        let mut set = sorted(eps.iter().filter(|e| e.local && ready(e.e)));
-        if set.is_empty() {
-            set = sorted(eps.iter().filter(|e| e.local && serving_terminating(e.e)));
-        }
-        return Expected { tiers: [set, Vec::new(), Vec::new()], local: true };
-    }
-    let r: Vec<&Ep<'_>> = eps.iter().filter(|e| ready(e.e)).collect();
-    let all = |f: fn(&Endpoint) -> Option<&NameList>| {
-        !r.is_empty() && r.iter().all(|e| f(e.e).is_some_and(|v| !v.is_empty()))
-    };
-    let names = |e: &Ep<'_>, f: fn(&Endpoint) -> Option<&NameList>, want: &str| {
-        f(e.e).is_some_and(|v| v.iter().any(|x| **x == *want))
-    };
-    let node_tier = if all(node_hints) && r.iter().any(|e| names(e, node_hints, node)) {
-        sorted(r.iter().copied().filter(|e| names(e, node_hints, node)))
-    } else {
-        Vec::new()
-    };
-    let zone_tier = match zone {
-        Some(z) if all(zone_hints) && r.iter().any(|e| names(e, zone_hints, z)) => {
-            sorted(r.iter().copied().filter(|e| names(e, zone_hints, z)))
-        }
-        _ => Vec::new(),
-    };
-    let mut cluster = sorted(r.iter().copied());
-    if cluster.is_empty() {
-        cluster = sorted(eps.iter().filter(|e| serving_terminating(e.e)));
-    }
-    Expected { tiers: [node_tier, zone_tier, cluster], local: false }
 }
