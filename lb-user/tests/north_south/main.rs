@@ -234,7 +234,18 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
             (n, format!("{names:?}"))
         })
     };
-    let (n, text) = tc_progs();
+    // The new agent pins its links over the old ones; the kernel releases a link whose last reference went
+    // (the old pin) in deferred work (`bpf_link_put`), so the old programs leave the chain just after, not
+    // within the rename: wait for it (up to 10 s, a bound on a loaded machine, not a speed claim).
+    let mut seen = tc_progs();
+    for _ in 0..100 {
+        if seen.0 == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        seen = tc_progs();
+    }
+    let (n, text) = seen;
     assert_eq!(n, 2, "ingress and egress attached once each, after the restart: {text}");
     drop(agent);
     let pins = lab.boxed.bpffs.path().join("tierlb");
