@@ -162,6 +162,68 @@ pub struct Row {
     pub sock_ops_ns_per_run: Option<f64>,
 }
 
+/// The measured Service's shape in connect4's own rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shape {
+    /// One endpoint, in the cluster tier: the on-node rows' Service.
+    One,
+    /// 10 endpoints over three tiers as the agent writes hints: none on this node (the node tier empty, so
+    /// connect4 walks to the next), 3 in its zone, all 10 in the cluster.
+    Tiered,
+    /// `Tiered` with 2 of the zone's 3 held by passive health (`HEALTH` entries, the gate open): connect4
+    /// asks for a verdict on every slot it considers and skips the held ones.
+    Held,
+}
+
+impl Shape {
+    /// In the order they run in each round (the first is what the others are compared with).
+    pub const ALL: [Self; 3] = [Self::One, Self::Tiered, Self::Held];
+
+    /// The measured Service, as the tables say it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::One => "1 endpoint",
+            Self::Tiered => "10 endpoints: node tier empty, 3 in the zone, 10 in the cluster",
+            Self::Held => "the same, 2 of the zone's 3 held by passive health",
+        }
+    }
+}
+
+/// connect4's BPF time per call with one shape of the measured Service, over rounds of statistics runs that
+/// take the shapes in turn.
+#[derive(Clone, Debug, Serialize)]
+pub struct Connect4Row {
+    /// Services programmed.
+    pub services: usize,
+    /// The measured Service's shape.
+    pub shape: Shape,
+    /// Rounds (one statistics run of each shape per round).
+    pub rounds: usize,
+    /// connect4's run time per call, the median of the rounds.
+    pub ns_per_run: f64,
+    /// Per round, this shape's time per call over the one-endpoint Service's in the same round.
+    pub vs_one: Ratio,
+    /// sock_ops' run time per call, the median of the rounds.
+    pub sock_ops_ns_per_run: Option<f64>,
+}
+
+/// connect4's cost at `services` Services against 1 Service: pairs of statistics runs, the maps programmed
+/// with 1 Service, then with `services` (or the other way round, alternating), a ratio per pair.
+#[derive(Clone, Debug, Serialize)]
+pub struct Flatness {
+    /// The larger count.
+    pub services: usize,
+    /// Pairs of runs.
+    pub pairs: usize,
+    /// connect4's time per call at 1 Service, the median of the pairs.
+    pub one_ns: f64,
+    /// connect4's time per call at `services`, the median of the pairs.
+    pub many_ns: f64,
+    /// Per pair, the time at `services` over the time at 1.
+    pub ratio: Ratio,
+}
+
 /// What a whole run measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
@@ -189,6 +251,10 @@ pub struct Report {
     pub kube_proxy: Vec<KubeProxySync>,
     /// The control-plane figures.
     pub control: ControlPlane,
+    /// connect4's BPF time per call by the measured Service's shape, at each on-node Service count.
+    pub connect4: Vec<Connect4Row>,
+    /// connect4's cost at the largest count against 1 Service, from statistics runs alternating between them.
+    pub flatness: Option<Flatness>,
 }
 
 impl Report {

@@ -107,6 +107,58 @@ fn kube_proxy() -> Vec<super::figures::KubeProxySync> {
     ]
 }
 
+/// The control-plane figures: map writes at 10,000 and 100,000, the maps' memory, three agent runs.
+fn control() -> ControlPlane {
+    ControlPlane {
+        maps: vec![
+            MapWrites {
+                services: 10_000,
+                program: Duration::from_millis(181),
+                one_change: Duration::from_micros(14),
+            },
+            MapWrites {
+                services: 100_000,
+                program: Duration::from_millis(2300),
+                one_change: Duration::from_micros(15),
+            },
+        ],
+        map_memory: MapMemory {
+            services: 100_000,
+            maps: vec![("FRONTENDS".into(), 30 << 20), ("SLOTS".into(), 20 << 20)],
+        },
+        agent: vec![
+            AgentFigures {
+                source: AgentSource::Manifests,
+                services: 10_000,
+                ready: Duration::from_millis(2200),
+                edit_took: Spread { median_ms: 0.9, max_ms: 1.4 },
+                edit_wall: Spread { median_ms: 9.2, max_ms: 10.6 },
+                rss_bytes: 94208 * 1024,
+                phases: Phases::default(),
+            },
+            AgentFigures {
+                source: AgentSource::Kube,
+                services: 10_000,
+                ready: Duration::from_millis(3100),
+                edit_took: Spread { median_ms: 1.2, max_ms: 2.0 },
+                edit_wall: Spread { median_ms: 2.5, max_ms: 4.0 },
+                rss_bytes: 50 << 20,
+                phases: Phases::default(),
+            },
+            AgentFigures {
+                source: AgentSource::Manifests,
+                services: 100_000,
+                ready: Duration::from_millis(8500),
+                edit_took: Spread { median_ms: 0.95, max_ms: 1.5 },
+                edit_wall: Spread { median_ms: 10.0, max_ms: 12.0 },
+                rss_bytes: 200 << 20,
+                phases: Phases::default(),
+            },
+        ],
+        rule_loads: Vec::new(),
+    }
+}
+
 pub(crate) fn report() -> Report {
     let mut rows = Vec::new();
     for mode in LoadMode::ALL {
@@ -158,53 +210,8 @@ pub(crate) fn report() -> Report {
         north_south: north_south(),
         conntrack: conntrack(),
         kube_proxy: kube_proxy(),
-        control: ControlPlane {
-            maps: vec![
-                MapWrites {
-                    services: 10_000,
-                    program: Duration::from_millis(181),
-                    one_change: Duration::from_micros(14),
-                },
-                MapWrites {
-                    services: 100_000,
-                    program: Duration::from_millis(2300),
-                    one_change: Duration::from_micros(15),
-                },
-            ],
-            map_memory: MapMemory {
-                services: 100_000,
-                maps: vec![("FRONTENDS".into(), 30 << 20), ("SLOTS".into(), 20 << 20)],
-            },
-            agent: vec![
-                AgentFigures {
-                    source: AgentSource::Manifests,
-                    services: 10_000,
-                    ready: Duration::from_millis(2200),
-                    edit_took: Spread { median_ms: 0.9, max_ms: 1.4 },
-                    edit_wall: Spread { median_ms: 9.2, max_ms: 10.6 },
-                    rss_bytes: 94208 * 1024,
-                    phases: Phases::default(),
-                },
-                AgentFigures {
-                    source: AgentSource::Kube,
-                    services: 10_000,
-                    ready: Duration::from_millis(3100),
-                    edit_took: Spread { median_ms: 1.2, max_ms: 2.0 },
-                    edit_wall: Spread { median_ms: 2.5, max_ms: 4.0 },
-                    rss_bytes: 50 << 20,
-                    phases: Phases::default(),
-                },
-                AgentFigures {
-                    source: AgentSource::Manifests,
-                    services: 100_000,
-                    ready: Duration::from_millis(8500),
-                    edit_took: Spread { median_ms: 0.95, max_ms: 1.5 },
-                    edit_wall: Spread { median_ms: 10.0, max_ms: 12.0 },
-                    rss_bytes: 200 << 20,
-                    phases: Phases::default(),
-                },
-            ],
-            rule_loads: Vec::new(),
-        },
+        control: control(),
+        connect4: Vec::new(),
+        flatness: None,
     }
 }

@@ -9,6 +9,7 @@
 mod agent;
 mod apiserver;
 mod charts;
+mod connect4;
 mod conntrack;
 mod figures;
 #[cfg(test)]

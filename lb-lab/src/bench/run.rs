@@ -15,7 +15,10 @@ use tierlb::datapath::{Desired, Reconciler, addr, ebpf::Loaded};
 
 use super::{
     agent::agent_runs,
-    figures::{ControlPlane, DataPath, LoadTime, MapMemory, MapWrites, NsRow, Report, Row, RuleLoad},
+    figures::{
+        Connect4Row, ControlPlane, DataPath, Flatness, LoadTime, MapMemory, MapWrites, NsRow, Report, Row,
+        RuleLoad,
+    },
     load::{BACKEND, LoadMode, LoadResult, Placement, Sink},
     tracing::Tracing,
     workloads::{EDITED, RULE_SETS, desired, target, vip},
@@ -96,7 +99,18 @@ impl Loader<'_> {
         target: SocketAddr,
         mode: LoadMode,
     ) -> anyhow::Result<LoadResult> {
-        let out = self.command(cg, target, mode, self.secs)?.stderr(Stdio::inherit()).output()?;
+        self.run_for(cg, target, mode, self.secs)
+    }
+
+    /// One load run of `secs` seconds against `target`, the client confined to `cg`.
+    pub(super) fn run_for(
+        &self,
+        cg: Option<&Cgroup>,
+        target: SocketAddr,
+        mode: LoadMode,
+        secs: f64,
+    ) -> anyhow::Result<LoadResult> {
+        let out = self.command(cg, target, mode, secs)?.stderr(Stdio::inherit()).output()?;
         anyhow::ensure!(out.status.success(), "load client failed");
         Ok(serde_json::from_slice(&out.stdout)?)
     }
@@ -304,6 +318,8 @@ pub(super) fn prog_stats(name: &str) -> Option<(u64, u64)> {
 /// the maps' memory at the largest count.
 struct OnNode {
     rows: Vec<Row>,
+    connect4: Vec<Connect4Row>,
+    flatness: Option<Flatness>,
     east_west: Vec<NsRow>,
     map_writes: Vec<MapWrites>,
     map_memory: MapMemory,
@@ -317,6 +333,8 @@ fn bench_ns() -> anyhow::Result<NetNs> {
     // kube-proxy nodes route the Service range somewhere; without a route, locally generated packets to a VIP
     // fail before the nat OUTPUT chain could DNAT them. Inside this namespace only.
     ns.ip(&["route", "add", "10.96.0.0/12", "dev", "lo"])?;
+    // The shaped Service's endpoints (connect4's rows): every address of the range is this namespace's own.
+    ns.ip(&["route", "add", "local", super::connect4::SHAPED_NET, "dev", "lo"])?;
     Ok(ns)
 }
 
@@ -363,6 +381,8 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         conntrack,
         kube_proxy: kube_proxy.syncs,
         control: ControlPlane { maps: on_node.map_writes, map_memory: on_node.map_memory, agent, rule_loads },
+        connect4: on_node.connect4,
+        flatness: on_node.flatness,
     })
 }
 
@@ -438,6 +458,11 @@ fn on_node(
     // As the agent's first sweep does: the health lookups gated off while the map is empty.
     tierlb::datapath::health::gate(rec.writer_mut())?;
     programs.attach(cg.path(), None)?;
+    let ids = super::connect4::Ids::of(&mut programs)?;
+    // The shaped Service's endpoints: one listener on every address of their range.
+    let shaped = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), super::connect4::SHAPED_PORT);
+    let _shaped_sink = Sink::start(loader.ns, shaped, Placement::split().backend)?;
+    let mut connect4 = Vec::new();
     let _tracer = tracing.as_ref().map(|t| t.start(tierlb)).transpose()?;
     for &n in counts {
         let d = desired(n, per);
@@ -467,11 +492,17 @@ fn on_node(
         )?;
         rows.extend(tierlb);
         east_west.extend(ratios);
+        connect4.extend(super::connect4::shapes(loader, &mut rec, &cg, &ids, &d, n, rounds)?);
     }
     let maps = rec.writer().service_memory().into_iter().filter_map(|(m, b)| Some((m.into(), b?))).collect();
     let map_memory = MapMemory { services: counts.last().copied().unwrap_or_default(), maps };
+    // At the largest count against 1 Service, the statistics runs alternating between the two.
+    let flatness = match counts.iter().copied().max() {
+        Some(n) if n > 1 => Some(super::connect4::flatness(loader, &mut rec, &cg, &ids, n, per, 2 * rounds)?),
+        _ => None,
+    };
     drop(programs);
-    Ok(OnNode { rows, east_west, map_writes, map_memory })
+    Ok(OnNode { rows, connect4, flatness, east_west, map_writes, map_memory })
 }
 
 /// One EndpointSlice change at the map level: the changed Service's frontends only (what the agent hands

@@ -148,3 +148,48 @@ fn the_report_judges_the_targets_from_the_rows() {
         assert!(md.contains(want), "missing {want:?} in\n{md}");
     }
 }
+
+/// connect4's own rows: a table by the measured Service's shape, targets for the shaped Services at 10,000
+/// and more, and the flatness claim from the paired runs (median ratio with its spread) instead of the rows'
+/// single runs.
+#[test]
+fn connect4_rows_and_the_paired_flatness_read_as_measured() {
+    use super::super::figures::{Connect4Row, Flatness, Ratio};
+    let mut r = super::super::fixture::report();
+    for (shape, ns, ratios) in [
+        (Shape::One, 250.0, [1.0, 1.0, 1.0]),
+        (Shape::Tiered, 270.0, [1.06, 1.08, 1.1]),
+        (Shape::Held, 520.0, [2.0, 2.1, 2.2]),
+    ] {
+        r.connect4.push(Connect4Row {
+            services: 100_000,
+            shape,
+            rounds: 3,
+            ns_per_run: ns,
+            vs_one: Ratio::of(&ratios),
+            sock_ops_ns_per_run: Some(60.0),
+        });
+    }
+    r.flatness = Some(Flatness {
+        services: 100_000,
+        pairs: 4,
+        one_ns: 250.0,
+        many_ns: 260.0,
+        ratio: Ratio::of(&[1.02, 1.03, 1.05, 1.2]),
+    });
+    let md = markdown(&r);
+    for want in [
+        "## connect4 per call, by the measured Service",
+        "| 100,000 | 10 endpoints: node tier empty, 3 in the zone, 10 in the cluster | 270 | 1.08x (1.08-1.10) | 60 |",
+        "| connect4 at most 500 ns per call at 100,000 Services, measured Service: the same, 2 of the zone's 3 held by passive health | 520 ns (median of 3 rounds; 2.10x the 1-endpoint Service's in the same rounds, middle half 2.10-2.20) | no |",
+        "| connect4's cost flat with the number of Services (100,000 vs 1 within 10%: median of 4 pairs of statistics runs, 1 and 100,000 Services alternating) | 1.040x (middle half 1.03-1.05, all 1.02-1.20); 260 vs 250 ns per call (medians) | yes |",
+    ] {
+        assert!(md.contains(want), "missing {want:?} in\n{md}");
+    }
+    // The rows' single runs no longer judge flatness when the paired runs are there.
+    assert!(!md.contains("1800 ns vs 1500 ns"), "{md}");
+    assert!(
+        !md.contains("connect4 at most 500 ns per call at 100,000 Services, measured Service: 1 endpoint"),
+        "{md}"
+    );
+}
