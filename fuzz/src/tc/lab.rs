@@ -158,7 +158,13 @@ impl Lab {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
         std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").expect("ipv6 forwarding");
         let ifindex = nix_ifindex("eth");
-        let mut ebpf = EbpfLoader::new().load(&object).expect("loading the BPF object");
+        // The state maps small: emptying a hash map walks its buckets (`BPF_MAP_GET_NEXT_KEY`), and at the
+        // product's sizes (262,144 conntrack entries) that walk cost most of each input's time.
+        let mut loader = EbpfLoader::new();
+        for name in STATE_MAPS {
+            loader.map_max_entries(name, 1024);
+        }
+        let mut ebpf = loader.load(&object).expect("loading the BPF object");
         for name in ["tc_ingress", "tc_egress"] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).expect("program").try_into().expect("tc");
             p.load().unwrap_or_else(|e| panic!("verifying {name}: {e:?}"));
