@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod deployed;
 pub mod differential;
 pub mod dns;
+pub mod inet;
 pub mod interrupt;
 pub mod kube;
 pub mod kube_proxy;

@@ -18,7 +18,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::sandbox::NetNs;
+use crate::{inet::checksum, sandbox::NetNs};
 
 /// An ICMP error as (type, code): host unreachable.
 pub const HOST_UNREACHABLE: (u8, u8) = (3, 1);
@@ -47,16 +47,6 @@ pub struct LateRouter {
     thread: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
-/// The one's-complement checksum of `data`.
-fn checksum(data: &[u8]) -> u16 {
-    let mut acc: u32 =
-        data.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
-}
-
 /// The ICMP error `a` sends about the IPv4 packet `syn`: an IP header, then the ICMP header and the quote
 /// (the packet's IP header and its first 8 bytes, as RFC 792 asks).
 fn error_packet(a: &Answer, syn: &[u8]) -> Vec<u8> {
@@ -64,13 +54,13 @@ fn error_packet(a: &Answer, syn: &[u8]) -> Vec<u8> {
     let quote = &syn[..(ihl + 8).min(syn.len())];
     let mut icmp = vec![a.error.0, a.error.1, 0, 0, 0, 0, 0, 0];
     icmp.extend_from_slice(quote);
-    let c = checksum(&icmp);
+    let c = checksum(&icmp, 0);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 1, 0, 0];
     ip[2..4].copy_from_slice(&((20 + icmp.len()) as u16).to_be_bytes());
     ip.extend_from_slice(&a.from.octets());
     ip.extend_from_slice(&a.client.octets());
-    let c = checksum(&ip);
+    let c = checksum(&ip, 0);
     ip[10..12].copy_from_slice(&c.to_be_bytes());
     ip.extend_from_slice(&icmp);
     ip

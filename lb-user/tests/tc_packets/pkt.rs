@@ -1,25 +1,11 @@
-//! An independent packet builder and RFC 1071 checksum: the packets the tests send, and the ones they expect.
+//! An independent packet builder (its checksums: `lb_testkit::inet`, RFC 1071): the packets the tests send, and the ones they expect.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use lb_common::{PROTO_TCP, PROTO_UDP};
 
 use super::{CLIENT_MAC, NODE_MAC};
 
-/// RFC 1071 one's-complement sum of `data` folded to 16 bits (not yet inverted).
-pub(crate) fn sum16(data: &[u8], mut acc: u32) -> u32 {
-    for c in data.chunks(2) {
-        let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_be_bytes([c[0], 0]) };
-        acc += u32::from(w);
-    }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc
-}
-
-pub(crate) fn checksum(data: &[u8], acc: u32) -> u16 {
-    !(sum16(data, acc) as u16)
-}
+pub(crate) use lb_testkit::inet::{checksum, sum16};
 
 pub(crate) fn octets(ip: IpAddr) -> Vec<u8> {
     match ip {
