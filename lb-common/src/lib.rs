@@ -154,8 +154,16 @@ pub const PINNED_ONLY: [&str; 7] = [
 ];
 /// The north-south maps (`nat`): pinned like the others, so tracked flows survive an agent restart; the
 /// agent opens them apart from `MAPS` (`datapath::tc::NsMaps`).
-pub const NS_MAPS: [&str; 5] =
-    [MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SOURCE_RANGES];
+pub const NS_MAPS: [&str; 8] = [
+    MAP_CT_TCP,
+    MAP_CT_SYN,
+    MAP_CT_UDP,
+    MAP_LOCAL_BACKENDS,
+    MAP_NAT_CONFIG,
+    MAP_NS_COUNTERS,
+    MAP_SOURCE_RANGES,
+    MAP_NS_ADDRS,
+];
 /// Every map that is pinned: `MAPS`, then `PINNED_ONLY`, then `NS_MAPS`.
 pub const PINNED_MAPS: [&str; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()] = {
     let mut out = [MAP_SOCKS; MAPS.len() + PINNED_ONLY.len() + NS_MAPS.len()];
@@ -490,6 +498,7 @@ macro_rules! aya_pod {
 
 #[cfg(feature = "user")]
 aya_pod!(
+    AddrKey,
     FrontendKey,
     FrontendValue,
     SlotKey,

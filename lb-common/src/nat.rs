@@ -24,8 +24,45 @@ pub const FLAG_SNAT_TO_FRONTEND: u32 = 1 << 2;
 /// match one of its `MAP_SOURCE_RANGES` entries, else the packet is dropped (`NS_DROP_SOURCE_RANGE`).
 pub const FLAG_SOURCE_RANGES: u32 = 1 << 3;
 
-/// Conntrack entries: `CtKey` -> `CtValue`. An LRU: a full table forgets the least recently used flow.
-pub const MAP_CONNTRACK: &str = "CONNTRACK";
+/// Conntrack entries of established and closing TCP flows: `CtKey` -> `CtValue`. An LRU: a full table
+/// forgets the least recently used flow. A TCP flow's entries live in `MAP_CT_SYN` until its handshake
+/// completes (a non-SYN packet from each side), then move here, so a flood of half-open flows evicts only
+/// half-open flows.
+pub const MAP_CT_TCP: &str = "CT_TCP";
+/// Conntrack entries of half-open TCP flows (SYN sent, SYN-ACK perhaps seen, the client's ACK not yet): an
+/// LRU of its own, on a short timeout (`NatConfig::tcp_syn_s`).
+pub const MAP_CT_SYN: &str = "CT_TCP_SYN";
+/// Conntrack entries of UDP flows: an LRU apart from TCP's, so a UDP service's flood of short flows evicts
+/// UDP flows only.
+pub const MAP_CT_UDP: &str = "CT_UDP";
+/// The conntrack tables, in the order status and metrics show them.
+pub const CT_TABLES: [&str; 3] = [MAP_CT_TCP, MAP_CT_SYN, MAP_CT_UDP];
+/// The pre-filter of the tc programs' ingress: the addresses traffic from outside may be translated to or
+/// from (`AddrKey` -> `ADDR_*` flags): node addresses (node ports, SNAT) and the load-balancer IPs and
+/// externalIPs of outside frontends. A packet to an address not in it costs one lookup and is passed on.
+pub const MAP_NS_ADDRS: &str = "NS_ADDRS";
+/// Entries of `MAP_NS_ADDRS` (not preallocated).
+pub const DEFAULT_MAX_NS_ADDRS: u32 = 262_144;
+/// `MAP_NS_ADDRS` value flag: an address of this node (a NodePort address, the SNAT source, or a frontend
+/// address assigned to one of its interfaces): what is not translated is the stack's.
+pub const ADDR_NODE: u32 = 1 << 0;
+/// `MAP_NS_ADDRS` value flag: a load-balancer IP or externalIP on none of this node's interfaces: a packet to it
+/// that matches no flow and starts none is dropped (`NS_DROP_UNMATCHED`), since the stack would route it
+/// back to the router that sent it (a loop until its TTL runs out).
+pub const ADDR_FOREIGN: u32 = 1 << 1;
+
+/// Key of `MAP_NS_ADDRS`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AddrKey {
+    /// Network order words, IPv4 in `addr[0]`.
+    pub addr: [u32; 4],
+    /// `FAMILY_V4` or `FAMILY_V6`.
+    pub family: u8,
+    /// Always 0.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<AddrKey>() == 20);
 /// Endpoints on this node (`CtAddr` -> 1): external traffic to them keeps the client's address (no SNAT).
 pub const MAP_LOCAL_BACKENDS: &str = "LOCAL_BACKENDS";
 /// The tc programs' settings (`NatConfig`), one entry written by the agent at start.
@@ -45,23 +82,49 @@ pub const DEFAULT_MAX_FRAGMENTS: u32 = 16_384;
 /// How long a first fragment's ports are kept for the later ones: Linux's `ipfrag_time` default.
 pub const FRAGMENT_LIFETIME_NS: u64 = 30_000_000_000;
 
-/// Default entries of the conntrack LRU (two per flow): 40 MiB preallocated as the kernel accounts it
-/// (fdinfo `memlock`, measured by the bench): 96 bytes of key and value and 48 of the hash table's own per
+/// Default entries of the established TCP conntrack LRU (two per flow): about 42 MiB preallocated as the
+/// kernel accounts it (fdinfo `memlock`): 104 bytes of key and value and 48 of the hash table's own per
 /// element, and 16 a hash bucket.
 pub const DEFAULT_MAX_CONNTRACK: u32 = 262_144;
+/// Default entries of the half-open TCP LRU (`MAP_CT_SYN`).
+pub const DEFAULT_MAX_CONNTRACK_SYN: u32 = 65_536;
+/// Default entries of the UDP LRU (`MAP_CT_UDP`).
+pub const DEFAULT_MAX_CONNTRACK_UDP: u32 = 131_072;
 /// Default entries of the local-endpoint set.
 pub const DEFAULT_MAX_LOCAL_BACKENDS: u32 = 16_384;
-/// Default SNAT source ports: above Linux's default `ip_local_port_range` (32768-60999), so a port the
-/// node's own sockets are given automatically never collides with a translated flow.
-pub const DEFAULT_SNAT_PORT_MIN: u16 = 61_000;
+/// Default SNAT source ports: every unprivileged port, less the holes `SnatPorts` cuts out of it (the node's
+/// ephemeral range, which its own sockets are given automatically, and the NodePort range).
+pub const DEFAULT_SNAT_PORT_MIN: u16 = 1_024;
 /// Last default SNAT source port.
 pub const DEFAULT_SNAT_PORT_MAX: u16 = 65_535;
+/// Linux's default `net.ipv4.ip_local_port_range`, the hole when the agent wrote none.
+pub const DEFAULT_EPHEMERAL_MIN: u16 = 32_768;
+/// Last port of Linux's default ephemeral range.
+pub const DEFAULT_EPHEMERAL_MAX: u16 = 60_999;
+/// The API server's default `--service-node-port-range`, the second hole: a UDP reply to an SNAT port that
+/// is also a UDP node port must never look like a new flow to it.
+pub const DEFAULT_NODE_PORT_MIN: u16 = 30_000;
+/// Last port of the default NodePort range.
+pub const DEFAULT_NODE_PORT_MAX: u16 = 32_767;
+/// How many ports a new SNAT flow tries after the client's own (Cilium: 32).
+pub const SNAT_TRIES: u32 = 32;
 /// Default idle time of an established TCP flow (seconds), as Cilium's `--bpf-ct-timeout-regular-tcp`.
 pub const DEFAULT_CT_TCP_ESTABLISHED_S: u32 = 21_600;
-/// Default time of a TCP flow that has sent only its SYN, or closed with FIN or RST (seconds).
-pub const DEFAULT_CT_TCP_TRANSIENT_S: u32 = 60;
-/// Default idle time of a UDP flow (seconds).
-pub const DEFAULT_CT_UDP_S: u32 = 60;
+/// Default time of a half-open TCP flow (SYN seen, the handshake not complete), refreshed by the client's
+/// retransmitted SYNs: Calico's 20 s (netfilter: SYN_RECV 60 s).
+pub const DEFAULT_CT_TCP_SYN_S: u32 = 20;
+/// Default idle time of a half-closed TCP flow (a FIN from one side): kube-proxy's
+/// `conntrack.tcpCloseWaitTimeout` (1 h), which it raises netfilter's CLOSE_WAIT to.
+pub const DEFAULT_CT_TCP_CLOSE_WAIT_S: u32 = 3_600;
+/// Default time of a closed TCP flow (FIN from both sides, or a RST in the window): netfilter's CLOSE (10 s).
+/// Its SNAT port is free again when it expires; a new SYN from the client on the same tuple replaces it
+/// at once.
+pub const DEFAULT_CT_TCP_CLOSE_S: u32 = 10;
+/// Default idle time of a UDP flow that has seen at most one exchange: netfilter's `nf_conntrack_udp_timeout`.
+pub const DEFAULT_CT_UDP_S: u32 = 30;
+/// Default idle time of a UDP stream (a datagram from the client after a reply): netfilter's
+/// `nf_conntrack_udp_timeout_stream`.
+pub const DEFAULT_CT_UDP_STREAM_S: u32 = 120;
 
 /// `CtKey::dir`: the entry matches a packet on the devices' ingress.
 pub const CT_DIR_IN: u8 = 1;
@@ -73,10 +136,22 @@ pub const CT_FORWARD: u16 = 1 << 0;
 /// `CtValue::flags`: the flow's source is translated to the node (a remote backend under
 /// externalTrafficPolicy Cluster).
 pub const CT_SNAT: u16 = 1 << 1;
-/// `CtValue::flags`: a FIN or RST was seen: the entry lives `tcp_transient_s` from the last packet.
-pub const CT_CLOSING: u16 = 1 << 2;
-/// `CtValue::flags`: a packet of the reply direction was seen (TCP: the flow is established).
+/// `CtValue::flags`: a packet of the reply direction was seen (TCP: a SYN-ACK; not yet established).
 pub const CT_SEEN_REPLY: u16 = 1 << 3;
+/// `CtValue::flags`: TCP: a non-SYN packet from the client after the reply (the handshake's last ACK): the
+/// flow is established (its entries are in `MAP_CT_TCP`). UDP: a datagram from the client after a reply (a
+/// stream, netfilter's "assured").
+pub const CT_ESTABLISHED: u16 = 1 << 4;
+/// `CtValue::flags`: a FIN from the client was seen (half-closed: `tcp_close_wait_s`).
+pub const CT_FIN_CLIENT: u16 = 1 << 5;
+/// `CtValue::flags`: a FIN from the backend was seen.
+pub const CT_FIN_SERVER: u16 = 1 << 6;
+/// `CtValue::flags`: closed: a FIN from each side, or a RST inside the window (`tcp_close_s`).
+pub const CT_CLOSED: u16 = 1 << 7;
+/// `CtValue::flags`: `seq` and `ack` hold the last segment from this entry's side (TCP).
+pub const CT_SEQ_SEEN: u16 = 1 << 8;
+/// The flags both entries of a flow carry alike (the state); the others belong to one entry.
+pub const CT_STATE: u16 = CT_SEEN_REPLY | CT_ESTABLISHED | CT_FIN_CLIENT | CT_FIN_SERVER | CT_CLOSED;
 
 // Counter kinds of `MAP_NS_COUNTERS`.
 /// New flows translated to a local endpoint (the client's address kept).
@@ -113,8 +188,20 @@ pub const NS_ICMP_TRANSLATED: u32 = 13;
 /// Dropped: a packet the SNAT path sends itself is larger than the next hop's MTU (the stack, which would
 /// answer with "fragmentation needed", is bypassed; counted so the black hole is visible).
 pub const NS_DROP_FRAG_NEEDED: u32 = 14;
+/// New SNAT flows that kept the client's source port (free for the backend and node address, and in the
+/// SNAT ports).
+pub const NS_SNAT_PORT_KEPT: u32 = 15;
+/// SNAT port tries that found the port held by a live flow (each try after the first counts one).
+pub const NS_SNAT_PORT_RETRIES: u32 = 16;
+/// Dropped: a packet to a load-balancer IP or externalIP on none of the node's interfaces (`ADDR_FOREIGN`)
+/// that matched no flow and started none (the stack would route it back out).
+pub const NS_DROP_UNMATCHED: u32 = 17;
+/// A RST outside the window of its flow: passed on translated, the flow's state left as it was.
+pub const NS_RST_OUTSIDE_WINDOW: u32 = 18;
+/// TCP flows whose handshake completed (moved from the half-open table to the established one).
+pub const NS_ESTABLISHED: u32 = 19;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 15;
+pub const NS_COUNTER_KINDS: u32 = 20;
 /// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
 pub const NS_COUNTER_SLOTS: u32 = 32;
 const _: () = assert!(NS_COUNTER_KINDS <= NS_COUNTER_SLOTS);
@@ -135,6 +222,11 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "drop_source_range",
     "icmp_translated",
     "drop_frag_needed",
+    "snat_client_port_kept",
+    "snat_port_retries",
+    "drop_unmatched",
+    "rst_outside_window",
+    "established",
 ];
 
 /// sessionAffinity ClientIP for clients outside the node: (outside-scope frontend, client address) ->
@@ -197,18 +289,39 @@ pub struct CtValue {
     pub a_port: u16,
     /// Port of `b`, network order.
     pub b_port: u16,
-    /// `CT_FORWARD`, `CT_SNAT`, `CT_CLOSING`, `CT_SEEN_REPLY`.
+    /// `CT_*` flags: `CT_FORWARD`, `CT_SNAT`, `CT_SEQ_SEEN` of this entry, and the flow's state
+    /// (`CT_STATE`), which both entries carry.
     pub flags: u16,
     /// Explicit padding, always 0.
     pub _pad: u16,
     /// The frontend's svc_id, for its counters and for the agent's sweep.
     pub svc_id: u32,
+    /// TCP: the sequence number of the last segment from this entry's side (host order), for the RST
+    /// window check (`CT_SEQ_SEEN`).
+    pub seq: u32,
+    /// TCP: the acknowledgement number of the last segment from this entry's side that carried one.
+    pub ack: u32,
     /// Explicit padding before the 8-aligned time, always 0.
     pub _pad2: u32,
     /// `CLOCK_BOOTTIME` ns after which the entry is dead (refreshed by every packet).
     pub expires_ns: u64,
 }
-const _: () = assert!(size_of::<CtValue>() == 56);
+const _: () = assert!(size_of::<CtValue>() == 64);
+
+/// The largest segment (a GSO packet on the wire counts as one) a RST may follow in the window check: a
+/// RST's sequence number is accepted between what the other side last acknowledged and this side's last
+/// sequence number plus this.
+pub const RST_SLACK: u32 = 65_536;
+
+/// Whether a RST with sequence number `seq` from one side of a flow is inside its window: between `acked`
+/// (the other side's last acknowledgement number: what it expects next) and `sent` (this side's last
+/// sequence number) plus `RST_SLACK`, modulo 2^32. A blind attacker must hit that span; the peer's own
+/// RST (the kernel answers with the acknowledged number) always does.
+#[must_use]
+pub const fn rst_in_window(seq: u32, acked: u32, sent: u32) -> bool {
+    let end = sent.wrapping_add(RST_SLACK);
+    seq.wrapping_sub(acked) <= end.wrapping_sub(acked)
+}
 
 /// The data of a `MAP_SOURCE_RANGES` key (after the trie's prefix length): the frontend, matched whole (its
 /// 160 bits first), then the client address, matched to the range's length. `prefix_len` is
@@ -233,46 +346,167 @@ pub struct NatConfig {
     pub snat_port_min: u16,
     /// Last SNAT source port.
     pub snat_port_max: u16,
+    /// The node's `ip_local_port_range` (its sockets' automatic ports), cut out of the SNAT ports.
+    pub ephemeral_min: u16,
+    /// Last port of the node's ephemeral range.
+    pub ephemeral_max: u16,
+    /// The NodePort range, cut out of the SNAT ports.
+    pub node_port_min: u16,
+    /// Last port of the NodePort range.
+    pub node_port_max: u16,
     /// Idle seconds of an established TCP flow.
     pub tcp_established_s: u32,
-    /// Seconds of a TCP flow before its reply, or after FIN/RST.
-    pub tcp_transient_s: u32,
-    /// Idle seconds of a UDP flow.
+    /// Seconds of a half-open TCP flow.
+    pub tcp_syn_s: u32,
+    /// Idle seconds of a half-closed TCP flow (a FIN from one side).
+    pub tcp_close_wait_s: u32,
+    /// Seconds of a closed TCP flow.
+    pub tcp_close_s: u32,
+    /// Idle seconds of a UDP flow before it is a stream.
     pub udp_s: u32,
+    /// Idle seconds of a UDP stream.
+    pub udp_stream_s: u32,
     /// The node's IPv4 address SNAT uses for load-balancer IPs and externalIPs (a node port keeps the node
     /// address it was reached on), network order; 0: none, such flows to remote backends are dropped.
     pub snat_v4: u32,
-    /// Explicit padding, always 0.
-    pub _pad: u32,
     /// The node's IPv6 address for the same, network order; all zero: none.
     pub snat_v6: [u32; 4],
 }
-const _: () = assert!(size_of::<NatConfig>() == 40);
+const _: () = assert!(size_of::<NatConfig>() == 56);
 
 impl NatConfig {
-    /// The SNAT port range in host order, defaults applied.
+    /// The SNAT ports, defaults applied: the range less its two holes.
     #[must_use]
-    pub const fn snat_ports(&self) -> (u16, u16) {
-        if self.snat_port_min == 0 || self.snat_port_max < self.snat_port_min {
+    pub const fn snat_ports(&self) -> SnatPorts {
+        let (lo, hi) = if self.snat_port_min == 0 || self.snat_port_max < self.snat_port_min {
             (DEFAULT_SNAT_PORT_MIN, DEFAULT_SNAT_PORT_MAX)
         } else {
             (self.snat_port_min, self.snat_port_max)
-        }
+        };
+        let eph = if self.ephemeral_min == 0 || self.ephemeral_max < self.ephemeral_min {
+            (DEFAULT_EPHEMERAL_MIN, DEFAULT_EPHEMERAL_MAX)
+        } else {
+            (self.ephemeral_min, self.ephemeral_max)
+        };
+        let np = if self.node_port_min == 0 || self.node_port_max < self.node_port_min {
+            (DEFAULT_NODE_PORT_MIN, DEFAULT_NODE_PORT_MAX)
+        } else {
+            (self.node_port_min, self.node_port_max)
+        };
+        SnatPorts::new(lo, hi, eph, np)
     }
 
-    /// Lifetime (ns) of an entry after a packet: UDP's idle time; TCP's established time, or the transient
-    /// time before the reply and after FIN/RST.
+    /// Lifetime (ns) of a flow's entry after a packet, by protocol and state (`CT_*` flags).
     #[must_use]
-    pub const fn lifetime_ns(&self, tcp: bool, established: bool, closing: bool) -> u64 {
+    pub const fn lifetime_ns(&self, tcp: bool, flags: u16) -> u64 {
         let s = if !tcp {
-            or_default(self.udp_s, DEFAULT_CT_UDP_S)
-        } else if closing || !established {
-            or_default(self.tcp_transient_s, DEFAULT_CT_TCP_TRANSIENT_S)
-        } else {
+            if flags & CT_ESTABLISHED != 0 {
+                or_default(self.udp_stream_s, DEFAULT_CT_UDP_STREAM_S)
+            } else {
+                or_default(self.udp_s, DEFAULT_CT_UDP_S)
+            }
+        } else if flags & CT_CLOSED != 0 {
+            or_default(self.tcp_close_s, DEFAULT_CT_TCP_CLOSE_S)
+        } else if flags & (CT_FIN_CLIENT | CT_FIN_SERVER) != 0 {
+            or_default(self.tcp_close_wait_s, DEFAULT_CT_TCP_CLOSE_WAIT_S)
+        } else if flags & CT_ESTABLISHED != 0 {
             or_default(self.tcp_established_s, DEFAULT_CT_TCP_ESTABLISHED_S)
+        } else {
+            or_default(self.tcp_syn_s, DEFAULT_CT_TCP_SYN_S)
         };
         s as u64 * 1_000_000_000
     }
+}
+
+/// The SNAT source ports: `lo..=hi` less two holes (sorted, clipped to the range, merged where they meet),
+/// numbered from 0 without the holes so a try can pick any of them uniformly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnatPorts {
+    lo: u16,
+    hi: u16,
+    /// Holes inside `lo..=hi`, the first below the second; an empty hole is `(1, 0)`.
+    holes: [(u16, u16); 2],
+}
+
+impl SnatPorts {
+    /// `lo..=hi` (`lo <= hi`) less the holes `a` and `b` (inclusive, any order, may overlap or lie outside).
+    #[must_use]
+    pub const fn new(lo: u16, hi: u16, a: (u16, u16), b: (u16, u16)) -> Self {
+        let (mut x, mut y) = if a.0 <= b.0 { (a, b) } else { (b, a) };
+        if x.1 >= y.0 && x.0 <= x.1 && y.0 <= y.1 {
+            // Overlapping or touching: one hole.
+            if y.1 > x.1 {
+                x.1 = y.1;
+            }
+            y = (1, 0);
+        }
+        Self { lo, hi, holes: [clip(x, lo, hi), clip(y, lo, hi)] }
+    }
+
+    /// How many ports there are.
+    #[must_use]
+    pub const fn count(&self) -> u32 {
+        let mut n = self.hi as u32 - self.lo as u32 + 1;
+        let mut i = 0;
+        while i < 2 {
+            let (a, b) = self.holes[i];
+            if a <= b {
+                n -= b as u32 - a as u32 + 1;
+            }
+            i += 1;
+        }
+        n
+    }
+
+    /// Port number `i` (`i < count()`).
+    #[must_use]
+    pub const fn at(&self, index: u32) -> u16 {
+        let mut port = self.lo as u32 + index;
+        let mut hole = 0;
+        while hole < 2 {
+            let (first, last) = self.holes[hole];
+            if first <= last && port >= first as u32 {
+                port += last as u32 - first as u32 + 1;
+            }
+            hole += 1;
+        }
+        port as u16
+    }
+
+    /// Whether `port` is one of them.
+    #[must_use]
+    pub const fn contains(&self, port: u16) -> bool {
+        if port < self.lo || port > self.hi {
+            return false;
+        }
+        let mut h = 0;
+        while h < 2 {
+            let (a, b) = self.holes[h];
+            if a <= b && port >= a && port <= b {
+                return false;
+            }
+            h += 1;
+        }
+        true
+    }
+
+    /// The port for try `attempt` of a flow whose random seed is `seed` (host order): successive tries walk
+    /// the ports by a large odd stride from a random start, so a crowded region is left after a few tries.
+    #[must_use]
+    pub const fn pick(&self, seed: u32, attempt: u32) -> u16 {
+        let n = self.count();
+        if n == 0 {
+            return 0;
+        }
+        self.at(seed.wrapping_add(attempt.wrapping_mul(40_503)) % n)
+    }
+}
+
+/// Hole `h` clipped to `lo..=hi` (`(1, 0)`: empty).
+const fn clip(h: (u16, u16), lo: u16, hi: u16) -> (u16, u16) {
+    let a = if h.0 < lo { lo } else { h.0 };
+    let b = if h.1 > hi { hi } else { h.1 };
+    if a > b { (1, 0) } else { (a, b) }
 }
 
 /// `v`, or `d` where `v` is 0 (unset).
@@ -280,44 +514,101 @@ const fn or_default(v: u32, d: u32) -> u32 {
     if v == 0 { d } else { v }
 }
 
-/// The SNAT port for try `attempt` of a flow whose hash is `seed`, in `[min, max]` (host order).
-#[inline(always)]
-#[must_use]
-pub const fn snat_port(seed: u32, attempt: u32, min: u16, max: u16) -> u16 {
-    let span = (max - min) as u32 + 1;
-    // Successive tries walk the range by a large odd stride from a random start, so a crowded region of the
-    // range is left after a few tries.
-    let x = seed.wrapping_add(attempt.wrapping_mul(40_503));
-    min + (x % span) as u16
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn snat_ports_stay_in_the_range_and_differ_between_tries() {
-        let (lo, hi) = NatConfig::default().snat_ports();
-        assert_eq!((lo, hi), (DEFAULT_SNAT_PORT_MIN, DEFAULT_SNAT_PORT_MAX));
+    fn snat_ports_are_the_range_less_the_ephemeral_and_node_port_ranges() {
+        let p = NatConfig::default().snat_ports();
+        // 1024-29999 and 61000-65535.
+        assert_eq!(p.count(), (29_999 - 1_024 + 1) + (65_535 - 61_000 + 1));
+        assert_eq!(p.at(0), 1_024);
+        assert_eq!(p.at(29_999 - 1_024), 29_999);
+        assert_eq!(p.at(29_999 - 1_024 + 1), 61_000);
+        assert_eq!(p.at(p.count() - 1), 65_535);
+        for (port, inside) in
+            [(1_023, false), (1_024, true), (29_999, true), (30_000, false), (32_767, false)]
+        {
+            assert_eq!(p.contains(port), inside, "{port}");
+        }
+        for (port, inside) in [(32_768, false), (60_999, false), (61_000, true), (65_535, true)] {
+            assert_eq!(p.contains(port), inside, "{port}");
+        }
+        for i in (0..p.count()).step_by(97) {
+            assert!(p.contains(p.at(i)), "port {i} is {}", p.at(i));
+        }
         for seed in [0, 1, 4_000_000_000, u32::MAX] {
-            let ports: Vec<u16> = (0..8).map(|a| snat_port(seed, a, lo, hi)).collect();
-            assert!(ports.iter().all(|p| (lo..=hi).contains(p)), "{ports:?}");
+            let ports: Vec<u16> = (0..SNAT_TRIES).map(|a| p.pick(seed, a)).collect();
+            assert!(ports.iter().all(|&x| p.contains(x)), "{ports:?}");
             let mut d = ports.clone();
             d.sort_unstable();
             d.dedup();
             assert_eq!(d.len(), ports.len(), "tries repeat a port: {ports:?}");
         }
-        assert_eq!(snat_port(7, 3, 5000, 5000), 5000, "a one-port range");
     }
 
     #[test]
-    fn lifetimes_follow_the_tcp_state() {
-        let c = NatConfig { tcp_established_s: 100, tcp_transient_s: 5, udp_s: 30, ..Default::default() };
-        assert_eq!(c.lifetime_ns(false, false, false), 30_000_000_000);
-        assert_eq!(c.lifetime_ns(true, false, false), 5_000_000_000, "SYN only");
-        assert_eq!(c.lifetime_ns(true, true, false), 100_000_000_000, "established");
-        assert_eq!(c.lifetime_ns(true, true, true), 5_000_000_000, "closing");
+    fn snat_port_holes_are_sorted_clipped_and_merged() {
+        // Holes given in either order, overlapping: one hole 100-300.
+        let p = SnatPorts::new(50, 400, (200, 300), (100, 250));
+        assert_eq!(p.count(), 351 - 201);
+        assert!(p.contains(99) && !p.contains(100) && !p.contains(300) && p.contains(301));
+        // A hole beyond the range is clipped away; a one-port range.
+        let p = SnatPorts::new(5_000, 5_000, (6_000, 7_000), (1, 10));
+        assert_eq!((p.count(), p.pick(7, 3)), (1, 5_000));
+        // The node's ephemeral range set wide by its operator: what remains.
+        let c = NatConfig { ephemeral_min: 1_024, ephemeral_max: 65_000, ..NatConfig::default() };
+        assert_eq!(c.snat_ports().count(), 535);
+        // Everything cut out: no port (a new SNAT flow is dropped and counted).
+        assert_eq!(SnatPorts::new(1_024, 2_000, (1_000, 3_000), (1, 0)).count(), 0);
+    }
+
+    #[test]
+    fn lifetimes_follow_the_flow_state() {
+        let c = NatConfig {
+            tcp_established_s: 100,
+            tcp_syn_s: 5,
+            tcp_close_wait_s: 50,
+            tcp_close_s: 2,
+            udp_s: 30,
+            udp_stream_s: 60,
+            ..Default::default()
+        };
+        let s = 1_000_000_000;
+        let cases = [
+            ("UDP one exchange", false, CT_SEEN_REPLY, 30),
+            ("UDP stream", false, CT_SEEN_REPLY | CT_ESTABLISHED, 60),
+            ("SYN only", true, 0, 5),
+            ("SYN-ACK seen, no ACK from the client", true, CT_SEEN_REPLY, 5),
+            ("established", true, CT_SEEN_REPLY | CT_ESTABLISHED, 100),
+            ("half-closed by the client", true, CT_ESTABLISHED | CT_FIN_CLIENT, 50),
+            ("half-closed by the backend", true, CT_ESTABLISHED | CT_FIN_SERVER, 50),
+            ("closed", true, CT_ESTABLISHED | CT_FIN_CLIENT | CT_FIN_SERVER | CT_CLOSED, 2),
+            ("reset during the handshake", true, CT_CLOSED, 2),
+        ];
+        for (name, tcp, flags, secs) in cases {
+            assert_eq!(c.lifetime_ns(tcp, flags), secs * s, "{name}");
+        }
         let d = NatConfig::default();
-        assert_eq!(d.lifetime_ns(true, true, false), u64::from(DEFAULT_CT_TCP_ESTABLISHED_S) * 1_000_000_000);
+        assert_eq!(d.lifetime_ns(true, CT_ESTABLISHED), u64::from(DEFAULT_CT_TCP_ESTABLISHED_S) * s);
+        assert_eq!(d.lifetime_ns(true, 0), u64::from(DEFAULT_CT_TCP_SYN_S) * s);
+    }
+
+    #[test]
+    fn rst_window() {
+        // acked: what the receiver expects next; sent: the sender's last sequence number.
+        let cases = [
+            ("the peer's own RST, at the acknowledged number", 1_000, 1_000, 900, true),
+            ("after data in flight", 5_000, 1_000, 4_000, true),
+            ("just inside the slack", 4_000 + RST_SLACK, 1_000, 4_000, true),
+            ("beyond the slack", 4_001 + RST_SLACK, 1_000, 4_000, false),
+            ("before the acknowledged number", 999, 1_000, 4_000, false),
+            ("blind guess far away", 2_000_000_000, 1_000, 4_000, false),
+            ("across the wrap", 5, u32::MAX - 10, u32::MAX - 20, true),
+        ];
+        for (name, seq, acked, sent, ok) in cases {
+            assert_eq!(rst_in_window(seq, acked, sent), ok, "{name}");
+        }
     }
 }

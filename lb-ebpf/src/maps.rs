@@ -18,13 +18,14 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_AFFINITY,
-    DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CGROUPS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_FRAGMENTS,
-    DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS,
-    DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig,
-    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_CONNTRACK, MAP_COUNTERS,
-    MAP_FRAGMENTS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES,
-    MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_REVERSE_TCP,
+    AddrKey, AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_AFFINITY,
+    DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CGROUPS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_CONNTRACK_SYN,
+    DEFAULT_MAX_CONNTRACK_UDP, DEFAULT_MAX_FRAGMENTS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS,
+    DEFAULT_MAX_NS_ADDRS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, DEFAULT_MAX_SOURCE_RANGES,
+    DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE,
+    MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP, MAP_FRAGMENTS,
+    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
+    MAP_NESTED_AFFINITY, MAP_NS_ADDRS, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_REVERSE_TCP,
     MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES,
     MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey,
     REVERSE_TCP_SLOTS, ReverseKey, ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState,
@@ -315,11 +316,32 @@ pub(crate) static SOCKS: SkStorage<SockState> = SkStorage::new();
 const _: () = assert!(same(MAP_SOCKS, "SOCKS"), "map name differs from its lb_common constant");
 
 named_map!(
-    MAP_CONNTRACK == "CONNTRACK",
-    /// Translated flows from outside the node, two entries each (`lb_common::nat`). An LRU, so a full table
-    /// forgets the least recently used flows instead of refusing new ones.
-    pub(crate) static CONNTRACK: LruHashMap<CtKey, CtValue> =
+    MAP_CT_TCP == "CT_TCP",
+    /// Established and closing TCP flows from outside the node, two entries each (`lb_common::nat`). An LRU,
+    /// so a full table forgets the least recently used flows instead of refusing new ones.
+    pub(crate) static CT_TCP: LruHashMap<CtKey, CtValue> =
         LruHashMap::with_max_entries(DEFAULT_MAX_CONNTRACK, 0);
+);
+
+named_map!(
+    MAP_CT_SYN == "CT_TCP_SYN",
+    /// Half-open TCP flows, until their handshake completes: a SYN flood evicts only these.
+    pub(crate) static CT_SYN: LruHashMap<CtKey, CtValue> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_CONNTRACK_SYN, 0);
+);
+
+named_map!(
+    MAP_CT_UDP == "CT_UDP",
+    /// UDP flows from outside the node: apart from TCP's, so a flood of UDP flows evicts UDP flows only.
+    pub(crate) static CT_UDP: LruHashMap<CtKey, CtValue> =
+        LruHashMap::with_max_entries(DEFAULT_MAX_CONNTRACK_UDP, 0);
+);
+
+named_map!(
+    MAP_NS_ADDRS == "NS_ADDRS",
+    /// The ingress pre-filter: node addresses and outside frontends' addresses (`ADDR_*` flags).
+    pub(crate) static NS_ADDRS: HashMap<AddrKey, u32> =
+        HashMap::with_max_entries(DEFAULT_MAX_NS_ADDRS, BPF_F_NO_PREALLOC);
 );
 
 named_map!(

@@ -289,11 +289,19 @@ pub struct AgentArgs {
     /// beyond it the least recently used client is balanced anew on its next connect).
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
     pub max_affinity: u32,
-    /// Capacity: conntrack entries of traffic from outside the node (an LRU, two entries per flow; about
-    /// 160 bytes each with the hash table's buckets, preallocated: the default is 40 MiB). Beyond it the least
-    /// recently used flow is forgotten.
+    /// Capacity: conntrack entries of established TCP flows from outside the node (an LRU, two entries per
+    /// flow; about 170 bytes each with the hash table's buckets, preallocated: the default is 42 MiB). Beyond
+    /// it the least recently used established flow is forgotten.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK)]
     pub max_conntrack: u32,
+    /// Capacity: conntrack entries of half-open TCP flows (SYN seen, handshake not complete; an LRU of its own,
+    /// so a SYN flood evicts only half-open flows).
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK_SYN)]
+    pub max_conntrack_syn: u32,
+    /// Capacity: conntrack entries of UDP flows (an LRU of its own, so a flood of UDP flows evicts only UDP
+    /// flows).
+    #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK_UDP)]
+    pub max_conntrack_udp: u32,
     /// Per Service: frontends (VIP or node address, port, protocol) one Service may have; a Service with more
     /// keeps what it has programmed (nothing if new) and is reported unprogrammed.
     #[arg(long, default_value_t = crate::agent::DEFAULT_LIMITS.frontends)]
@@ -314,6 +322,11 @@ pub struct AgentArgs {
     /// `none`: translate no traffic from outside.
     #[arg(long, value_delimiter = ',', value_name = "IFACE[,IFACE]")]
     pub devices: Option<Vec<String>>,
+    /// How the tc programs are attached to the devices: `auto` (tcx links from kernel 6.6, netlink filters on
+    /// a clsact qdisc below), or `tcx` or `netlink` forced. Netlink filters sit at priority 65000, handle 1:
+    /// a restarted agent replaces its filter in place; `--cleanup` removes them from every device.
+    #[arg(long, value_enum, default_value_t = crate::datapath::tc::AttachMode::Auto)]
+    pub tc_attach: crate::datapath::tc::AttachMode,
     /// Passive health: consecutive failed connects (refused or unreachable, or the SYN unanswered for its
     /// first retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
     #[arg(long, default_value_t = 3)]
@@ -366,6 +379,8 @@ impl AgentArgs {
                 reverse: self.max_reverse,
                 affinity: self.max_affinity,
                 conntrack: self.max_conntrack,
+                conntrack_syn: self.max_conntrack_syn,
+                conntrack_udp: self.max_conntrack_udp,
             },
             limits: crate::agent::ServiceLimits {
                 frontends: self.max_frontends_per_service,

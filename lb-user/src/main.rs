@@ -35,6 +35,9 @@ fn main() -> ExitCode {
     };
     let cli = Cli::parse_from(argv);
     init_logging(cli.log_format);
+    if let Command::Agent(a) = &cli.command {
+        a.tc_attach.set();
+    }
     let result: anyhow::Result<Option<String>> = match &cli.command {
         Command::Agent(a) if a.cleanup => {
             let bpffs = a.bpffs.as_deref().expect("clap: --cleanup requires --bpffs");

@@ -134,6 +134,14 @@ pub struct AgentStats {
     pub services_unprogrammed: Gauge,
     /// Backend marks the agent deleted because their backend left every Service.
     pub marks_cleared: Counter,
+    /// The conntrack tables of traffic from outside the node, by table (`lb_common::CT_TABLES`): entries
+    /// (dead ones the LRU has not reclaimed included), live flows, capacity. Read by the agent loop every
+    /// `CONNTRACK_EVERY` (a walk of the tables), not per scrape.
+    pub conntrack_entries: Family<Labels, Gauge>,
+    /// Live flows (forward entries) of each conntrack table.
+    pub conntrack_flows: Family<Labels, Gauge>,
+    /// Each conntrack table's capacity in entries.
+    pub conntrack_capacity: Family<Labels, Gauge>,
     /// kube-proxy's metric families, for its dashboards and alerts.
     pub kube_proxy: KubeProxyStats,
 }
@@ -152,6 +160,9 @@ impl Default for AgentStats {
             udp_sockets_unreached: Counter::default(),
             services_unprogrammed: Gauge::default(),
             marks_cleared: Counter::default(),
+            conntrack_entries: Family::default(),
+            conntrack_flows: Family::default(),
+            conntrack_capacity: Family::default(),
             kube_proxy: KubeProxyStats::default(),
         }
     }
@@ -244,6 +255,27 @@ fn register_external_packets(reg: &mut Registry, ns: &[u64]) {
     for (name, n) in lb_common::NS_COUNTER_NAMES.iter().zip(ns) {
         packets.get_or_create(&vec![("result".into(), (*name).into())]).inc_by(*n);
     }
+}
+
+/// The conntrack tables' occupancy (`AgentStats::conntrack_*`).
+fn register_conntrack(reg: &mut Registry, stats: &AgentStats) {
+    reg.register(
+        "conntrack_entries",
+        "Entries of the conntrack tables of traffic from outside the node, by table (two per flow; expired ones \
+         the LRU has not reclaimed included)",
+        stats.conntrack_entries.clone(),
+    );
+    reg.register(
+        "conntrack_flows",
+        "Live flows in the conntrack tables of traffic from outside the node, by table",
+        stats.conntrack_flows.clone(),
+    );
+    reg.register(
+        "conntrack_capacity",
+        "Capacity of the conntrack tables of traffic from outside the node (entries), by table; a table at its \
+         capacity evicts its least recently used flow for each new one",
+        stats.conntrack_capacity.clone(),
+    );
 }
 
 pub(crate) fn gauge(entries: usize) -> i64 {
@@ -339,6 +371,7 @@ pub fn encode_text(snap: &Snapshot, stats: &AgentStats, counters: Option<&dyn Re
         "Connected UDP sockets to a departed backend not ended: their network namespace was not found",
         stats.udp_sockets_unreached.clone(),
     );
+    register_conntrack(reg, stats);
     reg.register(
         "services_unprogrammed",
         "Services with a frontend not programmed as planned (failed to apply: previous state kept, none if new; \

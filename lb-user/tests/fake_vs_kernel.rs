@@ -135,6 +135,8 @@ fn the_fake_maps_refuse_and_hold_what_the_kernel_maps_do() {
             reverse: 64,
             affinity: 64,
             conntrack: 64,
+            conntrack_syn: 64,
+            conntrack_udp: 64,
         };
         let Loaded { maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
         let mut kernel = Reconciler::new(maps);
@@ -197,13 +199,25 @@ fn the_fake_maps_refuse_and_hold_what_the_kernel_maps_do() {
     assert!(refusals > 0, "the sequences never filled a map: the comparison of refusals is empty");
 }
 
+/// Capacities small enough to fill by direct writes.
+const SMALL: Capacities = Capacities {
+    services: 3,
+    slots: 5,
+    backends: 2,
+    reverse: 64,
+    affinity: 64,
+    conntrack: 64,
+    conntrack_syn: 64,
+    conntrack_udp: 64,
+};
+
 /// Each hash map the agent writes, filled one entry past its capacity by direct writes (what no reconciler
 /// sequence reaches: it hands out no more ids than there is room for): the fake refuses the same write, with
 /// the same error, as the kernel's `E2BIG`.
 #[test]
 fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kernel() {
     assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (loads BPF)");
-    let caps = Capacities { services: 3, slots: 5, backends: 2, reverse: 64, affinity: 64, conntrack: 64 };
+    let caps = SMALL;
     let Loaded { mut maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
     let mut fake = FakeMaps::new(caps.services, caps.slots).with_backends(caps.backends);
     let fill = |n: u32, put: &mut dyn FnMut(u32) -> Result<(), String>| (0..n).map(put).collect::<Vec<_>>();
@@ -246,7 +260,7 @@ fn every_map_the_agent_writes_is_full_at_the_same_entry_in_the_fake_and_the_kern
 #[test]
 fn a_batch_past_a_maps_capacity_writes_what_fits_in_the_fake_and_the_kernel() {
     assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (loads BPF)");
-    let caps = Capacities { services: 3, slots: 5, backends: 2, reverse: 64, affinity: 64, conntrack: 64 };
+    let caps = SMALL;
     let Loaded { mut maps, .. } = Loaded::load(caps, None).expect("the BPF object loads");
     let mut fake = FakeMaps::new(caps.services, caps.slots);
     let frontends: Vec<_> = (0..=caps.services)
@@ -328,7 +342,16 @@ fn the_fuzz_targets_runs_give_the_same_refusals_and_maps_in_the_fake_and_the_ker
             continue;
         };
         let (services, slots) = bucket(&run);
-        let caps = Capacities { services, slots, backends: 16, reverse: 64, affinity: 64, conntrack: 64 };
+        let caps = Capacities {
+            services,
+            slots,
+            backends: 16,
+            reverse: 64,
+            affinity: 64,
+            conntrack: 64,
+            conntrack_syn: 64,
+            conntrack_udp: 64,
+        };
         let maps = match loaded.remove(&(services, slots)) {
             Some(maps) => maps,
             None => Loaded::load(caps, None).expect("the BPF object loads").maps,

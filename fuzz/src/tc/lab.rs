@@ -19,10 +19,12 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use lb_common::{
-    CtAddr, CtKey, CtValue, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES,
-    FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRAGMENTS, MAP_FRONTENDS, MAP_LOCAL_BACKENDS, MAP_MEMBERS,
-    MAP_NAT_CONFIG, MAP_OUTSIDE_AFFINITY, MAP_SLOTS, MAP_SOURCE_RANGES, MemberKey, MemberValue, NatConfig,
-    PROTO_TCP, PROTO_UDP, SOURCE_RANGE_FRONTEND_BITS, SlotBlock, SlotKey, SourceRangeKey, TierRange,
+    ADDR_FOREIGN, ADDR_NODE, AddrKey, CT_TABLES, CtAddr, CtKey, CtValue, FAMILY_V4, FAMILY_V6,
+    FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey,
+    FrontendValue, MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP, MAP_FRAGMENTS, MAP_FRONTENDS, MAP_LOCAL_BACKENDS,
+    MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_ADDRS, MAP_OUTSIDE_AFFINITY, MAP_SLOTS, MAP_SOURCE_RANGES, MemberKey,
+    MemberValue, NatConfig, PROTO_TCP, PROTO_UDP, SOURCE_RANGE_FRONTEND_BITS, SlotBlock, SlotKey,
+    SourceRangeKey, TierRange,
 };
 use tierlb::datapath::addr;
 
@@ -113,7 +115,7 @@ pub const FRONTENDS: [Frontend; 8] = [
 ];
 
 /// The maps that hold what packets leave behind: emptied before each input, so an input's outcome is its own.
-const STATE_MAPS: [&str; 3] = [MAP_CONNTRACK, MAP_FRAGMENTS, MAP_OUTSIDE_AFFINITY];
+const STATE_MAPS: [&str; 5] = [MAP_CT_TCP, MAP_CT_SYN, MAP_CT_UDP, MAP_FRAGMENTS, MAP_OUTSIDE_AFFINITY];
 
 pub struct Lab {
     ebpf: Ebpf,
@@ -233,6 +235,14 @@ impl Lab {
         for pod in [LOCAL_POD, LOCAL_POD6] {
             local.insert(CtAddr { addr: addr::words(pod.parse().expect("ip")) }, 1, 0).expect("local");
         }
+        // The pre-filter as the agent writes it: the node's addresses, and the load-balancer IP (on no
+        // interface of the lab's node).
+        let mut addrs: HashMap<_, AddrKey, u32> = HashMap::try_from(self.map(MAP_NS_ADDRS)).expect("addrs");
+        for (a, flags) in [(NODE, ADDR_NODE), (NODE6, ADDR_NODE), (LB_IP, ADDR_FOREIGN)] {
+            let ip: std::net::IpAddr = a.parse().expect("ip");
+            let family = if ip.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 };
+            addrs.insert(AddrKey { addr: addr::words(ip), family, _pad: [0; 3] }, flags, 0).expect("addr");
+        }
         let mut cfg: Array<_, NatConfig> = Array::try_from(self.map(MAP_NAT_CONFIG)).expect("config");
         let config = NatConfig {
             snat_v4: addr::words(NODE.parse().expect("ip"))[0],
@@ -250,10 +260,14 @@ impl Lab {
         }
     }
 
-    /// Conntrack entries now.
+    /// Conntrack entries now, in the three tables.
     pub fn tracked(&mut self) -> usize {
-        let m: HashMap<_, CtKey, CtValue> = HashMap::try_from(self.map(MAP_CONNTRACK)).expect("conntrack");
-        m.keys().count()
+        let mut n = 0;
+        for t in CT_TABLES {
+            let m: HashMap<_, CtKey, CtValue> = HashMap::try_from(self.map(t)).expect("conntrack");
+            n += m.keys().count();
+        }
+        n
     }
 
     /// Run `tc_egress` (`egress`) or `tc_ingress` on `packet` as it arrives on (leaves by) the uplink: the

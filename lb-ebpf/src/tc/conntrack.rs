@@ -1,14 +1,47 @@
 //! Connection tracking of translated flows: two entries per flow (see `lb_common::nat`), refreshed by every
-//! packet, their lifetime driven by the TCP state (SYN only, established, closing) or UDP's idle time. An
-//! expired entry is treated as absent; the LRU reclaims it.
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_boot_ns};
+//! packet, their lifetime driven by the flow's state (`lb_common::CT_STATE`), which both entries carry.
+//!
+//! Three tables: UDP flows in `CT_UDP`; a TCP flow in `CT_SYN` from its SYN until a non-SYN packet from
+//! each side (the SYN-ACK, then the client's ACK: netfilter's rule, not the SYN-ACK alone), then in
+//! `CT_TCP`. A flood of SYNs whose handshakes never complete, or of one-datagram UDP flows, evicts entries of
+//! its own kind only. An expired entry is treated as absent; the LRU reclaims it.
+//!
+//! TCP states: half-open (`tcp_syn_s`), established, half-closed by a FIN from one side (`tcp_close_wait_s`,
+//! kube-proxy's raised CLOSE_WAIT), closed by a FIN from each side or a RST inside the window
+//! (`tcp_close_s`; a RST outside it is passed on and changes nothing, `NS_RST_OUTSIDE_WINDOW`). A SYN on a
+//! closed flow's tuple is a new connection: the old entries go.
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_boot_ns, maps::LruHashMap};
 use lb_common::{
-    CT_CLOSING, CT_DIR_IN, CT_DIR_OUT, CT_FORWARD, CT_SEEN_REPLY, CT_SNAT, CtKey, CtValue, NatConfig,
-    PROTO_TCP,
+    CT_CLOSED, CT_DIR_IN, CT_DIR_OUT, CT_ESTABLISHED, CT_FIN_CLIENT, CT_FIN_SERVER, CT_FORWARD,
+    CT_SEEN_REPLY, CT_SEQ_SEEN, CT_SNAT, CtKey, CtValue, NS_ESTABLISHED, NS_RST_OUTSIDE_WINDOW, NatConfig,
+    PROTO_TCP, rst_in_window,
 };
 
-use super::packet::{Flow, TCP_FIN, TCP_RST, TCP_SYN};
-use crate::maps::{CONNTRACK, NAT_CONFIG};
+use super::{
+    fragment,
+    packet::{Flow, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+};
+use crate::{
+    counters::count_ns,
+    maps::{CT_SYN, CT_TCP, CT_UDP, NAT_CONFIG},
+};
+
+/// Which table an entry is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Table {
+    Tcp,
+    Syn,
+    Udp,
+}
+
+#[inline(always)]
+fn map(t: Table) -> &'static LruHashMap<CtKey, CtValue> {
+    match t {
+        Table::Tcp => &CT_TCP,
+        Table::Syn => &CT_SYN,
+        Table::Udp => &CT_UDP,
+    }
+}
 
 /// The settings the agent wrote (an array's entry always exists: all zero, the defaults, until written).
 #[inline(always)]
@@ -38,86 +71,149 @@ pub(crate) fn key(f: &Flow, dir: u8) -> CtKey {
     }
 }
 
-/// The live entry at `key`, refreshed by this packet (`f`): its lifetime from now, and `CT_CLOSING` once a
-/// FIN or RST passes (on both entries of the flow: the other direction may never see a packet again). The
-/// entry in the map, not a copy (the stack is bounded): its translation fields are written once, when the
-/// flow is created, and an LRU element is not reused before an RCU grace period.
-///
-/// A SYN (a client's, or a server's SYN-ACK) on a closing flow's entry is a new connection that reuses the
-/// tuple (a client port reused after the RST or FIN): the entry is removed, so a client's SYN starts a new
-/// flow and a connection that is not translated (a direct one from the same client port) is left alone from
-/// its SYN-ACK on.
+/// The live entry at `key` (`t`: now) and its table: UDP's, else the established TCP table's, else the
+/// half-open one's. The entry in the map, not a copy (the stack is bounded).
+#[inline(always)]
+pub(crate) fn find(key: &CtKey, t: u64) -> Option<(*mut CtValue, Table)> {
+    if key.proto != PROTO_TCP {
+        return live(Table::Udp, key, t);
+    }
+    if let Some(found) = live(Table::Tcp, key, t) {
+        return Some(found);
+    }
+    live(Table::Syn, key, t)
+}
+
+#[inline(always)]
+fn live(table: Table, key: &CtKey, t: u64) -> Option<(*mut CtValue, Table)> {
+    let p = map(table).get_ptr_mut(key)?;
+    // SAFETY: a plain read of a hash value, which stays mapped for the program's run.
+    if unsafe { (*p).expires_ns } <= t { None } else { Some((p, table)) }
+}
+
+/// The live entry at `key`, refreshed by this packet (`f`): its state moved on (both entries) and its
+/// lifetime from now. Its translation fields are written once, when the flow is created, so a concurrent
+/// refresh on another CPU can only lose a refresh, never make a bad translation.
 #[inline(always)]
 pub(crate) fn hit(key: &CtKey, f: &Flow, cfg: &NatConfig, t: u64) -> Option<&'static CtValue> {
-    let p = CONNTRACK.get_ptr_mut(key)?;
-    // SAFETY: an LRU value stays mapped for the program's run; a concurrent update of the same flow's entry
-    // on another CPU can only race this refresh of the same fields (a lost refresh, never a bad translation:
-    // the translation fields are written once, at creation).
+    let (p, table) = find(key, t)?;
+    if f.proto == PROTO_TCP {
+        return tcp(key, f, p, table, t);
+    }
+    // SAFETY: as in `live`; this run's only reference to the entry.
     let v = unsafe { &mut *p };
-    if v.expires_ns <= t {
-        return None;
+    if v.flags & CT_SEEN_REPLY == 0 && v.flags & CT_FORWARD == 0 {
+        add_state(key, v, CT_SEEN_REPLY, cfg, t);
+    } else if v.flags & (CT_SEEN_REPLY | CT_ESTABLISHED | CT_FORWARD) == CT_SEEN_REPLY | CT_FORWARD {
+        // A datagram from the client after a reply: a stream.
+        add_state(key, v, CT_ESTABLISHED, cfg, t);
     }
-    let tcp = f.proto == PROTO_TCP;
-    if tcp && v.flags & CT_CLOSING != 0 && f.tcp_flags & TCP_SYN != 0 {
-        remove(key);
-        return None;
-    }
-    if tcp && f.tcp_flags & (TCP_FIN | TCP_RST) != 0 && v.flags & CT_CLOSING == 0 {
-        v.flags |= CT_CLOSING;
-        close_other(key, v, cfg, t);
-    }
-    let established = v.flags & CT_SEEN_REPLY != 0;
-    v.expires_ns = t + cfg.lifetime_ns(tcp, established, v.flags & CT_CLOSING != 0);
+    v.expires_ns = t + cfg.lifetime_ns(false, v.flags);
     Some(v)
 }
 
-/// Mark both entries of a flow as having seen its reply (`reply_key` was just hit, for the first time):
-/// from now on TCP lives by the established timeout. The forward entry is found from the reply entry's
-/// translation: the client (`client`:`client_port`) and the frontend it used.
-#[inline(always)]
-pub(crate) fn seen_reply(
-    reply_key: &CtKey,
-    reply: &CtValue,
-    client: [u32; 4],
-    client_port: u16,
-    cfg: &NatConfig,
-    t: u64,
-) {
-    let tcp = reply_key.proto == PROTO_TCP;
-    if let Some(p) = CONNTRACK.get_ptr_mut(reply_key) {
-        // SAFETY: as in `hit`.
-        let v = unsafe { &mut *p };
-        v.flags |= CT_SEEN_REPLY;
-        v.expires_ns = t + cfg.lifetime_ns(tcp, true, v.flags & CT_CLOSING != 0);
+/// `hit` for TCP. Out of line: the other entry's key stays off the callers' stack frames.
+#[inline(never)]
+fn tcp(key: &CtKey, f: &Flow, p: *mut CtValue, table: Table, t: u64) -> Option<&'static CtValue> {
+    let cfg = config()?;
+    // SAFETY: as in `hit`.
+    let v = unsafe { &mut *p };
+    let flags = f.tcp_flags;
+    if flags & TCP_SYN != 0 && v.flags & CT_CLOSED != 0 {
+        // A new connection on a closed flow's tuple (the client reusing its port): forget the old one, so a
+        // client's SYN starts a new flow and a connection that is not translated is left alone.
+        let other = other_key(key, v);
+        remove(&other);
+        remove(key);
+        return None;
     }
-    let fwd = CtKey {
-        saddr: client,
-        daddr: reply.a,
-        sport: client_port,
-        dport: reply.a_port,
-        proto: reply_key.proto,
-        family: reply_key.family,
-        dir: CT_DIR_IN,
-        _pad: 0,
-    };
-    if let Some(p) = CONNTRACK.get_ptr_mut(fwd) {
-        // SAFETY: as in `hit`.
-        let v = unsafe { &mut *p };
-        if v.flags & CT_FORWARD != 0 {
-            v.flags |= CT_SEEN_REPLY;
-            v.expires_ns = t + cfg.lifetime_ns(tcp, true, v.flags & CT_CLOSING != 0);
+    let forward = v.flags & CT_FORWARD != 0;
+    if flags & TCP_RST != 0 {
+        if rst_ok(key, v, f, t) {
+            add_state(key, v, CT_CLOSED, cfg, t);
+        } else {
+            count_ns(NS_RST_OUTSIDE_WINDOW);
+        }
+    } else if flags & TCP_FIN != 0 {
+        let fin = if forward { CT_FIN_CLIENT } else { CT_FIN_SERVER };
+        let both = (v.flags | fin) & (CT_FIN_CLIENT | CT_FIN_SERVER) == CT_FIN_CLIENT | CT_FIN_SERVER;
+        let add = if both { fin | CT_CLOSED } else { fin };
+        if v.flags & add != add {
+            add_state(key, v, add, cfg, t);
         }
     }
+    if !forward && v.flags & CT_SEEN_REPLY == 0 && flags & TCP_RST == 0 {
+        add_state(key, v, CT_SEEN_REPLY, cfg, t);
+    }
+    if f.frag != fragment::LATER && flags & TCP_RST == 0 {
+        // A later fragment has no TCP header; a RST (one outside the window above all) must not move the
+        // window the next RST is checked against.
+        v.seq = u32::from_be(f.seq);
+        if flags & TCP_ACK != 0 {
+            v.ack = u32::from_be(f.ack);
+        }
+        v.flags |= CT_SEQ_SEEN;
+    }
+    let handshake_done = forward
+        && table == Table::Syn
+        && flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK
+        && v.flags & (CT_SEEN_REPLY | CT_ESTABLISHED) == CT_SEEN_REPLY;
+    if handshake_done {
+        add_state(key, v, CT_ESTABLISHED, cfg, t);
+    }
+    v.expires_ns = t + cfg.lifetime_ns(true, v.flags);
+    if handshake_done {
+        return promote(key, v);
+    }
+    Some(v)
 }
 
-/// Mark the other entry of the flow whose entry `v` (at `key`) just saw a FIN or RST as closing too, with
-/// the closing lifetime from now. A forward entry's other one is the reply entry its translation names (the
-/// backend to the client, or with SNAT to the node's port); a reply entry's is the forward entry of its
-/// client and frontend. Out of line: its key stays off the callers' stack frames.
-#[inline(never)]
-fn close_other(key: &CtKey, v: &CtValue, cfg: &NatConfig, t: u64) {
+/// Whether a RST on the entry `v` (at `key`) is inside the window: its sequence number between what the
+/// other side last acknowledged and this side's last sequence number (`lb_common::rst_in_window`). Before
+/// either side has a recorded segment (a RST answering the SYN) it is accepted.
+#[inline(always)]
+fn rst_ok(key: &CtKey, v: &CtValue, f: &Flow, t: u64) -> bool {
+    let other = other_key(key, v);
+    let Some((o, _)) = find(&other, t) else { return true };
+    // SAFETY: as in `live`.
+    let o = unsafe { &*o };
+    if o.flags & CT_SEQ_SEEN == 0 || v.flags & CT_SEQ_SEEN == 0 {
+        return true;
+    }
+    rst_in_window(u32::from_be(f.seq), o.ack, v.seq)
+}
+
+/// Move a flow whose handshake just completed (`key` -> `v`, its other entry too) from the half-open table
+/// to the established one; the entry now in `CT_TCP`.
+#[inline(always)]
+fn promote(key: &CtKey, v: &CtValue) -> Option<&'static CtValue> {
+    let other = other_key(key, v);
+    if let Some(o) = CT_SYN.get_ptr(other) {
+        // SAFETY: a hash value is a valid source for an update (the helper copies it).
+        let o = unsafe { &*o };
+        // By reference: the helper reads the value where it lies, no copy on the bounded stack.
+        let moved = CT_TCP.insert(other, o, 0).is_ok();
+        if moved {
+            let _ = CT_SYN.remove(other);
+        }
+    }
+    let moved = CT_TCP.insert(key, v, 0).is_ok();
+    if moved {
+        let _ = CT_SYN.remove(key);
+        count_ns(NS_ESTABLISHED);
+    }
+    let p = if moved { CT_TCP.get_ptr(key) } else { CT_SYN.get_ptr(key) };
+    // SAFETY: as in `live`.
+    p.map(|p| unsafe { &*p })
+}
+
+/// The key of the other entry of the flow whose entry at `key` is `v`. A forward entry's other one is the
+/// reply entry its translation names (the backend to the client, or with SNAT to the node's port); a reply
+/// entry's is the forward entry of its client and frontend.
+#[inline(always)]
+fn other_key(key: &CtKey, v: &CtValue) -> CtKey {
     let snat = v.flags & CT_SNAT != 0;
-    let other = if v.flags & CT_FORWARD != 0 {
+    if v.flags & CT_FORWARD != 0 {
         let (daddr, dport, dir) =
             if snat { (v.b, v.b_port, CT_DIR_IN) } else { (key.saddr, key.sport, CT_DIR_OUT) };
         CtKey {
@@ -142,38 +238,62 @@ fn close_other(key: &CtKey, v: &CtValue, cfg: &NatConfig, t: u64) {
             dir: CT_DIR_IN,
             _pad: 0,
         }
-    };
-    if let Some(p) = CONNTRACK.get_ptr_mut(other) {
-        // SAFETY: as in `hit`.
-        let o = unsafe { &mut *p };
-        o.flags |= CT_CLOSING;
-        o.expires_ns = t + cfg.lifetime_ns(true, o.flags & CT_SEEN_REPLY != 0, true);
     }
 }
 
-/// Write a new entry (replacing a dead or live one: a retransmitted SYN whose first copy's entries exist).
+/// Add the state bits `bits` to the entry `v` at `key` and to its flow's other entry, whose lifetime
+/// follows from now (`v`'s is set by the caller). Out of line: its key stays off the callers' frames.
+#[inline(never)]
+fn add_state(key: &CtKey, v: &mut CtValue, bits: u16, cfg: &NatConfig, t: u64) {
+    v.flags |= bits;
+    let other = other_key(key, v);
+    if let Some((p, _)) = find(&other, t) {
+        // SAFETY: as in `live`.
+        let o = unsafe { &mut *p };
+        o.flags |= bits;
+        o.expires_ns = t + cfg.lifetime_ns(key.proto == PROTO_TCP, o.flags);
+    }
+}
+
+/// Write a new flow's entry (replacing a dead or live one: a retransmitted SYN whose first copy's entries
+/// exist): TCP in the half-open table (a dead entry of the established table at the same key goes, so a
+/// lookup cannot find it first), UDP in its own.
 #[inline(always)]
 pub(crate) fn create(k: &CtKey, v: &CtValue) -> bool {
-    CONNTRACK.insert(k, v, 0).is_ok()
+    if k.proto != PROTO_TCP {
+        return CT_UDP.insert(k, v, 0).is_ok();
+    }
+    let _ = CT_TCP.remove(k);
+    CT_SYN.insert(k, v, 0).is_ok()
 }
 
 /// Write an SNAT port's reply entry only if the port is free for this (backend, node address) pair: no
-/// entry, or an expired one. `false`: a live flow holds it.
+/// live entry in any table of its protocol. `false`: a live flow holds it.
 #[inline(always)]
 pub(crate) fn claim(k: &CtKey, v: &CtValue, t: u64) -> bool {
-    if CONNTRACK.insert(k, v, u64::from(BPF_NOEXIST)).is_ok() {
+    if find(k, t).is_some() {
+        return false;
+    }
+    // No live entry: write it unless another CPU claimed the port since (`BPF_NOEXIST`); a dead entry in
+    // the way is replaced.
+    let table = map(if k.proto == PROTO_TCP { Table::Syn } else { Table::Udp });
+    if table.insert(k, v, u64::from(BPF_NOEXIST)).is_ok() {
         return true;
     }
-    match CONNTRACK.get_ptr(k) {
-        // SAFETY: a plain read of an LRU value.
-        Some(p) if unsafe { (*p).expires_ns } <= t => create(k, v),
-        Some(_) => false,
-        None => create(k, v),
+    match table.get_ptr(k) {
+        // SAFETY: a plain read of a hash value.
+        Some(p) if unsafe { (*p).expires_ns } > t => false,
+        _ => create(k, v),
     }
 }
 
-/// Remove an entry (the reply entry of a flow whose forward entry could not be written).
+/// Remove the entry at `k` from every table of its protocol.
 #[inline(always)]
 pub(crate) fn remove(k: &CtKey) {
-    let _ = CONNTRACK.remove(k);
+    if k.proto != PROTO_TCP {
+        let _ = CT_UDP.remove(k);
+        return;
+    }
+    let _ = CT_SYN.remove(k);
+    let _ = CT_TCP.remove(k);
 }

@@ -12,7 +12,7 @@
 use aya_ebpf::helpers::bpf_ktime_get_boot_ns;
 use lb_common::{FRAGMENT_LIFETIME_NS, NS_PASS_FRAGMENT};
 
-use super::PASS;
+use super::NOT_OURS;
 use crate::{
     counters::count_ns,
     maps::{FRAGMENTS, FragKey, FragPorts},
@@ -56,5 +56,5 @@ pub(crate) fn record(key: &FragKey, sport: u16, dport: u16) {
 #[inline(always)]
 pub(crate) fn passed() -> i32 {
     count_ns(NS_PASS_FRAGMENT);
-    PASS
+    NOT_OURS
 }

@@ -23,11 +23,11 @@ use lb_common::{
 };
 
 use super::{
-    DROP, PASS, conntrack,
+    DROP, NOT_OURS, PASS, conntrack,
     packet::{ETH_LEN, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC, NEXTHDR_FRAGMENT},
     route,
 };
-use crate::{counters::count_ns, maps::CONNTRACK};
+use crate::counters::count_ns;
 
 /// The ICMP header's length before the quoted packet.
 const ICMP_LEN: usize = 8;
@@ -41,16 +41,16 @@ fn is_error(family: u8, t: u8) -> bool {
 }
 
 /// An ICMP(v6) packet `f` (`packet::Parsed::Icmp`) seen in direction `dir`: translated when it is an error
-/// about a tracked flow, else passed on untouched. The tc verdict.
+/// about a tracked flow (its tc verdict), else `NOT_OURS`.
 #[inline(never)]
 pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
-    let Ok(kind) = ctx.load::<u8>(f.l4) else { return PASS };
+    let Ok(kind) = ctx.load::<u8>(f.l4) else { return NOT_OURS };
     if !is_error(f.family, kind) {
-        return PASS;
+        return NOT_OURS;
     }
     let mut q = Flow::default();
     if !quoted(ctx, f, &mut q) {
-        return PASS;
+        return NOT_OURS;
     }
     let key = CtKey {
         saddr: q.daddr,
@@ -62,13 +62,10 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
         dir,
         _pad: 0,
     };
-    let Some(entry) = CONNTRACK.get_ptr(key) else { return PASS };
+    let Some((entry, _)) = conntrack::find(&key, conntrack::now()) else { return NOT_OURS };
     // SAFETY: an LRU value stays mapped for the program's run; its translation fields are written once, at
     // the flow's creation (see `conntrack::hit`).
     let v = unsafe { &*entry };
-    if v.expires_ns <= conntrack::now() {
-        return PASS;
-    }
     let snat = v.flags & CT_SNAT != 0;
     let forward = v.flags & CT_FORWARD != 0;
     // The error's new outer addresses (the SNAT path's, for the FIB) are those of the translated packet a

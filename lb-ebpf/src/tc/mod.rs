@@ -27,13 +27,14 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lb_common::{
-    Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN, CT_DIR_OUT, CT_FORWARD,
-    CT_SEEN_REPLY, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_POLICY_LOCAL,
-    FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, NS_DROP_CT_FULL,
-    NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_DROP_SOURCE_RANGE,
-    NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN,
-    OUTCOME_REFUSED, OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE,
-    SOURCE_RANGE_FRONTEND_BITS, Slot, SourceRangeKey, choose, snat_port,
+    ADDR_FOREIGN, ADDR_NODE, AddrKey, Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN,
+    CT_DIR_OUT, CT_FORWARD, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP,
+    FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue,
+    NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED,
+    NS_DROP_SOURCE_RANGE, NS_DROP_UNMATCHED, NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN,
+    NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED,
+    OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE, SNAT_TRIES, SOURCE_RANGE_FRONTEND_BITS,
+    Slot, SourceRangeKey, choose,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -42,16 +43,18 @@ use crate::{
     affinity,
     counters::{count, count_ns},
     health::is_down,
-    maps::{FRONTENDS, LOCAL_BACKENDS, SOURCE_RANGES, backend_at, copy_frontend},
+    maps::{FRONTENDS, LOCAL_BACKENDS, NS_ADDRS, SOURCE_RANGES, backend_at, copy_frontend},
     trace,
 };
 
-/// Not ours, or ours and handed on to the stack: the next program (tcx) or the default action.
+/// Handed on to the stack (translated, or not ours): the next program (tcx) or the default action.
 pub(crate) const PASS: i32 = TC_ACT_UNSPEC;
+/// The inner steps' answer for a packet they left untouched (not a tracked flow's, starting none): passed on,
+/// except on ingress to an address that is not the node's (`ADDR_FOREIGN`), where it is dropped. Not a tc
+/// verdict.
+pub(crate) const NOT_OURS: i32 = i32::MIN + 2;
 /// Dropped (and counted).
 pub(crate) const DROP: i32 = TC_ACT_SHOT;
-/// How many SNAT ports a new flow tries before it is dropped (`NS_DROP_SNAT_EXHAUSTED`).
-const SNAT_TRIES: u32 = 8;
 
 #[classifier]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
@@ -60,11 +63,37 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     // SAFETY: this CPU's scratch value; a tc program runs with bottom halves disabled, so no other run on this
     // CPU uses it until this one returns.
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
-    match packet::parse(&ctx, f) {
+    let parsed = packet::parse(&ctx, f);
+    if parsed == Parsed::Other {
+        return PASS;
+    }
+    // The pre-filter: traffic to an address that is neither the node's nor an outside frontend's costs
+    // this one lookup.
+    let Some(to) = NS_ADDRS.get_ptr(AddrKey { addr: f.daddr, family: f.family, _pad: [0; 3] }) else {
+        return PASS;
+    };
+    // SAFETY: a plain read of a hash value.
+    let foreign = unsafe { *to } & (ADDR_FOREIGN | ADDR_NODE) == ADDR_FOREIGN;
+    match ingress(&ctx, f, k, parsed) {
+        NOT_OURS if foreign => {
+            // Passed on, the stack would route it back to the router that sent it (the address is on no
+            // interface of the node), and the router back here, until its TTL ran out.
+            count_ns(NS_DROP_UNMATCHED);
+            DROP
+        }
+        NOT_OURS => PASS,
+        verdict => verdict,
+    }
+}
+
+/// `tc_ingress` past the pre-filter: the verdict, or `NOT_OURS`.
+#[inline(always)]
+fn ingress(ctx: &TcContext, f: &mut Flow, k: &mut CtKey, parsed: Parsed) -> i32 {
+    match parsed {
         Parsed::Flow => {}
         Parsed::Fragment => return fragment::passed(),
-        Parsed::Icmp => return icmp::error(&ctx, f, CT_DIR_IN),
-        Parsed::Other => return PASS,
+        Parsed::Icmp => return icmp::error(ctx, f, CT_DIR_IN),
+        Parsed::Other => return NOT_OURS,
     }
     let (f, k): (&Flow, &CtKey) = {
         *k = conntrack::key(f, CT_DIR_IN);
@@ -73,7 +102,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     let Some(cfg) = conntrack::config() else { return PASS };
     let t = conntrack::now();
     if let Some(v) = conntrack::hit(k, f, cfg, t) {
-        return tracked(&ctx, f, k, v, cfg);
+        return tracked(ctx, f, v);
     }
     if f.frag == fragment::LATER {
         // Its flow ended since the first fragment: no new flow from a fragment without ports.
@@ -101,7 +130,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
         // SAFETY: this CPU's scratch value, written by `new_flow` in this run (softirq or not, a tc program
         // is not preempted by another on the same CPU between these two calls: they run with migration and
         // bottom halves as the hook gives them, and the scratch is only used within one run).
-        Some(n) => tracked(&ctx, f, unsafe { &(*n).fwd_key }, unsafe { &(*n).fwd }, cfg),
+        Some(n) => tracked(ctx, f, unsafe { &(*n).fwd }),
         None => PASS,
     }
 }
@@ -139,13 +168,20 @@ fn tc_egress(ctx: TcContext) -> i32 {
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
     match packet::parse(&ctx, f) {
         Parsed::Flow => {}
-        Parsed::Icmp => return icmp::error(&ctx, f, CT_DIR_OUT),
+        Parsed::Icmp => {
+            let verdict = icmp::error(&ctx, f, CT_DIR_OUT);
+            return if verdict == NOT_OURS { PASS } else { verdict };
+        }
         Parsed::Fragment | Parsed::Other => return PASS,
+    }
+    // The pre-filter: the replies translated here come from this node's endpoints.
+    if LOCAL_BACKENDS.get_ptr(CtAddr { addr: f.saddr }).is_none() {
+        return PASS;
     }
     *k = conntrack::key(f, CT_DIR_OUT);
     let Some(cfg) = conntrack::config() else { return PASS };
     match conntrack::hit(k, f, cfg, conntrack::now()) {
-        Some(v) => tracked(&ctx, f, k, v, cfg),
+        Some(v) => tracked(&ctx, f, v),
         None => PASS,
     }
 }
@@ -163,17 +199,12 @@ static PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
 /// `route::forward`): each has a stack frame of its own, which the 512-byte bound allows where one inlined
 /// body would not.
 #[inline(never)]
-fn tracked(ctx: &TcContext, f: &Flow, k: &CtKey, v: &CtValue, cfg: &NatConfig) -> i32 {
+fn tracked(ctx: &TcContext, f: &Flow, v: &CtValue) -> i32 {
     let snat = v.flags & CT_SNAT != 0;
     let ok = if v.flags & CT_FORWARD != 0 {
         packet::set_dst(ctx, f, &v.a, v.a_port).is_ok()
             && (!snat || packet::set_src(ctx, f, &v.b, v.b_port).is_ok())
     } else {
-        if v.flags & CT_SEEN_REPLY == 0 {
-            // The first reply: the flow is established (TCP lives by the longer timeout from now).
-            let (client, client_port) = if snat { (v.b, v.b_port) } else { (f.daddr, f.dport) };
-            conntrack::seen_reply(k, v, client, client_port, cfg, conntrack::now());
-        }
         packet::set_src(ctx, f, &v.a, v.a_port).is_ok()
             && (!snat || packet::set_dst(ctx, f, &v.b, v.b_port).is_ok())
     };
@@ -220,7 +251,7 @@ fn new_flow(f: &Flow) -> i32 {
     *client = Backend { addr: f.saddr, port: f.sport, proto: f.proto, family: f.family };
     let client: &Backend = client;
     if !frontend(&key, fe) {
-        return PASS;
+        return NOT_OURS;
     }
     let fe: &FrontendValue = fe;
     if let Some(verdict) = refuse(fe, &key, f) {
@@ -233,7 +264,7 @@ fn new_flow(f: &Flow) -> i32 {
             (OUTCOME_REFUSED, Some(COUNTER_DROPPED), NS_DROP_NO_LOCAL, DROP)
         }
         lb_common::Choice::Empty => (OUTCOME_REFUSED, Some(COUNTER_REJECTED), NS_DROP_NO_ENDPOINTS, DROP),
-        lb_common::Choice::Error => (OUTCOME_FAIL_OPEN, None, NS_FAIL_OPEN, PASS),
+        lb_common::Choice::Error => (OUTCOME_FAIL_OPEN, None, NS_FAIL_OPEN, NOT_OURS),
     };
     if trace::on() {
         trace::flow(&key, fe, trace::outcome(outcome, 0), &Backend::default(), client);
@@ -255,7 +286,7 @@ fn admit(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     let fe: &FrontendValue = fe;
     // The trace gets the outcome as plain values: a `Choice` whose address is taken for a call made LLVM spill
     // it in a way the verifier refused (a register read after the call that clobbered it).
-    let lb_common::Choice::Backend { tier, backend } = *choice else { return PASS };
+    let lb_common::Choice::Backend { tier, backend } = *choice else { return NOT_OURS };
     if trace::on() {
         trace::flow(&fe.key, fe, trace::outcome(OUTCOME_TRANSLATED, tier), &backend, client);
     }
@@ -270,7 +301,7 @@ fn admit(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
         a_port: backend.port,
         flags: CT_FORWARD,
         svc_id: fe.svc_id,
-        expires_ns: t + cfg.lifetime_ns(f.proto == PROTO_TCP, false, false),
+        expires_ns: t + cfg.lifetime_ns(f.proto == PROTO_TCP, 0),
         ..CtValue::default()
     };
     *reply = CtValue {
@@ -351,15 +382,28 @@ fn snat(
     reply.b_port = f.sport;
     reply_key.daddr = node;
     reply_key.dir = CT_DIR_IN;
-    let (lo, hi) = cfg.snat_ports();
+    let ports = cfg.snat_ports();
+    // The client's own port first (kube-proxy's masquerade keeps it when the tuple is free), if it is one
+    // of the SNAT ports: outside the node's ephemeral range, so no socket of the node is given it
+    // automatically for the same backend.
+    if ports.contains(u16::from_be(f.sport)) {
+        reply_key.dport = f.sport;
+        if conntrack::claim(reply_key, reply, t) {
+            fwd.b_port = reply_key.dport;
+            count_ns(NS_SNAT_PORT_KEPT);
+            return true;
+        }
+        count_ns(NS_SNAT_PORT_RETRIES);
+    }
     // SAFETY: helper without preconditions.
     let seed = unsafe { bpf_get_prandom_u32() };
     for attempt in 0..SNAT_TRIES {
-        reply_key.dport = snat_port(seed, attempt, lo, hi).to_be();
+        reply_key.dport = ports.pick(seed, attempt).to_be();
         if conntrack::claim(reply_key, reply, t) {
             fwd.b_port = reply_key.dport;
             return true;
         }
+        count_ns(NS_SNAT_PORT_RETRIES);
     }
     false
 }
@@ -377,7 +421,7 @@ fn refuse(fe: &FrontendValue, key: &FrontendKey, f: &Flow) -> Option<i32> {
         // Not a connection's first segment: an expired or evicted flow, or a reply to a node socket that
         // happens to use this port. Either way not a new flow to translate.
         count_ns(NS_PASS_NOT_SYN);
-        return Some(PASS);
+        return Some(NOT_OURS);
     }
     None
 }

@@ -50,6 +50,9 @@ pub(crate) struct Flow {
     pub family: u8,
     /// TCP flags (0 for UDP).
     pub tcp_flags: u8,
+    /// TCP sequence and acknowledgement numbers as they lie in the packet (0 for UDP).
+    pub seq: u32,
+    pub ack: u32,
     /// `fragment::WHOLE`, `FIRST` or `LATER` (a later fragment has no L4 header: its ports are the first
     /// fragment's, and only its addresses are rewritten).
     pub frag: u8,
@@ -83,6 +86,8 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
     f.saddr = [0; 4];
     f.daddr = [0; 4];
     f.tcp_flags = 0;
+    f.seq = 0;
+    f.ack = 0;
     f.frag = fragment::WHOLE;
     if eth_proto == ETH_P_IP {
         let Ok(vihl) = ctx.load::<u8>(ETH_LEN) else { return Parsed::Other };
@@ -177,12 +182,24 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
     } else {
         return Parsed::Other;
     }
+    l4(ctx, f)
+}
+
+/// The TCP/UDP header of `f` at `f.l4`: its ports, and TCP's flags and sequence numbers.
+#[inline(always)]
+fn l4(ctx: &TcContext, f: &mut Flow) -> Parsed {
     let (Ok(sp), Ok(dp)) = (ctx.load::<u16>(f.l4), ctx.load::<u16>(f.l4 + 2)) else { return Parsed::Other };
     f.sport = sp;
     f.dport = dp;
     if f.proto == PROTO_TCP {
-        let Ok(flags) = ctx.load::<u8>(f.l4 + 13) else { return Parsed::Other };
+        let (Ok(flags), Ok(seq), Ok(ack)) =
+            (ctx.load::<u8>(f.l4 + 13), ctx.load::<u32>(f.l4 + 4), ctx.load::<u32>(f.l4 + 8))
+        else {
+            return Parsed::Other;
+        };
         f.tcp_flags = flags;
+        f.seq = seq;
+        f.ack = ack;
     }
     Parsed::Flow
 }

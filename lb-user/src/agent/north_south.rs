@@ -35,11 +35,18 @@ pub(super) struct NorthSouth {
     /// that replanned everything read the maps (an earlier agent's pinned contents) and make them equal to
     /// every Service's part.
     written: Option<Contributions>,
+    /// When the conntrack occupancy was last read for `/metrics`.
+    observed: Option<Instant>,
+    /// The ingress pre-filter as last written (`None`: not yet).
+    addrs: Option<std::collections::BTreeMap<std::net::IpAddr, u32>>,
     /// When a write last failed (a full map): the maps are made whole again at most every
     /// [`REWRITE_AFTER_FAILURE`], not on every sync, so an overfull map does not make each edit cost every
     /// Service.
     failed: Option<Instant>,
 }
+
+/// How often `/metrics`' conntrack occupancy is read.
+const CONNTRACK_EVERY: Duration = Duration::from_secs(10);
 
 /// How long after a failed write the maps are rewritten whole.
 const REWRITE_AFTER_FAILURE: Duration = Duration::from_secs(10);
@@ -52,6 +59,8 @@ impl NorthSouth {
             pin_dir: pin_dir.map(Path::to_owned),
             attached: std::collections::BTreeSet::new(),
             config: None,
+            addrs: None,
+            observed: None,
             written: None,
             failed: None,
         }
@@ -113,7 +122,8 @@ impl NorthSouth {
         let rewrite = self.failed.is_some_and(|t| t.elapsed() >= REWRITE_AFTER_FAILURE);
         if !rewrite && let (Some(written), Some(services)) = (self.written.as_mut(), &r.touched) {
             let delta = written.update(model, &node.name, rec, services);
-            if !self.write(&delta) {
+            let ok = self.write(&delta);
+            if !(ok && self.write_addrs(node)) {
                 self.failed.get_or_insert_with(Instant::now);
             }
             return;
@@ -126,8 +136,26 @@ impl NorthSouth {
         if r.updated + r.removed > 0 {
             log_forgotten(self.maps.forget_udp_except(&all.udp().collect()));
         }
-        self.failed = (local.is_err() || ranges.is_err()).then(Instant::now);
         self.written = Some(all);
+        let addrs = self.write_addrs(node);
+        self.failed = (local.is_err() || ranges.is_err() || !addrs).then(Instant::now);
+    }
+
+    /// Write the ingress pre-filter if it changed: the node's NodePort addresses, and the load-balancer IPs
+    /// and externalIPs of the applied outside frontends, each marked as the node's (on one of its
+    /// interfaces) or foreign. False (logged) if the write failed.
+    fn write_addrs(&mut self, node: &NodeInfo) -> bool {
+        let Some(c) = &self.written else { return true };
+        let want = pre_filter(node, c.lb_addrs(), &tc::interface_addresses());
+        if self.addrs.as_ref() == Some(&want) {
+            return true;
+        }
+        let r = self.maps.set_addrs(&want);
+        log_failure(r.as_ref().err(), "cannot write the addresses of traffic from outside");
+        if r.is_ok() {
+            self.addrs = Some(want);
+        }
+        r.is_ok()
     }
 
     /// Write what changed; false (logged) if a write failed.
@@ -138,6 +166,22 @@ impl NorthSouth {
         log_failure(ranges.as_ref().err(), "cannot write loadBalancerSourceRanges");
         log_forgotten(self.maps.forget_udp_to(&d.udp_departed));
         local.is_ok() && ranges.is_ok()
+    }
+
+    /// Publish the conntrack tables' occupancy to `/metrics`, at most every [`CONNTRACK_EVERY`] (a walk of
+    /// the tables).
+    pub(super) fn observe(&mut self, stats: &crate::metrics::AgentStats) {
+        if self.observed.is_some_and(|t| t.elapsed() < CONNTRACK_EVERY) {
+            return;
+        }
+        self.observed = Some(Instant::now());
+        let c = self.maps.conntrack_stats(crate::datapath::marks::boottime_ns());
+        for (name, t) in lb_common::CT_TABLES.iter().zip(&c.tables) {
+            let labels = vec![("table".to_owned(), (*name).to_owned())];
+            stats.conntrack_entries.get_or_create(&labels).set(crate::metrics::gauge(t.entries));
+            stats.conntrack_flows.get_or_create(&labels).set(crate::metrics::gauge(t.flows));
+            stats.conntrack_capacity.get_or_create(&labels).set(i64::from(t.capacity));
+        }
     }
 
     /// A handle on the tc programs' counters for `/metrics` (`None`, logged, if it cannot be made).
@@ -156,11 +200,33 @@ impl NorthSouth {
     }
 }
 
+/// The ingress pre-filter (`NS_ADDRS`): the node's NodePort addresses (`ADDR_NODE`), and the load-balancer
+/// IPs and externalIPs `lb`, `ADDR_NODE` where one of the node's interfaces (`interfaces`) holds them (kube-vip
+/// and the like assign them), else `ADDR_FOREIGN` (MetalLB and BGP speakers route them to the node without
+/// assigning them: an unmatched packet to one is dropped, not routed back out).
+pub(super) fn pre_filter(
+    node: &NodeInfo,
+    lb: impl Iterator<Item = std::net::IpAddr>,
+    interfaces: &[(String, std::net::IpAddr)],
+) -> std::collections::BTreeMap<std::net::IpAddr, u32> {
+    let mut out: std::collections::BTreeMap<_, _> =
+        node.node_port_addresses.iter().map(|a| (*a, lb_common::ADDR_NODE)).collect();
+    for ip in lb {
+        let on_node = out.contains_key(&ip) || interfaces.iter().any(|(_, a)| *a == ip);
+        out.insert(ip, if on_node { lb_common::ADDR_NODE } else { lb_common::ADDR_FOREIGN });
+    }
+    out
+}
+
 /// The tc programs' settings for `node`: the node addresses SNAT leaves from for load-balancer IPs and
 /// externalIPs (the first NodePort address of each family; a node port SNATs to the address it was reached
-/// on), defaults for the rest (see `lb_common::nat`).
+/// on), the node's ephemeral port range (cut out of the SNAT ports, so no socket of the node is given one
+/// of them automatically), defaults for the rest (see `lb_common::nat`).
 pub(super) fn nat_config(node: &NodeInfo) -> NatConfig {
     let mut c = NatConfig::default();
+    if let Some((lo, hi)) = tc::ephemeral_ports() {
+        (c.ephemeral_min, c.ephemeral_max) = (lo, hi);
+    }
     if let Some(v4) = node.node_port_addresses.iter().find(|a| a.is_ipv4()) {
         c.snat_v4 = addr::words(*v4)[0];
     }

@@ -15,8 +15,12 @@ pub struct Capacities {
     pub reverse: u32,
     /// sessionAffinity entries (frontend, client) remembered at once (an LRU).
     pub affinity: u32,
-    /// Conntrack entries of traffic from outside the node (an LRU, two per flow).
+    /// Conntrack entries of established TCP flows from outside the node (an LRU, two per flow).
     pub conntrack: u32,
+    /// Conntrack entries of half-open TCP flows (an LRU of its own).
+    pub conntrack_syn: u32,
+    /// Conntrack entries of UDP flows (an LRU of its own).
+    pub conntrack_udp: u32,
 }
 
 impl Default for Capacities {
@@ -28,6 +32,8 @@ impl Default for Capacities {
             reverse: lb_common::DEFAULT_MAX_REVERSE,
             affinity: lb_common::DEFAULT_MAX_AFFINITY,
             conntrack: lb_common::DEFAULT_MAX_CONNTRACK,
+            conntrack_syn: lb_common::DEFAULT_MAX_CONNTRACK_SYN,
+            conntrack_udp: lb_common::DEFAULT_MAX_CONNTRACK_UDP,
         }
     }
 }

@@ -4,15 +4,16 @@ use std::path::PathBuf;
 
 use aya::maps::MapData;
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_CGROUPS,
-    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue,
-    Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP,
-    MAP_CONNTRACK, MAP_COUNTERS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
-    MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE,
-    MAP_REVERSE_TCP, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS,
-    MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig,
-    OutsideAffinityKey, REVERSE_TCP_SLOTS, ReverseKey, ReverseValue, ServiceCounters, ServiceName, SlotBlock,
-    SlotKey, SockState, SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TcpReverse, TraceControl,
+    AddrKey, AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_CGROUPS,
+    DEFAULT_MAX_LOCAL_BACKENDS, DEFAULT_MAX_NS_ADDRS, DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS,
+    FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS,
+    MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP, MAP_FRONTENDS, MAP_HEALTH,
+    MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_ADDRS,
+    MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_REVERSE_TCP, MAP_SLOTS, MAP_SOCKS,
+    MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MemberKey,
+    MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, REVERSE_TCP_SLOTS, ReverseKey,
+    ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TcpReverse, TraceControl,
 };
 
 use super::{capacity::Capacities, error::DatapathError};
@@ -50,7 +51,10 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_TRACE_EVENTS => (TRACE_RING_BYTES, FIXED, 0, |_| 0),
         MAP_TRACE_CONTROL => (1, FIXED, 0, |_| 0),
         MAP_TRACE_SERVICES => (TRACE_MAX_SERVICES, FIXED, 0, |_| 0),
-        MAP_CONNTRACK => (caps.conntrack, "conntrack", caps.conntrack, same),
+        MAP_CT_TCP => (caps.conntrack, "conntrack", caps.conntrack, same),
+        MAP_CT_SYN => (caps.conntrack_syn, "conntrack-syn", caps.conntrack_syn, same),
+        MAP_CT_UDP => (caps.conntrack_udp, "conntrack-udp", caps.conntrack_udp, same),
+        MAP_NS_ADDRS => (DEFAULT_MAX_NS_ADDRS, FIXED, 0, |_| 0),
         MAP_LOCAL_BACKENDS => (DEFAULT_MAX_LOCAL_BACKENDS, FIXED, 0, |_| 0),
         MAP_NAT_CONFIG => (1, FIXED, 0, |_| 0),
         MAP_SOURCE_RANGES => (DEFAULT_MAX_SOURCE_RANGES, FIXED, 0, |_| 0),
@@ -92,7 +96,8 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             MAP_TRACE_EVENTS => (0, 0),
             MAP_TRACE_CONTROL => (4, size_of::<TraceControl>() as u32),
             MAP_TRACE_SERVICES => (4, 4),
-            MAP_CONNTRACK => (size_of::<CtKey>() as u32, size_of::<CtValue>() as u32),
+            MAP_CT_TCP | MAP_CT_SYN | MAP_CT_UDP => (size_of::<CtKey>() as u32, size_of::<CtValue>() as u32),
+            MAP_NS_ADDRS => (size_of::<AddrKey>() as u32, 4),
             MAP_LOCAL_BACKENDS => (size_of::<CtAddr>() as u32, 4),
             MAP_NAT_CONFIG => (4, size_of::<NatConfig>() as u32),
             // An LPM trie's key is its prefix length and the data.

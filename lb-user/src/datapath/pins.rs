@@ -135,7 +135,8 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     check_bpffs(bpffs)?;
     let dir = instance_dir(bpffs, instance);
     let mut removed = Vec::new();
-    // The tc links first (removing a tcx link's pin detaches it; netlink filters are removed by name).
+    // The tc links first (removing a tcx link's pin detaches it); netlink filters leave no pin, so every
+    // device of the namespace is rid of filters with our programs' names.
     for device in super::tc::pinned_devices(&dir) {
         for (name, _) in super::tc::TC_PROGRAMS {
             let p = super::tc::tc_link_pin(&dir, name, &device);
@@ -144,6 +145,11 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
             }
         }
         super::tc::detach(Some(&dir), &device);
+    }
+    if !super::tc::has_tcx() {
+        for device in super::tc::all_devices() {
+            super::tc::detach(None, &device);
+        }
     }
     let pins = PROGRAMS
         .iter()

@@ -32,25 +32,84 @@ pub fn tc_link_pin(dir: &Path, program: &str, device: &str) -> PathBuf {
 
 /// Whether this kernel attaches tc programs with tcx links (6.6 and later).
 pub fn has_tcx() -> bool {
-    KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
+    match AttachMode::current() {
+        AttachMode::Tcx => true,
+        AttachMode::Netlink => false,
+        AttachMode::Auto => KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)),
+    }
 }
+
+/// How the tc programs are attached (`--tc-attach`): tcx links from kernel 6.6, netlink clsact filters below
+/// (`Auto`), or one of them forced (netlink on a newer kernel: a CNI that manages clsact filters, or the
+/// tests of the path kernels 6.1-6.5 take).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachMode {
+    /// tcx where the kernel has it (6.6), else netlink.
+    #[default]
+    Auto,
+    /// tcx links, pinned.
+    Tcx,
+    /// netlink filters on a clsact qdisc, at a fixed priority and handle (`NETLINK_PRIORITY`), replaced in
+    /// place by a restarted agent.
+    Netlink,
+}
+
+static ATTACH_MODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl AttachMode {
+    /// Set the process's attach mode (the agent, at start).
+    pub fn set(self) {
+        ATTACH_MODE.store(self as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn current() -> Self {
+        match ATTACH_MODE.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Self::Tcx,
+            2 => Self::Netlink,
+            _ => Self::Auto,
+        }
+    }
+}
+
+/// The priority of tierlb's netlink filters (the handle is 1): fixed, so a restarted agent replaces its
+/// filter in place (`cls_bpf` swaps the program atomically) instead of adding another, and high, so a CNI's
+/// filters at the usual low numbers run first (as tcx's last place does).
+pub const NETLINK_PRIORITY: u16 = 65_000;
+const NETLINK_HANDLE: tc::TcHandle = tc::TcHandle::new(0, 1);
 
 /// The devices of this network namespace that hold one of `addrs` (the node's NodePort addresses), sorted.
 pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
-    let mut out = BTreeSet::new();
-    if let Ok(ifs) = nix::ifaddrs::getifaddrs() {
-        for ifa in ifs {
-            let Some(a) = ifa.address else { continue };
-            let ip = a
-                .as_sockaddr_in()
-                .map(|s| IpAddr::V4(s.ip()))
-                .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())));
-            if ip.is_some_and(|ip| addrs.contains(&ip)) && ifa.interface_name != "lo" {
-                out.insert(ifa.interface_name);
-            }
-        }
-    }
+    let out: BTreeSet<String> = interface_addresses()
+        .into_iter()
+        .filter(|(name, ip)| addrs.contains(ip) && name != "lo")
+        .map(|(name, _)| name)
+        .collect();
     out.into_iter().collect()
+}
+
+/// Every address on an interface of this network namespace, with the interface's name.
+pub fn interface_addresses() -> Vec<(String, IpAddr)> {
+    let Ok(ifs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    ifs.filter_map(|ifa| {
+        let a = ifa.address?;
+        let ip = a
+            .as_sockaddr_in()
+            .map(|s| IpAddr::V4(s.ip()))
+            .or_else(|| a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())))?;
+        Some((ifa.interface_name, ip))
+    })
+    .collect()
+}
+
+/// The node's ephemeral port range (`net.ipv4.ip_local_port_range` of this network namespace, which IPv6
+/// sockets use too), `None` if it cannot be read.
+pub fn ephemeral_ports() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    match (it.next(), it.next()) {
+        (Some(Ok(lo)), Some(Ok(hi))) if lo <= hi => Some((lo, hi)),
+        _ => None,
+    }
 }
 
 fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier, DatapathError> {
@@ -76,13 +135,13 @@ pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(
     for (name, kind) in TC_PROGRAMS {
         let p = classifier(ebpf, name)?;
         let attaching = |e| bpf_err(format!("attaching {name} to device {device} (needs CAP_NET_ADMIN)"), e);
-        let opts = if tcx {
+        let id = if tcx {
             // Last in the device's chain: a CNI's own programs keep their place before ours.
-            TcAttachOptions::TcxOrder(LinkOrder::last())
+            p.attach_with_options(device, kind, TcAttachOptions::TcxOrder(LinkOrder::last()))
+                .map_err(attaching)?
         } else {
-            TcAttachOptions::Netlink(tc::NlOptions::default())
+            attach_netlink(p, device, name, kind).map_err(attaching)?
         };
-        let id = p.attach_with_options(device, kind, opts).map_err(attaching)?;
         let (Some(dir), true) = (pin_dir, tcx) else {
             // Netlink filters stay with the device after the agent exits; `detach_device` removes them.
             if !tcx {
@@ -101,6 +160,32 @@ pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(
         std::fs::rename(&fresh, &path).map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
     }
     Ok(())
+}
+
+/// Attach `p` (named `name`) to `device` by netlink at `NETLINK_PRIORITY`: replace our filter there in place
+/// (an earlier agent's; no moment without a program), or, where there is none, remove any filter of ours at
+/// another priority (an earlier version added one at a new priority on every start) and add it.
+fn attach_netlink(
+    p: &mut SchedClassifier,
+    device: &str,
+    name: &str,
+    kind: TcAttachType,
+) -> Result<tc::SchedClassifierLinkId, aya::programs::ProgramError> {
+    let ours = tc::SchedClassifierLink::attached(device, kind, NETLINK_PRIORITY, NETLINK_HANDLE, None)
+        .map_err(tc::TcError::IoError)?;
+    if let Ok(id) = p.attach_to_link(ours) {
+        return Ok(id);
+    }
+    let _ = tc::qdisc_detach_program(device, kind, name);
+    let opts = tc::NlOptions { priority: NETLINK_PRIORITY, handle: NETLINK_HANDLE, ..Default::default() };
+    p.attach_with_options(device, kind, TcAttachOptions::Netlink(opts))
+}
+
+/// Every device of this network namespace (`if_nameindex`), for the netlink filters, which leave no pin.
+pub fn all_devices() -> Vec<String> {
+    nix::net::if_::if_nameindex()
+        .map(|ifs| ifs.iter().map(|i| i.name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
 }
 
 /// The devices an instance's pinned tc links are on (`link_tc_*@DEVICE`).
@@ -139,13 +224,60 @@ pub fn detach(dir: Option<&Path>, device: &str) {
 pub struct NsMaps {
     local: aya::maps::HashMap<aya::maps::MapData, lb_common::CtAddr, u32>,
     config: aya::maps::Array<aya::maps::MapData, lb_common::NatConfig>,
-    conntrack: aya::maps::HashMap<aya::maps::MapData, lb_common::CtKey, lb_common::CtValue>,
+    /// The conntrack tables in `lb_common::CT_TABLES` order: established TCP, half-open TCP, UDP.
+    conntrack: [CtTable; 3],
     counters: aya::maps::PerCpuArray<aya::maps::MapData, u64>,
     /// A second descriptor of the counters, for readers off the agent loop (`/metrics`).
     counters_fd: std::os::fd::OwnedFd,
-    /// A second descriptor of the conntrack table, for its fdinfo (`conntrack_memory`).
-    conntrack_fd: std::os::fd::OwnedFd,
     source_ranges: aya::maps::lpm_trie::LpmTrie<aya::maps::MapData, lb_common::SourceRangeKey, u32>,
+    addrs: aya::maps::HashMap<aya::maps::MapData, lb_common::AddrKey, u32>,
+}
+
+/// One conntrack table, and a second descriptor of it for its fdinfo (`conntrack_memory`).
+struct CtTable {
+    map: aya::maps::HashMap<aya::maps::MapData, lb_common::CtKey, lb_common::CtValue>,
+    fd: std::os::fd::OwnedFd,
+    capacity: u32,
+}
+
+impl CtTable {
+    fn new(map: aya::maps::Map, name: &'static str) -> Result<Self, DatapathError> {
+        let (fd, capacity) = match &map {
+            aya::maps::Map::LruHashMap(data) => {
+                (super::error::second_fd(data, name)?, data.info().map_err(map_err(name))?.max_entries())
+            }
+            _ => return Err(DatapathError::MissingMap { name }),
+        };
+        // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).
+        Ok(Self { map: aya::maps::HashMap::try_from(map).map_err(map_err(name))?, fd, capacity })
+    }
+}
+
+/// The north-south maps as the loader or the pins give them.
+struct NsMapSet {
+    local: aya::maps::Map,
+    config: aya::maps::Map,
+    conntrack: [aya::maps::Map; 3],
+    counters: aya::maps::Map,
+    source_ranges: aya::maps::Map,
+    addrs: aya::maps::Map,
+}
+
+impl NsMapSet {
+    /// Each map as `get` gives it by name.
+    fn get(
+        mut get: impl FnMut(&'static str) -> Result<aya::maps::Map, DatapathError>,
+    ) -> Result<Self, DatapathError> {
+        use lb_common::{MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP};
+        Ok(Self {
+            local: get(lb_common::MAP_LOCAL_BACKENDS)?,
+            config: get(lb_common::MAP_NAT_CONFIG)?,
+            conntrack: [get(MAP_CT_TCP)?, get(MAP_CT_SYN)?, get(MAP_CT_UDP)?],
+            counters: get(lb_common::MAP_NS_COUNTERS)?,
+            source_ranges: get(lb_common::MAP_SOURCE_RANGES)?,
+            addrs: get(lb_common::MAP_NS_ADDRS)?,
+        })
+    }
 }
 
 /// One `loadBalancerSourceRanges` entry: the outside frontend and the range.
@@ -162,7 +294,7 @@ fn range_key((fe, c): &SourceRange) -> (u32, lb_common::SourceRangeKey) {
     (lb_common::SOURCE_RANGE_FRONTEND_BITS + u32::from(c.len), data)
 }
 
-/// What the conntrack table holds now, for status and metrics.
+/// What the conntrack tables hold now, for status and metrics: their sums, and each table's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ConntrackStats {
     /// Live forward entries (one per flow).
@@ -171,6 +303,19 @@ pub struct ConntrackStats {
     pub snat_flows: usize,
     /// Every entry, dead ones the LRU has not reclaimed included.
     pub entries: usize,
+    /// Each table's, in `lb_common::CT_TABLES` order (established TCP, half-open TCP, UDP).
+    pub tables: [TableStats; 3],
+}
+
+/// One conntrack table's occupancy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TableStats {
+    /// Live forward entries (flows).
+    pub flows: usize,
+    /// Every entry, dead ones included.
+    pub entries: usize,
+    /// Its capacity (entries).
+    pub capacity: u32,
 }
 
 fn map_err(name: &str) -> impl Fn(aya::maps::MapError) -> DatapathError + '_ {
@@ -198,60 +343,41 @@ fn local_err(e: aya::maps::MapError) -> DatapathError {
 impl NsMaps {
     /// Take the maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DatapathError> {
-        let mut take = |name: &'static str| ebpf.take_map(name).ok_or(DatapathError::MissingMap { name });
-        Self::from_maps(
-            take(lb_common::MAP_LOCAL_BACKENDS)?,
-            take(lb_common::MAP_NAT_CONFIG)?,
-            take(lb_common::MAP_CONNTRACK)?,
-            take(lb_common::MAP_NS_COUNTERS)?,
-            take(lb_common::MAP_SOURCE_RANGES)?,
-        )
+        Self::from_maps(NsMapSet::get(|name| ebpf.take_map(name).ok_or(DatapathError::MissingMap { name }))?)
     }
 
     /// Open an instance's pinned maps (`tierlb status`).
     pub fn open_pinned(dir: &Path) -> Result<Self, DatapathError> {
-        let open = |name: &str| {
+        let open = |name: &'static str| {
             let path = dir.join(name);
             aya::maps::MapData::from_pin(&path)
                 .map(aya::maps::Map::from_map_data)
                 .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
                 .map_err(|e| DatapathError::Pinned { path, source: Box::new(e) })
         };
-        Self::from_maps(
-            open(lb_common::MAP_LOCAL_BACKENDS)?,
-            open(lb_common::MAP_NAT_CONFIG)?,
-            open(lb_common::MAP_CONNTRACK)?,
-            open(lb_common::MAP_NS_COUNTERS)?,
-            open(lb_common::MAP_SOURCE_RANGES)?,
-        )
+        Self::from_maps(NsMapSet::get(open)?)
     }
 
-    fn from_maps(
-        local: aya::maps::Map,
-        config: aya::maps::Map,
-        conntrack: aya::maps::Map,
-        counters: aya::maps::Map,
-        source_ranges: aya::maps::Map,
-    ) -> Result<Self, DatapathError> {
-        use lb_common::{MAP_CONNTRACK, MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
-        let counters_fd = match &counters {
+    fn from_maps(m: NsMapSet) -> Result<Self, DatapathError> {
+        use lb_common::{MAP_LOCAL_BACKENDS, MAP_NAT_CONFIG, MAP_NS_COUNTERS};
+        let counters_fd = match &m.counters {
             aya::maps::Map::PerCpuArray(data) => super::error::second_fd(data, MAP_NS_COUNTERS)?,
             _ => return Err(DatapathError::MissingMap { name: MAP_NS_COUNTERS }),
         };
-        let conntrack_fd = match &conntrack {
-            aya::maps::Map::LruHashMap(data) => super::error::second_fd(data, MAP_CONNTRACK)?,
-            _ => return Err(DatapathError::MissingMap { name: MAP_CONNTRACK }),
-        };
-        // The LRU hash is read and written as a hash (aya's HashMap accepts both kinds).
+        let [tcp, syn, udp] = m.conntrack;
         Ok(Self {
-            local: aya::maps::HashMap::try_from(local).map_err(map_err(MAP_LOCAL_BACKENDS))?,
-            config: aya::maps::Array::try_from(config).map_err(map_err(MAP_NAT_CONFIG))?,
-            conntrack: aya::maps::HashMap::try_from(conntrack).map_err(map_err(MAP_CONNTRACK))?,
-            counters: aya::maps::PerCpuArray::try_from(counters).map_err(map_err(MAP_NS_COUNTERS))?,
+            local: aya::maps::HashMap::try_from(m.local).map_err(map_err(MAP_LOCAL_BACKENDS))?,
+            config: aya::maps::Array::try_from(m.config).map_err(map_err(MAP_NAT_CONFIG))?,
+            conntrack: [
+                CtTable::new(tcp, lb_common::MAP_CT_TCP)?,
+                CtTable::new(syn, lb_common::MAP_CT_SYN)?,
+                CtTable::new(udp, lb_common::MAP_CT_UDP)?,
+            ],
+            counters: aya::maps::PerCpuArray::try_from(m.counters).map_err(map_err(MAP_NS_COUNTERS))?,
             counters_fd,
-            conntrack_fd,
-            source_ranges: aya::maps::lpm_trie::LpmTrie::try_from(source_ranges)
+            source_ranges: aya::maps::lpm_trie::LpmTrie::try_from(m.source_ranges)
                 .map_err(map_err(lb_common::MAP_SOURCE_RANGES))?,
+            addrs: aya::maps::HashMap::try_from(m.addrs).map_err(map_err(lb_common::MAP_NS_ADDRS))?,
         })
     }
 
@@ -331,6 +457,33 @@ impl NsMaps {
         Ok(())
     }
 
+    /// Make the ingress pre-filter (`NS_ADDRS`) hold exactly `want` (address -> `ADDR_*` flags).
+    pub fn set_addrs(&mut self, want: &std::collections::BTreeMap<IpAddr, u32>) -> Result<(), DatapathError> {
+        let name = lb_common::MAP_NS_ADDRS;
+        let key = |ip: IpAddr| lb_common::AddrKey {
+            addr: super::addr::words(ip),
+            family: if ip.is_ipv4() { lb_common::FAMILY_V4 } else { lb_common::FAMILY_V6 },
+            _pad: [0; 3],
+        };
+        let want: std::collections::BTreeMap<lb_common::AddrKey, u32> =
+            want.iter().map(|(ip, f)| (key(*ip), *f)).collect();
+        let have: Vec<(lb_common::AddrKey, u32)> = self.addrs.iter().filter_map(Result::ok).collect();
+        for (k, _) in have.iter().filter(|(k, _)| !want.contains_key(k)) {
+            self.addrs.remove(k).map_err(map_err(name))?;
+        }
+        for (k, f) in &want {
+            if !have.contains(&(*k, *f)) {
+                self.addrs.insert(k, f, 0).map_err(map_err(name))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The pre-filter's entries (`NS_ADDRS`).
+    pub fn addrs(&self) -> Vec<(lb_common::AddrKey, u32)> {
+        self.addrs.iter().filter_map(Result::ok).collect()
+    }
+
     /// The local-endpoint set in the map.
     pub fn local(&self) -> Vec<lb_common::CtAddr> {
         self.local.keys().filter_map(Result::ok).collect()
@@ -339,20 +492,25 @@ impl NsMaps {
     /// Conntrack occupancy at `now_ns` (`CLOCK_BOOTTIME`).
     pub fn conntrack_stats(&self, now_ns: u64) -> ConntrackStats {
         let mut s = ConntrackStats::default();
-        for (_, v) in self.conntrack.iter().filter_map(Result::ok) {
-            s.entries += 1;
-            if v.flags & lb_common::CT_FORWARD != 0 && v.expires_ns > now_ns {
-                s.flows += 1;
-                s.snat_flows += usize::from(v.flags & lb_common::CT_SNAT != 0);
+        for (table, out) in self.conntrack.iter().zip(s.tables.iter_mut()) {
+            out.capacity = table.capacity;
+            for (_, v) in table.map.iter().filter_map(Result::ok) {
+                out.entries += 1;
+                if v.flags & lb_common::CT_FORWARD != 0 && v.expires_ns > now_ns {
+                    out.flows += 1;
+                    s.snat_flows += usize::from(v.flags & lb_common::CT_SNAT != 0);
+                }
             }
+            s.flows += out.flows;
+            s.entries += out.entries;
         }
         s
     }
 
-    /// The conntrack table's memory as the kernel accounts it (`memlock` in the map's fdinfo: its
+    /// The conntrack tables' memory as the kernel accounts it (`memlock` in each map's fdinfo: its
     /// `map_mem_usage`, every preallocated element included), `None` if the kernel does not say.
     pub fn conntrack_memory(&self) -> Option<u64> {
-        super::sys::map_memory(std::os::fd::AsFd::as_fd(&self.conntrack_fd))
+        self.conntrack.iter().map(|t| super::sys::map_memory(std::os::fd::AsFd::as_fd(&t.fd))).sum()
     }
 
     /// Delete the UDP entries whose backend (forward: its destination; reply: its source) is not in
@@ -364,14 +522,11 @@ impl NsMaps {
 
     /// Forget the UDP flows to the backends `departed` says are gone; how many.
     fn forget_udp_where(&mut self, departed: impl Fn(&lb_common::Backend) -> bool) -> usize {
-        let gone: Vec<lb_common::CtKey> = self
-            .conntrack
+        let udp = &mut self.conntrack[2].map;
+        let gone: Vec<lb_common::CtKey> = udp
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, v)| {
-                if k.proto != lb_common::PROTO_UDP {
-                    return false;
-                }
                 let (addr, port) =
                     if v.flags & lb_common::CT_FORWARD != 0 { (v.a, v.a_port) } else { (k.saddr, k.sport) };
                 departed(&lb_common::Backend { addr, port, proto: k.proto, family: k.family })
@@ -379,7 +534,7 @@ impl NsMaps {
             .map(|(k, _)| k)
             .collect();
         for k in &gone {
-            let _ = self.conntrack.remove(k);
+            let _ = udp.remove(k);
         }
         gone.len()
     }

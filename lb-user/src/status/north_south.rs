@@ -34,6 +34,12 @@ impl NorthSouthStatus {
             "  from outside the node: tc on {devices}; {} flows tracked ({} with SNAT), {} conntrack entries\n",
             c.flows, c.snat_flows, c.entries
         );
+        let tables: Vec<String> = lb_common::CT_TABLES
+            .iter()
+            .zip(&c.tables)
+            .map(|(name, t)| format!("{name} {}/{} ({} flows)", t.entries, t.capacity, t.flows))
+            .collect();
+        let _ = writeln!(out, "  conntrack tables: {}", tables.join(", "));
         let nonzero: Vec<String> =
             self.counters.iter().filter(|(_, v)| **v > 0).map(|(k, v)| format!("{k} {v}")).collect();
         if !nonzero.is_empty() {

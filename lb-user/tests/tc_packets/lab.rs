@@ -10,10 +10,10 @@ use aya::{
     programs::{SchedClassifier, TestRun, TestRunOptions},
 };
 use lb_common::{
-    CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey, FrontendValue, MAP_CONNTRACK, MAP_FRONTENDS,
-    MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES,
-    MemberKey, MemberValue, NatConfig, SCOPE_OUTSIDE, SOURCE_RANGE_FRONTEND_BITS, SlotBlock, SlotKey,
-    SourceRangeKey, TierRange,
+    ADDR_FOREIGN, ADDR_NODE, AddrKey, CT_TABLES, CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey,
+    FrontendValue, MAP_FRONTENDS, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAT_CONFIG, MAP_NS_ADDRS,
+    MAP_NS_COUNTERS, MAP_SLOTS, MAP_SOURCE_RANGES, MemberKey, MemberValue, NatConfig, SCOPE_OUTSIDE,
+    SOURCE_RANGE_FRONTEND_BITS, SlotBlock, SlotKey, SourceRangeKey, TierRange,
 };
 use lb_testkit::sandbox::NetNs;
 use tierlb::datapath::addr;
@@ -30,6 +30,11 @@ pub(crate) struct Lab {
 
 impl Lab {
     pub(crate) fn new(tag: &str) -> Self {
+        Self::sized(tag, &[])
+    }
+
+    /// `new`, with the maps named in `sizes` made that many entries large.
+    pub(crate) fn sized(tag: &str, sizes: &[(&str, u32)]) -> Self {
         assert!(
             nix::unistd::geteuid().is_root(),
             "the packet tests load BPF programs and make a netns: run as root"
@@ -73,12 +78,28 @@ impl Lab {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
         let ifindex = nix::net::if_::if_nametoindex("eth").expect("ifindex");
         let object = tierlb::datapath::ebpf::embedded_object().expect("built with the BPF object");
-        let mut ebpf = EbpfLoader::new().load(object).expect("load object");
+        let mut loader = EbpfLoader::new();
+        for (name, n) in sizes {
+            loader.map_max_entries(name, *n);
+        }
+        let mut ebpf = loader.load(object).expect("load object");
         for name in ["tc_ingress", "tc_egress"] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("verifying {name}: {e:?}"));
         }
-        Self { ebpf, ns, ifindex, next_svc: 1 }
+        let mut lab = Self { ebpf, ns, ifindex, next_svc: 1 };
+        // The node's addresses in the pre-filter, as the agent writes them.
+        lab.addr(NODE, ADDR_NODE);
+        lab.addr("2001:db8::1", ADDR_NODE);
+        lab
+    }
+
+    /// Put `ip` in the ingress pre-filter with `flags` (`ADDR_*`).
+    pub(crate) fn addr(&mut self, ip: &str, flags: u32) {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        let family = if ip.is_ipv4() { lb_common::FAMILY_V4 } else { lb_common::FAMILY_V6 };
+        let mut m: HashMap<_, AddrKey, u32> = HashMap::try_from(self.map(MAP_NS_ADDRS)).unwrap();
+        m.insert(AddrKey { addr: addr::words(ip), family, _pad: [0; 3] }, flags, 0).unwrap();
     }
 
     /// A lab with one outside frontend, the node port `NODE:fe_port` over `proto`, whose cluster tier holds
@@ -108,6 +129,10 @@ impl Lab {
         let fe: SocketAddr = fe.parse().unwrap();
         let svc_id = self.next_svc;
         self.next_svc += 1;
+        if flags & FLAG_SNAT_TO_FRONTEND == 0 {
+            // A load-balancer IP: on no interface of the lab's node.
+            self.addr(&fe.ip().to_string(), ADDR_FOREIGN);
+        }
         let mut key = addr::frontend_key(fe.ip(), fe.port(), proto);
         key.family |= SCOPE_OUTSIDE;
         let mut tiers = [TierRange::default(); 3];
@@ -186,9 +211,28 @@ impl Lab {
         m.get(&kind, 0).unwrap().iter().sum()
     }
 
+    /// Every conntrack entry, of the three tables.
     pub(crate) fn conntrack(&mut self) -> Vec<(CtKey, CtValue)> {
-        let m: HashMap<_, CtKey, CtValue> = HashMap::try_from(self.map(MAP_CONNTRACK)).unwrap();
+        CT_TABLES.iter().flat_map(|t| self.table(t)).collect()
+    }
+
+    /// The entries of conntrack table `name` (`lb_common::CT_TABLES`).
+    pub(crate) fn table(&mut self, name: &str) -> Vec<(CtKey, CtValue)> {
+        let m: HashMap<_, CtKey, CtValue> = HashMap::try_from(self.map(name)).unwrap();
         m.iter().map(Result::unwrap).collect()
+    }
+
+    /// Age every entry of every table: its expiry set `by_ns` earlier (an entry's age written through the
+    /// map, as time passing would).
+    pub(crate) fn age(&mut self, by_ns: u64) {
+        for t in CT_TABLES {
+            let mut m: HashMap<_, CtKey, CtValue> = HashMap::try_from(self.map(t)).unwrap();
+            let all: Vec<(CtKey, CtValue)> = m.iter().map(Result::unwrap).collect();
+            for (k, mut v) in all {
+                v.expires_ns = v.expires_ns.saturating_sub(by_ns);
+                m.insert(k, v, 0).unwrap();
+            }
+        }
     }
 
     /// Run `prog` on `packet` as if it arrived on (or left by) `eth`: the verdict and the packet after it.

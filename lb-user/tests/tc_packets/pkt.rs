@@ -28,6 +28,9 @@ pub(crate) struct Pkt {
     pub(crate) no_udp_csum: bool,
     /// Payload bytes.
     pub(crate) len: usize,
+    /// TCP sequence and acknowledgement numbers.
+    pub(crate) seq: u32,
+    pub(crate) ack: u32,
 }
 
 impl Pkt {
@@ -42,6 +45,8 @@ impl Pkt {
             dmac: NODE_MAC,
             no_udp_csum: false,
             len: 18,
+            seq: 1000,
+            ack: 0,
         }
     }
     pub(crate) fn udp(src: &str, dst: &str) -> Self {
@@ -53,6 +58,9 @@ impl Pkt {
     pub(crate) fn from(self, src: SocketAddr) -> Self {
         Self { src, ..self }
     }
+    pub(crate) fn seq_ack(self, seq: u32, ack: u32) -> Self {
+        Self { seq, ack, ..self }
+    }
 
     /// The packet's bytes with every checksum computed from scratch.
     pub(crate) fn bytes(&self) -> Vec<u8> {
@@ -61,8 +69,8 @@ impl Pkt {
         l4.extend_from_slice(&self.src.port().to_be_bytes());
         l4.extend_from_slice(&self.dst.port().to_be_bytes());
         if self.proto == PROTO_TCP {
-            l4.extend_from_slice(&1000u32.to_be_bytes()); // seq
-            l4.extend_from_slice(&0u32.to_be_bytes()); // ack
+            l4.extend_from_slice(&self.seq.to_be_bytes());
+            l4.extend_from_slice(&self.ack.to_be_bytes());
             l4.push(5 << 4);
             l4.push(self.flags);
             l4.extend_from_slice(&65535u16.to_be_bytes());

@@ -12,11 +12,14 @@ use crate::{
     model::{Family, Model, ObjKey, node_addresses::Cidr},
 };
 
-/// One frontend's part: its source ranges and, for a UDP frontend, its backends.
+/// One frontend's part: its source ranges, for a UDP frontend its backends, and whether its address is a
+/// load-balancer IP or externalIP (an outside frontend that is not a node port), which the tc programs'
+/// pre-filter holds.
 #[derive(Debug, Default, PartialEq)]
 struct Frontend {
     ranges: Box<[Cidr]>,
     udp: Box<[Backend]>,
+    lb_addr: bool,
 }
 
 /// What changed in the sets since the last update: entries to add and to remove, and the UDP backends no
@@ -42,6 +45,8 @@ pub(super) struct Contributions {
     frontends: BTreeMap<FrontendKey, Frontend>,
     /// How many frontends each UDP backend is a backend of.
     udp: BTreeMap<Backend, u32>,
+    /// How many load-balancer IP and externalIP frontends each address has.
+    lb_addrs: BTreeMap<IpAddr, u32>,
 }
 
 impl Contributions {
@@ -63,6 +68,12 @@ impl Contributions {
         repack(&mut self.frontends_of);
         repack(&mut self.frontends);
         repack(&mut self.udp);
+        repack(&mut self.lb_addrs);
+    }
+
+    /// The addresses of the load-balancer IP and externalIP frontends.
+    pub(super) fn lb_addrs(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.lb_addrs.keys().copied()
     }
 
     /// This node's endpoint addresses.
@@ -167,6 +178,13 @@ impl Contributions {
             for b in &new.udp {
                 *self.udp.entry(*b).or_default() += 1;
             }
+            let ip = addr::frontend_addr(&key).ip();
+            if old.lb_addr {
+                count_down(&mut self.lb_addrs, &ip);
+            }
+            if new.lb_addr {
+                *self.lb_addrs.entry(ip).or_default() += 1;
+            }
             if new != Frontend::default()
                 && let Some(desired) = owner
             {
@@ -223,7 +241,8 @@ fn frontend_part(
     } else {
         Box::default()
     };
-    Frontend { ranges, udp }
+    let lb_addr = key.is_outside() && flags & lb_common::FLAG_SNAT_TO_FRONTEND == 0;
+    Frontend { ranges, udp, lb_addr }
 }
 
 #[cfg(test)]

@@ -227,6 +227,8 @@ impl KernelMaps {
             reverse: u32::MAX,
             affinity: u32::MAX,
             conntrack: u32::MAX,
+            conntrack_syn: u32::MAX,
+            conntrack_udp: u32::MAX,
         });
         let nr_cpus = aya::util::nr_cpus().map_err(|(what, e)| bpf_err(what, e))?;
         Ok(Self {
