@@ -54,8 +54,8 @@ pub struct Flood {
 }
 
 /// Raise this process's open-file limit to at least `n` within its hard limit (a pod has no
-/// CAP_SYS_RESOURCE to pass it).
-fn allow_files(n: usize) {
+/// CAP_SYS_RESOURCE to pass it; nextest runs each test in a process of its own, so no other test sees it).
+pub fn allow_files(n: usize) {
     let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: valid rlimit buffers.
     unsafe {

@@ -125,9 +125,12 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
 pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
     let tcx = has_tcx();
     if !tcx {
-        // EEXIST: the device has a clsact qdisc already (a CNI's, or ours from an earlier start).
+        // EEXIST: the device has a clsact qdisc already (a CNI's, or ours from an earlier start). aya 0.14
+        // reports it as the netlink error, not `AlreadyAttached`: taken for a failure, it kept every restart
+        // of the agent from attaching on kernels without tcx (the first start's programs stayed).
         if let Err(e) = tc::qdisc_add_clsact(device)
             && !matches!(e, tc::TcError::AlreadyAttached)
+            && !matches!(&e, tc::TcError::NetlinkError(n) if n.raw_os_error() == Some(libc::EEXIST))
         {
             return Err(bpf_err(format!("adding a clsact qdisc to {device}"), e));
         }

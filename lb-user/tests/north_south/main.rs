@@ -8,6 +8,8 @@ mod affinity;
 mod fragments;
 mod icmp;
 mod lab;
+mod load;
+mod netlink;
 mod reuse;
 mod two_nodes;
 
