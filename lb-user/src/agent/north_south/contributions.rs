@@ -234,7 +234,11 @@ fn frontend_part(
         _ => Box::default(),
     };
     let udp = if key.proto == PROTO_UDP {
+        // The slots, and every serving endpoint of the port: a terminating pod still serving keeps its
+        // flows (QUIC, VPN and SIP sessions outlive a rollout's grace period), as kube-proxy keeps the
+        // conntrack entries of any serving endpoint; only a departed or no longer serving one loses them.
         let mut b: Vec<Backend> = desired.slots.to_vec();
+        b.extend(serving_udp(model, &desired.name.service, &desired.name.port, key.family));
         b.sort_unstable();
         b.dedup();
         b.into_boxed_slice()
@@ -243,6 +247,23 @@ fn frontend_part(
     };
     let lb_addr = key.is_outside() && flags & lb_common::FLAG_SNAT_TO_FRONTEND == 0;
     Frontend { ranges, udp, lb_addr }
+}
+
+/// The serving endpoints of Service `svc`'s UDP port named `port`, in `family` (the frontend key's, scope
+/// bits ignored), as backends.
+fn serving_udp<'a>(
+    model: &'a Model,
+    svc: &'a ObjKey,
+    port: &'a str,
+    family: u8,
+) -> impl Iterator<Item = Backend> + 'a {
+    model.slices_of(svc).flat_map(move |s| {
+        let target = s.ports.iter().find(|p| p.name == port && p.protocol == crate::model::Protocol::Udp);
+        s.endpoints.iter().filter(|e| e.is_serving()).filter_map(move |e| {
+            let b = addr::backend(std::net::SocketAddr::new(e.address?, target?.port), PROTO_UDP);
+            (b.family == family & lb_common::FAMILY_MASK).then_some(b)
+        })
+    })
 }
 
 #[cfg(test)]
@@ -336,5 +357,38 @@ mod tests {
         write_service(dir, &dns, &[shared, Ep::ready(ip("10.1.0.3"), "node-1")]).unwrap();
         let d = step(&mut core, &mut c);
         assert_eq!(d.local_added, vec![ip("10.1.0.1")]);
+    }
+
+    /// A UDP endpoint that terminates but still serves keeps its flows (kube-proxy keeps the conntrack
+    /// entries of any serving endpoint); once it stops serving, or leaves the slice, they are forgotten.
+    #[test]
+    fn udp_flows_stay_with_a_terminating_endpoint_while_it_serves() {
+        let tmp = TempDir::new("ns-serving").unwrap();
+        let dir = tmp.path();
+        let mut dns = Svc::new("dns", ip("10.96.0.20"), 53, 5353);
+        dns.protocol = "UDP";
+        let (a, b) = (ip("10.1.0.1"), ip("10.1.0.2"));
+        write_service(dir, &dns, &[Ep::ready(a, "node-1"), Ep::ready(b, "node-2")]).unwrap();
+        let mut core =
+            AgentCore::new("node-1", None, Box::new(ManifestDir::new(dir)), FakeMaps::new(64, 4096));
+        core.sync(Instant::now()).unwrap();
+        let mut c = Contributions::of_all(core.model(), "node-1", core.reconciler());
+        let departed = |d: &Delta| -> Vec<IpAddr> {
+            d.udp_departed.iter().map(|b| crate::datapath::addr::backend_addr(b).ip()).collect()
+        };
+        let steps: [(&str, Vec<Ep>, Vec<IpAddr>); 3] = [
+            (
+                "b terminates, still serving",
+                vec![Ep::ready(a, "node-1"), Ep::ready(b, "node-2").terminating()],
+                vec![],
+            ),
+            ("b stops serving", vec![Ep::ready(a, "node-1"), Ep::ready(b, "node-2").not_ready()], vec![b]),
+            ("b leaves the slice", vec![Ep::ready(a, "node-1")], vec![]),
+        ];
+        for (what, eps, want) in steps {
+            write_service(dir, &dns, &eps).unwrap();
+            let d = step(&mut core, &mut c);
+            assert_eq!(departed(&d), want, "{what}");
+        }
     }
 }
