@@ -28,7 +28,12 @@ pub(super) struct NorthSouth {
     /// `--devices` (`None`: the devices holding the NodePort addresses).
     devices: Option<Vec<String>>,
     pin_dir: Option<PathBuf>,
-    attached: std::collections::BTreeSet<String>,
+    /// The devices attached to: `true` both programs, `false` the egress program alone.
+    attached: std::collections::BTreeMap<String, bool>,
+    /// The node's NodePort addresses at the last sync (their devices get both programs).
+    node_port_addresses: Vec<std::net::IpAddr>,
+    /// When the devices were last looked at from the tick.
+    rescanned: Option<Instant>,
     config: Option<NatConfig>,
     /// What the Services add to the local-endpoint set, the source ranges and the UDP backends (`None`: not
     /// taken yet). A sync that planned a few Services writes only what they change; the first sync and one
@@ -45,6 +50,9 @@ pub(super) struct NorthSouth {
     failed: Option<Instant>,
 }
 
+/// How often the tick looks for devices that came or went.
+const RESCAN_EVERY: Duration = Duration::from_secs(2);
+
 /// How often `/metrics`' conntrack occupancy is read.
 const CONNTRACK_EVERY: Duration = Duration::from_secs(10);
 
@@ -57,7 +65,9 @@ impl NorthSouth {
             maps,
             devices,
             pin_dir: pin_dir.map(Path::to_owned),
-            attached: std::collections::BTreeSet::new(),
+            attached: std::collections::BTreeMap::new(),
+            node_port_addresses: Vec::new(),
+            rescanned: None,
             config: None,
             addrs: None,
             observed: None,
@@ -73,12 +83,12 @@ impl NorthSouth {
         }
     }
 
-    /// The devices the programs belong on now.
-    fn wanted(&self, node: &NodeInfo) -> Vec<String> {
+    /// The devices both programs belong on now.
+    fn wanted(&self) -> Vec<String> {
         match &self.devices {
             Some(d) if d.iter().any(|d| d == "none") => Vec::new(),
             Some(d) => d.clone(),
-            None => tc::devices_holding(&node.node_port_addresses),
+            None => tc::devices_holding(&self.node_port_addresses),
         }
     }
 
@@ -92,20 +102,64 @@ impl NorthSouth {
                 Err(e) => tracing::error!(error = %e, "cannot write the north-south settings"),
             }
         }
-        for device in self.wanted(node) {
-            if self.attached.contains(&device) {
+        self.node_port_addresses.clone_from(&node.node_port_addresses);
+        self.follow_devices(programs);
+    }
+
+    /// Attach to the devices that want the programs and do not have them yet: both programs on the
+    /// NodePort devices, the egress program on every other device a local backend's reply may leave by
+    /// (`tc::reply_devices`); forget devices that went away (their tcx links went with them; their pins
+    /// are removed). Called after each sync and from the loop's tick (`rescan`), so devices are followed
+    /// as they come and go.
+    fn follow_devices(&mut self, programs: &mut Programs) {
+        let gone: Vec<String> = self.attached.keys().filter(|d| !tc::device_exists(d)).cloned().collect();
+        for device in gone {
+            tracing::info!(device = %device, "device gone");
+            tc::detach(self.pin_dir.as_deref(), &device);
+            self.attached.remove(&device);
+        }
+        let full = self.wanted();
+        let none = matches!(&self.devices, Some(d) if d.iter().any(|d| d == "none"));
+        let egress: Vec<String> = if none {
+            Vec::new()
+        } else {
+            tc::reply_devices().into_iter().filter(|d| !full.contains(d)).collect()
+        };
+        for (device, both) in
+            full.into_iter().map(|d| (d, true)).chain(egress.into_iter().map(|d| (d, false)))
+        {
+            if self.attached.get(&device).is_some_and(|had| *had || !both) {
                 continue;
             }
-            match programs.attach_device(&device, self.pin_dir.as_deref()) {
+            let pins = self.pin_dir.as_deref();
+            let r = if both {
+                programs.attach_device(&device, pins)
+            } else {
+                programs.attach_egress(&device, pins)
+            };
+            match r {
                 Ok(()) => {
-                    tracing::info!(device = %device, tcx = tc::has_tcx(), "translating traffic from outside the node");
-                    self.attached.insert(device);
+                    if both {
+                        tracing::info!(device = %device, tcx = tc::has_tcx(), "translating traffic from outside the node");
+                    } else {
+                        tracing::info!(device = %device, tcx = tc::has_tcx(), "translating replies to outside the node that leave by this device");
+                    }
+                    self.attached.insert(device, both);
                 }
                 Err(e) => {
                     tracing::error!(device = %device, error = %e, "cannot attach the tc programs; traffic from outside the node on this device is not translated");
                 }
             }
         }
+    }
+
+    /// From the loop's tick: follow the devices (`follow_devices`), at most every [`RESCAN_EVERY`].
+    pub(super) fn rescan(&mut self, programs: &mut Programs) {
+        if self.config.is_none() || self.rescanned.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
+            return;
+        }
+        self.rescanned = Some(Instant::now());
+        self.follow_devices(programs);
     }
 
     /// After a sync or retry: `sync` with its node; the local endpoints and source ranges of the Services it
@@ -194,9 +248,9 @@ impl NorthSouth {
             .ok()
     }
 
-    /// The devices attached to.
+    /// The devices attached to (both programs, or the egress program alone).
     pub(super) fn devices(&self) -> Vec<String> {
-        self.attached.iter().cloned().collect()
+        self.attached.keys().cloned().collect()
     }
 }
 

@@ -176,6 +176,11 @@ impl Programs {
     pub fn attach_device(&mut self, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
         super::tc::attach(&mut self.ebpf, device, pin_dir)
     }
+
+    /// Attach the tc egress program alone to `device` (`tc::attach_egress`).
+    pub fn attach_egress(&mut self, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
+        super::tc::attach_egress(&mut self.ebpf, device, pin_dir)
+    }
 }
 
 /// Load (verify) every program of `PROGRAMS` and the tc programs, on two threads: the kernel verifies a

@@ -87,6 +87,28 @@ pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
     out.into_iter().collect()
 }
 
+/// The devices a local backend's reply may leave by: every device of this network namespace but loopback
+/// that holds a global unicast address (not loopback, link-local or multicast), sorted.
+pub fn reply_devices() -> Vec<String> {
+    let global = |ip: &IpAddr| match ip {
+        IpAddr::V4(a) => !(a.is_loopback() || a.is_link_local() || a.is_multicast() || a.is_unspecified()),
+        IpAddr::V6(a) => {
+            !(a.is_loopback() || a.is_unicast_link_local() || a.is_multicast() || a.is_unspecified())
+        }
+    };
+    let out: BTreeSet<String> = interface_addresses()
+        .into_iter()
+        .filter(|(name, ip)| name != "lo" && global(ip))
+        .map(|(n, _)| n)
+        .collect();
+    out.into_iter().collect()
+}
+
+/// Whether a device of that name exists in this network namespace.
+pub fn device_exists(device: &str) -> bool {
+    nix::net::if_::if_nametoindex(device).is_ok()
+}
+
 /// Every address on an interface of this network namespace, with the interface's name.
 pub fn interface_addresses() -> Vec<(String, IpAddr)> {
     let Ok(ifs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
@@ -123,6 +145,22 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
 /// Attach both tc programs to `device`. With tcx and `pin_dir`, the links are pinned there (replacing an
 /// earlier agent's without a gap); with netlink, a clsact qdisc is added if the device has none.
 pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
+    attach_programs(ebpf, device, pin_dir, &TC_PROGRAMS)
+}
+
+/// Attach `tc_egress` alone to `device`: a device that holds no NodePort address but by which a local
+/// backend's reply may leave (policy routing, a second uplink, a tunnel), so the reply is translated
+/// whatever device it leaves by.
+pub fn attach_egress(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
+    attach_programs(ebpf, device, pin_dir, &TC_PROGRAMS[1..])
+}
+
+fn attach_programs(
+    ebpf: &mut Ebpf,
+    device: &str,
+    pin_dir: Option<&Path>,
+    programs: &[(&str, TcAttachType)],
+) -> Result<(), DatapathError> {
     let tcx = has_tcx();
     if !tcx {
         // EEXIST: the device has a clsact qdisc already (a CNI's, or ours from an earlier start). aya 0.14
@@ -135,7 +173,7 @@ pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(
             return Err(bpf_err(format!("adding a clsact qdisc to {device}"), e));
         }
     }
-    for (name, kind) in TC_PROGRAMS {
+    for &(name, kind) in programs {
         let p = classifier(ebpf, name)?;
         let attaching = |e| bpf_err(format!("attaching {name} to device {device} (needs CAP_NET_ADMIN)"), e);
         let id = if tcx {

@@ -10,6 +10,7 @@ mod icmp;
 mod lab;
 mod load;
 mod netlink;
+mod reply_device;
 mod reuse;
 mod two_nodes;
 

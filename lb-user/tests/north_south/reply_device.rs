@@ -1,0 +1,62 @@
+//! A local backend's reply that leaves by a device other than the one its request came in on (policy
+//! routing, a second uplink): node-1 routes its pod's traffic to the client out of a second uplink, which
+//! holds no NodePort address. The agent attaches its egress program there too, so the reply still carries
+//! the node port as its source (before, only the NodePort devices' egress translated: the reply left with
+//! the pod's address, and the client's connect never completed).
+use super::lab::{Lab, NODE_1, POD_1, from, names, ns_run, sa};
+
+#[test]
+fn north_south_a_reply_leaving_by_a_second_device_carries_the_node_port() {
+    let lab = Lab::new("ns-reply2", "Local", true);
+    let node = &lab.boxed.node.netns;
+    // Two devices on one LAN: each answers ARP only for its own address (else the client may learn the
+    // second uplink's MAC for the node's address, and its requests would arrive where no ingress program is).
+    for (key, value) in [("arp_ignore", "1"), ("arp_announce", "2")] {
+        ns_run(node, &["sysctl", "-qw", &format!("net.ipv4.conf.all.{key}={value}")]);
+    }
+    lab.lan
+        .ip(&["link", "add", "p1b", "type", "veth", "peer", "name", "uplink2", "netns", node.name()])
+        .unwrap();
+    lab.lan.ip(&["link", "set", "p1b", "master", "br0", "up"]).unwrap();
+    node.ip(&["addr", "add", "192.0.2.11/24", "dev", "uplink2"]).unwrap();
+    node.ip(&["link", "set", "uplink2", "up"]).unwrap();
+    // The pod's traffic to the LAN leaves by the second uplink.
+    node.ip(&["rule", "add", "from", POD_1, "lookup", "100", "priority", "100"]).unwrap();
+    node.ip(&["route", "add", "192.0.2.0/24", "dev", "uplink2", "src", "192.0.2.11", "table", "100"])
+        .unwrap();
+    let _agent = lab.start_agent();
+    let to = sa(NODE_1, 30080);
+    let answers = lab.tcp(to, 6);
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert_eq!(names(&answers).get("web-node-1"), Some(&6), "the local pod answered every one: {answers:?}");
+    // The second uplink has the egress program alone: no traffic from outside is translated on it.
+    let progs = from(node, || {
+        let mut out = Vec::new();
+        for kind in [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress] {
+            let (_, progs) = aya::programs::SchedClassifier::query_tcx("uplink2", kind).unwrap();
+            out.push(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect::<Vec<_>>());
+        }
+        out
+    });
+    assert_eq!(progs, [Vec::<String>::new(), vec!["tc_egress".to_owned()]], "ingress, egress of uplink2");
+    // A device that comes after the agent started is followed too.
+    lab.lan
+        .ip(&["link", "add", "p1c", "type", "veth", "peer", "name", "uplink3", "netns", node.name()])
+        .unwrap();
+    node.ip(&["addr", "add", "192.0.2.12/24", "dev", "uplink3"]).unwrap();
+    node.ip(&["link", "set", "uplink3", "up"]).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let attached = || {
+        from(node, || {
+            aya::programs::SchedClassifier::query_tcx("uplink3", aya::programs::TcAttachType::Egress)
+                .is_ok_and(|(_, p)| p.iter().any(|p| p.name_as_str() == Some("tc_egress")))
+        })
+    };
+    while !attached() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "uplink3 not attached within 10 s (the agent rescans every 2 s)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
