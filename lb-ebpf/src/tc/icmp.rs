@@ -24,7 +24,9 @@ use lb_common::{
 
 use super::{
     DROP, NOT_OURS, PASS, conntrack,
-    packet::{ETH_LEN, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC, NEXTHDR_FRAGMENT},
+    packet::{
+        self, ETH_LEN, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC, NEXTHDR_FRAGMENT,
+    },
     route,
 };
 use crate::counters::count_ns;
@@ -248,14 +250,7 @@ fn set_outer(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), 
         ctx.l3_csum_replace(IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
         ctx.store(if dst { IPV4_DST } else { IPV4_SRC }, &to[0], 0)?;
     } else {
-        for i in 0..4 {
-            ctx.l4_csum_replace(
-                f.l4 + 2,
-                u64::from(from[i]),
-                u64::from(to[i]),
-                u64::from(BPF_F_PSEUDO_HDR) | 4,
-            )?;
-        }
+        packet::pseudo_v6(ctx, f.l4 + 2, u64::from(BPF_F_PSEUDO_HDR), &from, to)?;
         ctx.store(if dst { IPV6_DST } else { IPV6_SRC }, to, 0)?;
     }
     Ok(())

@@ -121,7 +121,7 @@ fn ingress(ctx: &TcContext, f: &mut Flow, k: &mut CtKey, parsed: Parsed) -> i32 
         *affinity = OutsideAffinityKey { frontend: fe.key, client: client.addr };
         affinity::apply_outside(fe, affinity, choice);
     }
-    let verdict = admit(f, cfg, t);
+    let verdict = admit(ctx, f, cfg, t);
     if verdict != CREATED {
         return verdict;
     }
@@ -279,7 +279,7 @@ fn new_flow(f: &Flow) -> i32 {
 /// A new flow whose backend is chosen (`NewFlow::choice`): write its entries (SNAT for a remote backend).
 /// `CREATED` when it did, else the packet's verdict.
 #[inline(never)]
-fn admit(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
+fn admit(ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
     // SAFETY: this CPU's scratch value, written by `new_flow` in this run.
     let NewFlow { fe, client, fwd_key, fwd, reply_key, reply, choice, .. } = unsafe { &mut *n };
@@ -327,7 +327,7 @@ fn admit(f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
             return DROP;
         }
     } else {
-        let Some(node) = snat_address(fe, f, cfg) else {
+        let Some(node) = snat_address(ctx, fe, f, cfg, &backend.addr) else {
             count_ns(NS_DROP_NO_ENDPOINTS);
             return DROP;
         };
@@ -437,12 +437,24 @@ fn allowed_source(key: &FrontendKey, f: &Flow) -> bool {
 }
 
 /// The node address an SNAT flow leaves from: the frontend's own address for a node port (the address the
-/// client reached, so the reply path is the request's), else the node's address of the family the agent
-/// configured (`NatConfig::snat_v4` / `snat_v6`).
+/// client reached, so the reply path is the request's); for a load-balancer IP or externalIP the source the
+/// node's routing gives a packet to the backend (`route::source`: the egress device's address, as the
+/// stack's own forwarding and MASQUERADE would pick), else, on a kernel without `BPF_FIB_LOOKUP_SRC`, the
+/// node's address of the family the agent configured (`NatConfig::snat_v4` / `snat_v6`).
 #[inline(always)]
-fn snat_address(fe: &FrontendValue, f: &Flow, cfg: &NatConfig) -> Option<[u32; 4]> {
+fn snat_address(
+    ctx: &TcContext,
+    fe: &FrontendValue,
+    f: &Flow,
+    cfg: &NatConfig,
+    backend: &[u32; 4],
+) -> Option<[u32; 4]> {
     if fe.flags & FLAG_SNAT_TO_FRONTEND != 0 {
         return Some(f.daddr);
+    }
+    let mut routed = [0u32; 4];
+    if route::source(ctx, f.family, backend, &mut routed) {
+        return Some(routed);
     }
     let a = if f.family == FAMILY_V4 { [cfg.snat_v4, 0, 0, 0] } else { cfg.snat_v6 };
     if a == [0; 4] { None } else { Some(a) }

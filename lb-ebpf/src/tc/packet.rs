@@ -256,11 +256,39 @@ fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i
     } else {
         let off = if dst { IPV6_DST } else { IPV6_SRC };
         if f.frag != fragment::LATER {
-            for i in 0..4 {
-                ctx.l4_csum_replace(csum, u64::from(from[i]), u64::from(to[i]), pseudo | 4)?;
-            }
+            pseudo_v6(ctx, csum, pseudo, &from, to)?;
         }
         ctx.store(off, to, 0)?;
+    }
+    Ok(())
+}
+
+/// `bpf_l4_csum_replace`'s flag for an IPv6 packet (Linux 6.16): on a `CHECKSUM_COMPLETE` skb, a change of
+/// the pseudo-header's addresses must not be folded into `skb->csum`, which covers the IPv6 header's bytes
+/// only as they were received. Older kernels refuse the flag (`EINVAL`).
+const BPF_F_IPV6: u64 = 1 << 7;
+const EINVAL: i64 = 22;
+
+/// Update the L4 checksum at `csum` for an IPv6 address changed from `from` to `to` (`flags`: the pseudo-header
+/// flag and any other), with `BPF_F_IPV6` where the kernel has it.
+#[inline(always)]
+pub(crate) fn pseudo_v6(
+    ctx: &TcContext,
+    csum: usize,
+    flags: u64,
+    from: &[u32; 4],
+    to: &[u32; 4],
+) -> Result<(), i64> {
+    let mut v6 = BPF_F_IPV6;
+    for i in 0..4 {
+        match ctx.l4_csum_replace(csum, u64::from(from[i]), u64::from(to[i]), flags | v6 | 4) {
+            Err(e) if e == -EINVAL && v6 != 0 => {
+                // A kernel before the flag: the same update without it (what it always did).
+                v6 = 0;
+                ctx.l4_csum_replace(csum, u64::from(from[i]), u64::from(to[i]), flags | 4)?;
+            }
+            r => r?,
+        }
     }
     Ok(())
 }

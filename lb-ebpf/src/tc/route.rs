@@ -7,7 +7,8 @@ use core::mem::{size_of, zeroed};
 
 use aya_ebpf::{
     bindings::{
-        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup,
+        BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LOOKUP_SRC, bpf_fib_lookup,
     },
     helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
@@ -69,4 +70,35 @@ pub(crate) fn forward(ctx: &TcContext, family: u8, proto: u8, src: &[u32; 4], ds
         NS_DROP_NO_ROUTE
     });
     DROP
+}
+
+/// The source address the node's routing gives a packet to `dst` forwarded from this packet's device
+/// (`BPF_FIB_LOOKUP_SRC`: the route's preferred source, else the egress device's address), into `out`.
+/// `false` where the kernel lacks the flag (before 6.8: the helper refuses it) or no route: the caller falls
+/// back to the configured address.
+#[inline(never)]
+pub(crate) fn source(ctx: &TcContext, family: u8, dst: &[u32; 4], out: &mut [u32; 4]) -> bool {
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    let mut p: bpf_fib_lookup = unsafe { zeroed() };
+    // SAFETY: the context's skb pointer is valid for the program's run.
+    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if family == FAMILY_V4 {
+        p.family = AF_INET;
+        p.__bindgen_anon_4.ipv4_dst = dst[0];
+    } else {
+        p.family = AF_INET6;
+        p.__bindgen_anon_4.ipv6_dst = *dst;
+    }
+    // SAFETY: `p` is a valid lookup structure of the size passed; the context is the program's own.
+    let rc = unsafe { fib_lookup(ctx.skb.skb.cast(), &raw mut p, FIB_PARAMS_LEN, BPF_FIB_LOOKUP_SRC) };
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && rc != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        return false;
+    }
+    // SAFETY: the helper wrote the source of the family asked for.
+    *out = if family == FAMILY_V4 {
+        [unsafe { p.__bindgen_anon_3.ipv4_src }, 0, 0, 0]
+    } else {
+        unsafe { p.__bindgen_anon_3.ipv6_src }
+    };
+    *out != [0; 4]
 }

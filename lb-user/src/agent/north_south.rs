@@ -118,13 +118,17 @@ impl NorthSouth {
             tc::detach(self.pin_dir.as_deref(), &device);
             self.attached.remove(&device);
         }
-        let full = self.wanted();
+        // Without `--devices`: both programs on every device with a global address (traffic from outside may
+        // arrive by any uplink, and an SNAT flow's replies come back to the address its route gave it); with
+        // it: both on those, the egress program alone on the others, so replies are translated wherever
+        // they leave.
+        let mut full = self.wanted();
         let none = matches!(&self.devices, Some(d) if d.iter().any(|d| d == "none"));
-        let egress: Vec<String> = if none {
-            Vec::new()
-        } else {
-            tc::reply_devices().into_iter().filter(|d| !full.contains(d)).collect()
-        };
+        let reply = if none { Vec::new() } else { tc::reply_devices() };
+        if self.devices.is_none() {
+            full.extend(reply.iter().filter(|d| !full.contains(d)).cloned().collect::<Vec<_>>());
+        }
+        let egress: Vec<String> = reply.into_iter().filter(|d| !full.contains(d)).collect();
         for (device, both) in
             full.into_iter().map(|d| (d, true)).chain(egress.into_iter().map(|d| (d, false)))
         {
@@ -263,8 +267,15 @@ pub(super) fn pre_filter(
     lb: impl Iterator<Item = std::net::IpAddr>,
     interfaces: &[(String, std::net::IpAddr)],
 ) -> std::collections::BTreeMap<std::net::IpAddr, u32> {
-    let mut out: std::collections::BTreeMap<_, _> =
-        node.node_port_addresses.iter().map(|a| (*a, lb_common::ADDR_NODE)).collect();
+    // The node's own addresses: the NodePort addresses, and every global address of its interfaces (an SNAT
+    // flow to a load-balancer IP's backend leaves from the address its route gives, whose replies come back
+    // to it).
+    let mut out: std::collections::BTreeMap<_, _> = node
+        .node_port_addresses
+        .iter()
+        .chain(interfaces.iter().map(|(_, a)| a).filter(|a| tc::is_global(a)))
+        .map(|a| (*a, lb_common::ADDR_NODE))
+        .collect();
     for ip in lb {
         let on_node = out.contains_key(&ip) || interfaces.iter().any(|(_, a)| *a == ip);
         out.insert(ip, if on_node { lb_common::ADDR_NODE } else { lb_common::ADDR_FOREIGN });

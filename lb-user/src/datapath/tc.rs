@@ -90,18 +90,22 @@ pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
 /// The devices a local backend's reply may leave by: every device of this network namespace but loopback
 /// that holds a global unicast address (not loopback, link-local or multicast), sorted.
 pub fn reply_devices() -> Vec<String> {
-    let global = |ip: &IpAddr| match ip {
+    let out: BTreeSet<String> = interface_addresses()
+        .into_iter()
+        .filter(|(name, ip)| name != "lo" && is_global(ip))
+        .map(|(n, _)| n)
+        .collect();
+    out.into_iter().collect()
+}
+
+/// A global unicast address: not loopback, link-local, multicast or unspecified.
+pub fn is_global(ip: &IpAddr) -> bool {
+    match ip {
         IpAddr::V4(a) => !(a.is_loopback() || a.is_link_local() || a.is_multicast() || a.is_unspecified()),
         IpAddr::V6(a) => {
             !(a.is_loopback() || a.is_unicast_link_local() || a.is_multicast() || a.is_unspecified())
         }
-    };
-    let out: BTreeSet<String> = interface_addresses()
-        .into_iter()
-        .filter(|(name, ip)| name != "lo" && global(ip))
-        .map(|(n, _)| n)
-        .collect();
-    out.into_iter().collect()
+    }
 }
 
 /// Whether a device of that name exists in this network namespace.

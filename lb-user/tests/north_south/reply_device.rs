@@ -1,8 +1,9 @@
 //! A local backend's reply that leaves by a device other than the one its request came in on (policy
 //! routing, a second uplink): node-1 routes its pod's traffic to the client out of a second uplink, which
-//! holds no NodePort address. The agent attaches its egress program there too, so the reply still carries
-//! the node port as its source (before, only the NodePort devices' egress translated: the reply left with
-//! the pod's address, and the client's connect never completed).
+//! holds no NodePort address. The agent attaches its programs there too (both without `--devices`, the
+//! egress program alone with it), so the reply still carries the node port as its source (before, only the
+//! NodePort devices' egress translated: the reply left with the pod's address, and the client's connect
+//! never completed).
 use super::lab::{Lab, NODE_1, POD_1, from, names, ns_run, sa};
 
 #[test]
@@ -24,21 +25,40 @@ fn north_south_a_reply_leaving_by_a_second_device_carries_the_node_port() {
     node.ip(&["rule", "add", "from", POD_1, "lookup", "100", "priority", "100"]).unwrap();
     node.ip(&["route", "add", "192.0.2.0/24", "dev", "uplink2", "src", "192.0.2.11", "table", "100"])
         .unwrap();
-    let _agent = lab.start_agent();
+    // Without `--devices`, every device with a global address gets both programs; with it, the devices it
+    // names get both and the others the egress program alone: either way the reply is translated.
+    let tc_progs = |device: &'static str| {
+        from(node, move || {
+            let mut out = Vec::new();
+            for kind in [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress] {
+                let (_, progs) = aya::programs::SchedClassifier::query_tcx(device, kind).unwrap();
+                out.push(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect::<Vec<_>>());
+            }
+            out
+        })
+    };
     let to = sa(NODE_1, 30080);
-    let answers = lab.tcp(to, 6);
-    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-    assert_eq!(names(&answers).get("web-node-1"), Some(&6), "the local pod answered every one: {answers:?}");
-    // The second uplink has the egress program alone: no traffic from outside is translated on it.
-    let progs = from(node, || {
-        let mut out = Vec::new();
-        for kind in [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress] {
-            let (_, progs) = aya::programs::SchedClassifier::query_tcx("uplink2", kind).unwrap();
-            out.push(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect::<Vec<_>>());
-        }
-        out
-    });
-    assert_eq!(progs, [Vec::<String>::new(), vec!["tc_egress".to_owned()]], "ingress, egress of uplink2");
+    let both = vec![vec!["tc_ingress".to_owned()], vec!["tc_egress".to_owned()]];
+    let egress = vec![Vec::<String>::new(), vec!["tc_egress".to_owned()]];
+    for (flags, want) in [(&[][..], both), (&["--devices", "uplink"][..], egress)] {
+        let agent = lab.boxed.start_agent("node-1", flags).unwrap();
+        let answers = lab.tcp(to, 6);
+        assert!(answers.iter().all(Result::is_ok), "{flags:?}: {answers:?}");
+        assert_eq!(
+            names(&answers).get("web-node-1"),
+            Some(&6),
+            "{flags:?}: the local pod answered: {answers:?}"
+        );
+        assert_eq!(tc_progs("uplink2"), want, "{flags:?}: ingress, egress of uplink2");
+        agent.stop();
+        let pins = lab.boxed.bpffs.path().join("tierlb");
+        let st = std::process::Command::new(super::lab::TIERLB)
+            .args(["agent", "--cleanup", "--node", "node-1", "--bpffs", pins.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let _agent = lab.start_agent();
     // A device that comes after the agent started is followed too.
     lab.lan
         .ip(&["link", "add", "p1c", "type", "veth", "peer", "name", "uplink3", "netns", node.name()])

@@ -163,23 +163,44 @@ fn tc_etp_local_without_a_local_endpoint_drops() {
     assert!(lab.conntrack().is_empty());
 }
 
+/// A load-balancer IP's SNAT flow leaves from the source the node's route to the backend gives
+/// (`BPF_FIB_LOOKUP_SRC`), as the stack's forwarding and MASQUERADE would: the route's `src`, else the
+/// egress device's address; not the configured first NodePort address (`snat_v4`, the fallback on kernels
+/// before 6.8), which may be a shared or NATed address the backend cannot answer.
 #[test]
-fn tc_load_balancer_ip_snats_to_the_configured_node_address() {
+fn tc_load_balancer_ip_snats_to_the_source_its_route_gives() {
     let mut lab = Lab::new("tc-lb");
     lab.frontend("203.0.113.10:80", PROTO_TCP, 2, &[&format!("{REMOTE_POD}:8080")], 0);
-    let syn = Pkt::tcp(&format!("{CLIENT}:40000"), "203.0.113.10:80", 0x02);
-    let (rc, _) = lab.run("tc_ingress", &syn.bytes());
-    assert_eq!(rc, SHOT, "no node address to SNAT to: dropped, not sent with the LB IP as its source");
-    lab.config(NatConfig { snat_v4: addr::words(NODE.parse().unwrap())[0], ..NatConfig::default() });
-    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
-    assert_eq!(rc, REDIRECT);
-    assert_eq!(src_of(&out).ip().to_string(), NODE);
-    assert!(checksums_valid(&out));
-    let ct = lab.conntrack();
-    let fwd = ct
-        .iter()
-        .find(|(k, _)| k.dir == CT_DIR_IN && k.daddr == addr::words("203.0.113.10".parse().unwrap()));
-    assert!(fwd.is_some(), "{ct:?}");
+    lab.config(NatConfig { snat_v4: addr::words("192.0.2.9".parse().unwrap())[0], ..NatConfig::default() });
+    lab.ip(&["addr", "add", "192.0.2.5/24", "dev", "eth"]);
+    lab.addr("192.0.2.5", lb_common::ADDR_NODE);
+    let cases = [
+        (
+            "the route's preferred source",
+            vec!["route", "replace", "10.244.2.0/24", "via", NEXT_HOP, "src", "192.0.2.5"],
+            "192.0.2.5",
+            40_000,
+        ),
+        (
+            "the egress device's primary address",
+            vec!["route", "replace", "10.244.2.0/24", "via", NEXT_HOP],
+            NODE,
+            40_001,
+        ),
+    ];
+    for (what, route, want, port) in cases {
+        lab.ip(&route);
+        let syn = Pkt::tcp(&format!("{CLIENT}:{port}"), "203.0.113.10:80", 0x02);
+        let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+        assert_eq!(rc, REDIRECT, "{what}");
+        assert_eq!(src_of(&out).ip().to_string(), want, "{what}");
+        assert!(checksums_valid(&out));
+        // The reply, to that address and port, is the flow's.
+        let reply = Pkt::tcp(&format!("{REMOTE_POD}:8080"), &src_of(&out).to_string(), 0x12);
+        let (rc, out) = lab.run("tc_ingress", &reply.bytes());
+        assert_eq!(rc, REDIRECT, "{what}: the reply");
+        assert_eq!(src_of(&out).to_string(), "203.0.113.10:80", "{what}: the client sees the LB IP");
+    }
 }
 
 #[test]
