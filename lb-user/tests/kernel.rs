@@ -415,7 +415,9 @@ fn an_agent_killed_and_restarted_loses_no_connection_and_cleanup_detaches_it() {
     let pin = bpffs.path().to_str().unwrap().to_owned();
     c.add_node("node-1", &["--zone", "a", "--bpffs", &pin]).unwrap();
 
-    let run = c.start_probe("node-1", vip(), 800, Duration::from_millis(5)).unwrap();
+    // 1,200 connects 5 ms apart: 6 s, room for the restart and the change after it on a loaded machine (at
+    // 800, a full run's load once left the change too little of the probe to move 50 connects).
+    let run = c.start_probe("node-1", vip(), 1_200, Duration::from_millis(5)).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     c.kill_agent("node-1");
     std::thread::sleep(Duration::from_millis(500));

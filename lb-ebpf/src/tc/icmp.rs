@@ -54,6 +54,11 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
     if !quoted(ctx, f, &mut q) {
         return NOT_OURS;
     }
+    if q.saddr != f.daddr {
+        // An error goes to the sender of the packet it quotes: one that does not (forged, or about another
+        // hop's packet) is not about this flow (netfilter's "outer daddr mismatch" makes it invalid too).
+        return NOT_OURS;
+    }
     let key = CtKey {
         saddr: q.daddr,
         daddr: q.saddr,

@@ -37,16 +37,25 @@ const BURST: usize = 256;
 /// only refreshed by it).
 const PASSES: usize = 3;
 
-/// tierlb's conntrack and nf_conntrack at `flows` tracked flows.
+/// The tables' sizes for the measurement: the UDP table, which the flows go through, as large as the single
+/// table before the tables were split (262,144 entries, 131,072 flows: `--max-conntrack-udp 262144`), so the
+/// row's flows fit; the others at their defaults.
+fn capacities() -> tierlb::datapath::ebpf::Capacities {
+    tierlb::datapath::ebpf::Capacities { conntrack_udp: 262_144, ..Default::default() }
+}
+
+/// tierlb's UDP conntrack table and nf_conntrack at `flows` tracked UDP flows.
 pub(super) fn memory(flows: usize) -> anyhow::Result<Vec<CtMemory>> {
     let lab = Lab::new()?;
     let sources = client_sources(&lab, flows)?;
     let to = SocketAddr::new(NODE.into(), NODE_PORT);
     let mut out = Vec::new();
     {
-        let caps = tierlb::datapath::ebpf::Capacities::default();
+        let caps = capacities();
         let Loaded { mut programs, maps, ns: mut ns_maps } = Loaded::load(caps, None)?;
         ns_maps.set_local(&std::collections::BTreeSet::from([IpAddr::V4(POD)]))?;
+        // The ingress pre-filter, as the agent writes it: the node's address.
+        ns_maps.set_addrs(&std::collections::BTreeMap::from([(IpAddr::V4(NODE), lb_common::ADDR_NODE)]))?;
         attach_in(&lab.node.netns, &mut programs)?;
         let mut rec = Reconciler::new(maps);
         let rep = rec.apply(&desired(), Instant::now());
@@ -56,14 +65,14 @@ pub(super) fn memory(flows: usize) -> anyhow::Result<Vec<CtMemory>> {
             send_until(&lab, &sources, flows, to, || Ok(ns_maps.conntrack_stats(boottime_ns()).flows))?;
         let slab1 = unreclaimable_slab()?;
         let stats = ns_maps.conntrack_stats(boottime_ns());
-        let bytes = ns_maps.conntrack_memory().context("the conntrack map's fdinfo has no memlock")?;
+        let bytes = ns_maps.udp_conntrack_memory().context("the conntrack map's fdinfo has no memlock")?;
         out.push(CtMemory {
             table: "tierlb".into(),
             flows: tracked,
-            entries: stats.entries,
+            entries: stats.tables[2].entries,
             bytes,
             slab_growth: slab1.saturating_sub(slab0),
-            capacity_flows: Some(u64::from(caps.conntrack / 2)),
+            capacity_flows: Some(u64::from(caps.conntrack_udp / 2)),
             nf_conntrack_alongside: nf_conntrack_count(&lab)?,
         });
         drop(programs);
@@ -207,10 +216,10 @@ mod tests {
             ("tierlb", 3_000, 0)
         );
         assert_eq!(tierlb.entries, 6_000, "a forward and a reply entry a flow");
-        let caps = tierlb::datapath::ebpf::Capacities::default();
-        assert_eq!(tierlb.capacity_flows, Some(u64::from(caps.conntrack / 2)));
+        let caps = super::capacities();
+        assert_eq!(tierlb.capacity_flows, Some(u64::from(caps.conntrack_udp / 2)));
         let kv = size_of::<lb_common::CtKey>() + size_of::<lb_common::CtValue>();
-        assert!(tierlb.bytes >= u64::from(caps.conntrack) * kv as u64, "preallocated: {tierlb:?}");
+        assert!(tierlb.bytes >= u64::from(caps.conntrack_udp) * kv as u64, "preallocated: {tierlb:?}");
         assert_eq!((nf.table.as_str(), nf.flows), ("nf_conntrack", 3_000));
     }
 }

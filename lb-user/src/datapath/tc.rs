@@ -558,6 +558,11 @@ impl NsMaps {
         self.conntrack.iter().map(|t| super::sys::map_memory(std::os::fd::AsFd::as_fd(&t.fd))).sum()
     }
 
+    /// The memory of the UDP conntrack table alone (`conntrack_memory`'s accounting).
+    pub fn udp_conntrack_memory(&self) -> Option<u64> {
+        super::sys::map_memory(std::os::fd::AsFd::as_fd(&self.conntrack[2].fd))
+    }
+
     /// Delete the UDP entries whose backend (forward: its destination; reply: its source) is not in
     /// `backends` any more: kube-proxy flushes a removed endpoint's UDP conntrack, or a client's datagrams
     /// would go on to the departed backend for as long as it keeps sending. TCP flows are left to end.

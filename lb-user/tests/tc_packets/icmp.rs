@@ -224,3 +224,30 @@ fn tc_icmp_that_is_no_error_about_a_tracked_flow_passes_untouched() {
         }
     }
 }
+
+/// An error is about a flow only if it goes to the sender of the packet it quotes (netfilter's outer/inner
+/// check): a forged one, or one about a packet another host sent, is passed on untouched and translates
+/// nothing, in either direction.
+#[test]
+fn tc_icmp_error_not_sent_to_the_quoted_packets_sender_passes_untouched() {
+    let pod = format!("{LOCAL_POD}:53");
+    let mut lab = Lab::with_node_port("icmp-mismatch", PROTO_UDP, 30053, &pod, true);
+    let q = Pkt::udp(&format!("{CLIENT}:40000"), &format!("{NODE}:30053"));
+    assert_eq!(lab.run("tc_ingress", &q.bytes()).0, PASS);
+    let cases = [
+        (
+            "egress: the pod's error to another host than the client",
+            "tc_egress",
+            LOCAL_POD,
+            "192.0.2.77",
+            q.to(sa(&pod)),
+        ),
+        ("ingress: an error to the node quoting the client's own datagram", "tc_ingress", ROUTER, NODE, q),
+    ];
+    for (what, prog, src, dst, quote) in cases {
+        let err = IcmpError::new(src, dst, UNREACHABLE, PORT_UNREACHABLE, 0, quote);
+        let (rc, out) = lab.run(prog, &err.bytes());
+        assert_eq!((rc, out), (PASS, err.bytes()), "{what}");
+    }
+    assert_eq!(lab.ns_counter(lb_common::NS_ICMP_TRANSLATED), 0);
+}
