@@ -192,6 +192,8 @@ pub(super) fn rows(
     let Loaded { mut programs, maps, ns: mut ns_maps } =
         Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
     ns_maps.set_local(&BTreeSet::from([IpAddr::V4(POD)]))?;
+    // The ingress pre-filter, as the agent writes it: the node's address.
+    ns_maps.set_addrs(&std::collections::BTreeMap::from([(IpAddr::V4(NODE), lb_common::ADDR_NODE)]))?;
     attach_in(&lab.node.netns, &mut programs)?;
     let mut rec = Reconciler::new(maps);
     let mut out = Vec::new();
