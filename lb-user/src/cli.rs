@@ -290,8 +290,8 @@ pub struct AgentArgs {
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_AFFINITY)]
     pub max_affinity: u32,
     /// Capacity: conntrack entries of established TCP flows from outside the node (an LRU, two entries per
-    /// flow; about 170 bytes each with the hash table's buckets, preallocated: the default is 42 MiB). Beyond
-    /// it the least recently used established flow is forgotten.
+    /// flow; 168 bytes each as the kernel accounts them, preallocated: the default is 21 MiB). Beyond it the
+    /// least recently used established flow is forgotten.
     #[arg(long, default_value_t = lb_common::DEFAULT_MAX_CONNTRACK)]
     pub max_conntrack: u32,
     /// Capacity: conntrack entries of half-open TCP flows (SYN seen, handshake not complete; an LRU of its own,
