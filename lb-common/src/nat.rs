@@ -196,7 +196,8 @@ pub const NS_DROP_FRAG_NEEDED: u32 = 14;
 /// New SNAT flows that kept the client's source port (free for the backend and node address, and in the
 /// SNAT ports).
 pub const NS_SNAT_PORT_KEPT: u32 = 15;
-/// SNAT port tries that found the port held by a live flow (each try after the first counts one).
+/// SNAT port tries that found the port held by a live flow (the client's own port and each of the tries
+/// after it: up to `SNAT_TRIES` + 1 for one flow).
 pub const NS_SNAT_PORT_RETRIES: u32 = 16;
 /// Dropped: a packet to a load-balancer IP or externalIP on none of the node's interfaces (`ADDR_FOREIGN`)
 /// that matched no flow and started none (the stack would route it back out).

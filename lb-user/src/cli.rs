@@ -318,7 +318,9 @@ pub struct AgentArgs {
     pub max_endpoints_per_service: usize,
     /// The devices whose traffic from outside the node is translated (NodePorts, load-balancer IPs,
     /// externalIPs), comma-separated; default: the devices holding the node's NodePort addresses
-    /// (`--nodeport-addresses`, else the Node's InternalIP/ExternalIP), looked for again on every sync.
+    /// (`--nodeport-addresses`, else the Node's InternalIP/ExternalIP), looked for again on every sync and
+    /// every 2 s. The egress program alone goes on every other Ethernet device with a global address, so
+    /// replies are translated wherever they leave.
     /// `none`: translate no traffic from outside.
     #[arg(long, value_delimiter = ',', value_name = "IFACE[,IFACE]")]
     pub devices: Option<Vec<String>>,

@@ -157,7 +157,8 @@ fn tcp(key: &CtKey, f: &Flow, p: *mut CtValue, table: Table, t: u64) -> Option<&
     let handshake_done = forward
         && table == Table::Syn
         && flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK
-        && v.flags & (CT_SEEN_REPLY | CT_ESTABLISHED) == CT_SEEN_REPLY;
+        && v.flags & (CT_SEEN_REPLY | CT_ESTABLISHED) == CT_SEEN_REPLY
+        && acks_the_syn_ack(key, v, f, t);
     if handshake_done {
         add_state(key, v, CT_ESTABLISHED, cfg, t);
     }
@@ -166,6 +167,18 @@ fn tcp(key: &CtKey, f: &Flow, p: *mut CtValue, table: Table, t: u64) -> Option<&
         return promote(key, v);
     }
     Some(v)
+}
+
+/// Whether the client's segment `f` acknowledges the backend's SYN-ACK (its acknowledgement number the
+/// SYN-ACK's sequence number plus one, as netfilter requires to leave SYN_RECV): a blind ACK from a spoofed
+/// source does not complete the handshake, so it cannot move flows into the established table.
+#[inline(always)]
+fn acks_the_syn_ack(key: &CtKey, v: &CtValue, f: &Flow, t: u64) -> bool {
+    let other = other_key(key, v);
+    let Some((o, _)) = find(&other, t) else { return false };
+    // SAFETY: as in `live`.
+    let o = unsafe { &*o };
+    o.flags & CT_SEQ_SEEN != 0 && u32::from_be(f.ack) == o.seq.wrapping_add(1)
 }
 
 /// Whether a RST on the entry `v` (at `key`) is inside the window: its sequence number between what the

@@ -174,10 +174,6 @@ fn tc_egress(ctx: TcContext) -> i32 {
         }
         Parsed::Fragment | Parsed::Other => return PASS,
     }
-    // The pre-filter: the replies translated here come from this node's endpoints.
-    if LOCAL_BACKENDS.get_ptr(CtAddr { addr: f.saddr }).is_none() {
-        return PASS;
-    }
     *k = conntrack::key(f, CT_DIR_OUT);
     let Some(cfg) = conntrack::config() else { return PASS };
     match conntrack::hit(k, f, cfg, conntrack::now()) {
@@ -383,6 +379,10 @@ fn snat(
     reply_key.daddr = node;
     reply_key.dir = CT_DIR_IN;
     let ports = cfg.snat_ports();
+    if ports.count() == 0 {
+        // The node's ephemeral range covers every SNAT port: none to give (the agent logs it).
+        return false;
+    }
     // The client's own port first (kube-proxy's masquerade keeps it when the tuple is free), if it is one
     // of the SNAT ports: outside the node's ephemeral range, so no socket of the node is given it
     // automatically for the same backend.
@@ -436,11 +436,23 @@ fn allowed_source(key: &FrontendKey, f: &Flow) -> bool {
     SOURCE_RANGES.get(k).is_some()
 }
 
+/// Whether `addr` is one of the node's addresses on a device with `tc_ingress` (`ADDR_NODE` in the
+/// pre-filter), where an SNAT flow's replies to it are translated.
+#[inline(always)]
+fn node_address(addr: &[u32; 4], family: u8) -> bool {
+    // SAFETY: a plain read of a hash value.
+    NS_ADDRS
+        .get_ptr(AddrKey { addr: *addr, family, _pad: [0; 3] })
+        .is_some_and(|p| unsafe { *p } & ADDR_NODE != 0)
+}
+
 /// The node address an SNAT flow leaves from: the frontend's own address for a node port (the address the
 /// client reached, so the reply path is the request's); for a load-balancer IP or externalIP the source the
 /// node's routing gives a packet to the backend (`route::source`: the egress device's address, as the
-/// stack's own forwarding and MASQUERADE would pick), else, on a kernel without `BPF_FIB_LOOKUP_SRC`, the
-/// node's address of the family the agent configured (`NatConfig::snat_v4` / `snat_v6`).
+/// stack's own forwarding and MASQUERADE would pick) when it is an address of a device with `tc_ingress`
+/// (so the reply is translated where it arrives; not a tunnel's), else, and on a kernel without
+/// `BPF_FIB_LOOKUP_SRC`, the node's address of the family the agent configured (`NatConfig::snat_v4` /
+/// `snat_v6`).
 #[inline(always)]
 fn snat_address(
     ctx: &TcContext,
@@ -453,7 +465,7 @@ fn snat_address(
         return Some(f.daddr);
     }
     let mut routed = [0u32; 4];
-    if route::source(ctx, f.family, backend, &mut routed) {
+    if route::source(ctx, f.family, backend, &mut routed) && node_address(&routed, f.family) {
         return Some(routed);
     }
     let a = if f.family == FAMILY_V4 { [cfg.snat_v4, 0, 0, 0] } else { cfg.snat_v6 };

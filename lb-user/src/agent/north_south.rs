@@ -97,6 +97,15 @@ impl NorthSouth {
     fn sync(&mut self, programs: &mut Programs, node: &NodeInfo) {
         let config = nat_config(node);
         if self.config != Some(config) {
+            let ports = config.snat_ports().count();
+            if ports < 4_536 {
+                tracing::warn!(
+                    ports,
+                    "few SNAT ports: the node's ephemeral range (net.ipv4.ip_local_port_range) covers most of \
+                     1024-65535, and SNAT uses only ports outside it; new flows from outside to backends on other \
+                     nodes are dropped when they run out (drop_snat_ports_exhausted): narrow the range"
+                );
+            }
             match self.maps.set_config(config) {
                 Ok(()) => self.config = Some(config),
                 Err(e) => tracing::error!(error = %e, "cannot write the north-south settings"),
@@ -118,16 +127,13 @@ impl NorthSouth {
             tc::detach(self.pin_dir.as_deref(), &device);
             self.attached.remove(&device);
         }
-        // Without `--devices`: both programs on every device with a global address (traffic from outside may
-        // arrive by any uplink, and an SNAT flow's replies come back to the address its route gave it); with
-        // it: both on those, the egress program alone on the others, so replies are translated wherever
-        // they leave.
-        let mut full = self.wanted();
+        // Both programs on the NodePort devices (or `--devices`); the egress program alone on every other
+        // Ethernet device with a global address, so a local backend's reply is translated wherever it leaves.
+        // Not `tc_ingress` there: a bridge's ingress is its pods' traffic, which the unmatched-packet drop
+        // for foreign load-balancer IPs must not meet.
+        let full = self.wanted();
         let none = matches!(&self.devices, Some(d) if d.iter().any(|d| d == "none"));
         let reply = if none { Vec::new() } else { tc::reply_devices() };
-        if self.devices.is_none() {
-            full.extend(reply.iter().filter(|d| !full.contains(d)).cloned().collect::<Vec<_>>());
-        }
         let egress: Vec<String> = reply.into_iter().filter(|d| !full.contains(d)).collect();
         for (device, both) in
             full.into_iter().map(|d| (d, true)).chain(egress.into_iter().map(|d| (d, false)))
@@ -164,6 +170,10 @@ impl NorthSouth {
         }
         self.rescanned = Some(Instant::now());
         self.follow_devices(programs);
+        // The pre-filter follows the interfaces' addresses too (a device or a kube-vip address that came).
+        if !self.write_addrs() {
+            self.failed.get_or_insert_with(Instant::now);
+        }
     }
 
     /// After a sync or retry: `sync` with its node; the local endpoints and source ranges of the Services it
@@ -181,7 +191,7 @@ impl NorthSouth {
         if !rewrite && let (Some(written), Some(services)) = (self.written.as_mut(), &r.touched) {
             let delta = written.update(model, &node.name, rec, services);
             let ok = self.write(&delta);
-            if !(ok && self.write_addrs(node)) {
+            if !(ok && self.write_addrs()) {
                 self.failed.get_or_insert_with(Instant::now);
             }
             return;
@@ -195,16 +205,18 @@ impl NorthSouth {
             log_forgotten(self.maps.forget_udp_except(&all.udp().collect()));
         }
         self.written = Some(all);
-        let addrs = self.write_addrs(node);
+        let addrs = self.write_addrs();
         self.failed = (local.is_err() || ranges.is_err() || !addrs).then(Instant::now);
     }
 
     /// Write the ingress pre-filter if it changed: the node's NodePort addresses, and the load-balancer IPs
     /// and externalIPs of the applied outside frontends, each marked as the node's (on one of its
     /// interfaces) or foreign. False (logged) if the write failed.
-    fn write_addrs(&mut self, node: &NodeInfo) -> bool {
+    fn write_addrs(&mut self) -> bool {
         let Some(c) = &self.written else { return true };
-        let want = pre_filter(node, c.lb_addrs(), &tc::interface_addresses());
+        let full: Vec<&str> =
+            self.attached.iter().filter(|(_, both)| **both).map(|(d, _)| d.as_str()).collect();
+        let want = pre_filter(&self.node_port_addresses, &full, c.lb_addrs(), &tc::interface_addresses());
         if self.addrs.as_ref() == Some(&want) {
             return true;
         }
@@ -258,24 +270,26 @@ impl NorthSouth {
     }
 }
 
-/// The ingress pre-filter (`NS_ADDRS`): the node's NodePort addresses (`ADDR_NODE`), and the load-balancer
+/// The ingress pre-filter (`NS_ADDRS`): the node's NodePort addresses and its other addresses on the devices
+/// with `tc_ingress` (`ADDR_NODE`), and the load-balancer
 /// IPs and externalIPs `lb`, `ADDR_NODE` where one of the node's interfaces (`interfaces`) holds them (kube-vip
 /// and the like assign them), else `ADDR_FOREIGN` (MetalLB and BGP speakers route them to the node without
 /// assigning them: an unmatched packet to one is dropped, not routed back out).
 pub(super) fn pre_filter(
-    node: &NodeInfo,
+    node_port_addresses: &[std::net::IpAddr],
+    ingress_devices: &[&str],
     lb: impl Iterator<Item = std::net::IpAddr>,
     interfaces: &[(String, std::net::IpAddr)],
 ) -> std::collections::BTreeMap<std::net::IpAddr, u32> {
-    // The node's own addresses: the NodePort addresses, and every global address of its interfaces (an SNAT
-    // flow to a load-balancer IP's backend leaves from the address its route gives, whose replies come back
-    // to it).
-    let mut out: std::collections::BTreeMap<_, _> = node
-        .node_port_addresses
+    // The node's own addresses where `tc_ingress` runs: the NodePort addresses, and every global address of
+    // the devices with both programs (an SNAT flow to a load-balancer IP's backend may leave from one, as its
+    // route gives it, and its replies come back there; the programs take no other address for it).
+    let on_ingress = interfaces
         .iter()
-        .chain(interfaces.iter().map(|(_, a)| a).filter(|a| tc::is_global(a)))
-        .map(|a| (*a, lb_common::ADDR_NODE))
-        .collect();
+        .filter(|(d, a)| ingress_devices.contains(&d.as_str()) && tc::is_global(a))
+        .map(|(_, a)| a);
+    let mut out: std::collections::BTreeMap<_, _> =
+        node_port_addresses.iter().chain(on_ingress).map(|a| (*a, lb_common::ADDR_NODE)).collect();
     for ip in lb {
         let on_node = out.contains_key(&ip) || interfaces.iter().any(|(_, a)| *a == ip);
         out.insert(ip, if on_node { lb_common::ADDR_NODE } else { lb_common::ADDR_FOREIGN });

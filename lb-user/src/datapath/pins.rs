@@ -126,6 +126,10 @@ pub fn prepare(bpffs: &Path, instance: &str) -> Result<PathBuf, PinError> {
     Ok(dir)
 }
 
+/// Maps earlier versions pinned that this one does not use: `--cleanup` removes them too (`CONNTRACK`, the
+/// single conntrack table the three `CT_*` tables replaced).
+const LEGACY_MAPS: [&str; 1] = ["CONNTRACK"];
+
 /// Remove an instance's pinned links (detaching its programs) and maps, then its directory if empty
 /// (`tierlb agent --cleanup`). Returns the pins removed.
 pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
@@ -146,15 +150,14 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
         }
         super::tc::detach(Some(&dir), &device);
     }
-    if !super::tc::has_tcx() {
-        for device in super::tc::all_devices() {
-            super::tc::detach(None, &device);
-        }
+    // Whatever the attach mode now (an agent may have run with `--tc-attach netlink` on a kernel with tcx).
+    for device in super::tc::all_devices() {
+        super::tc::detach_netlink(&device);
     }
     let pins = PROGRAMS
         .iter()
         .flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)])
-        .chain(PINNED_MAPS.iter().map(|m| dir.join(m)));
+        .chain(PINNED_MAPS.iter().chain(&LEGACY_MAPS).map(|m| dir.join(m)));
     for p in pins {
         if p.exists() {
             std::fs::remove_file(&p).map_err(io(&p))?;

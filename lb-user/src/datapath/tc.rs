@@ -90,12 +90,25 @@ pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
 /// The devices a local backend's reply may leave by: every device of this network namespace but loopback
 /// that holds a global unicast address (not loopback, link-local or multicast), sorted.
 pub fn reply_devices() -> Vec<String> {
+    let ethernet = ethernet_devices();
     let out: BTreeSet<String> = interface_addresses()
         .into_iter()
-        .filter(|(name, ip)| name != "lo" && is_global(ip))
+        .filter(|(name, ip)| name != "lo" && is_global(ip) && ethernet.contains(name))
         .map(|(n, _)| n)
         .collect();
     out.into_iter().collect()
+}
+
+/// The devices with an Ethernet header (`ARPHRD_ETHER`, from their link-layer address): the only ones the tc
+/// programs parse (an L3 device such as WireGuard's or an IPIP tunnel carries none).
+fn ethernet_devices() -> BTreeSet<String> {
+    const ARPHRD_ETHER: u16 = 1;
+    let Ok(ifs) = nix::ifaddrs::getifaddrs() else { return BTreeSet::new() };
+    ifs.filter(|ifa| {
+        ifa.address.as_ref().and_then(|a| a.as_link_addr()).is_some_and(|l| l.hatype() == ARPHRD_ETHER)
+    })
+    .map(|ifa| ifa.interface_name)
+    .collect()
 }
 
 /// A global unicast address: not loopback, link-local, multicast or unspecified.
@@ -259,9 +272,14 @@ pub fn detach(dir: Option<&Path>, device: &str) {
         }
     }
     if !has_tcx() {
-        for (name, kind) in TC_PROGRAMS {
-            let _ = tc::qdisc_detach_program(device, kind, name);
-        }
+        detach_netlink(device);
+    }
+}
+
+/// Remove the netlink filters of our programs from `device` (none there: nothing done).
+pub fn detach_netlink(device: &str) {
+    for (name, kind) in TC_PROGRAMS {
+        let _ = tc::qdisc_detach_program(device, kind, name);
     }
 }
 

@@ -227,27 +227,33 @@ fn tc_icmp_that_is_no_error_about_a_tracked_flow_passes_untouched() {
 
 /// An error is about a flow only if it goes to the sender of the packet it quotes (netfilter's outer/inner
 /// check): a forged one, or one about a packet another host sent, is passed on untouched and translates
-/// nothing, in either direction.
+/// nothing, in either direction. The quotes are of packets the flows really carried, so only the check
+/// stands between them and a translation.
 #[test]
 fn tc_icmp_error_not_sent_to_the_quoted_packets_sender_passes_untouched() {
+    // Egress: a local pod's error about the datagram it received, sent to another host than the client.
     let pod = format!("{LOCAL_POD}:53");
     let mut lab = Lab::with_node_port("icmp-mismatch", PROTO_UDP, 30053, &pod, true);
     let q = Pkt::udp(&format!("{CLIENT}:40000"), &format!("{NODE}:30053"));
     assert_eq!(lab.run("tc_ingress", &q.bytes()).0, PASS);
-    let cases = [
-        (
-            "egress: the pod's error to another host than the client",
-            "tc_egress",
-            LOCAL_POD,
-            "192.0.2.77",
-            q.to(sa(&pod)),
-        ),
-        ("ingress: an error to the node quoting the client's own datagram", "tc_ingress", ROUTER, NODE, q),
-    ];
-    for (what, prog, src, dst, quote) in cases {
-        let err = IcmpError::new(src, dst, UNREACHABLE, PORT_UNREACHABLE, 0, quote);
-        let (rc, out) = lab.run(prog, &err.bytes());
-        assert_eq!((rc, out), (PASS, err.bytes()), "{what}");
-    }
+    let err = IcmpError::new(LOCAL_POD, "192.0.2.77", UNREACHABLE, PORT_UNREACHABLE, 0, q.to(sa(&pod)));
+    let (rc, out) = lab.run("tc_egress", &err.bytes());
+    assert_eq!((rc, out), (PASS, err.bytes()), "egress: not to the quoted datagram's sender");
+    // Ingress: an SNAT flow; a router's error about the translated packet (node:port -> backend), addressed
+    // to the client instead of the node that sent it.
+    let backend = format!("{REMOTE_POD}:8080");
+    let mut lab = Lab::with_node_port("icmp-mismatch-snat", PROTO_TCP, 30080, &backend, false);
+    let syn = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
+    let (rc, out) = lab.run("tc_ingress", &syn.bytes());
+    assert_eq!(rc, REDIRECT);
+    let sent = syn.to(sa(&backend)).from(src_of(&out));
+    let good = IcmpError::new(ROUTER, NODE, UNREACHABLE, FRAG_NEEDED, 1400, sent);
+    let forged = IcmpError::new(ROUTER, CLIENT, UNREACHABLE, FRAG_NEEDED, 1400, sent);
+    lab.addr(CLIENT, lb_common::ADDR_NODE);
+    let (rc, out) = lab.run("tc_ingress", &forged.bytes());
+    assert_eq!((rc, out), (PASS, forged.bytes()), "ingress: to the client, not to the node that sent it");
     assert_eq!(lab.ns_counter(lb_common::NS_ICMP_TRANSLATED), 0);
+    // The same error to the node is the flow's (the check does not refuse what it should take).
+    assert_eq!(lab.run("tc_ingress", &good.bytes()).0, REDIRECT);
+    assert_eq!(lab.ns_counter(lb_common::NS_ICMP_TRANSLATED), 1);
 }

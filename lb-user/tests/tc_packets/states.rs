@@ -86,14 +86,17 @@ fn send(lab: &mut Lab, (prog, p): (&str, Pkt)) -> u32 {
     lab.run(prog, &p.bytes()).0
 }
 
-/// The handshake: the SYN-ACK alone leaves the flow half-open (netfilter waits for the client's ACK); the
-/// client's ACK establishes it and moves both entries to the established table.
+/// The handshake: the SYN-ACK alone leaves the flow half-open (netfilter waits for the client's ACK), and so
+/// does an ACK that does not acknowledge the SYN-ACK; the client's ACK establishes it and moves both entries
+/// to the established table.
 #[test]
 fn tc_tcp_is_established_by_the_clients_ack_not_by_the_syn_ack() {
     let (mut lab, c) = Conn::local("tc-st-hs");
-    let steps: [(&str, Segment, &str, u16, u32); 3] = [
+    let steps: [(&str, Segment, &str, u16, u32); 4] = [
         ("SYN", c.c(SYN, 1000, 0), MAP_CT_SYN, 0, DEFAULT_CT_TCP_SYN_S),
         ("SYN-ACK", c.p(SYN_ACK, 5000, 1001), MAP_CT_SYN, CT_SEEN_REPLY, DEFAULT_CT_TCP_SYN_S),
+        // A blind ACK (a spoofed source does not see the SYN-ACK): its number is not the SYN-ACK's + 1.
+        ("blind ACK", c.c(ACK, 1001, 7777), MAP_CT_SYN, CT_SEEN_REPLY, DEFAULT_CT_TCP_SYN_S),
         (
             "ACK",
             c.c(ACK, 1001, 5001),
