@@ -533,6 +533,7 @@ mod csum;
 mod health;
 mod nat;
 mod reverse;
+mod snat;
 mod trace;
 pub use choice::{
     Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
@@ -546,6 +547,7 @@ pub use health::{
 };
 pub use nat::*;
 pub use reverse::*;
+pub use snat::SnatPorts;
 pub use trace::{
     GLOBAL_TRACE_LOST, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, OUTCOME_FAIL_OPEN,
     OUTCOME_REFUSED, OUTCOME_TRANSLATED, TRACE_AFFINITY, TRACE_ALL, TRACE_CONNECT, TRACE_HELD,

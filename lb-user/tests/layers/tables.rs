@@ -120,7 +120,9 @@ const LB_COMMON: &[Part] = &[
     // The trace events: a frontend and the backend chosen (`Backend`, `FrontendKey`).
     part("trace", &["trace"], &["root"]),
     // North-south NAT: conntrack, source ranges and outside affinity, keyed by frontend (`FrontendKey`).
-    part("nat", &["nat"], &["root"]),
+    // The SNAT ports as one numbered set (plain port numbers).
+    part("snat", &["snat"], &[]),
+    part("nat", &["nat"], &["root", "snat"]),
     // The tier choice the data path makes: reads a frontend's tier ranges and a member's flags.
     part("choice", &["choice"], &["root"]),
     // lib.rs's lists of every map (`MAPS`, `PINNED_ONLY`, `NS_MAPS`, `PINNED_MAPS`) and `aya::Pod` for every
