@@ -28,7 +28,8 @@ pub fn ip_from_words(words: [u32; 4], family: u8) -> IpAddr {
     }
 }
 
-fn family(ip: IpAddr) -> u8 {
+/// `FAMILY_V4` or `FAMILY_V6` of `ip`.
+pub fn family(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { FAMILY_V4 } else { FAMILY_V6 }
 }
 

@@ -249,7 +249,7 @@ impl NsMaps {
         let name = lb_common::MAP_NS_ADDRS;
         let key = |ip: IpAddr| lb_common::AddrKey {
             addr: crate::datapath::addr::words(ip),
-            family: if ip.is_ipv4() { lb_common::FAMILY_V4 } else { lb_common::FAMILY_V6 },
+            family: crate::datapath::addr::family(ip),
             _pad: [0; 3],
         };
         let want: std::collections::BTreeMap<lb_common::AddrKey, u32> =
