@@ -190,8 +190,8 @@ pub const NS_DROP_REWRITE: u32 = 11;
 pub const NS_DROP_SOURCE_RANGE: u32 = 12;
 /// ICMP errors about a translated flow, translated back (outer and quoted headers) toward its sender.
 pub const NS_ICMP_TRANSLATED: u32 = 13;
-/// Dropped: a packet the SNAT path sends itself is larger than the next hop's MTU (the stack, which would
-/// answer with "fragmentation needed", is bypassed; counted so the black hole is visible).
+/// A packet the SNAT path sends itself is larger than the next hop's MTU: dropped, and answered with
+/// "fragmentation needed" / "packet too big" (`NS_ICMP_SENT`) as the stack's forwarding would.
 pub const NS_DROP_FRAG_NEEDED: u32 = 14;
 /// New SNAT flows that kept the client's source port (free for the backend and node address, and in the
 /// SNAT ports).
@@ -206,8 +206,22 @@ pub const NS_DROP_UNMATCHED: u32 = 17;
 pub const NS_RST_OUTSIDE_WINDOW: u32 = 18;
 /// TCP flows whose handshake completed (moved from the half-open table to the established one).
 pub const NS_ESTABLISHED: u32 = 19;
+/// New keys written to each conntrack table, from `NS_CT_INSERTED` in `CT_TABLES` order (established TCP,
+/// half-open TCP, UDP). With the removals below and a table's entries they give its evictions
+/// ([`ct_evictions`]): an LRU reclaims entries without telling the program.
+pub const NS_CT_INSERTED: u32 = 20;
+/// Entries the programs deleted from each conntrack table, from `NS_CT_REMOVED` in `CT_TABLES` order.
+pub const NS_CT_REMOVED: u32 = 23;
+/// UDP entries the agent deleted (flows to departed backends). Written by the agent alone (read, added to,
+/// written back), never by a program, so the two writers of the per-CPU slots cannot race.
+pub const NS_CT_REMOVED_BY_AGENT: u32 = 26;
+/// ICMP errors the node sent itself about SNAT packets it could not forward (time exceeded, fragmentation
+/// needed / packet too big), which the stack's forwarding would have sent.
+pub const NS_ICMP_SENT: u32 = 27;
+/// Such errors not sent: over the rate (a per-CPU token bucket), the packet dropped.
+pub const NS_ICMP_RATE_LIMITED: u32 = 28;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 20;
+pub const NS_COUNTER_KINDS: u32 = 29;
 /// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
 pub const NS_COUNTER_SLOTS: u32 = 32;
 const _: () = assert!(NS_COUNTER_KINDS <= NS_COUNTER_SLOTS);
@@ -233,7 +247,25 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "drop_unmatched",
     "rst_outside_window",
     "established",
+    "conntrack_inserted_established",
+    "conntrack_inserted_half_open",
+    "conntrack_inserted_udp",
+    "conntrack_removed_established",
+    "conntrack_removed_half_open",
+    "conntrack_removed_udp",
+    "conntrack_udp_forgotten_by_agent",
+    "icmp_sent",
+    "icmp_rate_limited",
 ];
+
+/// Entries an LRU conntrack table reclaimed to make room (live flows and expired ones it had not reused):
+/// the new keys written to it less those deleted and those it holds now (`entries`, a walk of the table).
+/// Counters and walk are not taken at one instant, so a value can be low by the keys written meanwhile;
+/// never below 0.
+#[must_use]
+pub const fn ct_evictions(inserted: u64, removed: u64, entries: u64) -> u64 {
+    inserted.saturating_sub(removed).saturating_sub(entries)
+}
 
 /// sessionAffinity ClientIP for clients outside the node: (outside-scope frontend, client address) ->
 /// `AffinityValue`. An LRU the tc programs write; pinned, so a restarted agent keeps the clients' backends, and
@@ -478,6 +510,21 @@ mod tests {
         ];
         for (name, seq, acked, sent, ok) in cases {
             assert_eq!(rst_in_window(seq, acked, sent), ok, "{name}");
+        }
+    }
+
+    #[test]
+    fn evictions_are_new_keys_less_removals_and_what_the_table_holds() {
+        let cases = [
+            ("nothing written", 0, 0, 0, 0),
+            ("every key still there", 10, 0, 10, 0),
+            ("deleted, not evicted", 10, 4, 6, 0),
+            ("a full table that reclaimed 90", 100, 0, 10, 90),
+            ("deletes and evictions", 100, 30, 20, 50),
+            ("keys written after the counters were read", 10, 0, 12, 0),
+        ];
+        for (name, inserted, removed, entries, evicted) in cases {
+            assert_eq!(ct_evictions(inserted, removed, entries), evicted, "{name}");
         }
     }
 }

@@ -142,6 +142,8 @@ pub struct AgentStats {
     pub conntrack_flows: Family<Labels, Gauge>,
     /// Each conntrack table's capacity in entries.
     pub conntrack_capacity: Family<Labels, Gauge>,
+    /// Entries each conntrack table's LRU reclaimed to make room (`lb_common::ct_evictions`).
+    pub conntrack_evictions: Family<Labels, Counter>,
     /// kube-proxy's metric families, for its dashboards and alerts.
     pub kube_proxy: KubeProxyStats,
 }
@@ -163,6 +165,7 @@ impl Default for AgentStats {
             conntrack_entries: Family::default(),
             conntrack_flows: Family::default(),
             conntrack_capacity: Family::default(),
+            conntrack_evictions: Family::default(),
             kube_proxy: KubeProxyStats::default(),
         }
     }
@@ -252,8 +255,12 @@ fn register_external_packets(reg: &mut Registry, ns: &[u64]) {
         "external_packets",
         "Packets from outside the node (and their replies) seen by the tc programs, by what became of them",
     );
-    for (name, n) in lb_common::NS_COUNTER_NAMES.iter().zip(ns) {
-        packets.get_or_create(&vec![("result".into(), (*name).into())]).inc_by(*n);
+    // The conntrack tables' insert and delete tallies are not packets: they give `conntrack_evictions`.
+    let tallies = lb_common::NS_CT_INSERTED..=lb_common::NS_CT_REMOVED_BY_AGENT;
+    for ((kind, name), n) in (0u32..).zip(lb_common::NS_COUNTER_NAMES).zip(ns) {
+        if !tallies.contains(&kind) {
+            packets.get_or_create(&vec![("result".into(), name.into())]).inc_by(*n);
+        }
     }
 }
 
@@ -275,6 +282,12 @@ fn register_conntrack(reg: &mut Registry, stats: &AgentStats) {
         "Capacity of the conntrack tables of traffic from outside the node (entries), by table; a table at its \
          capacity evicts its least recently used flow for each new one",
         stats.conntrack_capacity.clone(),
+    );
+    reg.register(
+        "conntrack_evictions",
+        "Entries the conntrack tables of traffic from outside the node reclaimed to make room for new ones, by \
+         table (live flows and expired entries alike; the keys written less those deleted and those held)",
+        stats.conntrack_evictions.clone(),
     );
 }
 

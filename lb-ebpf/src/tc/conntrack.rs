@@ -13,8 +13,8 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_boot_ns, maps::LruHashMap};
 use lb_common::{
     CT_CLOSED, CT_DIR_IN, CT_DIR_OUT, CT_ESTABLISHED, CT_FIN_CLIENT, CT_FIN_SERVER, CT_FORWARD,
-    CT_SEEN_REPLY, CT_SEQ_SEEN, CT_SNAT, CtKey, CtValue, NS_ESTABLISHED, NS_RST_OUTSIDE_WINDOW, NatConfig,
-    PROTO_TCP, rst_in_window,
+    CT_SEEN_REPLY, CT_SEQ_SEEN, CT_SNAT, CtKey, CtValue, NS_CT_INSERTED, NS_CT_REMOVED, NS_ESTABLISHED,
+    NS_RST_OUTSIDE_WINDOW, NatConfig, PROTO_TCP, rst_in_window,
 };
 
 use super::{
@@ -26,12 +26,32 @@ use crate::{
     maps::{CT_SYN, CT_TCP, CT_UDP, NAT_CONFIG},
 };
 
-/// Which table an entry is in.
+/// Which table an entry is in (`lb_common::CT_TABLES`' order: the index of its counters).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Table {
-    Tcp,
-    Syn,
-    Udp,
+    Tcp = 0,
+    Syn = 1,
+    Udp = 2,
+}
+
+/// Write `v` at `k` in table `t`, counting a new key (`NS_CT_INSERTED`): with the deletes counted by `del`
+/// and the table's entries, the agent derives how many the LRU evicted. `BPF_NOEXIST` first, so a key
+/// that exists (a dead entry, a retransmitted SYN's) is replaced uncounted.
+#[inline(always)]
+fn put(t: Table, k: &CtKey, v: &CtValue) -> bool {
+    if map(t).insert(k, v, u64::from(BPF_NOEXIST)).is_ok() {
+        count_ns(NS_CT_INSERTED + t as u32);
+        return true;
+    }
+    map(t).insert(k, v, 0).is_ok()
+}
+
+/// Delete the entry at `k` from table `t`, counting it (`NS_CT_REMOVED`) if there was one.
+#[inline(always)]
+fn del(t: Table, k: &CtKey) {
+    if map(t).remove(k).is_ok() {
+        count_ns(NS_CT_REMOVED + t as u32);
+    }
 }
 
 #[inline(always)]
@@ -205,14 +225,13 @@ fn promote(key: &CtKey, v: &CtValue) -> Option<&'static CtValue> {
         // SAFETY: a hash value is a valid source for an update (the helper copies it).
         let o = unsafe { &*o };
         // By reference: the helper reads the value where it lies, no copy on the bounded stack.
-        let moved = CT_TCP.insert(other, o, 0).is_ok();
-        if moved {
-            let _ = CT_SYN.remove(other);
+        if put(Table::Tcp, &other, o) {
+            del(Table::Syn, &other);
         }
     }
-    let moved = CT_TCP.insert(key, v, 0).is_ok();
+    let moved = put(Table::Tcp, key, v);
     if moved {
-        let _ = CT_SYN.remove(key);
+        del(Table::Syn, key);
         count_ns(NS_ESTABLISHED);
     }
     let p = if moved { CT_TCP.get_ptr(key) } else { CT_SYN.get_ptr(key) };
@@ -274,10 +293,10 @@ fn add_state(key: &CtKey, v: &mut CtValue, bits: u16, cfg: &NatConfig, t: u64) {
 #[inline(always)]
 pub(crate) fn create(k: &CtKey, v: &CtValue) -> bool {
     if k.proto != PROTO_TCP {
-        return CT_UDP.insert(k, v, 0).is_ok();
+        return put(Table::Udp, k, v);
     }
-    let _ = CT_TCP.remove(k);
-    CT_SYN.insert(k, v, 0).is_ok()
+    del(Table::Tcp, k);
+    put(Table::Syn, k, v)
 }
 
 /// Write an SNAT port's reply entry only if the port is free for this (backend, node address) pair: no
@@ -289,8 +308,10 @@ pub(crate) fn claim(k: &CtKey, v: &CtValue, t: u64) -> bool {
     }
     // No live entry: write it unless another CPU claimed the port since (`BPF_NOEXIST`); a dead entry in
     // the way is replaced.
-    let table = map(if k.proto == PROTO_TCP { Table::Syn } else { Table::Udp });
+    let which = if k.proto == PROTO_TCP { Table::Syn } else { Table::Udp };
+    let table = map(which);
     if table.insert(k, v, u64::from(BPF_NOEXIST)).is_ok() {
+        count_ns(NS_CT_INSERTED + which as u32);
         return true;
     }
     match table.get_ptr(k) {
@@ -304,9 +325,9 @@ pub(crate) fn claim(k: &CtKey, v: &CtValue, t: u64) -> bool {
 #[inline(always)]
 pub(crate) fn remove(k: &CtKey) {
     if k.proto != PROTO_TCP {
-        let _ = CT_UDP.remove(k);
+        del(Table::Udp, k);
         return;
     }
-    let _ = CT_SYN.remove(k);
-    let _ = CT_TCP.remove(k);
+    del(Table::Syn, k);
+    del(Table::Tcp, k);
 }

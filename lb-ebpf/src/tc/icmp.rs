@@ -24,9 +24,7 @@ use lb_common::{
 
 use super::{
     DROP, NOT_OURS, PASS, conntrack,
-    packet::{
-        self, ETH_LEN, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC, NEXTHDR_FRAGMENT,
-    },
+    packet::{self, Flow, IPV4_CSUM, IPV4_DST, IPV4_SRC, IPV6_DST, IPV6_LEN, IPV6_SRC, NEXTHDR_FRAGMENT},
     route,
 };
 use crate::counters::count_ns;
@@ -97,7 +95,12 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
         // To a local pod (forward), or from one and already on its way out (reply): the stack routes it.
         return PASS;
     }
-    route::forward(ctx, f.family, f.proto, &src, &dst)
+    // Never answered: no ICMP error about an ICMP error.
+    let verdict = route::check(ctx, f, &src, &dst, false);
+    if verdict != route::GO {
+        return verdict;
+    }
+    route::send(ctx, f)
 }
 
 /// The quoted packet's flow into `q` (`q.l4`: its TCP/UDP header's offset): `false` when it is not TCP or
@@ -183,11 +186,11 @@ fn rewrite(
 #[inline(always)]
 fn end(ctx: &TcContext, f: &Flow) -> usize {
     let len = if f.family == FAMILY_V4 {
-        ctx.load::<u16>(ETH_LEN + 2).map_or(0, |l| usize::from(u16::from_be(l)))
+        ctx.load::<u16>(f.l3 + 2).map_or(0, |l| usize::from(u16::from_be(l)))
     } else {
-        ctx.load::<u16>(ETH_LEN + 4).map_or(0, |l| usize::from(u16::from_be(l)) + IPV6_LEN)
+        ctx.load::<u16>(f.l3 + 4).map_or(0, |l| usize::from(u16::from_be(l)) + IPV6_LEN)
     };
-    ETH_LEN + len
+    f.l3 + len
 }
 
 /// Rewrite one side of the quote (`dst`: its destination) to `to:port`, with the quote's own checksums;
@@ -252,11 +255,11 @@ fn set_outer(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), 
         return Ok(());
     }
     if f.family == FAMILY_V4 {
-        ctx.l3_csum_replace(IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
-        ctx.store(if dst { IPV4_DST } else { IPV4_SRC }, &to[0], 0)?;
+        ctx.l3_csum_replace(f.l3 + IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
+        ctx.store(f.l3 + if dst { IPV4_DST } else { IPV4_SRC }, &to[0], 0)?;
     } else {
         packet::pseudo_v6(ctx, f.l4 + 2, u64::from(BPF_F_PSEUDO_HDR), &from, to)?;
-        ctx.store(if dst { IPV6_DST } else { IPV6_SRC }, to, 0)?;
+        ctx.store(f.l3 + if dst { IPV6_DST } else { IPV6_SRC }, to, 0)?;
     }
     Ok(())
 }

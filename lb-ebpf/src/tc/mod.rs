@@ -5,6 +5,7 @@
 //! - `packet`: parse a flow, rewrite addresses and ports with incremental checksums;
 //! - `fragment`: IPv4 and IPv6 fragments of translated flows, the first fragment's ports kept for the later ones;
 //! - `icmp`: ICMP errors about a translated flow, translated back (path MTU discovery, port unreachable);
+//! - `icmp_send`: ICMP errors the node answers itself for what it cannot forward (exhausted TTL, MTU);
 //! - `conntrack`: the two entries of a translated flow and their lifetimes;
 //! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check.
 //!
@@ -16,6 +17,7 @@
 mod conntrack;
 mod fragment;
 mod icmp;
+mod icmp_send;
 mod packet;
 mod route;
 
@@ -63,7 +65,7 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     // SAFETY: this CPU's scratch value; a tc program runs with bottom halves disabled, so no other run on this
     // CPU uses it until this one returns.
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
-    let parsed = packet::parse(&ctx, f);
+    let parsed = packet::parse(&ctx, f, packet::ETH_LEN);
     if parsed == Parsed::Other {
         return PASS;
     }
@@ -163,13 +165,28 @@ static SCRATCH: PerCpuArray<NewFlow> = PerCpuArray::with_max_entries(1, 0);
 #[classifier]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
 fn tc_egress(ctx: TcContext) -> i32 {
+    egress(&ctx, packet::ETH_LEN)
+}
+
+/// `tc_egress` for an L3 device (WireGuard, IPIP and other tunnels: no Ethernet header, the IP header at
+/// 0), where a local backend's reply may leave. On its egress only replies of local backends are tracked
+/// (an SNAT flow's packets are all seen on ingress), so nothing here is forwarded past the stack.
+#[classifier]
+#[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
+fn tc_egress_l3(ctx: TcContext) -> i32 {
+    egress(&ctx, 0)
+}
+
+/// The egress programs: the packet's IP header at `l3`.
+#[inline(always)]
+fn egress(ctx: &TcContext, l3: usize) -> i32 {
     let Some(scratch) = PACKET.get_ptr_mut(0) else { return PASS };
     // SAFETY: as in `tc_ingress`.
     let Packet { flow: f, key: k } = unsafe { &mut *scratch };
-    match packet::parse(&ctx, f) {
+    match packet::parse(ctx, f, l3) {
         Parsed::Flow => {}
         Parsed::Icmp => {
-            let verdict = icmp::error(&ctx, f, CT_DIR_OUT);
+            let verdict = icmp::error(ctx, f, CT_DIR_OUT);
             return if verdict == NOT_OURS { PASS } else { verdict };
         }
         Parsed::Fragment | Parsed::Other => return PASS,
@@ -177,7 +194,7 @@ fn tc_egress(ctx: TcContext) -> i32 {
     *k = conntrack::key(f, CT_DIR_OUT);
     let Some(cfg) = conntrack::config() else { return PASS };
     match conntrack::hit(k, f, cfg, conntrack::now()) {
-        Some(v) => tracked(&ctx, f, v),
+        Some(v) => tracked(ctx, f, v),
         None => PASS,
     }
 }
@@ -197,6 +214,16 @@ static PACKET: PerCpuArray<Packet> = PerCpuArray::with_max_entries(1, 0);
 #[inline(never)]
 fn tracked(ctx: &TcContext, f: &Flow, v: &CtValue) -> i32 {
     let snat = v.flags & CT_SNAT != 0;
+    if snat {
+        // SNAT: forward (new source: the node) and reply (new source: the frontend, often the node's
+        // address) alike carry a source the stack would take for a martian: this program forwards them,
+        // and answers what cannot be forwarded while the packet is still as its sender sent it.
+        let (src, dst) = if v.flags & CT_FORWARD != 0 { (v.b, v.a) } else { (v.a, v.b) };
+        let verdict = route::check(ctx, f, &src, &dst, f.frag != fragment::LATER);
+        if verdict != route::GO {
+            return verdict;
+        }
+    }
     let ok = if v.flags & CT_FORWARD != 0 {
         packet::set_dst(ctx, f, &v.a, v.a_port).is_ok()
             && (!snat || packet::set_src(ctx, f, &v.b, v.b_port).is_ok())
@@ -215,10 +242,7 @@ fn tracked(ctx: &TcContext, f: &Flow, v: &CtValue) -> i32 {
     if !snat {
         return PASS;
     }
-    // SNAT: forward (new source: the node) and reply (new source: the frontend, often the node's address)
-    // alike carry a source the stack would take for a martian.
-    let (src, dst) = if v.flags & CT_FORWARD != 0 { (v.b, v.a) } else { (v.a, v.b) };
-    route::forward(ctx, f.family, f.proto, &src, &dst)
+    route::send(ctx, f)
 }
 
 /// Copy the frontend at `key` into `out`, checked (`maps::copy_frontend`: an element can be reused while it

@@ -13,21 +13,23 @@ use lb_common::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 use super::fragment;
 use crate::maps::FragKey;
 
-/// Ethernet header length (the tc programs attach to Ethernet-like devices: veth, physical NICs, bridges).
+/// Ethernet header length: where the IP header starts on an Ethernet-like device (veth, physical NICs,
+/// bridges); on an L3 device (WireGuard, IPIP and other tunnels: `tc_egress_l3`) it starts at 0.
 pub(crate) const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
-pub(crate) const IPV4_CSUM: usize = ETH_LEN + 10;
-const IPV4_TTL: usize = ETH_LEN + 8;
-pub(crate) const IPV4_SRC: usize = ETH_LEN + 12;
-pub(crate) const IPV4_DST: usize = ETH_LEN + 16;
-const IPV6_HOP: usize = ETH_LEN + 7;
+/// Offsets within the IP header (add `Flow::l3`).
+pub(crate) const IPV4_CSUM: usize = 10;
+const IPV4_TTL: usize = 8;
+pub(crate) const IPV4_SRC: usize = 12;
+pub(crate) const IPV4_DST: usize = 16;
+const IPV6_HOP: usize = 7;
 /// IPv6 next-header values: the Fragment header, and the other extension headers that may come before TCP/UDP
 /// (hop-by-hop options, routing, destination options).
 pub(crate) const NEXTHDR_FRAGMENT: u8 = 44;
 const NEXTHDR_OTHER_EXT: [u8; 3] = [0, 43, 60];
-pub(crate) const IPV6_SRC: usize = ETH_LEN + 8;
-pub(crate) const IPV6_DST: usize = ETH_LEN + 24;
+pub(crate) const IPV6_SRC: usize = 8;
+pub(crate) const IPV6_DST: usize = 24;
 pub(crate) const IPV6_LEN: usize = 40;
 /// IP protocol numbers of ICMP and ICMPv6.
 pub(crate) const PROTO_ICMP: u8 = 1;
@@ -59,6 +61,8 @@ pub(crate) struct Flow {
     /// The id of a fragment as it lies in the packet: IPv4's 16 bits (in the first two bytes), or the
     /// IPv6 Fragment header's 32.
     pub frag_id: u32,
+    /// Offset of the IP header: `ETH_LEN`, or 0 on an L3 device.
+    pub l3: usize,
     /// Offset of the L4 header.
     pub l4: usize,
 }
@@ -78,11 +82,19 @@ pub(crate) enum Parsed {
     Other,
 }
 
-/// The flow of the packet in `ctx`, into `f` (fully written when the answer is `Parsed::Flow`).
+/// The flow of the packet in `ctx`, into `f` (fully written when the answer is `Parsed::Flow`); its IP header
+/// at `l3` (`ETH_LEN`, or 0 on an L3 device, whose protocol is the skb's).
 #[inline(always)]
-pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
-    let Ok(eth_proto) = ctx.load::<u16>(12) else { return Parsed::Other };
-    let eth_proto = u16::from_be(eth_proto);
+pub(crate) fn parse(ctx: &TcContext, f: &mut Flow, l3: usize) -> Parsed {
+    let eth_proto = if l3 == ETH_LEN {
+        let Ok(p) = ctx.load::<u16>(12) else { return Parsed::Other };
+        u16::from_be(p)
+    } else {
+        // SAFETY: the context's skb pointer is valid for the program's run; `protocol` holds the ethertype
+        // in network order in its low 16 bits.
+        u16::from_be(unsafe { (*ctx.skb.skb).protocol } as u16)
+    };
+    f.l3 = l3;
     f.saddr = [0; 4];
     f.daddr = [0; 4];
     f.tcp_flags = 0;
@@ -90,19 +102,19 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
     f.ack = 0;
     f.frag = fragment::WHOLE;
     if eth_proto == ETH_P_IP {
-        let Ok(vihl) = ctx.load::<u8>(ETH_LEN) else { return Parsed::Other };
+        let Ok(vihl) = ctx.load::<u8>(l3) else { return Parsed::Other };
         let ihl = usize::from(vihl & 0x0f) * 4;
         if vihl >> 4 != 4 || ihl < 20 {
             return Parsed::Other;
         }
-        let Ok(frag) = ctx.load::<u16>(ETH_LEN + 6) else { return Parsed::Other };
-        let Ok(proto) = ctx.load::<u8>(ETH_LEN + 9) else { return Parsed::Other };
+        let Ok(frag) = ctx.load::<u16>(l3 + 6) else { return Parsed::Other };
+        let Ok(proto) = ctx.load::<u8>(l3 + 9) else { return Parsed::Other };
         let icmp = proto == PROTO_ICMP;
         if proto != PROTO_TCP && proto != PROTO_UDP && !icmp {
             return Parsed::Other;
         }
         let (Ok(s), Ok(d), Ok(id)) =
-            (ctx.load::<u32>(IPV4_SRC), ctx.load::<u32>(IPV4_DST), ctx.load::<u16>(ETH_LEN + 4))
+            (ctx.load::<u32>(l3 + IPV4_SRC), ctx.load::<u32>(l3 + IPV4_DST), ctx.load::<u16>(l3 + 4))
         else {
             return Parsed::Other;
         };
@@ -110,7 +122,7 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
         f.daddr[0] = d;
         f.proto = proto;
         f.family = FAMILY_V4;
-        f.l4 = ETH_LEN + ihl;
+        f.l4 = l3 + ihl;
         // More-fragments set or a non-zero offset: only the first fragment carries the ports; the later ones
         // get them from it (`fragment`). An ICMP error is small enough never to be fragmented by a sender
         // that follows RFC 1812 (4.3.2.3).
@@ -130,14 +142,15 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow) -> Parsed {
             return Parsed::Icmp;
         }
     } else if eth_proto == ETH_P_IPV6 {
-        let Ok(mut next) = ctx.load::<u8>(ETH_LEN + 6) else { return Parsed::Other };
-        let (Ok(s), Ok(d)) = (ctx.load::<[u32; 4]>(IPV6_SRC), ctx.load::<[u32; 4]>(IPV6_DST)) else {
+        let Ok(mut next) = ctx.load::<u8>(l3 + 6) else { return Parsed::Other };
+        let (Ok(s), Ok(d)) = (ctx.load::<[u32; 4]>(l3 + IPV6_SRC), ctx.load::<[u32; 4]>(l3 + IPV6_DST))
+        else {
             return Parsed::Other;
         };
         f.saddr = s;
         f.daddr = d;
         f.family = FAMILY_V6;
-        f.l4 = ETH_LEN + IPV6_LEN;
+        f.l4 = l3 + IPV6_LEN;
         let mut later = None;
         if next == NEXTHDR_FRAGMENT {
             // next header, reserved, offset (13 bits) | 2 reserved | more fragments, id (32 bits).
@@ -246,15 +259,15 @@ fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i
     let pseudo = u64::from(BPF_F_PSEUDO_HDR) | extra;
     let from = if dst { f.daddr } else { f.saddr };
     if f.family == FAMILY_V4 {
-        let off = if dst { IPV4_DST } else { IPV4_SRC };
+        let off = f.l3 + if dst { IPV4_DST } else { IPV4_SRC };
         // A later fragment holds no L4 checksum (the first fragment's update covers the datagram).
         if f.frag != fragment::LATER {
             ctx.l4_csum_replace(csum, u64::from(from[0]), u64::from(to[0]), pseudo | 4)?;
         }
-        ctx.l3_csum_replace(IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
+        ctx.l3_csum_replace(f.l3 + IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
         ctx.store(off, &to[0], 0)?;
     } else {
-        let off = if dst { IPV6_DST } else { IPV6_SRC };
+        let off = f.l3 + if dst { IPV6_DST } else { IPV6_SRC };
         if f.frag != fragment::LATER {
             pseudo_v6(ctx, csum, pseudo, &from, to)?;
         }
@@ -330,27 +343,33 @@ pub(crate) fn set_src(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> 
     Ok(())
 }
 
-/// Decrement the TTL (IPv4, with its header checksum) or hop limit (IPv6) of a packet this node forwards
-/// itself (a redirect bypasses the stack's forwarding, which would do it). `false`: it would reach zero; the
-/// caller hands the packet to the stack, which answers with ICMP time exceeded.
+/// The packet's TTL (IPv4) or hop limit (IPv6).
 #[inline(always)]
-pub(crate) fn decrement_ttl(ctx: &TcContext, family: u8) -> Result<bool, i64> {
-    if family == FAMILY_V4 {
+pub(crate) fn ttl(ctx: &TcContext, f: &Flow) -> Result<u8, i64> {
+    ctx.load(f.l3 + if f.family == FAMILY_V4 { IPV4_TTL } else { IPV6_HOP })
+}
+
+/// Decrement the TTL (IPv4, with its header checksum) or hop limit (IPv6) of a packet this node forwards
+/// itself (a redirect bypasses the stack's forwarding, which would do it). `false`: it would reach zero
+/// (`route::check` answered such a packet before it was rewritten).
+#[inline(always)]
+pub(crate) fn decrement_ttl(ctx: &TcContext, f: &Flow) -> Result<bool, i64> {
+    if f.family == FAMILY_V4 {
         // TTL and protocol form one 16-bit word of the header checksum.
-        let word: u16 = ctx.load(IPV4_TTL)?;
+        let word: u16 = ctx.load(f.l3 + IPV4_TTL)?;
         let ttl = word.to_ne_bytes()[0];
         if ttl <= 1 {
             return Ok(false);
         }
         let new = u16::from_ne_bytes([ttl - 1, word.to_ne_bytes()[1]]);
-        ctx.l3_csum_replace(IPV4_CSUM, u64::from(word), u64::from(new), 2)?;
-        ctx.store(IPV4_TTL, &new, 0)?;
+        ctx.l3_csum_replace(f.l3 + IPV4_CSUM, u64::from(word), u64::from(new), 2)?;
+        ctx.store(f.l3 + IPV4_TTL, &new, 0)?;
     } else {
-        let hop: u8 = ctx.load(IPV6_HOP)?;
+        let hop: u8 = ctx.load(f.l3 + IPV6_HOP)?;
         if hop <= 1 {
             return Ok(false);
         }
-        ctx.store(IPV6_HOP, &(hop - 1), 0)?;
+        ctx.store(f.l3 + IPV6_HOP, &(hop - 1), 0)?;
     }
     Ok(true)
 }

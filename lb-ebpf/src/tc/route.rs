@@ -2,20 +2,24 @@
 //! out of the right device itself: the stack would drop it, since a packet that arrives with one of the
 //! node's own addresses as its source is a martian (`fib_validate_source`). A FIB lookup gives the egress
 //! device and the next hop's MAC; without a neighbour entry yet, `bpf_redirect_neigh` resolves it (Cilium's
-//! `fib_redirect` in bpf/lib/fib.h does the same).
+//! `fib_redirect` in bpf/lib/fib.h does the same). What the stack's forwarding would answer with an ICMP
+//! error (an exhausted TTL, a packet too large for the next hop) is answered here (`icmp_send`).
 use core::mem::{size_of, zeroed};
 
 use aya_ebpf::{
     bindings::{
         BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        BPF_FIB_LOOKUP_SRC, bpf_fib_lookup,
+        BPF_FIB_LOOKUP_SRC, bpf_check_mtu_flags::BPF_MTU_CHK_SEGS,
+        bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS, bpf_fib_lookup,
     },
-    helpers::{bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    helpers::{bpf_check_mtu, bpf_fib_lookup as fib_lookup, bpf_redirect, bpf_redirect_neigh},
+    macros::map,
+    maps::PerCpuArray,
     programs::TcContext,
 };
 use lb_common::{FAMILY_V4, NS_DROP_FRAG_NEEDED, NS_DROP_NO_ROUTE};
 
-use super::{DROP, PASS, packet};
+use super::{DROP, Flow, icmp_send, packet};
 use crate::counters::count_ns;
 
 const AF_INET: u8 = 2;
@@ -24,52 +28,98 @@ const AF_INET: u8 = 2;
 const FIB_PARAMS_LEN: i32 = size_of::<bpf_fib_lookup>() as i32;
 const AF_INET6: u8 = 10;
 
-/// Forward the packet (already rewritten to `src` -> `dst`) to its next hop; the tc verdict.
+/// The next hop of the packet being forwarded, between `check` and `send` (off the stack: the rewrite
+/// between them has frames of its own).
+struct Hop {
+    p: bpf_fib_lookup,
+    rc: i64,
+}
+
+#[map]
+static HOP: PerCpuArray<Hop> = PerCpuArray::with_max_entries(1, 0);
+
+/// `check`'s answer when the packet may go on (rewrite it, then `send`): not a tc verdict.
+pub(crate) const GO: i32 = i32::MIN + 3;
+
+/// Before the packet `f` is rewritten to `src` -> `dst` and sent on by `send`: its next hop (a FIB
+/// lookup), and whether it can go there. A TTL that would run out, or a packet larger than the egress
+/// device's MTU (a GSO packet: any of its segments), is answered as the stack's
+/// forwarding would answer it, with ICMP time exceeded or "fragmentation needed" / "packet too big" to its
+/// sender (`icmp_send`), from the packet as it arrived; `answer` false (an ICMP error being translated:
+/// never an error about an error) drops it instead. `GO`, or the verdict.
 #[inline(never)]
-pub(crate) fn forward(ctx: &TcContext, family: u8, proto: u8, src: &[u32; 4], dst: &[u32; 4]) -> i32 {
-    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
-    let mut p: bpf_fib_lookup = unsafe { zeroed() };
-    p.l4_protocol = proto;
-    // SAFETY: the context's skb pointer is valid for the program's run.
-    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
-    if family == FAMILY_V4 {
-        p.family = AF_INET;
-        p.__bindgen_anon_3.ipv4_src = src[0];
-        p.__bindgen_anon_4.ipv4_dst = dst[0];
-    } else {
-        p.family = AF_INET6;
-        p.__bindgen_anon_3.ipv6_src = *src;
-        p.__bindgen_anon_4.ipv6_dst = *dst;
+pub(crate) fn check(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4], answer: bool) -> i32 {
+    let Some(h) = HOP.get_ptr_mut(0) else { return DROP };
+    // SAFETY: this CPU's scratch value; a tc program runs with bottom halves disabled, so no other run on
+    // this CPU uses it until this one returns.
+    let h = unsafe { &mut *h };
+    let Ok(ttl) = packet::ttl(ctx, f) else { return DROP };
+    if ttl <= 1 {
+        return if answer { icmp_send::error(ctx, f, icmp_send::TIME_EXCEEDED, 0) } else { DROP };
     }
-    match packet::decrement_ttl(ctx, family) {
-        Ok(true) => {}
-        // TTL exhausted: the stack answers it (and drops it as a martian, which is what an exhausted TTL
-        // gets anyway).
-        Ok(false) => return PASS,
-        Err(_) => return DROP,
+    // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
+    h.p = unsafe { zeroed() };
+    h.p.l4_protocol = f.proto;
+    // SAFETY: the context's skb pointer is valid for the program's run.
+    h.p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    if f.family == FAMILY_V4 {
+        h.p.family = AF_INET;
+        h.p.__bindgen_anon_3.ipv4_src = src[0];
+        h.p.__bindgen_anon_4.ipv4_dst = dst[0];
+    } else {
+        h.p.family = AF_INET6;
+        h.p.__bindgen_anon_3.ipv6_src = *src;
+        h.p.__bindgen_anon_4.ipv6_dst = *dst;
     }
     // SAFETY: `p` is a valid lookup structure of the size passed; the context is the program's own.
-    let rc = unsafe { fib_lookup(ctx.skb.skb.cast(), &raw mut p, FIB_PARAMS_LEN, 0) };
-    if rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
-        if ctx.store(0, &p.dmac, 0).is_err() || ctx.store(6, &p.smac, 0).is_err() {
+    h.rc = unsafe { fib_lookup(ctx.skb.skb.cast(), &raw mut h.p, FIB_PARAMS_LEN, 0) };
+    let mut mtu = 0u32;
+    let too_big = if h.rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        // SAFETY: the helper wrote the egress device's MTU in the union on this result.
+        mtu = u32::from(unsafe { h.p.__bindgen_anon_1.mtu_result });
+        true
+    } else if h.rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) || h.rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        // The lookup's own check passes a GSO packet whatever its segments' size (a GRO-merged packet, a
+        // veth peer's TSO burst), and runs only once the neighbour is known: check each segment against
+        // the egress device's MTU here (`BPF_MTU_CHK_SEGS`; `mtu` gets that MTU), as the stack's forwarding
+        // does (`ip_exceeds_mtu`).
+        // SAFETY: the context's skb and a u32 out-parameter.
+        let rc = unsafe {
+            bpf_check_mtu(ctx.skb.skb.cast(), h.p.ifindex, &raw mut mtu, 0, u64::from(BPF_MTU_CHK_SEGS))
+        };
+        rc != i64::from(BPF_MTU_CHK_RET_SUCCESS)
+    } else {
+        count_ns(NS_DROP_NO_ROUTE);
+        return DROP;
+    };
+    if too_big {
+        count_ns(NS_DROP_FRAG_NEEDED);
+        let mtu = u16::try_from(mtu).unwrap_or(u16::MAX);
+        return if answer { icmp_send::error(ctx, f, icmp_send::TOO_BIG, mtu) } else { DROP };
+    }
+    GO
+}
+
+/// Send the packet `check` let go on (since rewritten) to its next hop: its TTL decremented (a redirect
+/// bypasses the stack's forwarding, which would do it), the next hop's MAC written, out of the egress
+/// device; without a neighbour entry yet, `bpf_redirect_neigh` resolves it. The tc verdict.
+#[inline(never)]
+pub(crate) fn send(ctx: &TcContext, f: &Flow) -> i32 {
+    let Some(h) = HOP.get_ptr(0) else { return DROP };
+    // SAFETY: as in `check`, which wrote it in this run.
+    let h = unsafe { &*h };
+    if packet::decrement_ttl(ctx, f).is_err() {
+        return DROP;
+    }
+    if h.rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        if ctx.store(0, &h.p.dmac, 0).is_err() || ctx.store(6, &h.p.smac, 0).is_err() {
             return DROP;
         }
         // SAFETY: helper without memory arguments.
-        return unsafe { bpf_redirect(p.ifindex, 0) } as i32;
+        return unsafe { bpf_redirect(h.p.ifindex, 0) } as i32;
     }
-    if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
-        // SAFETY: a null next hop with length 0 asks the kernel to resolve the packet's own destination.
-        return unsafe { bpf_redirect_neigh(p.ifindex, core::ptr::null_mut(), 0, 0) } as i32;
-    }
-    // Larger than the egress device's MTU (the lookup checks the skb against it, GSO segments included):
-    // the stack's forwarding would answer "fragmentation needed", a redirect cannot. Only where this node's
-    // uplink has a smaller MTU than the link the packet came in on.
-    count_ns(if rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        NS_DROP_FRAG_NEEDED
-    } else {
-        NS_DROP_NO_ROUTE
-    });
-    DROP
+    // SAFETY: a null next hop with length 0 asks the kernel to resolve the packet's own destination.
+    unsafe { bpf_redirect_neigh(h.p.ifindex, core::ptr::null_mut(), 0, 0) as i32 }
 }
 
 /// The source address the node's routing gives a packet to `dst` forwarded from this packet's device

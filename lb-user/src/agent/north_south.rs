@@ -28,8 +28,10 @@ pub(super) struct NorthSouth {
     /// `--devices` (`None`: the devices holding the NodePort addresses).
     devices: Option<Vec<String>>,
     pin_dir: Option<PathBuf>,
-    /// The devices attached to: `true` both programs, `false` the egress program alone.
-    attached: std::collections::BTreeMap<String, bool>,
+    /// The devices attached to: `true` both programs, `false` the egress program alone; and the device's
+    /// index then (a device deleted and made again under its name between two scans has a new one, and
+    /// none of our programs).
+    attached: std::collections::BTreeMap<String, (bool, u32)>,
     /// The node's NodePort addresses at the last sync (their devices get both programs).
     node_port_addresses: Vec<std::net::IpAddr>,
     /// When the devices were last looked at from the tick.
@@ -121,9 +123,14 @@ impl NorthSouth {
     /// are removed). Called after each sync and from the loop's tick (`rescan`), so devices are followed
     /// as they come and go.
     fn follow_devices(&mut self, programs: &mut Programs) {
-        let gone: Vec<String> = self.attached.keys().filter(|d| !tc::device_exists(d)).cloned().collect();
+        let gone: Vec<String> = self
+            .attached
+            .iter()
+            .filter(|(d, (_, index))| tc::device_index(d) != Some(*index))
+            .map(|(d, _)| d.clone())
+            .collect();
         for device in gone {
-            tracing::info!(device = %device, "device gone");
+            tracing::info!(device = %device, "device gone, or made again under its name");
             tc::detach(self.pin_dir.as_deref(), &device);
             self.attached.remove(&device);
         }
@@ -138,9 +145,16 @@ impl NorthSouth {
         for (device, both) in
             full.into_iter().map(|d| (d, true)).chain(egress.into_iter().map(|d| (d, false)))
         {
-            if self.attached.get(&device).is_some_and(|had| *had || !both) {
+            // An L3 device (no Ethernet header) gets the egress program alone, even as a NodePort device: an
+            // answer or a forward past the stack from its ingress has no MAC to go to.
+            let l3 = tc::device_kind(&device) == Some(tc::LinkKind::L3);
+            if self.attached.get(&device).is_some_and(|(had, _)| *had || !both || l3) {
                 continue;
             }
+            if both && l3 {
+                tracing::warn!(device = %device, "an L3 device: traffic from outside arriving by it is not translated, only replies leaving by it");
+            }
+            let both = both && !l3;
             let pins = self.pin_dir.as_deref();
             let r = if both {
                 programs.attach_device(&device, pins)
@@ -154,7 +168,8 @@ impl NorthSouth {
                     } else {
                         tracing::info!(device = %device, tcx = tc::has_tcx(), "translating replies to outside the node that leave by this device");
                     }
-                    self.attached.insert(device, both);
+                    let index = tc::device_index(&device).unwrap_or(0);
+                    self.attached.insert(device, (both, index));
                 }
                 Err(e) => {
                     tracing::error!(device = %device, error = %e, "cannot attach the tc programs; traffic from outside the node on this device is not translated");
@@ -215,7 +230,7 @@ impl NorthSouth {
     fn write_addrs(&mut self) -> bool {
         let Some(c) = &self.written else { return true };
         let full: Vec<&str> =
-            self.attached.iter().filter(|(_, both)| **both).map(|(d, _)| d.as_str()).collect();
+            self.attached.iter().filter(|(_, (both, _))| *both).map(|(d, _)| d.as_str()).collect();
         let want = pre_filter(&self.node_port_addresses, &full, c.lb_addrs(), &tc::interface_addresses());
         if self.addrs.as_ref() == Some(&want) {
             return true;
@@ -251,6 +266,10 @@ impl NorthSouth {
             stats.conntrack_entries.get_or_create(&labels).set(crate::metrics::gauge(t.entries));
             stats.conntrack_flows.get_or_create(&labels).set(crate::metrics::gauge(t.flows));
             stats.conntrack_capacity.get_or_create(&labels).set(i64::from(t.capacity));
+            // A counter: grows by what the derived figure grew (it can dip by the keys written between the
+            // counters' read and the walk, never below what was published).
+            let published = stats.conntrack_evictions.get_or_create(&labels).get();
+            stats.conntrack_evictions.get_or_create(&labels).inc_by(t.evicted.saturating_sub(published));
         }
     }
 

@@ -25,9 +25,14 @@ pub use maps::{ConntrackStats, NsMaps, SourceRange, TableStats, sum_ns_counters}
 
 use super::error::{DatapathError, bpf_err};
 
-/// The tc programs, in the order they are attached on each device.
-pub const TC_PROGRAMS: [(&str, TcAttachType); 2] =
-    [("tc_ingress", TcAttachType::Ingress), ("tc_egress", TcAttachType::Egress)];
+/// The tc programs, in the order they are attached on each device: both first ones on an Ethernet device
+/// that holds NodePort addresses, `tc_egress` alone on the node's other Ethernet devices, `tc_egress_l3`
+/// (the same, for a packet without an Ethernet header) on its L3 devices.
+pub const TC_PROGRAMS: [(&str, TcAttachType); 3] = [
+    ("tc_ingress", TcAttachType::Ingress),
+    ("tc_egress", TcAttachType::Egress),
+    ("tc_egress_l3", TcAttachType::Egress),
+];
 
 /// Where the tcx link of `program` on `device` is pinned.
 pub fn tc_link_pin(dir: &Path, program: &str, device: &str) -> PathBuf {
@@ -94,25 +99,69 @@ pub fn devices_holding(addrs: &[IpAddr]) -> Vec<String> {
 /// The devices a local backend's reply may leave by: every device of this network namespace but loopback
 /// that holds a global unicast address (not loopback, link-local or multicast), sorted.
 pub fn reply_devices() -> Vec<String> {
-    let ethernet = ethernet_devices();
+    let kinds = link_kinds();
     let out: BTreeSet<String> = interface_addresses()
         .into_iter()
-        .filter(|(name, ip)| name != "lo" && is_global(ip) && ethernet.contains(name))
+        .filter(|(name, ip)| name != "lo" && is_global(ip) && kinds.contains_key(name))
         .map(|(n, _)| n)
         .collect();
     out.into_iter().collect()
 }
 
-/// The devices with an Ethernet header (`ARPHRD_ETHER`, from their link-layer address): the only ones the tc
-/// programs parse (an L3 device such as WireGuard's or an IPIP tunnel carries none).
-fn ethernet_devices() -> BTreeSet<String> {
-    const ARPHRD_ETHER: u16 = 1;
-    let Ok(ifs) = nix::ifaddrs::getifaddrs() else { return BTreeSet::new() };
-    ifs.filter(|ifa| {
-        ifa.address.as_ref().and_then(|a| a.as_link_addr()).is_some_and(|l| l.hatype() == ARPHRD_ETHER)
-    })
-    .map(|ifa| ifa.interface_name)
-    .collect()
+/// How a device's packets start, for the tc programs: with an Ethernet header, or with the IP header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    /// An Ethernet header (veth, physical NICs, bridges, VXLAN).
+    Ethernet,
+    /// WireGuard, tun, IPIP, SIT, GRE (not GRETAP), raw IP: no link-layer header.
+    L3,
+}
+
+/// The kind of a link-layer type (`ARPHRD_*`); `None` for the ones the programs do not parse (loopback,
+/// InfiniBand and the rest).
+#[must_use]
+pub const fn link_kind(hatype: u16) -> Option<LinkKind> {
+    match hatype {
+        1 => Some(LinkKind::Ethernet),
+        // ARPHRD_RAWIP, ARPHRD_TUNNEL, ARPHRD_TUNNEL6, ARPHRD_SIT, ARPHRD_IPGRE, ARPHRD_NONE.
+        519 | 768 | 769 | 776 | 778 | 65534 => Some(LinkKind::L3),
+        _ => None,
+    }
+}
+
+/// The node's devices the tc programs parse, by kind.
+fn link_kinds() -> std::collections::BTreeMap<String, LinkKind> {
+    all_devices().into_iter().filter_map(|d| Some((d.clone(), device_kind(&d)?))).collect()
+}
+
+/// The kind of `device` (`None`: absent, or of a type the programs do not parse), from its link-layer type
+/// (`SIOCGIFHWADDR`, which gives it for every device: `getifaddrs` has no link entry for a device without
+/// a hardware address, such as a tun or WireGuard device).
+pub fn device_kind(device: &str) -> Option<LinkKind> {
+    let name = device.as_bytes();
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    // SAFETY: all-zero is a valid ifreq; the name is shorter than IFNAMSIZ, so it stays NUL-terminated.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = (*s).cast_signed();
+    }
+    // SAFETY: SIOCGIFHWADDR reads the name and writes the hardware address into the ifreq it is given.
+    let rc =
+        unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), libc::SIOCGIFHWADDR, &raw mut req) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: the kernel wrote the hardware address member of the union.
+    link_kind(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
 }
 
 /// A global unicast address: not loopback, link-local, multicast or unspecified.
@@ -125,9 +174,9 @@ pub fn is_global(ip: &IpAddr) -> bool {
     }
 }
 
-/// Whether a device of that name exists in this network namespace.
-pub fn device_exists(device: &str) -> bool {
-    nix::net::if_::if_nametoindex(device).is_ok()
+/// The index of the device of that name in this network namespace, if there is one.
+pub fn device_index(device: &str) -> Option<u32> {
+    nix::net::if_::if_nametoindex(device).ok()
 }
 
 /// Every address on an interface of this network namespace, with the interface's name.
@@ -166,14 +215,15 @@ fn classifier<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassif
 /// Attach both tc programs to `device`. With tcx and `pin_dir`, the links are pinned there (replacing an
 /// earlier agent's without a gap); with netlink, a clsact qdisc is added if the device has none.
 pub fn attach(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
-    attach_programs(ebpf, device, pin_dir, &TC_PROGRAMS)
+    attach_programs(ebpf, device, pin_dir, &TC_PROGRAMS[..2])
 }
 
-/// Attach `tc_egress` alone to `device`: a device that holds no NodePort address but by which a local
-/// backend's reply may leave (policy routing, a second uplink, a tunnel), so the reply is translated
-/// whatever device it leaves by.
+/// Attach the egress program alone to `device` (`tc_egress`, or `tc_egress_l3` on an L3 device): a device
+/// that holds no NodePort address but by which a local backend's reply may leave (policy routing, a second
+/// uplink, a tunnel), so the reply is translated whatever device it leaves by.
 pub fn attach_egress(ebpf: &mut Ebpf, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
-    attach_programs(ebpf, device, pin_dir, &TC_PROGRAMS[1..])
+    let program = if device_kind(device) == Some(LinkKind::L3) { 2 } else { 1 };
+    attach_programs(ebpf, device, pin_dir, &TC_PROGRAMS[program..=program])
 }
 
 fn attach_programs(

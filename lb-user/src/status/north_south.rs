@@ -37,7 +37,9 @@ impl NorthSouthStatus {
         let tables: Vec<String> = lb_common::CT_TABLES
             .iter()
             .zip(&c.tables)
-            .map(|(name, t)| format!("{name} {}/{} ({} flows)", t.entries, t.capacity, t.flows))
+            .map(|(name, t)| {
+                format!("{name} {}/{} ({} flows, {} evicted)", t.entries, t.capacity, t.flows, t.evicted)
+            })
             .collect();
         let _ = writeln!(out, "  conntrack tables: {}", tables.join(", "));
         let nonzero: Vec<String> =

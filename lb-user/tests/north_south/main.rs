@@ -7,8 +7,10 @@
 mod affinity;
 mod fragments;
 mod icmp;
+mod l3_device;
 mod lab;
 mod load;
+mod mtu;
 mod netlink;
 mod reply_device;
 mod reuse;

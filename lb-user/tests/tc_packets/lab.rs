@@ -18,7 +18,7 @@ use lb_common::{
 use lb_testkit::sandbox::NetNs;
 use tierlb::datapath::addr;
 
-use super::{CLIENT, NEXT_HOP, NODE};
+use super::{CLIENT, NEXT_HOP, NEXT_HOP_6, NODE};
 
 pub(crate) struct Lab {
     ebpf: Ebpf,
@@ -60,22 +60,27 @@ impl Lab {
         ns.ip(&["link", "set", "eth", "up"]).unwrap();
         ns.ip(&["link", "set", "wire", "up"]).unwrap();
         ns.ip(&["route", "add", "10.244.2.0/24", "via", NEXT_HOP]).unwrap();
-        ns.ip(&[
-            "neigh",
-            "replace",
-            NEXT_HOP,
-            "lladdr",
-            "02:00:00:00:00:02",
-            "dev",
-            "eth",
-            "nud",
-            "permanent",
-        ])
-        .unwrap();
+        ns.ip(&["-6", "route", "add", "fd00:244:2::/64", "via", NEXT_HOP_6]).unwrap();
+        for hop in [NEXT_HOP, NEXT_HOP_6] {
+            ns.ip(&[
+                "neigh",
+                "replace",
+                hop,
+                "lladdr",
+                "02:00:00:00:00:02",
+                "dev",
+                "eth",
+                "nud",
+                "permanent",
+            ])
+            .unwrap();
+        }
         ns.ip(&["neigh", "replace", CLIENT, "lladdr", "02:00:00:00:00:64", "dev", "eth", "nud", "permanent"])
             .unwrap();
         ns.enter_current_thread().expect("setns");
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").expect("ip_forward");
+        // The FIB lookup refuses IPv6 without forwarding.
+        std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").expect("IPv6 forwarding");
         let ifindex = nix::net::if_::if_nametoindex("eth").expect("ifindex");
         let object = tierlb::datapath::ebpf::embedded_object().expect("built with the BPF object");
         let mut loader = EbpfLoader::new();
@@ -83,7 +88,7 @@ impl Lab {
             loader.map_max_entries(name, *n);
         }
         let mut ebpf = loader.load(object).expect("load object");
-        for name in ["tc_ingress", "tc_egress"] {
+        for name in ["tc_ingress", "tc_egress", "tc_egress_l3"] {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("verifying {name}: {e:?}"));
         }

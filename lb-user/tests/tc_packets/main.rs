@@ -5,6 +5,7 @@
 mod affinity;
 mod fragment;
 mod icmp;
+mod icmp_send;
 mod lab;
 mod pkt;
 mod states;
@@ -25,6 +26,7 @@ pub(crate) const REDIRECT: u32 = 7;
 pub(crate) const CLIENT: &str = "192.0.2.100";
 pub(crate) const NODE: &str = "192.0.2.1";
 pub(crate) const NEXT_HOP: &str = "192.0.2.2";
+pub(crate) const NEXT_HOP_6: &str = "2001:db8::2";
 pub(crate) const LOCAL_POD: &str = "10.244.1.2";
 pub(crate) const REMOTE_POD: &str = "10.244.2.2";
 pub(crate) const NODE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
@@ -227,19 +229,6 @@ fn tc_load_balancer_source_ranges_admit_only_their_clients() {
 }
 
 #[test]
-fn tc_snat_packet_larger_than_the_uplink_mtu_is_dropped_and_counted() {
-    let mut lab = Lab::with_node_port("tc-mtu", PROTO_TCP, 30080, &format!("{REMOTE_POD}:8080"), false);
-    lab.ip(&["link", "set", "eth", "mtu", "1280"]);
-    let small = Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x02);
-    assert_eq!(lab.run("tc_ingress", &small.bytes()).0, REDIRECT);
-    let big = Pkt { len: 1400, ..Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x10) };
-    let (rc, _) = lab.run("tc_ingress", &big.bytes());
-    assert_eq!(rc, SHOT, "a redirect past the stack cannot answer 'fragmentation needed'");
-    assert_eq!(lab.ns_counter(lb_common::NS_DROP_FRAG_NEEDED), 1, "counted as such");
-    assert_eq!(lab.ns_counter(lb_common::NS_DROP_NO_ROUTE), 0, "not as a missing route");
-}
-
-#[test]
 fn tc_an_rst_closes_both_entries_and_a_reused_client_port_is_a_new_connection() {
     let mut lab = Lab::with_node_port("tc-reuse", PROTO_TCP, 30080, &format!("{LOCAL_POD}:8080"), true);
     let client = format!("{CLIENT}:40000");
@@ -272,4 +261,33 @@ fn tc_an_rst_closes_both_entries_and_a_reused_client_port_is_a_new_connection() 
     assert_eq!((rc, out), (PASS, syn.to(sa(&pod)).bytes()));
     let ct = lab.conntrack();
     assert!(ct.iter().all(|(_, v)| v.flags & lb_common::CT_CLOSED == 0), "fresh entries: {ct:?}");
+}
+
+/// `tc_egress_l3`, the egress program of an L3 device (WireGuard, tun, IPIP: no Ethernet header), translates
+/// a local backend's reply as `tc_egress` does on an Ethernet device. PROG_TEST_RUN takes its data for an
+/// Ethernet frame and gives the skb the protocol in bytes 12-13 (`eth_type_trans`), so the pods' addresses
+/// here put the ethertype there: an IPv4 source 8.0.x.x (bytes 12-13 of the header are its first two:
+/// 0x0800), an IPv6 source fd00:244:86dd:: (bytes 12-13 are its fifth and sixth: 0x86dd).
+#[test]
+fn tc_egress_l3_translates_a_local_backends_reply_without_an_ethernet_header() {
+    let mut lab = Lab::new("tc-l3");
+    let cases = [
+        (format!("{NODE}:30080"), "8.0.1.2:8080", format!("{CLIENT}:40000")),
+        ("[2001:db8::1]:30080".to_owned(), "[fd00:244:86dd::2]:8080", "[2001:db8::64]:40000".to_owned()),
+    ];
+    for (np, pod, client) in cases {
+        lab.frontend(&np, PROTO_TCP, 2, &[pod], FLAG_SNAT_TO_FRONTEND);
+        lab.local(&sa(pod).ip().to_string());
+        let syn = Pkt::tcp(&client, &np, 0x02);
+        assert_eq!(lab.run("tc_ingress", &syn.bytes()), (PASS, syn.to(sa(pod)).bytes()), "{np}");
+        let synack = Pkt::tcp(pod, &client, 0x12);
+        let (rc, out) = lab.run("tc_egress_l3", &synack.bytes()[14..]);
+        assert_eq!(rc, PASS, "{np}");
+        assert_eq!(
+            out,
+            synack.from(sa(&np)).bytes()[14..],
+            "{np}: the source is the node port, no header added"
+        );
+        assert!(checksums_valid(&[&[0u8; 12][..], &synack.bytes()[12..14], &out].concat()), "{np}");
+    }
 }

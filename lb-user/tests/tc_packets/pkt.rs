@@ -99,13 +99,24 @@ impl Pkt {
             let at = if self.proto == PROTO_TCP { 16 } else { 6 };
             l4[at..at + 2].copy_from_slice(&c.to_be_bytes());
         }
-        frame(self.smac, self.dmac, self.src.ip(), self.dst.ip(), self.proto, self.ttl, &l4)
+        frame(self.smac, self.dmac, self.src.ip(), self.dst.ip(), self.proto, self.ttl, true, &l4)
     }
 }
 
 /// An Ethernet frame carrying an IP packet of `proto` with payload `l4` (the IPv4 header's checksum
-/// computed here; DF set, as Linux sets it on TCP and on UDP with path MTU discovery on).
-fn frame(smac: [u8; 6], dmac: [u8; 6], src: IpAddr, dst: IpAddr, proto: u8, ttl: u8, l4: &[u8]) -> Vec<u8> {
+/// computed here). `df`: IPv4 id 0x1234 and DF set, as Linux sets it on TCP and on UDP with path MTU
+/// discovery on; else id 0 and no flags, as the node's ICMP errors are sent.
+#[expect(clippy::too_many_arguments, reason = "a frame's fields, each set by the tests")]
+fn frame(
+    smac: [u8; 6],
+    dmac: [u8; 6],
+    src: IpAddr,
+    dst: IpAddr,
+    proto: u8,
+    ttl: u8,
+    df: bool,
+    l4: &[u8],
+) -> Vec<u8> {
     let (s, d) = (octets(src), octets(dst));
     let mut out = Vec::new();
     out.extend_from_slice(&dmac);
@@ -114,7 +125,7 @@ fn frame(smac: [u8; 6], dmac: [u8; 6], src: IpAddr, dst: IpAddr, proto: u8, ttl:
         out.extend_from_slice(&0x0800u16.to_be_bytes());
         let mut ip = vec![0x45, 0];
         ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
-        ip.extend_from_slice(&[0x12, 0x34, 0x40, 0]); // id, DF
+        ip.extend_from_slice(if df { &[0x12, 0x34, 0x40, 0] } else { &[0, 0, 0, 0] }); // id, flags
         ip.extend_from_slice(&[ttl, proto, 0, 0]);
         ip.extend_from_slice(&s);
         ip.extend_from_slice(&d);
@@ -151,6 +162,8 @@ pub(crate) struct IcmpError {
     pub(crate) ttl: u8,
     pub(crate) smac: [u8; 6],
     pub(crate) dmac: [u8; 6],
+    /// IPv4 id 0 and no DF: an error the node's tc program sends (a router's carries its own).
+    pub(crate) from_node: bool,
 }
 
 impl IcmpError {
@@ -168,6 +181,7 @@ impl IcmpError {
             ttl: 64,
             smac: CLIENT_MAC,
             dmac: NODE_MAC,
+            from_node: false,
         }
     }
 
@@ -194,7 +208,7 @@ impl IcmpError {
         };
         let c = checksum(&m, acc);
         m[2..4].copy_from_slice(&c.to_be_bytes());
-        frame(self.smac, self.dmac, self.src, self.dst, proto, self.ttl, &m)
+        frame(self.smac, self.dmac, self.src, self.dst, proto, self.ttl, !self.from_node, &m)
     }
 }
 

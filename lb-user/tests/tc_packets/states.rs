@@ -4,9 +4,9 @@
 use lb_common::{
     ADDR_NODE, CT_CLOSED, CT_ESTABLISHED, CT_FIN_CLIENT, CT_FIN_SERVER, CT_SEEN_REPLY, CtKey, CtValue,
     DEFAULT_CT_TCP_CLOSE_S, DEFAULT_CT_TCP_CLOSE_WAIT_S, DEFAULT_CT_TCP_ESTABLISHED_S, DEFAULT_CT_TCP_SYN_S,
-    DEFAULT_CT_UDP_S, DEFAULT_CT_UDP_STREAM_S, MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP, NS_DROP_UNMATCHED,
-    NS_ESTABLISHED, NS_PASS_NOT_SYN, NS_RST_OUTSIDE_WINDOW, NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES,
-    NatConfig, PROTO_TCP, PROTO_UDP,
+    DEFAULT_CT_UDP_S, DEFAULT_CT_UDP_STREAM_S, MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP, NS_CT_INSERTED,
+    NS_CT_REMOVED, NS_DROP_UNMATCHED, NS_ESTABLISHED, NS_PASS_NOT_SYN, NS_RST_OUTSIDE_WINDOW,
+    NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NatConfig, PROTO_TCP, PROTO_UDP, ct_evictions,
 };
 
 use super::{
@@ -232,6 +232,26 @@ fn tc_a_syn_flood_evicts_half_open_flows_only() {
     let (rc, out) = lab.run("tc_ingress", &data.bytes());
     assert_eq!((rc, out), (PASS, data.to(sa(&c.pod)).bytes()), "the established flow is still translated");
     assert_eq!(lab.table(MAP_CT_TCP).len(), 2);
+    // The evictions, as status and /metrics derive them: the half-open table's are the flood's 2,000 entries
+    // (two a flow) less the 64 or fewer it holds; none in the established table.
+    let evicted = |lab: &mut Lab, table: u32, name: &str| {
+        let entries = lab.table(name).len() as u64;
+        let (inserted, removed) =
+            (lab.ns_counter(NS_CT_INSERTED + table), lab.ns_counter(NS_CT_REMOVED + table));
+        (inserted, removed, ct_evictions(inserted, removed, entries))
+    };
+    let (inserted, removed, syn_evicted) = evicted(&mut lab, 1, MAP_CT_SYN);
+    assert_eq!(
+        (inserted, removed),
+        (2 + 2_000, 2),
+        "the handshake's two entries moved out, the flood's written"
+    );
+    assert!((2_000 - 64..=2_000).contains(&syn_evicted), "{syn_evicted} evicted from the half-open table");
+    assert_eq!(
+        evicted(&mut lab, 0, MAP_CT_TCP),
+        (2, 0, 0),
+        "the established flow's two entries, none evicted"
+    );
 }
 
 /// SNAT keeps the client's port when it is one of the SNAT ports and the (backend, node address, port)

@@ -103,6 +103,8 @@ pub struct TableStats {
     pub entries: usize,
     /// Its capacity (entries).
     pub capacity: u32,
+    /// Entries the LRU reclaimed to make room since the table was created (`lb_common::ct_evictions`).
+    pub evicted: u64,
 }
 
 fn map_err(name: &str) -> impl Fn(aya::maps::MapError) -> DatapathError + '_ {
@@ -279,7 +281,8 @@ impl NsMaps {
     /// Conntrack occupancy at `now_ns` (`CLOCK_BOOTTIME`).
     pub fn conntrack_stats(&self, now_ns: u64) -> ConntrackStats {
         let mut s = ConntrackStats::default();
-        for (table, out) in self.conntrack.iter().zip(s.tables.iter_mut()) {
+        let c = self.counters();
+        for ((i, table), out) in (0usize..).zip(&self.conntrack).zip(s.tables.iter_mut()) {
             out.capacity = table.capacity;
             for (_, v) in table.map.iter().filter_map(Result::ok) {
                 out.entries += 1;
@@ -288,6 +291,13 @@ impl NsMaps {
                     s.snat_flows += usize::from(v.flags & lb_common::CT_SNAT != 0);
                 }
             }
+            let removed = c[lb_common::NS_CT_REMOVED as usize + i]
+                + if i == 2 { c[lb_common::NS_CT_REMOVED_BY_AGENT as usize] } else { 0 };
+            out.evicted = lb_common::ct_evictions(
+                c[lb_common::NS_CT_INSERTED as usize + i],
+                removed,
+                out.entries as u64,
+            );
             s.flows += out.flows;
             s.entries += out.entries;
         }
@@ -325,10 +335,28 @@ impl NsMaps {
             })
             .map(|(k, _)| k)
             .collect();
-        for k in &gone {
-            let _ = udp.remove(k);
-        }
+        let removed = gone.iter().filter(|k| udp.remove(k).is_ok()).count();
+        self.count_agent_removals(removed as u64);
         gone.len()
+    }
+
+    /// Add `n` to the counter of UDP entries the agent deleted (`NS_CT_REMOVED_BY_AGENT`), which the eviction
+    /// figure subtracts. No program writes that slot, so a read, add and write back on CPU 0's value loses
+    /// nothing; a failure only leaves the eviction figure high by `n` (logged).
+    fn count_agent_removals(&mut self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let slot = lb_common::NS_CT_REMOVED_BY_AGENT;
+        let r = self.counters.get(&slot, 0).and_then(|v| {
+            let mut v: Vec<u64> = v.iter().copied().collect();
+            v[0] += n;
+            let v = aya::maps::PerCpuValues::try_from(v).map_err(aya::maps::MapError::from)?;
+            self.counters.set(slot, v, 0)
+        });
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "cannot count the UDP conntrack entries deleted; the eviction figure is high by {n}");
+        }
     }
 
     /// Forget the UDP flows to `departed` (backends no frontend holds any more); how many.
