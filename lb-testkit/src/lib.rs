@@ -17,6 +17,7 @@ pub mod interrupt;
 pub mod kube;
 pub mod kube_proxy;
 pub mod manifests;
+pub mod ns_loads;
 pub mod probe;
 pub mod router;
 pub mod sandbox;

@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--report] [--trace] [--kube-proxy COUNTS]`: setup, release build, then the
+//! `cargo xtask bench [--quick] [--report] [--trace] [--kube-proxy COUNTS] [--snat]`: setup, release build, then the
 //! lab's benchmark.
 use std::process::Command;
 
@@ -20,6 +20,10 @@ pub(crate) struct Options {
     /// its syncs from the real API server and its connects against direct, printed as measured.
     #[arg(long, value_name = "COUNTS", conflicts_with_all = ["quick", "report", "trace"])]
     pub kube_proxy: Option<String>,
+    /// Only the section from outside through SNAT: connects and the packet rate against real kube-proxy,
+    /// and issue 63's three loads on tierlb and kube-proxy (with `--quick`: fewer rounds, shorter loads).
+    #[arg(long, conflicts_with_all = ["report", "trace", "kube_proxy"])]
+    pub snat: bool,
 }
 
 pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
@@ -41,6 +45,9 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     }
     if let Some(counts) = &o.kube_proxy {
         cmd.arg("--kube-proxy").arg(counts);
+    }
+    if o.snat {
+        cmd.arg("--snat");
     }
     util::run(&mut cmd)
 }

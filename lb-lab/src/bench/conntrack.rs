@@ -183,7 +183,7 @@ fn send_flows(lab: &Lab, sources: &[Ipv4Addr], flows: usize, to: SocketAddr) -> 
 }
 
 /// nf_conntrack's entries in the node's namespace (its sysctls are the reading thread's namespace's).
-fn nf_conntrack_count(lab: &Lab) -> anyhow::Result<usize> {
+pub(super) fn nf_conntrack_count(lab: &Lab) -> anyhow::Result<usize> {
     lab.node.netns.run(|| match std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count") {
         Ok(n) => Ok(n.trim().parse()?),
         // Without the nf_conntrack module loaded the file is missing: no flow is tracked there.

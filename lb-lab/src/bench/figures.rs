@@ -244,6 +244,9 @@ pub struct Report {
     pub east_west: Vec<NsRow>,
     /// The north-south rows (traffic from outside the node), interleaved per round.
     pub north_south: Vec<NsRow>,
+    /// The SNAT path from outside (node-2's pod through node-1's node ports): connects, the packet rate and
+    /// issue 63's three loads, tierlb against real kube-proxy.
+    pub snat: Option<super::north_south_snat::Snat>,
     /// Conntrack memory of flows from outside the node: tierlb's table, then nf_conntrack's.
     pub conntrack: Vec<CtMemory>,
     /// Real kube-proxy: its syncs per mode and Service count (its connect rows are in `rows`, their ratios

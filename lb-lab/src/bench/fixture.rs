@@ -208,6 +208,7 @@ pub(crate) fn report() -> Report {
         rows,
         east_west: east_west(),
         north_south: north_south(),
+        snat: None,
         conntrack: conntrack(),
         kube_proxy: kube_proxy(),
         control: control(),

@@ -18,6 +18,8 @@ mod kube_proxy;
 mod load;
 mod north_south;
 mod north_south_kube_proxy;
+mod north_south_rate;
+mod north_south_snat;
 mod real_apiserver;
 mod report;
 mod run;
@@ -32,6 +34,7 @@ pub use figures::{
     MapWrites, Report, Row, RuleLoad, Spread,
 };
 pub use load::{LoadMode, LoadResult, Placement, RR_BYTES, allowed_cpus, load, paced};
+pub use north_south_snat::snat_only;
 pub use report::markdown;
 pub use run::{kube_proxy_only, on_node_only, run};
 pub use workloads::{iptables_rules, nft_rules};

@@ -7,7 +7,8 @@
 //! rows interleave: every round runs each path once per load mode, and a path's figure is the median over the
 //! rounds of its ratio to `direct` in the same round (with the rounds' spread), which holds on a machine whose
 //! speed drifts. The node's namespace has netfilter's nat hooks loaded for every row (the rule sets), as a
-//! node with kube-proxy's rules has.
+//! node with kube-proxy's rules has. The client and the node share a bridge with a second node, whose pod is
+//! the remote endpoint of the SNAT section (`north_south_snat`); these rows do not reach it.
 use std::{
     collections::BTreeSet,
     fmt::Write as _,
@@ -31,8 +32,11 @@ use super::{
 };
 
 pub(super) const NODE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
-const CLIENT: &str = "192.0.2.100";
+pub(super) const CLIENT: &str = "192.0.2.100";
 pub(super) const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+/// Node-2 and its pod, the remote backend of the SNAT rows.
+pub(super) const NODE_2: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
+pub(super) const POD_2: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 2);
 pub(super) const POD_PORT: u16 = 8080;
 
 /// The first node port of each path's Service set (Service `i` has `base + i`): apart, so that the three
@@ -121,41 +125,64 @@ pub(super) fn nft_node_ports(n: usize, per: usize) -> String {
     s
 }
 
-/// The client's namespace, the node's (with the pod) and the backend in the pod.
+/// The client's namespace, the LAN (a bridge), node-1 (with its pod), node-2 (with its own, the remote
+/// backend of the SNAT rows), and the backend in each pod.
 pub(super) struct Lab {
     pub(super) ext: NetNs,
     pub(super) node: Node,
+    /// Node-2: its pod is reached from outside through node-1's node ports (DNAT and SNAT), or routed by
+    /// node-1 to node-2 (`direct`). Nothing runs in it but its routes.
+    _node_2: Node,
     /// Where the client and the backend run.
     pub(super) cpus: Placement,
-    _pod: NetNs,
-    _sink: Sink,
+    /// Node-1's pod and node-2's.
+    pub(super) pods: [NetNs; 2],
+    _lan: NetNs,
+    _sinks: [Sink; 2],
+}
+
+/// A veth from `ns`'s `dev` to the LAN's bridge (`port` on the bridge's side), `addr`/24 on it.
+fn uplink(lan: &NetNs, ns: &NetNs, port: &str, dev: &str, addr: &str) -> anyhow::Result<()> {
+    lan.ip(&["link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns.name()])?;
+    lan.ip(&["link", "set", port, "master", "br0", "up"])?;
+    ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", dev])?;
+    ns.ip(&["link", "set", dev, "up"])?;
+    Ok(())
 }
 
 impl Lab {
     pub(super) fn new() -> anyhow::Result<Self> {
         let mut node = Node::new("bench-ns-node")?;
+        let mut node_2 = Node::new("bench-ns-node-2")?;
+        let lan = NetNs::new("bench-ns-lan")?;
+        lan.ip(&["link", "add", "br0", "type", "bridge"])?;
+        lan.ip(&["link", "set", "br0", "up"])?;
         let ext = NetNs::new("bench-ns-ext")?;
-        node.netns.ip(&[
-            "link",
-            "add",
-            "eth",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "uplink",
-            "netns",
-            ext.name(),
-        ])?;
-        node.netns.ip(&["addr", "add", &format!("{NODE}/24"), "dev", "eth"])?;
-        node.netns.ip(&["link", "set", "eth", "up"])?;
-        ext.ip(&["addr", "add", &format!("{CLIENT}/24"), "dev", "uplink"])?;
-        ext.ip(&["link", "set", "uplink", "up"])?;
+        uplink(&lan, &node.netns, "p1", "eth", &NODE.to_string())?;
+        uplink(&lan, &node_2.netns, "p2", "eth", &NODE_2.to_string())?;
+        uplink(&lan, &ext, "p3", "uplink", CLIENT)?;
         ext.ip(&["route", "add", "10.244.0.0/16", "via", &NODE.to_string()])?;
+        node.netns.ip(&["route", "add", "10.244.2.0/24", "via", &NODE_2.to_string()])?;
+        node_2.netns.ip(&["route", "add", "10.244.1.0/24", "via", &NODE.to_string()])?;
+        // Replies of direct connects to node-2's pod go back by node-1, the way they came: a node whose
+        // netfilter tracks connections (kube-proxy's rules) would otherwise see half of each flow and drop
+        // the client's ACKs as invalid. Node-1 forwards them out of the port they came in by, which the
+        // kernel answers with ICMP redirects unless told not to.
+        node_2.netns.ip(&["route", "add", &format!("{CLIENT}/32"), "via", &NODE.to_string()])?;
+        for key in ["all", "eth"] {
+            let sysctl = format!("net.ipv4.conf.{key}.send_redirects=0");
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", node.netns.name(), "sysctl", "-q", "-w", &sysctl]);
+            anyhow::ensure!(cmd.status()?.success(), "{sysctl} in node-1");
+        }
         let pod = node.add_pod("bench-ns-pod", POD.into())?;
+        let pod_2 = node_2.add_pod("bench-ns-pod-2", POD_2.into())?;
         let cpus = Placement::split();
-        let sink = Sink::start(&pod, SocketAddr::new(POD.into(), POD_PORT), cpus.backend)?;
-        Ok(Self { ext, node, cpus, _pod: pod, _sink: sink })
+        let sinks = [
+            Sink::start(&pod, SocketAddr::new(POD.into(), POD_PORT), cpus.backend)?,
+            Sink::start(&pod_2, SocketAddr::new(POD_2.into(), POD_PORT), cpus.backend)?,
+        ];
+        Ok(Self { ext, node, _node_2: node_2, cpus, pods: [pod, pod_2], _lan: lan, _sinks: sinks })
     }
 
     /// `CMD ARGS` in the node's namespace, `input` on its stdin.

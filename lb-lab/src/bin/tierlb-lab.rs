@@ -189,6 +189,11 @@ enum Cmd {
         /// against direct in interleaved pairs of 0.2 s slices, printed as measured.
         #[arg(long, value_name = "COUNTS", value_delimiter = ',', conflicts_with_all = ["agent_only", "report", "quick", "on_node"])]
         kube_proxy: Option<Vec<usize>>,
+        /// Only the SNAT section from outside (node-2's pod through node-1's node ports, tierlb against real
+        /// kube-proxy: connects, the packet rate, issue 63's three loads), printed as measured and as
+        /// BENCHMARKS.md renders it; with --quick, shorter.
+        #[arg(long, conflicts_with_all = ["agent_only", "report", "on_node", "kube_proxy"])]
+        snat: bool,
         /// With --on-node or --kube-proxy, as many pairs of slices per Service count and operation as this many runs of
         /// --seconds would take (5 x 2 s: 50 pairs).
         #[arg(long, default_value_t = 5)]
@@ -466,7 +471,7 @@ fn bench(me: &Path, tierlb: &Path, quick: bool, report: Option<PathBuf>, trace: 
 
 /// `tierlb-lab bench` with its flags.
 fn bench_cmd(command: Cmd) -> ExitCode {
-    let Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, kube_proxy, rounds, seconds } =
+    let Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, kube_proxy, snat, rounds, seconds } =
         command
     else {
         return ExitCode::FAILURE;
@@ -475,6 +480,9 @@ fn bench_cmd(command: Cmd) -> ExitCode {
     let tierlb = tierlb.unwrap_or_else(|| me.with_file_name("tierlb"));
     if let Some(counts) = kube_proxy {
         return done(lb_lab::bench::kube_proxy_only(&me, &counts, rounds, seconds));
+    }
+    if snat {
+        return done(lb_lab::bench::snat_only(&me, quick));
     }
     match (on_node, agent_only) {
         (Some(counts), _) => on_node_only(&me, &tierlb, &counts, rounds, seconds),

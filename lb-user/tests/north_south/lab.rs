@@ -1,13 +1,8 @@
 //! The lab of the north-south tests: namespaces, pods, the boxed agent, manifests and clients.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, SocketAddr, TcpStream, UdpSocket},
     path::Path,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
     time::Duration,
 };
 
@@ -16,6 +11,9 @@ use lb_testkit::{
     manifests::{to_yaml, write_atomic},
     sandbox::NetNs,
 };
+// The pods' server and the client's calls are the north-south loads' (`lb_testkit::ns_loads`), which the
+// bench runs against real kube-proxy too.
+pub(crate) use lb_testkit::ns_loads::pod::{PodServer, from, tcp_once};
 use serde_json::{Value, json};
 
 pub(crate) const TIERLB: &str = env!("CARGO_BIN_EXE_tierlb");
@@ -42,100 +40,6 @@ pub(crate) fn sa(ip: &str, port: u16) -> SocketAddr {
 pub(crate) fn ns_run(ns: &NetNs, args: &[&str]) {
     let st = std::process::Command::new("ip").args(["netns", "exec", ns.name()]).args(args).status().unwrap();
     assert!(st.success(), "{args:?} in {}", ns.name());
-}
-
-/// A pod's server, in the pod's namespace (a thread of the test, `setns` to it): TCP answers every line
-/// with `NAME PEER` (the client address it saw), UDP every datagram the same. Stops on drop.
-pub(crate) struct PodServer {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl PodServer {
-    pub(crate) fn start(ns: &NetNs, name: &str, addrs: &[SocketAddr]) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for &addr in addrs {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let file = ns.file().try_clone().unwrap();
-            let (stop_tcp, stop_udp, name_tcp, name_udp) =
-                (stop.clone(), stop.clone(), name.to_owned(), name.to_owned());
-            threads.push(std::thread::spawn(move || {
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                let tcp = TcpListener::bind(addr).unwrap();
-                let udp = UdpSocket::bind(addr).unwrap();
-                tx.send(()).unwrap();
-                tcp.set_nonblocking(true).unwrap();
-                udp.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-                let udp_thread = std::thread::spawn(move || {
-                    let mut buf = [0u8; 512];
-                    while !stop_udp.load(Ordering::Relaxed) {
-                        if let Ok((_, peer)) = udp.recv_from(&mut buf) {
-                            let _ = udp.send_to(format!("{name_udp} {peer}\n").as_bytes(), peer);
-                        }
-                    }
-                });
-                while !stop_tcp.load(Ordering::Relaxed) {
-                    match tcp.accept() {
-                        Ok((s, peer)) => {
-                            let name = name_tcp.clone();
-                            std::thread::spawn(move || {
-                                s.set_nonblocking(false).unwrap();
-                                let mut w = s.try_clone().unwrap();
-                                for line in BufReader::new(s).lines() {
-                                    let Ok(line) = line else { break };
-                                    // `big N`: N bytes and a newline (a reply larger than any MTU).
-                                    let big = line.strip_prefix("big ").and_then(|n| n.parse::<usize>().ok());
-                                    let answer = match big {
-                                        Some(n) => w.write_all(&vec![b'x'; n]).and_then(|()| writeln!(w)),
-                                        None => writeln!(w, "{name} {peer}"),
-                                    };
-                                    if answer.is_err() {
-                                        break;
-                                    }
-                                }
-                            });
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                    }
-                }
-                let _ = udp_thread.join();
-            }));
-            rx.recv_timeout(Duration::from_secs(5)).expect("pod server listening");
-        }
-        Self { stop, threads }
-    }
-}
-
-impl Drop for PodServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Run `f` on a thread in `ns` (the external client's namespace).
-pub(crate) fn from<T: Send + 'static>(ns: &NetNs, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let file = ns.file().try_clone().unwrap();
-    std::thread::spawn(move || {
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-    .join()
-    .unwrap()
-}
-
-/// One TCP request to `to`: the answer (`NAME PEER`), or the error.
-pub(crate) fn tcp_once(to: SocketAddr) -> Result<(String, String), String> {
-    let mut s = TcpStream::connect_timeout(&to, Duration::from_millis(1500)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
-    writeln!(s, "hello").map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
-    let (name, peer) = line.trim().split_once(' ').ok_or_else(|| format!("answer {line:?}"))?;
-    Ok((name.to_owned(), peer.to_owned()))
 }
 
 /// One UDP request to `to`: the answer and the address it came from.

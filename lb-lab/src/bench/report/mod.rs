@@ -55,6 +55,9 @@ pub fn markdown(r: &Report) -> String {
     s.push_str(&connect4(r));
     s.push_str(&north_south(r));
     s.push_str(&conntrack(r));
+    if let Some(snat) = &r.snat {
+        s.push_str(&snat_section(snat));
+    }
     s.push_str("\n## Control plane\n\n| what | figure |\n|---|---|\n");
     for (what, figure) in control_rows(&r.control) {
         let _ = writeln!(s, "| {what} | {figure} |");
@@ -166,7 +169,7 @@ fn control_rows(c: &ControlPlane) -> Vec<(String, String)> {
 }
 
 /// 100000 -> "100,000".
-fn thousands(n: usize) -> String {
+pub(super) fn thousands(n: usize) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -575,5 +578,7 @@ fn north_south_targets(r: &Report) -> Vec<(String, String, bool)> {
     out
 }
 
+mod snat;
+pub(super) use snat::section as snat_section;
 #[cfg(test)]
 mod tests;
