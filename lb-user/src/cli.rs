@@ -319,11 +319,16 @@ pub struct AgentArgs {
     /// The devices whose traffic from outside the node is translated (NodePorts, load-balancer IPs,
     /// externalIPs), comma-separated; default: the devices holding the node's NodePort addresses
     /// (`--nodeport-addresses`, else the Node's InternalIP/ExternalIP), looked for again on every sync and
-    /// every 2 s. The egress program alone goes on every other Ethernet device with a global address, so
-    /// replies are translated wherever they leave.
+    /// every 2 s. The egress program alone goes on every other device with a global address (Ethernet, or
+    /// L3: WireGuard, tun, IPIP), so replies are translated wherever they leave.
     /// `none`: translate no traffic from outside.
     #[arg(long, value_delimiter = ',', value_name = "IFACE[,IFACE]")]
     pub devices: Option<Vec<String>>,
+    /// The cluster's NodePort range (kube-apiserver's `--service-node-port-range`): the ports the SNAT path
+    /// leaves out of its source ports (1024-65535 less this range and the node's ephemeral range), so a
+    /// pod's connection to another node's node port is never taken for the reply of an SNAT flow.
+    #[arg(long, default_value = "30000-32767", value_name = "LO-HI", value_parser = parse_port_range)]
+    pub service_node_port_range: (u16, u16),
     /// How the tc programs are attached to the devices: `auto` (tcx links from kernel 6.6, netlink filters on
     /// a clsact qdisc below), or `tcx` or `netlink` forced. Netlink filters sit at priority 65000, handle 1:
     /// a restarted agent replaces its filter in place; `--cleanup` removes them from every device.
@@ -343,6 +348,17 @@ pub struct AgentArgs {
     /// Passive health: the longest hold.
     #[arg(long, default_value = "2m", value_parser = crate::datapath::health::parse_hold)]
     pub health_max_hold: std::time::Duration,
+}
+
+/// `--service-node-port-range`: `LO-HI`, as kube-apiserver takes it (`LO+N` is not taken).
+fn parse_port_range(s: &str) -> Result<(u16, u16), String> {
+    let (lo, hi) = s.split_once('-').ok_or_else(|| format!("{s:?}: expected LO-HI, such as 30000-32767"))?;
+    let port = |p: &str| p.trim().parse::<u16>().map_err(|e| format!("{s:?}: {p:?} is not a port ({e})"));
+    let (lo, hi) = (port(lo)?, port(hi)?);
+    if lo == 0 || lo > hi {
+        return Err(format!("{s:?}: the range must start above 0 and end at or after its start"));
+    }
+    Ok((lo, hi))
 }
 
 /// `--watch-timeout`: a duration of at least a second (the API server counts whole seconds).
@@ -391,6 +407,7 @@ impl AgentArgs {
                 endpoints: self.max_endpoints_per_service,
             },
             devices: self.devices.clone(),
+            node_port_range: self.service_node_port_range,
             health: crate::datapath::health::HealthSettings {
                 failures: self.health_failures,
                 hold: self.health_hold,
@@ -526,4 +543,27 @@ pub fn run_status(args: &StatusArgs) -> anyhow::Result<String> {
     }
     args.output
         .render(&all, |_| all.iter().map(crate::status::Instance::table).collect::<Vec<_>>().join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn service_node_port_range_is_read_as_kube_apiserver_writes_it() {
+        let cases = [
+            ("30000-32767", Ok((30000, 32767))),
+            ("20000-20000", Ok((20000, 20000))),
+            (" 1024 - 2047 ", Ok((1024, 2047))),
+            ("30000+2767", Err("expected LO-HI")),
+            ("32767-30000", Err("end at or after its start")),
+            ("0-100", Err("start above 0")),
+            ("30000-70000", Err("is not a port")),
+        ];
+        for (given, want) in cases {
+            let got = super::parse_port_range(given);
+            match want {
+                Ok(range) => assert_eq!(got, Ok(range), "{given}"),
+                Err(text) => assert!(got.as_ref().is_err_and(|e| e.contains(text)), "{given}: {got:?}"),
+            }
+        }
+    }
 }

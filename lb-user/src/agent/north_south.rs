@@ -36,6 +36,8 @@ pub(super) struct NorthSouth {
     node_port_addresses: Vec<std::net::IpAddr>,
     /// When the devices were last looked at from the tick.
     rescanned: Option<Instant>,
+    /// `--service-node-port-range`, left out of the SNAT ports.
+    node_port_range: (u16, u16),
     config: Option<NatConfig>,
     /// What the Services add to the local-endpoint set, the source ranges and the UDP backends (`None`: not
     /// taken yet). A sync that planned a few Services writes only what they change; the first sync and one
@@ -62,9 +64,15 @@ const CONNTRACK_EVERY: Duration = Duration::from_secs(10);
 const REWRITE_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 impl NorthSouth {
-    pub(super) fn new(maps: NsMaps, devices: Option<Vec<String>>, pin_dir: Option<&Path>) -> Self {
+    pub(super) fn new(
+        maps: NsMaps,
+        devices: Option<Vec<String>>,
+        pin_dir: Option<&Path>,
+        node_port_range: (u16, u16),
+    ) -> Self {
         Self {
             maps,
+            node_port_range,
             devices,
             pin_dir: pin_dir.map(Path::to_owned),
             attached: std::collections::BTreeMap::new(),
@@ -97,7 +105,7 @@ impl NorthSouth {
     /// After a sync: settings and devices (attaching to any new one). Errors are logged and leave the rest
     /// working (an unattachable device does not stop the agent).
     fn sync(&mut self, programs: &mut Programs, node: &NodeInfo) {
-        let config = nat_config(node);
+        let config = nat_config(node, self.node_port_range);
         if self.config != Some(config) {
             let ports = config.snat_ports().count();
             if ports < 4_536 {
@@ -319,9 +327,11 @@ pub(super) fn pre_filter(
 /// The tc programs' settings for `node`: the node addresses SNAT leaves from for load-balancer IPs and
 /// externalIPs (the first NodePort address of each family; a node port SNATs to the address it was reached
 /// on), the node's ephemeral port range (cut out of the SNAT ports, so no socket of the node is given one
-/// of them automatically), defaults for the rest (see `lb_common::nat`).
-pub(super) fn nat_config(node: &NodeInfo) -> NatConfig {
-    let mut c = NatConfig::default();
+/// of them automatically) and the cluster's NodePort range `node_ports` (cut out too), defaults for the rest
+/// (see `lb_common::nat`).
+pub(super) fn nat_config(node: &NodeInfo, node_ports: (u16, u16)) -> NatConfig {
+    let mut c =
+        NatConfig { node_port_min: node_ports.0, node_port_max: node_ports.1, ..NatConfig::default() };
     if let Some((lo, hi)) = tc::ephemeral_ports() {
         (c.ephemeral_min, c.ephemeral_max) = (lo, hi);
     }

@@ -76,6 +76,8 @@ pub struct AgentOptions {
     /// `--devices`: where the tc programs attach (`None`: the devices holding the NodePort addresses;
     /// `["none"]`: nowhere).
     pub devices: Option<Vec<String>>,
+    /// `--service-node-port-range`: the cluster's NodePort range, which the SNAT ports leave out.
+    pub node_port_range: (u16, u16),
 }
 
 /// What `start_source` opened: the source, the guard that keeps a file watcher alive, and the API server's
@@ -471,7 +473,12 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     let source_name = source.describe();
     let pending = source.pending();
-    let mut north_south = super::north_south::NorthSouth::new(ns, opts.devices.clone(), pin_dir.as_deref());
+    let mut north_south = super::north_south::NorthSouth::new(
+        ns,
+        opts.devices.clone(),
+        pin_dir.as_deref(),
+        opts.node_port_range,
+    );
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
         .with_external(external)
         .with_limits(opts.limits);
