@@ -1,5 +1,6 @@
 //! The tc target's lab, packets and oracle: arbitrary packets, in sequences of up to four through the same
 //! conntrack state, run through `tc_ingress` and `tc_egress` with `BPF_PROG_TEST_RUN`.
+pub mod answer;
 pub mod lab;
 pub mod oracle;
 pub mod packet;

@@ -3,7 +3,7 @@
 //! and checksums changed (in the outer packet, and in the packet an ICMP error quotes); every checksum that was
 //! valid before still valid after; nothing rewritten unless an address of the lab's frontends, node or
 //! backends is in it; and with no flow tracked yet, nothing rewritten but a TCP/UDP packet arriving for a
-//! frontend.
+//! frontend. The one exception to the length: an ICMP error the program answers with (`answer`).
 use std::net::{IpAddr, SocketAddr};
 
 use super::{
@@ -14,6 +14,7 @@ use super::{
 /// tc verdicts the programs may return: `TC_ACT_UNSPEC` (-1), `TC_ACT_OK`, `TC_ACT_SHOT`, `TC_ACT_REDIRECT`.
 pub const VERDICTS: [u32; 4] = [u32::MAX, 0, 2, 7];
 pub const SHOT: u32 = 2;
+pub const REDIRECT: u32 = 7;
 
 /// An IP packet as this parser reads it, at `l3` in the frame.
 #[derive(Debug, Clone)]
@@ -256,6 +257,11 @@ pub fn judge(
     tracked_after: usize,
 ) {
     assert!(VERDICTS.contains(&rc), "verdict {rc} is none of tc's");
+    if output.len() != input.len() && rc == REDIRECT && !egress {
+        // An ICMP error the program answered the packet with (`super::answer`).
+        super::answer::judge(input, output, known);
+        return;
+    }
     assert_eq!(output.len(), input.len(), "the program changed the packet's length");
     assert!(
         tracked_after <= tracked_before + 2,

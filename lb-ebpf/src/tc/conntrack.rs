@@ -10,7 +10,11 @@
 //! kube-proxy's raised CLOSE_WAIT), closed by a FIN from each side or a RST inside the window
 //! (`tcp_close_s`; a RST outside it is passed on and changes nothing, `NS_RST_OUTSIDE_WINDOW`). A SYN on a
 //! closed flow's tuple is a new connection: the old entries go.
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_boot_ns, maps::LruHashMap};
+use aya_ebpf::{
+    bindings::{BPF_EXIST, BPF_NOEXIST},
+    helpers::bpf_ktime_get_boot_ns,
+    maps::LruHashMap,
+};
 use lb_common::{
     CT_CLOSED, CT_DIR_IN, CT_DIR_OUT, CT_ESTABLISHED, CT_FIN_CLIENT, CT_FIN_SERVER, CT_FORWARD,
     CT_SEEN_REPLY, CT_SEQ_SEEN, CT_SNAT, CtKey, CtValue, NS_CT_INSERTED, NS_CT_REMOVED, NS_ESTABLISHED,
@@ -37,13 +41,21 @@ pub(crate) enum Table {
 /// Write `v` at `k` in table `t`, counting a new key (`NS_CT_INSERTED`): with the deletes counted by `del`
 /// and the table's entries, the agent derives how many the LRU evicted. `BPF_NOEXIST` first, so a key
 /// that exists (a dead entry, a retransmitted SYN's) is replaced uncounted.
-#[inline(always)]
+/// Out of line: its loop kept inline grew its callers' frames past the 512-byte stack bound.
+#[inline(never)]
 fn put(t: Table, k: &CtKey, v: &CtValue) -> bool {
-    if map(t).insert(k, v, u64::from(BPF_NOEXIST)).is_ok() {
-        count_ns(NS_CT_INSERTED + t as u32);
-        return true;
+    // Twice: a key that went between the two writes (evicted, deleted on another CPU) is written new and
+    // counted, not written uncounted.
+    for _ in 0..2 {
+        if map(t).insert(k, v, u64::from(BPF_NOEXIST)).is_ok() {
+            count_ns(NS_CT_INSERTED + t as u32);
+            return true;
+        }
+        if map(t).insert(k, v, u64::from(BPF_EXIST)).is_ok() {
+            return true;
+        }
     }
-    map(t).insert(k, v, 0).is_ok()
+    false
 }
 
 /// Delete the entry at `k` from table `t`, counting it (`NS_CT_REMOVED`) if there was one.

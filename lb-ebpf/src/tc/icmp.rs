@@ -95,8 +95,9 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
         // To a local pod (forward), or from one and already on its way out (reply): the stack routes it.
         return PASS;
     }
-    // Never answered: no ICMP error about an ICMP error.
-    let verdict = route::check(ctx, f, &src, &dst, false);
+    // Never answered: no ICMP error about an ICMP error (`lookup`, not `check`, keeps the answer's frames
+    // off this path's call chain).
+    let verdict = route::quiet(route::lookup(ctx, f, &src, &dst));
     if verdict != route::GO {
         return verdict;
     }

@@ -12,10 +12,13 @@
 //! the load-balancer IP: where the client's packet stopped), its destination the packet's sender.
 //! IPv4 packets with options are not answered (dropped, counted as before): the quote is of fixed length.
 //!
-//! Rate: at most `BURST` errors at once and one a millisecond after, per CPU (a token bucket; the kernel's
-//! `icmp_msgs_per_sec` default is 1,000 a second with a burst of 50, for the whole node), so a flood of
-//! packets with TTL 1 cannot make the node a reflector; what is over the rate is dropped and counted
-//! (`NS_ICMP_RATE_LIMITED`).
+//! Rate: time exceeded at most `BURST` at once and one a millisecond after, per CPU (a token bucket; the
+//! kernel's `icmp_msgs_per_sec` default is 1,000 a second with a burst of 50, for the whole node), so a
+//! flood of packets with TTL 1 cannot make the node a reflector; what is over the rate is dropped and
+//! counted (`NS_ICMP_RATE_LIMITED`). "Fragmentation needed" is not limited, as the kernel does not limit
+//! it. It is also sent about an IPv4 packet without DF, which the stack would have fragmented (a program
+//! cannot): a sender that does not do path MTU discovery ignores it. No error goes to a multicast,
+//! broadcast, unspecified or loopback source, nor about an IPv6 packet with extension headers.
 use aya_ebpf::{
     bindings::BPF_F_RECOMPUTE_CSUM,
     helpers::{bpf_csum_diff, bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes},
@@ -46,7 +49,9 @@ const V4_QUOTE: usize = 28;
 const V6_QUOTE: usize = 48;
 /// The error's IP packet: header, ICMP header (8 bytes), quote.
 const V4_LEN: usize = 20 + 8 + V4_QUOTE;
-const V6_LEN: usize = 40 + 8 + V6_QUOTE;
+const V6_LEN: usize = V6_HEADER + 8 + V6_QUOTE;
+/// IPv6's fixed header.
+const V6_HEADER: usize = 40;
 /// The TTL / hop limit of the errors (the kernel's default, `ip_default_ttl`, `hop_limit`).
 const TTL: u8 = 64;
 
@@ -78,7 +83,15 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, kind: u8, mtu: u16) -> i32 {
         // Sent back to the MAC the packet came from: only on an Ethernet device's ingress.
         return DROP;
     }
-    if !take_token() {
+    if !unicast_sender(f) || (f.family != FAMILY_V4 && f.l4 != ETH_LEN + V6_HEADER) {
+        // No error to a multicast, broadcast, unspecified or loopback source (`__icmp_send`'s rule); none
+        // about an IPv6 packet with extension headers, whose 48-byte quote would end before the ports the
+        // receiver looks its socket up by.
+        return DROP;
+    }
+    // "Packet too big" is never limited, as the kernel never limits it (path MTU discovery must work): it
+    // is smaller than the packet it answers. Time exceeded is.
+    if kind != TOO_BIG && !take_token() {
         count_ns(NS_ICMP_RATE_LIMITED);
         return DROP;
     }
@@ -132,6 +145,18 @@ fn load(ctx: &TcContext, offset: usize, dst: &mut [u8]) -> bool {
         bpf_skb_load_bytes(ctx.skb.skb.cast(), offset as u32, dst.as_mut_ptr().cast(), dst.len() as u32)
     };
     rc == 0
+}
+
+/// Whether the packet's source may be sent an error: not multicast, broadcast (255.255.255.255, within
+/// 240.0.0.0/4), unspecified or loopback.
+#[inline(always)]
+fn unicast_sender(f: &Flow) -> bool {
+    let first = f.saddr[0].to_ne_bytes()[0];
+    if f.family == FAMILY_V4 {
+        return first != 0 && first != 127 && first < 224;
+    }
+    let loopback = f.saddr == [0, 0, 0, 1u32.to_be()];
+    first != 0xff && f.saddr != [0; 4] && !loopback
 }
 
 /// One token of this CPU's bucket, refilled for the time since its last use; `false` when it is empty.

@@ -343,6 +343,16 @@ pub(crate) fn set_src(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> 
     Ok(())
 }
 
+/// The IP packet's length (IPv4's total length; IPv6's payload length and its fixed header).
+#[inline(always)]
+pub(crate) fn ip_len(ctx: &TcContext, f: &Flow) -> Result<u16, i64> {
+    if f.family == FAMILY_V4 {
+        Ok(u16::from_be(ctx.load::<u16>(f.l3 + 2)?))
+    } else {
+        Ok(u16::from_be(ctx.load::<u16>(f.l3 + 4)?).saturating_add(IPV6_LEN as u16))
+    }
+}
+
 /// The packet's TTL (IPv4) or hop limit (IPv6).
 #[inline(always)]
 pub(crate) fn ttl(ctx: &TcContext, f: &Flow) -> Result<u8, i64> {

@@ -41,21 +41,49 @@ static HOP: PerCpuArray<Hop> = PerCpuArray::with_max_entries(1, 0);
 /// `check`'s answer when the packet may go on (rewrite it, then `send`): not a tc verdict.
 pub(crate) const GO: i32 = i32::MIN + 3;
 
+/// `lookup`'s answers for a packet the stack's forwarding would answer with an ICMP error: its TTL would run
+/// out, or it is larger than the route's MTU (in the `HOP` scratch's `mtu_result`). Not tc verdicts.
+const ANSWER_TIME_EXCEEDED: i32 = i32::MIN + 4;
+const ANSWER_TOO_BIG: i32 = i32::MIN + 5;
+
 /// Before the packet `f` is rewritten to `src` -> `dst` and sent on by `send`: its next hop (a FIB
-/// lookup), and whether it can go there. A TTL that would run out, or a packet larger than the egress
-/// device's MTU (a GSO packet: any of its segments), is answered as the stack's
-/// forwarding would answer it, with ICMP time exceeded or "fragmentation needed" / "packet too big" to its
-/// sender (`icmp_send`), from the packet as it arrived; `answer` false (an ICMP error being translated:
-/// never an error about an error) drops it instead. `GO`, or the verdict.
+/// lookup), and whether it can go there. A TTL that would run out, or a packet larger than the route's MTU,
+/// is answered as the stack's forwarding would answer it, with ICMP time exceeded or "fragmentation needed"
+/// / "packet too big" to its sender (`icmp_send`), from the packet as it arrived; `answer` false drops it
+/// instead. `GO`, or the verdict.
 #[inline(never)]
 pub(crate) fn check(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4], answer: bool) -> i32 {
+    match lookup(ctx, f, src, dst) {
+        ANSWER_TIME_EXCEEDED if answer => icmp_send::error(ctx, f, icmp_send::TIME_EXCEEDED, 0),
+        ANSWER_TOO_BIG if answer => {
+            let Some(h) = HOP.get_ptr(0) else { return DROP };
+            // SAFETY: as in `lookup`, which wrote it in this run.
+            let mtu = unsafe { (*h).p.__bindgen_anon_1.mtu_result };
+            icmp_send::error(ctx, f, icmp_send::TOO_BIG, mtu)
+        }
+        verdict => quiet(verdict),
+    }
+}
+
+/// `lookup`'s answer as a verdict where no ICMP error is sent (an ICMP error being translated: never an
+/// error about an error): `ANSWER_*` dropped.
+#[inline(always)]
+pub(crate) const fn quiet(verdict: i32) -> i32 {
+    if verdict == ANSWER_TIME_EXCEEDED || verdict == ANSWER_TOO_BIG { DROP } else { verdict }
+}
+
+/// `check` without the answers: `GO`, a verdict, or `ANSWER_*`. Out of line and apart from `icmp_send`, so
+/// the ICMP-translation path (`icmp::error`, a large frame) never has the answer's frames below it: the
+/// verifier bounds the stack over every call chain the program has, taken or not.
+#[inline(never)]
+pub(crate) fn lookup(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4]) -> i32 {
     let Some(h) = HOP.get_ptr_mut(0) else { return DROP };
     // SAFETY: this CPU's scratch value; a tc program runs with bottom halves disabled, so no other run on
     // this CPU uses it until this one returns.
     let h = unsafe { &mut *h };
     let Ok(ttl) = packet::ttl(ctx, f) else { return DROP };
     if ttl <= 1 {
-        return if answer { icmp_send::error(ctx, f, icmp_send::TIME_EXCEEDED, 0) } else { DROP };
+        return ANSWER_TIME_EXCEEDED;
     }
     // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
     h.p = unsafe { zeroed() };
@@ -71,31 +99,42 @@ pub(crate) fn check(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4], a
         h.p.__bindgen_anon_3.ipv6_src = *src;
         h.p.__bindgen_anon_4.ipv6_dst = *dst;
     }
+    // SAFETY: the context's skb pointer is valid for the program's run.
+    let gso = unsafe { (*ctx.skb.skb).gso_size } != 0;
+    if !gso {
+        // The IP packet's length: the lookup then checks it against the MTU the stack's forwarding uses (a
+        // locked route `mtu`, a learned path MTU, else the device's), whatever the egress device's header
+        // length. A GSO packet's length is its segments' sum: checked per segment below.
+        let Ok(len) = packet::ip_len(ctx, f) else { return DROP };
+        h.p.__bindgen_anon_1.tot_len = len;
+    }
     // SAFETY: `p` is a valid lookup structure of the size passed; the context is the program's own.
     h.rc = unsafe { fib_lookup(ctx.skb.skb.cast(), &raw mut h.p, FIB_PARAMS_LEN, 0) };
-    let mut mtu = 0u32;
-    let too_big = if h.rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        // SAFETY: the helper wrote the egress device's MTU in the union on this result.
-        mtu = u32::from(unsafe { h.p.__bindgen_anon_1.mtu_result });
-        true
-    } else if h.rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) || h.rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
-        // The lookup's own check passes a GSO packet whatever its segments' size (a GRO-merged packet, a
-        // veth peer's TSO burst), and runs only once the neighbour is known: check each segment against
-        // the egress device's MTU here (`BPF_MTU_CHK_SEGS`; `mtu` gets that MTU), as the stack's forwarding
-        // does (`ip_exceeds_mtu`).
+    if h.rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
+        // The helper wrote the route's MTU in the union on this result, which `check` reads.
+        count_ns(NS_DROP_FRAG_NEEDED);
+        return ANSWER_TOO_BIG;
+    }
+    if h.rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && h.rc != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        count_ns(NS_DROP_NO_ROUTE);
+        return DROP;
+    }
+    if gso {
+        // A GSO packet (GRO-merged on the way in, a veth peer's TSO burst) passes the lookup whatever its
+        // segments' size: each segment is checked against the egress device's MTU (`BPF_MTU_CHK_SEGS`,
+        // from the IP header, as `ip_exceeds_mtu`). One too large is dropped unanswered: a GRO-merged skb
+        // is `CHECKSUM_PARTIAL` at its TCP checksum's offset, which an error built over it would keep (a
+        // NIC filling checksums would write into the quote); the client's retransmission, one segment, is
+        // answered.
+        let mut mtu = 0u32;
         // SAFETY: the context's skb and a u32 out-parameter.
         let rc = unsafe {
             bpf_check_mtu(ctx.skb.skb.cast(), h.p.ifindex, &raw mut mtu, 0, u64::from(BPF_MTU_CHK_SEGS))
         };
-        rc != i64::from(BPF_MTU_CHK_RET_SUCCESS)
-    } else {
-        count_ns(NS_DROP_NO_ROUTE);
-        return DROP;
-    };
-    if too_big {
-        count_ns(NS_DROP_FRAG_NEEDED);
-        let mtu = u16::try_from(mtu).unwrap_or(u16::MAX);
-        return if answer { icmp_send::error(ctx, f, icmp_send::TOO_BIG, mtu) } else { DROP };
+        if rc != i64::from(BPF_MTU_CHK_RET_SUCCESS) {
+            count_ns(NS_DROP_FRAG_NEEDED);
+            return DROP;
+        }
     }
     GO
 }

@@ -164,6 +164,8 @@ impl NorthSouth {
             }
             let both = both && !l3;
             let pins = self.pin_dir.as_deref();
+            // The index before attaching: a device made again meanwhile is seen as changed on the next scan.
+            let index = tc::device_index(&device).unwrap_or(0);
             let r = if both {
                 programs.attach_device(&device, pins)
             } else {
@@ -176,7 +178,6 @@ impl NorthSouth {
                     } else {
                         tracing::info!(device = %device, tcx = tc::has_tcx(), "translating replies to outside the node that leave by this device");
                     }
-                    let index = tc::device_index(&device).unwrap_or(0);
                     self.attached.insert(device, (both, index));
                 }
                 Err(e) => {

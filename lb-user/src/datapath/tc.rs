@@ -113,7 +113,7 @@ pub fn reply_devices() -> Vec<String> {
 pub enum LinkKind {
     /// An Ethernet header (veth, physical NICs, bridges, VXLAN).
     Ethernet,
-    /// WireGuard, tun, IPIP, SIT, GRE (not GRETAP), raw IP: no link-layer header.
+    /// WireGuard, tun, IPIP, SIT, raw IP: no link-layer header.
     L3,
 }
 
@@ -123,8 +123,9 @@ pub enum LinkKind {
 pub const fn link_kind(hatype: u16) -> Option<LinkKind> {
     match hatype {
         1 => Some(LinkKind::Ethernet),
-        // ARPHRD_RAWIP, ARPHRD_TUNNEL, ARPHRD_TUNNEL6, ARPHRD_SIT, ARPHRD_IPGRE, ARPHRD_NONE.
-        519 | 768 | 769 | 776 | 778 | 65534 => Some(LinkKind::L3),
+        // ARPHRD_RAWIP, ARPHRD_TUNNEL, ARPHRD_TUNNEL6, ARPHRD_SIT, ARPHRD_NONE. Not ARPHRD_IPGRE: a GRE device
+        // without a fixed remote has a header of its own (the outer IP and GRE headers) at tc egress.
+        519 | 768 | 769 | 776 | 65534 => Some(LinkKind::L3),
         _ => None,
     }
 }

@@ -45,6 +45,12 @@ fn tc_snat_packet_larger_than_the_next_hops_mtu_is_answered_with_fragmentation_n
     let (rc, out) = lab.run("tc_ingress", &fits.bytes());
     assert_eq!(rc, REDIRECT);
     assert_eq!(src_of(&out).ip().to_string(), NODE, "translated as before");
+    // A route's MTU counts where the stack's forwarding counts it (locked, or `ip_forward_use_pmtu`), the
+    // device's MTU being larger.
+    lab.ip(&["link", "set", "eth", "mtu", "1500"]);
+    lab.ip(&["route", "replace", "10.244.2.0/24", "via", NEXT_HOP, "mtu", "lock", "1400"]);
+    let (rc, out) = lab.run("tc_ingress", &big.bytes());
+    assert_eq!((rc, out), (REDIRECT, answer(NODE, CLIENT, 3, 4, 1400, big)), "the route's MTU");
 }
 
 #[test]
@@ -117,4 +123,20 @@ fn tc_snat_errors_are_rate_limited() {
     assert!(sent >= 50, "the burst is answered: {sent}");
     assert!(limited > 0, "the rest is over the rate: {sent} sent");
     assert_eq!(verdicts.iter().filter(|v| **v == SHOT).count() as u64, limited);
+    // "Packet too big" is never limited (the kernel does not limit it: path MTU discovery must work).
+    lab.ip(&["link", "set", "eth", "mtu", "1280"]);
+    let big = Pkt { len: 1400, ..Pkt::tcp(&format!("{CLIENT}:40000"), &format!("{NODE}:30080"), 0x10) };
+    let (rc, out) = lab.run("tc_ingress", &big.bytes());
+    assert_eq!((rc, out), (REDIRECT, answer(NODE, CLIENT, 3, 4, 1280, big)), "with the bucket empty");
+}
+
+#[test]
+fn tc_snat_no_error_goes_to_a_multicast_broadcast_or_loopback_source() {
+    let backend = format!("{REMOTE_POD}:8080");
+    let mut lab = Lab::with_node_port("tc-icmp-src", PROTO_TCP, 30080, &backend, false);
+    for source in ["224.0.0.5:40000", "255.255.255.255:40000", "0.0.0.0:40000", "127.0.0.1:40000"] {
+        let last_hop = Pkt { ttl: 1, ..Pkt::tcp(source, &format!("{NODE}:30080"), 0x02) };
+        assert_eq!(lab.run("tc_ingress", &last_hop.bytes()).0, SHOT, "{source}");
+    }
+    assert_eq!(lab.ns_counter(NS_ICMP_SENT), 0);
 }
