@@ -87,11 +87,19 @@ pub enum Command {
     /// Run the node agent: load the BPF programs, attach them to a cgroup and keep the maps in sync.
     Agent(AgentArgs),
     /// Print which endpoints every Service port uses on a node, tier by tier (no BPF, no root).
+    #[command(
+        after_help = "Exit status: 0 planned; 1 the source cannot be read; 2 usage error; 3 the plan of the \
+                      valid objects printed, but some input is invalid (errors on stderr)."
+    )]
     Plan(PlanArgs),
     /// Explain, in plain words, which tier a Service uses on a node and why, with lints.
     Explain(ExplainArgs),
     /// Check every Service across the cluster for topology pitfalls and the plan's lints, naming the nodes
     /// each finding concerns (exit status 1 when something is found).
+    #[command(
+        after_help = "Exit status: 0 no findings; 1 findings; 2 usage error; 3 input not read whole (a file \
+                      that does not parse, an invalid object, no Service: never a pass)."
+    )]
     Lint(LintArgs),
     /// Compare how kube-proxy, tierlb and other proxy models route a scenario's cluster.
     Study(StudyArgs),
@@ -180,35 +188,8 @@ impl NodeSite {
                 );
             }
         }
-        if let Some(warning) = unknown_node(name, model) {
-            eprintln!("{warning}");
-        }
         NodeInfo::resolve_with(name, zone.as_deref(), model, &self.external())
     }
-}
-
-/// A warning when `node` is in no Node object and no endpoint (by `nodeName` or a `forNodes` hint) of the
-/// source: what it is planned as, and the name it is likely a typo of.
-fn unknown_node(node: &str, model: &crate::model::Model) -> Option<String> {
-    use crate::model::Name;
-    let endpoints = || model.slices.values().flat_map(|s| &s.endpoints);
-    let mut known: std::collections::BTreeSet<&str> = model.nodes.keys().map(String::as_str).collect();
-    known.extend(endpoints().filter_map(|e| e.node_name.as_deref()));
-    known.extend(
-        endpoints().flat_map(|e| e.hints.for_nodes().into_iter().flat_map(|l| l.iter().map(Name::as_str))),
-    );
-    if known.contains(node) {
-        return None;
-    }
-    let hint = match crate::spelling::closest(node, known.iter().copied()) {
-        Some(k) => format!("; did you mean {k}?"),
-        None if known.is_empty() => String::new(),
-        None => format!(" (nodes there: {})", known.iter().copied().collect::<Vec<_>>().join(", ")),
-    };
-    Some(format!(
-        "warning: node {node} is in no Node object and no endpoint of the source: planned as a node with no \
-         local endpoint{hint}"
-    ))
 }
 
 /// `tierlb agent`. A flag given twice takes its last value, so the command line overrides `--config`.

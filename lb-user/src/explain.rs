@@ -163,6 +163,16 @@ pub fn explain(model: &Model, node: &NodeInfo, key: &ObjKey) -> Option<String> {
     explain_with(model, node, key, Hinted::AsWritten, &lint::Pods::new())
 }
 
+/// The explanation's first line, and a warning when the source does not know the node (`unknown-node`).
+fn heading(model: &Model, node: &NodeInfo, key: &ObjKey) -> String {
+    let zone = node.zone.as_deref().unwrap_or("<none>");
+    let mut out = format!("Service {key} on node {} (zone {zone})\n", node.name);
+    if let Some(w) = lint::unknown_node(&node.name, model) {
+        let _ = writeln!(out, "  warning: {}: {w}", w.rule);
+    }
+    out
+}
+
 /// `explain`, where `hinted` says where the Service's hints come from and `pods` names endpoints in warnings.
 pub fn explain_with(
     model: &Model,
@@ -172,9 +182,7 @@ pub fn explain_with(
     pods: &lint::Pods,
 ) -> Option<String> {
     let svc = model.services.get(key).or_else(|| model.skipped.get(key))?;
-    let mut out = String::new();
-    let zone = node.zone.as_deref().unwrap_or("<none>");
-    let _ = writeln!(out, "Service {key} on node {} (zone {zone})", node.name);
+    let mut out = heading(model, node, key);
     if let Some(label) = &svc.not_proxied {
         let _ = writeln!(out, "  not programmed: {label}");
         return Some(out);

@@ -20,6 +20,8 @@ use crate::{
 pub struct Lints {
     /// One list per port plan, in the plan's order.
     pub ports: Vec<Vec<Warning>>,
+    /// About the node itself (`unknown_node`).
+    pub node: Vec<Warning>,
 }
 
 /// The pods endpoints belong to, by address (their `targetRef`), to name them in warnings.
@@ -50,7 +52,32 @@ pub fn lint_naming(model: &Model, node: &NodeInfo, plan: &Plan, pods: &Pods) -> 
     for (w, conflicts) in ports.iter_mut().zip(vip_conflicts(&plan.services)) {
         w.extend(conflicts);
     }
-    Lints { ports }
+    Lints { ports, node: unknown_node(&node.name, model).into_iter().collect() }
+}
+
+/// `unknown-node` when `node` is in no Node object and no endpoint (by `nodeName` or a `forNodes` hint) of
+/// the source: what it is planned as, and the name it is likely a misspelling of.
+pub fn unknown_node(node: &str, model: &Model) -> Option<Warning> {
+    use crate::model::Name;
+    let endpoints = || model.slices.values().flat_map(|s| &s.endpoints);
+    let mut known: std::collections::BTreeSet<&str> = model.nodes.keys().map(String::as_str).collect();
+    known.extend(endpoints().filter_map(|e| e.node_name.as_deref()));
+    known.extend(
+        endpoints().flat_map(|e| e.hints.for_nodes().into_iter().flat_map(|l| l.iter().map(Name::as_str))),
+    );
+    if known.contains(node) {
+        return None;
+    }
+    let hint = match crate::spelling::closest(node, known.iter().copied()) {
+        Some(k) => format!("; did you mean {k}?"),
+        None if known.is_empty() => String::new(),
+        None => format!(" (nodes there: {})", known.iter().copied().collect::<Vec<_>>().join(", ")),
+    };
+    let text = format!(
+        "node {node} is in no Node object and no endpoint of the source: planned as a node with no local \
+         endpoint{hint}"
+    );
+    Some(Warning::new(Rule::UnknownNode, text))
 }
 
 /// The Service and port of `model` a port plan was computed for.
@@ -89,6 +116,9 @@ fn vip_conflicts(services: &[PortPlan]) -> Vec<Vec<Warning>> {
 pub struct LintedPlan<'a> {
     node: &'a str,
     zone: &'a Option<String>,
+    /// About the node itself (`unknown-node`).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    node_warnings: &'a [Warning],
     services: Vec<LintedPort<'a>>,
     skipped: Vec<&'a crate::skipped::Skipped>,
     /// Services planned on the hints the EndpointSlice controller would write (`--emulate-hints`).
@@ -115,6 +145,7 @@ impl<'a> LintedPlan<'a> {
         Self {
             node: &plan.node,
             zone: &plan.zone,
+            node_warnings: &lints.node,
             services,
             skipped: plan.skipped.iter().collect(),
             hints_emulated: &[],

@@ -122,7 +122,7 @@ fn without_clients_the_shares_are_uniform_over_the_nodes_and_said_so() {
     let c = json(&["--manifests", root(STORY).to_str().unwrap(), "--service", "booking/pdf-resume"]);
     assert_eq!(c["services"].as_array().unwrap().len(), 1);
     let pdf = service(&c, "booking/pdf-resume");
-    assert_eq!(pdf["clients"], "uniform over 3 nodes (no --clients)");
+    assert_eq!(pdf["clients"], "uniform over 3 nodes: no --clients");
     // Uniform: node-2's third splits: 1/3 + 1/6 = 50% each.
     close(&model(pdf, 0, "kube-proxy-1.34-1.37")["shares"]["10.244.1.21"], 0.5, "uniform");
 }
@@ -148,7 +148,7 @@ fn shares_from_two_agents_status_outputs_are_merged_as_written() {
     close(&cache["client_shares"]["node-2"], 0.0, "cache node-2");
     // Counted by nobody: uniform, and said why.
     let api = service(&c, "booking/booking-api");
-    assert_eq!(api["clients"], "uniform over 3 nodes (the agents of 3 nodes counted no connect to it)");
+    assert_eq!(api["clients"], "uniform over 3 nodes: the agents of 3 nodes counted no connect to it");
     // A status output from an agent that names no node cannot be placed.
     let tmp = TempDir::new("study-old").unwrap();
     let old = tmp.path().join("old.json");
@@ -359,7 +359,7 @@ fn user_errors_name_the_flag_and_the_fix() {
         (
             "a what-if on a scenario file",
             vec![scenario.to_str().unwrap(), "--roll"],
-            "--roll apply only when studying a cluster",
+            "--roll applies only when studying a cluster",
         ),
         ("an unknown pod", vec!["--manifests", story, "--crash", "nope"], "--crash nope: no EndpointSlice"),
         ("an unknown node", vec!["--manifests", story, "--drain", "node-9"], "--drain node-9: no Node"),
@@ -378,7 +378,7 @@ fn user_errors_name_the_flag_and_the_fix() {
         (
             "a setting on a scenario file",
             vec![scenario.to_str().unwrap(), "--max-skew", "2"],
-            "--max-skew apply only when studying a cluster",
+            "--max-skew applies only when studying a cluster",
         ),
     ];
     for (what, args, want) in cases {

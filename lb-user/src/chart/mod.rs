@@ -192,12 +192,16 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
 }
 
 /// `word` cut after hyphens into pieces of at most `width` characters where it can be (a piece without a
-/// hyphen to cut at stays whole).
+/// hyphen to cut at stays whole): first between a name and its version (`kube-proxy-` / `1.34-1.37`, the
+/// hyphen before the first digit), so a version range stays whole; else after the last hyphen that fits.
 fn hyphen_pieces(word: &str, width: usize) -> Vec<&str> {
     let mut pieces = Vec::new();
     let mut rest = word;
     while rest.chars().count() > width {
-        let cut = rest.char_indices().filter(|&(i, c)| c == '-' && i < width).map(|(i, _)| i + 1).next_back();
+        let hyphens = || rest.char_indices().filter(|&(i, c)| c == '-' && i < width).map(|(i, _)| i + 1);
+        let before_version =
+            hyphens().find(|&at| rest[at..].starts_with(|c: char| c.is_ascii_digit()) && at < rest.len());
+        let cut = before_version.or_else(|| hyphens().next_back());
         match cut {
             Some(at) if at < rest.len() => {
                 pieces.push(&rest[..at]);
@@ -372,6 +376,9 @@ mod tests {
         );
         assert_eq!(wrap("initial", 3), ["initial"]);
         assert_eq!(wrap("calico-ebpf-3.31.5-3.31.7", 17), ["calico-ebpf-", "3.31.5-3.31.7"]);
+        // Between the name and its version, not inside the version range.
+        assert_eq!(wrap("kube-proxy-1.34-1.37", 16), ["kube-proxy-", "1.34-1.37"]);
+        assert_eq!(wrap("cilium-1.18.x-1.19", 15), ["cilium-", "1.18.x-1.19"]);
     }
 
     #[test]

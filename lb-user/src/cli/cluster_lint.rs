@@ -47,19 +47,26 @@ pub fn lint_on(args: &LintArgs, input: &super::CliInput) -> anyhow::Result<LintO
     let mut found = lint::cluster_lint(&input.model, &nodes, &input.filled, &input.pods);
     found.extend(unknown_field_findings(&input.unknown_fields, &nodes));
     found.sort_by(|a, b| a.service.cmp(&b.service).then(a.port.cmp(&b.port)));
-    let text = args.output.render(&found, |wide| table(&found, nodes.len(), wide))?;
+    let text = args.output.render(&found, |wide| table(&found, nodes.len(), wide, input.errors))?;
     Ok(LintOutput { text, findings: found.len(), errors: input.errors })
 }
 
-/// One line per finding; `wide` names every node, where the table says `all N nodes`.
-fn table(found: &[lint::ClusterFinding], nodes: usize, wide: bool) -> String {
+/// One line per finding; `wide` names every node, where the table says `all N nodes`. With `errors` (input
+/// not read whole, on stderr already) an empty list is not "no findings": it says what was not judged.
+fn table(found: &[lint::ClusterFinding], nodes: usize, wide: bool, errors: usize) -> String {
     let mut out = String::new();
     for f in found {
         let port = if f.port.is_empty() { String::new() } else { format!(" port {}", f.port) };
         let on = if f.all_nodes && !wide { format!("all {nodes} nodes") } else { f.nodes.join(",") };
         let _ = writeln!(out, "{}{port}: {} [{on}]: {}; fix: {}", f.service, f.rule, f.message, f.fix);
     }
-    if found.is_empty() {
+    if errors > 0 {
+        let _ = writeln!(
+            out,
+            "{} in what could be read ({nodes} nodes); {errors} error(s) above: not judged (exit status 3)",
+            if found.is_empty() { "no findings".to_owned() } else { format!("{} finding(s)", found.len()) }
+        );
+    } else if found.is_empty() {
         let _ = writeln!(out, "no findings ({nodes} nodes)");
     }
     out

@@ -1,7 +1,7 @@
 //! `tierlb plan` and `tierlb explain`: which endpoints each Service port uses on a node, as a table (contested
 //! VIP:ports marked) or JSON, and one Service explained in words.
 use super::{
-    FaceSource, NodeArgs, NodeSite,
+    FaceSource, NodeSite,
     table::{TableNotes, all_nodes_table, plan_table},
 };
 use crate::{
@@ -39,9 +39,16 @@ pub struct ExplainArgs {
     /// --kube, only its namespace is read.
     #[arg(value_name = "SERVICE")]
     pub service: String,
-    /// The node to explain for.
+    /// The node to explain for (matches EndpointSlice `nodeName` and `hints.forNodes`).
+    #[arg(long, visible_alias = "hostname-override", required_unless_present = "all_nodes")]
+    pub node: Option<String>,
+    /// Explain it on every node the source names (its Node objects and the nodes its endpoints name), one
+    /// explanation after the other (JSON and YAML: one plan per node).
+    #[arg(long, conflicts_with_all = ["node", "zone"])]
+    pub all_nodes: bool,
+    /// The node's zone and addresses.
     #[command(flatten)]
-    pub node: NodeArgs,
+    pub site: NodeSite,
     /// Where the objects come from.
     #[command(flatten)]
     pub source: FaceSource,
@@ -86,7 +93,11 @@ pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
 /// `tierlb explain` of an input already read.
 pub fn explain_on(args: &ExplainArgs, input: &super::CliInput) -> anyhow::Result<String> {
     let key = args.key()?;
-    let node = input.node(&args.node);
+    let names: Vec<String> = match &args.node {
+        Some(n) => vec![n.clone()],
+        None => lint::cluster_nodes(&input.model).into_iter().map(|n| n.name).collect(),
+    };
+    let nodes: Vec<_> = names.iter().map(|n| input.node_named(n, &args.site)).collect();
     let missing = || {
         anyhow::anyhow!(
             "no Service {key} in {} (a manifest without metadata.namespace is in namespace \"default\")",
@@ -97,13 +108,30 @@ pub fn explain_on(args: &ExplainArgs, input: &super::CliInput) -> anyhow::Result
         if !input.model.services.contains_key(&key) && !input.model.skipped.contains_key(&key) {
             return Err(missing());
         }
-        let p = plan::plan(&input.model, &node);
-        let lints = lint::lint_naming(&input.model, &node, &p, &input.pods);
-        let linted = lint::LintedPlan::new(&p, &lints).emulated(&input.filled).only(&key);
-        return args.output.render(&linted, |_| String::new());
+        let plans: Vec<Plan> = nodes.iter().map(|n| plan::plan(&input.model, n)).collect();
+        let lints: Vec<lint::Lints> = plans
+            .iter()
+            .zip(&nodes)
+            .map(|(p, n)| lint::lint_naming(&input.model, n, p, &input.pods))
+            .collect();
+        let linted: Vec<lint::LintedPlan<'_>> = plans
+            .iter()
+            .zip(&lints)
+            .map(|(p, l)| lint::LintedPlan::new(p, l).emulated(&input.filled).only(&key))
+            .collect();
+        return if args.all_nodes {
+            args.output.render(&linted, |_| String::new())
+        } else {
+            args.output.render(&linted[0], |_| String::new())
+        };
     }
-    let mut out = crate::explain::explain_with(&input.model, &node, &key, input.hinted(&key), &input.pods)
-        .ok_or_else(missing)?;
+    let mut texts = Vec::new();
+    for node in &nodes {
+        let text = crate::explain::explain_with(&input.model, node, &key, input.hinted(&key), &input.pods)
+            .ok_or_else(missing)?;
+        texts.push(text);
+    }
+    let mut out = texts.join("\n");
     if let Some(bpffs) = &args.bpffs {
         for (name, dir) in pins::instances(bpffs, args.instance.as_deref())? {
             let maps = crate::datapath::ebpf::KernelMaps::open_pinned(&dir)?;

@@ -32,8 +32,9 @@ pub struct StudyArgs {
     /// lines, pull requests) and how they were read.
     #[arg(long, requires = "models")]
     pub provenance: bool,
-    /// Study every Service of a directory of Service, EndpointSlice and Node YAML (e.g. a `kubectl get
-    /// svc,endpointslices,nodes -A -o yaml` dump), one scenario per Service as the objects are.
+    /// Study every Service of Service, EndpointSlice and Node YAML: a directory of files, one file (e.g. a
+    /// `kubectl get svc,endpointslices,nodes -A -o yaml` dump), or `-` for standard input; one scenario per
+    /// Service as the objects are.
     #[arg(long, conflicts_with = "kube")]
     pub manifests: Option<PathBuf>,
     /// Study every Service of the cluster the API server holds (read-only lists, as `tierlb plan --kube`).
@@ -192,9 +193,10 @@ pub fn run_study(args: &StudyArgs) -> anyhow::Result<String> {
     let flags = args.cluster_flags();
     anyhow::ensure!(
         flags.is_empty(),
-        "{} apply only when studying a cluster (--manifests DIR or --kube): a scenario file writes its own nodes, \
+        "{} {} only when studying a cluster (--manifests DIR or --kube): a scenario file writes its own nodes, \
          clients and phases",
-        flags.join(", ")
+        flags.join(", "),
+        if flags.len() == 1 { "applies" } else { "apply" }
     );
     let sc = crate::study::load(scenario)?;
     let r = crate::study::run(&sc);

@@ -209,7 +209,10 @@ fn notes_text(out: &mut String, p: &Plan, notes: &TableNotes<'_>) {
     let warnings: Vec<String> = notes
         .lints
         .map(|l| {
-            p.services
+            // The node's own first (`unknown-node`: every row below is about a node the source lacks).
+            let node = l.node.iter().map(|w| format!("{}: {w}", w.rule));
+            let ports = p
+                .services
                 .iter()
                 .zip(&l.ports)
                 // A contested VIP:port is listed above already.
@@ -217,8 +220,8 @@ fn notes_text(out: &mut String, p: &Plan, notes: &TableNotes<'_>) {
                     ws.iter()
                         .filter(|w| w.rule != lint::Rule::VipConflict)
                         .map(move |w| format!("{} {w}", s.name))
-                })
-                .collect()
+                });
+            node.chain(ports).collect()
         })
         .unwrap_or_default();
     let mut seen = std::collections::BTreeSet::new();

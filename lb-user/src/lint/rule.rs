@@ -32,6 +32,8 @@ pub enum Rule {
     VipConflict,
     /// A field of the Service or its slices that Kubernetes does not know (a misspelling): ignored.
     UnknownField,
+    /// The node asked about is in no Node object and no endpoint of the source (a misspelling).
+    UnknownNode,
 }
 
 impl Rule {
@@ -50,6 +52,7 @@ impl Rule {
             Self::NoLocalEndpoint => "no-local-endpoint",
             Self::VipConflict => "vip-conflict",
             Self::UnknownField => "unknown-field",
+            Self::UnknownNode => "unknown-node",
         }
     }
 
@@ -89,6 +92,9 @@ impl Rule {
             Self::UnknownField => {
                 "spell the field as the API defines it (the API server refuses or drops an unknown field: \
                  `kubectl apply --dry-run=server` shows which)"
+            }
+            Self::UnknownNode => {
+                "name a node of the source (`kubectl get nodes`), or give --zone for a node it does not have yet"
             }
         }
     }

@@ -218,7 +218,7 @@ impl ProxyModel {
             Self::Cilium1181 => ModelInfo {
                 name: "cilium-1.18.1",
                 short: Short {
-                    releases: "Cilium v1.18.1, 1.18 patches before #42708",
+                    releases: "Cilium v1.18.1 to the 1.18 patch before #42708 (unknown)",
                     for_nodes: "ignored (cluster-wide)",
                     for_zones: "PreferClose only, with safeguards",
                     nothing_left: "refused at once",
@@ -396,7 +396,6 @@ impl ProxyModel {
     }
 }
 
-/// `tierlb study --models`: each model's name, range, rule, empty-set outcome, errno, source and whether it
 /// What `study --models` says above its table: the setting every Cilium row assumes.
 pub const CILIUM_SETTING: &str = "Cilium rows assume loadBalancer.serviceTopology=true. With Cilium's default \
 (false) every Cilium release ignores hints and uses all endpoints, as kube-proxy does with none.";

@@ -90,7 +90,7 @@ pub enum Clients {
 pub struct Shares {
     /// Share per node (summing to 1 unless no node has clients).
     pub per_node: BTreeMap<String, f64>,
-    /// What they are: "uniform over 3 nodes (no --clients)", "counted: ...".
+    /// What they are: "uniform over 3 nodes: no --clients", "counted: ...".
     pub source: String,
 }
 
@@ -103,7 +103,7 @@ fn uniform(nodes: &[String], why: &str) -> Shares {
     let each = 1.0 / nodes.len().max(1) as f64;
     Shares {
         per_node: nodes.iter().map(|n| (n.clone(), each)).collect(),
-        source: format!("uniform over {} nodes ({why})", nodes.len()),
+        source: format!("uniform over {} nodes: {why}", nodes.len()),
     }
 }
 

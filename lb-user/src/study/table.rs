@@ -74,11 +74,15 @@ pub fn table(r: &StudyResult) -> String {
         );
     }
     let _ = writeln!(out, "{:.0} requests/s from all clients", r.requests_per_second);
+    if r.phases.iter().any(|p| p.models.iter().any(|m| m.label.starts_with("cilium"))) {
+        let _ = writeln!(out, "{}", crate::study::CILIUM_SETTING);
+    }
     let width = r.phases.iter().flat_map(|p| p.models.iter().map(|m| m.label.len())).max().unwrap_or(5);
     for p in &r.phases {
         let _ = write!(out, "\n  phase {}", p.phase);
         if let (Some(d), Some(n)) = (p.duration_s, p.requests) {
-            let _ = write!(out, " ({d:.0} s, {} requests)", count(n));
+            // Whole requests: a phase's total is an expectation (rate x time), never a fraction of one.
+            let _ = write!(out, " ({d:.0} s, {:.0} requests)", n.round());
         }
         out.push('\n');
         let ips: Vec<&String> = p.models[0].shares.keys().collect();

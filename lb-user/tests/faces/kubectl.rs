@@ -233,3 +233,27 @@ fn the_agent_takes_kube_proxys_flag_names_and_a_config_file_the_command_line_ove
         "{err}"
     );
 }
+
+/// `explain --all-nodes`: the Service explained on every node of the source, one after the other (the
+/// story's dead line shows on the node without a local endpoint), and in JSON one plan per node.
+#[test]
+fn explain_all_nodes_explains_the_service_on_every_node() {
+    let story = story();
+    let (code, out, err) = tierlb(&["explain", "booking/nginx-cache", "--all-nodes", "--manifests", &story]);
+    assert_eq!(code, 0, "{err}");
+    let headings: Vec<&str> =
+        out.lines().filter(|l| l.starts_with("Service booking/nginx-cache on node ")).collect();
+    assert_eq!(headings.len(), 3, "one explanation per node: {out}");
+    for n in ["node-1", "node-2", "node-3"] {
+        assert!(headings.iter().any(|h| h.contains(&format!("on node {n} "))), "{n}: {headings:?}");
+    }
+    let (code, json, err) =
+        tierlb(&["explain", "booking/nginx-cache", "--all-nodes", "-o", "json", "--manifests", &story]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let nodes: Vec<&str> = v.as_array().unwrap().iter().map(|p| p["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["node-1", "node-2", "node-3"], "{json}");
+    let (code, _, err) =
+        tierlb(&["explain", "booking/nginx-cache", "--all-nodes", "--node", "node-1", "--manifests", &story]);
+    assert_eq!(code, 2, "--all-nodes and --node together are a usage error: {err}");
+}

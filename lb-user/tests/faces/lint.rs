@@ -139,7 +139,7 @@ fn lint_reports_a_misspelt_field_or_value_as_a_finding_with_did_you_mean_and_its
     let (code, out, err) = tierlb(&["lint", "--manifests", dir]);
     assert_eq!(code, 1, "{out}{err}");
     let field = format!(
-        "booking/pdf-resume: unknown-field [all 3 nodes]: {dir}/pdf-resume.yaml:5 document 1 (Service pdf-resume) \
+        "booking/pdf-resume: unknown-field [all 3 nodes]: {dir}/pdf-resume.yaml:11 document 1 (Service pdf-resume) \
          field spec.sessionAfinity: unknown field \"sessionAfinity\", ignored: did you mean \"sessionAffinity\"?"
     );
     assert!(out.lines().any(|l| l.starts_with(&field)), "no {field:?} in\n{out}");
@@ -275,6 +275,11 @@ fn lint_exits_3_on_input_it_cannot_read_whole_and_never_passes_it() {
                 out.contains("dead-local-line"),
                 "{what}: the findings of what was read are printed: {out}"
             );
+        }
+        // Input not read whole is never summed up as clean on stdout either.
+        assert!(!out.contains("no findings ("), "{what}: stdout {out:?}");
+        if *want == 3 && says == &"error:" {
+            assert!(out.contains("error(s) above: not judged (exit status 3)"), "{what}: stdout {out:?}");
         }
     }
     let (code, _, err) = tierlb(&["lint"]);

@@ -433,15 +433,26 @@ fn a_node_the_source_does_not_know_is_named_with_the_closest_known_one() {
     for (args, says) in cases {
         let mut args = args.to_vec();
         args.extend(["--manifests", &story]);
-        let (code, _, err) = tierlb(&args);
+        let (code, out, err) = tierlb(&args);
         assert_eq!(code, 0, "{args:?}: {err}");
-        let warned = err.lines().find(|l| l.starts_with("warning: node "));
-        if says.is_empty() {
-            assert_eq!(warned, None, "{args:?}: a known node gets no warning");
+        // In the answer itself (the table's warnings, explain's lines, JSON's node_warnings), not on stderr.
+        let warned: Vec<String> = if args.contains(&"json") {
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let ws = v["node_warnings"].as_array().cloned().unwrap_or_default();
+            ws.iter().map(|w| format!("unknown-node: {}", w.as_str().unwrap())).collect()
         } else {
-            let w = warned.unwrap_or_else(|| panic!("{args:?}: no warning in {err}"));
+            out.lines().filter(|l| l.contains("unknown-node: ")).map(|l| l.trim().to_owned()).collect()
+        };
+        assert!(!err.contains("is in no Node object"), "{args:?}: said once, in the answer: {err}");
+        if says.is_empty() {
+            assert!(warned.is_empty(), "{args:?}: a known node gets no warning: {warned:?}");
+        } else {
+            assert_eq!(warned.len(), 1, "{args:?}: {out}");
+            let w = &warned[0];
             assert!(
-                w.contains("is in no Node object and no endpoint of the source") && w.ends_with(says),
+                w.contains("unknown-node: node ")
+                    && w.contains("is in no Node object and no endpoint of the source")
+                    && w.ends_with(says),
                 "{w}"
             );
         }

@@ -43,7 +43,45 @@ pub(super) fn parse_file(path: &Path, text: &str) -> FileContents {
             false
         }
     });
+    locate_unknown_fields(text, &lines, &mut out.diagnostics);
     out
+}
+
+/// Point each unknown field's diagnostic at the field's own line, not its document's first: the n-th line
+/// of its document holding its key (`key:`, after any `- `), n counting the unknown fields of that key
+/// before it in the document (the parser reports them in the document's order). Left at the document's line
+/// where the key is not found (a key in flow style, `{a: 1}`, on the line of its parent).
+fn locate_unknown_fields(text: &str, starts: &[usize], diagnostics: &mut [Diagnostic]) {
+    let all: Vec<&str> = text.lines().collect();
+    let mut seen: std::collections::BTreeMap<(usize, String), usize> = std::collections::BTreeMap::new();
+    for d in diagnostics.iter_mut().filter(|d| d.is_unknown_field()) {
+        let (Some(field), Origin::File { document: Some(doc), line: Some(start), .. }) =
+            (&d.field, &mut d.origin)
+        else {
+            continue;
+        };
+        let key = field.rsplit(['.', ']']).next().unwrap_or(field).to_owned();
+        let nth = seen.entry((*doc, key.clone())).or_default();
+        let end = starts.get(*doc + 1).map_or(all.len(), |next| next.saturating_sub(1));
+        let holds = |l: &&str| {
+            let l = l.trim_start().trim_start_matches(['-', ' ']);
+            [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")]
+                .iter()
+                .any(|k| l.starts_with(k.as_str()))
+        };
+        let found = all
+            .iter()
+            .enumerate()
+            .take(end)
+            .skip(start.saturating_sub(1))
+            .filter(|(_, l)| holds(l))
+            .nth(*nth)
+            .map(|(i, _)| i + 1);
+        *nth += 1;
+        if let Some(at) = found {
+            *start = at;
+        }
+    }
 }
 
 /// One document's value; `(index, line)`: its 0-based index and its first line.
