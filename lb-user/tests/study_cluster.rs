@@ -414,3 +414,26 @@ fn every_model_accounts_for_every_request_in_the_multizone_example() {
         }
     }
 }
+
+/// The table a person reads: a phase's requests are whole (a rate times a duration is an expectation, never
+/// "6666.7 requests"), and Cilium's rows come with the setting they assume, stated above the table.
+#[test]
+fn the_roll_table_counts_whole_requests_and_states_the_cilium_setting() {
+    // 333.33 requests a second over phases of 30 s and 10 s: 9,999.9 and 3,333.3 expected, printed whole.
+    let text = study(&[
+        "--manifests",
+        root("examples/story").to_str().unwrap(),
+        "--roll",
+        "--requests-per-second",
+        "333.33",
+    ])
+    .unwrap();
+    let totals: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split(" s, ").nth(1))
+        .filter_map(|rest| rest.strip_suffix(" requests)"))
+        .collect();
+    assert!(!totals.is_empty(), "{text}");
+    assert!(totals.iter().all(|n| n.parse::<u64>().is_ok()), "whole requests: {totals:?}");
+    assert!(text.contains(tierlb::study::CILIUM_SETTING), "{text}");
+}

@@ -70,15 +70,17 @@ pub struct CliInput {
 }
 
 impl CliInput {
-    /// Say on stderr which Services' hints were emulated, or are missing and shown as they are.
-    fn note_hints(&self) {
-        for svc in &self.filled {
+    /// Say on stderr which Services' hints were emulated, or are missing and shown as they are (of `about`
+    /// alone when given: `explain` answers for one Service).
+    fn note_hints(&self, about: Option<&ObjKey>) {
+        let asked = |svc: &&ObjKey| about.is_none_or(|k| k == *svc);
+        for svc in self.filled.iter().filter(asked) {
             eprintln!(
                 "note: EndpointSlices of Service {svc} carry no hints: planned with the hints the EndpointSlice \
                  controller would write (--emulate-hints), labelled \"emulated\" below"
             );
         }
-        for svc in &self.unhinted {
+        for svc in self.unhinted.iter().filter(asked) {
             eprintln!(
                 "note: EndpointSlices of Service {svc} carry no hints although it asks for them: shown as they \
                  are (kube-proxy uses every endpoint); the agent plans it with the hints the EndpointSlice \
@@ -116,6 +118,11 @@ impl CliInput {
 impl FaceSource {
     /// Read the source (of `namespace`, which overrides `--namespace`: explain reads its Service's).
     pub fn load(&self, namespace: Option<&str>) -> anyhow::Result<CliInput> {
+        self.load_about(namespace, None)
+    }
+
+    /// `load`, its notes on stderr about Service `about` alone when given (`explain`'s).
+    pub fn load_about(&self, namespace: Option<&str>, about: Option<&ObjKey>) -> anyhow::Result<CliInput> {
         let namespace = namespace.or(self.namespace.as_deref());
         let mut input = match &self.manifests {
             Some(dir) => load_for_cli(dir, self.emulate_hints)?,
@@ -139,7 +146,7 @@ impl FaceSource {
             // Said the same way whichever source was read.
             input.origin = format!("{} (namespace {ns})", input.origin);
         }
-        input.note_hints();
+        input.note_hints(about);
         Ok(input)
     }
 }
@@ -151,8 +158,11 @@ impl FaceSource {
         let options = kube::config::KubeConfigOptions { context: self.context.clone(), ..Default::default() };
         let config = match (&self.kubeconfig, &self.context) {
             (Some(path), _) => {
-                let file = kube::config::Kubeconfig::read_from(path)
+                // Opened here first: kube-rs's own message quotes the path twice over (`'"/path"'`).
+                std::fs::File::open(path)
                     .with_context(|| format!("--kubeconfig {}: cannot read it", path.display()))?;
+                let file = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("--kubeconfig {}: not a kubeconfig", path.display()))?;
                 kube::Config::from_custom_kubeconfig(file, &options)
                     .await
                     .with_context(|| format!("--kubeconfig {}", path.display()))?

@@ -86,7 +86,7 @@ impl ExplainArgs {
 /// `tierlb explain`: the explanation text.
 pub fn run_explain(args: &ExplainArgs) -> anyhow::Result<String> {
     let key = args.key()?;
-    let input = args.source.load(Some(&key.namespace))?;
+    let input = args.source.load_about(Some(&key.namespace), Some(&key))?;
     explain_on(args, &input)
 }
 
