@@ -207,6 +207,17 @@ fn allowed_in(v: &View, len: usize, allowed: &mut [bool], quoted: bool) {
     }
 }
 
+/// Whether `output` is an ICMP error the program answered the TCP or UDP packet `input` with: no translation
+/// turns a TCP or UDP packet into ICMP. By content, not length: an answer is 70 bytes (IPv4) or 110 (IPv6),
+/// which a 70-byte input also is (the search's second finding: a frame whose total-length field said 72,
+/// answered with a time exceeded of the same frame length, judged as a rewrite of byte 17).
+fn answered(input: &[u8], output: &[u8]) -> bool {
+    let (Some(i), Some(o)) = (frame_view(input), frame_view(output)) else {
+        return output.len() != input.len();
+    };
+    matches!(i.proto, 6 | 17) && matches!(o.proto, 1 | 58)
+}
+
 /// The lab's addresses a translation can be about: frontends, the node (SNAT), backends.
 fn known(ip: IpAddr) -> bool {
     [NODE, NODE6, LB_IP, LOCAL_POD, LOCAL_POD6, REMOTE_POD, REMOTE_POD6]
@@ -257,7 +268,7 @@ pub fn judge(
     tracked_after: usize,
 ) {
     assert!(VERDICTS.contains(&rc), "verdict {rc} is none of tc's");
-    if output.len() != input.len() && rc == REDIRECT && !egress {
+    if rc == REDIRECT && !egress && answered(input, output) {
         // An ICMP error the program answered the packet with (`super::answer`).
         super::answer::judge(input, output, known);
         return;
