@@ -36,6 +36,7 @@ mod lower;
 pub mod memory;
 mod no_local;
 mod north_south;
+mod options;
 mod report;
 mod retry;
 mod run;
@@ -47,8 +48,9 @@ mod tracker;
 
 pub use limits::{DEFAULT_LIMITS, ServiceLimits};
 pub use no_local::{NoLocalCounts, Traffic};
+pub use options::{AgentOptions, Source};
 pub use report::{ServiceHealth, SyncReport, Unprogrammed, VipConflict};
 pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};
-pub use run::{AgentOptions, Source, run};
+pub use run::run;
 pub use sync::AgentCore;
 pub use tracker::{ChangeTracker, Taken, Touched};
