@@ -190,8 +190,9 @@ pub const NS_DROP_REWRITE: u32 = 11;
 pub const NS_DROP_SOURCE_RANGE: u32 = 12;
 /// ICMP errors about a translated flow, translated back (outer and quoted headers) toward its sender.
 pub const NS_ICMP_TRANSLATED: u32 = 13;
-/// A packet the SNAT path sends itself is larger than the next hop's MTU: dropped, and answered with
-/// "fragmentation needed" / "packet too big" (`NS_ICMP_SENT`) as the stack's forwarding would.
+/// A packet the SNAT path sends itself is larger than the route's MTU: dropped, and answered with
+/// "fragmentation needed" / "packet too big" (`NS_ICMP_SENT`) as the stack's forwarding would; or a GSO
+/// packet whose segments exceed the egress device's MTU: dropped unanswered (its retransmission is answered).
 pub const NS_DROP_FRAG_NEEDED: u32 = 14;
 /// New SNAT flows that kept the client's source port (free for the backend and node address, and in the
 /// SNAT ports).

@@ -59,6 +59,11 @@ pub fn lint_naming(model: &Model, node: &NodeInfo, plan: &Plan, pods: &Pods) -> 
 /// the source: what it is planned as, and the name it is likely a misspelling of.
 pub fn unknown_node(node: &str, model: &Model) -> Option<Warning> {
     use crate::model::Name;
+    if model.nodes.contains_key(node) {
+        // The common case, and every node `lint` and `--all-nodes` take (from the Node objects): no walk of
+        // the endpoints.
+        return None;
+    }
     let endpoints = || model.slices.values().flat_map(|s| &s.endpoints);
     let mut known: std::collections::BTreeSet<&str> = model.nodes.keys().map(String::as_str).collect();
     known.extend(endpoints().filter_map(|e| e.node_name.as_deref()));

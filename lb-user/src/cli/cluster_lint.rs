@@ -64,7 +64,7 @@ fn table(found: &[lint::ClusterFinding], nodes: usize, wide: bool, errors: usize
         let _ = writeln!(
             out,
             "{} in what could be read ({nodes} nodes); {errors} error(s) above: not judged (exit status 3)",
-            if found.is_empty() { "no findings".to_owned() } else { format!("{} finding(s)", found.len()) }
+            if found.is_empty() { "nothing found".to_owned() } else { format!("{} finding(s)", found.len()) }
         );
     } else if found.is_empty() {
         let _ = writeln!(out, "no findings ({nodes} nodes)");

@@ -97,6 +97,11 @@ pub fn explain_on(args: &ExplainArgs, input: &super::CliInput) -> anyhow::Result
         Some(n) => vec![n.clone()],
         None => lint::cluster_nodes(&input.model).into_iter().map(|n| n.name).collect(),
     };
+    anyhow::ensure!(
+        !names.is_empty(),
+        "--all-nodes: {} names no node (no Node object, no endpoint's nodeName): give --node NAME",
+        input.origin
+    );
     let nodes: Vec<_> = names.iter().map(|n| input.node_named(n, &args.site)).collect();
     let missing = || {
         anyhow::anyhow!(

@@ -262,4 +262,12 @@ fn explain_all_nodes_explains_the_service_on_every_node() {
     let (code, _, err) =
         tierlb(&["explain", "booking/nginx-cache", "--all-nodes", "--node", "node-1", "--manifests", &story]);
     assert_eq!(code, 2, "--all-nodes and --node together are a usage error: {err}");
+    // A source that names no node has nothing to explain across nodes: said, not an empty answer.
+    let tmp = TempDir::new("faces-no-node").unwrap();
+    let svc = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  clusterIP: 10.96.0.9\n  ports: [{port: 80}]\n";
+    std::fs::write(tmp.path().join("web.yaml"), svc).unwrap();
+    let (code, out, err) =
+        tierlb(&["explain", "shop/web", "--all-nodes", "--manifests", tmp.path().to_str().unwrap()]);
+    assert_eq!((code, out.as_str()), (1, ""), "{err}");
+    assert!(err.contains("names no node") && err.contains("give --node NAME"), "{err}");
 }

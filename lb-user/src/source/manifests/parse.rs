@@ -49,9 +49,14 @@ pub(super) fn parse_file(path: &Path, text: &str) -> FileContents {
 
 /// Point each unknown field's diagnostic at the field's own line, not its document's first: the n-th line
 /// of its document holding its key (`key:`, after any `- `), n counting the unknown fields of that key
-/// before it in the document (the parser reports them in the document's order). Left at the document's line
-/// where the key is not found (a key in flow style, `{a: 1}`, on the line of its parent).
+/// before it in the document. Left at the document's line where the key is not found (a key in flow style,
+/// `{a: 1}`, on the line of its parent). By the key alone: a known field of the same name earlier in the
+/// document (`metadata.name` for a misplaced `spec.name`) is taken for it, a rare misspelling's case.
 fn locate_unknown_fields(text: &str, starts: &[usize], diagnostics: &mut [Diagnostic]) {
+    if !diagnostics.iter().any(Diagnostic::is_unknown_field) {
+        // The agent reads every manifest through here: no line work where nothing is unknown.
+        return;
+    }
     let all: Vec<&str> = text.lines().collect();
     let mut seen: std::collections::BTreeMap<(usize, String), usize> = std::collections::BTreeMap::new();
     for d in diagnostics.iter_mut().filter(|d| d.is_unknown_field()) {
