@@ -530,7 +530,10 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
                 );
                 snapshot_stale |= retried;
                 sweeper.sweep(&mut core, &stats, retried);
-                north_south.observe(&stats);
+                if opts.metrics_addr.is_some() {
+                    // A walk of the conntrack tables, for /metrics alone (`status` reads them itself).
+                    north_south.observe(&stats);
+                }
                 north_south.rescan(&mut programs);
                 watchdog.check(&mut programs, &cgroup, pin_dir.as_deref(), &health);
                 if snapshot_stale && last_snapshot.elapsed() >= SNAPSHOT_EVERY {
