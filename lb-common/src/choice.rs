@@ -108,8 +108,22 @@ pub fn last_nonempty_tier(fe: &FrontendValue) -> Option<usize> {
 #[inline(always)]
 pub fn choose<B: Copy + Default>(
     fe: &FrontendValue,
-    mut lookup: impl FnMut(u32) -> Slot<B>,
-    mut random: impl FnMut() -> u32,
+    lookup: impl FnMut(u32) -> Slot<B>,
+    random: impl FnMut() -> u32,
+) -> Choice<B> {
+    choose_with(fe, lookup, random, scan_tier)
+}
+
+/// `choose` with the slow path's scan of one tier given: `scan_tier`'s loop on the host, the same steps
+/// (`Scan::step`) under `bpf_loop` in the BPF programs, where the verifier then explores a step once instead
+/// of every turn of the loop (Linux 6.1's verifier went past its million instructions on sendmsg6 with the
+/// loop).
+#[inline(always)]
+pub fn choose_with<B: Copy + Default, L: FnMut(u32) -> Slot<B>, R: FnMut() -> u32>(
+    fe: &FrontendValue,
+    mut lookup: L,
+    mut random: R,
+    mut scan: impl FnMut(TierRange, &mut L, &mut R) -> u32,
 ) -> Choice<B> {
     let Some(first_tier) = first_nonempty_tier(fe) else { return Choice::Empty };
     let first = fe.tiers[first_tier];
@@ -124,7 +138,7 @@ pub fn choose<B: Copy + Default>(
     while tier < TIER_COUNT {
         let range = fe.tiers[tier];
         if range.len != 0 {
-            let found = scan_tier(range, &mut lookup, &mut random);
+            let found = scan(range, &mut lookup, &mut random);
             if found == SCAN_ERROR {
                 return Choice::Error;
             }
@@ -180,30 +194,85 @@ pub fn scan_tier<B: Copy>(
     lookup: &mut impl FnMut(u32) -> Slot<B>,
     random: &mut impl FnMut() -> u32,
 ) -> u32 {
-    let len = u32::from(range.len);
-    let start = u32::from(range.start);
-    let offset = below(random(), len);
-    let mut seen: u32 = 0;
-    let mut picked = SCAN_NONE;
+    let mut scan = Scan::new(range, random);
     let mut i: u32 = 0;
-    while i < TIER_SCAN && i < len {
-        let mut k = offset + i;
+    while i < scan.turns() {
+        if !scan.step(i, lookup, random) {
+            break;
+        }
+        i += 1;
+    }
+    scan.result()
+}
+
+/// `scan_tier`'s state between its steps: the window's place and the reservoir sample so far. `repr(C)`,
+/// plain and small (12 bytes): the BPF programs keep it on their stack for `bpf_loop`'s callback, in the
+/// frame whose size Linux 6.1 adds to the callback's against its 512-byte limit.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Scan {
+    start: u16,
+    len: u16,
+    offset: u16,
+    seen: u16,
+    picked: u32,
+}
+
+impl Scan {
+    /// A scan of `range` from a random offset.
+    #[inline(always)]
+    pub fn new(range: TierRange, random: &mut impl FnMut() -> u32) -> Self {
+        let offset = below(random(), u32::from(range.len)) as u16;
+        Self { start: range.start, len: range.len, offset, seen: 0, picked: SCAN_NONE }
+    }
+
+    /// How many steps the scan takes: the tier's length, at most `TIER_SCAN`.
+    #[inline(always)]
+    #[must_use]
+    pub fn turns(&self) -> u32 {
+        let len = u32::from(self.len);
+        if len < TIER_SCAN { len } else { TIER_SCAN }
+    }
+
+    /// Step `i` (`i < turns()`): look at the window's `i`-th slot and keep it with probability `1/seen` if it
+    /// is live. `false` ends the scan: a missing slot (the result is then `SCAN_ERROR`) or `i` out of range.
+    #[inline(always)]
+    pub fn step<B>(
+        &mut self,
+        i: u32,
+        lookup: &mut impl FnMut(u32) -> Slot<B>,
+        random: &mut impl FnMut() -> u32,
+    ) -> bool {
+        if i >= self.turns() {
+            return false;
+        }
+        let (start, len) = (u32::from(self.start), u32::from(self.len));
+        let mut k = u32::from(self.offset) + i;
         if k >= len {
             k -= len;
         }
         match lookup(start + k) {
             Slot::Live(_) => {
-                seen += 1;
-                if below(random(), seen) == 0 {
-                    picked = start + k;
+                self.seen += 1;
+                if below(random(), u32::from(self.seen)) == 0 {
+                    self.picked = start + k;
                 }
             }
-            Slot::Missing => return SCAN_ERROR,
+            Slot::Missing => {
+                self.picked = SCAN_ERROR;
+                return false;
+            }
             Slot::Down(_) => {}
         }
-        i += 1;
+        true
     }
-    picked
+
+    /// The index picked, `SCAN_NONE` or `SCAN_ERROR`.
+    #[inline(always)]
+    #[must_use]
+    pub fn result(&self) -> u32 {
+        self.picked
+    }
 }
 
 #[cfg(test)]

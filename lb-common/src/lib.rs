@@ -536,8 +536,8 @@ mod reverse;
 mod snat;
 mod trace;
 pub use choice::{
-    Choice, SCAN_ERROR, SCAN_NONE, Slot, below, choose, first_live_tier, first_nonempty_tier, keep_sticky,
-    last_nonempty_tier, scan_tier,
+    Choice, SCAN_ERROR, SCAN_NONE, Scan, Slot, below, choose, choose_with, first_live_tier,
+    first_nonempty_tier, keep_sticky, last_nonempty_tier, scan_tier,
 };
 pub use counters::*;
 pub use csum::{CsumDiff, fold as csum_fold};

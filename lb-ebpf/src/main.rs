@@ -30,6 +30,7 @@ mod health;
 mod maps;
 mod netns_count;
 mod reverse;
+mod scan;
 mod sock;
 mod sock_addr;
 mod tc;

@@ -88,28 +88,41 @@ pub(crate) fn peer_backend(family: u32, ip4: u32, ip6: [u32; 4], port: u16, prot
 }
 
 /// connect(): a TCP socket's (cookie, backend) -> VIP in the LRU; a UDP socket's backend and frontend in its
-/// storage, if they changed. Out of line (as `remember_sent`): its locals stay off the connect program's
-/// stack, which the verifier bounds over a call chain (512 bytes).
-#[inline(never)]
+/// storage, if they changed. Each protocol's work out of line (as `remember_sent`): its locals stay off the connect program's
+/// stack, which the verifier bounds over a call chain (512 bytes; Linux 6.1 rounds each frame up to 32 bytes,
+/// and one function for both protocols took connect6's chain to 544).
+#[inline(always)]
 pub(crate) fn remember_connected(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     if backend.proto == PROTO_TCP {
-        // The socket's one entry: new, or an earlier attempt's (a connected socket's second connect() never
-        // reaches this hook), which this attempt replaces.
-        let (cookie, value) = (cookie(ctx), ReverseValue::new(fe, backend, 0));
-        if let Some(slot) = slot(cookie) {
-            // Free, or its own.
-            if slot.cookie == 0 || slot.cookie == cookie {
-                slot.cookie = cookie;
-                slot.value = value;
-                return;
-            }
-        }
-        // Its slot is another open socket's: the LRU, which never fails for lack of room.
-        if REVERSE.insert(ReverseKey::tcp(cookie), value, 0).is_err() {
-            count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
-        }
-        return;
+        remember_connected_tcp(ctx, backend, fe);
+    } else {
+        remember_connected_udp(ctx, backend, fe);
     }
+}
+
+/// `remember_connected` for a TCP socket.
+#[inline(never)]
+fn remember_connected_tcp(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
+    // The socket's one entry: new, or an earlier attempt's (a connected socket's second connect() never
+    // reaches this hook), which this attempt replaces.
+    let (cookie, value) = (cookie(ctx), ReverseValue::new(fe, backend, 0));
+    if let Some(slot) = slot(cookie) {
+        // Free, or its own.
+        if slot.cookie == 0 || slot.cookie == cookie {
+            slot.cookie = cookie;
+            slot.value = value;
+            return;
+        }
+    }
+    // Its slot is another open socket's: the LRU, which never fails for lack of room.
+    if REVERSE.insert(ReverseKey::tcp(cookie), value, 0).is_err() {
+        count(GLOBAL_SVC_ID, COUNTER_REVERSE_UNRECORDED);
+    }
+}
+
+/// `remember_connected` for a UDP socket.
+#[inline(never)]
+fn remember_connected_udp(ctx: &SockAddrContext, backend: Backend, fe: FrontendKey) {
     // SAFETY: `SOCKS` is a socket storage map and the context is a sock_addr context (what aya's wrapper
     // reads the socket from); `None` creates the storage zeroed.
     let st = unsafe { SOCKS.get_or_insert_ptr_mut(ctx, None) };

@@ -12,7 +12,7 @@ use aya_ebpf::{
 use lb_common::{
     Backend, COUNTER_DROPPED, COUNTER_FAIL_OPEN, COUNTER_NODE, COUNTER_REJECTED, ERRNO_NO_ENDPOINTS,
     ERRNO_NO_LOCAL_ENDPOINT, FAMILY_V4, FAMILY_V6, FLAG_EMPTY_IS_DROP, FrontendKey, FrontendValue,
-    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, TRACE_TORN, V4_MAPPED_WORD2, choose, trace_info,
+    GLOBAL_SVC_ID, HealthVerdict, PROTO_TCP, Slot, TRACE_TORN, V4_MAPPED_WORD2, choose_with, trace_info,
 };
 
 use crate::{
@@ -215,7 +215,7 @@ fn translate(ctx: &SockAddrContext, v6: bool, connect: bool) -> i32 {
             slot
         }
     };
-    let mut choice = choose(fe, lookup, random);
+    let mut choice = choose_with(fe, lookup, random, crate::scan::scan);
     let none_live = matches!(choice, lb_common::Choice::Empty);
     if matches!(choice, lb_common::Choice::Empty) && saw_held {
         // Every allowed backend is held down or marked: rather than refuse everything on passive evidence,

@@ -21,9 +21,11 @@ mod icmp_send;
 mod packet;
 mod route;
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::bpf_get_prandom_u32,
+    helpers::{bpf_get_prandom_u32, generated::bpf_loop},
     macros::{classifier, map},
     maps::PerCpuArray,
     programs::TcContext,
@@ -36,7 +38,7 @@ use lb_common::{
     NS_DROP_SOURCE_RANGE, NS_DROP_UNMATCHED, NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN,
     NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED,
     OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE, SNAT_TRIES, SOURCE_RANGE_FRONTEND_BITS,
-    Slot, SourceRangeKey, choose,
+    Slot, SnatPorts, SourceRangeKey, choose_with,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -380,7 +382,7 @@ fn pick(fe: &FrontendValue) -> lb_common::Choice<Backend> {
     };
     // SAFETY: helper without preconditions.
     let random = || unsafe { bpf_get_prandom_u32() };
-    choose(fe, lookup, random)
+    choose_with(fe, lookup, random, crate::scan::scan)
 }
 
 /// Turn a new flow's entries into an SNAT flow's from `node`: claim a free port of the SNAT range for the
@@ -421,15 +423,40 @@ fn snat(
     }
     // SAFETY: helper without preconditions.
     let seed = unsafe { bpf_get_prandom_u32() };
-    for attempt in 0..SNAT_TRIES {
-        reply_key.dport = ports.pick(seed, attempt).to_be();
-        if conntrack::claim(reply_key, reply, t) {
-            fwd.b_port = reply_key.dport;
-            return true;
-        }
-        count_ns(NS_SNAT_PORT_RETRIES);
+    // The tries under `bpf_loop`: the verifier checks one try, not each of `SNAT_TRIES` (as a loop, Linux
+    // 6.1's verifier went past its million instructions on tc_ingress).
+    let mut tries = PortTries { key: reply_key, value: reply, ports, seed, t, claimed: false };
+    // SAFETY: the callback has the signature `bpf_loop` calls and takes the context given here.
+    unsafe {
+        bpf_loop(SNAT_TRIES, try_port as *mut c_void, (&raw mut tries).cast(), 0);
     }
-    false
+    if tries.claimed {
+        fwd.b_port = tries.key.dport;
+    }
+    tries.claimed
+}
+
+/// `snat`'s tries, for `try_port`.
+struct PortTries<'a> {
+    key: &'a mut CtKey,
+    value: &'a CtValue,
+    ports: SnatPorts,
+    seed: u32,
+    t: u64,
+    claimed: bool,
+}
+
+/// `bpf_loop`'s callback: try `attempt`'s port; 1 (stop) once one is claimed.
+extern "C" fn try_port(attempt: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `PortTries` `snat` passed, alive for the whole `bpf_loop` call.
+    let c = unsafe { &mut *ctx.cast::<PortTries<'_>>() };
+    c.key.dport = c.ports.pick(c.seed, attempt as u32).to_be();
+    if conntrack::claim(c.key, c.value, c.t) {
+        c.claimed = true;
+        return 1;
+    }
+    count_ns(NS_SNAT_PORT_RETRIES);
+    0
 }
 
 /// Why a packet to frontend `fe` (at `key`) starts no flow, as its verdict: a client outside the source

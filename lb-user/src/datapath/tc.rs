@@ -16,7 +16,6 @@ use aya::{
         links::FdLink,
         tc::{self, TcAttachOptions},
     },
-    util::KernelVersion,
 };
 
 mod maps;
@@ -39,13 +38,21 @@ pub fn tc_link_pin(dir: &Path, program: &str, device: &str) -> PathBuf {
     dir.join(format!("link_{program}@{device}"))
 }
 
-/// Whether this kernel attaches tc programs with tcx links (6.6 and later).
+/// Whether tc programs are attached with tcx links: as `--tc-attach` says, or where the kernel has them.
 pub fn has_tcx() -> bool {
     match AttachMode::current() {
         AttachMode::Tcx => true,
         AttachMode::Netlink => false,
-        AttachMode::Auto => KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)),
+        AttachMode::Auto => kernel_has_tcx(),
     }
+}
+
+/// Whether the running kernel has tcx (Linux 6.6), probed, not read off the version (a distribution kernel
+/// may carry it back): asking for loopback's tcx programs (`BPF_PROG_QUERY` with a tcx attach type) succeeds
+/// where tcx exists and fails with `EINVAL` before. Asked once per process.
+pub fn kernel_has_tcx() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| SchedClassifier::query_tcx("lo", TcAttachType::Ingress).is_ok())
 }
 
 /// How the tc programs are attached (`--tc-attach`): tcx links from kernel 6.6, netlink clsact filters below

@@ -76,3 +76,29 @@ fn north_south_netlink_restarts_attach_their_own_programs_in_place_and_cleanup_r
     let (n, text) = filters(&lab);
     assert_eq!(n, 0, "--cleanup leaves no filter of ours: {text}");
 }
+
+/// The attach is chosen by what the kernel has, probed (`tc::kernel_has_tcx`), not by its version: with
+/// `--tc-attach` left at auto, a kernel with tcx (6.6 and later) gets tcx links and no netlink filter, one
+/// without (Debian 12's 6.1, run by `cargo xtask test --kernel 6.1`) gets the netlink filters at tierlb's
+/// priority; the node port works either way.
+#[test]
+fn north_south_the_attach_is_the_one_the_kernel_has() {
+    let has_tcx =
+        aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0));
+    assert_eq!(
+        tierlb::datapath::tc::kernel_has_tcx(),
+        has_tcx,
+        "the probe disagrees with the kernel's release"
+    );
+    let lab = Lab::new("ns-attach", "Cluster", true);
+    let agent = lab.boxed.start_agent("node-1", &[]).unwrap();
+    assert!(lab.tcp(sa(NODE_1, 30080), 4).iter().all(Result::is_ok));
+    let (n, text) = filters(&lab);
+    if has_tcx {
+        assert_eq!(n, 0, "tcx links, no netlink filter: {text}");
+    } else {
+        assert_eq!(n, 2, "one netlink filter per direction: {text}");
+        assert!(text.contains("pref 65000"), "at tierlb's priority: {text}");
+    }
+    agent.kill();
+}
