@@ -73,11 +73,7 @@ fn module_dirs() -> Vec<PathBuf> {
 
 /// Where built binaries are kept: `$XDG_CACHE_HOME/tierlb/k8s` (default `~/.cache/tierlb/k8s`).
 fn cache_root() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache"),
-        PathBuf::from,
-    );
-    base.join("tierlb/k8s")
+    util::cache_dir().join("k8s")
 }
 
 /// The cache key of the module in `dir` stamped as `version`: everything its binary is built from.
@@ -100,10 +96,7 @@ fn key(dir: &Path, version: &str, go_version: &str) -> anyhow::Result<String> {
     hash.update(go_version.as_bytes());
     hash.update(ldflags(version).as_bytes());
     let digest = hash.finalize();
-    Ok(digest.iter().take(8).fold(String::new(), |mut hex, b| {
-        let _ = write!(hex, "{b:02x}");
-        hex
-    }))
+    Ok(util::hex(&digest[..8]))
 }
 
 /// `go build` of the module in `dir`, stamped as `version`, into `binary` (through a `.partial` file, so an

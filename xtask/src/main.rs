@@ -12,6 +12,7 @@ mod k8s;
 mod setup;
 mod test;
 mod util;
+mod vm;
 
 use clap::{Parser, Subcommand};
 

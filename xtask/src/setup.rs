@@ -18,6 +18,8 @@ pub(crate) struct Options {}
 /// metrics test scrapes an agent with (it is only run by the tests, on loopback in their own namespace).
 /// buildah builds the agent's image from deploy/image/Containerfile and podman loads it for the check. jq
 /// runs the demo's monitoring check (`kubectl ... | jq`), as the story's operator ran it.
+/// qemu-system-x86, debootstrap, busybox-static and kmod (depmod) make and boot the test VMs of Debian's
+/// kernels (`cargo xtask test --kernel`), xz-utils unpacks their modules.
 const PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "bpftool",
@@ -29,6 +31,11 @@ const PACKAGES: &[&str] = &[
     "buildah",
     "podman",
     "jq",
+    "qemu-system-x86",
+    "debootstrap",
+    "busybox-static",
+    "kmod",
+    "xz-utils",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
@@ -84,33 +91,13 @@ fn rust_src() -> anyhow::Result<()> {
         .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
         .context("rustc -V")?;
     eprintln!("setup: fetching Debian rust-src for rustc {version}");
-    let work = std::env::temp_dir().join("tierlb-setup-apt");
-    for d in ["lists/partial", "cache/archives/partial", "debs"] {
-        std::fs::create_dir_all(work.join(d))?;
-    }
-    let sources = work.join("sources.list");
-    std::fs::write(
-        &sources,
+    let apt = util::PrivateApt::new(
+        "tierlb-setup-apt",
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian \
          trixie-backports main\n",
     )?;
-    let apt_opts = |cmd: &mut Command| {
-        cmd.arg("-o")
-            .arg(format!("Dir::Etc::SourceList={}", sources.display()))
-            .args(["-o", "Dir::Etc::SourceParts=/nonexistent"])
-            .arg("-o")
-            .arg(format!("Dir::State::Lists={}", work.join("lists").display()))
-            .arg("-o")
-            .arg(format!("Dir::Cache={}", work.join("cache").display()))
-            .args(["-o", "APT::Sandbox::User=root"]);
-    };
-    let mut update = Command::new("apt-get");
-    apt_opts(&mut update);
-    util::run(update.args(["update", "-q"]))?;
     // Pick the Debian version built from exactly this rustc release, e.g. 1.95.0+dfsg1-2~bpo13+1.
-    let mut madison = Command::new("apt-cache");
-    apt_opts(&mut madison);
-    let listing = output(madison.args(["madison", "rust-src"])).unwrap_or_default();
+    let listing = output(apt.cmd("apt-cache").args(["madison", "rust-src"])).unwrap_or_default();
     let deb_version = listing
         .lines()
         .filter_map(|l| l.split('|').nth(1).map(str::trim))
@@ -119,14 +106,8 @@ fn rust_src() -> anyhow::Result<()> {
             format!("Debian has no rust-src for rustc {version} in trixie-backports (found: {listing:?})")
         })?
         .to_owned();
-    let debs = work.join("debs");
-    for entry in std::fs::read_dir(&debs)? {
-        std::fs::remove_file(entry?.path())?;
-    }
-    let mut download = Command::new("apt-get");
-    apt_opts(&mut download);
-    util::run(download.current_dir(&debs).args(["download", &format!("rust-src={deb_version}")]))?;
-    let deb = std::fs::read_dir(&debs)?.next().context("apt-get download left no .deb")??.path();
+    let work = std::env::temp_dir().join("tierlb-setup-apt");
+    let deb = apt.download(&format!("rust-src={deb_version}"), &work.join("debs"))?;
     let extract = work.join("x");
     let _ = std::fs::remove_dir_all(&extract);
     util::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extract))?;

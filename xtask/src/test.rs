@@ -16,6 +16,10 @@ pub(crate) struct Options {
     /// Skip the container image's check.
     #[arg(long)]
     pub no_image: bool,
+    /// Instead of this machine's kernel, boot Debian's (6.1, 6.12 or all) in qemu and run the in-kernel
+    /// subset there (`vm::SUBSET`, or the extra arguments' filter).
+    #[arg(long, value_name = "6.1|6.12|all")]
+    pub kernel: Option<String>,
     /// Extra arguments for `cargo nextest run` (e.g. a test name filter).
     #[arg(last = true)]
     pub nextest_args: Vec<String>,
@@ -27,6 +31,9 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
         anyhow::bail!(
             "the in-kernel tests load BPF programs and create network namespaces and cgroups: run as root"
         );
+    }
+    if let Some(which) = &o.kernel {
+        return crate::vm::run(which, &o.nextest_args);
     }
     if !o.no_lint {
         util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
