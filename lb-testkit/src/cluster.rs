@@ -154,7 +154,7 @@ impl SimCluster {
         cmd.stderr(logfile);
         let agent = node.agent.insert(Child::spawn(&mut cmd)?);
         agent
-            .wait_for_log(&node.log, start_len, "tierlb agent ready", Duration::from_secs(30))
+            .wait_for_log(&node.log, start_len, "tierlb agent ready", crate::ready_wait())
             .with_context(|| format!("agent for {}", node.name))
     }
 

@@ -573,7 +573,7 @@ impl BoxedNode {
             log: &self.log,
         };
         let mut agent = AgentBox::start_with(&self.container, &self.node, &paths, &args, in_cluster)?;
-        agent.wait_for(&self.log, from, "tierlb agent ready", Duration::from_secs(30))?;
+        agent.wait_for(&self.log, from, "tierlb agent ready", crate::ready_wait())?;
         Ok(agent)
     }
 

@@ -26,6 +26,15 @@ pub mod tenant;
 
 use std::path::PathBuf;
 
+/// How long a test waits for an agent to say it is ready before calling the start hung: 30 s, times
+/// `TIERLB_TEST_PATIENCE` where set (`cargo xtask test --kernel` sets 5: under software emulation the
+/// programs' verification alone takes about 6 s). A bound on a hang, never a verdict on speed.
+#[must_use]
+pub fn ready_wait() -> std::time::Duration {
+    let factor = std::env::var("TIERLB_TEST_PATIENCE").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32);
+    std::time::Duration::from_secs(30) * factor.max(1)
+}
+
 /// A binary of this workspace built next to the running test (`target/<profile>/NAME`). Cargo gives a test
 /// only its own package's binaries (`CARGO_BIN_EXE_*`); `cargo xtask test` runs nextest over the whole
 /// workspace, which builds every binary first.

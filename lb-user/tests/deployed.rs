@@ -136,7 +136,7 @@ impl Lab {
         let from = self.log_len();
         let args = AgentBox::agent_args(&self.container, "node-1", self.cgroup.path()).unwrap();
         let mut agent = AgentBox::start(&self.container, &self.node, &self.paths(), &args).unwrap();
-        agent.wait_for(&self.log, from, "tierlb agent ready", Duration::from_secs(30)).unwrap();
+        agent.wait_for(&self.log, from, "tierlb agent ready", lb_testkit::ready_wait()).unwrap();
         agent
     }
 

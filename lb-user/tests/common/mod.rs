@@ -133,7 +133,7 @@ impl OwnAgent {
             .stderr(std::fs::File::create(&log).unwrap());
         lb_testkit::sandbox::confine(&mut cmd, None, netns).unwrap();
         let mut child = lb_testkit::sandbox::Child::spawn(&mut cmd).unwrap();
-        child.wait_for_log(&log, 0, "tierlb agent ready", std::time::Duration::from_secs(30)).unwrap();
+        child.wait_for_log(&log, 0, "tierlb agent ready", lb_testkit::ready_wait()).unwrap();
         Self { child, log, cgroup, _logs: logs }
     }
 

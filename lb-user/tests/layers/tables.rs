@@ -144,6 +144,6 @@ const LB_EBPF: &[Part] = &[
     // main.rs: the license and the panic handler, which no module reads and which read nothing.
     part("root", &[ROOT], &[]),
     part("maps", &["maps", "counters", "netns_count"], &[]),
-    part("helpers", &["affinity", "health", "reverse", "trace"], &["maps"]),
+    part("helpers", &["affinity", "health", "reverse", "scan", "trace"], &["maps"]),
     part("programs", &["sock_addr", "sock", "tc"], &["helpers"]),
 ];

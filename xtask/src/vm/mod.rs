@@ -226,6 +226,8 @@ fn guest_script(work: &Path, dir: &Path, out: &Path, nextest_args: &[String]) ->
 # Written by cargo xtask test --kernel; run by the VM's /init.
 set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+# An agent's start waited for 5 times as long (lb_testkit::ready_wait): verification alone takes ~6 s here.
+export TIERLB_TEST_PATIENCE=5
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 mkdir -p /run/netns
