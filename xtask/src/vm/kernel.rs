@@ -1,5 +1,5 @@
 //! Debian's kernels for the test VMs: the newest build of each series Debian 12 ships (6.1 from bookworm and
-//! its updates and security updates, 6.12 from bookworm-backports), downloaded with a private apt state, unpacked and indexed
+//! its updates and security updates, 6.12 from its updates or bookworm-backports), downloaded with a private apt state, unpacked and indexed
 //! (`depmod`) into a cache directory named by the package's exact version.
 use std::{
     collections::{BTreeMap, BTreeSet},
