@@ -31,8 +31,14 @@ use std::path::PathBuf;
 /// programs' verification alone takes about 6 s). A bound on a hang, never a verdict on speed.
 #[must_use]
 pub fn ready_wait() -> std::time::Duration {
-    let factor = std::env::var("TIERLB_TEST_PATIENCE").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32);
-    std::time::Duration::from_secs(30) * factor.max(1)
+    std::time::Duration::from_secs(30) * patience()
+}
+
+/// `TIERLB_TEST_PATIENCE` (at least 1, default 1): how many times longer than on real hardware a test lets
+/// the things it waits for take (an agent's start, a client's stream that must outlast a sync).
+#[must_use]
+pub fn patience() -> u32 {
+    std::env::var("TIERLB_TEST_PATIENCE").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32).max(1)
 }
 
 /// A binary of this workspace built next to the running test (`target/<profile>/NAME`). Cargo gives a test

@@ -27,10 +27,22 @@ fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_a_new_one_reache
     let (c, vip) =
         dns_cluster("destroy", "10.96.0.53", ["10.244.1.53", "10.244.2.53"], ["10.0.1.1", "10.0.2.2"]);
     let mut cmd = c.client_command("node-1", &lb_testkit::workspace_bin("tierlb-lab", "lb-lab")).unwrap();
-    cmd.args(["dns-stream", "--server", &vip.to_string(), "--duration-ms", "1500", "--interval-ms", "5"])
-        .stdout(std::process::Stdio::piped());
+    // 1.5 s: the edit comes at 0.4 s, the agent's sync and the socket's end well before the stream's end
+    // (both longer under emulation: `patience`).
+    let duration_ms = (1_500 * lb_testkit::patience()).to_string();
+    cmd.args([
+        "dns-stream",
+        "--server",
+        &vip.to_string(),
+        "--duration-ms",
+        &duration_ms,
+        "--interval-ms",
+        "5",
+    ])
+    .stdout(std::process::Stdio::piped());
     let child = cmd.spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(400));
+    // The client's socket is connected before the edit (under emulation its start alone can take longer).
+    std::thread::sleep(Duration::from_millis(400) * lb_testkit::patience());
     // node-1's resolver is being deleted: the EndpointSlice marks it terminating; its process exits shortly.
     let mut svc = Svc::new("kube-dns", vip.ip(), 53, 53);
     svc.protocol = "UDP";
