@@ -16,7 +16,7 @@ use std::{
 
 use lb_testkit::sandbox::NetNs;
 
-use super::lab::{CLIENT, Lab, NODE_1, POD_1, from, names, ns_run, sa};
+use super::lab::{CLIENT, Lab, NODE_1, POD_1, from, names, ns_run, sa, tc_programs};
 
 /// A tun device named `name` (`IFF_TUN | IFF_NO_PI`: IP packets, no header) in `ns`, and its file.
 fn tun(ns: &NetNs, name: &'static str) -> File {
@@ -72,11 +72,7 @@ fn north_south_a_reply_leaving_by_an_l3_device_carries_the_node_port() {
         })
     };
     let _agent = lab.start_agent();
-    let programs = from(node, || {
-        let (_, progs) =
-            aya::programs::SchedClassifier::query_tcx("tun0", aya::programs::TcAttachType::Egress).unwrap();
-        progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect::<Vec<_>>()
-    });
+    let [_, programs] = tc_programs(node, "tun0");
     let answers = lab.tcp(sa(NODE_1, 30080), 6);
     stop.store(true, Ordering::Relaxed);
     tunnel.join().unwrap();

@@ -252,3 +252,32 @@ pub(crate) fn http_body(to: SocketAddr, path: &str) -> Result<String, String> {
     s.read_to_string(&mut text).map_err(|e| e.to_string())?;
     Ok(text.split_once("\r\n\r\n").map_or(text.clone(), |(_, b)| b.to_owned()))
 }
+
+/// The names of the programs tc runs on `device` in `ns`, ingress then egress: its tcx links' where the kernel
+/// has tcx, else its netlink filters' (`tc filter show`; Debian 12's 6.1, where the agent attaches by netlink).
+pub(crate) fn tc_programs(ns: &NetNs, device: &str) -> [Vec<String>; 2] {
+    let mut out: [Vec<String>; 2] = Default::default();
+    for (i, kind) in
+        [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress].into_iter().enumerate()
+    {
+        out[i] = if tierlb::datapath::tc::kernel_has_tcx() {
+            let device = device.to_owned();
+            from(ns, move || {
+                let (_, progs) = aya::programs::SchedClassifier::query_tcx(&device, kind).unwrap();
+                progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect()
+            })
+        } else {
+            let dir = if i == 0 { "ingress" } else { "egress" };
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", ns.name(), "tc", "filter", "show", "dev", device, dir])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.split(" name ")
+                .skip(1)
+                .filter_map(|r| r.split_whitespace().next().map(str::to_owned))
+                .collect()
+        };
+    }
+    out
+}

@@ -227,17 +227,12 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     client.join().unwrap();
     assert!(after.iter().all(|l| l.starts_with("web-node")), "both connections kept working: {after:?}");
     // `tierlb agent --cleanup` (what deploy/uninstall runs) detaches the tc programs from the device too.
-    // (Debian 12's bpftool 7.1 does not list tcx links: ask the kernel through aya.)
+    // (Debian 12's bpftool 7.1 does not list tcx links: `tc_programs` asks the kernel through aya, or reads
+    // the netlink filters on a kernel without tcx.)
     let tc_progs = || {
-        from(&lab.boxed.node.netns, || {
-            let mut names = Vec::new();
-            for kind in [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress] {
-                let (_, progs) = aya::programs::SchedClassifier::query_tcx("uplink", kind).unwrap();
-                names.extend(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)));
-            }
-            let n = names.iter().filter(|n| n.starts_with("tc_")).count();
-            (n, format!("{names:?}"))
-        })
+        let names: Vec<String> = tc_programs(&lab.boxed.node.netns, "uplink").concat();
+        let n = names.iter().filter(|n| n.starts_with("tc_")).count();
+        (n, format!("{names:?}"))
     };
     // The new agent pins its links over the old ones; the kernel releases a link whose last reference went
     // (the old pin) in deferred work (`bpf_link_put`), so the old programs leave the chain just after, not
@@ -254,8 +249,20 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     assert_eq!(n, 2, "ingress and egress attached once each, after the restart: {text}");
     drop(agent);
     let pins = lab.boxed.bpffs.path().join("tierlb");
-    let st = std::process::Command::new(TIERLB)
-        .args(["agent", "--cleanup", "--node", "node-1", "--bpffs", pins.to_str().unwrap()])
+    // In the node's network namespace, as deploy/uninstall runs it (host network): netlink filters, on a
+    // kernel without tcx, are found on the node's devices only.
+    let st = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            lab.boxed.node.netns.name(),
+            TIERLB,
+            "agent",
+            "--cleanup",
+            "--node",
+            "node-1",
+        ])
+        .args(["--bpffs", pins.to_str().unwrap()])
         .status()
         .unwrap();
     assert!(st.success());

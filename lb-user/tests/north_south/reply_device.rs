@@ -3,7 +3,7 @@
 //! holds no NodePort address. The agent attaches its egress program there too, so the reply still carries
 //! the node port as its source (before, only the NodePort devices' egress translated: the reply left with
 //! the pod's address, and the client's connect never completed).
-use super::lab::{Lab, NODE_1, POD_1, from, names, ns_run, sa};
+use super::lab::{Lab, NODE_1, POD_1, names, ns_run, sa, tc_programs};
 
 #[test]
 fn north_south_a_reply_leaving_by_a_second_device_carries_the_node_port() {
@@ -26,16 +26,7 @@ fn north_south_a_reply_leaving_by_a_second_device_carries_the_node_port() {
         .unwrap();
     // With `--devices` as without, the NodePort device gets both programs and the other the egress program
     // alone: the reply is translated where it leaves.
-    let tc_progs = |device: &'static str| {
-        from(node, move || {
-            let mut out = Vec::new();
-            for kind in [aya::programs::TcAttachType::Ingress, aya::programs::TcAttachType::Egress] {
-                let (_, progs) = aya::programs::SchedClassifier::query_tcx(device, kind).unwrap();
-                out.push(progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect::<Vec<_>>());
-            }
-            out
-        })
-    };
+    let tc_progs = |device: &'static str| tc_programs(node, device).to_vec();
     let to = sa(NODE_1, 30080);
     let egress = vec![Vec::<String>::new(), vec!["tc_egress".to_owned()]];
     for (flags, want) in [(&[][..], egress.clone()), (&["--devices", "uplink"][..], egress)] {
@@ -64,12 +55,7 @@ fn north_south_a_reply_leaving_by_a_second_device_carries_the_node_port() {
     node.ip(&["addr", "add", "192.0.2.12/24", "dev", "uplink3"]).unwrap();
     node.ip(&["link", "set", "uplink3", "up"]).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let attached = || {
-        from(node, || {
-            aya::programs::SchedClassifier::query_tcx("uplink3", aya::programs::TcAttachType::Egress)
-                .is_ok_and(|(_, p)| p.iter().any(|p| p.name_as_str() == Some("tc_egress")))
-        })
-    };
+    let attached = || tc_programs(node, "uplink3")[1].iter().any(|p| p == "tc_egress");
     while !attached() {
         assert!(
             std::time::Instant::now() < deadline,

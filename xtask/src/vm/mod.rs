@@ -237,6 +237,8 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 ip link set lo up
 hostname tierlb-vm
+# /dev/net/tun exists once tun is loaded: a node's udev loads it on the device's first open, the VM has no udev.
+modprobe tun
 ulimit -l unlimited
 ulimit -n 1048576
 uname -r > {out}/uname
