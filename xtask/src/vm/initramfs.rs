@@ -110,7 +110,7 @@ impl Cpio {
             mode,
             0,
             0,
-            if mode & 0o040_000 != 0 && mode & 0o100_000 == 0 { 2 } else { 1 },
+            if mode & 0o170_000 == 0o040_000 { 2 } else { 1 },
             0,
             u32::try_from(data.len()).expect("initramfs members are under 4 GiB"),
             0,
