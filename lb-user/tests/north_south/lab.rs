@@ -267,12 +267,7 @@ pub(crate) fn tc_programs(ns: &NetNs, device: &str) -> [Vec<String>; 2] {
                 progs.iter().filter_map(|p| p.name_as_str().map(str::to_owned)).collect()
             })
         } else {
-            let dir = if i == 0 { "ingress" } else { "egress" };
-            let out = std::process::Command::new("ip")
-                .args(["netns", "exec", ns.name(), "tc", "filter", "show", "dev", device, dir])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let text = tc_filters(ns, device, if i == 0 { "ingress" } else { "egress" });
             text.split(" name ")
                 .skip(1)
                 .filter_map(|r| r.split_whitespace().next().map(str::to_owned))
@@ -280,4 +275,14 @@ pub(crate) fn tc_programs(ns: &NetNs, device: &str) -> [Vec<String>; 2] {
         };
     }
     out
+}
+
+/// `tc filter show dev DEVICE DIR` in `ns`: the netlink filters on one side of a device.
+pub(crate) fn tc_filters(ns: &NetNs, device: &str, dir: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns.name(), "tc", "filter", "show", "dev", device, dir])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "tc filter show: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

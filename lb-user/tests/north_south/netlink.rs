@@ -5,7 +5,7 @@
 //! an upgrade's new code never was (a review had read the code as stacking a filter per start; run, it
 //! does not get that far). And `--cleanup` removed none of them, so after an uninstall the old programs went
 //! on translating from frozen maps.
-use super::lab::{Lab, NODE_1, TIERLB, sa};
+use super::lab::{Lab, NODE_1, TIERLB, sa, tc_filters};
 
 /// The program ids of tierlb's filters on the node's uplink (`id N` of `tc filter show`), both directions.
 fn ids(text: &str) -> Vec<u32> {
@@ -19,22 +19,7 @@ fn ids(text: &str) -> Vec<u32> {
 fn filters(lab: &Lab) -> (usize, String) {
     let mut text = String::new();
     for dir in ["ingress", "egress"] {
-        let out = std::process::Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                lab.boxed.node.netns.name(),
-                "tc",
-                "filter",
-                "show",
-                "dev",
-                "uplink",
-                dir,
-            ])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "tc filter show: {}", String::from_utf8_lossy(&out.stderr));
-        text.push_str(&String::from_utf8_lossy(&out.stdout));
+        text.push_str(&tc_filters(&lab.boxed.node.netns, "uplink", dir));
     }
     let n = text.lines().filter(|l| l.contains("tc_ingress") || l.contains("tc_egress")).count();
     (n, text)
