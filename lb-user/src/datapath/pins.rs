@@ -139,15 +139,11 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     check_bpffs(bpffs)?;
     let dir = instance_dir(bpffs, instance);
     let mut removed = Vec::new();
-    // The tc links first (removing a tcx link's pin detaches it); netlink filters leave no pin, so every
+    // The tc programs first: removing a tcx link's pin detaches it; a netlink filter's program pin is only
+    // its record (`detach` removes the filter), and an agent of an earlier version left none, so every
     // device of the namespace is rid of filters with our programs' names.
     for device in super::tc::pinned_devices(&dir) {
-        for (name, _) in super::tc::TC_PROGRAMS {
-            let p = super::tc::tc_link_pin(&dir, name, &device);
-            if p.exists() {
-                removed.push(p);
-            }
-        }
+        removed.extend(super::tc::device_pins(&dir, &device));
         super::tc::detach(Some(&dir), &device);
     }
     // Whatever the attach mode now (an agent may have run with `--tc-attach netlink` on a kernel with tcx).

@@ -2,7 +2,8 @@
 //! hold the node's NodePort addresses (or `--devices`), with tcx links on kernels >= 6.6 (pinned, so they
 //! outlive the agent like the cgroup links; a restarted agent attaches its programs next to the old ones and
 //! then replaces the pin, which detaches the old ones) and netlink clsact filters below (which the kernel
-//! keeps until they are removed). Attaching needs CAP_NET_ADMIN in the devices' network namespace.
+//! keeps until they are removed; the program is pinned per device as their record, for `status` and
+//! `--cleanup`). Attaching needs CAP_NET_ADMIN in the devices' network namespace.
 use std::{
     collections::BTreeSet,
     net::IpAddr,
@@ -36,6 +37,23 @@ pub const TC_PROGRAMS: [(&str, TcAttachType); 3] = [
 /// Where the tcx link of `program` on `device` is pinned.
 pub fn tc_link_pin(dir: &Path, program: &str, device: &str) -> PathBuf {
     dir.join(format!("link_{program}@{device}"))
+}
+
+/// Where `program` is pinned for `device` when it is attached there by a netlink filter, which leaves no
+/// link to pin: the record of the devices that `status` lists and `--cleanup` visits. Removing it does not
+/// detach the filter (`detach` removes both).
+pub fn tc_prog_pin(dir: &Path, program: &str, device: &str) -> PathBuf {
+    dir.join(format!("prog_{program}@{device}"))
+}
+
+/// How the tc programs of an instance are attached, read off its pins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attached {
+    /// tcx links (`link_tc_*@DEVICE`).
+    Tcx,
+    /// netlink clsact filters (`prog_tc_*@DEVICE`).
+    Netlink,
 }
 
 /// Whether tc programs are attached with tcx links: as `--tc-attach` says, or where the kernel has them.
@@ -262,14 +280,22 @@ fn attach_programs(
         } else {
             attach_netlink(p, device, name, kind).map_err(attaching)?
         };
-        let (Some(dir), true) = (pin_dir, tcx) else {
-            // Netlink filters stay with the device after the agent exits; `detach_device` removes them.
-            if !tcx {
-                let link = p.take_link(id).map_err(|e| bpf_err(format!("link of {name}"), e))?;
-                std::mem::forget(link);
+        if !tcx {
+            // Netlink filters stay with the device after the agent exits; `detach` removes them. The program
+            // is pinned per device as the record of where it is (a restarted agent's replaces it).
+            let link = p.take_link(id).map_err(|e| bpf_err(format!("link of {name}"), e))?;
+            std::mem::forget(link);
+            if let Some(dir) = pin_dir {
+                let path = tc_prog_pin(dir, name, device);
+                let fresh = dir.join(format!("prog_{name}@{device}_new"));
+                let _ = std::fs::remove_file(&fresh);
+                p.pin(&fresh).map_err(|e| bpf_err(format!("pinning {name} for {device}"), e))?;
+                std::fs::rename(&fresh, &path)
+                    .map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
             }
             continue;
-        };
+        }
+        let Some(dir) = pin_dir else { continue };
         let link = p.take_link(id).map_err(|e| bpf_err(format!("taking the link of {name}"), e))?;
         let link = FdLink::try_from(link).map_err(|e| bpf_err(format!("link of {name}"), e))?;
         let path = tc_link_pin(dir, name, device);
@@ -308,32 +334,59 @@ pub fn all_devices() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The devices an instance's pinned tc links are on (`link_tc_*@DEVICE`).
+/// The devices an instance's tc programs are on, by their pins (`link_tc_*@DEVICE` for tcx links,
+/// `prog_tc_*@DEVICE` for netlink filters), sorted.
 pub fn pinned_devices(dir: &Path) -> Vec<String> {
-    let mut out = BTreeSet::new();
+    pinned(dir).into_iter().map(|(dev, _)| dev).collect::<BTreeSet<_>>().into_iter().collect()
+}
+
+/// How an instance's tc programs are attached, by their pins (`None`: on no device).
+pub fn pinned_attach(dir: &Path) -> Option<Attached> {
+    let kinds: BTreeSet<bool> = pinned(dir).into_iter().map(|(_, tcx)| tcx).collect();
+    kinds.last().map(|&tcx| if tcx { Attached::Tcx } else { Attached::Netlink })
+}
+
+/// Each tc pin of an instance as (device, whether it is a tcx link).
+fn pinned(dir: &Path) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(rest) = name.strip_prefix("link_tc_")
-                && let Some((_, dev)) = rest.split_once('@')
+            let (rest, tcx) = match (name.strip_prefix("link_tc_"), name.strip_prefix("prog_tc_")) {
+                (Some(rest), _) => (rest, true),
+                (_, Some(rest)) => (rest, false),
+                _ => continue,
+            };
+            if let Some((_, dev)) = rest.split_once('@')
                 && !dev.ends_with("_new")
             {
-                out.insert(dev.to_owned());
+                out.push((dev.to_owned(), tcx));
             }
         }
     }
-    out.into_iter().collect()
+    out
+}
+
+/// The pins of `device`'s tc programs in `dir` that exist (tcx links and netlink records).
+pub fn device_pins(dir: &Path, device: &str) -> Vec<PathBuf> {
+    TC_PROGRAMS
+        .iter()
+        .flat_map(|(name, _)| [tc_link_pin(dir, name, device), tc_prog_pin(dir, name, device)])
+        .filter(|p| p.exists())
+        .collect()
 }
 
 /// Detach tierlb's tc programs from `device`: remove the pinned tcx links (which detaches them), or the
-/// netlink filters of our programs.
+/// netlink filters of our programs and their pins.
 pub fn detach(dir: Option<&Path>, device: &str) {
+    let mut netlink = !has_tcx();
     if let Some(dir) = dir {
-        for (name, _) in TC_PROGRAMS {
-            let _ = std::fs::remove_file(tc_link_pin(dir, name, device));
+        for p in device_pins(dir, device) {
+            netlink |= p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("prog_"));
+            let _ = std::fs::remove_file(p);
         }
     }
-    if !has_tcx() {
+    if netlink {
         detach_netlink(device);
     }
 }

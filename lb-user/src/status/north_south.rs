@@ -9,7 +9,11 @@ use crate::datapath::tc::{self, ConntrackStats, NsMaps};
 /// The north-south data path of one agent instance.
 #[derive(Clone, Debug, Serialize)]
 pub struct NorthSouthStatus {
-    /// Devices with the instance's pinned tc links (tcx; netlink filters on older kernels are not pinned).
+    /// How the tc programs are attached: `tcx` (Linux 6.6) or `netlink` (clsact filters); `null` when they
+    /// are on no device.
+    pub attach: Option<tc::Attached>,
+    /// The devices the tc programs are on, read off the instance's pins (a tcx link, or the program pinned
+    /// beside its netlink filter).
     pub devices: Vec<String>,
     /// Conntrack occupancy.
     pub conntrack: ConntrackStats,
@@ -23,12 +27,21 @@ impl NorthSouthStatus {
     pub fn read(dir: &Path, now_ns: u64) -> Option<Self> {
         let maps = NsMaps::open_pinned(dir).ok()?;
         let counters = lb_common::NS_COUNTER_NAMES.iter().copied().zip(maps.counters()).collect();
-        Some(Self { devices: tc::pinned_devices(dir), conntrack: maps.conntrack_stats(now_ns), counters })
+        Some(Self {
+            attach: tc::pinned_attach(dir),
+            devices: tc::pinned_devices(dir),
+            conntrack: maps.conntrack_stats(now_ns),
+            counters,
+        })
     }
 
     /// The table form: one line of devices and flows, one of counters that are not zero.
     pub fn table(&self) -> String {
-        let devices = if self.devices.is_empty() { "no device".to_owned() } else { self.devices.join(",") };
+        let devices = match self.attach {
+            _ if self.devices.is_empty() => "no device".to_owned(),
+            Some(tc::Attached::Netlink) => format!("{} (netlink filters)", self.devices.join(",")),
+            _ => self.devices.join(","),
+        };
         let c = &self.conntrack;
         let mut out = format!(
             "  from outside the node: tc on {devices}; {} flows tracked ({} with SNAT), {} conntrack entries\n",

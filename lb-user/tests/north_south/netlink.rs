@@ -5,6 +5,8 @@
 //! an upgrade's new code never was (a review had read the code as stacking a filter per start; run, it
 //! does not get that far). And `--cleanup` removed none of them, so after an uninstall the old programs went
 //! on translating from frozen maps.
+use serde_json::json;
+
 use super::lab::{Lab, NODE_1, TIERLB, sa, tc_filters};
 
 /// The program ids of tierlb's filters on the node's uplink (`id N` of `tc filter show`), both directions.
@@ -46,6 +48,10 @@ fn north_south_netlink_restarts_attach_their_own_programs_in_place_and_cleanup_r
             "start {start}: programs {now:?} were {before:?}: {text}"
         );
         before = now;
+        // What an operator sees: the devices the filters are on, and how they are attached (the programs are
+        // pinned per device as the record; netlink filters leave no link to pin).
+        let ns = &lab.status()[0]["north_south"];
+        assert_eq!((&ns["attach"], &ns["devices"]), (&json!("netlink"), &json!(["uplink"])), "{ns}");
         // Killed: its filters stay (netlink filters outlive their process), as in a crash or a rolling update.
         agent.kill();
     }
@@ -60,6 +66,15 @@ fn north_south_netlink_restarts_attach_their_own_programs_in_place_and_cleanup_r
     assert!(st.success());
     let (n, text) = filters(&lab);
     assert_eq!(n, 0, "--cleanup leaves no filter of ours: {text}");
+    let left: Vec<_> = std::fs::read_dir(&pins)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .flat_map(|instance| std::fs::read_dir(instance.path()).into_iter().flatten().flatten())
+        .map(|pin| pin.file_name())
+        .filter(|name| name.to_string_lossy().starts_with("prog_tc_"))
+        .collect();
+    assert!(left.is_empty(), "--cleanup leaves no program pin of the filters: {left:?}");
 }
 
 /// The attach is chosen by what the kernel has, probed (`tc::kernel_has_tcx`), not by its version: with
@@ -79,6 +94,9 @@ fn north_south_the_attach_is_the_one_the_kernel_has() {
     let agent = lab.boxed.start_agent("node-1", &[]).unwrap();
     assert!(lab.tcp(sa(NODE_1, 30080), 4).iter().all(Result::is_ok));
     let (n, text) = filters(&lab);
+    let ns = &lab.status()[0]["north_south"];
+    assert_eq!(ns["attach"], json!(if has_tcx { "tcx" } else { "netlink" }), "{ns}");
+    assert_eq!(ns["devices"], json!(["uplink"]), "{ns}");
     if has_tcx {
         assert_eq!(n, 0, "tcx links, no netlink filter: {text}");
     } else {
