@@ -43,7 +43,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
-// bpf_set_retval and bpf_get_socket_cookie are GPL-only helpers.
+// bpf_set_retval and bpf_get_socket_cookie are GPL-only helpers: the programs are MIT or GPL-2.0 (LICENSE-MIT,
+// LICENSE-GPL2; lb-ebpf/Cargo.toml), the rest of tierlb MIT or Apache-2.0.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
