@@ -677,8 +677,9 @@ fn a_batch_written_by_two_threads_is_in_the_maps_whole() {
 }
 
 /// The maps' memory is the kernel's own accounting: the preallocated frontend map holds its capacity before
-/// anything is written and stays the same, the slot map (not preallocated) grows with what it holds, and the
-/// conntrack LRU is preallocated at its capacity.
+/// anything is written and stays the same, the slot map (not preallocated) grows with what it holds (from
+/// Linux 6.4; before, every map is accounted by its capacity), and the conntrack LRU is preallocated at its
+/// capacity.
 #[test]
 fn the_maps_memory_is_read_from_the_kernels_accounting() {
     use tierlb::datapath::{
@@ -707,11 +708,20 @@ fn the_maps_memory_is_read_from_the_kernels_accounting() {
     assert_eq!(before["FRONTENDS"], after["FRONTENDS"], "a preallocated map's memory does not move");
     // 10 slots each: two entries of the slot map.
     let per_entry = kv(size_of::<lb_common::SlotKey>(), size_of::<lb_common::SlotBlock>());
-    assert!(
-        after["SLOTS"] >= before["SLOTS"] + 1_000 * per_entry,
-        "5,000 slots (1,000 entries) held: {before:?} -> {after:?}"
-    );
-    assert!(after["SVC_NAMES"] > before["SVC_NAMES"], "500 names held: {before:?} -> {after:?}");
+    let counts_entries =
+        aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 4, 0));
+    if counts_entries {
+        assert!(
+            after["SLOTS"] >= before["SLOTS"] + 1_000 * per_entry,
+            "5,000 slots (1,000 entries) held: {before:?} -> {after:?}"
+        );
+        assert!(after["SVC_NAMES"] > before["SVC_NAMES"], "500 names held: {before:?} -> {after:?}");
+    } else {
+        // Before 6.4 (no `map_mem_usage`; Debian 12's 6.1, found by `cargo xtask test --kernel 6.1`) the
+        // kernel accounts a map by its capacity, whatever it holds: the figure is that estimate, unmoved.
+        assert!(before["SLOTS"] >= u64::from(caps.slots) * per_entry, "the capacity's estimate: {before:?}");
+        assert_eq!(before, after, "accounted by capacity, not by what the maps hold");
+    }
 }
 
 /// The local-endpoint set has a fixed capacity (no flag raises it): a node with more endpoint addresses than
