@@ -67,6 +67,8 @@ pub struct Container {
     pub probes: Vec<(String, u16)>,
     /// `resources.limits.memory` in bytes.
     pub memory_limit: Option<u64>,
+    /// The pod's init container that runs `tierlb preflight` before the agent, if it has one.
+    pub preflight: Option<Box<Container>>,
 }
 
 impl Container {
@@ -93,14 +95,21 @@ impl Container {
 
     fn from_daemonset(ds: &serde_json::Value) -> Self {
         let pod = &ds["spec"]["template"]["spec"];
-        let runs_agent = |c: &&serde_json::Value| c["args"][0].as_str() == Some("agent");
-        let c = pod["initContainers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .chain(pod["containers"].as_array().into_iter().flatten())
-            .find(runs_agent)
-            .unwrap_or(&pod["containers"][0]);
+        let runs = |what: &'static str| move |c: &&serde_json::Value| c["args"][0].as_str() == Some(what);
+        let all = || {
+            pod["initContainers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(pod["containers"].as_array().into_iter().flatten())
+        };
+        let c = all().find(runs("agent")).unwrap_or(&pod["containers"][0]);
+        let mut out = Self::from_container(pod, c);
+        out.preflight = all().find(runs("preflight")).map(|p| Box::new(Self::from_container(pod, p)));
+        out
+    }
+
+    fn from_container(pod: &serde_json::Value, c: &serde_json::Value) -> Self {
         let sc = &c["securityContext"];
         let strings = |v: &serde_json::Value| -> Vec<String> {
             v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_owned)).collect()
@@ -157,6 +166,7 @@ impl Container {
             mounts,
             probes,
             memory_limit: c["resources"]["limits"]["memory"].as_str().and_then(quantity),
+            preflight: None,
         }
     }
 

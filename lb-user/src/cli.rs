@@ -111,6 +111,10 @@ pub enum Command {
     /// Stream every translation decision of running agents from the kernel, one event per connect or
     /// sendmsg to a Service VIP: who asked, which backend and tier it got and why, or why it was refused.
     Trace(crate::trace::TraceArgs),
+    /// Check whether this node can run the agent: the kernel and the features the programs use (they are
+    /// verified), cgroup v2, bpffs, capabilities, and what else translates here (kube-proxy's rules,
+    /// another tierlb, Cilium's or Calico's programs).
+    Preflight(crate::preflight::PreflightArgs),
     /// Print a shell completion script (as `kubectl completion`): `source <(tierlb completion bash)`.
     Completion(CompletionArgs),
     /// Print the man page of tierlb or of one of its commands, in roff: `tierlb man plan | man -l -`.

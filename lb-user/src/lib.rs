@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod output;
 pub mod plan;
+pub mod preflight;
 pub mod server;
 pub mod skipped;
 pub mod source;

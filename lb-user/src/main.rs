@@ -78,6 +78,17 @@ fn main() -> ExitCode {
                 return ExitCode::from(tierlb::cli::EXIT_INVALID_INPUT);
             }
         },
+        Command::Preflight(p) => match tierlb::preflight::run(p) {
+            Ok((text, ready)) => {
+                print!("{text}");
+                return if ready {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(tierlb::preflight::EXIT_NOT_READY)
+                };
+            }
+            Err(e) => Err(e),
+        },
         Command::Study(s) => tierlb::cli::run_study(s).map(Some),
         Command::Status(s) => tierlb::cli::run_status(s).map(Some),
         Command::Explain(e) => tierlb::cli::run_explain(e).map(Some),

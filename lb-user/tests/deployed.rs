@@ -131,8 +131,21 @@ impl Lab {
         assert!(status.success() && said.contains("instance node-1"), "tierlb status in the pod:\n{said}");
     }
 
-    /// Start the agent as the DaemonSet does; returns once it is ready.
+    /// Start the agent as the DaemonSet does, its init container (`tierlb preflight`) first: the pod's agent
+    /// starts only once that has passed. Returns once the agent is ready.
     fn start_agent(&self) -> AgentBox {
+        let init = self.container.preflight.as_ref().expect("the DaemonSet runs tierlb preflight first");
+        let from = self.log_len();
+        let args = AgentBox::agent_args(init, "node-1", self.cgroup.path()).unwrap();
+        let status = AgentBox::start(init, &self.node, &self.paths(), &args)
+            .unwrap()
+            .wait(lb_testkit::ready_wait())
+            .unwrap();
+        let said = std::fs::read_to_string(&self.log).unwrap()[from..].to_owned();
+        assert!(
+            status.success() && said.contains("ready for tierlb"),
+            "the preflight init container:\n{said}"
+        );
         let from = self.log_len();
         let args = AgentBox::agent_args(&self.container, "node-1", self.cgroup.path()).unwrap();
         let mut agent = AgentBox::start(&self.container, &self.node, &self.paths(), &args).unwrap();

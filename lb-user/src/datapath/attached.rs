@@ -43,11 +43,22 @@ struct QueryAttr {
 
 /// The ids of the programs attached to `cgroup` (itself, not inherited) for `attach_type`, in run order.
 pub(crate) fn attached_ids(cgroup: &File, attach_type: u32) -> std::io::Result<Vec<u32>> {
+    query(cgroup, attach_type, 0)
+}
+
+/// The ids of the programs that run for `cgroup` at `attach_type`: its own and those attached above it
+/// (`BPF_F_QUERY_EFFECTIVE`), in run order.
+pub(crate) fn effective_ids(cgroup: &File, attach_type: u32) -> std::io::Result<Vec<u32>> {
+    query(cgroup, attach_type, 1)
+}
+
+fn query(cgroup: &File, attach_type: u32, query_flags: u32) -> std::io::Result<Vec<u32>> {
     let mut ids = vec![0u32; 64];
     loop {
         let mut attr = QueryAttr {
             target_fd: cgroup.as_raw_fd().cast_unsigned(),
             attach_type,
+            query_flags,
             prog_ids: ids.as_mut_ptr() as u64,
             prog_cnt: u32::try_from(ids.len()).unwrap_or(u32::MAX),
             ..QueryAttr::default()

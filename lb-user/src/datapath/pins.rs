@@ -87,6 +87,13 @@ pub fn check_bpffs(dir: &Path) -> Result<(), PinError> {
     check_bpffs_at(dir, dir)
 }
 
+/// Check that `dir`, or while it does not exist the nearest directory above it, is on a bpffs (where the
+/// agent's `prepare` would create it).
+pub fn check_bpffs_nearest(dir: &Path) -> Result<(), PinError> {
+    let existing = dir.ancestors().find(|d| d.exists()).unwrap_or(dir);
+    check_bpffs_at(dir, existing)
+}
+
 /// Check that `checked` (`dir` or an existing parent of it) is on a bpffs.
 fn check_bpffs_at(dir: &Path, checked: &Path) -> Result<(), PinError> {
     let fs = nix::sys::statfs::statfs(checked)
@@ -119,8 +126,7 @@ pub(crate) fn new_link_pin(dir: &Path, prog: &str) -> PathBuf {
 /// fresh node the bpffs is `/sys/fs/bpf` itself and nothing has made `/sys/fs/bpf/tierlb`). The directory,
 /// or the nearest one above it that exists, must be on a bpffs.
 pub fn prepare(bpffs: &Path, instance: &str) -> Result<PathBuf, PinError> {
-    let existing = bpffs.ancestors().find(|d| d.exists()).unwrap_or(bpffs);
-    check_bpffs_at(bpffs, existing)?;
+    check_bpffs_nearest(bpffs)?;
     let dir = instance_dir(bpffs, instance);
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     Ok(dir)

@@ -210,6 +210,11 @@ fn is_agent(c: &Container) -> bool {
     args.first().is_some_and(|a| a == "agent") && !args.iter().any(|a| a == "--cleanup")
 }
 
+/// The init container that checks the node before the agent starts (`tierlb preflight`).
+fn is_preflight(c: &Container) -> bool {
+    c.args.as_deref().unwrap_or_default().first().is_some_and(|a| a == "preflight")
+}
+
 fn security(c: &Container) -> SecurityContext {
     c.security_context.clone().unwrap_or_default()
 }

@@ -165,8 +165,30 @@ fn capability_names(d: &Deploy) -> Verdict {
 /// verifier what it would).
 const AGENT_CAPABILITIES: [&str; 3] = ["BPF", "NET_ADMIN", "SYS_ADMIN"];
 
+/// The init container that runs `tierlb preflight` checks that it holds what the agent needs and verifies the
+/// programs as the agent loads them: it adds exactly the agent's capabilities, and mounts its cgroup and bpffs
+/// at the agent's paths.
+fn preflight_holds_what_the_agent_holds(d: &Deploy) -> Verdict {
+    let mut errors = Vec::new();
+    let added = |c: &Container| security(c).capabilities.unwrap_or_default().add.unwrap_or_default();
+    let mounts = |c: &Container| -> Vec<(String, String)> {
+        let m = c.volume_mounts.iter().flatten();
+        m.filter(|m| m.name != "netns").map(|m| (m.name.clone(), m.mount_path.clone())).collect()
+    };
+    let Some(agent) = d.agent() else { return verdict(&errors) };
+    for c in d.containers().filter(|c| is_preflight(c)) {
+        if added(c) != added(agent) {
+            errors.push(format!("{}: adds {:?}, the agent {:?}", c.name, added(c), added(agent)));
+        }
+        if mounts(c) != mounts(agent) {
+            errors.push(format!("{}: mounts {:?}, the agent {:?}", c.name, mounts(c), mounts(agent)));
+        }
+    }
+    verdict(&errors)
+}
+
 /// Hardening: no privileged container, every capability dropped, and only the justified ones added (the agent's
-/// three; none for any other container).
+/// three, and the same for the init container that runs `tierlb preflight`; none for any other container).
 fn capabilities_justified(d: &Deploy) -> Verdict {
     let mut errors = Vec::new();
     for c in d.containers() {
@@ -178,7 +200,7 @@ fn capabilities_justified(d: &Deploy) -> Verdict {
         if !caps.drop.iter().flatten().any(|cap| cap == "ALL") {
             errors.push(format!("{}: capabilities.drop lacks ALL", c.name));
         }
-        let allowed: &[&str] = if is_agent(c) { &AGENT_CAPABILITIES } else { &[] };
+        let allowed: &[&str] = if is_agent(c) || is_preflight(c) { &AGENT_CAPABILITIES } else { &[] };
         for cap in caps.add.iter().flatten().filter(|cap| !allowed.contains(&cap.as_str())) {
             errors.push(format!("{}: capability {cap} is added without a justification", c.name));
         }
@@ -434,6 +456,10 @@ pub(super) fn rules() -> Vec<Rule> {
         }),
         rule("only justified capabilities", Every, capabilities_justified, |d| {
             caps_added_mut(d.first_mut()).push("PERFMON".to_owned());
+        }),
+        rule("preflight holds what the agent holds", Every, preflight_holds_what_the_agent_holds, |d| {
+            let init = d.pod_mut().init_containers.as_mut().unwrap().iter_mut().find(|c| is_preflight(c));
+            caps_added_mut(init.unwrap()).retain(|c| c != "SYS_ADMIN");
         }),
         rule("seccomp RuntimeDefault", Every, seccomp_runtime_default, |d| {
             let sc = d.pod_mut().security_context.get_or_insert_with(Default::default);

@@ -23,13 +23,14 @@ use anyhow::{Context as _, bail};
 use crate::util;
 
 /// The suites the VMs run by default: the socket hooks (kernel), UDP, passive health, the tc packet tests,
-/// north-south with real sockets, pins and restart, and the agent as deploy/ runs it; less the tests whose
+/// north-south with real sockets, pins and restart, the agent as deploy/ runs it, and the node's preflight;
+/// less the tests whose
 /// verdict is a pace set for real hardware, which software emulation (several times slower) cannot keep:
 /// the loads (north-south's three, 120 flows/s for 50 s among them; health's connects under load), a hold
 /// that must still be running after 200 connects, and a probe of 1,200 connects 5 ms apart that must
 /// outlast an agent's restart (6 s under emulation, for the programs' verification).
 pub(crate) const SUBSET: &str = "(binary(kernel) | binary(udp) | binary(health) | binary(tc_packets) \
-                                 | binary(north_south) | binary(pins) | binary(deployed)) \
+                                 | binary(north_south) | binary(pins) | binary(deployed) | binary(preflight)) \
                                  - (binary(north_south) & test(/^load::/)) \
                                  - test(=healthy_backends_are_never_held_under_load) \
                                  - test(=a_crashed_local_pod_costs_k_failed_connects_and_gets_traffic_back_after_the_hold) \
