@@ -47,12 +47,26 @@ pub fn error_text(e: &anyhow::Error) -> String {
     out
 }
 
+/// `tierlb --version`: the release, the commit it was built from, and the pinned maps' layout number
+/// (`0.1.0 (commit 0123abcd..., map layout 1)`).
+pub fn version() -> &'static str {
+    static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEXT.get_or_init(|| {
+        format!(
+            "{} (commit {}, map layout {})",
+            env!("CARGO_PKG_VERSION"),
+            env!("TIERLB_GIT_COMMIT"),
+            crate::datapath::MAP_LAYOUT
+        )
+    })
+}
+
 /// `tierlb`'s command line.
 #[derive(Parser, Debug)]
 #[command(
     name = "tierlb",
     // The commit comes from build.rs ("unknown" for a build outside git); the image's tags name both.
-    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("TIERLB_GIT_COMMIT"), ")"),
+    version = version(),
     about = "Topology-aware eBPF socket load balancer for Kubernetes Services",
     long_about = None
 )]

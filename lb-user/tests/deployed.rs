@@ -125,7 +125,7 @@ impl Lab {
         let from = self.log_len();
         let status = AgentBox::start(&self.container, &self.node, &self.paths(), &["status".to_owned()])
             .unwrap()
-            .wait(Duration::from_secs(30))
+            .wait(lb_testkit::ready_wait())
             .unwrap();
         let said = std::fs::read_to_string(&self.log).unwrap()[from..].to_owned();
         assert!(status.success() && said.contains("instance node-1"), "tierlb status in the pod:\n{said}");
@@ -307,8 +307,9 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
     let uninstall =
         Container::render(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/uninstall")).unwrap();
     let cleanup = AgentBox::agent_args(&uninstall, "node-1", lab.cgroup.path()).unwrap();
-    let status =
-        AgentBox::start(&uninstall, &lab.node, &lab.paths(), &cleanup).unwrap().wait(Duration::from_secs(30));
+    let status = AgentBox::start(&uninstall, &lab.node, &lab.paths(), &cleanup)
+        .unwrap()
+        .wait(lb_testkit::ready_wait());
     assert!(status.unwrap().success(), "{}", std::fs::read_to_string(&lab.log).unwrap_or_default());
     assert_eq!(lab.attached(), 0, "nothing attached after the uninstall");
     // A bpffs always holds the kernel's own `maps.debug` and `progs.debug` (bpf_preload); no pin stays (the

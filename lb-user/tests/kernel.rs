@@ -535,6 +535,10 @@ fn health_metrics_and_health_check_node_port_servers() {
         let (st, body) = http_get(hz, path);
         assert_eq!(st, 200, "{body}");
         assert!(body.contains("\"lastUpdated\":\"20") && body.contains("\"nodeEligible\":true"), "{body}");
+        // Which release answers, and the layout of the maps it pinned (what an upgrade is judged by).
+        let layout = format!("\"mapLayout\":{}", tierlb::datapath::MAP_LAYOUT);
+        let version = format!("\"version\":\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert!(body.contains(&layout) && body.contains(&version), "{body}");
     }
     assert_eq!(http_get(hz, "/nope").0, 404);
     let r = c.probe("node-1", vip(), 40, Duration::ZERO).unwrap();

@@ -86,9 +86,10 @@ impl Meta {
         tags
     }
 
-    /// What `tierlb --version` of a binary built from this tree prints (build.rs embeds the commit).
-    pub(crate) fn version_line(&self) -> String {
-        format!("tierlb {} (commit {})", self.version, self.commit)
+    /// How `tierlb --version` of a binary built from this tree starts (build.rs embeds the commit; the map
+    /// layout's number follows).
+    pub(crate) fn version_prefix(&self) -> String {
+        format!("tierlb {} (commit {}, map layout ", self.version, self.commit)
     }
 }
 
@@ -168,8 +169,12 @@ fn build(binary: &Path, meta: &Meta, dir: &Path, archive: &Path, level: u32) -> 
     // A binary from before the last commit would be tagged with a commit it is not: build.rs reruns when HEAD
     // moves, so this only fails for a binary built elsewhere.
     let version = output(Command::new(binary).arg("--version")).unwrap_or_default();
-    if version != meta.version_line() {
-        bail!("{} --version says {version:?}, not {:?}: rebuild it", binary.display(), meta.version_line());
+    if !version.starts_with(&meta.version_prefix()) {
+        bail!(
+            "{} --version says {version:?}, not {:?}...: rebuild it",
+            binary.display(),
+            meta.version_prefix()
+        );
     }
     let context = dir.join("context");
     let files = stage(binary, &context)?;

@@ -70,41 +70,6 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
 /// every lookup wrong, so refuse and say how to start clean. Pinned maps of another capacity than the flags
 /// ask for are refused too, naming both values.
 pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -> Result<(), DatapathError> {
-    let expect = |name: &str| -> (u32, u32) {
-        match name {
-            MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
-            MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<SlotBlock>() as u32),
-            MAP_BACKEND_STATE => (size_of::<Backend>() as u32, size_of::<BackendState>() as u32),
-            MAP_COUNTERS => (4, size_of::<ServiceCounters>() as u32),
-            MAP_NS_COUNTERS => (4, 8),
-            MAP_REVERSE | MAP_CONNECTED_UDP => {
-                (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32)
-            }
-            MAP_SOCKS => (4, size_of::<SockState>() as u32),
-            MAP_REVERSE_TCP => (4, size_of::<TcpReverse>() as u32),
-            MAP_UDP_PER_NETNS => (8, 4),
-            MAP_AFFINITY | MAP_NESTED_AFFINITY => {
-                (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32)
-            }
-            MAP_CGROUP_NETNS => (8, 8),
-            MAP_OUTSIDE_AFFINITY => {
-                (size_of::<OutsideAffinityKey>() as u32, size_of::<AffinityValue>() as u32)
-            }
-            MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
-            MAP_HEALTH => (size_of::<Backend>() as u32, size_of::<Health>() as u32),
-            MAP_HEALTH_CONFIG => (4, size_of::<HealthConfig>() as u32),
-            MAP_TRACE_EVENTS => (0, 0),
-            MAP_TRACE_CONTROL => (4, size_of::<TraceControl>() as u32),
-            MAP_TRACE_SERVICES => (4, 4),
-            MAP_CT_TCP | MAP_CT_SYN | MAP_CT_UDP => (size_of::<CtKey>() as u32, size_of::<CtValue>() as u32),
-            MAP_NS_ADDRS => (size_of::<AddrKey>() as u32, 4),
-            MAP_LOCAL_BACKENDS => (size_of::<CtAddr>() as u32, 4),
-            MAP_NAT_CONFIG => (4, size_of::<NatConfig>() as u32),
-            // An LPM trie's key is its prefix length and the data.
-            MAP_SOURCE_RANGES => (4 + size_of::<SourceRangeKey>() as u32, 4),
-            _ => (4, size_of::<ServiceName>() as u32),
-        }
-    };
     for (name, path) in paths {
         if !path.exists() {
             continue;
@@ -113,7 +78,7 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
             .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
         let info =
             data.info().map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?;
-        let (k, v) = expect(name);
+        let (k, v) = key_value_sizes(name);
         if *name == MAP_BACKEND_STATE && info.value_size() == 4 {
             return Err(DatapathError::MarksWithoutExpiry { path: path.clone() });
         }
@@ -134,4 +99,87 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
         }
     }
     Ok(())
+}
+
+/// The pinned maps' layout, numbered: `tierlb --version` and `/healthz` report it, and a release whose
+/// number differs from the one before cannot reuse that release's pins as they are (CHANGELOG.md says which
+/// releases change it). Raised with every change to a pinned map's key or value (size, or the meaning of its
+/// bytes) or to a fixed capacity; `LAYOUT_HISTORY` holds each number's fingerprint, and a test fails when
+/// the fingerprint moves without a new number.
+pub const MAP_LAYOUT: u32 = 1;
+
+/// Each layout number with its `fingerprint`, oldest first (numbering began at 0.1.0; the layouts before it
+/// were not numbered).
+pub const LAYOUT_HISTORY: [(u32, u64); 1] = [(1, 0xf4d7_197f_ed70_1296)];
+
+/// FNV-1a over every pinned map's name, key and value sizes, and fixed capacity, in `PINNED_MAPS`' order:
+/// what `check_pinned_layout` compares, so a change it would refuse changes this. (A change of the bytes'
+/// meaning at the same sizes does not: that needs `MAP_LAYOUT` raised by hand.)
+#[must_use]
+pub fn fingerprint() -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for name in lb_common::PINNED_MAPS {
+        let (k, v) = key_value_sizes(name);
+        let size = map_size(name, Capacities::default());
+        let fixed = if size.flag == FIXED { size.entries } else { 0 };
+        eat(name.as_bytes());
+        for n in [k, v, fixed] {
+            eat(&n.to_le_bytes());
+        }
+    }
+    h
+}
+
+/// The key and value sizes of the pinned map `name` (a ring buffer's are 0).
+fn key_value_sizes(name: &str) -> (u32, u32) {
+    match name {
+        MAP_FRONTENDS => (size_of::<FrontendKey>() as u32, size_of::<FrontendValue>() as u32),
+        MAP_SLOTS => (size_of::<SlotKey>() as u32, size_of::<SlotBlock>() as u32),
+        MAP_BACKEND_STATE => (size_of::<Backend>() as u32, size_of::<BackendState>() as u32),
+        MAP_COUNTERS => (4, size_of::<ServiceCounters>() as u32),
+        MAP_NS_COUNTERS => (4, 8),
+        MAP_REVERSE | MAP_CONNECTED_UDP => (size_of::<ReverseKey>() as u32, size_of::<ReverseValue>() as u32),
+        MAP_SOCKS => (4, size_of::<SockState>() as u32),
+        MAP_REVERSE_TCP => (4, size_of::<TcpReverse>() as u32),
+        MAP_UDP_PER_NETNS => (8, 4),
+        MAP_AFFINITY | MAP_NESTED_AFFINITY => {
+            (size_of::<AffinityKey>() as u32, size_of::<AffinityValue>() as u32)
+        }
+        MAP_CGROUP_NETNS => (8, 8),
+        MAP_OUTSIDE_AFFINITY => (size_of::<OutsideAffinityKey>() as u32, size_of::<AffinityValue>() as u32),
+        MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
+        MAP_HEALTH => (size_of::<Backend>() as u32, size_of::<Health>() as u32),
+        MAP_HEALTH_CONFIG => (4, size_of::<HealthConfig>() as u32),
+        MAP_TRACE_EVENTS => (0, 0),
+        MAP_TRACE_CONTROL => (4, size_of::<TraceControl>() as u32),
+        MAP_TRACE_SERVICES => (4, 4),
+        MAP_CT_TCP | MAP_CT_SYN | MAP_CT_UDP => (size_of::<CtKey>() as u32, size_of::<CtValue>() as u32),
+        MAP_NS_ADDRS => (size_of::<AddrKey>() as u32, 4),
+        MAP_LOCAL_BACKENDS => (size_of::<CtAddr>() as u32, 4),
+        MAP_NAT_CONFIG => (4, size_of::<NatConfig>() as u32),
+        // An LPM trie's key is its prefix length and the data.
+        MAP_SOURCE_RANGES => (4 + size_of::<SourceRangeKey>() as u32, 4),
+        _ => (4, size_of::<ServiceName>() as u32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_layout_number_names_this_layout() {
+        let (number, fingerprint) = super::LAYOUT_HISTORY[super::LAYOUT_HISTORY.len() - 1];
+        assert_eq!(
+            (super::MAP_LAYOUT, super::fingerprint()),
+            (number, fingerprint),
+            "a pinned map's key, value or fixed capacity changed: raise MAP_LAYOUT, add ({}, {:#x}) to \
+             LAYOUT_HISTORY, and say in CHANGELOG.md how a node upgrades to it",
+            super::MAP_LAYOUT + 1,
+            super::fingerprint()
+        );
+    }
 }

@@ -35,6 +35,7 @@ pub mod tc;
 use std::{collections::BTreeMap, sync::Arc};
 
 pub use connects::Counters;
+pub use layout::{LAYOUT_HISTORY, MAP_LAYOUT, fingerprint as layout_fingerprint};
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotBlock, SlotKey, TIER_COUNT,

@@ -100,6 +100,9 @@ fn proxier_health(h: &Health, now: Instant) -> Response {
         "unprogrammedServices": unprogrammed,
         "programsDetached": h.detached,
         "programsReattached": h.reattached,
+        "version": env!("CARGO_PKG_VERSION"),
+        "commit": env!("TIERLB_GIT_COMMIT"),
+        "mapLayout": crate::datapath::MAP_LAYOUT,
     });
     Response::json(if healthy { 200 } else { 503 }, &body)
 }

@@ -493,3 +493,13 @@ fn manifests_is_a_directory_a_file_or_standard_input() {
         assert_eq!(from("-", Some(&text)), dir, "{args:?} from standard input");
     }
 }
+
+/// `tierlb --version` names the release, the commit and the pinned maps' layout number, which an upgrade is
+/// judged by (CHANGELOG.md says which releases change it).
+#[test]
+fn version_names_the_release_the_commit_and_the_map_layout() {
+    let (code, out, _) = tierlb(&["--version"]);
+    let want = format!("tierlb {} (commit ", env!("CARGO_PKG_VERSION"));
+    let layout = format!(", map layout {})", tierlb::datapath::MAP_LAYOUT);
+    assert!(code == 0 && out.starts_with(&want) && out.trim_end().ends_with(&layout), "{out}");
+}
