@@ -208,6 +208,8 @@ impl ControlPlane {
                 self.options.node_port_range.as_deref().unwrap_or("30000-32767")
             ),
             "--authorization-mode=Node,RBAC".to_owned(),
+            // As kubeadm's API server: kube-proxy's own DaemonSet (privileged) must be admitted.
+            "--allow-privileged=true".to_owned(),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
         ];
         self.apiserver = Some(self.spawn("kube-apiserver", &args, "apiserver.log")?);
