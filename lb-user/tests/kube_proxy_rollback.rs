@@ -1,6 +1,7 @@
-//! Back to kube-proxy, against the real API server: kube-proxy's DaemonSet and ConfigMap (as kubeadm makes them),
-//! saved with the guide's `kubectl get -o yaml` before the install deletes both, come back with `kubectl apply
-//! -f` as they were; and deploy/kube-proxy/cleanup.yaml passes the API server's validation.
+//! Back to kube-proxy and a canary node, against the real API server: kube-proxy's DaemonSet and ConfigMap (as
+//! kubeadm makes them), saved with the guide's `kubectl get -o yaml` before the install deletes both, come back
+//! with `kubectl apply -f` as they were; deploy/kube-proxy/cleanup.yaml passes the API server's validation; and
+//! the canary component and kube-proxy patch of deploy/canary do what deploy/README.md says.
 use std::path::Path;
 
 use lb_testkit::{
@@ -116,4 +117,58 @@ fn kube_proxy_saved_with_kubectl_comes_back_with_kubectl_apply_after_the_install
     let cleanup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kube-proxy/cleanup.yaml");
     let out = cp.kubectl(&["apply", "--dry-run=server", "-f", cleanup.to_str().unwrap()]).unwrap();
     assert!(out.contains("daemonset.apps/kube-proxy-cleanup created (server dry run)"), "{out}");
+}
+
+/// A canary node, against the real API server: deploy/ with its `canary` component listed (the one line
+/// deploy/README.md has the user uncomment) puts the agent on labelled nodes only, and the patch of
+/// deploy/canary keeps kube-proxy off those nodes only; undone as the guide says, kube-proxy's spec is as before.
+#[test]
+fn a_canary_node_runs_the_agent_and_kube_proxy_is_kept_off_it_alone() {
+    let cp = ControlPlane::start("kp-canary", Options::default()).unwrap();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let dir = TempDir::new("kp-canary").unwrap();
+    let copy = dir.path().join("deploy");
+    let st = std::process::Command::new("cp").arg("-r").arg(&deploy).arg(&copy).status().unwrap();
+    assert!(st.success());
+    let kustomization = copy.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&kustomization).unwrap();
+    assert!(text.contains("\n  # - canary\n"), "deploy/kustomization.yaml offers the canary line:\n{text}");
+    std::fs::write(&kustomization, text.replace("\n  # - canary\n", "\n  - canary\n")).unwrap();
+    let out = cp.kubectl(&["apply", "--dry-run=server", "-o", "json", "-k", copy.to_str().unwrap()]).unwrap();
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ds =
+        list["items"].as_array().unwrap().iter().find(|o| o["kind"] == "DaemonSet").expect("the DaemonSet");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["nodeSelector"],
+        serde_json::json!({"tierlb.io/canary": "true"})
+    );
+
+    cp.apply(KUBEADM_KUBE_PROXY).unwrap();
+    let spec = || cp.kubectl(&["-n", "kube-system", "get", "ds", "kube-proxy", "-o", "jsonpath={.spec}"]);
+    let before = spec().unwrap();
+    let patch = deploy.join("canary/kube-proxy-off-canary.yaml");
+    let ns = ["-n", "kube-system"];
+    cp.kubectl(
+        &[&ns[..], &["patch", "daemonset", "kube-proxy", "--patch-file", patch.to_str().unwrap()]].concat(),
+    )
+    .unwrap();
+    let affinity = cp
+        .kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "ds",
+            "kube-proxy",
+            "-o",
+            "jsonpath={.spec.template.spec.affinity}",
+        ])
+        .unwrap();
+    assert!(
+        affinity.contains(r#""key":"tierlb.io/canary","operator":"DoesNotExist""#),
+        "kube-proxy off labelled nodes only: {affinity}"
+    );
+    let undo = r#"[{"op": "remove", "path": "/spec/template/spec/affinity"}]"#;
+    cp.kubectl(&["-n", "kube-system", "patch", "daemonset", "kube-proxy", "--type", "json", "-p", undo])
+        .unwrap();
+    assert_eq!(spec().unwrap(), before, "undone, kube-proxy's spec is as it was");
 }

@@ -132,7 +132,8 @@ pub(super) fn devices() -> Check {
     Check::warn("device-programs", format!("other tc programs: {}", list.join(", ")), fix)
 }
 
-/// kube-proxy's rules (nftables mode's `kube-proxy` tables, iptables-nft's `KUBE-` chains) and its ports.
+/// kube-proxy's rules: nftables mode's `kube-proxy` tables, iptables-nft's `KUBE-` chains, and whether legacy
+/// iptables (whose chains are not read) has a nat table.
 pub(super) fn kube_proxy() -> Vec<Check> {
     let mut out = Vec::new();
     match nft::chains() {
@@ -142,6 +143,7 @@ pub(super) fn kube_proxy() -> Vec<Check> {
                 .filter(|c| c.table == "kube-proxy" || c.name.starts_with("KUBE-"))
                 .map(|c| format!("{} {}", c.family_name(), c.table))
                 .collect();
+            tables.sort();
             tables.dedup();
             let kube: Vec<&nft::Chain> = chains.iter().filter(|c| c.name.starts_with("KUBE-")).collect();
             if tables.is_empty() {
