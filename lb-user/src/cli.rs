@@ -30,22 +30,7 @@ pub use plan::{
 pub use study::{StudyArgs, run_study, study_on};
 pub use table::{TableNotes, all_nodes_table, plan_table};
 
-/// An error and its causes on one line, each cause once: a cause whose text the line already holds (an error
-/// that prints its source, as kube-rs's and `std::io`'s wrappers do) is not repeated.
-pub fn error_text(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out
-}
+pub use crate::output::error_text;
 
 /// `tierlb --version`: the release, the commit it was built from, and the pinned maps' layout number
 /// (`0.1.0 (commit 0123abcd..., map layout 1)`).

@@ -42,3 +42,20 @@ impl Output {
 pub fn yaml<T: Serialize>(value: &T) -> anyhow::Result<String> {
     Ok(serde_saphyr::to_string(value)?)
 }
+
+/// An error and its causes on one line, each cause once: a cause whose text the line already holds (an error
+/// that prints its source, as kube-rs's and `std::io`'s wrappers do) is not repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}

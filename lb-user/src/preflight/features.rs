@@ -83,7 +83,7 @@ pub(super) fn programs(verify: bool) -> Vec<Check> {
         Err(e) => {
             let mut out = vec![Check::fail(
                 "programs",
-                format!("do not load: {}", crate::cli::error_text(&anyhow::Error::from(e))),
+                format!("do not load: {}", crate::output::error_text(&anyhow::Error::from(e))),
                 "see the missing features below; a kernel of 6.1 or later with BTF has them all",
             )];
             out.extend(used.missing());

@@ -96,7 +96,10 @@ const LB_USER: &[Part] = &[
     part("explain", &["explain"], &["status"]),
     part("trace", &["trace"], &["server", "output"]),
     part("chart", &["chart"], &["study"]),
-    part("cli", &["cli"], &["explain", "trace", "chart", "output"]),
+    // The node's checks before the agent trusts it: the data path's programs and pins, the servers' listen
+    // addresses, and the output formats.
+    part("preflight", &["preflight"], &["server", "output"]),
+    part("cli", &["cli"], &["explain", "trace", "chart", "output", "preflight"]),
     part("main", &["main"], &["cli"]),
 ];
 
