@@ -166,8 +166,8 @@ fn capability_names(d: &Deploy) -> Verdict {
 const AGENT_CAPABILITIES: [&str; 3] = ["BPF", "NET_ADMIN", "SYS_ADMIN"];
 
 /// The init container that runs `tierlb preflight` checks that it holds what the agent needs and verifies the
-/// programs as the agent loads them: it adds exactly the agent's capabilities, and mounts its cgroup and bpffs
-/// at the agent's paths.
+/// programs as the agent loads them: it adds exactly the agent's capabilities, mounts its cgroup and bpffs at
+/// the agent's paths, and is given the agent's `--cgroup`, `--bpffs`, instance and listen addresses.
 fn preflight_holds_what_the_agent_holds(d: &Deploy) -> Verdict {
     let mut errors = Vec::new();
     let added = |c: &Container| security(c).capabilities.unwrap_or_default().add.unwrap_or_default();
@@ -176,7 +176,24 @@ fn preflight_holds_what_the_agent_holds(d: &Deploy) -> Verdict {
         m.filter(|m| m.name != "netns").map(|m| (m.name.clone(), m.mount_path.clone())).collect()
     };
     let Some(agent) = d.agent() else { return verdict(&errors) };
+    let flag = |c: &Container, name: &str| -> Option<String> {
+        let prefix = format!("{name}=");
+        c.args.iter().flatten().find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
+    };
     for c in d.containers().filter(|c| is_preflight(c)) {
+        // The same paths, instance and listen addresses as the agent's: what it checks is where the agent goes.
+        let instance = flag(agent, "--instance").or_else(|| flag(agent, "--node"));
+        for (name, want) in [
+            ("--cgroup", flag(agent, "--cgroup")),
+            ("--bpffs", flag(agent, "--bpffs")),
+            ("--healthz-addr", flag(agent, "--healthz-addr")),
+            ("--metrics-addr", flag(agent, "--metrics-addr")),
+            ("--instance", instance),
+        ] {
+            if flag(c, name) != want {
+                errors.push(format!("{}: {name} {:?}, the agent's {want:?}", c.name, flag(c, name)));
+            }
+        }
         if added(c) != added(agent) {
             errors.push(format!("{}: adds {:?}, the agent {:?}", c.name, added(c), added(agent)));
         }
@@ -461,6 +478,16 @@ pub(super) fn rules() -> Vec<Rule> {
             let init = d.pod_mut().init_containers.as_mut().unwrap().iter_mut().find(|c| is_preflight(c));
             caps_added_mut(init.unwrap()).retain(|c| c != "SYS_ADMIN");
         }),
+        rule(
+            "preflight checks the agent's paths and ports",
+            Every,
+            preflight_holds_what_the_agent_holds,
+            |d| {
+                let agent = d.first_mut().args.as_mut().unwrap();
+                let hz = agent.iter_mut().find(|a| a.starts_with("--healthz-addr=")).unwrap();
+                "--healthz-addr=0.0.0.0:10266".clone_into(hz);
+            },
+        ),
         rule("seccomp RuntimeDefault", Every, seccomp_runtime_default, |d| {
             let sc = d.pod_mut().security_context.get_or_insert_with(Default::default);
             sc.seccomp_profile =
