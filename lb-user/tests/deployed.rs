@@ -228,11 +228,14 @@ fn the_agent_runs_as_deployed_serves_pods_ends_stale_udp_sockets_survives_a_kill
 
     // A pod's connected UDP socket whose endpoint leaves the EndpointSlice (the old resolver keeps running)
     // is ended within 1 s (about 30 ms measured), and the pod's next socket reaches the other resolver.
+    // The stream's start and length take `patience()` (under emulation the client started after a fixed
+    // 500 ms, so its socket met the edit already made: nothing to end); the verdict below stays 1 s.
+    let duration_ms = (2_500 * lb_testkit::patience()).to_string();
     let stream = lab
-        .client(&["dns-stream", "--server", DNS, "--duration-ms", "2500", "--interval-ms", "10"])
+        .client(&["dns-stream", "--server", DNS, "--duration-ms", &duration_ms, "--interval-ms", "10"])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(500) * lb_testkit::patience());
     let (svc, eps) = dns(false);
     let t_edit = lb_testkit::dns::epoch_ms();
     write_service(lab.manifests.path(), &svc, &eps).unwrap();
