@@ -45,6 +45,31 @@ pub enum CgroupError {
     },
 }
 
+/// `CGROUP_SUPER_MAGIC` (a cgroup v1 hierarchy) from linux/magic.h.
+const CGROUP1_SUPER_MAGIC: i64 = 0x0027_e0eb;
+
+/// Which kind of cgroup filesystem a directory is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// cgroup v2, where the agent's programs attach.
+    V2,
+    /// A cgroup v1 hierarchy.
+    V1,
+    /// Another filesystem.
+    None,
+}
+
+/// The cgroup filesystem `path` is on (`statfs`), `None` when it cannot be read.
+pub fn hierarchy(path: &Path) -> Option<Hierarchy> {
+    let fs = nix::sys::statfs::statfs(path).ok()?;
+    #[expect(clippy::useless_conversion, reason = "the magic's integer type differs between libc targets")]
+    Some(match i64::from(fs.filesystem_type().0) {
+        CGROUP2_SUPER_MAGIC => Hierarchy::V2,
+        CGROUP1_SUPER_MAGIC => Hierarchy::V1,
+        _ => Hierarchy::None,
+    })
+}
+
 /// Mount points of cgroup2 filesystems, from /proc/self/mountinfo.
 pub fn cgroup2_mounts() -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {

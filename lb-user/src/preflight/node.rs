@@ -2,7 +2,7 @@
 use std::path::Path;
 
 use super::Check;
-use crate::datapath::pins;
+use crate::{cgroup::Hierarchy, datapath::pins};
 
 /// The capabilities the agent uses, with why (deploy/daemonset.yaml adds exactly these).
 const NEEDED: [(u32, &str, &str); 3] = [
@@ -39,33 +39,12 @@ pub(super) fn capabilities() -> Check {
     }
 }
 
-/// `CGROUP2_SUPER_MAGIC` and `CGROUP_SUPER_MAGIC` from linux/magic.h.
-const CGROUP2_MAGIC: i64 = 0x6367_7270;
-const CGROUP1_MAGIC: i64 = 0x0027_e0eb;
-
-/// The filesystem type of `path` (`statfs`'s magic), if it can be read.
-fn magic(path: &Path) -> Option<i64> {
-    let fs = nix::sys::statfs::statfs(path).ok()?;
-    #[expect(clippy::useless_conversion, reason = "the magic's integer type differs between libc targets")]
-    Some(i64::from(fs.filesystem_type().0))
-}
-
-/// The cgroup2 mounts of this mount namespace (/proc/self/mountinfo), for the fix.
-fn cgroup2_mounts() -> Vec<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split(' ').next() == Some("cgroup2")).then(|| left.split(' ').nth(4).map(str::to_owned))?
-        })
-        .collect()
-}
-
 /// `--cgroup` is a cgroup v2 directory (the sock_addr programs attach to nothing else).
 pub(super) fn cgroup(path: &Path) -> Check {
     let shown = path.display();
     let elsewhere = || {
-        let found = cgroup2_mounts();
+        let found: Vec<String> =
+            crate::cgroup::cgroup2_mounts().iter().map(|m| m.display().to_string()).collect();
         if found.is_empty() {
             "mount cgroup2 (`mount -t cgroup2 none /sys/fs/cgroup`, or boot with systemd's unified hierarchy) \
              and pass it as --cgroup"
@@ -74,14 +53,16 @@ pub(super) fn cgroup(path: &Path) -> Check {
             format!("pass the cgroup2 mount as --cgroup: {}", found.join(", "))
         }
     };
-    match magic(path) {
-        Some(CGROUP2_MAGIC) => Check::ok("cgroup", format!("{shown} is cgroup v2")),
-        Some(CGROUP1_MAGIC) => Check::fail(
+    match crate::cgroup::hierarchy(path) {
+        Some(Hierarchy::V2) => Check::ok("cgroup", format!("{shown} is cgroup v2")),
+        Some(Hierarchy::V1) => Check::fail(
             "cgroup",
             format!("{shown} is a cgroup v1 hierarchy: the programs attach only to cgroup v2"),
             elsewhere(),
         ),
-        Some(_) => Check::fail("cgroup", format!("{shown} is not a cgroup v2 directory"), elsewhere()),
+        Some(Hierarchy::None) => {
+            Check::fail("cgroup", format!("{shown} is not a cgroup v2 directory"), elsewhere())
+        }
         None => Check::fail("cgroup", format!("{shown} cannot be read"), elsewhere()),
     }
 }
