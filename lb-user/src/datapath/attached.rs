@@ -77,6 +77,14 @@ fn query(cgroup: &File, attach_type: u32, query_flags: u32) -> std::io::Result<V
     }
 }
 
+/// The names of the programs loaded on the system, by id (as the kernel keeps them: 15 bytes at most).
+pub(crate) fn loaded_names() -> std::collections::BTreeMap<u32, String> {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| (p.id(), p.name_as_str().unwrap_or_default().to_owned()))
+        .collect()
+}
+
 /// What the kernel says about the agent's programs on its cgroup.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Attachment {
@@ -115,12 +123,7 @@ pub fn check(
         }
         for other in attached.iter().filter(|a| Some(**a) != id && !allowed.contains(a)) {
             // Names of the programs loaded on the system, read once and only when something else is attached.
-            let names = names.get_or_insert_with(|| {
-                aya::programs::loaded_programs()
-                    .filter_map(Result::ok)
-                    .map(|p| (p.id(), p.name_as_str().unwrap_or_default().to_owned()))
-                    .collect()
-            });
+            let names = names.get_or_insert_with(loaded_names);
             if names.get(other).is_some_and(|n| n == name) {
                 out.foreign.push((name, *other));
             }

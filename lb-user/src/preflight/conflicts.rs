@@ -17,14 +17,6 @@ fn owner(name: &str) -> Option<&'static str> {
     }
 }
 
-/// The names of the programs loaded on the system by id (truncated by the kernel to 15 bytes).
-fn loaded_names() -> std::collections::BTreeMap<u32, String> {
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .map(|p| (p.id(), p.name_as_str().unwrap_or_default().to_owned()))
-        .collect()
-}
-
 /// Programs on the agent's cgroup (or above it, which run too) at the attach points of the agent's: another
 /// instance's tierlb programs, and other projects' socket load balancers.
 pub(super) fn cgroup(cgroup: &Path, bpffs: &Path, instance: Option<&str>) -> Vec<Check> {
@@ -33,7 +25,7 @@ pub(super) fn cgroup(cgroup: &Path, bpffs: &Path, instance: Option<&str>) -> Vec
         return Vec::new();
     };
     let ours = instance.map(|i| pins::pinned_program_ids(&pins::instance_dir(bpffs, i))).unwrap_or_default();
-    let names = loaded_names();
+    let names = attached::loaded_names();
     let (mut tierlb, mut others) = (Vec::new(), Vec::new());
     for (point, attach_type) in attached::ATTACH_TYPES {
         let Ok(ids) = attached::effective_ids(&file, attach_type) else { continue };

@@ -42,7 +42,7 @@ pub struct PreflightArgs {
     /// The agent's --metrics-addr, which must be free (kube-proxy's /metrics port).
     #[arg(long, default_value = "127.0.0.1:10249")]
     pub metrics_addr: crate::server::Listen,
-    /// Skip verifying the programs (the slowest check: about a second, several under emulation).
+    /// Skip verifying the programs (the slowest check: about a second on real hardware, 10 s and more under emulation).
     #[arg(long)]
     pub no_verify: bool,
     /// Output format.
