@@ -224,7 +224,9 @@ pub const NS_ICMP_RATE_LIMITED: u32 = 28;
 /// Counter kinds of `MAP_NS_COUNTERS`.
 pub const NS_COUNTER_KINDS: u32 = 29;
 /// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
-pub const NS_COUNTER_SLOTS: u32 = 32;
+/// 32 until map layout 2, which made room for the XDP and DSR paths' counters (29 of 32 were taken); the agent
+/// migrates a pinned map of 32 in place (`lb-user`'s `datapath::migrate`).
+pub const NS_COUNTER_SLOTS: u32 = 64;
 const _: () = assert!(NS_COUNTER_KINDS <= NS_COUNTER_SLOTS);
 /// The name of each `NS_*` counter kind, by index, as status and metrics show it.
 pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [

@@ -511,8 +511,21 @@ impl AgentBox {
         drop(self.root);
     }
 
-    /// Stop the agent as the kubelet does (SIGTERM, then SIGKILL after a grace period).
+    /// Stop the agent as the kubelet does: SIGTERM to the agent itself, and wait until it has exited (the box
+    /// ends with it) for up to a grace period, then SIGKILL. (SIGTERM to `unshare` alone would return while
+    /// the agent, signalled by its parent's death, still runs its way out.)
     pub fn stop(mut self) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.agent_pid() {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(st)) = self.child.inner().try_wait() {
+                    return Some(st);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         self.child.stop(Duration::from_secs(5))
     }
 }
@@ -550,6 +563,14 @@ impl BoxedNode {
             manifests,
             tierlb: tierlb.to_owned(),
         })
+    }
+
+    /// Run `tierlb` as the DaemonSet of `deploy_dir` runs it from now on (another release's binary and
+    /// manifests: an upgrade or a rollback on the same node, pins and cgroup).
+    pub fn use_release(&mut self, tierlb: &Path, deploy_dir: &Path) -> anyhow::Result<()> {
+        self.container = Container::render(deploy_dir)?;
+        tierlb.clone_into(&mut self.tierlb);
+        Ok(())
     }
 
     /// Start the agent as the DaemonSet runs it on `node`, with `extra` flags; returns once it is ready.

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod deployed;
 pub mod differential;
 pub mod dns;
+pub mod hold;
 pub mod inet;
 pub mod interrupt;
 pub mod kube;
@@ -39,6 +40,26 @@ pub fn ready_wait() -> std::time::Duration {
 #[must_use]
 pub fn patience() -> u32 {
     std::env::var("TIERLB_TEST_PATIENCE").ok().and_then(|v| v.parse().ok()).unwrap_or(1u32).max(1)
+}
+
+/// The release before this tree's, as `cargo xtask test` builds it from its commit (xtask/src/release.rs) and
+/// links it: its `tierlb` binary and its `deploy/` directory.
+///
+/// # Panics
+/// When it is not built, saying how to build it.
+#[must_use]
+pub fn previous_release() -> (PathBuf, PathBuf) {
+    let exe = std::env::current_exe().expect("the test binary's own path");
+    // target/<profile>/deps/<test>-<hash>
+    let target = exe.ancestors().nth(3).expect("target/").to_owned();
+    let dir = target.join("previous-release");
+    let (tierlb, deploy) = (dir.join("tierlb"), dir.join("src/deploy"));
+    assert!(
+        tierlb.exists() && deploy.exists(),
+        "{} is not built: `cargo xtask test` builds the previous release from its commit",
+        dir.display()
+    );
+    (tierlb, deploy)
 }
 
 /// A binary of this workspace built next to the running test (`target/<profile>/NAME`). Cargo gives a test

@@ -33,7 +33,7 @@ pub use table::{TableNotes, all_nodes_table, plan_table};
 pub use crate::output::error_text;
 
 /// `tierlb --version`: the release, the commit it was built from, and the pinned maps' layout number
-/// (`0.1.0 (commit 0123abcd..., map layout 1)`).
+/// (`0.2.0 (commit 0123abcd..., map layout 2)`).
 pub fn version() -> &'static str {
     static TEXT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     TEXT.get_or_init(|| {

@@ -9,6 +9,7 @@ mod demo;
 mod fuzz;
 mod image;
 mod k8s;
+mod release;
 mod setup;
 mod test;
 mod util;

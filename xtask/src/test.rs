@@ -67,6 +67,8 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
             "tierlb.rules.test.yaml",
         ]))?;
     }
+    // The previous release's agent, for the upgrade test (built once from its commit, cached).
+    crate::release::build()?;
     // The in-kernel tests of lb-user run the lab's client binary, which cargo builds only for lb-lab's own
     // tests: build every binary first (debug, as nextest does).
     util::run(util::cargo().args(["build", "--bins"]))?;

@@ -52,7 +52,7 @@ pub(super) fn memory(flows: usize) -> anyhow::Result<Vec<CtMemory>> {
     let mut out = Vec::new();
     {
         let caps = capacities();
-        let Loaded { mut programs, maps, ns: mut ns_maps } = Loaded::load(caps, None)?;
+        let Loaded { mut programs, maps, ns: mut ns_maps, .. } = Loaded::load(caps, None)?;
         ns_maps.set_local(&std::collections::BTreeSet::from([IpAddr::V4(POD)]))?;
         // The ingress pre-filter, as the agent writes it: the node's address.
         ns_maps.set_addrs(&std::collections::BTreeMap::from([(IpAddr::V4(NODE), lb_common::ADDR_NODE)]))?;

@@ -216,7 +216,7 @@ pub(super) fn rows(
     let per = 10;
     let lab = Lab::new()?;
     let loader = Loader { lab: lab_bin, ns: &lab.ext, threads: 1, cpu: lab.cpus.client, secs };
-    let Loaded { mut programs, maps, ns: mut ns_maps } =
+    let Loaded { mut programs, maps, ns: mut ns_maps, .. } =
         Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
     ns_maps.set_local(&BTreeSet::from([IpAddr::V4(POD)]))?;
     // The ingress pre-filter, as the agent writes it: the node's address.

@@ -219,7 +219,7 @@ pub(super) fn measure(lab_bin: &std::path::Path, quick: bool) -> anyhow::Result<
     ];
     let _kube_proxy_sink =
         Sink::start(&lab.pods[1], Port::RemoteSink.endpoint(DataPath::KubeProxyIptables), lab.cpus.backend)?;
-    let Loaded { mut programs, maps, ns: mut ns_maps } =
+    let Loaded { mut programs, maps, ns: mut ns_maps, .. } =
         Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
     ns_maps.set_local(&std::collections::BTreeSet::from([IpAddr::V4(POD)]))?;
     ns_maps.set_addrs(&std::collections::BTreeMap::from([(IpAddr::V4(NODE), lb_common::ADDR_NODE)]))?;

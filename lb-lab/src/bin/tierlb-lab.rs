@@ -146,6 +146,19 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
     },
+    /// A pod's long-lived clients (`lb_testkit::hold`): TCP connections and connected UDP sockets held open,
+    /// new connections streamed on a thread; each stdin line is answered with every socket's answer and the
+    /// stream's tallies (JSON).
+    Hold {
+        #[arg(long, value_delimiter = ',')]
+        tcp: Vec<SocketAddr>,
+        #[arg(long, value_delimiter = ',')]
+        udp: Vec<SocketAddr>,
+        #[arg(long, value_delimiter = ',')]
+        stream: Vec<SocketAddr>,
+        #[arg(long, default_value_t = 5)]
+        interval_ms: u64,
+    },
     /// connect()+close() (or short request/response) load on N threads (JSON result on stdout).
     Load {
         #[arg(long)]
@@ -271,6 +284,17 @@ fn load(
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tierlb-lab load: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `hold`: a pod's long-lived clients until stdin closes.
+fn hold(tcp: &[SocketAddr], udp: &[SocketAddr], stream: &[SocketAddr], interval_ms: u64) -> ExitCode {
+    match lb_testkit::hold::serve(tcp, udp, stream, Duration::from_millis(interval_ms)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tierlb-lab hold: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -403,6 +427,7 @@ fn run(command: Cmd) -> ExitCode {
             ExitCode::SUCCESS
         }
         Cmd::Keep { tcp, dns, timeout_ms } => keep(tcp, dns, timeout_ms),
+        Cmd::Hold { tcp, udp, stream, interval_ms } => hold(&tcp, &udp, &stream, interval_ms),
         Cmd::Load { target, mode, threads, seconds, cpu, paced } => {
             load(target, mode, threads, cpu, seconds, paced)
         }

@@ -362,6 +362,38 @@ fn adopt(core: &mut AgentCore<KernelMaps>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The last pass of a migration from the previous map layout, once every program runs with the new maps.
+fn finish_migration(migration: crate::datapath::migrate::Plan) -> anyhow::Result<()> {
+    for stale in &migration.stale {
+        tracing::info!(pin = %stale.display(), "removed a pin no attached program uses (left for or by a rollback)");
+    }
+    for (map, from, entries) in migration.finish().context("migrating the pinned maps")? {
+        tracing::info!(
+            map,
+            from_layout = from,
+            to_layout = crate::datapath::MAP_LAYOUT,
+            entries,
+            "migrated a pinned map in place"
+        );
+    }
+    Ok(())
+}
+
+/// For a rollback: the maps this layout changed, pinned in the previous layout too (`migrate`). A failure is
+/// logged: this agent's own pins stay as they are.
+fn leave_for_previous(dir: &std::path::Path) {
+    match crate::datapath::migrate::leave_for_previous(dir) {
+        Ok(pins) => {
+            for pin in pins {
+                tracing::info!(pin = %pin.display(), from_layout = crate::datapath::MAP_LAYOUT, "left the previous map layout's pin for a rollback");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot leave the previous map layout's pins: a rollback starts their counts at 0");
+        }
+    }
+}
+
 /// Run the agent until SIGINT or SIGTERM; detaches on the way out (unless pinned).
 #[expect(
     clippy::too_many_lines,
@@ -412,8 +444,10 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
         anyhow::Ok((opened, started.elapsed()))
     };
     let loading = async { anyhow::Ok(loading.await.context("loading the programs")??) };
-    let (((source, file_watcher, api_server), source_ready), (Loaded { mut programs, maps, ns }, load)) =
-        tokio::try_join!(source, loading)?;
+    let (
+        ((source, file_watcher, api_server), source_ready),
+        (Loaded { mut programs, maps, ns, migration }, load),
+    ) = tokio::try_join!(source, loading)?;
     let mut external = opts.external.clone();
     for addr in api_server {
         tracing::info!(%addr, "the API server's address: no Service frontend may take it");
@@ -456,6 +490,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     programs.attach(&cgroup, pin_dir.as_deref())?;
     let mut watchdog = Watchdog { ours: programs.ids()?, last: Instant::now(), superseded: false };
     north_south.after_sync(&mut programs, &report, &core);
+    // Every program now runs with this layout's maps: the previous layout's, migrated, are let go.
+    finish_migration(migration)?;
     let mut sweeper = Sweeper { last: Instant::now(), held: BTreeMap::new() };
     sweeper.sweep(&mut core, &stats, true);
     record(&health, &mut stats, &report, &core);
@@ -545,6 +581,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     drop(file_watcher);
     if let Some(dir) = &pin_dir {
+        leave_for_previous(dir);
         tracing::info!(
             dir = %dir.display(),
             "leaving the programs attached and the maps pinned for the next agent (`tierlb agent --cleanup` removes them)"

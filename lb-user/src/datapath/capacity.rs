@@ -23,6 +23,24 @@ pub struct Capacities {
     pub conntrack_udp: u32,
 }
 
+impl Capacities {
+    /// Every map at `n` entries: maps of a few pages, for a load that only verifies the programs or tries a
+    /// map's contents (`tierlb preflight`, tests).
+    #[must_use]
+    pub const fn all(n: u32) -> Self {
+        Self {
+            services: n,
+            slots: n,
+            backends: n,
+            reverse: n,
+            affinity: n,
+            conntrack: n,
+            conntrack_syn: n,
+            conntrack_udp: n,
+        }
+    }
+}
+
 impl Default for Capacities {
     fn default() -> Self {
         Self {

@@ -63,6 +63,9 @@ pub struct Loaded {
     pub maps: KernelMaps,
     /// The north-south maps (local endpoints, settings, conntrack).
     pub ns: super::tc::NsMaps,
+    /// Maps of the previous layout being carried into this one: copied already; `finish` it once every
+    /// program is attached (`migrate`).
+    pub migration: super::migrate::Plan,
 }
 
 /// The loaded programs. Dropping it detaches every program attached without pinning its link.
@@ -85,8 +88,15 @@ impl Loaded {
             loader.map_max_entries(name, super::layout::map_size(name, caps).entries);
         }
         loader.override_global(lb_common::GLOBAL_UDP_PER_NETNS, &udp_per_netns, true);
-        let paths: Vec<(&str, PathBuf)> =
-            pin_dir.map(|d| PINNED_MAPS.iter().map(|m| (*m, d.join(m))).collect()).unwrap_or_default();
+        let paths: Vec<(&str, PathBuf)> = pin_dir
+            .map(|d| PINNED_MAPS.iter().map(|m| (*m, super::layout::pin_path(d, m))).collect())
+            .unwrap_or_default();
+        // A map of the previous layout is migrated: its new generation is created beside it (under another
+        // name) and filled before anything is attached.
+        let mut migration = match pin_dir {
+            Some(d) => super::migrate::plan(d)?,
+            None => super::migrate::Plan::default(),
+        };
         if pin_dir.is_some() {
             super::layout::check_pinned_layout(&paths, caps)?;
         }
@@ -99,7 +109,8 @@ impl Loaded {
         verify_all(&mut ebpf)?;
         let maps = KernelMaps::from_ebpf(&mut ebpf, caps, counters_created)?;
         let ns = super::tc::NsMaps::from_ebpf(&mut ebpf)?;
-        Ok(Self { programs: Programs { ebpf }, maps, ns })
+        migration.copy()?;
+        Ok(Self { programs: Programs { ebpf }, maps, ns, migration })
     }
 }
 

@@ -106,13 +106,81 @@ pub(super) fn check_pinned_layout(paths: &[(&str, PathBuf)], caps: Capacities) -
 /// releases change it). Raised with every change to a pinned map's key or value (size, or the meaning of its
 /// bytes) or to a fixed capacity; `LAYOUT_HISTORY` holds each number's fingerprint, and a test fails when
 /// the fingerprint moves without a new number.
-pub const MAP_LAYOUT: u32 = 1;
+pub const MAP_LAYOUT: u32 = 2;
 
 /// Each layout number with its `fingerprint`, oldest first (numbering began at 0.1.0; the layouts before it
 /// were not numbered).
-pub const LAYOUT_HISTORY: [(u32, u64); 1] = [(1, 0xf4d7_197f_ed70_1296)];
+pub const LAYOUT_HISTORY: [(u32, u64); 2] = [(1, 0xf4d7_197f_ed70_1296), (2, 0xb522_dc35_7077_684f)];
 
-/// FNV-1a over every pinned map's name, key and value sizes, and fixed capacity, in `PINNED_MAPS`' order:
+/// A pinned map whose layout changed at map layout `layout`: since then it is pinned as `pin`, before as
+/// `before.pin` with `before`'s layout. A new layout pins the map under a new name, so that the agent of the
+/// release before and this one each find their own generation by name (`migrate` carries the contents across,
+/// both ways).
+#[derive(Debug)]
+pub(crate) struct Change {
+    /// The map (its name in the object).
+    pub(crate) map: &'static str,
+    /// The layout number that changed it.
+    pub(crate) layout: u32,
+    /// Its pin's name from that layout on.
+    pub(crate) pin: &'static str,
+    /// Its pin and shape in the layout before.
+    pub(crate) before: Shape,
+    /// How entries written to the old map after the copy reach the new one (`migrate::finish`).
+    pub(crate) sweep: Sweep,
+}
+
+/// A map's shape in one layout: what `migrate` creates and checks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) pin: &'static str,
+    /// `enum bpf_map_type`.
+    pub(crate) map_type: u32,
+    pub(crate) key: u32,
+    pub(crate) value: u32,
+    pub(crate) entries: u32,
+}
+
+/// How a migration's last pass treats what the old generation's programs wrote after the first copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sweep {
+    /// Per-CPU `u64` counters: the new map gains what the old one counted since the copy. (A state map's
+    /// change would add its own rule: copy the entries the new map lacks, an entry both have being the new
+    /// programs' by then.)
+    Counters,
+}
+
+/// `BPF_MAP_TYPE_PERCPU_ARRAY`.
+const PERCPU_ARRAY: u32 = 6;
+
+/// Every layout change of a pinned map, oldest first. A release migrates the changes of its own layout number
+/// in place (from the release before, and back: `migrate`); older ones need `uninstall/`, then `deploy/`.
+pub(crate) const CHANGES: [Change; 1] = [Change {
+    map: MAP_NS_COUNTERS,
+    layout: 2,
+    pin: "NS_COUNTERS_v2",
+    before: Shape { pin: MAP_NS_COUNTERS, map_type: PERCPU_ARRAY, key: 4, value: 8, entries: 32 },
+    sweep: Sweep::Counters,
+}];
+
+/// The name `map` is pinned under in this layout.
+#[must_use]
+pub fn pin_name(map: &str) -> &str {
+    CHANGES.iter().rev().find(|c| c.map == map).map_or(map, |c| c.pin)
+}
+
+/// Where `map` is pinned in the instance directory `dir`.
+#[must_use]
+pub fn pin_path(dir: &std::path::Path, map: &str) -> PathBuf {
+    dir.join(pin_name(map))
+}
+
+/// Every name `map` was pinned under in a numbered layout (`--cleanup` removes them all).
+pub(crate) fn all_pin_names(map: &'static str) -> impl Iterator<Item = &'static str> {
+    std::iter::once(map).chain(CHANGES.iter().filter(move |c| c.map == map).map(|c| c.pin))
+}
+
+/// FNV-1a over every pinned map's pin name, key and value sizes, and fixed capacity, in `PINNED_MAPS`' order:
 /// what `check_pinned_layout` compares, so a change it would refuse changes this. (A change of the bytes'
 /// meaning at the same sizes does not: that needs `MAP_LAYOUT` raised by hand.)
 #[must_use]
@@ -127,7 +195,8 @@ pub fn fingerprint() -> u64 {
         let (k, v) = key_value_sizes(name);
         let size = map_size(name, Capacities::default());
         let fixed = if size.flag == FIXED { size.entries } else { 0 };
-        eat(name.as_bytes());
+        // The pin's name since layout 2 (a map's new layout is pinned under a new name: `CHANGES`).
+        eat(pin_name(name).as_bytes());
         for n in [k, v, fixed] {
             eat(&n.to_le_bytes());
         }

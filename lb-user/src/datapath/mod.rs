@@ -22,6 +22,8 @@ pub mod health;
 mod layout;
 pub mod marks;
 #[cfg(target_os = "linux")]
+pub mod migrate;
+#[cfg(target_os = "linux")]
 pub mod pins;
 #[cfg(target_os = "linux")]
 mod programs;
@@ -35,7 +37,7 @@ pub mod tc;
 use std::{collections::BTreeMap, sync::Arc};
 
 pub use connects::Counters;
-pub use layout::{LAYOUT_HISTORY, MAP_LAYOUT, fingerprint as layout_fingerprint};
+pub use layout::{LAYOUT_HISTORY, MAP_LAYOUT, fingerprint as layout_fingerprint, pin_name, pin_path};
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotBlock, SlotKey, TIER_COUNT,

@@ -159,7 +159,8 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     let pins = PROGRAMS
         .iter()
         .flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)])
-        .chain(PINNED_MAPS.iter().chain(&LEGACY_MAPS).map(|m| dir.join(m)));
+        .chain(PINNED_MAPS.iter().flat_map(|m| super::layout::all_pin_names(m)).map(|m| dir.join(m)))
+        .chain(LEGACY_MAPS.iter().map(|m| dir.join(m)));
     for p in pins {
         if p.exists() {
             std::fs::remove_file(&p).map_err(io(&p))?;

@@ -50,16 +50,7 @@ pub(super) fn btf() -> Check {
 }
 
 /// The capacities the verification loads with: the programs are the same at any size, the maps a few pages.
-const SMALL: Capacities = Capacities {
-    services: 64,
-    slots: 64,
-    backends: 64,
-    reverse: 64,
-    affinity: 64,
-    conntrack: 64,
-    conntrack_syn: 64,
-    conntrack_udp: 64,
-};
+const SMALL: Capacities = Capacities::all(64);
 
 /// Whether the programs verify on this kernel, loaded as the agent loads them (small maps, nothing pinned or
 /// attached); where they do not, the program types, map types and helpers they use, probed one by one.

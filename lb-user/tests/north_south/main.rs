@@ -15,6 +15,7 @@ mod netlink;
 mod reply_device;
 mod reuse;
 mod two_nodes;
+mod upgrade;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},

@@ -295,7 +295,7 @@ impl KernelMaps {
     /// Open maps pinned by an agent under `dir`.
     pub fn open_pinned(dir: &Path) -> Result<Self, DatapathError> {
         let open = |name: &str| {
-            let path = dir.join(name);
+            let path = crate::datapath::pin_path(dir, name);
             MapData::from_pin(&path)
                 .map(Map::from_map_data)
                 .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?

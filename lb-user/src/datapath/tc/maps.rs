@@ -138,7 +138,7 @@ impl NsMaps {
     /// Open an instance's pinned maps (`tierlb status`).
     pub fn open_pinned(dir: &Path) -> Result<Self, DatapathError> {
         let open = |name: &'static str| {
-            let path = dir.join(name);
+            let path = crate::datapath::pin_path(dir, name);
             aya::maps::MapData::from_pin(&path)
                 .map(aya::maps::Map::from_map_data)
                 .map_err(|e| DatapathError::Pinned { path: path.clone(), source: Box::new(e) })?
