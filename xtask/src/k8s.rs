@@ -3,7 +3,8 @@
 //! compiled once into a cache keyed by what goes into it, and linked from `target/k8s`, where the tests look.
 //! Beside it, kube-proxy alone at other releases ([`PROXY_RELEASES`]), each from a small module of its own in
 //! `controlplane/kube-proxy-releases/<release>/` that requires that release of k8s.io/kubernetes, cached the
-//! same way and linked as `target/k8s/kube-proxy-<release>`.
+//! same way and linked as `target/k8s/kube-proxy-<release>`; and Helm v4 from `controlplane/helm/`, linked as
+//! `target/k8s/helm` (the chart's tests).
 //!
 //! The key is a hash of the module's go.mod, go.sum and Go sources, the Go toolchain's version and the link
 //! flags: a second setup with nothing changed only checks the keys (the first build of the control plane takes
@@ -39,6 +40,15 @@ pub(crate) const PROXY_RELEASES: &[&str] = &["v1.34.4", "v1.35.4", "v1.37.2"];
 /// The name of a kube-proxy release's binary in its cache directory.
 const PROXY_BINARY: &str = "kube-proxy";
 
+/// Helm, built from its own module in `controlplane/helm/` the same way and linked as `target/k8s/helm`: the
+/// chart's tests (deploy/helm/tierlb) lint and render it as users do.
+const HELM_VERSION: &str = "v4.3.2";
+
+/// Helm's link flags: its version where `helm version` reads it (else it says v4.3).
+fn helm_ldflags() -> String {
+    format!("-s -w -X helm.sh/helm/v4/internal/version.version={HELM_VERSION}")
+}
+
 /// `-ldflags` stamping the version where `kubectl version` and the components' `--version` read it (without it
 /// they report v0.0.0-master, which fails version-skew checks).
 fn ldflags(version: &str) -> String {
@@ -66,9 +76,17 @@ fn proxy_module_dir(release: &str) -> PathBuf {
     module_dir().join("kube-proxy-releases").join(release)
 }
 
-/// Every Go module here: the control plane's, then each kube-proxy release's.
+/// The module that builds Helm.
+fn helm_module_dir() -> PathBuf {
+    module_dir().join("helm")
+}
+
+/// Every Go module here: the control plane's, each kube-proxy release's, then Helm's.
 fn module_dirs() -> Vec<PathBuf> {
-    std::iter::once(module_dir()).chain(PROXY_RELEASES.iter().map(|r| proxy_module_dir(r))).collect()
+    std::iter::once(module_dir())
+        .chain(PROXY_RELEASES.iter().map(|r| proxy_module_dir(r)))
+        .chain([helm_module_dir()])
+        .collect()
 }
 
 /// Where built binaries are kept: `$XDG_CACHE_HOME/tierlb/k8s` (default `~/.cache/tierlb/k8s`).
@@ -78,6 +96,11 @@ fn cache_root() -> PathBuf {
 
 /// The cache key of the module in `dir` stamped as `version`: everything its binary is built from.
 fn key(dir: &Path, version: &str, go_version: &str) -> anyhow::Result<String> {
+    key_with(dir, &ldflags(version), go_version)
+}
+
+/// The cache key of the module in `dir` built with `ldflags`.
+fn key_with(dir: &Path, ldflags: &str, go_version: &str) -> anyhow::Result<String> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -94,7 +117,7 @@ fn key(dir: &Path, version: &str, go_version: &str) -> anyhow::Result<String> {
         hash.update(std::fs::read(f).with_context(|| format!("reading {}", f.display()))?);
     }
     hash.update(go_version.as_bytes());
-    hash.update(ldflags(version).as_bytes());
+    hash.update(ldflags.as_bytes());
     let digest = hash.finalize();
     Ok(util::hex(&digest[..8]))
 }
@@ -102,11 +125,16 @@ fn key(dir: &Path, version: &str, go_version: &str) -> anyhow::Result<String> {
 /// `go build` of the module in `dir`, stamped as `version`, into `binary` (through a `.partial` file, so an
 /// interrupted build leaves no binary that looks finished).
 fn go_build(dir: &Path, version: &str, binary: &Path) -> anyhow::Result<()> {
+    go_build_with(dir, &ldflags(version), binary)
+}
+
+/// `go build` of the module in `dir` with these link flags into `binary` (see `go_build`).
+fn go_build_with(dir: &Path, ldflags: &str, binary: &Path) -> anyhow::Result<()> {
     use std::io::BufRead as _;
     let partial = binary.with_extension("partial");
     let mut cmd = Command::new("go");
     cmd.current_dir(dir)
-        .args(["build", "-v", "-trimpath", "-mod=readonly", "-ldflags", &ldflags(version), "-o"])
+        .args(["build", "-v", "-trimpath", "-mod=readonly", "-ldflags", ldflags, "-o"])
         .arg(&partial)
         .arg(".")
         .stderr(std::process::Stdio::piped());
@@ -199,6 +227,18 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
         )?;
         keep.push(proxy_key);
     }
+    let helm_key = key_with(&helm_module_dir(), &helm_ldflags(), &go_version)?;
+    let helm = cache_root().join(&helm_key).join("helm");
+    if helm.exists() {
+        eprintln!("setup: helm {HELM_VERSION} present ({})", helm.display());
+    } else {
+        let started = std::time::Instant::now();
+        std::fs::create_dir_all(cache_root().join(&helm_key))?;
+        go_build_with(&helm_module_dir(), &helm_ldflags(), &helm)?;
+        eprintln!("setup: helm {HELM_VERSION} built in {:.0} s", started.elapsed().as_secs_f64());
+    }
+    symlink(&Path::new("..").join(&helm_key).join("helm"), &dir.join("helm"))?;
+    keep.push(helm_key);
     let target = util::target_dir();
     std::fs::create_dir_all(&target)?;
     symlink(&dir, &target.join("k8s"))?;

@@ -18,6 +18,7 @@ use k8s_openapi::{
     apimachinery::pkg::util::intstr::IntOrString,
 };
 
+mod helm;
 mod rules;
 use rules::{Scope, rules};
 
@@ -165,12 +166,17 @@ struct Deploy {
 impl Deploy {
     /// The DaemonSet and ConfigMaps of `kubectl kustomize deploy/DIR` (the other kinds are checked above).
     fn load(dir: &str) -> Self {
+        Self::from_docs(render(dir))
+    }
+
+    /// The DaemonSet and ConfigMaps among rendered objects (kustomize's or Helm's).
+    fn from_docs(docs: Vec<serde_json::Value>) -> Self {
         let mut ds = None;
         let mut config_maps = Vec::new();
-        for doc in render(dir) {
+        for doc in docs {
             match doc["kind"].as_str() {
                 Some("DaemonSet") => {
-                    assert!(ds.is_none(), "deploy/{dir}: one DaemonSet");
+                    assert!(ds.is_none(), "one DaemonSet");
                     ds = Some(serde_json::from_value(doc).unwrap());
                 }
                 Some("ConfigMap") => config_maps.push(serde_json::from_value(doc).unwrap()),
