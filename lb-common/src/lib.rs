@@ -123,7 +123,7 @@ pub const MAP_HEALTH: &str = "HEALTH";
 /// Passive health settings (`HealthConfig`), one entry, written by the agent at start.
 pub const MAP_HEALTH_CONFIG: &str = "HEALTH_CONFIG";
 /// Every map the agent opens by type, in the order the agent pins them.
-pub const MAPS: [&str; 13] = [
+pub const MAPS: [&str; 14] = [
     MAP_FRONTENDS,
     MAP_SLOTS,
     MAP_BACKEND_STATE,
@@ -137,6 +137,7 @@ pub const MAPS: [&str; 13] = [
     MAP_HEALTH_CONFIG,
     MAP_OUTSIDE_AFFINITY,
     MAP_NESTED_AFFINITY,
+    MAP_MAGLEV,
 ];
 /// Maps the agent creates and pins but never opens: the socket storage, the TCP sockets' reverse slots, the
 /// per-namespace count of connected UDP sockets and each cgroup's first namespace (which only the kernel
@@ -524,13 +525,16 @@ aya_pod!(
     CtValue,
     NatConfig,
     SourceRangeKey,
-    OutsideAffinityKey
+    OutsideAffinityKey,
+    MaglevKey,
+    MaglevTable
 );
 
 mod choice;
 mod counters;
 mod csum;
 mod health;
+mod maglev;
 mod nat;
 mod reverse;
 mod snat;
@@ -545,6 +549,7 @@ pub use health::{
     HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, HEALTH_UNREACHABLE, HOLD_ALL, HOLD_CLIENT, Health,
     HealthConfig, HealthVerdict, Held, syn_sent_close_reason,
 };
+pub use maglev::*;
 pub use nat::*;
 pub use reverse::*;
 pub use snat::SnatPorts;

@@ -221,8 +221,11 @@ pub const NS_CT_REMOVED_BY_AGENT: u32 = 26;
 pub const NS_ICMP_SENT: u32 = 27;
 /// Such errors not sent: over the rate (a per-CPU token bucket), the packet dropped.
 pub const NS_ICMP_RATE_LIMITED: u32 = 28;
+/// New flows to a frontend with `FLAG_MAGLEV` whose table's backend was marked down or held down (or whose
+/// table was missing): the tier's random choice served them instead.
+pub const NS_MAGLEV_FALLBACK: u32 = 29;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 29;
+pub const NS_COUNTER_KINDS: u32 = 30;
 /// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
 /// 32 until map layout 2, which made room for the XDP and DSR paths' counters (29 of 32 were taken); the agent
 /// migrates a pinned map of 32 in place (`lb-user`'s `datapath::migrate`).
@@ -259,6 +262,7 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "conntrack_udp_forgotten_by_agent",
     "icmp_sent",
     "icmp_rate_limited",
+    "maglev_fallback",
 ];
 
 /// Entries an LRU conntrack table reclaimed to make room (live flows and expired ones it had not reused):

@@ -21,15 +21,16 @@ use lb_common::{
     AddrKey, AffinityKey, AffinityValue, Backend, BackendState, CtAddr, CtKey, CtValue, DEFAULT_MAX_AFFINITY,
     DEFAULT_MAX_BACKENDS, DEFAULT_MAX_CGROUPS, DEFAULT_MAX_CONNTRACK, DEFAULT_MAX_CONNTRACK_SYN,
     DEFAULT_MAX_CONNTRACK_UDP, DEFAULT_MAX_FRAGMENTS, DEFAULT_MAX_FRONTENDS, DEFAULT_MAX_LOCAL_BACKENDS,
-    DEFAULT_MAX_NS_ADDRS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS, DEFAULT_MAX_SOURCE_RANGES,
-    DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE,
-    MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_CT_SYN, MAP_CT_TCP, MAP_CT_UDP, MAP_FRAGMENTS,
-    MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG,
-    MAP_NESTED_AFFINITY, MAP_NS_ADDRS, MAP_NS_COUNTERS, MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_REVERSE_TCP,
-    MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES, MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES,
-    MAP_UDP_PER_NETNS, MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey,
-    REVERSE_TCP_SLOTS, ReverseKey, ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState,
-    SourceRangeKey, TRACE_MAX_SERVICES, TRACE_RING_BYTES, TcpReverse, TraceControl,
+    DEFAULT_MAX_MAGLEV, DEFAULT_MAX_NS_ADDRS, DEFAULT_MAX_REVERSE, DEFAULT_MAX_SLOTS,
+    DEFAULT_MAX_SOURCE_RANGES, DEFAULT_MAX_UDP_NETNS, FrontendKey, FrontendValue, Health, HealthConfig,
+    MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CGROUP_NETNS, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_CT_SYN,
+    MAP_CT_TCP, MAP_CT_UDP, MAP_FRAGMENTS, MAP_FRONTENDS, MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_LOCAL_BACKENDS,
+    MAP_MAGLEV, MAP_MEMBERS, MAP_NAMES, MAP_NAT_CONFIG, MAP_NESTED_AFFINITY, MAP_NS_ADDRS, MAP_NS_COUNTERS,
+    MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_REVERSE_TCP, MAP_SLOTS, MAP_SOCKS, MAP_SOURCE_RANGES,
+    MAP_TRACE_CONTROL, MAP_TRACE_EVENTS, MAP_TRACE_SERVICES, MAP_UDP_PER_NETNS, MaglevKey, MaglevTable,
+    MemberKey, MemberValue, NS_COUNTER_SLOTS, NatConfig, OutsideAffinityKey, REVERSE_TCP_SLOTS, ReverseKey,
+    ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey, SockState, SourceRangeKey,
+    TRACE_MAX_SERVICES, TRACE_RING_BYTES, TcpReverse, TraceControl,
 };
 
 /// `a == b` at compile time (`str` equality is not `const`).
@@ -270,6 +271,14 @@ named_map!(
     /// map counts entries of 8 slots) costs nothing until used.
     pub(crate) static MEMBERS: HashMap<MemberKey, MemberValue> =
         HashMap::with_max_entries(DEFAULT_MAX_SLOTS, BPF_F_NO_PREALLOC);
+);
+
+named_map!(
+    MAP_MAGLEV == "MAGLEV",
+    /// Maglev tables of the outside frontends with `FLAG_MAGLEV`: (svc_id, generation, tier) -> the slot of
+    /// each hash bucket. Written by the agent with and like a generation's slots; not preallocated.
+    pub(crate) static MAGLEV: HashMap<MaglevKey, MaglevTable> =
+        HashMap::with_max_entries(DEFAULT_MAX_MAGLEV, BPF_F_NO_PREALLOC);
 );
 
 named_map!(

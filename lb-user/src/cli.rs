@@ -318,6 +318,12 @@ pub struct AgentArgs {
     /// a restarted agent replaces its filter in place; `--cleanup` removes them from every device.
     #[arg(long, value_enum, default_value_t = crate::datapath::tc::AttachMode::Auto)]
     pub tc_attach: crate::datapath::tc::AttachMode,
+    /// How a new flow from outside the node gets its backend within the tier the tiers choose: `random`
+    /// (kube-proxy's rule), or `maglev` (the flow's hash in a Maglev table of 16,381 entries per tier, the
+    /// same on every node holding the same backends: a flow an ECMP router moves to another node keeps its
+    /// backend). Connects on the node are always random.
+    #[arg(long, value_enum, default_value_t = crate::agent::LbAlgorithm::Random)]
+    pub lb_algorithm: crate::agent::LbAlgorithm,
     /// Passive health: consecutive failed connects (refused or unreachable, or the SYN unanswered for its
     /// first retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
     #[arg(long, default_value_t = 3)]
@@ -392,6 +398,7 @@ impl AgentArgs {
             },
             devices: self.devices.clone(),
             node_port_range: self.service_node_port_range,
+            lb_algorithm: self.lb_algorithm,
             health: crate::datapath::health::HealthSettings {
                 failures: self.health_failures,
                 hold: self.health_hold,

@@ -91,6 +91,9 @@ pub struct FrontendStatus {
     pub connections: Counters,
     /// sessionAffinity ClientIP, if the frontend has it.
     pub session_affinity: Option<AffinityStatus>,
+    /// How a new flow gets its backend within the tier: "random", or "maglev" (an outside frontend under
+    /// `--lb-algorithm=maglev`).
+    pub lb_algorithm: &'static str,
 }
 
 /// What `tierlb status` shows of one agent instance's maps.
@@ -214,6 +217,7 @@ impl Instance {
                     timeout_seconds: rb.value.affinity_timeout_s,
                     clients: clients.get(&key).copied().unwrap_or(0),
                 }),
+                lb_algorithm: if rb.value.flags & lb_common::FLAG_MAGLEV != 0 { "maglev" } else { "random" },
             });
         }
         frontends.sort_by(|a, b| (&a.name, &a.frontend).cmp(&(&b.name, &b.frontend)));

@@ -32,13 +32,13 @@ use aya_ebpf::{
 };
 use lb_common::{
     ADDR_FOREIGN, ADDR_NODE, AddrKey, Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN,
-    CT_DIR_OUT, CT_FORWARD, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP,
-    FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue,
+    CT_DIR_OUT, CT_FORWARD, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_MAGLEV,
+    FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, MaglevKey,
     NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED,
-    NS_DROP_SOURCE_RANGE, NS_DROP_UNMATCHED, NS_FAIL_OPEN, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN,
-    NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED,
-    OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE, SNAT_TRIES, SOURCE_RANGE_FRONTEND_BITS,
-    Slot, SnatPorts, SourceRangeKey, choose_with,
+    NS_DROP_SOURCE_RANGE, NS_DROP_UNMATCHED, NS_FAIL_OPEN, NS_MAGLEV_FALLBACK, NS_NEW_LOCAL, NS_NEW_SNAT,
+    NS_PASS_NOT_SYN, NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN,
+    OUTCOME_REFUSED, OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE, SNAT_TRIES,
+    SOURCE_RANGE_FRONTEND_BITS, Slot, SnatPorts, SourceRangeKey, choose_with,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -47,7 +47,7 @@ use crate::{
     affinity,
     counters::{count, count_ns},
     health::is_down,
-    maps::{FRONTENDS, LOCAL_BACKENDS, NS_ADDRS, SOURCE_RANGES, backend_at, copy_frontend},
+    maps::{FRONTENDS, LOCAL_BACKENDS, MAGLEV, NS_ADDRS, SOURCE_RANGES, backend_at, copy_frontend},
     trace,
 };
 
@@ -280,6 +280,16 @@ fn new_flow(f: &Flow) -> i32 {
         return verdict;
     }
     *choice = pick(fe);
+    // With Maglev, the tier's table gives the backend within the tier the choice took (in place, in the
+    // scratch value: a `Choice` returned through more paths was copied with bytes the verifier calls unread).
+    if let lb_common::Choice::Backend { tier, backend } = choice
+        && fe.flags & FLAG_MAGLEV != 0
+    {
+        match maglev(fe, f, *tier) {
+            Some(b) => *backend = b,
+            None => count_ns(NS_MAGLEV_FALLBACK),
+        }
+    }
     let (outcome, svc_kind, ns_kind, verdict) = match *choice {
         lb_common::Choice::Backend { .. } => return CHOSEN,
         lb_common::Choice::Empty if fe.flags & FLAG_EMPTY_IS_DROP != 0 => {
@@ -370,7 +380,7 @@ fn admit(ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
 }
 
 /// The backend for a new flow to the frontend `fe`: the tier choice over its slots (marked-down backends
-/// skipped); sessionAffinity comes after, in `tc_ingress`.
+/// skipped); Maglev (`new_flow`) and sessionAffinity (`tc_ingress`) come after.
 #[inline(always)]
 fn pick(fe: &FrontendValue) -> lb_common::Choice<Backend> {
     let lookup = |index| {
@@ -383,6 +393,31 @@ fn pick(fe: &FrontendValue) -> lb_common::Choice<Backend> {
     // SAFETY: helper without preconditions.
     let random = || unsafe { bpf_get_prandom_u32() };
     choose_with(fe, lookup, random, crate::scan::scan)
+}
+
+/// The backend the Maglev table of `fe`'s tier `tier` gives the flow `f`, if the table is there and that
+/// backend is not marked or held down (else the tier's random choice stands, counted).
+#[inline(never)]
+fn maglev(fe: &FrontendValue, f: &Flow, tier: usize) -> Option<Backend> {
+    let range = *fe.tiers.get(tier)?;
+    let key = MaglevKey { svc_id: fe.svc_id, generation: fe.generation, tier: tier as u32 };
+    let table = MAGLEV.get_ptr(key)?;
+    let bucket = lb_common::bucket(lb_common::flow_hash(&f.saddr, &f.daddr, f.sport, f.dport, f.proto));
+    // LLVM knows `bucket < MAGLEV_M` from the modulo and drops the bounds check; the verifier cannot see
+    // through the division's multiply-and-shift. Read back through memory (LLVM no longer knows the range),
+    // the check below stays, and the verifier bounds the access by it.
+    // SAFETY: a read of a local just written.
+    let bucket = unsafe { core::ptr::read_volatile(&raw const bucket) };
+    if bucket >= lb_common::MAGLEV_M {
+        return None;
+    }
+    // SAFETY: a map value stays mapped for the program's run; `bucket < MAGLEV_M`, the array's length.
+    let index = u32::from(*unsafe { &(*table).slots }.get(bucket)?);
+    if index >= u32::from(range.len) {
+        return None;
+    }
+    let backend = backend_at(fe.svc_id, fe.generation, u32::from(range.start) + index)?;
+    (!is_down(backend, conntrack::now)).then_some(backend)
 }
 
 /// Turn a new flow's entries into an SNAT flow's from `node`: claim a free port of the SNAT range for the

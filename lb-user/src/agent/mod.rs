@@ -48,7 +48,7 @@ mod tracker;
 
 pub use limits::{DEFAULT_LIMITS, ServiceLimits};
 pub use no_local::{NoLocalCounts, Traffic};
-pub use options::{AgentOptions, Source};
+pub use options::{AgentOptions, LbAlgorithm, Source};
 pub use report::{ServiceHealth, SyncReport, Unprogrammed, VipConflict};
 pub use retry::{RETRY_FIRST, RETRY_MAX, backoff};
 pub use run::run;

@@ -56,4 +56,16 @@ pub struct AgentOptions {
     pub devices: Option<Vec<String>>,
     /// `--service-node-port-range`: the cluster's NodePort range, which the SNAT ports leave out.
     pub node_port_range: (u16, u16),
+    /// `--lb-algorithm`: how a backend is chosen within a tier for traffic from outside the node.
+    pub lb_algorithm: LbAlgorithm,
+}
+
+/// How the tc programs choose a backend within the chosen tier for a new flow from outside the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LbAlgorithm {
+    /// At random among the tier's live backends (kube-proxy's rule).
+    #[default]
+    Random,
+    /// By the flow's hash in the tier's Maglev table: every node with the same backends picks the same one.
+    Maglev,
 }

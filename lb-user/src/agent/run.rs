@@ -463,7 +463,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     );
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
         .with_external(external)
-        .with_limits(opts.limits);
+        .with_limits(opts.limits)
+        .with_lb_algorithm(opts.lb_algorithm);
     if pin_dir.is_some() {
         adopt(&mut core)?;
     }

@@ -59,6 +59,8 @@ pub struct AgentCore<W: MapWriter> {
     /// What one Service may take (`--max-*-per-service`), and the Services over it now.
     limits: ServiceLimits,
     refused: Refused,
+    /// `--lb-algorithm`: how the tc programs choose within a tier for traffic from outside.
+    lb_algorithm: super::LbAlgorithm,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -88,7 +90,14 @@ impl<W: MapWriter> AgentCore<W> {
             topology: Topology::default(),
             limits: ServiceLimits::default(),
             refused: Refused::default(),
+            lb_algorithm: super::LbAlgorithm::Random,
         }
+    }
+
+    /// Choose within a tier for traffic from outside by `algorithm` (default: random).
+    #[must_use]
+    pub fn with_lb_algorithm(self, lb_algorithm: super::LbAlgorithm) -> Self {
+        Self { lb_algorithm, ..self }
     }
 
     /// Use `limits` for what one Service may take (default: `DEFAULT_LIMITS`).
@@ -401,8 +410,8 @@ impl<W: MapWriter> AgentCore<W> {
         let mut desired = BTreeMap::new();
         let keys: Vec<&ObjKey> = keys.collect();
         for chunk in keys.chunks(PLAN_CHUNK) {
-            let (model, limits) = (self.tracker.model(), &self.limits);
-            let plan = |k: &&ObjKey| plan_one(model, limits, k, node);
+            let (model, limits, algorithm) = (self.tracker.model(), &self.limits, self.lb_algorithm);
+            let plan = |k: &&ObjKey| plan_one(model, limits, k, node, algorithm);
             let results = crate::halves::map_in_halves(chunk, PARALLEL_PLAN_MIN, plan);
             for (key, result) in chunk.iter().zip(results) {
                 let mine = self.book(key, result, reported, newly_filled);
@@ -497,7 +506,13 @@ enum Planning {
 
 /// Plan Service `key` for `node` within `limits`, reading only the model. Over a limit before planning
 /// (externalIPs, endpoints: planned not at all) or after (frontends, slots), it is refused.
-fn plan_one(model: &crate::model::Model, limits: &ServiceLimits, key: &ObjKey, node: &NodeInfo) -> Planning {
+fn plan_one(
+    model: &crate::model::Model,
+    limits: &ServiceLimits,
+    key: &ObjKey,
+    node: &NodeInfo,
+    algorithm: super::LbAlgorithm,
+) -> Planning {
     let Some(svc) = model.services.get(key) else { return Planning::Gone };
     if let Some(why) = limits.before_planning(model, svc) {
         return Planning::Refused(why);
@@ -508,7 +523,15 @@ fn plan_one(model: &crate::model::Model, limits: &ServiceLimits, key: &ObjKey, n
         None => model.slices_of(key).collect(),
     };
     let plans = plan::plan_service(svc, &slices, node);
-    let mine = lower::frontends(&plans);
+    let mut mine = lower::frontends(&plans);
+    if algorithm == super::LbAlgorithm::Maglev {
+        // Traffic from outside only: a connect on the node has no other node to agree with.
+        for (key, want) in &mut mine {
+            if key.is_outside() {
+                want.flags |= lb_common::FLAG_MAGLEV;
+            }
+        }
+    }
     match limits.after_planning(&mine) {
         Some(why) => Planning::Refused(why),
         None => Planning::Done { svc: svc.clone(), filled: filled.is_some(), plans, mine },

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotBlock, SlotKey,
+    Health, HealthConfig, MaglevKey, MaglevTable, MemberKey, MemberValue, ReverseKey, ReverseValue,
+    SlotBlock, SlotKey,
 };
 
 use super::{MapError, MapReader, MapWriter, ReverseOccupancy};
@@ -24,6 +25,7 @@ pub struct FakeMaps {
     names: BTreeMap<u32, String>,
     connected_udp: BTreeMap<ReverseKey, ReverseValue>,
     members: BTreeMap<MemberKey, MemberValue>,
+    maglev: BTreeMap<MaglevKey, Box<MaglevTable>>,
     affinity: BTreeMap<AffinityKey, AffinityValue>,
     health: BTreeMap<Backend, Health>,
     health_config: HealthConfig,
@@ -140,6 +142,12 @@ impl MapReader for FakeMaps {
     fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError> {
         Ok(ReverseOccupancy { lru: 0, connected_udp: self.connected_udp.len() })
     }
+    fn maglev_keys(&self) -> Result<Vec<MaglevKey>, MapError> {
+        Ok(self.maglev.keys().copied().collect())
+    }
+    fn maglev_table(&self, key: MaglevKey) -> Result<Option<Box<MaglevTable>>, MapError> {
+        Ok(self.maglev.get(&key).cloned())
+    }
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError> {
         Ok(self.members.iter().map(|(k, v)| (*k, *v)).collect())
     }
@@ -223,6 +231,21 @@ impl MapWriter for FakeMaps {
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError> {
         self.writes += 1;
         self.members.remove(&key);
+        Ok(())
+    }
+    fn put_maglev_table(&mut self, key: MaglevKey, table: &MaglevTable) -> Result<(), MapError> {
+        // Twice the frontend capacity, as the kernel's map (`layout::map_size`).
+        let capacity = self.max_services.saturating_mul(2);
+        if !self.maglev.contains_key(&key) && self.maglev.len() >= capacity as usize {
+            return Err(MapError::Full { map: lb_common::MAP_MAGLEV, capacity, flag: "services" });
+        }
+        self.writes += 1;
+        self.maglev.insert(key, Box::new(*table));
+        Ok(())
+    }
+    fn delete_maglev_table(&mut self, key: MaglevKey) -> Result<(), MapError> {
+        self.writes += 1;
+        self.maglev.remove(&key);
         Ok(())
     }
     fn delete_health(&mut self, backend: Backend) -> Result<(), MapError> {

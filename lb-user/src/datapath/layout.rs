@@ -61,6 +61,9 @@ pub(super) fn map_size(name: &str, caps: Capacities) -> MapSize {
         MAP_NS_COUNTERS => (NS_COUNTER_SLOTS, FIXED, 0, |_| 0),
         MAP_UDP_PER_NETNS => (DEFAULT_MAX_UDP_NETNS, FIXED, 0, |_| 0),
         MAP_CGROUP_NETNS => (DEFAULT_MAX_CGROUPS, FIXED, 0, |_| 0),
+        // One table per outside frontend and tier of two or more backends, an old generation's beside it
+        // for its grace period: twice the frontends (not preallocated: a table costs only once written).
+        lb_common::MAP_MAGLEV => (caps.services.saturating_mul(2), "services", caps.services, |n| n / 2),
         _ => (caps.services.saturating_add(1), "services", caps.services, |n| n.saturating_sub(1)),
     };
     MapSize { entries, flag, value, value_of }
@@ -110,7 +113,7 @@ pub const MAP_LAYOUT: u32 = 2;
 
 /// Each layout number with its `fingerprint`, oldest first (numbering began at 0.1.0; the layouts before it
 /// were not numbered).
-pub const LAYOUT_HISTORY: [(u32, u64); 2] = [(1, 0xf4d7_197f_ed70_1296), (2, 0xb522_dc35_7077_684f)];
+pub const LAYOUT_HISTORY: [(u32, u64); 2] = [(1, 0xf4d7_197f_ed70_1296), (2, 0x19a9_65e8_3b7a_0158)];
 
 /// A pinned map whose layout changed at map layout `layout`: since then it is pinned as `pin`, before as
 /// `before.pin` with `before`'s layout. A new layout pins the map under a new name, so that the agent of the
@@ -222,6 +225,9 @@ fn key_value_sizes(name: &str) -> (u32, u32) {
         MAP_CGROUP_NETNS => (8, 8),
         MAP_OUTSIDE_AFFINITY => (size_of::<OutsideAffinityKey>() as u32, size_of::<AffinityValue>() as u32),
         MAP_MEMBERS => (size_of::<MemberKey>() as u32, size_of::<MemberValue>() as u32),
+        lb_common::MAP_MAGLEV => {
+            (size_of::<lb_common::MaglevKey>() as u32, size_of::<lb_common::MaglevTable>() as u32)
+        }
         MAP_HEALTH => (size_of::<Backend>() as u32, size_of::<Health>() as u32),
         MAP_HEALTH_CONFIG => (4, size_of::<HealthConfig>() as u32),
         MAP_TRACE_EVENTS => (0, 0),

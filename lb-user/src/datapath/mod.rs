@@ -20,6 +20,7 @@ pub mod fake;
 pub mod health;
 #[cfg(target_os = "linux")]
 mod layout;
+pub mod maglev;
 pub mod marks;
 #[cfg(target_os = "linux")]
 pub mod migrate;
@@ -40,7 +41,8 @@ pub use connects::Counters;
 pub use layout::{LAYOUT_HISTORY, MAP_LAYOUT, fingerprint as layout_fingerprint, pin_name, pin_path};
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
-    Health, HealthConfig, MemberKey, MemberValue, ReverseKey, ReverseValue, SlotBlock, SlotKey, TIER_COUNT,
+    Health, HealthConfig, MaglevKey, MaglevTable, MemberKey, MemberValue, ReverseKey, ReverseValue,
+    SlotBlock, SlotKey, TIER_COUNT,
 };
 pub use reconcile::{AdoptReport, AppliedFrontend, ApplyError, ApplyReport, DEFAULT_GRACE, Reconciler};
 
@@ -131,6 +133,10 @@ pub trait MapReader {
     fn reverse_occupancy(&self) -> Result<ReverseOccupancy, MapError>;
     /// Every member entry of the frontends with sessionAffinity (adoption removes orphans).
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError>;
+    /// The keys of every Maglev table (adoption removes orphans).
+    fn maglev_keys(&self) -> Result<Vec<MaglevKey>, MapError>;
+    /// One Maglev table, if written.
+    fn maglev_table(&self, key: MaglevKey) -> Result<Option<Box<MaglevTable>>, MapError>;
     /// Every sessionAffinity entry, expired or not (`tierlb status`).
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError>;
     /// Every sessionAffinity entry of clients outside the node (the tc programs'), expired or not.
@@ -183,6 +189,10 @@ pub trait MapWriter: MapReader {
     }
     /// Delete one member entry (absent is fine).
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError>;
+    /// Write one Maglev table (`maglev::tables`).
+    fn put_maglev_table(&mut self, key: MaglevKey, table: &MaglevTable) -> Result<(), MapError>;
+    /// Delete one Maglev table (absent is fine).
+    fn delete_maglev_table(&mut self, key: MaglevKey) -> Result<(), MapError>;
     /// Delete a backend's passive-health entry (absent is fine).
     fn delete_health(&mut self, backend: Backend) -> Result<(), MapError>;
     /// Write the passive health settings the data path reads.

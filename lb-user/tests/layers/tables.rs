@@ -128,9 +128,11 @@ const LB_COMMON: &[Part] = &[
     part("nat", &["nat"], &["root", "snat"]),
     // The tier choice the data path makes: reads a frontend's tier ranges and a member's flags.
     part("choice", &["choice"], &["root"]),
+    // Maglev's tables and flow hash for traffic from outside (its capacity from the root's frontend count).
+    part("maglev", &["maglev"], &["root"]),
     // lib.rs's lists of every map (`MAPS`, `PINNED_ONLY`, `NS_MAPS`, `PINNED_MAPS`) and `aya::Pod` for every
     // map type (`aya_pod!`): they name the modules' map names and types, so they sit above those modules.
-    part("catalogue", &[CATALOGUE], &["counters", "health", "reverse", "trace", "nat"]),
+    part("catalogue", &[CATALOGUE], &["counters", "health", "reverse", "trace", "nat", "maglev"]),
 ];
 
 /// lib.rs's items and top-level macro calls that read the modules (the `catalogue` part above). They are

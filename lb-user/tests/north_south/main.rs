@@ -10,6 +10,7 @@ mod icmp;
 mod l3_device;
 mod lab;
 mod load;
+mod maglev;
 mod mtu;
 mod netlink;
 mod reply_device;

@@ -7,6 +7,7 @@ mod fragment;
 mod icmp;
 mod icmp_send;
 mod lab;
+mod maglev;
 mod pkt;
 mod states;
 

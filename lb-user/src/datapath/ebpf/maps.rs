@@ -11,9 +11,9 @@ use aya::{
 use lb_common::{
     AffinityKey, AffinityValue, Backend, BackendState, COUNTERS_PER_SERVICE, FrontendKey, FrontendValue,
     Health, HealthConfig, MAP_AFFINITY, MAP_BACKEND_STATE, MAP_CONNECTED_UDP, MAP_COUNTERS, MAP_FRONTENDS,
-    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MEMBERS, MAP_NAMES, MAP_NESTED_AFFINITY, MAP_OUTSIDE_AFFINITY,
-    MAP_REVERSE, MAP_SLOTS, MAPS, MemberKey, MemberValue, OutsideAffinityKey, ReverseKey, ReverseValue,
-    ServiceCounters, ServiceName, SlotBlock, SlotKey,
+    MAP_HEALTH, MAP_HEALTH_CONFIG, MAP_MAGLEV, MAP_MEMBERS, MAP_NAMES, MAP_NESTED_AFFINITY,
+    MAP_OUTSIDE_AFFINITY, MAP_REVERSE, MAP_SLOTS, MAPS, MaglevKey, MaglevTable, MemberKey, MemberValue,
+    OutsideAffinityKey, ReverseKey, ReverseValue, ServiceCounters, ServiceName, SlotBlock, SlotKey,
 };
 
 use super::{Capacities, DatapathError, bpf_err};
@@ -22,7 +22,7 @@ use crate::{
     model::ServicePortName,
 };
 
-/// The thirteen maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
+/// The fourteen maps of `lb_common::MAPS`, from a fresh load or from pins (the socket storage, pinned too, is
 /// read by the kernel only).
 pub struct KernelMaps {
     frontends: HashMap<MapData, FrontendKey, FrontendValue>,
@@ -38,6 +38,7 @@ pub struct KernelMaps {
     health_config: Array<MapData, HealthConfig>,
     outside_affinity: HashMap<MapData, OutsideAffinityKey, AffinityValue>,
     nested_affinity: HashMap<MapData, AffinityKey, AffinityValue>,
+    maglev: HashMap<MapData, MaglevKey, MaglevTable>,
     /// What `wait_for_readers` updates (an RCU grace period per update).
     rcu: crate::datapath::rcu::RcuWaiter,
     max_services: u32,
@@ -193,6 +194,7 @@ impl KernelMaps {
             health_config,
             outside_affinity,
             nested_affinity,
+            maglev,
         ]: [Map; MAPS.len()] =
             maps.try_into().map_err(|_| DatapathError::MissingMap { name: "(one per name in MAPS)" })?;
         let batch_fds = BatchFds {
@@ -220,6 +222,7 @@ impl KernelMaps {
         let health_config = Array::try_from(health_config).map_err(conv(MAP_HEALTH_CONFIG))?;
         let outside_affinity = HashMap::try_from(outside_affinity).map_err(conv(MAP_OUTSIDE_AFFINITY))?;
         let nested_affinity = HashMap::try_from(nested_affinity).map_err(conv(MAP_NESTED_AFFINITY))?;
+        let maglev = HashMap::try_from(maglev).map_err(conv(MAP_MAGLEV))?;
         let caps = caps.unwrap_or(Capacities {
             services: counters.len().saturating_sub(1),
             slots: u32::MAX,
@@ -245,6 +248,7 @@ impl KernelMaps {
             health_config,
             outside_affinity,
             nested_affinity,
+            maglev,
             rcu: crate::datapath::rcu::RcuWaiter::new()
                 .map_err(|e| bpf_err("creating the grace-period map", e))?,
             max_services: caps.services,
@@ -401,6 +405,18 @@ impl MapReader for KernelMaps {
     fn members(&self) -> Result<Vec<(MemberKey, MemberValue)>, MapError> {
         self.members.iter().collect::<Result<Vec<_>, _>>().map_err(sys(MAP_MEMBERS, "slots", self.caps.slots))
     }
+    fn maglev_keys(&self) -> Result<Vec<MaglevKey>, MapError> {
+        self.maglev.keys().collect::<Result<Vec<_>, _>>().map_err(sys(
+            MAP_MAGLEV,
+            "services",
+            self.caps.services,
+        ))
+    }
+    fn maglev_table(&self, key: MaglevKey) -> Result<Option<Box<MaglevTable>>, MapError> {
+        let got =
+            absent_ok(self.maglev.get(&key, 0)).map_err(sys(MAP_MAGLEV, "services", self.caps.services))?;
+        Ok(got.map(Box::new))
+    }
     /// The pods' entries and those of namespaces made inside pods (`NESTED_AFFINITY`): each is a client.
     fn affinity_entries(&self) -> Result<Vec<(AffinityKey, AffinityValue)>, MapError> {
         let all = self.affinity.iter().collect::<Result<Vec<_>, _>>();
@@ -465,6 +481,16 @@ impl MapWriter for KernelMaps {
     }
     fn delete_member(&mut self, key: MemberKey) -> Result<(), MapError> {
         absent_ok(self.members.remove(&key)).map(|_| ()).map_err(sys(MAP_MEMBERS, "slots", self.caps.slots))
+    }
+    fn put_maglev_table(&mut self, key: MaglevKey, table: &MaglevTable) -> Result<(), MapError> {
+        self.maglev.insert(key, table, 0).map_err(sys(MAP_MAGLEV, "services", self.caps.services))
+    }
+    fn delete_maglev_table(&mut self, key: MaglevKey) -> Result<(), MapError> {
+        absent_ok(self.maglev.remove(&key)).map(|_| ()).map_err(sys(
+            MAP_MAGLEV,
+            "services",
+            self.caps.services,
+        ))
     }
     fn delete_health(&mut self, backend: Backend) -> Result<(), MapError> {
         let err = sys(MAP_HEALTH, "backends", self.caps.backends);

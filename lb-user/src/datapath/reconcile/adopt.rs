@@ -22,6 +22,9 @@ pub struct AdoptReport {
     pub orphan_names_removed: usize,
     /// sessionAffinity member entries of no current generation (a swap cut short), deleted.
     pub orphan_members_removed: usize,
+    /// Maglev tables of no current generation with Maglev (a swap cut short, or `--lb-algorithm` changed),
+    /// deleted.
+    pub orphan_maglev_removed: usize,
     /// Frontends whose stored name is not `namespace/name[:port]` (adopted nameless; the first full sync
     /// replaces or removes them).
     pub unnamed: usize,
@@ -64,6 +67,18 @@ impl<W: MapWriter> Reconciler<W> {
             if !with_affinity.contains(&(key.svc_id, key.generation)) {
                 self.writer.delete_member(key)?;
                 report.orphan_members_removed += 1;
+            }
+        }
+        // Maglev tables likewise: of a current generation with the flag, or removed.
+        let with_maglev: BTreeSet<(u32, u32)> = current
+            .values()
+            .filter(|rb| rb.value.flags & lb_common::FLAG_MAGLEV != 0)
+            .map(|rb| (rb.value.svc_id, rb.value.generation))
+            .collect();
+        for key in self.writer.maglev_keys()? {
+            if !with_maglev.contains(&(key.svc_id, key.generation)) {
+                self.writer.delete_maglev_table(key)?;
+                report.orphan_maglev_removed += 1;
             }
         }
         // Every id the maps can name, since any may have been named last (O(--max-services) lookups, once).

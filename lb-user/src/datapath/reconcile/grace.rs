@@ -2,7 +2,7 @@
 //! kernel's grace period is over, then go. See the parent module for why the wait is the kernel's.
 use std::time::{Duration, Instant};
 
-use lb_common::{Backend, FrontendValue, MemberKey, SlotKey, slot_blocks};
+use lb_common::{Backend, FrontendValue, MaglevKey, MemberKey, SlotKey, slot_blocks};
 
 use super::{AppliedFrontend, Reconciler, members};
 use crate::datapath::MapWriter;
@@ -11,7 +11,7 @@ use crate::datapath::MapWriter;
 /// period cannot be waited for (`MapWriter::wait_for_readers` failed). Programs finish in microseconds.
 pub const DEFAULT_GRACE: Duration = Duration::from_millis(50);
 
-/// Slots (and the member entries of a frontend with sessionAffinity) waiting for their grace period to end;
+/// Slots (and the member entries of a frontend with sessionAffinity, the Maglev tables of one with Maglev) waiting for their grace period to end;
 /// `free_id` returns the service id as well.
 #[derive(Clone, Debug)]
 pub(super) struct Buried {
@@ -20,6 +20,7 @@ pub(super) struct Buried {
     generation: u32,
     count: u32,
     members: Vec<Backend>,
+    maglev: Vec<MaglevKey>,
     free_id: bool,
 }
 
@@ -39,6 +40,7 @@ impl Buried {
             count,
             // Every backend of the generation, whichever tier the record says it is in (only the keys go).
             members: members::of(applied.affinity_timeout_s, [applied.slots, &[], &[]]).into_keys().collect(),
+            maglev: crate::datapath::maglev::keys(value, &applied.tiers),
             free_id,
         }
     }
@@ -77,6 +79,11 @@ impl<W: MapWriter> Reconciler<W> {
                 let key = MemberKey { svc_id: b.svc_id, generation: b.generation, backend };
                 if let Err(e) = self.writer.delete_member(key) {
                     tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old member entry failed");
+                }
+            }
+            for key in b.maglev {
+                if let Err(e) = self.writer.delete_maglev_table(key) {
+                    tracing::warn!(svc_id = b.svc_id, error = %e, "deleting an old Maglev table failed");
                 }
             }
             if b.free_id {

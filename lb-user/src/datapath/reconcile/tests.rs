@@ -193,6 +193,7 @@ fn a_restarted_agent_adopts_the_maps_and_rewrites_only_what_changed() {
             orphan_slots_removed: 1,
             orphan_names_removed: 1,
             orphan_members_removed: 0,
+            orphan_maglev_removed: 0,
             unnamed: 0
         }
     );
@@ -386,4 +387,55 @@ fn adoption_keeps_current_members_and_removes_orphans() {
     assert_eq!(left, [MemberKey { svc_id: v.svc_id, generation: v.generation, backend: be("10.0.0.1:80") }]);
     let rep = second.apply(&d, t0);
     assert_eq!((rep.unchanged, rep.changed()), (1, 0), "the adopted frontend keeps its affinity");
+}
+
+#[test]
+fn maglev_tables_follow_their_generation_and_adoption_removes_orphans() {
+    use lb_common::{FLAG_MAGLEV, MaglevKey, TIER_CLUSTER};
+    let t0 = Instant::now();
+    let mut r = Reconciler::new(FakeMaps::new(16, 64));
+    let k = fe("10.96.0.1:80");
+    let maglev =
+        |node: &[&str], cluster: &[&str]| DesiredFrontend { flags: FLAG_MAGLEV, ..want(node, cluster) };
+    let keys = |r: &Reconciler<FakeMaps>| r.writer().maglev_keys().unwrap();
+    let cluster = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+    let mut d = Desired::new();
+    // A node tier of one backend needs no table; the cluster tier of three has one.
+    d.insert(k, maglev(&["10.0.0.1:80"], &cluster));
+    r.apply(&d, t0);
+    let id = r.writer().frontend(k).unwrap().svc_id;
+    let gen1 = MaglevKey { svc_id: id, generation: 1, tier: TIER_CLUSTER as u32 };
+    assert_eq!(keys(&r), [gen1]);
+    let tier: Vec<Backend> = cluster.iter().map(|s| be(s)).collect();
+    let written = r.writer().maglev_table(gen1).unwrap().unwrap();
+    assert!(*written == *crate::datapath::maglev::table(&tier).unwrap(), "the tier's table as built");
+
+    // A change writes generation 2's table beside generation 1's, which goes after the grace period.
+    d.insert(k, maglev(&[], &cluster[1..]));
+    r.apply(&d, t0);
+    let gen2 = MaglevKey { generation: 2, ..gen1 };
+    assert_eq!(keys(&r), [gen1, gen2]);
+    r.collect_garbage(t0);
+    assert_eq!(keys(&r), [gen2]);
+    // Maglev off (random again): no table once the grace period is over.
+    d.insert(k, want(&[], &cluster[1..]));
+    r.apply(&d, t0);
+    r.collect_garbage(t0);
+    assert!(keys(&r).is_empty());
+
+    // Adoption: a current generation's table stays, one of no current generation (a swap cut short) goes.
+    d.insert(k, maglev(&[], &cluster));
+    r.apply(&d, t0);
+    let v = r.writer().frontend(k).unwrap();
+    let current = MaglevKey { svc_id: v.svc_id, generation: v.generation, tier: TIER_CLUSTER as u32 };
+    let mut maps = r.writer;
+    let table = maps.maglev_table(current).unwrap().unwrap();
+    let orphan = MaglevKey { generation: v.generation + 1, ..current };
+    maps.put_maglev_table(orphan, &table).unwrap();
+    let mut second = Reconciler::new(maps);
+    let rep = second.adopt().unwrap();
+    assert_eq!(rep.orphan_maglev_removed, 1);
+    assert_eq!(second.writer().maglev_keys().unwrap(), [current]);
+    let rep = second.apply(&d, t0);
+    assert_eq!((rep.unchanged, rep.changed()), (1, 0), "the adopted frontend keeps its tables");
 }

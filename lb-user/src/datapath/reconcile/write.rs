@@ -1,5 +1,5 @@
 //! Steps (1) and (2) of the swap for many frontends at once: what comes before the swap (a fresh id's zeroed
-//! counters and name, the new generation's slots and members) for up to `CHUNK` frontends in one map operation
+//! counters and name, the new generation's slots, members and Maglev tables) for up to `CHUNK` frontends in one map operation
 //! per map, then their frontend values in one more. A batch the kernel refuses (a full map) is undone and its
 //! frontends written again one by one, so the outcome is that of writing each alone in key order: each
 //! failure is reported against its own frontend, every other one is applied, and an id one failure frees goes
@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use lb_common::{
-    Backend, FrontendKey, FrontendValue, MemberKey, MemberValue, SlotBlock, SlotKey, TIER_COUNT, TierRange,
-    slot_blocks,
+    Backend, FrontendKey, FrontendValue, MaglevKey, MaglevTable, MemberKey, MemberValue, SlotBlock, SlotKey,
+    TIER_COUNT, TierRange, slot_blocks,
 };
 
 use super::{Applied, ApplyError, ApplyReport, Reconciler, grace::Buried, members};
@@ -42,6 +42,8 @@ struct Prepared<'a> {
     /// A new id: its counters are zeroed and its name written before the swap, and freed if that fails.
     fresh_id: bool,
     members: Vec<(Backend, MemberValue)>,
+    /// The Maglev tables of an outside frontend with `FLAG_MAGLEV` (`maglev::tables`).
+    maglev: Vec<(MaglevKey, Box<MaglevTable>)>,
 }
 
 impl Prepared<'_> {
@@ -88,6 +90,7 @@ impl<W: MapWriter> Reconciler<W> {
         while let Some(job) = jobs.next() {
             match self.prepare(&job) {
                 Ok((value, fresh_id)) => ready.push(Prepared {
+                    maglev: crate::datapath::maglev::tables(&value, &job.want.tiers),
                     value,
                     fresh_id,
                     members: members::of(
@@ -195,7 +198,11 @@ impl<W: MapWriter> Reconciler<W> {
         self.writer.put_names_and_slots(&ids, &names, &keys, &blocks)?;
         let keys: Vec<MemberKey> = ready.iter().flat_map(Prepared::member_keys).collect();
         let values: Vec<MemberValue> = ready.iter().flat_map(|p| p.members.iter().map(|(_, v)| *v)).collect();
-        self.writer.put_members(&keys, &values)
+        self.writer.put_members(&keys, &values)?;
+        for (key, table) in ready.iter().flat_map(|p| &p.maglev) {
+            self.writer.put_maglev_table(*key, table)?;
+        }
+        Ok(())
     }
 
     /// Give back `p`'s fresh id and, if step (1) may have written them (`written`), remove its entries (best
@@ -207,6 +214,9 @@ impl<W: MapWriter> Reconciler<W> {
             }
             for key in p.member_keys() {
                 let _ = self.writer.delete_member(key);
+            }
+            for (key, _) in &p.maglev {
+                let _ = self.writer.delete_maglev_table(*key);
             }
             if p.fresh_id {
                 let _ = self.writer.delete_name(p.value.svc_id);
