@@ -61,21 +61,9 @@ impl Round {
     }
 }
 
-fn ask_tcp(s: &mut TcpStream) -> Result<String, String> {
-    s.set_read_timeout(Some(Duration::from_secs(3))).map_err(|e| e.to_string())?;
-    writeln!(s, "hello").map_err(|e| format!("write: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(&*s).read_line(&mut line).map_err(|e| format!("read: {e}"))?;
-    line.split(' ')
-        .next()
-        .filter(|n| !n.trim().is_empty())
-        .map(str::to_owned)
-        .ok_or(format!("answer {line:?}"))
-}
-
 fn tcp_answer(to: SocketAddr, s: &mut TcpStream) -> HeldAnswer {
     let peer = s.peer_addr().ok().map(|a| a.to_string());
-    let (pod, error) = match ask_tcp(s) {
+    let (pod, error) = match crate::ns_loads::pod::ask(s) {
         Ok(p) => (Some(p), None),
         Err(e) => (None, Some(e)),
     };
