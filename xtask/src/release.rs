@@ -26,12 +26,26 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
         let src = dir.join("src");
         let _ = std::fs::remove_dir_all(&src);
         std::fs::create_dir_all(&src)?;
-        // The commit's tree, from this repository's history (a shallow clone lacks it: say so).
-        let archive = Command::new("git")
-            .current_dir(util::root())
-            .args(["archive", "--format=tar", commit])
-            .output()
-            .context("running git archive")?;
+        // The commit's tree, from this repository's history; a shallow clone lacks it: fetched from its origin
+        // (the commit alone), else say so.
+        let git_archive = || {
+            Command::new("git")
+                .current_dir(util::root())
+                .args(["archive", "--format=tar", commit])
+                .output()
+                .context("running git archive")
+        };
+        let mut archive = git_archive()?;
+        if !archive.status.success() {
+            let fetched = Command::new("git")
+                .current_dir(util::root())
+                .args(["fetch", "--quiet", "--depth", "1", "origin", commit])
+                .status()
+                .is_ok_and(|s| s.success());
+            if fetched {
+                archive = git_archive()?;
+            }
+        }
         anyhow::ensure!(
             archive.status.success(),
             "commit {commit} (tierlb {version}) is not in this clone's history (a shallow clone?): fetch it \
