@@ -18,8 +18,13 @@ const SMALL: Capacities = Capacities::all(64);
 /// The previous release's NS_COUNTERS (layout 1: a per-CPU array of 32 `u64`).
 const PREVIOUS_SLOTS: u32 = 32;
 
-fn root() {
+/// A private bpffs and an instance directory `node-1` on it (needs root).
+fn instance(tag: &str) -> (BpfFs, std::path::PathBuf) {
     assert!(nix::unistd::geteuid().is_root(), "in-kernel tests need root (BPF maps)");
+    let bpffs = BpfFs::new(tag).unwrap();
+    let dir = bpffs.path().join("node-1");
+    std::fs::create_dir_all(&dir).unwrap();
+    (bpffs, dir)
 }
 
 /// Every CPU's value of each index of a pinned per-CPU `u64` array.
@@ -42,10 +47,7 @@ fn count(path: &Path, by: impl Fn(u32, usize) -> u64) {
 
 #[test]
 fn ns_counters_migrate_up_from_layout_1_with_late_counts_and_back_down_for_a_rollback() {
-    root();
-    let bpffs = BpfFs::new("migrate").unwrap();
-    let dir = bpffs.path().join("node-1");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (_bpffs, dir) = instance("migrate");
     let old_pin = dir.join(MAP_NS_COUNTERS);
     let new_pin = pin_path(&dir, MAP_NS_COUNTERS);
     assert_ne!(old_pin, new_pin, "layout 2 pins NS_COUNTERS under a new name");
@@ -119,10 +121,7 @@ const NOT_COPIED: [(u32, &str); 2] = [(24, "sk_storage"), (27, "ringbuf")];
 
 #[test]
 fn every_pinned_map_kind_copies_byte_for_byte() {
-    root();
-    let bpffs = BpfFs::new("migrate-copy").unwrap();
-    let dir = bpffs.path().join("node-1");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (_bpffs, dir) = instance("migrate-copy");
     let loaded = Loaded::load(SMALL, Some(&dir)).unwrap();
     let mut kinds = BTreeMap::new();
     let mut skipped = Vec::new();

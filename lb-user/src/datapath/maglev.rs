@@ -21,23 +21,26 @@ fn identity(b: &Backend) -> Vec<u8> {
     out
 }
 
+/// A tier's distinct backends in the order of their identities, each with its identity and first slot (a
+/// tier's length fits a `u16`: `TierRange`).
+fn distinct(tier: &[Backend]) -> Vec<(Vec<u8>, u16)> {
+    let mut first = std::collections::BTreeMap::new();
+    for (i, b) in tier.iter().enumerate() {
+        first.entry(identity(b)).or_insert(u16::try_from(i).unwrap_or(u16::MAX));
+    }
+    first.into_iter().collect()
+}
+
 /// The Maglev table of a tier: `None` for fewer than two distinct backends (the tier's choice is then the
 /// table's). Each backend's preference list is a permutation of the buckets (an offset and a skip from two
 /// hashes of its identity); backends take turns claiming their next free preference until every bucket is
 /// taken, so each holds `MAGLEV_M / n` buckets, give or take one.
 #[must_use]
 pub fn table(tier: &[Backend]) -> Option<Box<MaglevTable>> {
-    let mut distinct: Vec<(Vec<u8>, u16)> = Vec::new();
-    for (i, b) in tier.iter().enumerate() {
-        let id = identity(b);
-        if !distinct.iter().any(|(d, _)| *d == id) {
-            distinct.push((id, u16::try_from(i).ok()?));
-        }
-    }
+    let distinct = distinct(tier);
     if distinct.len() < 2 {
         return None;
     }
-    distinct.sort();
     let m = MAGLEV_M as u64;
     let perm: Vec<(u64, u64)> = distinct
         .iter()
@@ -96,12 +99,7 @@ pub fn keys(value: &FrontendValue, tiers: &[&[Backend]; TIER_COUNT]) -> Vec<Magl
         return Vec::new();
     }
     (0..TIER_COUNT)
-        .filter(|t| {
-            let mut ids: Vec<Vec<u8>> = tiers[*t].iter().map(identity).collect();
-            ids.sort();
-            ids.dedup();
-            ids.len() >= 2
-        })
+        .filter(|t| distinct(tiers[*t]).len() >= 2)
         .map(|t| MaglevKey { svc_id: value.svc_id, generation: value.generation, tier: t as u32 })
         .collect()
 }

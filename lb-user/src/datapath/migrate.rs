@@ -128,11 +128,7 @@ impl RawMap {
 
     /// Bytes of a value as a lookup returns it: per CPU, each rounded up to 8.
     pub fn stride(&self) -> usize {
-        if self.cpus > 1 || PER_CPU.contains(&self.map_type) {
-            self.value.div_ceil(8) * 8
-        } else {
-            self.value
-        }
+        if PER_CPU.contains(&self.map_type) { self.value.div_ceil(8) * 8 } else { self.value }
     }
 
     /// Bytes of a value as `get` returns it and `put` takes it.

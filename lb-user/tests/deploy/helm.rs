@@ -54,7 +54,7 @@ fn template(home: &TempDir, sets: &[&str]) -> Vec<Value> {
 /// change of that ConfigMap) dropped.
 fn comparable(docs: &[Value]) -> BTreeMap<(String, String), Value> {
     let mut text = serde_json::to_string(docs).unwrap();
-    let hashed = regex_free_suffix(&text, "tierlb-api-server-");
+    let hashed = kustomize_hashed_names(&text, "tierlb-api-server-");
     for h in hashed {
         text = text.replace(&h, "tierlb-api-server");
     }
@@ -80,7 +80,7 @@ fn comparable(docs: &[Value]) -> BTreeMap<(String, String), Value> {
 }
 
 /// Each `prefix` followed by a 10-character kustomize hash in `text`, with the hash.
-fn regex_free_suffix(text: &str, prefix: &str) -> Vec<String> {
+fn kustomize_hashed_names(text: &str, prefix: &str) -> Vec<String> {
     text.match_indices(prefix)
         .filter_map(|(i, _)| {
             let rest = &text[i + prefix.len()..];
