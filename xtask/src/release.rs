@@ -60,16 +60,20 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
             .context("running tar")?;
         std::io::Write::write_all(&mut tar.stdin.take().context("tar's stdin")?, &archive.stdout)?;
         anyhow::ensure!(tar.wait()?.success(), "unpacking commit {commit}");
-        // Its own lock file and toolchain; a target directory of its own in the cache (its dependencies
-        // compile once, whatever this tree does to target/).
+        // Its own lock file and toolchain, a target directory of its own (whatever this tree does to
+        // target/), built once per pinned commit: only the binary is kept, the target directory (about
+        // 1.8 GiB) is removed, as a CI run once failed for a full disk.
+        let build_dir = root.join("target");
         util::run(
             util::cargo()
                 .current_dir(&src)
-                .env("CARGO_TARGET_DIR", root.join("target"))
+                .env("CARGO_TARGET_DIR", &build_dir)
+                .env("CARGO_INCREMENTAL", "0")
                 .env("TIERLB_GIT_COMMIT", commit)
                 .args(["build", "--locked", "-p", "lb-user", "--bin", "tierlb"]),
         )?;
-        std::fs::copy(root.join("target/debug/tierlb"), &binary).context("keeping the release's binary")?;
+        std::fs::copy(build_dir.join("debug/tierlb"), &binary).context("keeping the release's binary")?;
+        std::fs::remove_dir_all(&build_dir).with_context(|| format!("removing {}", build_dir.display()))?;
         eprintln!("setup: tierlb {version} built in {:.0} s", started.elapsed().as_secs_f64());
     }
     let target = util::target_dir();
