@@ -224,8 +224,15 @@ pub const NS_ICMP_RATE_LIMITED: u32 = 28;
 /// New flows to a frontend with `FLAG_MAGLEV` whose table's backend was marked down or held down (or whose
 /// table was missing): the tier's random choice served them instead.
 pub const NS_MAGLEV_FALLBACK: u32 = 29;
+/// Packets `xdp_ingress` translated and sent back out of the device they came in by (`XDP_TX`).
+pub const NS_XDP_TX: u32 = 30;
+/// Packets `xdp_ingress` translated and sent out of another device (`XDP_REDIRECT`).
+pub const NS_XDP_REDIRECT: u32 = 31;
+/// Packets of tracked or new flows `xdp_ingress` left to `tc_ingress` (a local backend, no neighbour entry
+/// yet, an ICMP answer to give, a TCP segment that moves a flow's state).
+pub const NS_XDP_TO_TC: u32 = 32;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 30;
+pub const NS_COUNTER_KINDS: u32 = 33;
 /// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
 /// 32 until map layout 2, which made room for the XDP and DSR paths' counters (29 of 32 were taken); the agent
 /// migrates a pinned map of 32 in place (`lb-user`'s `datapath::migrate`).
@@ -263,6 +270,9 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "icmp_sent",
     "icmp_rate_limited",
     "maglev_fallback",
+    "xdp_tx",
+    "xdp_redirect",
+    "xdp_to_tc",
 ];
 
 /// Entries an LRU conntrack table reclaimed to make room (live flows and expired ones it had not reused):

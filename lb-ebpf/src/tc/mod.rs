@@ -16,10 +16,12 @@
 //! ports lie above the kernel's ephemeral range (see `lb_common::nat`).
 mod conntrack;
 mod fragment;
+mod frame;
 mod icmp;
 mod icmp_send;
 mod packet;
 mod route;
+mod xdp;
 
 use core::ffi::c_void;
 
@@ -30,6 +32,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::TcContext,
 };
+use frame::Frame;
 use lb_common::{
     ADDR_FOREIGN, ADDR_NODE, AddrKey, Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN,
     CT_DIR_OUT, CT_FORWARD, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_MAGLEV,
@@ -311,7 +314,7 @@ fn new_flow(f: &Flow) -> i32 {
 /// A new flow whose backend is chosen (`NewFlow::choice`): write its entries (SNAT for a remote backend).
 /// `CREATED` when it did, else the packet's verdict.
 #[inline(never)]
-fn admit(ctx: &TcContext, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
+fn admit<C: Frame>(ctx: &C, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
     let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
     // SAFETY: this CPU's scratch value, written by `new_flow` in this run.
     let NewFlow { fe, client, fwd_key, fwd, reply_key, reply, choice, .. } = unsafe { &mut *n };
@@ -540,8 +543,8 @@ fn node_address(addr: &[u32; 4], family: u8) -> bool {
 /// `BPF_FIB_LOOKUP_SRC`, the node's address of the family the agent configured (`NatConfig::snat_v4` /
 /// `snat_v6`).
 #[inline(always)]
-fn snat_address(
-    ctx: &TcContext,
+fn snat_address<C: Frame>(
+    ctx: &C,
     fe: &FrontendValue,
     f: &Flow,
     cfg: &NatConfig,

@@ -4,13 +4,10 @@
 //! `CHECKSUM_PARTIAL` packet (veth and most NICs' offload) keeps a valid partial sum instead of a full one
 //! computed over a header the device will finish. Loads and stores go through `bpf_skb_load_bytes` /
 //! `bpf_skb_store_bytes`, which also work on non-linear skbs (GSO packets on egress).
-use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
-    programs::TcContext,
-};
+use aya_ebpf::bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR};
 use lb_common::{FAMILY_V4, FAMILY_V6, PROTO_TCP, PROTO_UDP};
 
-use super::fragment;
+use super::{fragment, frame::Frame};
 use crate::maps::FragKey;
 
 /// Ethernet header length: where the IP header starts on an Ethernet-like device (veth, physical NICs,
@@ -85,14 +82,12 @@ pub(crate) enum Parsed {
 /// The flow of the packet in `ctx`, into `f` (fully written when the answer is `Parsed::Flow`); its IP header
 /// at `l3` (`ETH_LEN`, or 0 on an L3 device, whose protocol is the skb's).
 #[inline(always)]
-pub(crate) fn parse(ctx: &TcContext, f: &mut Flow, l3: usize) -> Parsed {
+pub(crate) fn parse<C: Frame>(ctx: &C, f: &mut Flow, l3: usize) -> Parsed {
     let eth_proto = if l3 == ETH_LEN {
         let Ok(p) = ctx.load::<u16>(12) else { return Parsed::Other };
         u16::from_be(p)
     } else {
-        // SAFETY: the context's skb pointer is valid for the program's run; `protocol` holds the ethertype
-        // in network order in its low 16 bits.
-        u16::from_be(unsafe { (*ctx.skb.skb).protocol } as u16)
+        u16::from_be(ctx.l3_protocol())
     };
     f.l3 = l3;
     f.saddr = [0; 4];
@@ -200,7 +195,7 @@ pub(crate) fn parse(ctx: &TcContext, f: &mut Flow, l3: usize) -> Parsed {
 
 /// The TCP/UDP header of `f` at `f.l4`: its ports, and TCP's flags and sequence numbers.
 #[inline(always)]
-fn l4(ctx: &TcContext, f: &mut Flow) -> Parsed {
+fn l4<C: Frame>(ctx: &C, f: &mut Flow) -> Parsed {
     let (Ok(sp), Ok(dp)) = (ctx.load::<u16>(f.l4), ctx.load::<u16>(f.l4 + 2)) else { return Parsed::Other };
     f.sport = sp;
     f.dport = dp;
@@ -254,7 +249,7 @@ fn l4_csum(f: &Flow) -> (usize, u64) {
 
 /// Replace one address of the packet (`dst`: the destination, else the source) by `to`.
 #[inline(always)]
-fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i64> {
+fn set_addr<C: Frame>(ctx: &C, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i64> {
     let (csum, extra) = l4_csum(f);
     let pseudo = u64::from(BPF_F_PSEUDO_HDR) | extra;
     let from = if dst { f.daddr } else { f.saddr };
@@ -265,13 +260,13 @@ fn set_addr(ctx: &TcContext, f: &Flow, dst: bool, to: &[u32; 4]) -> Result<(), i
             ctx.l4_csum_replace(csum, u64::from(from[0]), u64::from(to[0]), pseudo | 4)?;
         }
         ctx.l3_csum_replace(f.l3 + IPV4_CSUM, u64::from(from[0]), u64::from(to[0]), 4)?;
-        ctx.store(off, &to[0], 0)?;
+        ctx.store(off, &to[0])?;
     } else {
         let off = f.l3 + if dst { IPV6_DST } else { IPV6_SRC };
         if f.frag != fragment::LATER {
             pseudo_v6(ctx, csum, pseudo, &from, to)?;
         }
-        ctx.store(off, to, 0)?;
+        ctx.store(off, to)?;
     }
     Ok(())
 }
@@ -285,8 +280,8 @@ const EINVAL: i64 = 22;
 /// Update the L4 checksum at `csum` for an IPv6 address changed from `from` to `to` (`flags`: the pseudo-header
 /// flag and any other), with `BPF_F_IPV6` where the kernel has it.
 #[inline(always)]
-pub(crate) fn pseudo_v6(
-    ctx: &TcContext,
+pub(crate) fn pseudo_v6<C: Frame>(
+    ctx: &C,
     csum: usize,
     flags: u64,
     from: &[u32; 4],
@@ -308,20 +303,20 @@ pub(crate) fn pseudo_v6(
 
 /// Replace one port of the packet (`dst`: the destination, else the source) by `to` (network order).
 #[inline(always)]
-fn set_port(ctx: &TcContext, f: &Flow, dst: bool, to: u16) -> Result<(), i64> {
+fn set_port<C: Frame>(ctx: &C, f: &Flow, dst: bool, to: u16) -> Result<(), i64> {
     if f.frag == fragment::LATER {
         return Ok(());
     }
     let (csum, extra) = l4_csum(f);
     let from = if dst { f.dport } else { f.sport };
     ctx.l4_csum_replace(csum, u64::from(from), u64::from(to), extra | 2)?;
-    ctx.store(f.l4 + if dst { 2 } else { 0 }, &to, 0)?;
+    ctx.store(f.l4 + if dst { 2 } else { 0 }, &to)?;
     Ok(())
 }
 
 /// Rewrite the destination to `addr:port` (DNAT, or the reply of an SNAT flow).
 #[inline(always)]
-pub(crate) fn set_dst(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> Result<(), i64> {
+pub(crate) fn set_dst<C: Frame>(ctx: &C, f: &Flow, addr: &[u32; 4], port: u16) -> Result<(), i64> {
     if *addr != f.daddr {
         set_addr(ctx, f, true, addr)?;
     }
@@ -333,7 +328,7 @@ pub(crate) fn set_dst(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> 
 
 /// Rewrite the source to `addr:port` (SNAT, or a reply's source back to the frontend).
 #[inline(always)]
-pub(crate) fn set_src(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> Result<(), i64> {
+pub(crate) fn set_src<C: Frame>(ctx: &C, f: &Flow, addr: &[u32; 4], port: u16) -> Result<(), i64> {
     if *addr != f.saddr {
         set_addr(ctx, f, false, addr)?;
     }
@@ -345,7 +340,7 @@ pub(crate) fn set_src(ctx: &TcContext, f: &Flow, addr: &[u32; 4], port: u16) -> 
 
 /// The IP packet's length (IPv4's total length; IPv6's payload length and its fixed header).
 #[inline(always)]
-pub(crate) fn ip_len(ctx: &TcContext, f: &Flow) -> Result<u16, i64> {
+pub(crate) fn ip_len<C: Frame>(ctx: &C, f: &Flow) -> Result<u16, i64> {
     if f.family == FAMILY_V4 {
         Ok(u16::from_be(ctx.load::<u16>(f.l3 + 2)?))
     } else {
@@ -355,7 +350,7 @@ pub(crate) fn ip_len(ctx: &TcContext, f: &Flow) -> Result<u16, i64> {
 
 /// The packet's TTL (IPv4) or hop limit (IPv6).
 #[inline(always)]
-pub(crate) fn ttl(ctx: &TcContext, f: &Flow) -> Result<u8, i64> {
+pub(crate) fn ttl<C: Frame>(ctx: &C, f: &Flow) -> Result<u8, i64> {
     ctx.load(f.l3 + if f.family == FAMILY_V4 { IPV4_TTL } else { IPV6_HOP })
 }
 
@@ -363,7 +358,7 @@ pub(crate) fn ttl(ctx: &TcContext, f: &Flow) -> Result<u8, i64> {
 /// itself (a redirect bypasses the stack's forwarding, which would do it). `false`: it would reach zero
 /// (`route::check` answered such a packet before it was rewritten).
 #[inline(always)]
-pub(crate) fn decrement_ttl(ctx: &TcContext, f: &Flow) -> Result<bool, i64> {
+pub(crate) fn decrement_ttl<C: Frame>(ctx: &C, f: &Flow) -> Result<bool, i64> {
     if f.family == FAMILY_V4 {
         // TTL and protocol form one 16-bit word of the header checksum.
         let word: u16 = ctx.load(f.l3 + IPV4_TTL)?;
@@ -373,13 +368,13 @@ pub(crate) fn decrement_ttl(ctx: &TcContext, f: &Flow) -> Result<bool, i64> {
         }
         let new = u16::from_ne_bytes([ttl - 1, word.to_ne_bytes()[1]]);
         ctx.l3_csum_replace(f.l3 + IPV4_CSUM, u64::from(word), u64::from(new), 2)?;
-        ctx.store(f.l3 + IPV4_TTL, &new, 0)?;
+        ctx.store(f.l3 + IPV4_TTL, &new)?;
     } else {
         let hop: u8 = ctx.load(f.l3 + IPV6_HOP)?;
         if hop <= 1 {
             return Ok(false);
         }
-        ctx.store(f.l3 + IPV6_HOP, &(hop - 1), 0)?;
+        ctx.store(f.l3 + IPV6_HOP, &(hop - 1))?;
     }
     Ok(true)
 }

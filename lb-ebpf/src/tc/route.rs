@@ -19,14 +19,14 @@ use aya_ebpf::{
 };
 use lb_common::{FAMILY_V4, NS_DROP_FRAG_NEEDED, NS_DROP_NO_ROUTE};
 
-use super::{DROP, Flow, icmp_send, packet};
+use super::{DROP, Flow, frame::Frame, icmp_send, packet};
 use crate::counters::count_ns;
 
-const AF_INET: u8 = 2;
+pub(crate) const AF_INET: u8 = 2;
 /// `sizeof(struct bpf_fib_lookup)` as the helper takes it (64 bytes: no truncation).
 #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "64 fits an i32")]
-const FIB_PARAMS_LEN: i32 = size_of::<bpf_fib_lookup>() as i32;
-const AF_INET6: u8 = 10;
+pub(crate) const FIB_PARAMS_LEN: i32 = size_of::<bpf_fib_lookup>() as i32;
+pub(crate) const AF_INET6: u8 = 10;
 
 /// The next hop of the packet being forwarded, between `check` and `send` (off the stack: the rewrite
 /// between them has frames of its own).
@@ -166,11 +166,10 @@ pub(crate) fn send(ctx: &TcContext, f: &Flow) -> i32 {
 /// `false` where the kernel lacks the flag (before 6.8: the helper refuses it) or no route: the caller falls
 /// back to the configured address.
 #[inline(never)]
-pub(crate) fn source(ctx: &TcContext, family: u8, dst: &[u32; 4], out: &mut [u32; 4]) -> bool {
+pub(crate) fn source<C: Frame>(ctx: &C, family: u8, dst: &[u32; 4], out: &mut [u32; 4]) -> bool {
     // SAFETY: all-zero is a valid bpf_fib_lookup (plain integers and unions of them).
     let mut p: bpf_fib_lookup = unsafe { zeroed() };
-    // SAFETY: the context's skb pointer is valid for the program's run.
-    p.ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    p.ifindex = ctx.ifindex();
     if family == FAMILY_V4 {
         p.family = AF_INET;
         p.__bindgen_anon_4.ipv4_dst = dst[0];
@@ -179,7 +178,7 @@ pub(crate) fn source(ctx: &TcContext, family: u8, dst: &[u32; 4], out: &mut [u32
         p.__bindgen_anon_4.ipv6_dst = *dst;
     }
     // SAFETY: `p` is a valid lookup structure of the size passed; the context is the program's own.
-    let rc = unsafe { fib_lookup(ctx.skb.skb.cast(), &raw mut p, FIB_PARAMS_LEN, BPF_FIB_LOOKUP_SRC) };
+    let rc = unsafe { fib_lookup(ctx.raw(), &raw mut p, FIB_PARAMS_LEN, BPF_FIB_LOOKUP_SRC) };
     if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && rc != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         return false;
     }

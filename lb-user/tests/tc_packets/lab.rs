@@ -7,7 +7,7 @@ use aya::{
         Array, HashMap, PerCpuArray,
         lpm_trie::{Key, LpmTrie},
     },
-    programs::{SchedClassifier, TestRun, TestRunOptions},
+    programs::{SchedClassifier, TestRun, TestRunOptions, Xdp},
 };
 use lb_common::{
     ADDR_FOREIGN, ADDR_NODE, AddrKey, CT_TABLES, CtAddr, CtKey, CtValue, FLAG_SNAT_TO_FRONTEND, FrontendKey,
@@ -92,6 +92,8 @@ impl Lab {
             let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
             p.load().unwrap_or_else(|e| panic!("verifying {name}: {e:?}"));
         }
+        let p: &mut Xdp = ebpf.program_mut("xdp_ingress").unwrap().try_into().unwrap();
+        p.load().unwrap_or_else(|e| panic!("verifying xdp_ingress: {e:?}"));
         let mut lab = Self { ebpf, ns, ifindex, next_svc: 1 };
         // The node's addresses in the pre-filter, as the agent writes them.
         lab.addr(NODE, ADDR_NODE);
@@ -253,6 +255,25 @@ impl Lab {
         opts.data_out = Some(&mut out);
         opts.ctx_in = Some(&ctx);
         let r = p.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    }
+}
+
+impl Lab {
+    /// Run `xdp_ingress` on `packet` as if it arrived on `eth`: the XDP verdict and the frame after it.
+    pub(crate) fn run_xdp(&mut self, packet: &[u8]) -> (u32, Vec<u8>) {
+        let p: &mut Xdp = self.ebpf.program_mut("xdp_ingress").unwrap().try_into().unwrap();
+        // struct xdp_md (24 bytes): data, data_end, data_meta (0: the kernel's), ingress_ifindex at 12,
+        // rx_queue_index at 16 (queue 0 of `eth`), egress_ifindex.
+        let mut ctx = [0u8; 24];
+        ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
+        let mut out = vec![0u8; packet.len() + 64];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(packet);
+        opts.data_out = Some(&mut out);
+        opts.ctx_in = Some(&ctx);
+        let r = p.test_run(opts).expect("BPF_PROG_TEST_RUN (XDP)");
         out.truncate(r.data_size_out as usize);
         (r.return_value, out)
     }

@@ -10,6 +10,7 @@ mod lab;
 mod maglev;
 mod pkt;
 mod states;
+mod xdp;
 
 use lab::{Lab, sa};
 use lb_common::{
