@@ -318,6 +318,14 @@ pub struct AgentArgs {
     /// a restarted agent replaces its filter in place; `--cleanup` removes them from every device.
     #[arg(long, value_enum, default_value_t = crate::datapath::tc::AttachMode::Auto)]
     pub tc_attach: crate::datapath::tc::AttachMode,
+    /// Where traffic from outside the node is translated first: `xdp_ingress` on the NodePort devices, before
+    /// the kernel builds an skb (tracked and new flows to backends on other nodes, sent back out with
+    /// XDP_TX or XDP_REDIRECT), handing tc everything else (local backends, ICMP, fragments). `auto`: in the
+    /// driver where it has XDP, except on a veth (whose peer needs an XDP program of its own for XDP_TX: say
+    /// `native` when it has); `native`; `generic` (in the stack's receive path, any device); `off` (tc alone).
+    /// An agent that stops removes its XDP links; tc translates meanwhile.
+    #[arg(long, value_enum, default_value_t = crate::datapath::xdp::XdpSetting::Auto)]
+    pub xdp: crate::datapath::xdp::XdpSetting,
     /// How a new flow from outside the node gets its backend within the tier the tiers choose: `random`
     /// (kube-proxy's rule), or `maglev` (the flow's hash in a Maglev table of 16,381 entries per tier, the
     /// same on every node holding the same backends: a flow an ECMP router moves to another node keeps its

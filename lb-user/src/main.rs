@@ -37,6 +37,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     if let Command::Agent(a) = &cli.command {
         a.tc_attach.set();
+        a.xdp.set();
     }
     let result: anyhow::Result<Option<String>> = match &cli.command {
         Command::Agent(a) if a.cleanup => {

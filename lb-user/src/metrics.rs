@@ -144,6 +144,8 @@ pub struct AgentStats {
     pub conntrack_capacity: Family<Labels, Gauge>,
     /// Entries each conntrack table's LRU reclaimed to make room (`lb_common::ct_evictions`).
     pub conntrack_evictions: Family<Labels, Counter>,
+    /// The NodePort devices `xdp_ingress` is attached to, by device and mode (`native`, `generic`): 1 each.
+    pub xdp_attached: Family<Labels, Gauge>,
     /// kube-proxy's metric families, for its dashboards and alerts.
     pub kube_proxy: KubeProxyStats,
 }
@@ -166,6 +168,7 @@ impl Default for AgentStats {
             conntrack_flows: Family::default(),
             conntrack_capacity: Family::default(),
             conntrack_evictions: Family::default(),
+            xdp_attached: Family::default(),
             kube_proxy: KubeProxyStats::default(),
         }
     }
@@ -288,6 +291,12 @@ fn register_conntrack(reg: &mut Registry, stats: &AgentStats) {
         "Entries the conntrack tables of traffic from outside the node reclaimed to make room for new ones, by \
          table (live flows and expired entries alike; the keys written less those deleted and those held)",
         stats.conntrack_evictions.clone(),
+    );
+    reg.register(
+        "xdp_attached",
+        "The NodePort devices xdp_ingress is attached to (1 each), by device and mode (native: in the driver; \
+         generic: in the stack's receive path); a device without XDP has its traffic from outside translated by tc",
+        stats.xdp_attached.clone(),
     );
 }
 

@@ -292,9 +292,13 @@ pub(super) fn progress(row: &NsRow) {
     );
 }
 
-/// Attach the tc programs to the node's uplink, from a thread inside the node's namespace.
+/// Attach the tc programs (and `xdp_ingress` as the process's `XdpSetting` says) to the node's uplink, from a
+/// thread inside the node's namespace.
 pub(super) fn attach_in(ns: &NetNs, programs: &mut tierlb::datapath::ebpf::Programs) -> anyhow::Result<()> {
-    ns.run(|| Ok(programs.attach_device("eth", None)?))
+    ns.run(|| {
+        programs.attach_device("eth", None)??;
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -48,6 +48,10 @@ pub(super) struct NorthSouth {
     observed: Option<Instant>,
     /// The ingress pre-filter as last written (`None`: not yet).
     addrs: Option<std::collections::BTreeMap<std::net::IpAddr, u32>>,
+    /// The NodePort devices `xdp_ingress` is on, and how.
+    xdp: std::collections::BTreeMap<String, crate::datapath::xdp::XdpAttached>,
+    /// Whether `/metrics` shows `xdp` as it is.
+    xdp_published: bool,
     /// When a write last failed (a full map): the maps are made whole again at most every
     /// [`REWRITE_AFTER_FAILURE`], not on every sync, so an overfull map does not make each edit cost every
     /// Service.
@@ -83,6 +87,8 @@ impl NorthSouth {
             observed: None,
             written: None,
             failed: None,
+            xdp: std::collections::BTreeMap::new(),
+            xdp_published: false,
         }
     }
 
@@ -141,6 +147,8 @@ impl NorthSouth {
             tracing::info!(device = %device, "device gone, or made again under its name");
             tc::detach(self.pin_dir.as_deref(), &device);
             self.attached.remove(&device);
+            self.xdp.remove(&device);
+            self.xdp_published = false;
         }
         // Both programs on the NodePort devices (or `--devices`); the egress program alone on every other
         // Ethernet device with a global address, so a local backend's reply is translated wherever it leaves.
@@ -167,14 +175,15 @@ impl NorthSouth {
             // The index before attaching: a device made again meanwhile is seen as changed on the next scan.
             let index = tc::device_index(&device).unwrap_or(0);
             let r = if both {
-                programs.attach_device(&device, pins)
+                programs.attach_device(&device, pins).map(|xdp| self.note_xdp(&device, xdp))
             } else {
                 programs.attach_egress(&device, pins)
             };
             match r {
                 Ok(()) => {
                     if both {
-                        tracing::info!(device = %device, tcx = tc::has_tcx(), "translating traffic from outside the node");
+                        let xdp = self.xdp.get(&device).map_or("off", |m| m.name());
+                        tracing::info!(device = %device, tcx = tc::has_tcx(), xdp, "translating traffic from outside the node");
                     } else {
                         tracing::info!(device = %device, tcx = tc::has_tcx(), "translating replies to outside the node that leave by this device");
                     }
@@ -185,6 +194,27 @@ impl NorthSouth {
                 }
             }
         }
+    }
+
+    /// Record how XDP went on `device` (logged when it failed: tc translates its traffic).
+    fn note_xdp(
+        &mut self,
+        device: &str,
+        xdp: Result<Option<crate::datapath::xdp::XdpAttached>, crate::datapath::ebpf::DatapathError>,
+    ) {
+        match xdp {
+            Ok(Some(mode)) => {
+                self.xdp.insert(device.to_owned(), mode);
+            }
+            Ok(None) => {
+                self.xdp.remove(device);
+            }
+            Err(e) => {
+                self.xdp.remove(device);
+                tracing::error!(device = %device, error = %e, "cannot attach XDP; tc translates this device's traffic from outside");
+            }
+        }
+        self.xdp_published = false;
     }
 
     /// From the loop's tick: follow the devices (`follow_devices`), at most every [`RESCAN_EVERY`].
@@ -265,6 +295,15 @@ impl NorthSouth {
     /// Publish the conntrack tables' occupancy to `/metrics`, at most every [`CONNTRACK_EVERY`] (a walk of
     /// the tables).
     pub(super) fn observe(&mut self, stats: &crate::metrics::AgentStats) {
+        if !self.xdp_published {
+            self.xdp_published = true;
+            stats.xdp_attached.clear();
+            for (device, mode) in &self.xdp {
+                let labels =
+                    vec![("device".to_owned(), device.clone()), ("mode".to_owned(), mode.name().to_owned())];
+                stats.xdp_attached.get_or_create(&labels).set(1);
+            }
+        }
         if self.observed.is_some_and(|t| t.elapsed() < CONNTRACK_EVERY) {
             return;
         }

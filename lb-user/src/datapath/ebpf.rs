@@ -183,9 +183,15 @@ impl Programs {
         Ok(out)
     }
 
-    /// Attach the tc programs to `device` (see `tc::attach`).
-    pub fn attach_device(&mut self, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
-        super::tc::attach(&mut self.ebpf, device, pin_dir)
+    /// Attach the tc programs to `device` (see `tc::attach`), then `xdp_ingress` as `--xdp` says
+    /// (`xdp::attach`): how XDP is attached there, if it is. An XDP failure leaves tc's programs in place.
+    pub fn attach_device(
+        &mut self,
+        device: &str,
+        pin_dir: Option<&Path>,
+    ) -> Result<Result<Option<super::xdp::XdpAttached>, DatapathError>, DatapathError> {
+        super::tc::attach(&mut self.ebpf, device, pin_dir)?;
+        Ok(super::xdp::attach(&mut self.ebpf, device, pin_dir))
     }
 
     /// Attach the tc egress program alone to `device` (`tc::attach_egress`).

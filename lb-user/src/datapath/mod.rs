@@ -34,6 +34,8 @@ mod reconcile;
 #[cfg(target_os = "linux")]
 mod sys;
 pub mod tc;
+#[cfg(target_os = "linux")]
+pub mod xdp;
 
 use std::{collections::BTreeMap, sync::Arc};
 

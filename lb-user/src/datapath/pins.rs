@@ -148,6 +148,7 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     // The tc programs first: removing a tcx link's pin detaches it; a netlink filter's program pin is only
     // its record (`detach` removes the filter), and an agent of an earlier version left none, so every
     // device of the namespace is rid of filters with our programs' names.
+    removed.extend(super::xdp::detach_all(&dir));
     for device in super::tc::pinned_devices(&dir) {
         removed.extend(super::tc::device_pins(&dir, &device));
         super::tc::detach(Some(&dir), &device);

@@ -164,6 +164,19 @@ fn link_kinds() -> std::collections::BTreeMap<String, LinkKind> {
 /// (`SIOCGIFHWADDR`, which gives it for every device: `getifaddrs` has no link entry for a device without
 /// a hardware address, such as a tun or WireGuard device).
 pub fn device_kind(device: &str) -> Option<LinkKind> {
+    let (sock, mut req) = device_request(device)?;
+    // SAFETY: SIOCGIFHWADDR reads the name and writes the hardware address into the ifreq it is given.
+    let rc =
+        unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), libc::SIOCGIFHWADDR, &raw mut req) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: the kernel wrote the hardware address member of the union.
+    link_kind(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
+}
+
+/// A socket for a device ioctl and an `ifreq` naming `device` (`None`: a name too long, or no socket).
+pub(crate) fn device_request(device: &str) -> Option<(std::os::fd::OwnedFd, libc::ifreq)> {
     let name = device.as_bytes();
     if name.len() >= libc::IFNAMSIZ {
         return None;
@@ -180,14 +193,7 @@ pub fn device_kind(device: &str) -> Option<LinkKind> {
     for (d, s) in req.ifr_name.iter_mut().zip(name) {
         *d = (*s).cast_signed();
     }
-    // SAFETY: SIOCGIFHWADDR reads the name and writes the hardware address into the ifreq it is given.
-    let rc =
-        unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), libc::SIOCGIFHWADDR, &raw mut req) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: the kernel wrote the hardware address member of the union.
-    link_kind(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
+    Some((sock, req))
 }
 
 /// A global unicast address: not loopback, link-local, multicast or unspecified.
@@ -381,6 +387,7 @@ pub fn device_pins(dir: &Path, device: &str) -> Vec<PathBuf> {
 pub fn detach(dir: Option<&Path>, device: &str) {
     let mut netlink = !has_tcx();
     if let Some(dir) = dir {
+        super::xdp::detach(dir, device);
         for p in device_pins(dir, device) {
             netlink |= p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("prog_"));
             let _ = std::fs::remove_file(p);

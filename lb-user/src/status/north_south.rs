@@ -15,6 +15,9 @@ pub struct NorthSouthStatus {
     /// The devices the tc programs are on, read off the instance's pins (a tcx link, or the program pinned
     /// beside its netlink filter).
     pub devices: Vec<String>,
+    /// The devices `xdp_ingress` is on before tc, and how (`native`, `generic`), read off the instance's
+    /// pins; empty when XDP is off or on no device.
+    pub xdp: BTreeMap<String, crate::datapath::xdp::XdpAttached>,
     /// Conntrack occupancy.
     pub conntrack: ConntrackStats,
     /// The tc programs' counters by name (`lb_common::NS_COUNTER_NAMES`), summed over CPUs.
@@ -30,6 +33,7 @@ impl NorthSouthStatus {
         Some(Self {
             attach: tc::pinned_attach(dir),
             devices: tc::pinned_devices(dir),
+            xdp: crate::datapath::xdp::pinned(dir),
             conntrack: maps.conntrack_stats(now_ns),
             counters,
         })
@@ -42,9 +46,15 @@ impl NorthSouthStatus {
             Some(tc::Attached::Netlink) => format!("{} (netlink filters)", self.devices.join(",")),
             _ => self.devices.join(","),
         };
+        let xdp = if self.xdp.is_empty() {
+            String::new()
+        } else {
+            let on: Vec<String> = self.xdp.iter().map(|(d, m)| format!("{d} ({})", m.name())).collect();
+            format!(", XDP on {}", on.join(","))
+        };
         let c = &self.conntrack;
         let mut out = format!(
-            "  from outside the node: tc on {devices}; {} flows tracked ({} with SNAT), {} conntrack entries\n",
+            "  from outside the node: tc on {devices}{xdp}; {} flows tracked ({} with SNAT), {} conntrack entries\n",
             c.flows, c.snat_flows, c.entries
         );
         let tables: Vec<String> = lb_common::CT_TABLES
