@@ -29,6 +29,15 @@ pub(crate) const NODE_2_6: &str = "2001:db8:1::2";
 pub(crate) const POD_1_6: &str = "fd00:244:1::10";
 pub(crate) const POD_2_6: &str = "fd00:244:2::10";
 
+/// The Service's ways in from outside the tests reach it by: node port, load-balancer IP, IPv6 node port.
+pub(crate) fn ways_in() -> [(SocketAddr, &'static str); 3] {
+    [
+        (sa(NODE_1, 30080), "node port"),
+        (sa(LB_IP, 80), "load-balancer IP"),
+        (sa(NODE_1_6, 30080), "IPv6 node port"),
+    ]
+}
+
 pub(crate) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -72,6 +81,74 @@ pub(crate) struct Lab {
     pub(crate) lan: NetNs,
     /// Each pod's namespace and server: node-1's first (if it has one), then node-2's.
     pub(crate) pods: Vec<(NetNs, PodServer)>,
+    /// `--xdp` for this lab's agents (`None`: the default, which on a veth is none): `with_xdp`, or the
+    /// whole suite again with `TIERLB_TEST_XDP=native`.
+    pub(crate) xdp: Option<String>,
+    /// The XDP programs on veth peers that `xdp` needs (`peer_xdp`).
+    pub(crate) peer_xdp: std::sync::Mutex<Vec<aya::Ebpf>>,
+}
+
+/// The `--xdp` the suite's agents run with: `native` in the suite's second binary (`north_south_xdp`, this
+/// suite again with XDP on node-1's uplink), else `TIERLB_TEST_XDP` if set (`native`, `generic`), else the
+/// default (which on a veth is none).
+pub(crate) fn xdp_from_env() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    if exe.file_name().is_some_and(|n| n.to_string_lossy().starts_with("north_south_xdp")) {
+        return Some("native".to_owned());
+    }
+    std::env::var("TIERLB_TEST_XDP").ok().filter(|v| !v.is_empty())
+}
+
+/// Set an offload feature of `device` in `ns` with the legacy ethtool ioctl (`ETHTOOL_S*`; no ethtool
+/// binary needed): `cmd` 0x17 is transmit checksumming.
+pub(crate) fn offload(ns: &NetNs, device: &str, cmd: u32, on: bool) {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    let device = device.to_owned();
+    from(ns, move || {
+        #[repr(C)]
+        struct Value {
+            cmd: u32,
+            data: u32,
+        }
+        let mut v = Value { cmd, data: u32::from(on) };
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // SAFETY: all-zero is a valid ifreq; the name is shorter than IFNAMSIZ.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in req.ifr_name.iter_mut().zip(device.as_bytes()) {
+            *d = (*s).cast_signed();
+        }
+        req.ifr_ifru.ifru_data = (&raw mut v).cast();
+        // SAFETY: SIOCETHTOOL reads the ethtool_value `ifr_data` points to, alive for the call.
+        let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), SIOCETHTOOL, &raw mut req) };
+        assert_eq!(rc, 0, "ethtool {cmd:#x} on {device}: {}", std::io::Error::last_os_error());
+    });
+}
+
+/// The LAN as a wire is with XDP on node-1's uplink: what arrives carries complete checksums (a frame that
+/// crossed a real wire does; a veth hands on the sender's partial one, which XDP, before any skb, cannot
+/// know), and node-1's port on the bridge takes XDP_TX frames: a veth's peer needs an XDP program of its own
+/// for that (this object's `xdp_ingress` over empty maps, which passes everything). With GRO on instead (the
+/// other way a veth gets the NAPI instance XDP_TX needs), SNAT flows lost their backend's segments (Linux
+/// 6.18: retransmissions, PAWS drops; every connect answered with the program). The `Ebpf` holds it.
+pub(crate) fn wire_for_xdp(lan: &NetNs, senders: &[&NetNs]) -> Vec<aya::Ebpf> {
+    for ns in senders {
+        offload(ns, "uplink", 0x17, false);
+    }
+    vec![peer_xdp(lan, "p1"), peer_xdp(lan, "p2")]
+}
+
+/// `xdp_ingress` over empty maps (it passes everything) on `device` in `ns`, native: what a veth needs on the
+/// peer of a device whose XDP program sends frames out of it (`wire_for_xdp`). Detached when dropped.
+pub(crate) fn peer_xdp(ns: &NetNs, device: &str) -> aya::Ebpf {
+    let object = tierlb::datapath::ebpf::embedded_object().expect("built with the BPF object");
+    let device = device.to_owned();
+    from(ns, move || {
+        let mut ebpf = aya::Ebpf::load(object).unwrap();
+        let p: &mut aya::programs::Xdp = ebpf.program_mut("xdp_ingress").unwrap().try_into().unwrap();
+        p.load().unwrap();
+        p.attach(&device, aya::programs::XdpMode::Driver).unwrap();
+        ebpf
+    })
 }
 
 pub(crate) fn uplink(lan: &NetNs, ns: &NetNs, port: &str, v4: &str, v6: &str) {
@@ -93,6 +170,11 @@ pub(crate) fn pod_v6(node: &NetNs, pod: &NetNs, host_if: &str, addr: &str) {
 impl Lab {
     /// `etp`: the Service's externalTrafficPolicy; `pod_1`: whether node-1 has its pod (else only node-2's).
     pub(crate) fn new(tag: &str, etp: &str, pod_1: bool) -> Self {
+        Self::with_xdp(tag, etp, pod_1, xdp_from_env().as_deref())
+    }
+
+    /// `new`, its agents run with `--xdp=XDP` (and the LAN made a wire for it: `wire_for_xdp`).
+    pub(crate) fn with_xdp(tag: &str, etp: &str, pod_1: bool, xdp: Option<&str>) -> Self {
         let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
         let mut boxed = BoxedNode::new(tag, Path::new(TIERLB), &deploy).unwrap();
         let mut node_2 = BoxedNode::new(&format!("{tag}-n2"), Path::new(TIERLB), &deploy).unwrap();
@@ -127,11 +209,53 @@ impl Lab {
         pods.push((ns, srv));
         eps.push((POD_2, POD_2_6, "node-2"));
         write_atomic(boxed.manifests.path(), "web.yaml", &to_yaml(&manifests(etp, &eps))).unwrap();
-        Self { boxed, node_2, client, lan, pods }
+        let peer_xdp = xdp
+            .map_or_else(Vec::new, |_| wire_for_xdp(&lan, &[&client, &node_2.node.netns, &boxed.node.netns]));
+        Self {
+            boxed,
+            node_2,
+            client,
+            lan,
+            pods,
+            xdp: xdp.map(str::to_owned),
+            peer_xdp: std::sync::Mutex::new(peer_xdp),
+        }
     }
 
     pub(crate) fn start_agent(&self) -> AgentBox {
-        self.boxed.start_agent("node-1", &[]).unwrap()
+        self.start_agent_with(&[])
+    }
+
+    /// Node-1's agent with `extra` flags (and the lab's `--xdp`).
+    pub(crate) fn start_agent_with(&self, extra: &[&str]) -> AgentBox {
+        self.boxed.start_agent("node-1", &self.flags(extra)).unwrap()
+    }
+
+    /// Node-2's agent with `extra` flags (and the lab's `--xdp`).
+    pub(crate) fn start_node_2_with(&self, extra: &[&str]) -> AgentBox {
+        self.node_2.start_agent("node-2", &self.flags(extra)).unwrap()
+    }
+
+    /// With the lab's XDP on: `ns` sends by its `uplink` as a wire would (complete checksums), and
+    /// `devices` (a veth in its namespace each, which node-1's XDP may send out of) get the peer program.
+    pub(crate) fn wire(&self, ns: &NetNs, sender: bool, devices: &[(&NetNs, &str)]) {
+        if self.xdp.is_none() {
+            return;
+        }
+        if sender {
+            offload(ns, "uplink", 0x17, false);
+        }
+        for (ns, device) in devices {
+            self.peer_xdp.lock().unwrap().push(peer_xdp(ns, device));
+        }
+    }
+
+    fn flags<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut out = extra.to_vec();
+        if let Some(x) = &self.xdp {
+            out.extend(["--xdp", x.as_str()]);
+        }
+        out
     }
 
     /// `tierlb status -o json` of the boxed agent's pins.

@@ -108,8 +108,8 @@ fn north_south_maglev_keeps_each_flow_on_its_pod_when_ecmp_moves_it_to_another_n
         write_atomic(m, "web.yaml", &to_yaml(&docs(&EXTRA))).unwrap();
     }
     let flags = ["--lb-algorithm=maglev"];
-    let _agent_1 = lab.boxed.start_agent("node-1", &flags).unwrap();
-    let _agent_2 = lab.node_2.start_agent("node-2", &flags).unwrap();
+    let _agent_1 = lab.start_agent_with(&flags);
+    let _agent_2 = lab.start_node_2_with(&flags);
     let st = lab.status();
     let outside: Vec<&Value> =
         st[0]["frontends"].as_array().unwrap().iter().filter(|f| f["scope"] == "outside").collect();

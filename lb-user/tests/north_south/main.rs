@@ -17,6 +17,7 @@ mod reply_device;
 mod reuse;
 mod two_nodes;
 mod upgrade;
+mod xdp;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -41,11 +42,7 @@ fn north_south_node_port_and_load_balancer_ip_reach_both_nodes_pods_with_cluster
         eprintln!("{to} without tierlb: {r:?}");
     }
     let _agent = lab.start_agent();
-    for (to, what) in [
-        (sa(NODE_1, 30080), "node port"),
-        (sa(LB_IP, 80), "load-balancer IP"),
-        (sa(NODE_1_6, 30080), "IPv6 node port"),
-    ] {
+    for (to, what) in ways_in() {
         let r = lab.tcp(to, 40);
         let by = names(&r);
         eprintln!("{what} {to}: {by:?}");
@@ -325,6 +322,7 @@ fn north_south_load_balancer_source_ranges_admit_only_their_clients() {
     // A second client on the LAN, outside the Service's range.
     let other = NetNs::new("ns-ranges-ext2").unwrap();
     uplink(&lab.lan, &other, "p4", "192.0.2.200", "2001:db8:1::200");
+    lab.wire(&other, true, &[]);
     other.ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_1]).unwrap();
     let eps = [(POD_1, POD_1_6, "node-1"), (POD_2, POD_2_6, "node-2")];
     let docs = manifests_with("Cluster", &eps, &["192.0.2.96/28", "2001:db8:1::/120"]);

@@ -40,6 +40,8 @@ fn north_south_a_smaller_mtu_toward_the_backend_is_learned_by_the_client() {
     for conf in ["all", "bh2"] {
         ns_run(node_2, &["sysctl", "-qw", &format!("net.ipv4.conf.{conf}.rp_filter=0")]);
     }
+    // With XDP (`TIERLB_TEST_XDP`), node-1's SNAT path redirects out of bh1: its peer needs the program.
+    lab.wire(node_2, false, &[(node_2, "bh2")]);
     let _agent = lab.start_agent();
     let to = sa(NODE_1, 30080);
     // 20,000 bytes in one line: full-size segments from the client (MSS 1460), answered once all arrived.

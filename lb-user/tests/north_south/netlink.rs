@@ -33,7 +33,7 @@ fn north_south_netlink_restarts_attach_their_own_programs_in_place_and_cleanup_r
     let to = sa(NODE_1, 30080);
     let mut before: Vec<u32> = Vec::new();
     for start in 1..=3 {
-        let agent = lab.boxed.start_agent("node-1", &["--tc-attach", "netlink"]).unwrap();
+        let agent = lab.start_agent_with(&["--tc-attach", "netlink"]);
         let answers = lab.tcp(to, 6);
         assert!(answers.iter().all(Result::is_ok), "start {start}: {answers:?}");
         let (n, text) = filters(&lab);
@@ -91,7 +91,7 @@ fn north_south_the_attach_is_the_one_the_kernel_has() {
         "the probe disagrees with the kernel's release"
     );
     let lab = Lab::new("ns-attach", "Cluster", true);
-    let agent = lab.boxed.start_agent("node-1", &[]).unwrap();
+    let agent = lab.start_agent();
     assert!(lab.tcp(sa(NODE_1, 30080), 4).iter().all(Result::is_ok));
     let (n, text) = filters(&lab);
     let ns = &lab.status()[0]["north_south"];

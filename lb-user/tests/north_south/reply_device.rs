@@ -30,7 +30,7 @@ fn north_south_a_reply_leaving_by_a_second_device_carries_the_node_port() {
     let to = sa(NODE_1, 30080);
     let egress = vec![Vec::<String>::new(), vec!["tc_egress".to_owned()]];
     for (flags, want) in [(&[][..], egress.clone()), (&["--devices", "uplink"][..], egress)] {
-        let agent = lab.boxed.start_agent("node-1", flags).unwrap();
+        let agent = lab.start_agent_with(flags);
         let answers = lab.tcp(to, 6);
         assert!(answers.iter().all(Result::is_ok), "{flags:?}: {answers:?}");
         assert_eq!(

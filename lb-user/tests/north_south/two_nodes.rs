@@ -38,7 +38,7 @@ fn north_south_a_pod_on_another_node_reaches_the_node_port_through_node_1s_tc() 
     let eps = [(POD_1, POD_1_6, "node-1"), (POD_2, POD_2_6, "node-2")];
     write_atomic(lab.node_2.manifests.path(), "web.yaml", &to_yaml(&manifests("Cluster", &eps))).unwrap();
     let _agent_1 = lab.start_agent();
-    let _agent_2 = lab.node_2.start_agent("node-2", &[]).unwrap();
+    let _agent_2 = lab.start_node_2_with(&[]);
     let before = new_flows(&lab.status());
     let mut by: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..20 {
