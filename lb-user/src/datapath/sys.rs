@@ -1,5 +1,6 @@
 //! The raw bpf(2) call, for the few commands aya does not expose (an array of maps with a chosen inner map,
-//! `BPF_PROG_QUERY` on a cgroup, `BPF_MAP_UPDATE_BATCH`).
+//! `BPF_PROG_QUERY` on a cgroup, `BPF_MAP_UPDATE_BATCH`), and the request of a device ioctl (a device's
+//! link-layer type, its driver).
 
 /// `bpf(cmd, attr, size_of::<T>())`: its result, or the errno it set. `T` must be the `#[repr(C)]` part of
 /// `union bpf_attr` that `cmd` reads, with any pointer in it valid for the call.
@@ -64,4 +65,25 @@ pub(crate) fn update_batch<K: aya::Pod, V: aya::Pod>(
         ..BatchAttr::default()
     };
     bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(|_| ()).map_err(|e| (e, attr.count as usize))
+}
+
+/// A socket for a device ioctl and an `ifreq` naming `device` (`None`: a name too long, or no socket).
+pub(crate) fn device_request(device: &str) -> Option<(std::os::fd::OwnedFd, libc::ifreq)> {
+    let name = device.as_bytes();
+    if name.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    // SAFETY: all-zero is a valid ifreq; the name is shorter than IFNAMSIZ, so it stays NUL-terminated.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name) {
+        *d = (*s).cast_signed();
+    }
+    Some((sock, req))
 }

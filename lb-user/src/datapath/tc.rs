@@ -164,7 +164,7 @@ fn link_kinds() -> std::collections::BTreeMap<String, LinkKind> {
 /// (`SIOCGIFHWADDR`, which gives it for every device: `getifaddrs` has no link entry for a device without
 /// a hardware address, such as a tun or WireGuard device).
 pub fn device_kind(device: &str) -> Option<LinkKind> {
-    let (sock, mut req) = device_request(device)?;
+    let (sock, mut req) = super::sys::device_request(device)?;
     // SAFETY: SIOCGIFHWADDR reads the name and writes the hardware address into the ifreq it is given.
     let rc =
         unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), libc::SIOCGIFHWADDR, &raw mut req) };
@@ -173,27 +173,6 @@ pub fn device_kind(device: &str) -> Option<LinkKind> {
     }
     // SAFETY: the kernel wrote the hardware address member of the union.
     link_kind(unsafe { req.ifr_ifru.ifru_hwaddr.sa_family })
-}
-
-/// A socket for a device ioctl and an `ifreq` naming `device` (`None`: a name too long, or no socket).
-pub(crate) fn device_request(device: &str) -> Option<(std::os::fd::OwnedFd, libc::ifreq)> {
-    let name = device.as_bytes();
-    if name.len() >= libc::IFNAMSIZ {
-        return None;
-    }
-    let sock = nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Inet,
-        nix::sys::socket::SockType::Datagram,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .ok()?;
-    // SAFETY: all-zero is a valid ifreq; the name is shorter than IFNAMSIZ, so it stays NUL-terminated.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(name) {
-        *d = (*s).cast_signed();
-    }
-    Some((sock, req))
 }
 
 /// A global unicast address: not loopback, link-local, multicast or unspecified.

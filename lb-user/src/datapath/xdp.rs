@@ -135,7 +135,7 @@ pub fn driver(device: &str) -> Option<String> {
         driver: [u8; 32],
         rest: [u8; 160],
     }
-    let (sock, mut req) = super::tc::device_request(device)?;
+    let (sock, mut req) = super::sys::device_request(device)?;
     let mut info = DrvInfo { cmd: ETHTOOL_GDRVINFO, driver: [0; 32], rest: [0; 160] };
     req.ifr_ifru.ifru_data = (&raw mut info).cast();
     // SAFETY: SIOCETHTOOL with ETHTOOL_GDRVINFO writes a struct ethtool_drvinfo where ifr_data points, which
