@@ -120,6 +120,35 @@ impl NetNs {
         &self.file
     }
 
+    /// Turn transmit checksumming of `device` in this namespace on or off (the legacy `ETHTOOL_STXCSUM`
+    /// ioctl; no ethtool binary needed). Off, what the device sends carries complete checksums, as a frame that
+    /// crossed a wire does: what XDP on the receiving side needs (a veth otherwise hands on a partial one).
+    pub fn tx_checksum(&self, device: &str, on: bool) -> anyhow::Result<()> {
+        const SIOCETHTOOL: libc::c_ulong = 0x8946;
+        const ETHTOOL_STXCSUM: u32 = 0x17;
+        #[repr(C)]
+        struct EthtoolValue {
+            cmd: u32,
+            data: u32,
+        }
+        anyhow::ensure!(device.len() < libc::IFNAMSIZ, "device name {device:?} too long");
+        self.run(|| {
+            let mut v = EthtoolValue { cmd: ETHTOOL_STXCSUM, data: u32::from(on) };
+            let sock = std::net::UdpSocket::bind("127.0.0.1:0")?;
+            // SAFETY: all-zero is a valid ifreq; the name is shorter than IFNAMSIZ (checked above).
+            let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+            for (d, s) in req.ifr_name.iter_mut().zip(device.as_bytes()) {
+                *d = (*s).cast_signed();
+            }
+            req.ifr_ifru.ifru_data = (&raw mut v).cast();
+            // SAFETY: SIOCETHTOOL reads the ethtool_value `ifr_data` points to, alive for the call.
+            let rc =
+                unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), SIOCETHTOOL, &raw mut req) };
+            anyhow::ensure!(rc == 0, "ETHTOOL_STXCSUM on {device}: {}", std::io::Error::last_os_error());
+            Ok(())
+        })
+    }
+
     /// `ip -n NS ARGS...`
     pub fn ip(&self, args: &[&str]) -> anyhow::Result<()> {
         run(Command::new("ip").arg("-n").arg(&self.name).args(args))

@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--report] [--trace] [--kube-proxy COUNTS] [--snat]`: setup, release build, then the
+//! `cargo xtask bench [--quick] [--report] [--trace] [--kube-proxy COUNTS] [--snat] [--xdp]`: setup, release build, then the
 //! lab's benchmark.
 use std::process::Command;
 
@@ -24,6 +24,10 @@ pub(crate) struct Options {
     /// and issue 63's three loads on tierlb and kube-proxy (with `--quick`: fewer rounds, shorter loads).
     #[arg(long, conflicts_with_all = ["report", "trace", "kube_proxy"])]
     pub snat: bool,
+    /// Only the XDP section from outside: tierlb's tc programs alone against XDP in front of them on the SNAT
+    /// path (connects, the UDP packet rate, the programs' cost per packet), interleaved.
+    #[arg(long, conflicts_with_all = ["report", "trace", "kube_proxy", "snat"])]
+    pub xdp: bool,
 }
 
 pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
@@ -48,6 +52,9 @@ pub(crate) fn run(o: &Options) -> anyhow::Result<()> {
     }
     if o.snat {
         cmd.arg("--snat");
+    }
+    if o.xdp {
+        cmd.arg("--xdp");
     }
     util::run(&mut cmd)
 }

@@ -29,6 +29,7 @@ fn colour(path: DataPath) -> Rgb {
         DataPath::Nftables => okabe_ito::GREEN,
         DataPath::KubeProxyIptables => okabe_ito::ORANGE,
         DataPath::KubeProxyNftables => okabe_ito::PURPLE,
+        DataPath::TierlbXdp => okabe_ito::SKY_BLUE,
     }
 }
 

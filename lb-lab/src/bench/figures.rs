@@ -22,6 +22,8 @@ pub enum DataPath {
     KubeProxyIptables,
     /// To a VIP that real kube-proxy (v1.36.3, nftables mode) programmed from the API server.
     KubeProxyNftables,
+    /// To a node port that tierlb's `xdp_ingress` translates before tc (`--xdp=native`; the XDP rows).
+    TierlbXdp,
 }
 
 impl DataPath {
@@ -40,6 +42,7 @@ impl DataPath {
             Self::Nftables => "nftables",
             Self::KubeProxyIptables => "kube-proxy iptables",
             Self::KubeProxyNftables => "kube-proxy nftables",
+            Self::TierlbXdp => "tierlb xdp",
         }
     }
 }
@@ -247,6 +250,8 @@ pub struct Report {
     /// The SNAT path from outside (node-2's pod through node-1's node ports): connects, the packet rate and
     /// issue 63's three loads, tierlb against real kube-proxy.
     pub snat: Option<super::north_south_snat::Snat>,
+    /// The XDP section (`bench::xdp`): tc against XDP on the SNAT path.
+    pub xdp: Option<super::xdp::XdpFigures>,
     /// Conntrack memory of flows from outside the node: tierlb's table, then nf_conntrack's.
     pub conntrack: Vec<CtMemory>,
     /// Real kube-proxy: its syncs per mode and Service count (its connect rows are in `rows`, their ratios

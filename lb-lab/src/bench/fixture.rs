@@ -209,6 +209,7 @@ pub(crate) fn report() -> Report {
         east_west: east_west(),
         north_south: north_south(),
         snat: None,
+        xdp: None,
         conntrack: conntrack(),
         kube_proxy: kube_proxy(),
         control: control(),

@@ -26,6 +26,7 @@ mod run;
 mod scale_charts;
 mod tracing;
 mod workloads;
+mod xdp;
 
 pub use agent::agent_only;
 pub use charts::charts;
@@ -38,3 +39,4 @@ pub use north_south_snat::snat_only;
 pub use report::markdown;
 pub use run::{kube_proxy_only, on_node_only, run};
 pub use workloads::{iptables_rules, nft_rules};
+pub use xdp::xdp_only;

@@ -44,7 +44,7 @@ pub(super) const POD_PORT: u16 = 8080;
 fn base(path: DataPath) -> u16 {
     match path {
         DataPath::Direct => 0,
-        DataPath::Tierlb => 10_000,
+        DataPath::Tierlb | DataPath::TierlbXdp => 10_000,
         DataPath::Iptables => 20_000,
         DataPath::Nftables => 30_000,
         // Real kube-proxy's Services have node ports from 40000 (`north_south_kube_proxy`), one set for
@@ -132,12 +132,12 @@ pub(super) struct Lab {
     pub(super) node: Node,
     /// Node-2: its pod is reached from outside through node-1's node ports (DNAT and SNAT), or routed by
     /// node-1 to node-2 (`direct`). Nothing runs in it but its routes.
-    _node_2: Node,
+    pub(super) node_2: Node,
     /// Where the client and the backend run.
     pub(super) cpus: Placement,
     /// Node-1's pod and node-2's.
     pub(super) pods: [NetNs; 2],
-    _lan: NetNs,
+    pub(super) lan: NetNs,
     _sinks: [Sink; 2],
 }
 
@@ -182,7 +182,7 @@ impl Lab {
             Sink::start(&pod, SocketAddr::new(POD.into(), POD_PORT), cpus.backend)?,
             Sink::start(&pod_2, SocketAddr::new(POD_2.into(), POD_PORT), cpus.backend)?,
         ];
-        Ok(Self { ext, node, _node_2: node_2, cpus, pods: [pod, pod_2], _lan: lan, _sinks: sinks })
+        Ok(Self { ext, node, node_2, cpus, pods: [pod, pod_2], lan, _sinks: sinks })
     }
 
     /// `CMD ARGS` in the node's namespace, `input` on its stdin.

@@ -369,6 +369,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         super::north_south::rows(lab, &[1, 10_000], rounds, loader.secs / 2.0, Some(&kube_proxy.syncs))?;
     let conntrack = super::conntrack::memory(CONNTRACK_FLOWS)?;
     let snat = Some(super::north_south_snat::measure(lab, quick)?);
+    let xdp = Some(super::xdp::measure(lab, quick)?);
     let kernel = tierlb::datapath::ebpf::kernel_version().map(|k| k.2).unwrap_or_default();
     Ok(Report {
         kernel,
@@ -380,6 +381,7 @@ pub fn run(lab: &Path, tierlb: &Path, quick: bool, trace: bool) -> anyhow::Resul
         east_west,
         north_south,
         snat,
+        xdp,
         conntrack,
         kube_proxy: kube_proxy.syncs,
         control: ControlPlane { maps: on_node.map_writes, map_memory: on_node.map_memory, agent, rule_loads },

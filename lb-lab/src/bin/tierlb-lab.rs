@@ -207,6 +207,11 @@ enum Cmd {
         /// BENCHMARKS.md renders it; with --quick, shorter.
         #[arg(long, conflicts_with_all = ["agent_only", "report", "on_node", "kube_proxy"])]
         snat: bool,
+        /// Only the XDP section from outside (node-2's pod through node-1's node port, tierlb's tc programs
+        /// alone and with xdp_ingress in front: connects, the UDP packet rate, the programs' cost per packet),
+        /// printed as measured and as BENCHMARKS.md renders it; with --quick, shorter.
+        #[arg(long, conflicts_with_all = ["agent_only", "report", "on_node", "kube_proxy", "snat"])]
+        xdp: bool,
         /// With --on-node or --kube-proxy, as many pairs of slices per Service count and operation as this many runs of
         /// --seconds would take (5 x 2 s: 50 pairs).
         #[arg(long, default_value_t = 5)]
@@ -496,8 +501,19 @@ fn bench(me: &Path, tierlb: &Path, quick: bool, report: Option<PathBuf>, trace: 
 
 /// `tierlb-lab bench` with its flags.
 fn bench_cmd(command: Cmd) -> ExitCode {
-    let Cmd::Bench { quick, report, tierlb, trace, agent_only, on_node, kube_proxy, snat, rounds, seconds } =
-        command
+    let Cmd::Bench {
+        quick,
+        report,
+        tierlb,
+        trace,
+        agent_only,
+        on_node,
+        kube_proxy,
+        snat,
+        xdp,
+        rounds,
+        seconds,
+    } = command
     else {
         return ExitCode::FAILURE;
     };
@@ -508,6 +524,9 @@ fn bench_cmd(command: Cmd) -> ExitCode {
     }
     if snat {
         return done(lb_lab::bench::snat_only(&me, quick));
+    }
+    if xdp {
+        return done(lb_lab::bench::xdp_only(&me, quick));
     }
     match (on_node, agent_only) {
         (Some(counts), _) => on_node_only(&me, &tierlb, &counts, rounds, seconds),

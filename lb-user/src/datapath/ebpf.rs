@@ -194,6 +194,25 @@ impl Programs {
         Ok(super::xdp::attach(&mut self.ebpf, device, pin_dir))
     }
 
+    /// Attach `xdp_ingress` alone to `device` as the process's `XdpSetting` says (`xdp::attach`), tc's
+    /// programs as they are (the bench's XDP rows switch it on and off between runs).
+    pub fn attach_xdp(
+        &mut self,
+        device: &str,
+        pin_dir: Option<&Path>,
+    ) -> Result<Option<super::xdp::XdpAttached>, DatapathError> {
+        super::xdp::attach(&mut self.ebpf, device, pin_dir)
+    }
+
+    /// Detach `xdp_ingress` from every device this process attached it to without a pin, and unload it
+    /// (the next `attach_xdp` loads it again).
+    pub fn detach_xdp(&mut self) -> Result<(), DatapathError> {
+        match program(&mut self.ebpf, super::xdp::XDP_PROGRAM)? {
+            Program::Xdp(p) => p.unload().map_err(|e| bpf_err("unloading xdp_ingress", e)),
+            _ => Err(wrong_type(super::xdp::XDP_PROGRAM)),
+        }
+    }
+
     /// Attach the tc egress program alone to `device` (`tc::attach_egress`).
     pub fn attach_egress(&mut self, device: &str, pin_dir: Option<&Path>) -> Result<(), DatapathError> {
         super::tc::attach_egress(&mut self.ebpf, device, pin_dir)

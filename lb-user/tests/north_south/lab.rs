@@ -99,31 +99,6 @@ pub(crate) fn xdp_from_env() -> Option<String> {
     std::env::var("TIERLB_TEST_XDP").ok().filter(|v| !v.is_empty())
 }
 
-/// Set an offload feature of `device` in `ns` with the legacy ethtool ioctl (`ETHTOOL_S*`; no ethtool
-/// binary needed): `cmd` 0x17 is transmit checksumming.
-pub(crate) fn offload(ns: &NetNs, device: &str, cmd: u32, on: bool) {
-    const SIOCETHTOOL: libc::c_ulong = 0x8946;
-    let device = device.to_owned();
-    from(ns, move || {
-        #[repr(C)]
-        struct Value {
-            cmd: u32,
-            data: u32,
-        }
-        let mut v = Value { cmd, data: u32::from(on) };
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        // SAFETY: all-zero is a valid ifreq; the name is shorter than IFNAMSIZ.
-        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (d, s) in req.ifr_name.iter_mut().zip(device.as_bytes()) {
-            *d = (*s).cast_signed();
-        }
-        req.ifr_ifru.ifru_data = (&raw mut v).cast();
-        // SAFETY: SIOCETHTOOL reads the ethtool_value `ifr_data` points to, alive for the call.
-        let rc = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&sock), SIOCETHTOOL, &raw mut req) };
-        assert_eq!(rc, 0, "ethtool {cmd:#x} on {device}: {}", std::io::Error::last_os_error());
-    });
-}
-
 /// The LAN as a wire is with XDP on node-1's uplink: what arrives carries complete checksums (a frame that
 /// crossed a real wire does; a veth hands on the sender's partial one, which XDP, before any skb, cannot
 /// know), and node-1's port on the bridge takes XDP_TX frames: a veth's peer needs an XDP program of its own
@@ -132,7 +107,7 @@ pub(crate) fn offload(ns: &NetNs, device: &str, cmd: u32, on: bool) {
 /// 6.18: retransmissions, PAWS drops; every connect answered with the program). The `Ebpf` holds it.
 pub(crate) fn wire_for_xdp(lan: &NetNs, senders: &[&NetNs]) -> Vec<aya::Ebpf> {
     for ns in senders {
-        offload(ns, "uplink", 0x17, false);
+        ns.tx_checksum("uplink", false).unwrap();
     }
     vec![peer_xdp(lan, "p1"), peer_xdp(lan, "p2")]
 }
@@ -243,7 +218,7 @@ impl Lab {
             return;
         }
         if sender {
-            offload(ns, "uplink", 0x17, false);
+            ns.tx_checksum("uplink", false).unwrap();
         }
         for (ns, device) in devices {
             self.peer_xdp.lock().unwrap().push(peer_xdp(ns, device));

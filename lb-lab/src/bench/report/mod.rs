@@ -58,6 +58,9 @@ pub fn markdown(r: &Report) -> String {
     if let Some(snat) = &r.snat {
         s.push_str(&snat_section(snat));
     }
+    if let Some(xdp) = &r.xdp {
+        s.push_str(&xdp_section(xdp));
+    }
     s.push_str("\n## Control plane\n\n| what | figure |\n|---|---|\n");
     for (what, figure) in control_rows(&r.control) {
         let _ = writeln!(s, "| {what} | {figure} |");
@@ -580,5 +583,7 @@ fn north_south_targets(r: &Report) -> Vec<(String, String, bool)> {
 
 mod snat;
 pub(super) use snat::section as snat_section;
+mod xdp;
+pub(super) use xdp::section as xdp_section;
 #[cfg(test)]
 mod tests;
