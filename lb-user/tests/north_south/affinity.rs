@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::lab::{
     LB_IP, Lab, NODE_1, NODE_1_6, POD_1, POD_1_6, POD_2, POD_2_6, from, manifests, names, sa, tcp_once,
-    uplink,
 };
 
 #[test]
@@ -23,7 +22,7 @@ fn north_south_session_affinity_keeps_each_outside_client_on_one_pod() {
         [("192.0.2.200", "2001:db8:1::200"), ("192.0.2.201", "2001:db8:1::201")].iter().enumerate()
     {
         let ns = NetNs::new(&format!("ns-aff-ext{}", i + 2)).unwrap();
-        uplink(&lab.lan, &ns, &format!("p{}", i + 4), v4, v6);
+        lab.client_on_lan(&ns, &format!("p{}", i + 4), v4, v6);
         ns.ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_1]).unwrap();
         clients.push(ns);
     }

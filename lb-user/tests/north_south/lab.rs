@@ -51,10 +51,17 @@ pub(crate) fn ns_run(ns: &NetNs, args: &[&str]) {
     assert!(st.success(), "{args:?} in {}", ns.name());
 }
 
-/// One UDP request to `to`: the answer and the address it came from.
-pub(crate) fn udp_once(to: SocketAddr) -> Result<(String, SocketAddr), String> {
+/// `n` UDP requests to `to`, each from a socket of its own, all bound before the first is sent: `n` flows
+/// (sockets made and closed one after another may be given a port again, whose flow is then still tracked:
+/// one in about 70 runs of 30 did).
+pub(crate) fn udp_flows(to: SocketAddr, n: usize) -> Vec<Result<(String, SocketAddr), String>> {
     let bind = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
-    let s = UdpSocket::bind(bind).map_err(|e| e.to_string())?;
+    let socks: Vec<UdpSocket> = (0..n).map(|_| UdpSocket::bind(bind).unwrap()).collect();
+    socks.iter().map(|s| udp_on(s, to)).collect()
+}
+
+/// One UDP request to `to` from `s`: the answer and the address it came from.
+fn udp_on(s: &UdpSocket, to: SocketAddr) -> Result<(String, SocketAddr), String> {
     s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
     s.send_to(b"hello", to).map_err(|e| e.to_string())?;
     let mut buf = [0u8; 512];
@@ -209,6 +216,13 @@ impl Lab {
     /// Node-2's agent with `extra` flags (and the lab's `--xdp`).
     pub(crate) fn start_node_2_with(&self, extra: &[&str]) -> AgentBox {
         self.node_2.start_agent("node-2", &self.flags(extra)).unwrap()
+    }
+
+    /// Another outside client, `ns`, on the LAN by bridge port `port` (`uplink`), sending as a wire would when
+    /// the lab's XDP is on (`wire`).
+    pub(crate) fn client_on_lan(&self, ns: &NetNs, port: &str, v4: &str, v6: &str) {
+        uplink(&self.lan, ns, port, v4, v6);
+        self.wire(ns, true, &[]);
     }
 
     /// With the lab's XDP on: `ns` sends by its `uplink` as a wire would (complete checksums), and

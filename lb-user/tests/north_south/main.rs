@@ -71,7 +71,7 @@ fn north_south_node_port_and_load_balancer_ip_reach_both_nodes_pods_with_cluster
     }
     // UDP: the reply comes from nodeIP:nodePort, from either pod.
     let to = sa(NODE_1, 30053);
-    let r: Vec<_> = from(&lab.client, move || (0..30).map(|_| udp_once(to)).collect());
+    let r = from(&lab.client, move || udp_flows(to, 30));
     let mut seen = std::collections::BTreeSet::new();
     for a in &r {
         let (answer, src) = a.as_ref().expect("UDP answered");
@@ -321,8 +321,7 @@ fn north_south_load_balancer_source_ranges_admit_only_their_clients() {
     let lab = Lab::new("ns-ranges", "Cluster", true);
     // A second client on the LAN, outside the Service's range.
     let other = NetNs::new("ns-ranges-ext2").unwrap();
-    uplink(&lab.lan, &other, "p4", "192.0.2.200", "2001:db8:1::200");
-    lab.wire(&other, true, &[]);
+    lab.client_on_lan(&other, "p4", "192.0.2.200", "2001:db8:1::200");
     other.ip(&["route", "add", &format!("{LB_IP}/32"), "via", NODE_1]).unwrap();
     let eps = [(POD_1, POD_1_6, "node-1"), (POD_2, POD_2_6, "node-2")];
     let docs = manifests_with("Cluster", &eps, &["192.0.2.96/28", "2001:db8:1::/120"]);

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use serde_json::json;
 
 use super::lab::{
-    CLIENT, CLIENT_6, Lab, NODE_1, NODE_1_6, TIERLB, from, http_body, ip, names, sa, udp_once, ways_in,
+    CLIENT, CLIENT_6, Lab, NODE_1, NODE_1_6, TIERLB, from, http_body, ip, names, sa, udp_flows, ways_in,
 };
 
 #[test]
@@ -44,7 +44,7 @@ fn north_south_xdp_forwards_snat_flows_before_tc_and_leaves_local_ones_to_it() {
         }
     }
     let to = sa(NODE_1, 30053);
-    let r: Vec<_> = from(&lab.client, move || (0..30).map(|_| udp_once(to)).collect());
+    let r = from(&lab.client, move || udp_flows(to, 30));
     assert!(r.iter().all(|a| a.as_ref().is_ok_and(|(_, src)| *src == to)), "UDP from the node port: {r:?}");
     let counters = lab.status()[0]["north_south"]["counters"].clone();
     let n = |k: &str| counters[k].as_u64().unwrap_or(0);
