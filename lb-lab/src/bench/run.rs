@@ -304,7 +304,16 @@ fn per_run(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64>
 
 /// A program's (run_time_ns, run_cnt) from bpftool (the instance with the most runs), if bpftool has them.
 pub(super) fn prog_stats(name: &str) -> Option<(u64, u64)> {
-    let out = Command::new("bpftool").args(["prog", "show", "name", name, "--json"]).output().ok()?;
+    bpftool_stats(&["name", name])
+}
+
+/// `prog_stats` of the program with kernel id `id`.
+pub(super) fn prog_stats_id(id: u32) -> Option<(u64, u64)> {
+    bpftool_stats(&["id", &id.to_string()])
+}
+
+fn bpftool_stats(which: &[&str]) -> Option<(u64, u64)> {
+    let out = Command::new("bpftool").args(["prog", "show"]).args(which).arg("--json").output().ok()?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     let items = if v.is_array() { v.as_array()?.clone() } else { vec![v] };
     items

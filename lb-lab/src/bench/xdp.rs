@@ -35,7 +35,7 @@ use super::{
     figures::{DataPath, NsRow},
     load::LoadMode,
     north_south::{Lab, NODE, POD_2, POD_PORT, attach_in},
-    run::{BpfStats, Loader, prog_stats},
+    run::{BpfStats, Loader, prog_stats_id},
 };
 
 /// tierlb's node ports of the section: TCP to node-2's sink, UDP to the section's counter on node-2's pod.
@@ -187,15 +187,18 @@ pub(super) fn measure(lab_bin: &std::path::Path, quick: bool) -> anyhow::Result<
     let mut cost = Vec::new();
     for (path, on) in [(DataPath::Tierlb, false), (DataPath::TierlbXdp, true)] {
         xdp.set(on)?;
-        let names = ["xdp_ingress", "tc_ingress", "tc_egress"];
+        // By kernel id: the LAN's pass programs are named `xdp_ingress` too, and are the lab's wire, not tierlb.
+        let ids: Vec<(&str, Option<u32>)> =
+            ["xdp_ingress", "tc_ingress", "tc_egress"].into_iter().map(|n| (n, xdp.programs.id(n))).collect();
+        let read = || ids.iter().map(|(_, id)| id.and_then(prog_stats_id)).collect::<Vec<_>>();
         let _stats = BpfStats::on();
-        let before: Vec<_> = names.iter().map(|n| prog_stats(n)).collect();
+        let before = read();
         blast(&lab.ext, udp, rate, &counter)?;
-        let after: Vec<_> = names.iter().map(|n| prog_stats(n)).collect();
-        let programs = names
+        let after = read();
+        let programs = ids
             .iter()
             .zip(before.iter().zip(&after))
-            .filter_map(|(n, (b, a))| {
+            .filter_map(|((n, _), (b, a))| {
                 let ((t0, c0), (t1, c1)) = (b.unwrap_or((0, 0)), (*a)?);
                 (c1 > c0).then(|| ((*n).to_owned(), (t1 - t0) as f64 / (c1 - c0) as f64, c1 - c0))
             })
@@ -293,6 +296,20 @@ struct Counter {
 impl Counter {
     fn start(pod: &NetNs) -> anyhow::Result<Self> {
         let sock = pod.run(|| Ok(UdpSocket::bind(SocketAddr::new(POD_2.into(), COUNTER_PORT))?))?;
+        // 32 MiB of receive buffer (past rmem_max: SO_RCVBUFFORCE, as root): a scheduling gap of the counter's
+        // thread on the shared CPUs is absorbed, so a loss is the path's, not the counter's.
+        let size: libc::c_int = 32 << 20;
+        // SAFETY: setsockopt on an open socket with an int option of its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                (&raw const size).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        anyhow::ensure!(rc == 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
         sock.set_read_timeout(Some(Duration::from_millis(100)))?;
         let received = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));

@@ -194,6 +194,11 @@ impl Programs {
         Ok(super::xdp::attach(&mut self.ebpf, device, pin_dir))
     }
 
+    /// The kernel id of the loaded program `name` (`None`: not loaded, or no such program).
+    pub fn id(&mut self, name: &str) -> Option<u32> {
+        program(&mut self.ebpf, name).ok()?.info().ok().map(|i| i.id())
+    }
+
     /// Attach `xdp_ingress` alone to `device` as the process's `XdpSetting` says (`xdp::attach`), tc's
     /// programs as they are (the bench's XDP rows switch it on and off between runs).
     pub fn attach_xdp(

@@ -24,7 +24,7 @@ pub(in crate::bench) fn section(x: &XdpFigures) -> String {
         );
     }
     s.push_str(
-        "\nPacket rate: UDP datagrams a second (64 flows, 64-byte payloads, paced per millisecond from one client thread) to node-2's pod through the node port (SNAT); per path the offered rate steps up from 25,000 a second, doubling until a step fails, then bisecting, 2 s a step; tc's and XDP's steps alternate. A step fails when more than 0.1% of its datagrams are lost, or when the client could not offer 95% of the rate (then the client, not the path, is the bound). The client, the pod's counter and both nodes share this machine's two CPUs: compare the paths, not the figures with another machine's.\n\n| path | sustained, at most 0.1% lost (datagrams/s) | lowest rate that failed | steps (offered: sent / received) |\n|---|---|---|---|\n",
+        "\nPacket rate: UDP datagrams a second (64 flows, 64-byte payloads, paced per millisecond from one client thread) to node-2's pod through the node port (SNAT), counted by a thread on the pod's socket (32 MiB receive buffer); per path the offered rate steps up from 25,000 a second, doubling until a step fails, then bisecting, 2 s a step; tc's and XDP's steps alternate. A step fails when more than 0.1% of its datagrams are lost, or when the client could not offer 95% of the rate (then the client, not the path, is the bound). The client, the pod's counter and both nodes share this machine's two CPUs: compare the paths, not the figures with another machine's.\n\n| path | sustained, at most 0.1% lost (datagrams/s) | lowest rate that failed | steps (offered: sent / received) |\n|---|---|---|---|\n",
     );
     for r in &x.rates {
         let steps: Vec<String> =
@@ -38,7 +38,7 @@ pub(in crate::bench) fn section(x: &XdpFigures) -> String {
             steps.join(", ")
         );
     }
-    s.push_str("\nThe programs' run time per packet (`bpf_stats`, one step's run of each path at the rate both sustained):\n\n| path | offered (datagrams/s) | program: ns per run (runs) |\n|---|---|---|\n");
+    s.push_str("\nThe programs' run time per run (`bpf_stats`, node-1's programs by kernel id, over one step of each path at the rate both sustained; with XDP, tc's programs do not run for these packets):\n\n| path | offered (datagrams/s) | program: ns per run (runs) |\n|---|---|---|\n");
     for c in &x.cost {
         let progs: Vec<String> =
             c.programs.iter().map(|(n, ns, runs)| format!("{n}: {ns:.0} ({runs})")).collect();
