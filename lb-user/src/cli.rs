@@ -323,7 +323,8 @@ pub struct AgentArgs {
     /// XDP_TX or XDP_REDIRECT), handing tc everything else (local backends, ICMP, fragments). `auto`: in the
     /// driver where it has XDP, except on a veth (whose peer needs an XDP program of its own for XDP_TX: say
     /// `native` when it has); `native`; `generic` (in the stack's receive path, any device); `off` (tc alone).
-    /// An agent that stops removes its XDP links; tc translates meanwhile.
+    /// Its links stay pinned when the agent stops; the next agent swaps its program in (no driver
+    /// reconfiguration); `off` removes them, as `--cleanup` does.
     #[arg(long, value_enum, default_value_t = crate::datapath::xdp::XdpSetting::Auto)]
     pub xdp: crate::datapath::xdp::XdpSetting,
     /// How a new flow from outside the node gets its backend within the tier the tiers choose: `random`

@@ -583,11 +583,6 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     drop(file_watcher);
     if let Some(dir) = &pin_dir {
         leave_for_previous(dir);
-        // XDP is an accelerator: tc goes on translating every packet until the next agent attaches it again,
-        // and an older release that knows no XDP is never left with this one's program on its devices.
-        for pin in crate::datapath::xdp::detach_all(dir) {
-            tracing::info!(pin = %pin.display(), "removed the XDP link (tc translates until the next agent attaches it)");
-        }
         tracing::info!(
             dir = %dir.display(),
             "leaving the programs attached and the maps pinned for the next agent (`tierlb agent --cleanup` removes them)"

@@ -7,10 +7,12 @@
 //! namespace's, which this node cannot see: `native` asserts it); `generic` runs it in the stack's receive
 //! path (any device; skbs already exist, so it saves little); `off` leaves every packet to tc.
 //!
-//! The link is pinned per device and mode (`link_xdp_native@DEVICE`, `link_xdp_generic@DEVICE`): a restarted
-//! agent replaces the program of a pinned link of the same mode in place (`BPF_LINK_UPDATE`), removes one of
-//! the other mode first, and an agent that stops removes its links (tc goes on translating; an older
-//! release that does not know XDP is never left with a newer program on its devices).
+//! The link is pinned per device and mode (`link_xdp_native@DEVICE`, `link_xdp_generic@DEVICE`) and stays
+//! when the agent stops, as the tc links do: the next agent replaces the program of a pinned link of the same
+//! mode in place (`BPF_LINK_UPDATE`). Not detached and attached again at each restart: many drivers
+//! reconfigure their rings when a device goes from no XDP program to one and back (i40e, ixgbe, mlx5), a
+//! moment without traffic on the whole device, which a swap of one program for another does not cost. A
+//! link of the other mode is removed first; `--xdp=off` removes the links, as `--cleanup` does.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -242,7 +244,7 @@ pub fn detach(dir: &Path, device: &str) -> Vec<PathBuf> {
     found
 }
 
-/// Remove every XDP link pin in `dir` (the agent at its exit, `--cleanup`); the pins removed.
+/// Remove every XDP link pin in `dir` (`--cleanup`); the pins removed.
 pub fn detach_all(dir: &Path) -> Vec<PathBuf> {
     pinned(dir).keys().flat_map(|d| detach(dir, d)).collect()
 }

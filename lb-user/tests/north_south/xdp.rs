@@ -1,6 +1,7 @@
 //! `--xdp=native` on node-1's uplink (a veth, native XDP): the cluster-policy traffic of `main.rs` again, its
 //! SNAT flows forwarded by `xdp_ingress` itself (XDP_TX back onto the LAN) and its local ones handed to tc;
-//! what status and `/metrics` say; and an agent that stops takes XDP away while tc goes on translating.
+//! what status and `/metrics` say; XDP forwarding with no agent running, the next agent's program swapped
+//! into the same link, and `--xdp=off` taking it away while tc goes on translating.
 use std::net::SocketAddr;
 
 use serde_json::json;
@@ -62,23 +63,37 @@ fn north_south_xdp_forwards_snat_flows_before_tc_and_leaves_local_ones_to_it() {
         "{metrics}"
     );
     assert!(metrics.contains("tierlb_external_packets_total{result=\"xdp_tx\"}"), "{metrics}");
-    // The agent stops: its XDP link goes (tc's stay pinned), and traffic goes on through tc alone.
-    agent.stop();
+    // The agent stops: its XDP link stays (as tc's do) and goes on forwarding with no agent running.
     let pins = lab.boxed.bpffs.path().join("tierlb");
-    assert_eq!(lab.status()[0]["north_south"]["xdp"], json!({}), "XDP removed at exit");
-    assert!(
-        !std::fs::read_dir(&pins)
-            .unwrap()
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with("link_xdp")),
-        "no XDP pin left"
-    );
-    let before = lab.status()[0]["north_south"]["counters"]["xdp_tx"].as_u64().unwrap();
+    let pin = pins.join("node-1").join("link_xdp_native@uplink");
+    let link = || {
+        let l = aya::programs::links::FdLink::from(aya::programs::links::PinnedLink::from_pin(&pin).unwrap());
+        let info = l.info().unwrap();
+        (info.id(), info.program_id())
+    };
+    let (link_id, program_id) = link();
+    agent.stop();
+    assert_eq!(lab.status()[0]["north_south"]["xdp"], json!({"uplink": "native"}), "XDP stays at exit");
+    let xdp_tx = || lab.status()[0]["north_south"]["counters"]["xdp_tx"].as_u64().unwrap();
+    let before = xdp_tx();
+    let r = lab.tcp(sa(NODE_1, 30080), 20);
+    assert!(r.iter().all(Result::is_ok) && names(&r).len() == 2, "no agent running: {r:?}");
+    assert!(xdp_tx() > before, "forwarded by XDP with no agent running");
+    // The next agent swaps its program into the same link (no detach: a NIC's driver is not reconfigured).
+    let agent = lab.start_agent();
+    let (link_now, program_now) = link();
+    assert_eq!(link_now, link_id, "the same link");
+    assert_ne!(program_now, program_id, "the new agent's program in it");
+    agent.stop();
+    // `--xdp=off`: the link goes, and tc alone translates.
+    let _agent = lab.boxed.start_agent("node-1", &["--xdp", "off"]).unwrap();
+    assert_eq!(lab.status()[0]["north_south"]["xdp"], json!({}), "{}", lab.status()[0]["north_south"]);
+    assert!(!pin.exists(), "no XDP pin left");
+    let before = xdp_tx();
     let r = lab.tcp(sa(NODE_1, 30080), 20);
     assert!(r.iter().all(Result::is_ok), "tc alone: {r:?}");
     assert_eq!(names(&r).len(), 2, "both pods through tc");
-    let after = lab.status()[0]["north_south"]["counters"]["xdp_tx"].as_u64().unwrap();
-    assert_eq!(before, after, "nothing through XDP once it is gone");
+    assert_eq!(xdp_tx(), before, "nothing through XDP once it is gone");
     let table = std::process::Command::new(TIERLB)
         .args(["status", "--bpffs", pins.to_str().unwrap()])
         .output()
