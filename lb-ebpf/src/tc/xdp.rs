@@ -27,7 +27,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     AddrKey, CT_DIR_IN, CT_FORWARD, CT_SNAT, CtKey, CtValue, FAMILY_V4, NS_TRANSLATED, NS_XDP_REDIRECT,
-    NS_XDP_TO_TC, NS_XDP_TX, NatConfig, OutsideAffinityKey, PROTO_TCP,
+    NS_XDP_TO_TC, NS_XDP_TX, OutsideAffinityKey, PROTO_TCP,
 };
 
 use super::{
@@ -66,7 +66,7 @@ fn ingress(x: &Xdp<'_>) -> u32 {
         if f.tcp_flags & TCP_SYN != 0 || unsafe { (*p).flags } & CT_SNAT == 0 {
             return to_tc();
         }
-        return forward(x, f, p, Some((k, cfg, t)));
+        return forward(x, f, p, true);
     }
     if tcp && !syn {
         // No flow of ours: the node's own traffic, or an expired flow's segment (tc counts it).
@@ -94,7 +94,7 @@ fn ingress(x: &Xdp<'_>) -> u32 {
         // A local backend: its entries are written; tc's translation finds them, and the stack delivers it.
         return to_tc();
     }
-    forward(x, f, fwd, None)
+    forward(x, f, fwd, false)
 }
 
 /// Parse the frame into `f` and its conntrack key into `k`: whether it may be ours, a whole TCP or UDP packet
@@ -129,11 +129,14 @@ fn to_tc() -> u32 {
     XDP_PASS
 }
 
-/// Forward the packet `f` of the SNAT flow whose entry (for its direction) is at `v`: `refresh` (a tracked
-/// flow's key, settings and now) refreshes the entry as tc's `conntrack::hit` does, after the next hop is
-/// known (a packet handed to tc is refreshed there, once). The XDP verdict.
+/// Forward the packet `f` of the SNAT flow whose entry (for its direction) is at `entry`: `tracked` (a flow
+/// found in conntrack, its key in the `PACKET` scratch) refreshes the entry as tc's `conntrack::hit` does,
+/// after the next hop is known (a packet handed to tc is refreshed there, once). The XDP verdict. Four
+/// arguments in registers: a fifth, or one larger than a register, would sit on the caller's frame, which
+/// the verifier adds to every call chain below it (Linux 6.1 refused 544 bytes of 512, each frame rounded up
+/// to 32 bytes).
 #[inline(never)]
-fn forward(x: &Xdp<'_>, f: &Flow, entry: *mut CtValue, refresh: Option<(&CtKey, &NatConfig, u64)>) -> u32 {
+fn forward(x: &Xdp<'_>, f: &Flow, entry: *mut CtValue, tracked: bool) -> u32 {
     // SAFETY: a map value or this CPU's scratch value, mapped for the program's run; its translation fields
     // are written once, when the flow is created.
     let (to, to_port, from, from_port, fwd) = unsafe {
@@ -165,10 +168,12 @@ fn forward(x: &Xdp<'_>, f: &Flow, entry: *mut CtValue, refresh: Option<(&CtKey, 
         // No neighbour entry yet, too large for the route, no route: tc resolves, answers or drops it.
         return to_tc();
     }
-    if let Some((k, cfg, t)) = refresh
-        && conntrack::hit(k, f, cfg, t).is_none()
-    {
-        return to_tc();
+    if tracked {
+        let (Some(scratch), Some(cfg)) = (PACKET.get_ptr(0), conntrack::config()) else { return to_tc() };
+        // SAFETY: this CPU's scratch value, whose key `ingress` wrote in this run.
+        if conntrack::hit(unsafe { &(*scratch).key }, f, cfg, conntrack::now()).is_none() {
+            return to_tc();
+        }
     }
     let ok = if fwd {
         packet::set_dst(x, f, &to, to_port).is_ok() && packet::set_src(x, f, &from, from_port).is_ok()
