@@ -132,9 +132,7 @@ fn to_tc() -> u32 {
 /// Forward the packet `f` of the SNAT flow whose entry (for its direction) is at `entry`: `tracked` (a flow
 /// found in conntrack, its key in the `PACKET` scratch) refreshes the entry as tc's `conntrack::hit` does,
 /// after the next hop is known (a packet handed to tc is refreshed there, once). The XDP verdict. Four
-/// arguments in registers: a fifth, or one larger than a register, would sit on the caller's frame, which
-/// the verifier adds to every call chain below it (Linux 6.1 refused 544 bytes of 512, each frame rounded up
-/// to 32 bytes).
+/// arguments in registers: a fifth, or one larger than a register, would sit on the caller's frame.
 #[inline(never)]
 fn forward(x: &Xdp<'_>, f: &Flow, entry: *mut CtValue, tracked: bool) -> u32 {
     // SAFETY: a map value or this CPU's scratch value, mapped for the program's run; its translation fields
