@@ -119,14 +119,8 @@ fn ingress(ctx: &TcContext, f: &mut Flow, k: &mut CtKey, parsed: Parsed) -> i32 
     if verdict != CHOSEN {
         return verdict;
     }
-    let Some(n) = SCRATCH.get_ptr_mut(0) else { return PASS };
-    // SAFETY: this CPU's scratch value, written by `new_flow` in this run (see below).
-    let NewFlow { fe, client, choice, affinity, .. } = unsafe { &mut *n };
-    if fe.affinity_timeout_s != 0 {
-        // Here, not in `new_flow`: the verifier bounds the stack over the call chain (512 bytes), and
-        // `new_flow`'s frame (the tier choice) and `apply_outside`'s do not fit one above the other.
-        *affinity = OutsideAffinityKey { frontend: fe.key, client: client.addr };
-        affinity::apply_outside(fe, affinity, choice);
+    if !with_affinity() {
+        return PASS;
     }
     let verdict = admit(ctx, f, cfg, t);
     if verdict != CREATED {
@@ -140,6 +134,22 @@ fn ingress(ctx: &TcContext, f: &mut Flow, k: &mut CtKey, parsed: Parsed) -> i32 
         Some(n) => tracked(ctx, f, unsafe { &(*n).fwd }),
         None => PASS,
     }
+}
+
+/// After `new_flow` chose: sessionAffinity's backend in its place where the frontend has affinity (in the
+/// scratch value). Here, not in `new_flow`: the verifier bounds the stack over the call chain (512 bytes), and
+/// `new_flow`'s frame (the tier choice) and `apply_outside`'s do not fit one above the other. `false`: no
+/// scratch value (pass the packet on).
+#[inline(always)]
+fn with_affinity() -> bool {
+    let Some(n) = SCRATCH.get_ptr_mut(0) else { return false };
+    // SAFETY: this CPU's scratch value, written by `new_flow` in this run (see `ingress`).
+    let NewFlow { fe, client, choice, affinity, .. } = unsafe { &mut *n };
+    if fe.affinity_timeout_s != 0 {
+        *affinity = OutsideAffinityKey { frontend: fe.key, client: client.addr };
+        affinity::apply_outside(fe, affinity, choice);
+    }
+    true
 }
 
 /// `new_flow`'s answer when it chose a backend (`NewFlow::choice`), for `admit`: not a tc verdict.

@@ -27,17 +27,18 @@ use aya_ebpf::{
 };
 use lb_common::{
     AddrKey, CT_DIR_IN, CT_FORWARD, CT_SNAT, CtKey, CtValue, FAMILY_V4, NS_TRANSLATED, NS_XDP_REDIRECT,
-    NS_XDP_TO_TC, NS_XDP_TX, OutsideAffinityKey, PROTO_TCP,
+    NS_XDP_TO_TC, NS_XDP_TX, PROTO_TCP,
 };
 
 use super::{
-    CHOSEN, CREATED, DROP, NewFlow, PACKET, Packet, SCRATCH, admit, conntrack, fragment,
+    CHOSEN, CREATED, DROP, PACKET, Packet, SCRATCH, admit, conntrack, fragment,
     frame::{Frame, Xdp},
     new_flow,
     packet::{self, Flow, Parsed, TCP_ACK, TCP_RST, TCP_SYN},
     route::{AF_INET, AF_INET6, FIB_PARAMS_LEN},
+    with_affinity,
 };
-use crate::{affinity, counters::count_ns, maps::NS_ADDRS};
+use crate::{counters::count_ns, maps::NS_ADDRS};
 
 #[xdp]
 #[expect(clippy::needless_pass_by_value, reason = "the aya macro hands the program its context by value")]
@@ -76,13 +77,10 @@ fn ingress(x: &Xdp<'_>) -> u32 {
     if verdict != CHOSEN {
         return verdict_of(verdict);
     }
-    let Some(scratch_flow) = SCRATCH.get_ptr_mut(0) else { return XDP_PASS };
-    // SAFETY: this CPU's scratch value, written by `new_flow` in this run.
-    let NewFlow { fe, client, choice, affinity, .. } = unsafe { &mut *scratch_flow };
-    if fe.affinity_timeout_s != 0 {
-        *affinity = OutsideAffinityKey { frontend: fe.key, client: client.addr };
-        affinity::apply_outside(fe, affinity, choice);
+    if !with_affinity() {
+        return XDP_PASS;
     }
+    let Some(scratch_flow) = SCRATCH.get_ptr_mut(0) else { return XDP_PASS };
     let verdict = admit(x, f, cfg, t);
     if verdict != CREATED {
         return verdict_of(verdict);

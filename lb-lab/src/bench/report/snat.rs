@@ -13,26 +13,10 @@ use super::{
 /// The section, from what `north_south_snat::measure` returned.
 pub(in crate::bench) fn section(x: &Snat) -> String {
     let mut s = format!(
-        "\n## From outside, through SNAT\n\nThe lab above with a second node: the client, node-1 and node-2 on one bridge, node-2's pod (a sink, and a server that answers every line with its name) routed by node-1 (10.244.2.0/24 via node-2) and back by the same way. A node port of node-1 whose only endpoint is node-2's pod is DNAT and SNAT (to node-1's address), the replies translated back on node-1: tierlb's tc programs on node-1's uplink, and real kube-proxy v1.36.3 in nftables mode, then in iptables mode (one at a time, as a node has; NodePort Services `externalTrafficPolicy: Cluster` read from kube-apiserver v1.36.3), both in place at once on node ports of their own, so their runs interleave. `direct` connects to node-2's pod's address, routed by node-1, the same hops. Connects: per kube-proxy mode {} rounds of {:.2} s of connect() + close to each of direct, tierlb and kube-proxy (A B C, then C B A), a ratio per round against that round's direct run; tierlb's row takes the rounds of both modes. The section alone: `cargo xtask bench --snat` (as root; `--quick` for fewer rounds and shorter loads).\n\n| path | p50 (us) | p99 (us) | ops/s | p50 / direct (middle half) | ops/s / direct (middle half) | errors |\n|---|---|---|---|---|---|---|\n",
+        "\n## From outside, through SNAT\n\nThe lab above with a second node: the client, node-1 and node-2 on one bridge, node-2's pod (a sink, and a server that answers every line with its name) routed by node-1 (10.244.2.0/24 via node-2) and back by the same way. A node port of node-1 whose only endpoint is node-2's pod is DNAT and SNAT (to node-1's address), the replies translated back on node-1: tierlb's tc programs on node-1's uplink, and real kube-proxy v1.36.3 in nftables mode, then in iptables mode (one at a time, as a node has; NodePort Services `externalTrafficPolicy: Cluster` read from kube-apiserver v1.36.3), both in place at once on node ports of their own, so their runs interleave. `direct` connects to node-2's pod's address, routed by node-1, the same hops. Connects: per kube-proxy mode {} rounds of {:.2} s of connect() + close to each of direct, tierlb and kube-proxy (A B C, then C B A), a ratio per round against that round's direct run; tierlb's row takes the rounds of both modes. The section alone: `cargo xtask bench --snat` (as root; `--quick` for fewer rounds and shorter loads).",
         x.rounds, x.seconds
     );
-    for r in &x.rows {
-        let _ = writeln!(
-            s,
-            "| {} | {:.1} | {:.1} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x ({:.2}-{:.2}) | {} |",
-            r.path.as_str(),
-            r.p50_us,
-            r.p99_us,
-            r.per_sec,
-            r.p50_ratio.median,
-            r.p50_ratio.q1,
-            r.p50_ratio.q3,
-            r.per_sec_ratio.median,
-            r.per_sec_ratio.q1,
-            r.per_sec_ratio.q3,
-            r.errors
-        );
-    }
+    s.push_str(&connect_rows(&x.rows));
     let step = x.rates.first().map_or(0.0, |r| r.step_secs);
     let _ = write!(
         s,
@@ -55,6 +39,31 @@ pub(in crate::bench) fn section(x: &Snat) -> String {
         );
     }
     s.push_str(&loads(x));
+    s
+}
+
+/// The connect rows of a section from outside against direct: a table, its head included.
+pub(super) fn connect_rows(rows: &[super::super::figures::NsRow]) -> String {
+    let mut s = String::from(
+        "\n\n| path | p50 (us) | p99 (us) | ops/s | p50 / direct (middle half) | ops/s / direct (middle half) | errors |\n|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {:.1} | {:.1} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x ({:.2}-{:.2}) | {} |",
+            r.path.as_str(),
+            r.p50_us,
+            r.p99_us,
+            r.per_sec,
+            r.p50_ratio.median,
+            r.p50_ratio.q1,
+            r.p50_ratio.q3,
+            r.per_sec_ratio.median,
+            r.per_sec_ratio.q1,
+            r.per_sec_ratio.q3,
+            r.errors
+        );
+    }
     s
 }
 
