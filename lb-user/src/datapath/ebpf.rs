@@ -159,12 +159,16 @@ impl Programs {
             let Some(dir) = pin_dir else { continue };
             let path = super::pins::link_pin(dir, name);
             let fresh = super::pins::new_link_pin(dir, name);
-            let _ = std::fs::remove_file(&fresh);
+            super::sys::detach_link_pin(&fresh);
             link.pin(&fresh).map_err(|e| bpf_err(format!("pinning the link of {name}"), e))?;
-            // rename(2) over the old pin drops the old link's last reference: the old program detaches only
-            // now, after the new one is attached.
+            // rename(2) over the old pin drops the old link's last reference; the old program is detached
+            // only now, after the new one is attached, and at once (not when the kernel releases the link).
+            let previous = super::sys::open_pin(&path);
             std::fs::rename(&fresh, &path)
                 .map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
+            if let Some(previous) = previous {
+                super::sys::detach_link(&previous);
+            }
         }
         Ok(())
     }

@@ -157,6 +157,12 @@ pub fn cleanup(bpffs: &Path, instance: &str) -> Result<Vec<PathBuf>, PinError> {
     for device in super::tc::all_devices() {
         super::tc::detach_netlink(&device);
     }
+    // The cgroup programs' links: detached now, not when the kernel gets round to releasing the unpinned link.
+    for p in PROGRAMS.iter().flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)]) {
+        if p.exists() && super::sys::detach_link_pin(&p) {
+            removed.push(p);
+        }
+    }
     let pins = PROGRAMS
         .iter()
         .flat_map(|p| [link_pin(&dir, p), new_link_pin(&dir, p)])

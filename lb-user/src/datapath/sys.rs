@@ -87,3 +87,43 @@ pub(crate) fn device_request(device: &str) -> Option<(std::os::fd::OwnedFd, libc
     }
     Some((sock, req))
 }
+
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+/// The object pinned at `pin`, opened (`BPF_OBJ_GET`); `None` if there is none or it cannot be opened.
+pub(crate) fn open_pin(pin: &std::path::Path) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    /// The `obj` part of `union bpf_attr` (`BPF_OBJ_GET`).
+    #[repr(C)]
+    #[derive(Default)]
+    struct ObjGet {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let path = std::ffi::CString::new(pin.as_os_str().as_bytes()).ok()?;
+    let mut get = ObjGet { pathname: path.as_ptr() as u64, ..ObjGet::default() };
+    let fd = i32::try_from(bpf(BPF_OBJ_GET, &mut get).ok()?).ok()?;
+    // SAFETY: BPF_OBJ_GET returned a new file descriptor, owned from here on.
+    Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Detach the link behind `link` now (`BPF_LINK_DETACH`, kernel 5.9). Closing a link's last reference (its fd,
+/// its pin) releases it in the kernel's deferred work (`bpf_link_put`), so its program stays on the hook a
+/// moment after; this does not wait. An fd that is not a link (a map, a program) or a link kind without
+/// `detach` is refused (`EINVAL`, `EOPNOTSUPP`): nothing is detached, and the link goes when it is released.
+pub(crate) fn detach_link(link: &std::os::fd::OwnedFd) {
+    let mut link_fd = std::os::fd::AsRawFd::as_raw_fd(link).cast_unsigned();
+    let _ = bpf(BPF_LINK_DETACH, &mut link_fd);
+}
+
+/// Detach the link pinned at `pin` now (see [`detach_link`]), then remove the pin; an uninstall that returns
+/// leaves nothing attached. Returns whether a pin was removed.
+pub(crate) fn detach_link_pin(pin: &std::path::Path) -> bool {
+    if let Some(link) = open_pin(pin) {
+        detach_link(&link);
+    }
+    std::fs::remove_file(pin).is_ok()
+}

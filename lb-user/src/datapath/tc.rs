@@ -286,9 +286,15 @@ fn attach_programs(
         let path = tc_link_pin(dir, name, device);
         // bpffs refuses names with a dot (`bpf_lookup`): no extension.
         let fresh = dir.join(format!("link_{name}@{device}_new"));
-        let _ = std::fs::remove_file(&fresh);
+        super::sys::detach_link_pin(&fresh);
         link.pin(&fresh).map_err(|e| bpf_err(format!("pinning the link of {name} on {device}"), e))?;
+        // The previous agent's link, replaced by the rename, is detached at once rather than when the kernel
+        // releases it: one program of each kind on the device when the attach returns.
+        let previous = super::sys::open_pin(&path);
         std::fs::rename(&fresh, &path).map_err(|e| bpf_err(format!("replacing {}", path.display()), e))?;
+        if let Some(previous) = previous {
+            super::sys::detach_link(&previous);
+        }
     }
     Ok(())
 }
@@ -369,7 +375,7 @@ pub fn detach(dir: Option<&Path>, device: &str) {
         super::xdp::detach(dir, device);
         for p in device_pins(dir, device) {
             netlink |= p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("prog_"));
-            let _ = std::fs::remove_file(p);
+            super::sys::detach_link_pin(&p);
         }
     }
     if netlink {

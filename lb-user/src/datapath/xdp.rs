@@ -189,7 +189,7 @@ pub fn attach(
     }
     if let Some(dir) = pin_dir {
         for other in XdpAttached::ALL.into_iter().filter(|m| *m != mode) {
-            let _ = std::fs::remove_file(link_pin(dir, other, device));
+            super::sys::detach_link_pin(&link_pin(dir, other, device));
         }
         let path = link_pin(dir, mode, device);
         if let Ok(pinned) = PinnedLink::from_pin(&path) {
@@ -204,7 +204,7 @@ pub fn attach(
                 }
                 Err(e) => {
                     tracing::warn!(device, error = %e, "cannot replace the program of the pinned XDP link; attaching anew");
-                    let _ = std::fs::remove_file(&path);
+                    super::sys::detach_link_pin(&path);
                 }
             }
         }
@@ -239,7 +239,7 @@ pub fn attach(
 pub fn detach(dir: &Path, device: &str) -> Vec<PathBuf> {
     let found = pins(dir, device);
     for p in &found {
-        let _ = std::fs::remove_file(p);
+        super::sys::detach_link_pin(p);
     }
     found
 }

@@ -220,12 +220,31 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
     let before = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(before.len(), 2, "a connection to each pod: {before:?}");
     agent.kill();
+    // Another process holding the killed agent's tc links open (a monitor, bpftool): the kernel releases a link
+    // only when its last reference goes, so what takes the old programs off the device must be a detach.
+    let pins = lab.boxed.bpffs.path().join("tierlb");
+    let hold_tc_links = || -> Vec<aya::programs::links::PinnedLink> {
+        ["tc_ingress", "tc_egress"]
+            .iter()
+            .filter_map(|p| {
+                aya::programs::links::PinnedLink::from_pin(pins.join(format!("node-1/link_{p}@uplink"))).ok()
+            })
+            .collect()
+    };
+    let held = hold_tc_links();
+    // (A kernel without tcx has netlink filters, not links: nothing to hold.)
+    assert_eq!(
+        held.len(),
+        if tierlb::datapath::tc::has_tcx() { 2 } else { 0 },
+        "the killed agent's tc links"
+    );
     let agent = lab.start_agent();
     tx_cmd.send(()).unwrap();
     let after = rx_res.recv_timeout(Duration::from_secs(30)).unwrap();
     client.join().unwrap();
     assert!(after.iter().all(|l| l.starts_with("web-node")), "both connections kept working: {after:?}");
-    // `tierlb agent --cleanup` (what deploy/uninstall runs) detaches the tc programs from the device too.
+    // `tierlb agent --cleanup` (what deploy/uninstall runs) detaches the tc programs from the device too, by the
+    // time it exits.
     // (Debian 12's bpftool 7.1 does not list tcx links: `tc_programs` asks the kernel through aya, or reads
     // the netlink filters on a kernel without tcx.)
     let tc_progs = || {
@@ -233,21 +252,14 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
         let n = names.iter().filter(|n| n.starts_with("tc_")).count();
         (n, format!("{names:?}"))
     };
-    // The new agent pins its links over the old ones; the kernel releases a link whose last reference went
-    // (the old pin) in deferred work (`bpf_link_put`), so the old programs leave the chain just after, not
-    // within the rename: wait for it (up to 10 s, a bound on a loaded machine, not a speed claim).
-    let mut seen = tc_progs();
-    for _ in 0..100 {
-        if seen.0 == 2 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        seen = tc_progs();
-    }
+    // The new agent pins its links over the old ones and detaches the old ones (`BPF_LINK_DETACH`) before it
+    // says it is ready: one of each on the device now, though the old links are still held open.
+    let seen = tc_progs();
+    drop(held);
+    let held = hold_tc_links();
     let (n, text) = seen;
     assert_eq!(n, 2, "ingress and egress attached once each, after the restart: {text}");
     drop(agent);
-    let pins = lab.boxed.bpffs.path().join("tierlb");
     // In the node's network namespace, as deploy/uninstall runs it (host network): netlink filters, on a
     // kernel without tcx, are found on the node's devices only.
     let st = std::process::Command::new("ip")
@@ -266,7 +278,8 @@ fn north_south_connection_survives_an_agent_sigkill_and_restart() {
         .unwrap();
     assert!(st.success());
     let (n, text) = tc_progs();
-    assert_eq!(n, 0, "no tc program left on the device: {text}");
+    assert_eq!(n, 0, "no tc program left on the device, though its links are held open: {text}");
+    drop(held);
 }
 
 #[test]
