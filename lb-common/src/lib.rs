@@ -533,6 +533,7 @@ aya_pod!(
 mod choice;
 mod counters;
 mod csum;
+mod dsr;
 mod health;
 mod maglev;
 mod nat;
@@ -545,6 +546,7 @@ pub use choice::{
 };
 pub use counters::*;
 pub use csum::{CsumDiff, fold as csum_fold};
+pub use dsr::*;
 pub use health::{
     HEALTH_REFUSED, HEALTH_TIMEOUT, HEALTH_TRIAL_NS, HEALTH_UNREACHABLE, HOLD_ALL, HOLD_CLIENT, Health,
     HealthConfig, HealthVerdict, Held, syn_sent_close_reason,

@@ -231,8 +231,21 @@ pub const NS_XDP_REDIRECT: u32 = 31;
 /// Packets of tracked or new flows `xdp_ingress` left to `tc_ingress` (a local backend, no neighbour entry
 /// yet, an ICMP answer to give, a TCP segment that moves a flow's state).
 pub const NS_XDP_TO_TC: u32 = 32;
+/// New flows to a remote endpoint with direct server return (`FLAG_DSR`): the client's address kept, the
+/// frontend carried in an IPv4 option (`dsr`).
+pub const NS_NEW_DSR: u32 = 33;
+/// New flows to a remote endpoint of a frontend with `FLAG_DSR` that took SNAT instead: IPv6 (no option), or
+/// a first UDP datagram with no room for the option on the device it came in by.
+pub const NS_DSR_SNAT: u32 = 34;
+/// On a backend's node: reply entries written from a packet's DSR option (new flows, and flows whose entry
+/// had expired), so the backend's reply leaves with the frontend's address.
+pub const NS_DSR_LEARNED: u32 = 35;
+/// Packets of DSR flows sent on without the option: no room for it within the route's MTU (a UDP datagram;
+/// a TCP segment is answered with "fragmentation needed" for 8 bytes less, `NS_DROP_FRAG_NEEDED`), or a UDP
+/// GSO packet the kernel cannot grow. The backend's node knows the flow from its earlier packets.
+pub const NS_DSR_NO_ROOM: u32 = 36;
 /// Counter kinds of `MAP_NS_COUNTERS`.
-pub const NS_COUNTER_KINDS: u32 = 33;
+pub const NS_COUNTER_KINDS: u32 = 37;
 /// Entries of `MAP_NS_COUNTERS`: room for kinds a later version adds, so its pinned map keeps its layout.
 /// 32 until map layout 2, which made room for the XDP and DSR paths' counters (29 of 32 were taken); the agent
 /// migrates a pinned map of 32 in place (`lb-user`'s `datapath::migrate`).
@@ -273,6 +286,10 @@ pub const NS_COUNTER_NAMES: [&str; NS_COUNTER_KINDS as usize] = [
     "xdp_tx",
     "xdp_redirect",
     "xdp_to_tc",
+    "new_dsr",
+    "dsr_snat",
+    "dsr_learned",
+    "dsr_no_room",
 ];
 
 /// Entries an LRU conntrack table reclaimed to make room (live flows and expired ones it had not reused):

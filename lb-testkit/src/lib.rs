@@ -6,6 +6,7 @@
 //! It does not depend on the product crate: what it knows of tierlb is the command line it starts.
 #![warn(missing_docs)]
 pub mod abort;
+pub mod capture;
 pub mod chaos;
 pub mod churn;
 pub mod cluster;

@@ -104,41 +104,11 @@ impl LateRouter {
             let setup = || -> anyhow::Result<(OwnedFd, OwnedFd)> {
                 nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
                 // Cooked packets (no link header) of IPv4, on the one device.
-                let proto = (libc::ETH_P_IP as u16).to_be();
-                let watch = socket(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(proto))?;
-                let name = std::ffi::CString::new(device.as_str())?;
-                // SAFETY: a valid C string.
-                let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-                if ifindex == 0 {
-                    bail!("no device {device}");
-                }
-                // SAFETY: an all-zero sockaddr_ll is valid; its fields are set below.
-                let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-                ll.sll_family = libc::AF_PACKET as u16;
-                ll.sll_protocol = proto;
-                ll.sll_ifindex = ifindex.cast_signed();
-                // SAFETY: a sockaddr_ll of its own size.
-                let rc = unsafe {
-                    libc::bind(
-                        watch.as_raw_fd(),
-                        (&raw const ll).cast(),
-                        size_of::<libc::sockaddr_ll>() as u32,
-                    )
-                };
-                if rc != 0 {
-                    return Err(std::io::Error::last_os_error()).context("bind AF_PACKET");
-                }
-                let tv = libc::timeval { tv_sec: 0, tv_usec: 100_000 };
-                // SAFETY: a timeval of its own size.
-                unsafe {
-                    libc::setsockopt(
-                        watch.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_RCVTIMEO,
-                        (&raw const tv).cast(),
-                        size_of::<libc::timeval>() as u32,
-                    );
-                }
+                let watch = crate::capture::packet_socket(
+                    &device,
+                    libc::ETH_P_IP as u16,
+                    Duration::from_millis(100),
+                )?;
                 // IPPROTO_RAW: the packet carries its own IP header.
                 let send = socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW)?;
                 Ok((watch, send))

@@ -333,6 +333,15 @@ pub struct AgentArgs {
     /// backend). Connects on the node are always random.
     #[arg(long, value_enum, default_value_t = crate::agent::LbAlgorithm::Random)]
     pub lb_algorithm: crate::agent::LbAlgorithm,
+    /// Direct server return for traffic from outside the node (Cilium's `bpf-lb-mode=dsr` with the `opt`
+    /// dispatch): a new IPv4 flow to a backend on another node (externalTrafficPolicy Cluster) keeps the
+    /// client's address and carries its frontend to the backend's node in an 8-byte IPv4 option, whose agent
+    /// (also `--dsr`) gives the backend's reply the frontend's address: the reply goes to the client from
+    /// there, never back through this node. The network must let a packet with an IP option between the
+    /// nodes, and one from a Service address leave the backend's node. IPv6 flows, and a first UDP datagram
+    /// with no room for the option, take SNAT (counted as `dsr_snat`).
+    #[arg(long)]
+    pub dsr: bool,
     /// Passive health: consecutive failed connects (refused or unreachable, or the SYN unanswered for its
     /// first retransmission timeout) after which the kernel holds a backend down; 0 turns passive health off.
     #[arg(long, default_value_t = 3)]
@@ -408,6 +417,7 @@ impl AgentArgs {
             devices: self.devices.clone(),
             node_port_range: self.service_node_port_range,
             lb_algorithm: self.lb_algorithm,
+            dsr: self.dsr,
             health: crate::datapath::health::HealthSettings {
                 failures: self.health_failures,
                 hold: self.health_hold,

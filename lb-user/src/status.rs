@@ -94,6 +94,9 @@ pub struct FrontendStatus {
     /// How a new flow gets its backend within the tier: "random", or "maglev" (an outside frontend under
     /// `--lb-algorithm=maglev`).
     pub lb_algorithm: &'static str,
+    /// Whether a new IPv4 flow from outside to a backend on another node takes direct server return (an
+    /// outside frontend under `--dsr`, externalTrafficPolicy Cluster).
+    pub dsr: bool,
 }
 
 /// What `tierlb status` shows of one agent instance's maps.
@@ -218,6 +221,7 @@ impl Instance {
                     clients: clients.get(&key).copied().unwrap_or(0),
                 }),
                 lb_algorithm: if rb.value.flags & lb_common::FLAG_MAGLEV != 0 { "maglev" } else { "random" },
+                dsr: rb.value.flags & lb_common::FLAG_DSR != 0,
             });
         }
         frontends.sort_by(|a, b| (&a.name, &a.frontend).cmp(&(&b.name, &b.frontend)));

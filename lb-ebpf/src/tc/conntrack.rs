@@ -16,7 +16,7 @@ use aya_ebpf::{
     maps::LruHashMap,
 };
 use lb_common::{
-    CT_CLOSED, CT_DIR_IN, CT_DIR_OUT, CT_ESTABLISHED, CT_FIN_CLIENT, CT_FIN_SERVER, CT_FORWARD,
+    CT_CLOSED, CT_DIR_IN, CT_DIR_OUT, CT_DSR, CT_ESTABLISHED, CT_FIN_CLIENT, CT_FIN_SERVER, CT_FORWARD,
     CT_SEEN_REPLY, CT_SEQ_SEEN, CT_SNAT, CtKey, CtValue, NS_CT_INSERTED, NS_CT_REMOVED, NS_ESTABLISHED,
     NS_RST_OUTSIDE_WINDOW, NatConfig, PROTO_TCP, rst_in_window,
 };
@@ -186,11 +186,16 @@ fn tcp(key: &CtKey, f: &Flow, p: *mut CtValue, table: Table, t: u64) -> Option<&
         }
         v.flags |= CT_SEQ_SEEN;
     }
+    // A DSR flow's replies never pass this node: the client's first segment after its SYN (an ACK: it saw
+    // the SYN-ACK) completes the handshake as far as this node can tell.
     let handshake_done = forward
         && table == Table::Syn
         && flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_ACK
-        && v.flags & (CT_SEEN_REPLY | CT_ESTABLISHED) == CT_SEEN_REPLY
-        && acks_the_syn_ack(key, v, f, t);
+        && if v.flags & CT_DSR != 0 {
+            v.flags & CT_ESTABLISHED == 0
+        } else {
+            v.flags & (CT_SEEN_REPLY | CT_ESTABLISHED) == CT_SEEN_REPLY && acks_the_syn_ack(key, v, f, t)
+        };
     if handshake_done {
         add_state(key, v, CT_ESTABLISHED, cfg, t);
     }
@@ -331,6 +336,60 @@ pub(crate) fn claim(k: &CtKey, v: &CtValue, t: u64) -> bool {
         Some(p) if unsafe { (*p).expires_ns } > t => false,
         _ => create(k, v),
     }
+}
+
+/// On a backend's node, from a DSR option (`dsr::learn`): the reply entry at `key` (backend -> client) of the
+/// flow to frontend `addr`:`port`, as the client's packet `f` announces it. A SYN starts it (half-open
+/// table, replacing what was there); a later packet of a flow this node has no live entry for (expired,
+/// evicted, the agent restarted without the tables) writes it as established; a packet of a flow it has
+/// refreshes it, moves it to the established table on the client's first non-SYN segment, and records the
+/// client's FIN or RST (this node sees only the client's packets and the backend's replies). Whether a new
+/// entry was written.
+#[inline(never)]
+pub(crate) fn learn(key: &CtKey, addr: u32, port: u16, f: &Flow, t: u64) -> bool {
+    let Some(cfg) = config() else { return false };
+    let addr = [addr, 0, 0, 0];
+    let tcp = f.proto == PROTO_TCP;
+    let syn = tcp && f.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    if !syn && let Some((p, table)) = find(key, t) {
+        // SAFETY: as in `live`; this run's only reference to the entry.
+        let v = unsafe { &mut *p };
+        if v.a == addr && v.a_port == port {
+            if tcp {
+                if f.tcp_flags & TCP_RST != 0 {
+                    v.flags |= CT_CLOSED;
+                } else if f.tcp_flags & TCP_FIN != 0 {
+                    v.flags |= CT_FIN_CLIENT;
+                    if v.flags & CT_FIN_SERVER != 0 {
+                        v.flags |= CT_CLOSED;
+                    }
+                }
+            }
+            v.expires_ns = t + cfg.lifetime_ns(tcp, v.flags);
+            if tcp && table == Table::Syn && v.flags & CT_ESTABLISHED == 0 {
+                v.flags |= CT_SEEN_REPLY | CT_ESTABLISHED;
+                v.expires_ns = t + cfg.lifetime_ns(true, v.flags);
+                if put(Table::Tcp, key, v) {
+                    del(Table::Syn, key);
+                    count_ns(NS_ESTABLISHED);
+                }
+            }
+            return false;
+        }
+    }
+    let flags = if tcp && !syn { CT_SEEN_REPLY | CT_ESTABLISHED } else { 0 };
+    let v = CtValue {
+        a: addr,
+        a_port: port,
+        flags,
+        expires_ns: t + cfg.lifetime_ns(tcp, flags),
+        ..CtValue::default()
+    };
+    if flags == 0 {
+        return create(key, &v);
+    }
+    del(Table::Syn, key);
+    put(Table::Tcp, key, &v)
 }
 
 /// Remove the entry at `k` from every table of its protocol.

@@ -31,6 +31,14 @@ pub(crate) trait Frame {
     fn raw(&self) -> *mut c_void;
     /// The index of the device the packet arrived on (ingress) or leaves by (egress).
     fn ifindex(&self) -> u32;
+    /// Whether the packet, `grow` bytes larger, still fits the MTU of the device it arrived on
+    /// (`bpf_check_mtu`, Linux 5.12; a GSO packet: its segments, as the kernel grows them).
+    fn fits(&self, grow: i32) -> bool {
+        let mut mtu = 0u32;
+        // SAFETY: the program's own context and a u32 out-parameter; ifindex 0 is the context's device.
+        let rc = unsafe { aya_ebpf::helpers::bpf_check_mtu(self.raw(), 0, &raw mut mtu, grow, 0) };
+        rc == i64::from(aya_ebpf::bindings::bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS)
+    }
 }
 
 impl Frame for TcContext {

@@ -97,7 +97,7 @@ pub(crate) fn error(ctx: &TcContext, f: &Flow, dir: u8) -> i32 {
     }
     // Never answered: no ICMP error about an ICMP error (`lookup`, not `check`, keeps the answer's frames
     // off this path's call chain).
-    let verdict = route::quiet(route::lookup(ctx, f, &src, &dst));
+    let verdict = route::quiet(route::lookup(ctx, f, &src, &dst, 0));
     if verdict != route::GO {
         return verdict;
     }

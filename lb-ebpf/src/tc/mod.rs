@@ -7,7 +7,8 @@
 //! - `icmp`: ICMP errors about a translated flow, translated back (path MTU discovery, port unreachable);
 //! - `icmp_send`: ICMP errors the node answers itself for what it cannot forward (exhausted TTL, MTU);
 //! - `conntrack`: the two entries of a translated flow and their lifetimes;
-//! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check.
+//! - `route`: forwarding a packet with the node's address as its source (SNAT) past the stack's martian check;
+//! - `dsr`: direct server return, the frontend carried to the backend's node in an IPv4 option.
 //!
 //! Everything that is not theirs is passed on (`TC_ACT_UNSPEC`: with tcx the next program runs, a CNI's
 //! among them); so is a translated packet headed for a local pod, which the stack routes. Drops are counted by
@@ -15,6 +16,7 @@
 //! UDP datagram to a frontend, so a reply to a node socket is never taken for NodePort traffic; and the SNAT
 //! ports lie above the kernel's ephemeral range (see `lb_common::nat`).
 mod conntrack;
+mod dsr;
 mod fragment;
 mod frame;
 mod icmp;
@@ -35,13 +37,14 @@ use aya_ebpf::{
 use frame::Frame;
 use lb_common::{
     ADDR_FOREIGN, ADDR_NODE, AddrKey, Backend, COUNTER_DROPPED, COUNTER_NODE, COUNTER_REJECTED, CT_DIR_IN,
-    CT_DIR_OUT, CT_FORWARD, CT_SNAT, CtAddr, CtKey, CtValue, FAMILY_V4, FLAG_EMPTY_IS_DROP, FLAG_MAGLEV,
-    FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES, FrontendKey, FrontendValue, MaglevKey,
-    NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL, NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED,
-    NS_DROP_SOURCE_RANGE, NS_DROP_UNMATCHED, NS_FAIL_OPEN, NS_MAGLEV_FALLBACK, NS_NEW_LOCAL, NS_NEW_SNAT,
-    NS_PASS_NOT_SYN, NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN,
-    OUTCOME_REFUSED, OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE, SNAT_TRIES,
-    SOURCE_RANGE_FRONTEND_BITS, Slot, SnatPorts, SourceRangeKey, choose_with,
+    CT_DIR_OUT, CT_DSR, CT_FORWARD, CT_SNAT, CtAddr, CtKey, CtValue, DSR_OPT_LEN, FAMILY_V4, FLAG_DSR,
+    FLAG_EMPTY_IS_DROP, FLAG_MAGLEV, FLAG_POLICY_LOCAL, FLAG_SNAT_TO_FRONTEND, FLAG_SOURCE_RANGES,
+    FrontendKey, FrontendValue, MaglevKey, NS_DROP_CT_FULL, NS_DROP_NO_ENDPOINTS, NS_DROP_NO_LOCAL,
+    NS_DROP_REWRITE, NS_DROP_SNAT_EXHAUSTED, NS_DROP_SOURCE_RANGE, NS_DROP_UNMATCHED, NS_DSR_SNAT,
+    NS_FAIL_OPEN, NS_MAGLEV_FALLBACK, NS_NEW_DSR, NS_NEW_LOCAL, NS_NEW_SNAT, NS_PASS_NOT_SYN,
+    NS_SNAT_PORT_KEPT, NS_SNAT_PORT_RETRIES, NS_TRANSLATED, NatConfig, OUTCOME_FAIL_OPEN, OUTCOME_REFUSED,
+    OUTCOME_TRANSLATED, OutsideAffinityKey, PROTO_TCP, SCOPE_OUTSIDE, SNAT_TRIES, SOURCE_RANGE_FRONTEND_BITS,
+    Slot, SnatPorts, SourceRangeKey, choose_with,
 };
 pub(crate) use packet::Flow;
 use packet::{Parsed, TCP_ACK, TCP_SYN};
@@ -73,6 +76,11 @@ fn tc_ingress(ctx: TcContext) -> i32 {
     let parsed = packet::parse(&ctx, f, packet::ETH_LEN);
     if parsed == Parsed::Other {
         return PASS;
+    }
+    // An IPv4 header of 28 bytes (one 8-byte option) may carry a DSR flow's frontend to a local backend: the
+    // only cost other packets pay for DSR is this comparison.
+    if f.l4 == f.l3 + 28 && parsed == Parsed::Flow {
+        dsr::learn(&ctx, f);
     }
     // The pre-filter: traffic to an address that is neither the node's nor an outside frontend's costs
     // this one lookup.
@@ -109,7 +117,7 @@ fn ingress(ctx: &TcContext, f: &mut Flow, k: &mut CtKey, parsed: Parsed) -> i32 
     let Some(cfg) = conntrack::config() else { return PASS };
     let t = conntrack::now();
     if let Some(v) = conntrack::hit(k, f, cfg, t) {
-        return tracked(ctx, f, v);
+        return apply(ctx, f, v);
     }
     if f.frag == fragment::LATER {
         // Its flow ended since the first fragment: no new flow from a fragment without ports.
@@ -131,9 +139,18 @@ fn ingress(ctx: &TcContext, f: &mut Flow, k: &mut CtKey, parsed: Parsed) -> i32 
         // SAFETY: this CPU's scratch value, written by `new_flow` in this run (softirq or not, a tc program
         // is not preempted by another on the same CPU between these two calls: they run with migration and
         // bottom halves as the hook gives them, and the scratch is only used within one run).
-        Some(n) => tracked(ctx, f, unsafe { &(*n).fwd }),
+        Some(n) => apply(ctx, f, unsafe { &(*n).fwd }),
         None => PASS,
     }
+}
+
+/// A packet on ingress whose flow's entry is `v`: a DSR flow's goes to the backend with the option
+/// (`dsr::forward`), any other's is translated by its entry (`tracked`). Chosen here, not in `tracked`: the
+/// verifier bounds the stack over the call chain at 512 bytes, and `dsr::forward` below `tracked` would add a
+/// frame to the deepest chain (the ICMP answers').
+#[inline(always)]
+fn apply(ctx: &TcContext, f: &Flow, v: &CtValue) -> i32 {
+    if v.flags & CT_DSR != 0 { dsr::forward(ctx, f, v) } else { tracked(ctx, f, v) }
 }
 
 /// After `new_flow` chose: sessionAffinity's backend in its place where the frontend has affinity (in the
@@ -234,7 +251,7 @@ fn tracked(ctx: &TcContext, f: &Flow, v: &CtValue) -> i32 {
         // address) alike carry a source the stack would take for a martian: this program forwards them,
         // and answers what cannot be forwarded while the packet is still as its sender sent it.
         let (src, dst) = if v.flags & CT_FORWARD != 0 { (v.b, v.a) } else { (v.a, v.b) };
-        let verdict = route::check(ctx, f, &src, &dst, f.frag != fragment::LATER);
+        let verdict = route::check(ctx, f, &src, &dst, f.frag != fragment::LATER, 0);
         if verdict != route::GO {
             return verdict;
         }
@@ -366,12 +383,21 @@ fn admit<C: Frame>(ctx: &C, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
         dir: CT_DIR_OUT,
         _pad: 0,
     };
+    // Direct server return: a remote backend of a frontend with DSR, IPv4 (the option's family), and a first
+    // packet with room for the option (a TCP SYN has it; a UDP datagram may not). The replies do not come
+    // back here: no reply entry.
+    let dsr = !local && fe.flags & FLAG_DSR != 0 && f.family == FAMILY_V4 && ctx.fits(i32::from(DSR_OPT_LEN));
     if local {
         if !conntrack::create(reply_key, reply) {
             count_ns(NS_DROP_CT_FULL);
             return DROP;
         }
+    } else if dsr {
+        fwd.flags |= CT_DSR;
     } else {
+        if fe.flags & FLAG_DSR != 0 {
+            count_ns(NS_DSR_SNAT);
+        }
         let Some(node) = snat_address(ctx, fe, f, cfg, &backend.addr) else {
             count_ns(NS_DROP_NO_ENDPOINTS);
             return DROP;
@@ -382,13 +408,21 @@ fn admit<C: Frame>(ctx: &C, f: &Flow, cfg: &NatConfig, t: u64) -> i32 {
         }
     }
     if !conntrack::create(fwd_key, fwd) {
-        conntrack::remove(reply_key);
+        if !dsr {
+            conntrack::remove(reply_key);
+        }
         count_ns(NS_DROP_CT_FULL);
         return DROP;
     }
     // COUNTER_NODE, COUNTER_ZONE, COUNTER_CLUSTER are 0, 1, 2: the tier index is the counter kind.
     count(fe.svc_id, COUNTER_NODE + tier as u32);
-    count_ns(if local { NS_NEW_LOCAL } else { NS_NEW_SNAT });
+    count_ns(if local {
+        NS_NEW_LOCAL
+    } else if dsr {
+        NS_NEW_DSR
+    } else {
+        NS_NEW_SNAT
+    });
     CREATED
 }
 

@@ -50,16 +50,32 @@ const ANSWER_TOO_BIG: i32 = i32::MIN + 5;
 /// lookup), and whether it can go there. A TTL that would run out, or a packet larger than the route's MTU,
 /// is answered as the stack's forwarding would answer it, with ICMP time exceeded or "fragmentation needed"
 /// / "packet too big" to its sender (`icmp_send`), from the packet as it arrived; `answer` false drops it
-/// instead. `GO`, or the verdict.
+/// instead. `grow`: the bytes the packet gains before it is sent (the DSR option), checked against the MTU
+/// and taken off the MTU the answer gives. `GO`, or the verdict.
+#[inline(always)]
+pub(crate) fn check(
+    ctx: &TcContext,
+    f: &Flow,
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    answer: bool,
+    grow: u16,
+) -> i32 {
+    respond(ctx, f, lookup(ctx, f, src, dst, grow), answer, grow)
+}
+
+/// `lookup`'s answer `verdict` for the packet `f`, as `check` gives it. Out of line (five arguments, in
+/// registers): the answer's frames sit below this one, not below the caller's.
 #[inline(never)]
-pub(crate) fn check(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4], answer: bool) -> i32 {
-    match lookup(ctx, f, src, dst) {
+pub(crate) fn respond(ctx: &TcContext, f: &Flow, verdict: i32, answer: bool, grow: u16) -> i32 {
+    match verdict {
         ANSWER_TIME_EXCEEDED if answer => icmp_send::error(ctx, f, icmp_send::TIME_EXCEEDED, 0),
         ANSWER_TOO_BIG if answer => {
+            count_ns(NS_DROP_FRAG_NEEDED);
             let Some(h) = HOP.get_ptr(0) else { return DROP };
             // SAFETY: as in `lookup`, which wrote it in this run.
             let mtu = unsafe { (*h).p.__bindgen_anon_1.mtu_result };
-            icmp_send::error(ctx, f, icmp_send::TOO_BIG, mtu)
+            icmp_send::error(ctx, f, icmp_send::TOO_BIG, mtu.saturating_sub(grow))
         }
         verdict => quiet(verdict),
     }
@@ -68,15 +84,24 @@ pub(crate) fn check(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4], a
 /// `lookup`'s answer as a verdict where no ICMP error is sent (an ICMP error being translated: never an
 /// error about an error): `ANSWER_*` dropped.
 #[inline(always)]
-pub(crate) const fn quiet(verdict: i32) -> i32 {
+pub(crate) fn quiet(verdict: i32) -> i32 {
+    if verdict == ANSWER_TOO_BIG {
+        count_ns(NS_DROP_FRAG_NEEDED);
+    }
     if verdict == ANSWER_TIME_EXCEEDED || verdict == ANSWER_TOO_BIG { DROP } else { verdict }
+}
+
+/// Whether `lookup` found the packet too large for the route's MTU.
+#[inline(always)]
+pub(crate) const fn too_big(verdict: i32) -> bool {
+    verdict == ANSWER_TOO_BIG
 }
 
 /// `check` without the answers: `GO`, a verdict, or `ANSWER_*`. Out of line and apart from `icmp_send`, so
 /// the ICMP-translation path (`icmp::error`, a large frame) never has the answer's frames below it: the
 /// verifier bounds the stack over every call chain the program has, taken or not.
 #[inline(never)]
-pub(crate) fn lookup(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4]) -> i32 {
+pub(crate) fn lookup(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4], grow: u16) -> i32 {
     let Some(h) = HOP.get_ptr_mut(0) else { return DROP };
     // SAFETY: this CPU's scratch value; a tc program runs with bottom halves disabled, so no other run on
     // this CPU uses it until this one returns.
@@ -106,13 +131,12 @@ pub(crate) fn lookup(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4]) 
         // locked route `mtu`, a learned path MTU, else the device's), whatever the egress device's header
         // length. A GSO packet's length is its segments' sum: checked per segment below.
         let Ok(len) = packet::ip_len(ctx, f) else { return DROP };
-        h.p.__bindgen_anon_1.tot_len = len;
+        h.p.__bindgen_anon_1.tot_len = len.saturating_add(grow);
     }
     // SAFETY: `p` is a valid lookup structure of the size passed; the context is the program's own.
     h.rc = unsafe { fib_lookup(ctx.skb.skb.cast(), &raw mut h.p, FIB_PARAMS_LEN, 0) };
     if h.rc == i64::from(BPF_FIB_LKUP_RET_FRAG_NEEDED) {
-        // The helper wrote the route's MTU in the union on this result, which `check` reads.
-        count_ns(NS_DROP_FRAG_NEEDED);
+        // The helper wrote the route's MTU in the union on this result, which `respond` reads (and counts).
         return ANSWER_TOO_BIG;
     }
     if h.rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && h.rc != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
@@ -125,7 +149,8 @@ pub(crate) fn lookup(ctx: &TcContext, f: &Flow, src: &[u32; 4], dst: &[u32; 4]) 
         // from the IP header, as `ip_exceeds_mtu`). One too large is dropped unanswered: a GRO-merged skb
         // is `CHECKSUM_PARTIAL` at its TCP checksum's offset, which an error built over it would keep (a
         // NIC filling checksums would write into the quote); the client's retransmission, one segment, is
-        // answered.
+        // answered. `grow` is not added: growing a TCP GSO packet's header takes as much off its segments'
+        // size (`bpf_skb_adjust_room` without `BPF_F_ADJ_ROOM_FIXED_GSO`), and a UDP one is not grown.
         let mut mtu = 0u32;
         // SAFETY: the context's skb and a u32 out-parameter.
         let rc = unsafe {

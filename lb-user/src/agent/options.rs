@@ -58,6 +58,8 @@ pub struct AgentOptions {
     pub node_port_range: (u16, u16),
     /// `--lb-algorithm`: how a backend is chosen within a tier for traffic from outside the node.
     pub lb_algorithm: LbAlgorithm,
+    /// `--dsr`: direct server return for new IPv4 flows from outside to backends on other nodes.
+    pub dsr: bool,
 }
 
 /// How the tc programs choose a backend within the chosen tier for a new flow from outside the node.

@@ -446,7 +446,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let loading = async { anyhow::Ok(loading.await.context("loading the programs")??) };
     let (
         ((source, file_watcher, api_server), source_ready),
-        (Loaded { mut programs, maps, ns, migration }, load),
+        (Loaded { mut programs, maps, mut ns, migration }, load),
     ) = tokio::try_join!(source, loading)?;
     let mut external = opts.external.clone();
     for addr in api_server {
@@ -455,6 +455,7 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     }
     let source_name = source.describe();
     let pending = source.pending();
+    ns.set_dsr(opts.dsr);
     let mut north_south = super::north_south::NorthSouth::new(
         ns,
         opts.devices.clone(),
@@ -464,7 +465,8 @@ pub async fn run(opts: AgentOptions) -> anyhow::Result<()> {
     let mut core = AgentCore::new(opts.node.clone(), opts.zone.clone(), source, maps)
         .with_external(external)
         .with_limits(opts.limits)
-        .with_lb_algorithm(opts.lb_algorithm);
+        .with_lb_algorithm(opts.lb_algorithm)
+        .with_dsr(opts.dsr);
     if pin_dir.is_some() {
         adopt(&mut core)?;
     }

@@ -61,6 +61,8 @@ pub struct AgentCore<W: MapWriter> {
     refused: Refused,
     /// `--lb-algorithm`: how the tc programs choose within a tier for traffic from outside.
     lb_algorithm: super::LbAlgorithm,
+    /// `--dsr`: outside frontends under externalTrafficPolicy Cluster get `FLAG_DSR`.
+    dsr: bool,
 }
 
 impl<W: MapWriter> AgentCore<W> {
@@ -91,7 +93,14 @@ impl<W: MapWriter> AgentCore<W> {
             limits: ServiceLimits::default(),
             refused: Refused::default(),
             lb_algorithm: super::LbAlgorithm::Random,
+            dsr: false,
         }
+    }
+
+    /// Direct server return for traffic from outside (`--dsr`; default: off).
+    #[must_use]
+    pub fn with_dsr(self, dsr: bool) -> Self {
+        Self { dsr, ..self }
     }
 
     /// Choose within a tier for traffic from outside by `algorithm` (default: random).
@@ -411,7 +420,8 @@ impl<W: MapWriter> AgentCore<W> {
         let keys: Vec<&ObjKey> = keys.collect();
         for chunk in keys.chunks(PLAN_CHUNK) {
             let (model, limits, algorithm) = (self.tracker.model(), &self.limits, self.lb_algorithm);
-            let plan = |k: &&ObjKey| plan_one(model, limits, k, node, algorithm);
+            let dsr = self.dsr;
+            let plan = |k: &&ObjKey| plan_one(model, limits, k, node, algorithm, dsr);
             let results = crate::halves::map_in_halves(chunk, PARALLEL_PLAN_MIN, plan);
             for (key, result) in chunk.iter().zip(results) {
                 let mine = self.book(key, result, reported, newly_filled);
@@ -512,6 +522,7 @@ fn plan_one(
     key: &ObjKey,
     node: &NodeInfo,
     algorithm: super::LbAlgorithm,
+    dsr: bool,
 ) -> Planning {
     let Some(svc) = model.services.get(key) else { return Planning::Gone };
     if let Some(why) = limits.before_planning(model, svc) {
@@ -524,11 +535,15 @@ fn plan_one(
     };
     let plans = plan::plan_service(svc, &slices, node);
     let mut mine = lower::frontends(&plans);
-    if algorithm == super::LbAlgorithm::Maglev {
-        // Traffic from outside only: a connect on the node has no other node to agree with.
-        for (key, want) in &mut mine {
-            if key.is_outside() {
+    // Traffic from outside only: a connect on the node has no other node to agree with (Maglev) nor to skip
+    // (DSR). DSR where the backend may be on another node: not under externalTrafficPolicy Local.
+    for (key, want) in &mut mine {
+        if key.is_outside() {
+            if algorithm == super::LbAlgorithm::Maglev {
                 want.flags |= lb_common::FLAG_MAGLEV;
+            }
+            if dsr && want.flags & lb_common::FLAG_POLICY_LOCAL == 0 {
+                want.flags |= lb_common::FLAG_DSR;
             }
         }
     }

@@ -5,6 +5,7 @@
 //! programs on node-1's uplink translate it. Pods answer with their name and the client address they saw.
 //! Every address is in namespaces the test made (TEST-NET and private ranges that no route leads out of).
 mod affinity;
+mod dsr;
 mod fragments;
 mod icmp;
 mod l3_device;

@@ -163,9 +163,14 @@ impl Lab {
     }
 
     pub(crate) fn local(&mut self, ip: &str) {
+        self.local_as(ip, lb_common::LOCAL_ENDPOINT);
+    }
+
+    /// `ip` a local endpoint with `value` (`LOCAL_*` bits: `LOCAL_DSR` as under `--dsr`).
+    pub(crate) fn local_as(&mut self, ip: &str, value: u32) {
         let mut m: HashMap<_, CtAddr, u32> = HashMap::try_from(self.map(MAP_LOCAL_BACKENDS)).unwrap();
         let a = addr::words(ip.parse().unwrap());
-        m.insert(CtAddr { addr: a }, 1, 0).unwrap();
+        m.insert(CtAddr { addr: a }, value, 0).unwrap();
     }
 
     /// Let `range` reach the outside frontend at `fe` over `proto` (its `loadBalancerSourceRanges`).

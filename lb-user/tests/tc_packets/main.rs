@@ -3,6 +3,7 @@
 //! builds itself, whose checksums an independent RFC 1071 routine computes. The programs run in a network
 //! namespace the test made (their FIB lookups see its routes), with maps the test fills. Needs root.
 mod affinity;
+mod dsr;
 mod fragment;
 mod icmp;
 mod icmp_send;

@@ -31,6 +31,18 @@ pub(crate) struct Pkt {
     /// TCP sequence and acknowledgement numbers.
     pub(crate) seq: u32,
     pub(crate) ack: u32,
+    /// IPv4 options after the base header (a multiple of 4 bytes; `dsr_option`).
+    pub(crate) ip_options: Option<[u8; 8]>,
+}
+
+/// The DSR option announcing frontend `fe` (IPv4), written byte by byte from its definition: type 0x9e
+/// (copied, class 0, number 30), length 8, the port, the address.
+pub(crate) fn dsr_option(fe: &str) -> [u8; 8] {
+    let fe: SocketAddr = fe.parse().unwrap();
+    let IpAddr::V4(a) = fe.ip() else { panic!("an IPv4 frontend") };
+    let [p0, p1] = fe.port().to_be_bytes();
+    let [a0, a1, a2, a3] = a.octets();
+    [0x9e, 8, p0, p1, a0, a1, a2, a3]
 }
 
 impl Pkt {
@@ -47,6 +59,7 @@ impl Pkt {
             len: 18,
             seq: 1000,
             ack: 0,
+            ip_options: None,
         }
     }
     pub(crate) fn udp(src: &str, dst: &str) -> Self {
@@ -99,22 +112,24 @@ impl Pkt {
             let at = if self.proto == PROTO_TCP { 16 } else { 6 };
             l4[at..at + 2].copy_from_slice(&c.to_be_bytes());
         }
-        frame(self.smac, self.dmac, self.src.ip(), self.dst.ip(), self.proto, self.ttl, true, &l4)
+        let options = self.ip_options.as_ref().map_or(&[][..], |o| &o[..]);
+        frame(self.smac, self.dmac, (self.src.ip(), self.dst.ip()), self.proto, self.ttl, true, options, &l4)
     }
 }
 
 /// An Ethernet frame carrying an IP packet of `proto` with payload `l4` (the IPv4 header's checksum
-/// computed here). `df`: IPv4 id 0x1234 and DF set, as Linux sets it on TCP and on UDP with path MTU
-/// discovery on; else id 0 and no flags, as the node's ICMP errors are sent.
+/// computed here), from `src` to `dst`. `df`: IPv4 id 0x1234 and DF set, as Linux sets it on TCP and on UDP
+/// with path MTU discovery on; else id 0 and no flags, as the node's ICMP errors are sent. `options`: IPv4
+/// options after the base header (its length grows by theirs).
 #[expect(clippy::too_many_arguments, reason = "a frame's fields, each set by the tests")]
 fn frame(
     smac: [u8; 6],
     dmac: [u8; 6],
-    src: IpAddr,
-    dst: IpAddr,
+    (src, dst): (IpAddr, IpAddr),
     proto: u8,
     ttl: u8,
     df: bool,
+    options: &[u8],
     l4: &[u8],
 ) -> Vec<u8> {
     let (s, d) = (octets(src), octets(dst));
@@ -123,12 +138,15 @@ fn frame(
     out.extend_from_slice(&smac);
     if src.is_ipv4() {
         out.extend_from_slice(&0x0800u16.to_be_bytes());
-        let mut ip = vec![0x45, 0];
-        ip.extend_from_slice(&((20 + l4.len()) as u16).to_be_bytes());
+        assert_eq!(options.len() % 4, 0, "IPv4 options fill 32-bit words");
+        let header = 20 + options.len();
+        let mut ip = vec![0x40 | (header / 4) as u8, 0];
+        ip.extend_from_slice(&((header + l4.len()) as u16).to_be_bytes());
         ip.extend_from_slice(if df { &[0x12, 0x34, 0x40, 0] } else { &[0, 0, 0, 0] }); // id, flags
         ip.extend_from_slice(&[ttl, proto, 0, 0]);
         ip.extend_from_slice(&s);
         ip.extend_from_slice(&d);
+        ip.extend_from_slice(options);
         let c = checksum(&ip, 0);
         ip[10..12].copy_from_slice(&c.to_be_bytes());
         out.extend_from_slice(&ip);
@@ -208,16 +226,17 @@ impl IcmpError {
         };
         let c = checksum(&m, acc);
         m[2..4].copy_from_slice(&c.to_be_bytes());
-        frame(self.smac, self.dmac, self.src, self.dst, proto, self.ttl, !self.from_node, &m)
+        frame(self.smac, self.dmac, (self.src, self.dst), proto, self.ttl, !self.from_node, &[], &m)
     }
 }
 
 /// Whether every checksum of `p` (IPv4 header, TCP/UDP with its pseudo-header) verifies, computed here.
 pub(crate) fn checksums_valid(p: &[u8]) -> bool {
     let v4 = u16::from_be_bytes([p[12], p[13]]) == 0x0800;
+    let ihl = usize::from(p[14] & 0x0f) * 4;
     let (l3_len, proto, s, d) =
-        if v4 { (20, p[23], &p[26..30], &p[30..34]) } else { (40, p[20], &p[22..38], &p[38..54]) };
-    if v4 && checksum(&p[14..34], 0) != 0 {
+        if v4 { (ihl, p[23], &p[26..30], &p[30..34]) } else { (40, p[20], &p[22..38], &p[38..54]) };
+    if v4 && checksum(&p[14..14 + ihl], 0) != 0 {
         return false;
     }
     let l4 = &p[14 + l3_len..];

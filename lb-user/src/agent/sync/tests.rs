@@ -301,3 +301,44 @@ fn the_metrics_say_which_topology_each_service_port_asks_for_and_which_this_node
     c.sync(Instant::now()).unwrap();
     assert!(topology_lines(&mut c, "web").is_empty(), "a Service that left has no series");
 }
+
+#[test]
+fn dsr_marks_the_outside_frontends_of_cluster_policy_services_only() {
+    use serde_json::json;
+    // (case, --dsr, externalTrafficPolicy, whether its outside frontends get FLAG_DSR)
+    let cases = [
+        ("--dsr, Cluster", true, "Cluster", true),
+        ("--dsr, Local: only local backends, no other node to return from", true, "Local", false),
+        ("no --dsr", false, "Cluster", false),
+    ];
+    for (case, dsr, etp, want) in cases {
+        let tmp = TempDir::new("agent-dsr").unwrap();
+        let dir = tmp.path();
+        let svc = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": etp, "clusterIP": "10.96.0.10",
+                     "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP", "nodePort": 30080}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.10"}]}},
+        });
+        let slice = json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "ports": [{"port": 8080, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": "node-1", "conditions": {"ready": true}},
+                          {"addresses": ["10.0.0.2"], "nodeName": "node-2", "conditions": {"ready": true}}],
+        });
+        let mut n1 = node("node-1", None);
+        n1["status"] = json!({"addresses": [{"type": "InternalIP", "address": "192.0.2.1"}]});
+        write_atomic(dir, "web.yaml", &to_yaml(&[svc, slice, n1])).unwrap();
+        let mut agent = core(dir).with_dsr(dsr);
+        agent.sync(Instant::now()).unwrap();
+        let fes = maps(&agent);
+        let outside: Vec<_> = fes.iter().filter(|(k, _)| k.is_outside()).collect();
+        assert_eq!(outside.len(), 2, "{case}: the node port and the load-balancer IP: {fes:?}");
+        for (k, (_, _, flags)) in &fes {
+            let dsr_flag = flags & lb_common::FLAG_DSR != 0;
+            assert_eq!(dsr_flag, want && k.is_outside(), "{case}: {k:?} (a connect-time frontend never)");
+        }
+    }
+}

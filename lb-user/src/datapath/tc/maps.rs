@@ -1,6 +1,10 @@
 //! The north-south maps the agent writes (local endpoints, source ranges, the pre-filter, settings) and reads
 //! (the conntrack tables, counters): their handles, opened from a loaded object or from the pins.
-use std::{collections::BTreeSet, net::IpAddr, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    path::Path,
+};
 
 use aya::Ebpf;
 
@@ -9,6 +13,8 @@ use crate::datapath::error::{DatapathError, bpf_err, is_full};
 /// The north-south maps the agent writes (local endpoints, settings) and reads (conntrack, counters).
 pub struct NsMaps {
     local: aya::maps::HashMap<aya::maps::MapData, lb_common::CtAddr, u32>,
+    /// The value each local endpoint gets: `LOCAL_ENDPOINT`, with `LOCAL_DSR` under `--dsr` (`set_dsr`).
+    local_value: u32,
     config: aya::maps::Array<aya::maps::MapData, lb_common::NatConfig>,
     /// The conntrack tables in `lb_common::CT_TABLES` order: established TCP, half-open TCP, UDP.
     conntrack: [CtTable; 3],
@@ -156,6 +162,7 @@ impl NsMaps {
         let [tcp, syn, udp] = m.conntrack;
         Ok(Self {
             local: aya::maps::HashMap::try_from(m.local).map_err(map_err(MAP_LOCAL_BACKENDS))?,
+            local_value: lb_common::LOCAL_ENDPOINT,
             config: aya::maps::Array::try_from(m.config).map_err(map_err(MAP_NAT_CONFIG))?,
             conntrack: [
                 CtTable::new(tcp, lb_common::MAP_CT_TCP)?,
@@ -180,11 +187,22 @@ impl NsMaps {
         self.config.get(&0, 0).map_err(map_err(lb_common::MAP_NAT_CONFIG))
     }
 
-    /// Make the local-endpoint set `want`: add what is missing, delete what is not wanted.
+    /// Whether this node's `tc_ingress` takes a DSR option to one of its endpoints as the flow's frontend
+    /// (`--dsr`): the value `set_local` and `update_local` write from now on.
+    pub fn set_dsr(&mut self, on: bool) {
+        self.local_value = lb_common::LOCAL_ENDPOINT | if on { lb_common::LOCAL_DSR } else { 0 };
+    }
+
+    /// Make the local-endpoint set `want`: add what is missing, delete what is not wanted, and rewrite what
+    /// an earlier agent wrote with another value (`--dsr` turned on or off).
     pub fn set_local(&mut self, want: &BTreeSet<IpAddr>) -> Result<(), DatapathError> {
-        let have: BTreeSet<lb_common::CtAddr> = self.local.keys().filter_map(Result::ok).collect();
+        let have: BTreeMap<lb_common::CtAddr, u32> = self.local.iter().filter_map(Result::ok).collect();
         let want: BTreeSet<lb_common::CtAddr> = want.iter().map(|ip| local_key(*ip)).collect();
-        self.write_local(want.difference(&have), have.difference(&want))
+        let value = self.local_value;
+        let add: Vec<lb_common::CtAddr> =
+            want.iter().filter(|k| have.get(k) != Some(&value)).copied().collect();
+        let remove: Vec<lb_common::CtAddr> = have.keys().filter(|k| !want.contains(k)).copied().collect();
+        self.write_local(add.iter(), remove.iter())
     }
 
     /// Add `added` to the local-endpoint set and take `removed` out of it.
@@ -205,7 +223,7 @@ impl NsMaps {
             let _ = self.local.remove(k);
         }
         for k in added {
-            self.local.insert(*k, 1, 0).map_err(local_err)?;
+            self.local.insert(*k, self.local_value, 0).map_err(local_err)?;
         }
         Ok(())
     }
@@ -247,15 +265,14 @@ impl NsMaps {
     }
 
     /// Make the ingress pre-filter (`NS_ADDRS`) hold exactly `want` (address -> `ADDR_*` flags).
-    pub fn set_addrs(&mut self, want: &std::collections::BTreeMap<IpAddr, u32>) -> Result<(), DatapathError> {
+    pub fn set_addrs(&mut self, want: &BTreeMap<IpAddr, u32>) -> Result<(), DatapathError> {
         let name = lb_common::MAP_NS_ADDRS;
         let key = |ip: IpAddr| lb_common::AddrKey {
             addr: crate::datapath::addr::words(ip),
             family: crate::datapath::addr::family(ip),
             _pad: [0; 3],
         };
-        let want: std::collections::BTreeMap<lb_common::AddrKey, u32> =
-            want.iter().map(|(ip, f)| (key(*ip), *f)).collect();
+        let want: BTreeMap<lb_common::AddrKey, u32> = want.iter().map(|(ip, f)| (key(*ip), *f)).collect();
         let have: Vec<(lb_common::AddrKey, u32)> = self.addrs.iter().filter_map(Result::ok).collect();
         for (k, _) in have.iter().filter(|(k, _)| !want.contains_key(k)) {
             self.addrs.remove(k).map_err(map_err(name))?;
