@@ -24,12 +24,12 @@ pub fn charts(r: &Report) -> Result<Vec<(String, String)>, ChartError> {
 fn colour(path: DataPath) -> Rgb {
     match path {
         DataPath::Direct => okabe_ito::BLACK,
-        DataPath::Tierlb => okabe_ito::BLUE,
+        DataPath::Tierlb | DataPath::TierlbDsr => okabe_ito::BLUE,
         DataPath::Iptables => okabe_ito::VERMILLION,
         DataPath::Nftables => okabe_ito::GREEN,
         DataPath::KubeProxyIptables => okabe_ito::ORANGE,
         DataPath::KubeProxyNftables => okabe_ito::PURPLE,
-        DataPath::TierlbXdp => okabe_ito::SKY_BLUE,
+        DataPath::TierlbXdp | DataPath::TierlbXdpDsr => okabe_ito::SKY_BLUE,
     }
 }
 

@@ -24,6 +24,10 @@ pub enum DataPath {
     KubeProxyNftables,
     /// To a node port that tierlb's `xdp_ingress` translates before tc (`--xdp=native`; the XDP rows).
     TierlbXdp,
+    /// To a node port whose remote backend tierlb reaches with direct server return (`--dsr`; the XDP rows).
+    TierlbDsr,
+    /// The same with `xdp_ingress` in front (`--xdp=native --dsr`).
+    TierlbXdpDsr,
 }
 
 impl DataPath {
@@ -43,6 +47,8 @@ impl DataPath {
             Self::KubeProxyIptables => "kube-proxy iptables",
             Self::KubeProxyNftables => "kube-proxy nftables",
             Self::TierlbXdp => "tierlb xdp",
+            Self::TierlbDsr => "tierlb dsr",
+            Self::TierlbXdpDsr => "tierlb xdp dsr",
         }
     }
 }

@@ -44,7 +44,7 @@ pub(super) const POD_PORT: u16 = 8080;
 fn base(path: DataPath) -> u16 {
     match path {
         DataPath::Direct => 0,
-        DataPath::Tierlb | DataPath::TierlbXdp => 10_000,
+        DataPath::Tierlb | DataPath::TierlbXdp | DataPath::TierlbDsr | DataPath::TierlbXdpDsr => 10_000,
         DataPath::Iptables => 20_000,
         DataPath::Nftables => 30_000,
         // Real kube-proxy's Services have node ports from 40000 (`north_south_kube_proxy`), one set for

@@ -34,7 +34,7 @@ use tierlb::{
 use super::{
     figures::{DataPath, NsRow},
     load::LoadMode,
-    north_south::{Lab, NODE, POD_2, POD_PORT, attach_in},
+    north_south::{CLIENT, Lab, NODE, POD_2, POD_PORT, attach_in},
     run::{BpfStats, Loader, prog_stats_id},
 };
 
@@ -66,6 +66,20 @@ pub struct XdpFigures {
     pub rates: Vec<PpsRow>,
     /// The programs' run time per packet of each path at one offered rate.
     pub cost: Vec<CostRow>,
+    /// Each node's programs per connection, SNAT against DSR.
+    pub per_connection: Vec<ConnectionCost>,
+}
+
+/// What one path's connections cost each node's tc and XDP programs (`bpf_stats` over one connect run).
+#[derive(Clone, Debug, Serialize)]
+pub struct ConnectionCost {
+    pub path: DataPath,
+    /// Connections of the run.
+    pub connections: u64,
+    /// Node-1's (the ingress node's) program runs and nanoseconds per connection.
+    pub node_1: (f64, f64),
+    /// Node-2's (the backend's node's).
+    pub node_2: (f64, f64),
 }
 
 /// One path's packet-rate search.
@@ -116,6 +130,10 @@ pub(super) fn measure(lab_bin: &std::path::Path, quick: bool) -> anyhow::Result<
     lab.ext.tx_checksum("uplink", false)?;
     lab.node_2.netns.tx_checksum("eth", false)?;
     let _peers = [pass_program(&lab.lan, "p1")?, pass_program(&lab.lan, "p2")?];
+    // Node-2 answers the client straight over the LAN, as a backend's node under DSR must (the other sections
+    // route its replies back by node-1 for netfilter's sake; no rule set runs here): a direct connect's
+    // replies skip node-1 too.
+    lab.node_2.netns.ip(&["route", "del", &format!("{CLIENT}/32")])?;
     let counter = Counter::start(&lab.pods[1])?;
     let loader = Loader { lab: lab_bin, ns: &lab.ext, threads: 1, cpu: lab.cpus.client, secs };
     let Loaded { mut programs, maps, ns: mut ns_maps, .. } =
@@ -127,28 +145,26 @@ pub(super) fn measure(lab_bin: &std::path::Path, quick: bool) -> anyhow::Result<
     }
     ns_maps.set_config(config)?;
     attach_in(&lab.node.netns, &mut programs)?;
+    // Node-2 runs tierlb's tc programs too, as every node of a cluster does: under DSR they give its pod's
+    // replies the node port's address (`--dsr`: its pod a local endpoint with `LOCAL_DSR`).
+    let Loaded { programs: mut programs_2, ns: mut ns_maps_2, .. } =
+        Loaded::load(tierlb::datapath::ebpf::Capacities::default(), None)?;
+    ns_maps_2.set_dsr(true);
+    ns_maps_2.set_local(&std::collections::BTreeSet::from([IpAddr::V4(POD_2)]))?;
+    attach_in(&lab.node_2.netns, &mut programs_2)?;
     XdpSetting::Native.set();
     let mut rec = Reconciler::new(maps);
-    let rep = rec.apply(&desired(), Instant::now());
-    anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
+    let mut dsr = Dsr { rec: &mut rec, on: true };
+    dsr.set(false)?;
     let mut xdp = Switch { programs: &mut programs, node: &lab.node.netns, on: false };
 
     let direct = SocketAddr::new(POD_2.into(), POD_PORT);
     let np = SocketAddr::new(NODE.into(), TCP_PORT);
-    let mut runs: [Vec<_>; 3] = Default::default();
-    for r in 0..rounds {
-        let order: [usize; 3] = if r % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
-        for i in order {
-            xdp.set(i == 2)?;
-            runs[i].push(loader.run(None, if i == 0 { direct } else { np }, LoadMode::Connect)?);
-        }
-    }
-    let connect = LoadMode::Connect;
-    let rows = vec![
-        NsRow::of(DataPath::Direct, 1, connect, &runs[0], &runs[0], None),
-        NsRow::of(DataPath::Tierlb, 1, connect, &runs[1], &runs[0], None),
-        NsRow::of(DataPath::TierlbXdp, 1, connect, &runs[2], &runs[0], None),
-    ];
+    let rows = connect_rows(&loader, rounds, (&mut xdp, &mut dsr), direct, np)?;
+    // Each node's programs per connection, SNAT against DSR (tc alone on node-1).
+    xdp.set(false)?;
+    let per_connection = per_connection(&loader, np, &mut dsr, [xdp.programs, &mut programs_2])?;
+    dsr.set(false)?;
     for row in &rows {
         super::north_south::progress(row);
     }
@@ -207,8 +223,73 @@ pub(super) fn measure(lab_bin: &std::path::Path, quick: bool) -> anyhow::Result<
     }
     xdp.set(false)?;
     drop(programs);
+    drop(programs_2);
     counter.stop();
-    Ok(XdpFigures { rounds, seconds: secs, rows, rates: rates.to_vec(), cost })
+    Ok(XdpFigures { rounds, seconds: secs, rows, rates: rates.to_vec(), cost, per_connection })
+}
+
+/// The connect rows: direct, tc, XDP, tc with DSR, XDP with DSR, interleaved in `rounds` rounds (A B C D E,
+/// then E D C B A).
+fn connect_rows(
+    loader: &Loader<'_>,
+    rounds: usize,
+    (xdp, dsr): (&mut Switch<'_>, &mut Dsr<'_>),
+    direct: SocketAddr,
+    np: SocketAddr,
+) -> anyhow::Result<Vec<NsRow>> {
+    // direct, tc, XDP, tc with DSR, XDP with DSR: (XDP, DSR) of each.
+    let paths = [(false, false), (false, false), (true, false), (false, true), (true, true)];
+    let mut runs: [Vec<_>; 5] = Default::default();
+    for r in 0..rounds {
+        let order: [usize; 5] = if r % 2 == 0 { [0, 1, 2, 3, 4] } else { [4, 3, 2, 1, 0] };
+        for i in order {
+            xdp.set(paths[i].0)?;
+            dsr.set(paths[i].1)?;
+            runs[i].push(loader.run(None, if i == 0 { direct } else { np }, LoadMode::Connect)?);
+        }
+    }
+    let connect = LoadMode::Connect;
+    let rows: Vec<NsRow> = [
+        DataPath::Direct,
+        DataPath::Tierlb,
+        DataPath::TierlbXdp,
+        DataPath::TierlbDsr,
+        DataPath::TierlbXdpDsr,
+    ]
+    .into_iter()
+    .zip(&runs)
+    .map(|(path, r)| NsRow::of(path, 1, connect, r, &runs[0], None))
+    .collect();
+    Ok(rows)
+}
+
+/// What each node's tc programs ran per connection to `np`, SNAT against DSR: one connect run of each with the
+/// kernel's statistics on, `programs` node-1's and node-2's.
+fn per_connection(
+    loader: &Loader<'_>,
+    np: SocketAddr,
+    dsr: &mut Dsr<'_>,
+    programs: [&mut Programs; 2],
+) -> anyhow::Result<Vec<ConnectionCost>> {
+    let ids: Vec<Vec<Option<u32>>> =
+        programs.into_iter().map(|p| ["tc_ingress", "tc_egress"].map(|n| p.id(n)).to_vec()).collect();
+    let read = |ids: &[Option<u32>]| -> (u64, u64) {
+        ids.iter()
+            .filter_map(|id| id.and_then(prog_stats_id))
+            .fold((0, 0), |(t, c), (t1, c1)| (t + t1, c + c1))
+    };
+    let mut out = Vec::new();
+    for (path, on) in [(DataPath::Tierlb, false), (DataPath::TierlbDsr, true)] {
+        dsr.set(on)?;
+        let _stats = BpfStats::on();
+        let before = [read(&ids[0]), read(&ids[1])];
+        let run = loader.run(None, np, LoadMode::Connect)?;
+        let after = [read(&ids[0]), read(&ids[1])];
+        let n = run.ops.max(1) as f64;
+        let per = |i: usize| ((after[i].1 - before[i].1) as f64 / n, (after[i].0 - before[i].0) as f64 / n);
+        out.push(ConnectionCost { path, connections: run.ops, node_1: per(0), node_2: per(1) });
+    }
+    Ok(out)
 }
 
 /// The next step: double the highest that passed until one fails, then bisect (`None`: within 2%).
@@ -218,6 +299,24 @@ fn next_rate(sustained: Option<u64>, failed_at: Option<u64>) -> Option<u64> {
         (None, Some(f)) => (f > START / 8).then_some(f / 2),
         (Some(s), Some(f)) => (f - s > f / 50).then_some(s + (f - s) / 2),
         (None, None) => Some(START),
+    }
+}
+
+/// DSR for the section's frontends, on or off (`FLAG_DSR`, written by the reconciler as the agent writes it).
+struct Dsr<'a> {
+    rec: &'a mut Reconciler<tierlb::datapath::ebpf::KernelMaps>,
+    on: bool,
+}
+
+impl Dsr<'_> {
+    fn set(&mut self, on: bool) -> anyhow::Result<()> {
+        if on == self.on {
+            return Ok(());
+        }
+        let rep = self.rec.apply(&desired(on), Instant::now());
+        anyhow::ensure!(rep.errors.is_empty(), "{:?}", rep.errors.first().map(ToString::to_string));
+        self.on = on;
+        Ok(())
     }
 }
 
@@ -249,8 +348,8 @@ impl Switch<'_> {
 }
 
 /// The section's node ports as the agent would program them: outside-scope frontends whose one endpoint is
-/// node-2's pod (SNAT).
-fn desired() -> Desired {
+/// node-2's pod (SNAT, or with `dsr` direct server return).
+fn desired(dsr: bool) -> Desired {
     [(TCP_PORT, 6, POD_PORT), (UDP_PORT, 17, COUNTER_PORT)]
         .into_iter()
         .map(|(port, proto, to)| {
@@ -263,7 +362,7 @@ fn desired() -> Desired {
                         Vec::new(),
                         vec![addr::backend(SocketAddr::new(POD_2.into(), to), proto)],
                     ],
-                    flags: FLAG_SNAT_TO_FRONTEND,
+                    flags: FLAG_SNAT_TO_FRONTEND | if dsr { lb_common::FLAG_DSR } else { 0 },
                     affinity_timeout_s: 0,
                 },
             )

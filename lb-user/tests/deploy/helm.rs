@@ -167,7 +167,7 @@ fn each_value_reaches_the_agents_flags_or_the_pod_and_keeps_the_deploy_rules() {
         let (now, before) = (args(ds, container), args(&defaults, container));
         now.into_iter().filter(|a| !before.contains(a)).collect()
     };
-    let cases: [(&str, &[&str], &[&str]); 7] = [
+    let cases: [(&str, &[&str], &[&str]); 8] = [
         (
             "nodePortAddresses",
             &["nodePortAddresses={192.168.0.0/16,10.0.0.0/8}"],
@@ -176,6 +176,7 @@ fn each_value_reaches_the_agents_flags_or_the_pod_and_keeps_the_deploy_rules() {
         ("devices", &["devices={eth0,bond0}"], &["--devices=eth0,bond0"]),
         ("lbAlgorithm", &["lbAlgorithm=maglev"], &["--lb-algorithm=maglev"]),
         ("xdp", &["xdp=off"], &["--xdp=off"]),
+        ("dsr", &["dsr=true"], &["--dsr"]),
         (
             "maps",
             &["maps.services=200000", "maps.conntrack-udp=131072"],

@@ -130,6 +130,8 @@ const LB_COMMON: &[Part] = &[
     part("choice", &["choice"], &["root"]),
     // Maglev's tables and flow hash for traffic from outside (its capacity from the root's frontend count).
     part("maglev", &["maglev"], &["root"]),
+    // Direct server return's flags and its IPv4 option (plain numbers).
+    part("dsr", &["dsr"], &[]),
     // lib.rs's lists of every map (`MAPS`, `PINNED_ONLY`, `NS_MAPS`, `PINNED_MAPS`) and `aya::Pod` for every
     // map type (`aya_pod!`): they name the modules' map names and types, so they sit above those modules.
     part("catalogue", &[CATALOGUE], &["counters", "health", "reverse", "trace", "nat", "maglev"]),
