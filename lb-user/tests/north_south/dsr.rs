@@ -1,7 +1,7 @@
 //! Direct server return between two nodes (`--dsr` on both agents, as a DaemonSet runs them): the client
 //! reaches node-1's node port and load-balancer IP, the Service's one pod is on node-2, and node-2's pod
 //! answers the client straight from node-2 with the Service's address as the source. A capture on node-1's
-//! uplink sees the client's packets come in and leave for node-2 with the option, and none of the replies.
+//! link sees the client's packets come in and leave for node-2 with the option, and none of the replies.
 //! IPv6 (no option) takes SNAT, counted.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -46,7 +46,10 @@ fn north_south_dsr_replies_reach_the_client_from_the_backends_node_with_the_serv
     write_atomic(lab.node_2.manifests.path(), "web.yaml", &to_yaml(&manifests("Cluster", &eps))).unwrap();
     let _agent_1 = lab.start_agent_with(&["--dsr"]);
     let _agent_2 = lab.start_node_2_with(&["--dsr"]);
-    let capture = Capture::start(&lab.boxed.node.netns, "uplink").unwrap();
+    // On the LAN's side of node-1's link (bridge port p1): what it sends node-1 leaves by it, what node-1 sends
+    // arrives on it. There, not on node-1's uplink: frames node-1's XDP sends back out (`XDP_TX`) pass no
+    // packet socket of the uplink, and neither does what it receives and sends on before the stack.
+    let capture = Capture::start(&lab.lan, "p1").unwrap();
     for to in [sa(NODE_1, 30080), sa(LB_IP, 80)] {
         for r in lab.tcp(to, 10) {
             let (name, peer) = r.unwrap_or_else(|e| panic!("{to}: {e}"));
@@ -71,7 +74,7 @@ fn north_south_dsr_replies_reach_the_client_from_the_backends_node_with_the_serv
     let seen = capture.stop();
     let replies: Vec<_> = seen
         .iter()
-        .filter(|p| !p.outgoing && (p.src.ip().to_string() == POD_2 || p.dst.ip().to_string() == CLIENT))
+        .filter(|p| p.outgoing && (p.src.ip().to_string() == POD_2 || p.dst.ip().to_string() == CLIENT))
         .collect();
     assert!(
         replies.is_empty(),
@@ -79,7 +82,7 @@ fn north_south_dsr_replies_reach_the_client_from_the_backends_node_with_the_serv
         replies.len(),
         &replies[..replies.len().min(5)]
     );
-    let to_pod: Vec<_> = seen.iter().filter(|p| p.outgoing && p.dst.ip().to_string() == POD_2).collect();
+    let to_pod: Vec<_> = seen.iter().filter(|p| !p.outgoing && p.dst.ip().to_string() == POD_2).collect();
     assert!(to_pod.len() > 20, "node-1 sent the client's packets on to node-2: {}", to_pod.len());
     for p in &to_pod {
         let fe: SocketAddr = match p.proto {
@@ -102,6 +105,11 @@ fn north_south_dsr_replies_reach_the_client_from_the_backends_node_with_the_serv
     assert_eq!(counter(&n1, "new_dsr"), 20 + 1 + 10, "every IPv4 flow: {n1}");
     assert_eq!((counter(&n1, "new_snat"), counter(&n1, "dsr_snat")), (3, 3), "the IPv6 flows");
     assert!(counter(&n2, "dsr_learned") >= 31, "node-2 learned every flow: {n2}");
+    if lab.xdp.is_some() {
+        // With XDP on node-1's uplink, XDP grows and sends the client's packets itself (out of the device they
+        // came in by).
+        assert!(counter(&n1, "xdp_tx") > 20, "XDP forwarded the DSR flows: {n1}");
+    }
     let fes = n1[0]["frontends"].as_array().unwrap();
     assert!(
         fes.iter().filter(|f| f["scope"] == "outside").all(|f| f["dsr"] == true),

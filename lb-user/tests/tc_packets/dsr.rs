@@ -169,3 +169,25 @@ fn tc_dsr_option_becomes_the_reply_entry_on_the_backends_node_only_under_dsr() {
         }
     }
 }
+
+#[test]
+fn xdp_dsr_grows_the_frame_itself_and_leaves_what_does_not_fit_to_tc() {
+    const XDP_PASS: u32 = 2;
+    const XDP_TX: u32 = 3;
+    let mut lab = ingress("xdp-dsr", PROTO_TCP, 30080);
+    let (client, np) = (format!("{CLIENT}:40000"), format!("{NODE}:30080"));
+    let syn = Pkt::tcp(&client, &np, 0x02);
+    let (rc, out) = lab.run_xdp(&syn.bytes());
+    assert_eq!((rc, out.clone()), (XDP_TX, sent_on(syn).bytes()), "the option written in XDP, out of eth");
+    assert!(checksums_valid(&out));
+    let ack = Pkt { len: 100, ..Pkt::tcp(&client, &np, 0x10).seq_ack(1001, 5001) };
+    let (rc, out) = lab.run_xdp(&ack.bytes());
+    assert_eq!((rc, out), (XDP_TX, sent_on(ack).bytes()));
+    assert_eq!((lab.table(MAP_CT_SYN).len(), lab.table(MAP_CT_TCP).len()), (0, 1), "established, as in tc");
+    assert_eq!((lab.ns_counter(lb_common::NS_XDP_TX), lab.ns_counter(NS_NEW_DSR)), (2, 1));
+    // No room for the option: tc's, untouched (tc answers it with fragmentation needed).
+    let full = Pkt { len: 1460, ..Pkt::tcp(&client, &np, 0x10) };
+    let (rc, out) = lab.run_xdp(&full.bytes());
+    assert_eq!((rc, out), (XDP_PASS, full.bytes()));
+    assert_eq!(lab.ns_counter(lb_common::NS_XDP_TO_TC), 1);
+}

@@ -272,9 +272,11 @@ impl Lab {
         if p.fd().is_err() {
             p.load().unwrap_or_else(|e| panic!("verifying xdp_ingress: {e:?}"));
         }
-        // struct xdp_md (24 bytes): data, data_end, data_meta (0: the kernel's), ingress_ifindex at 12,
-        // rx_queue_index at 16 (queue 0 of `eth`), egress_ifindex.
+        // struct xdp_md (24 bytes): data (0: the frame starts after the kernel's headroom), data_end (the
+        // frame's length: with 0 the kernel took the frame to end where it starts, and refused to move its
+        // head), data_meta, ingress_ifindex at 12, rx_queue_index at 16 (queue 0 of `eth`), egress_ifindex.
         let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&(packet.len() as u32).to_ne_bytes());
         ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
         let mut out = vec![0u8; packet.len() + 64];
         let mut opts = TestRunOptions::new();
