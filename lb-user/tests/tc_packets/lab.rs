@@ -267,8 +267,8 @@ impl Lab {
     /// Run `xdp_ingress` on `packet` as if it arrived on `eth`: the XDP verdict and the frame after it.
     pub(crate) fn run_xdp(&mut self, packet: &[u8]) -> (u32, Vec<u8>) {
         let p: &mut Xdp = self.ebpf.program_mut("xdp_ingress").unwrap().try_into().unwrap();
-        // Loaded here, not with the tc programs: their tests do not depend on XDP's verification (Debian's
-        // 6.1 refuses xdp_ingress's stack: issue 59).
+        // Loaded here, not with the tc programs: their tests do not depend on XDP's verification (a kernel
+        // that refuses xdp_ingress still runs them; Debian's 6.1 did, until XDP's next hop left the stack).
         if p.fd().is_err() {
             p.load().unwrap_or_else(|e| panic!("verifying xdp_ingress: {e:?}"));
         }
