@@ -317,7 +317,9 @@ fn external_text(out: &mut String, ext: &ExternalPlan, pp: &PortPlan, node: &Nod
     let how = if outside.policy == Policy::Local {
         "this node's endpoints only, no source translation: the backend sees the client's address"
     } else {
-        "a backend on another node gets the node's address as the source (SNAT), one on this node the client's"
+        "a backend on another node gets the node's address as the source (SNAT; under the agent's --dsr an IPv4 \
+         flow keeps the client's address and the reply leaves the backend's node: `tierlb status` says `dsr` \
+         per frontend), one on this node the client's"
     };
     let _ = writeln!(
         out,
