@@ -365,14 +365,14 @@ pub(crate) fn learn(key: &CtKey, addr: u32, port: u16, f: &Flow, t: u64) -> bool
                     }
                 }
             }
-            v.expires_ns = t + cfg.lifetime_ns(tcp, v.flags);
-            if tcp && table == Table::Syn && v.flags & CT_ESTABLISHED == 0 {
+            let promote = tcp && table == Table::Syn && v.flags & CT_ESTABLISHED == 0;
+            if promote {
                 v.flags |= CT_SEEN_REPLY | CT_ESTABLISHED;
-                v.expires_ns = t + cfg.lifetime_ns(true, v.flags);
-                if put(Table::Tcp, key, v) {
-                    del(Table::Syn, key);
-                    count_ns(NS_ESTABLISHED);
-                }
+            }
+            v.expires_ns = t + cfg.lifetime_ns(tcp, v.flags);
+            if promote && put(Table::Tcp, key, v) {
+                del(Table::Syn, key);
+                count_ns(NS_ESTABLISHED);
             }
             return false;
         }

@@ -1,6 +1,7 @@
 //! Sending a packet this program rewrote to an address of the node (SNAT, and the reply of an SNAT flow)
 //! out of the right device itself: the stack would drop it, since a packet that arrives with one of the
-//! node's own addresses as its source is a martian (`fib_validate_source`). A FIB lookup gives the egress
+//! node's own addresses as its source is a martian (`fib_validate_source`). A DSR flow's packets go the same
+//! way (`dsr::forward`), checked for the option's 8 bytes (`grow`). A FIB lookup gives the egress
 //! device and the next hop's MAC; without a neighbour entry yet, `bpf_redirect_neigh` resolves it (Cilium's
 //! `fib_redirect` in bpf/lib/fib.h does the same). What the stack's forwarding would answer with an ICMP
 //! error (an exhausted TTL, a packet too large for the next hop) is answered here (`icmp_send`).

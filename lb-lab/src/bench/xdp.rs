@@ -9,7 +9,10 @@
 //! same LAN.
 //!
 //! - Connects: rounds of connect() + close to node-2's pod directly (routed by node-1), through tc, through
-//!   XDP (A B C, then C B A), a ratio per round against that round's direct run.
+//!   XDP, through tc with DSR, through XDP with DSR (A B C D E, then E D C B A; DSR switched by the frontends'
+//!   `FLAG_DSR`, node-2 running tierlb's tc programs in every row and answering the client over the LAN), a
+//!   ratio per round against that round's direct run; then each node's program runs and time per
+//!   connection, SNAT against DSR.
 //! - Packet rate: UDP datagrams a second from the client (64 flows, 64-byte payloads) to node-2's pod through
 //!   the node port, the offered rate stepped up (doubling, then bisecting) until more than 0.1% are lost;
 //!   tc's and XDP's steps alternate.
@@ -60,7 +63,7 @@ pub struct XdpFigures {
     pub rounds: usize,
     /// Seconds of each connect run.
     pub seconds: f64,
-    /// Connect rows: direct, tc, XDP.
+    /// Connect rows: direct, tc, XDP, tc with DSR, XDP with DSR.
     pub rows: Vec<NsRow>,
     /// The packet-rate search of each path.
     pub rates: Vec<PpsRow>,
